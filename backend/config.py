@@ -1,0 +1,449 @@
+"""Inventory, stores and policies from TOML, validated strictly, with ecosystem conventions.
+
+Nodes come one by one, as Slurm/ClusterShell hostlists (``gpu-[01-16]``), from DeepSpeed/MPI
+hostfiles (``worker-1 slots=8``) or from Host patterns in ``~/.ssh/config``. Every error names the
+file, the key path and what is expected. Discovery order: ``--config``, ``$LOADMASTER_CONFIG``,
+``./loadmaster.toml``, the platform config dir, then the embedded default (this machine alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import importlib
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import hostlist
+import platformdirs
+
+from backend.errors import ConfigError
+from backend.schema import parse_section
+
+APP_NAME = "loadmaster"
+DEFAULT_SCRATCH = "/mnt/local-nvme"
+
+#: Sections owned by feature modules: name -> "module:DataclassName". Each is validated with
+#: :func:`backend.schema.parse_section`, so unknown keys are rejected with their key path.
+FEATURE_SECTIONS: dict[str, str] = {
+    "telemetry": "backend.telemetry.settings:TelemetrySettings",
+    "jobs": "backend.jobs.settings:JobSettings",
+    "retention": "backend.policy.retention:RetentionPolicy",
+    "egress": "backend.policy.egress:EgressSettings",
+    "prices": "backend.policy.prices:PriceOverrides",
+    "shards": "backend.shards.settings:ShardSettings",
+}
+
+
+def data_dir() -> Path:
+    """Where local state lives: ``$LOADMASTER_DATA_DIR`` or the platform data dir."""
+    env = os.environ.get("LOADMASTER_DATA_DIR")
+    return Path(env) if env else Path(platformdirs.user_data_dir(APP_NAME))
+
+
+def config_dir() -> Path:
+    """The platform config dir (``~/.config/loadmaster`` on Linux)."""
+    env = os.environ.get("LOADMASTER_CONFIG_DIR")
+    return Path(env) if env else Path(platformdirs.user_config_dir(APP_NAME))
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Values every node inherits unless it sets its own."""
+
+    user: str | None = None
+    port: int | None = None
+    identity: list[str] = field(default_factory=list)
+    jump: str | None = None
+    scratch: str = DEFAULT_SCRATCH
+    site: str | None = None
+    known_hosts: str | None = None
+    trust_on_first_use: bool = False
+    connect_timeout: float = 10.0
+    agent: str = "loadmaster"
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    """One ``[[nodes]]`` table as written (before expansion)."""
+
+    name: str | None = None
+    hostfile: str | None = None
+    ssh_config: str | None = None
+    host: str | None = None
+    port: int | None = None
+    user: str | None = None
+    identity: list[str] | None = None
+    jump: str | None = None
+    scratch: str | None = None
+    site: str | None = None
+    tags: list[str] = field(default_factory=list)
+    transport: Literal["ssh", "local"] = "ssh"
+    known_hosts: str | None = None
+    trust_on_first_use: bool | None = None
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    """A resolved node: what the transports and the console work with."""
+
+    name: str
+    host: str
+    transport: Literal["ssh", "local"] = "ssh"
+    port: int | None = None
+    user: str | None = None
+    identity: tuple[str, ...] = ()
+    jump: str | None = None
+    scratch: str = DEFAULT_SCRATCH
+    site: str | None = None
+    tags: tuple[str, ...] = ()
+    slots: int | None = None
+    known_hosts: str | None = None
+    trust_on_first_use: bool = False
+    connect_timeout: float = 10.0
+    agent: str = "loadmaster"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view (used by ``loadmaster nodes --json``)."""
+        d = dataclasses.asdict(self)
+        d["identity"] = list(self.identity)
+        d["tags"] = list(self.tags)
+        return d
+
+
+@dataclass(frozen=True)
+class StoreProfile:
+    """A named object store: an ``s3://bucket/prefix`` URL or a local directory."""
+
+    url: str
+    endpoint_url: str | None = None
+    provider: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    # botocore >= 1.36 sends CRC32 checksums by default; R2 and some S3-compatible stores
+    # reject them, so "when_required" restores the old behaviour.
+    checksum: Literal["when_supported", "when_required"] = "when_supported"
+    name: str = ""
+
+    @property
+    def is_s3(self) -> bool:
+        return self.url.startswith("s3://")
+
+    @property
+    def site(self) -> str | None:
+        """``provider:region`` label used by the egress policy."""
+        if self.provider is None:
+            return None
+        return f"{self.provider}:{self.region}" if self.region else self.provider
+
+
+@dataclass(frozen=True)
+class UISettings:
+    theme: str = "loadmaster-dark"
+    refresh_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class StateSettings:
+    dir: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole validated configuration."""
+
+    nodes: tuple[Node, ...]
+    stores: Mapping[str, StoreProfile]
+    defaults: Defaults = Defaults()
+    ui: UISettings = UISettings()
+    state: StateSettings = StateSettings()
+    sections: Mapping[str, Any] = field(default_factory=dict)
+    source: str = "<embedded default>"
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``; ConfigError listing the known names otherwise."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        known = ", ".join(n.name for n in self.nodes[:10])
+        raise ConfigError(f"no node named {name!r} (known: {known})", file=self.source)
+
+    def select(self, pattern: str) -> list[Node]:
+        """Nodes matching a hostlist (``gpu-[01-04]``), glob (``gpu-*``) or comma list."""
+        names = expand_hostlist(pattern, file=self.source, key="--nodes")
+        out = [n for n in self.nodes if any(fnmatch.fnmatchcase(n.name, p) for p in names)]
+        if not out:
+            raise ConfigError(f"no node matches {pattern!r}", file=self.source)
+        return out
+
+    def store(self, name: str) -> StoreProfile:
+        try:
+            return self.stores[name]
+        except KeyError:
+            known = ", ".join(sorted(self.stores)) or "none configured"
+            raise ConfigError(f"no store named {name!r} (known: {known})", file=self.source) from None
+
+    def store_for_url(self, url: str) -> StoreProfile | None:
+        """The configured store whose URL is the longest prefix of ``url``."""
+        best: StoreProfile | None = None
+        for s in self.stores.values():
+            base = s.url.rstrip("/")
+            if (url == base or url.startswith(base + "/")) and (
+                best is None or len(base) > len(best.url.rstrip("/"))
+            ):
+                best = s
+        return best
+
+    def section(self, name: str) -> Any:
+        """A feature section's dataclass (its defaults when the file does not set it)."""
+        if name in self.sections:
+            return self.sections[name]
+        return _section_class(name)()
+
+    def state_dir(self) -> Path:
+        return Path(os.path.expanduser(self.state.dir)) if self.state.dir else data_dir()
+
+
+def _section_class(name: str) -> type:
+    module, _, attr = FEATURE_SECTIONS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def expand_hostlist(expr: str, *, file: str | None = None, key: str = "name") -> list[str]:
+    """Expand ``gpu-[01-16]`` / ``h100-[1-4,7]`` / ``a,b`` the way Slurm and ClusterShell do."""
+    try:
+        names = hostlist.expand_hostlist(expr)
+    except hostlist.BadHostlist as exc:
+        raise ConfigError(
+            f"cannot expand hostlist {expr!r}: {exc} (expected e.g. 'gpu-[01-16]' or 'h100-[1-4,7]')",
+            file=file,
+            key=key,
+        ) from None
+    if not names:
+        raise ConfigError(f"hostlist {expr!r} expands to no names", file=file, key=key)
+    return names
+
+
+def read_hostfile(path: Path, *, file: str | None = None, key: str = "hostfile") -> list[tuple[str, int | None]]:
+    """Parse a DeepSpeed/MPI hostfile: ``worker-1 slots=8`` per line, ``#`` comments."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read hostfile {str(path)!r}: {exc.strerror}", file=file, key=key) from None
+    out: list[tuple[str, int | None]] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        host, slots = parts[0], None
+        for opt in parts[1:]:
+            k, sep, v = opt.partition("=")
+            if not sep or not v:
+                raise ConfigError(
+                    f"{path}:{lineno}: expected 'host slots=N', got {raw.strip()!r}", file=file, key=key
+                )
+            if k == "slots":
+                if not v.isdigit():
+                    raise ConfigError(f"{path}:{lineno}: slots must be a whole number, got {v!r}", file=file, key=key)
+                slots = int(v)
+        out.append((host, slots))
+    if not out:
+        raise ConfigError(f"hostfile {str(path)!r} lists no hosts", file=file, key=key)
+    return out
+
+
+def ssh_config_hosts(pattern: str, path: Path | None = None) -> list[str]:
+    """Concrete ``Host`` aliases in an OpenSSH client config that match glob ``pattern``."""
+    path = path or Path(os.path.expanduser("~/.ssh/config"))
+    if not path.exists():
+        return []
+    hosts: list[str] = []
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        m = re.match(r"(?i)host\s*(?:=\s*|\s)(.*)$", line)
+        if not m:
+            continue
+        for alias in m.group(1).split():
+            if any(c in alias for c in "*?!") or alias in hosts:
+                continue
+            if fnmatch.fnmatchcase(alias, pattern):
+                hosts.append(alias)
+    return hosts
+
+
+def _resolve_entries(entries: list[NodeEntry], defaults: Defaults, file: str | None, base: Path) -> list[Node]:
+    nodes: list[Node] = []
+    seen: dict[str, str] = {}
+    for i, e in enumerate(entries):
+        key = f"nodes[{i}]"
+        sources = [k for k in ("name", "hostfile", "ssh_config") if getattr(e, k)]
+        if len(sources) != 1:
+            raise ConfigError(
+                "each [[nodes]] table needs exactly one of 'name' (a name or hostlist), "
+                "'hostfile' (a DeepSpeed/MPI hostfile) or 'ssh_config' (a Host pattern)",
+                file=file,
+                key=key,
+            )
+        names: list[tuple[str, int | None]]
+        if e.name:
+            names = [(n, None) for n in expand_hostlist(e.name, file=file, key=f"{key}.name")]
+        elif e.hostfile:
+            hf = Path(os.path.expanduser(e.hostfile))
+            names = read_hostfile(hf if hf.is_absolute() else base / hf, file=file, key=f"{key}.hostfile")
+        else:
+            assert e.ssh_config
+            found = ssh_config_hosts(e.ssh_config)
+            if not found:
+                raise ConfigError(
+                    f"no Host in ~/.ssh/config matches {e.ssh_config!r}", file=file, key=f"{key}.ssh_config"
+                )
+            names = [(h, None) for h in found]
+        if e.transport == "local" and len(names) != 1:
+            raise ConfigError("a local node must be a single name", file=file, key=f"{key}.name")
+        for name, slots in names:
+            if name in seen:
+                raise ConfigError(
+                    f"duplicate node name {name!r} (also defined by {seen[name]})", file=file, key=key
+                )
+            seen[name] = key
+            host = (e.host or name).replace("{name}", name)
+            nodes.append(
+                Node(
+                    name=name,
+                    host="localhost" if e.transport == "local" and not e.host else host,
+                    transport=e.transport,
+                    port=e.port if e.port is not None else defaults.port,
+                    user=e.user or defaults.user,
+                    identity=tuple(e.identity if e.identity is not None else defaults.identity),
+                    jump=e.jump or defaults.jump,
+                    scratch=e.scratch or defaults.scratch,
+                    site=e.site or defaults.site,
+                    tags=tuple(dict.fromkeys([*defaults.tags, *e.tags])),
+                    slots=slots,
+                    known_hosts=e.known_hosts or defaults.known_hosts,
+                    trust_on_first_use=(
+                        e.trust_on_first_use if e.trust_on_first_use is not None else defaults.trust_on_first_use
+                    ),
+                    connect_timeout=defaults.connect_timeout,
+                    agent=e.agent or defaults.agent,
+                )
+            )
+    return nodes
+
+
+_TOP_KEYS = {"defaults", "nodes", "stores", "ui", "state", *FEATURE_SECTIONS}
+
+
+def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path | None = None) -> Config:
+    """Validate a parsed TOML document into a :class:`Config`."""
+    unknown = sorted(set(raw) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown section (allowed: {', '.join(sorted(_TOP_KEYS))})", file=file, key=unknown[0])
+    base = base or Path.cwd()
+    defaults = parse_section(Defaults, raw.get("defaults", {}), file=file, key="defaults")
+    raw_nodes = raw.get("nodes", [])
+    if not isinstance(raw_nodes, list):
+        raise ConfigError("expected an array of tables: write [[nodes]]", file=file, key="nodes")
+    entries = []
+    for i, item in enumerate(raw_nodes):
+        if not isinstance(item, Mapping):
+            raise ConfigError("expected a table", file=file, key=f"nodes[{i}]")
+        entries.append(parse_section(NodeEntry, item, file=file, key=f"nodes[{i}]"))
+    nodes = _resolve_entries(entries, defaults, file, base)
+    if not nodes:
+        raise ConfigError("no nodes: add at least one [[nodes]] table", file=file, key="nodes")
+    raw_stores = raw.get("stores", {})
+    if not isinstance(raw_stores, Mapping):
+        raise ConfigError("expected tables like [stores.datasets]", file=file, key="stores")
+    stores: dict[str, StoreProfile] = {}
+    for name, item in raw_stores.items():
+        if not isinstance(item, Mapping):
+            raise ConfigError("expected a table", file=file, key=f"stores.{name}")
+        sp = parse_section(StoreProfile, item, file=file, key=f"stores.{name}")
+        url = sp.url
+        if not url.startswith("s3://"):
+            if "://" in url:
+                raise ConfigError(
+                    f"expected 's3://bucket/prefix' or a local directory, got {url!r}",
+                    file=file,
+                    key=f"stores.{name}.url",
+                )
+            p = Path(os.path.expanduser(url))
+            url = str(p if p.is_absolute() else (base / p))
+        elif not url[5:].split("/", 1)[0]:
+            raise ConfigError(f"no bucket in {url!r}", file=file, key=f"stores.{name}.url")
+        stores[name] = dataclasses.replace(sp, name=name, url=url)
+    sections: dict[str, Any] = {}
+    for name in FEATURE_SECTIONS:
+        if name in raw:
+            if not isinstance(raw[name], Mapping):
+                raise ConfigError("expected a table", file=file, key=name)
+            sections[name] = parse_section(_section_class(name), raw[name], file=file, key=name)
+    return Config(
+        nodes=tuple(nodes),
+        stores=stores,
+        defaults=defaults,
+        ui=parse_section(UISettings, raw.get("ui", {}), file=file, key="ui"),
+        state=parse_section(StateSettings, raw.get("state", {}), file=file, key="state"),
+        sections=sections,
+        source=file or "<embedded default>",
+    )
+
+
+def load_config_file(path: Path) -> Config:
+    """Read and validate one TOML file."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError("config file not found", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file: {exc.strerror}", file=str(path)) from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", file=str(path)) from None
+    return parse_config(raw, file=str(path), base=path.parent.resolve())
+
+
+def default_config() -> Config:
+    """The embedded default: this machine alone over a local transport, a local checkpoint store."""
+    data = data_dir()
+    name = socket.gethostname().split(".")[0] or "localhost"
+    return Config(
+        nodes=(Node(name=name, host="localhost", transport="local", scratch=str(data / "scratch")),),
+        stores={
+            "checkpoints": StoreProfile(url=str(data / "checkpoints"), name="checkpoints", provider="local")
+        },
+    )
+
+
+def find_config_path(explicit: str | None = None) -> Path | None:
+    """The config file that applies, by the documented discovery order; None for the default."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("LOADMASTER_CONFIG")
+    if env:
+        return Path(env)
+    local = Path("loadmaster.toml")
+    if local.exists():
+        return local
+    platform = config_dir() / "loadmaster.toml"
+    if platform.exists():
+        return platform
+    return None
+
+
+def load_config(explicit: str | None = None) -> Config:
+    """Load the config by discovery order, or the embedded default when none exists."""
+    path = find_config_path(explicit)
+    return load_config_file(path) if path else default_config()

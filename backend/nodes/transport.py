@@ -1,0 +1,211 @@
+"""The Transport interface every node is reached through, and its local-subprocess implementation.
+
+Commands are shell strings run by the node's ``/bin/sh`` (over SSH the remote login shell runs
+them), so callers build them with :func:`shlex.quote`/:func:`shlex.join`. Secrets never go in a
+command: pass them as ``input`` (stdin) or write them with :meth:`Transport.write_file` (0600).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from backend.config import Node
+from backend.errors import CommandFailed, CommandTimeout, NodeUnreachable
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one command did on one node."""
+
+    node: str
+    command: str
+    exit_status: int | None
+    stdout: str
+    stderr: str
+    elapsed: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+
+def detached_command(command: str, *, cwd: str | None = None, log_path: str | None = None) -> str:
+    """Shell text that starts ``command`` in its own session, detached, and prints its pid.
+
+    The outer shell exits at once, so the job is reparented to init and survives the caller,
+    the SSH channel and the connection; no zombie is left for a pid-alive check to mistake.
+    """
+    log = shlex.quote(log_path) if log_path else "/dev/null"
+    inner = f"exec {command}" if not any(c in command for c in ";&|\n") else command
+    cd = f"cd {shlex.quote(cwd)} && " if cwd else ""
+    return f"{cd}setsid sh -c {shlex.quote(inner)} </dev/null >>{log} 2>&1 & echo $!"
+
+
+class Transport(ABC):
+    """Run commands and move small files on one node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @abstractmethod
+    async def run(
+        self,
+        command: str,
+        *,
+        input: str | bytes | None = None,
+        check: bool = False,
+        timeout: float | None = None,
+    ) -> RunResult:
+        """Run ``command`` to completion; raise CommandFailed if ``check`` and it exits non-zero."""
+
+    @abstractmethod
+    def stream(self, command: str, *, input: str | bytes | None = None) -> AsyncIterator[str]:
+        """Yield ``command``'s stdout line by line; closing the iterator stops the command."""
+
+    async def start_detached(self, command: str, *, cwd: str | None = None, log_path: str | None = None) -> int:
+        """Start ``command`` in its own session so it outlives this connection; return its pid."""
+        res = await self.run(detached_command(command, cwd=cwd, log_path=log_path), check=True, timeout=30)
+        try:
+            return int(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise CommandFailed(self.name, command, res.exit_status, f"no pid printed: {res.stdout!r}") from None
+
+    async def read_file(self, path: str) -> bytes:
+        """The bytes of a file on the node (FileNotFoundError when absent)."""
+        res = await self._run_bytes(f"cat -- {shlex.quote(path)}")
+        if res[0] != 0:
+            err = res[2].decode(errors="replace")
+            if "No such file" in err:
+                raise FileNotFoundError(f"{self.name}:{path}")
+            raise CommandFailed(self.name, f"cat {path}", res[0], err)
+        return res[1]
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o600) -> None:
+        """Write a file on the node atomically (tmp then rename), created with ``mode``."""
+        q = shlex.quote(path)
+        tmp = shlex.quote(f"{path}.tmp.{os.getpid()}")
+        cmd = (
+            f"umask 077 && mkdir -p -- \"$(dirname -- {q})\" && cat > {tmp} && "
+            f"chmod {mode:o} {tmp} && mv -f -- {tmp} {q}"
+        )
+        payload = data.encode() if isinstance(data, str) else data
+        code, _out, err = await self._run_bytes(cmd, input=payload)
+        if code != 0:
+            raise CommandFailed(self.name, f"write {path}", code, err.decode(errors="replace"))
+
+    @abstractmethod
+    async def _run_bytes(self, command: str, *, input: bytes | None = None) -> tuple[int | None, bytes, bytes]:
+        """Run a command with binary stdin/stdout (file transfer)."""
+
+    async def close(self) -> None:
+        """Release the connection (a no-op for local)."""
+
+
+class LocalTransport(Transport):
+    """This machine, through local subprocesses: the embedded default needs no SSH."""
+
+    async def run(
+        self,
+        command: str,
+        *,
+        input: str | bytes | None = None,
+        check: bool = False,
+        timeout: float | None = None,
+    ) -> RunResult:
+        start = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", command,
+                stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise NodeUnreachable(self.name, f"cannot start /bin/sh: {exc}") from exc
+        data = input.encode() if isinstance(input, str) else input
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(data), timeout)
+        except TimeoutError:
+            _kill_group(proc.pid)
+            await proc.wait()
+            raise CommandTimeout(self.name, f"command {command!r} did not finish within {timeout:g}s") from None
+        except asyncio.CancelledError:
+            _kill_group(proc.pid)
+            raise
+        result = RunResult(
+            self.name, command, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"),
+            time.monotonic() - start,
+        )
+        if check and not result.ok:
+            raise CommandFailed(self.name, command, result.exit_status, result.stderr)
+        return result
+
+    async def stream(self, command: str, *, input: str | bytes | None = None) -> AsyncIterator[str]:
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command,
+            stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            if input is not None and proc.stdin is not None:
+                proc.stdin.write(input.encode() if isinstance(input, str) else input)
+                await proc.stdin.drain()
+                proc.stdin.close()
+            assert proc.stdout is not None
+            async for raw in proc.stdout:
+                yield raw.decode(errors="replace").rstrip("\n")
+        finally:
+            if proc.returncode is None:
+                _kill_group(proc.pid)
+                await proc.wait()
+
+    async def read_file(self, path: str) -> bytes:
+        return await asyncio.to_thread(Path(path).read_bytes)
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o600) -> None:
+        payload = data.encode() if isinstance(data, str) else data
+        await asyncio.to_thread(_atomic_write, Path(path), payload, mode)
+
+    async def _run_bytes(self, command: str, *, input: bytes | None = None) -> tuple[int | None, bytes, bytes]:
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command,
+            stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate(input)
+        return proc.returncode, out, err
+
+
+def _atomic_write(path: Path, data: bytes, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass

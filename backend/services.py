@@ -1,0 +1,65 @@
+"""The composition root: every service built once from the config and handed to the console.
+
+``LoadmasterApp(services)`` and each CLI command receive a :class:`Services`; widgets never reach
+for globals. Feature services are created lazily on first use so a CLI command pays only for what
+it touches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from backend.config import Config
+from backend.state import StateDB
+
+if TYPE_CHECKING:
+    from backend.nodes.pool import NodePool
+    from backend.storage import StoreRegistry
+
+
+@dataclass
+class Services:
+    """Everything a front end needs, built once at start-up."""
+
+    config: Config
+    readonly: bool = False
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def db(self) -> StateDB:
+        return StateDB(self.config.state_dir() / "state.sqlite3")
+
+    @cached_property
+    def pool(self) -> NodePool:
+        from backend.nodes.pool import NodePool
+
+        return NodePool(self.config.nodes)
+
+    @cached_property
+    def stores(self) -> StoreRegistry:
+        from backend.storage import StoreRegistry
+
+        return StoreRegistry(self.config)
+
+    @cached_property
+    def telemetry(self) -> Any:
+        from backend.telemetry.hub import TelemetryHub
+
+        return TelemetryHub(self.pool, self.config.section("telemetry"))
+
+    @cached_property
+    def jobs(self) -> Any:
+        from backend.jobs.manager import JobManager
+
+        return JobManager(self.pool, self.db, self.config)
+
+    async def aclose(self) -> None:
+        """Stop background work and close connections."""
+        if "telemetry" in self.__dict__:
+            await self.telemetry.stop()
+        if "pool" in self.__dict__:
+            await self.pool.close()
+        if "db" in self.__dict__:
+            self.db.close()
