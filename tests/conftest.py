@@ -1,0 +1,79 @@
+"""The real test lab: sshd nodes on 127.0.0.x, SeaweedFS S3 on loopback, the real s5cmd.
+
+Session-scoped: started once per pytest run, torn down at the end. Tests that stop a node use
+``lab_node_down`` (or call ``node.stop()``/``node.start()`` themselves and restart in a finally).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backend.lab import Lab, LabNodeOptions
+
+LAB_NODE_OPTIONS = {
+    "node-01": LabNodeOptions(gpus=8, pattern="training"),
+    "node-02": LabNodeOptions(gpus=8, pattern="starved"),
+    "node-03": LabNodeOptions(gpus=0, nvidia_smi=False, s5cmd=False),
+    "node-04": LabNodeOptions(gpus=8, pattern="training", site="aws:us-east-1"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads or writes the operator's real config or data dirs."""
+    monkeypatch.setenv("LOADMASTER_DATA_DIR", str(tmp_path / "lm-data"))
+    monkeypatch.setenv("LOADMASTER_CONFIG_DIR", str(tmp_path / "lm-config"))
+    monkeypatch.delenv("LOADMASTER_CONFIG", raising=False)
+
+
+@pytest.fixture(scope="session")
+def lab_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="lm-lab-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def lab(lab_root: Path) -> Iterator[Lab]:
+    """Four real sshd nodes and SeaweedFS S3; ``lab.config`` is a Config for them."""
+    if not shutil.which("sshd") and not os.path.exists("/usr/sbin/sshd"):
+        pytest.fail("sshd missing: run .ci/run (it installs openssh-server) or apt-get install openssh-server")
+    lab = Lab(lab_root, nodes=4, options=LAB_NODE_OPTIONS).up()
+    saved = {k: os.environ.get(k) for k in lab.env()}
+    os.environ.update({k: v for k, v in lab.env().items() if k != "LOADMASTER_CONFIG"})
+    try:
+        yield lab
+    finally:
+        lab.down()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def s3(lab: Lab):  # type: ignore[no-untyped-def]
+    """The lab's SeaweedFS S3 (``s3.endpoint``, ``s3.new_bucket()``, ``s3.client()``)."""
+    assert lab.s3 is not None
+    return lab.s3
+
+
+@pytest.fixture
+def lab_node_down(lab: Lab) -> Iterator[object]:
+    """Call ``lab_node_down(name)`` to stop a node; it is started again after the test."""
+    stopped: list[str] = []
+
+    def stop(name: str) -> None:
+        lab.node(name).stop()
+        stopped.append(name)
+
+    yield stop
+    for name in stopped:
+        lab.node(name).start()
