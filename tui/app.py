@@ -1,0 +1,309 @@
+"""The loadmaster console: modes (one per feature screen), themes, help, errors, command palette.
+
+Built by the composition root with the :class:`backend.services.Services` it hands in; nothing
+here reaches for globals. Digits switch screens, ``?`` lists keys, ``e`` lists errors, ``ctrl+p``
+opens the command palette, ``q`` quits and closes the services.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+import weakref
+from collections.abc import Callable
+from datetime import datetime
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from textual import on
+from textual.app import App, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from backend.errors import ConfigError, LoadmasterError
+from backend.ui_prefs import load_ui_prefs, update_ui_prefs
+from themes import stylesheets
+from themes.palette import DEFAULT_THEME, THEMES, semantic_defaults
+from tui.screens.base import SCREEN_SPECS, ScreenSpec, UnavailableScreen
+from tui.screens.errors import ErrorRecord, ErrorsScreen
+from tui.screens.help import HelpScreen, binding_rows
+
+if TYPE_CHECKING:
+    from backend.services import Services
+
+#: How many errors the in-memory log keeps (oldest dropped first).
+MAX_ERRORS = 200
+
+
+class LoadmasterCommands(Provider):
+    """Command palette entries: switch screen, theme, help, errors, quit, and each screen's
+    ``PALETTE_COMMANDS`` (run on that screen after switching to it)."""
+
+    def _commands(self) -> list[tuple[str, str, Callable[[], Any]]]:
+        app = self.app
+        assert isinstance(app, LoadmasterApp)
+        out: list[tuple[str, str, Callable[[], Any]]] = []
+        for spec in SCREEN_SPECS:
+            out.append((f"Screen: {spec.title}", f"Switch to the {spec.title} screen (key {spec.key})",
+                        partial(app.switch_mode, spec.mode)))
+        for name in THEMES:
+            out.append((f"Theme: {name}", "Use this theme (remembered for next time)",
+                        partial(app.set_theme, name)))
+        out.append(("Help: keys", "List every key binding (key ?)", app.action_help))
+        out.append(("Errors", "Recent errors with details (key e)", app.action_errors))
+        out.append(("Quit", "Close the console (key q)", app.action_quit))
+        for spec in SCREEN_SPECS:
+            cls = app.screen_class(spec)
+            for title, help_text, action in getattr(cls, "PALETTE_COMMANDS", None) or ():
+                out.append((f"{spec.title}: {title}", help_text,
+                            partial(app.run_screen_action, spec.mode, action)))
+        return out
+
+    async def discover(self) -> Hits:
+        for title, help_text, callback in self._commands():
+            yield DiscoveryHit(title, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, help_text, callback in self._commands():
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(score, matcher.highlight(title), callback, help=help_text)
+
+
+class LoadmasterApp(App[int]):
+    """The operations console. Construct with the services from the composition root."""
+
+    TITLE = "loadmaster"
+    CSS_PATH: ClassVar[list[Any]] = stylesheets()  # type: ignore[assignment]
+    COMMANDS = App.COMMANDS | {LoadmasterCommands}
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *(
+            Binding(s.key, f"switch_mode('{s.mode}')", s.title, show=False)
+            for s in SCREEN_SPECS
+        ),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("e", "errors", "Errors"),
+        Binding("ctrl+t", "cycle_theme", "Next theme", show=False),
+        Binding("escape", "back", "Back", show=False),
+        Binding("q", "quit", "Quit"),
+        Binding("ctrl+q", "quit", "Quit", show=False, priority=True),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | 1-6 | Fleet, Transfers, Checkpoints, Retention, Egress, Shards. |
+    | ? | Keys of the console and the current screen. |
+    | e | Recent errors with details. |
+    | ctrl+t | Next loadmaster theme (remembered). |
+    | ctrl+p | Command palette. |
+    | escape | Close a pushed screen (help, errors, dialogs). |
+    | q, ctrl+q | Quit. |
+    """
+
+    def __init__(self, services: Services, *, theme: str | None = None, mode: str = "fleet") -> None:
+        """Create the console.
+
+        Args:
+            services: Everything built by the composition root (config, db, pool, ...).
+            theme: A theme name from ``--theme``; beats the remembered one and the config's.
+            mode: The screen to open first (a mode name such as ``fleet`` or ``transfers``).
+        """
+        super().__init__()
+        self.services = services
+        self.errors: list[ErrorRecord] = []
+        self._recorded_workers: weakref.WeakSet[Worker[Any]] = weakref.WeakSet()
+        self._screen_classes: dict[str, type[Screen[Any]] | None] = {}
+        self._screen_import_errors: dict[str, BaseException] = {}
+        if mode not in {s.mode for s in SCREEN_SPECS}:
+            known = ", ".join(s.mode for s in SCREEN_SPECS)
+            raise ConfigError(f"no screen called {mode!r} (known: {known})")
+        self._initial_mode = mode
+        for t in THEMES.values():
+            self.register_theme(t)
+        self.theme = self._choose_theme(theme)
+        # Only a change made in this session is remembered, never the --theme of one run.
+        self._remembered_theme = self.theme
+        for spec in SCREEN_SPECS:
+            self.add_mode(spec.mode, partial(self._make_screen, spec))
+        source = services.config.source
+        self.sub_title = f"READ-ONLY · {source}" if services.readonly else source
+        self.set_class(services.readonly, "-readonly")
+
+    # ----------------------------------------------------------------- themes
+
+    def _choose_theme(self, flag: str | None) -> str:
+        """--theme flag > remembered > config ui.theme > default."""
+        if flag:
+            if flag not in self.available_themes:
+                raise ConfigError(f"unknown theme {flag!r} (available: {', '.join(THEMES)})",
+                                  key="--theme")
+            return flag
+        remembered = load_ui_prefs().get("theme")
+        if isinstance(remembered, str) and remembered in self.available_themes:
+            return remembered
+        configured = self.services.config.ui.theme
+        if configured:
+            if configured not in self.available_themes:
+                raise ConfigError(f"unknown theme {configured!r} (available: {', '.join(THEMES)})",
+                                  file=self.services.config.source, key="ui.theme")
+            return configured
+        return DEFAULT_THEME
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        # Textual's own themes lack the semantic variables; without defaults the tcss would not parse.
+        return semantic_defaults()
+
+    def set_theme(self, name: str) -> None:
+        """Switch to a registered theme (remembered for the next run)."""
+        self.theme = name
+
+    def watch_theme(self, name: str) -> None:
+        if not self.is_running or name == self._remembered_theme:
+            return
+        self._remembered_theme = name
+        try:
+            update_ui_prefs(theme=name)
+        except LoadmasterError as exc:
+            self.report_error("Could not remember the theme", exc)
+
+    def action_cycle_theme(self) -> None:
+        """Next loadmaster theme."""
+        names = list(THEMES)
+        i = names.index(self.theme) + 1 if self.theme in names else 0
+        self.set_theme(names[i % len(names)])
+        self.notify(f"Theme: {self.theme}", timeout=2)
+
+    # ----------------------------------------------------------------- screens
+
+    def screen_class(self, spec: ScreenSpec) -> type[Screen[Any]] | None:
+        """The class of a feature screen, or None when its module is missing or broken."""
+        if spec.mode not in self._screen_classes:
+            try:
+                module = importlib.import_module(spec.module)
+                self._screen_classes[spec.mode] = getattr(module, spec.class_name)
+            except Exception as exc:  # noqa: BLE001 - one broken screen must not take the console down
+                self._screen_classes[spec.mode] = None
+                self._screen_import_errors[spec.mode] = exc
+        return self._screen_classes[spec.mode]
+
+    def _make_screen(self, spec: ScreenSpec) -> Screen[Any]:
+        cls = self.screen_class(spec)
+        if cls is not None:
+            try:
+                return cls(self.services)
+            except Exception as exc:  # noqa: BLE001 - see screen_class
+                self.report_error(f"{spec.title} screen failed to open", exc)
+                return UnavailableScreen(self.services, title=spec.title, reason=_one_line(exc))
+        exc = self._screen_import_errors[spec.mode]
+        if isinstance(exc, ModuleNotFoundError) and exc.name == spec.module:
+            return UnavailableScreen(self.services, title=spec.title,
+                                     reason="this feature is not installed yet")
+        self.report_error(f"{spec.title} screen failed to load", exc)
+        return UnavailableScreen(self.services, title=spec.title, reason=_one_line(exc))
+
+    async def run_screen_action(self, mode: str, action: str) -> None:
+        """Switch to ``mode`` and run ``action`` on its screen (palette commands use this)."""
+        await self.switch_mode(mode)
+        await self.screen.run_action(action)
+
+    def on_mount(self) -> None:
+        self.switch_mode(self._initial_mode)
+
+    async def on_unmount(self) -> None:
+        await self.services.aclose()
+
+    def action_help(self) -> None:
+        """Show every key binding of the app and of the active screen."""
+        if isinstance(self.screen, HelpScreen):
+            return
+        screen = self.screen
+        title = getattr(screen, "SCREEN_TITLE", "") or type(screen).__name__
+        sections: list[tuple[str, list[tuple[str, str]]]] = []
+        focused = self.focused
+        if focused is not None:
+            rows = binding_rows(focused, self)
+            if rows:
+                sections.append((f"Focused: {type(focused).__name__}", rows))
+        sections.append((f"Screen: {title}", binding_rows(screen, self)))
+        app_rows = binding_rows(self, self)
+        if self.ENABLE_COMMAND_PALETTE:
+            app_rows.append((self.get_key_display(Binding(self.COMMAND_PALETTE_BINDING, "")),
+                             "Command palette"))
+        sections.append(("Console", app_rows))
+        self.push_screen(HelpScreen(sections))
+
+    def action_errors(self) -> None:
+        """Show recent errors with their details."""
+        if not isinstance(self.screen, ErrorsScreen):
+            self.push_screen(ErrorsScreen(self.errors))
+
+    def action_back(self) -> None:
+        """Close the top pushed screen (never the screen of a mode)."""
+        if len(self.screen_stack) > 1:
+            self.pop_screen()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "back":
+            # Let escape reach widgets (inputs, tables) when there is nothing to go back from.
+            return len(self.screen_stack) > 1
+        return True
+
+    def get_system_commands(self, screen: Screen[Any]) -> Any:
+        # LoadmasterCommands already offers quit; keep Textual's others (theme picker, keys, ...).
+        for command in super().get_system_commands(screen):
+            if isinstance(command, SystemCommand) and command.title == "Quit":
+                continue
+            yield command
+
+    # ----------------------------------------------------------------- safety and errors
+
+    def require_writable(self, what: str) -> bool:
+        """False, with a warning naming ``what``, when the console runs read-only."""
+        if self.services.readonly:
+            self.notify(f"Read-only mode: cannot {what}", severity="warning", markup=False)
+            return False
+        return True
+
+    def report_error(self, title: str, error: BaseException | str) -> ErrorRecord:
+        """Record a handled error in the error log and notify the operator."""
+        if isinstance(error, BaseException):
+            summary = _one_line(error)
+            if isinstance(error, LoadmasterError):
+                detail = str(error)  # a user-facing message already says what to fix
+            else:
+                detail = "".join(traceback.format_exception(error)).rstrip()
+        else:
+            summary = error.splitlines()[0] if error else title
+            detail = error
+        record = ErrorRecord(when=datetime.now(), source=title, summary=summary, detail=detail)
+        self.errors.append(record)
+        del self.errors[:-MAX_ERRORS]
+        self.notify(f"{title}: {summary} (press e for details)", severity="error",
+                    title="Error", markup=False)
+        return record
+
+    def record_worker_failure(self, worker: Worker[Any]) -> ErrorRecord | None:
+        """Record a failed worker once (screens forward theirs here)."""
+        if worker in self._recorded_workers or worker.error is None:
+            return None
+        self._recorded_workers.add(worker)
+        where = worker.group if worker.group and worker.group != "default" else ""
+        name = worker.name or "background task"
+        source = f"{name} ({where})" if where else name
+        return self.report_error(source, worker.error)
+
+    @on(Worker.StateChanged)
+    def _worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:
+            self.record_worker_failure(event.worker)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text and not isinstance(exc, LoadmasterError) else (
+        text[0] if text else type(exc).__name__
+    )

@@ -1,0 +1,1 @@
+"""Console screens: one module per feature, each a ``XScreen(services)`` class."""
