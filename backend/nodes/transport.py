@@ -65,7 +65,7 @@ class Transport(ABC):
         *,
         input: str | bytes | None = None,
         check: bool = False,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the Transport contract
     ) -> RunResult:
         """Run ``command`` to completion; raise CommandFailed if ``check`` and it exits non-zero."""
 
@@ -108,7 +108,7 @@ class Transport(ABC):
     async def _run_bytes(self, command: str, *, input: bytes | None = None) -> tuple[int | None, bytes, bytes]:
         """Run a command with binary stdin/stdout (file transfer)."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for local
         """Release the connection (a no-op for local)."""
 
 
@@ -121,7 +121,7 @@ class LocalTransport(Transport):
         *,
         input: str | bytes | None = None,
         check: bool = False,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the Transport contract
     ) -> RunResult:
         start = time.monotonic()
         try:

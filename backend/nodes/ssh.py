@@ -1,0 +1,339 @@
+"""The SSH transport: one asyncssh connection per node, many channels over it.
+
+asyncssh applies ``~/.ssh/config`` (HostName, User, Port, IdentityFile, ProxyJump) and uses the
+ssh-agent and default key files; fields set in loadmaster's config override it. Host keys are
+checked strictly against the node's known_hosts (see :mod:`backend.nodes.hostkeys`); nothing
+here ever passes ``known_hosts=None``. Channels per connection stay under sshd's MaxSessions
+(10) by queueing on a semaphore; handshakes across the fleet are bounded by the pool's
+semaphore (sshd's MaxStartups). A dropped connection fails the commands that were running on it
+with :class:`NodeUnreachable`; the next call reconnects, after a backoff when connecting failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import asyncssh
+
+from backend.config import Node
+from backend.errors import CommandFailed, CommandTimeout, NodeError, NodeUnreachable
+from backend.nodes.hostkeys import VerifyingClient, known_hosts_path, load_known_hosts
+from backend.nodes.transport import RunResult, Transport
+
+#: sshd's default MaxSessions is 10; one spare for OpenSSH's own needs (agent, control).
+DEFAULT_CHANNELS = 9
+DEFAULT_KEEPALIVE = 15.0
+#: Backoff after a failed connect: first delay and ceiling, in seconds.
+DEFAULT_BACKOFF = (1.0, 30.0)
+
+StateHook = Callable[[str, str, "float | None", "str | None"], None]
+
+
+def _where(host: str, port: int | None, user: str | None) -> str:
+    u = f"{user}@" if user else ""
+    return f"{u}{host}:{port}" if port else f"{u}{host}"
+
+
+def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """``user@host:port`` (user and port optional) -> (user, host, port)."""
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = int(tail[1:]) if tail.startswith(":") else None
+    elif rest.count(":") == 1:
+        host, p = rest.split(":")
+        port = int(p)
+    return (user or None), host, port
+
+
+class SshTransport(Transport):
+    """A node reached over SSH with asyncssh: lazy connect, channel queueing, reconnect."""
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        channels: int = DEFAULT_CHANNELS,
+        handshakes: asyncio.Semaphore | None = None,
+        keepalive_interval: float = DEFAULT_KEEPALIVE,
+        backoff: tuple[float, float] = DEFAULT_BACKOFF,
+        ssh_config: str | Path | None = None,
+        on_state: StateHook | None = None,
+    ) -> None:
+        super().__init__(node)
+        self._channels = asyncio.Semaphore(channels)
+        self._handshakes = handshakes
+        self._keepalive = keepalive_interval
+        self._backoff = backoff
+        self._ssh_config = ssh_config
+        self._on_state = on_state
+        self._lock = asyncio.Lock()
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._jump: asyncssh.SSHClientConnection | None = None
+        self._client: VerifyingClient | None = None
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error: str | None = None
+        self._closing = False
+        #: Seconds the last successful handshake (TCP + key exchange + auth) took.
+        self.handshake_seconds: float | None = None
+
+    # -- connection ----------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        """Whether a live connection is open now."""
+        return self._conn is not None and self._client is not None and not self._client.closed
+
+    def _state(self, state: str, latency: float | None = None, error: str | None = None) -> None:
+        if self._on_state is not None:
+            self._on_state(self.name, state, latency, error)
+
+    async def connect(self) -> asyncssh.SSHClientConnection:
+        """The open connection, connecting (once, under a lock) when there is none."""
+        if self.connected:
+            assert self._conn is not None
+            return self._conn
+        async with self._lock:
+            if self.connected:
+                assert self._conn is not None
+                return self._conn
+            await self._drop()
+            wait = self._retry_at - time.monotonic()
+            if wait > 0:
+                raise NodeUnreachable(self.name, f"{self._last_error} (next retry in {wait:.1f}s)")
+            self._closing = False
+            self._state("connecting")
+            try:
+                if self._handshakes is not None:
+                    async with self._handshakes:
+                        conn = await self._open()
+                else:
+                    conn = await self._open()
+            except NodeUnreachable as exc:
+                self._failures += 1
+                first, ceiling = self._backoff
+                self._retry_at = time.monotonic() + min(ceiling, first * 2 ** (self._failures - 1))
+                self._last_error = exc.detail
+                self._state("unreachable", None, exc.detail)
+                raise
+            self._failures = 0
+            self._retry_at = 0.0
+            self._last_error = None
+            self._conn = conn
+            self._state("up", (self.handshake_seconds or 0.0) * 1000, None)
+            return conn
+
+    def _client_factory(self, node: Node) -> tuple[VerifyingClient, Callable[[], VerifyingClient]]:
+        client = VerifyingClient(node.name, known_hosts_path(node), node.trust_on_first_use)
+        return client, lambda: client
+
+    def _options(self, node: Node, host: str, port: int | None, user: str | None) -> dict[str, object]:
+        path = known_hosts_path(node)
+        try:
+            known = load_known_hosts(path)
+        except (OSError, ValueError) as exc:
+            raise NodeUnreachable(node.name, f"cannot read known_hosts {path}: {exc}") from None
+        opts: dict[str, object] = {
+            "known_hosts": known,
+            "connect_timeout": node.connect_timeout,
+            "keepalive_interval": self._keepalive,
+            "keepalive_count_max": 3,
+        }
+        if port:
+            opts["port"] = port
+        if user:
+            opts["username"] = user
+        if node.identity:
+            keys = [os.path.expanduser(p) for p in node.identity]
+            for k in keys:
+                if not os.path.exists(k):
+                    raise NodeUnreachable(node.name, f"identity file {k} does not exist (check 'identity')")
+            opts["client_keys"] = keys
+        if self._ssh_config is not None:
+            opts["config"] = [str(self._ssh_config)] if str(self._ssh_config) else []
+        return opts
+
+    async def _open(self) -> asyncssh.SSHClientConnection:
+        node = self.node
+        tunnel: asyncssh.SSHClientConnection | None = None
+        if node.jump:
+            juser, jhost, jport = parse_jump(node.jump)
+            tunnel = await self._connect_one(
+                node, jhost, jport or node.port, juser or node.user, None, f"jump host {node.jump}"
+            )
+        start = time.monotonic()
+        try:
+            conn = await self._connect_one(node, node.host, node.port, node.user, tunnel, None)
+        except BaseException:
+            if tunnel is not None:
+                tunnel.close()
+            raise
+        self.handshake_seconds = time.monotonic() - start
+        self._jump = tunnel
+        return conn
+
+    async def _connect_one(
+        self,
+        node: Node,
+        host: str,
+        port: int | None,
+        user: str | None,
+        tunnel: asyncssh.SSHClientConnection | None,
+        via: str | None,
+    ) -> asyncssh.SSHClientConnection:
+        client, factory = self._client_factory(node)
+        opts = self._options(node, host, port, user)
+        if tunnel is not None:
+            opts["tunnel"] = tunnel
+        where = via or _where(host, port, user)
+        try:
+            conn = await asyncssh.connect(host, client_factory=factory, **opts)  # type: ignore[arg-type]
+        except asyncssh.HostKeyNotVerifiable as exc:
+            if client.refusal is not None:
+                raise client.refusal.error(node.name) from None
+            raise NodeUnreachable(node.name, f"{where}: host key not verifiable: {exc.reason}") from None
+        except asyncssh.PermissionDenied:
+            keys = ", ".join(node.identity) or "default keys and ssh-agent"
+            raise NodeUnreachable(
+                node.name, f"{where}: authentication refused (tried {keys}; check 'user' and 'identity')"
+            ) from None
+        except asyncssh.KeyImportError as exc:
+            raise NodeUnreachable(node.name, f"cannot load identity key: {exc}") from None
+        except asyncssh.Error as exc:
+            raise NodeUnreachable(node.name, f"{where}: {exc.reason}") from None
+        except TimeoutError:
+            raise NodeUnreachable(
+                node.name, f"{where}: no SSH answer within {node.connect_timeout:g}s"
+            ) from None
+        except ConnectionRefusedError:
+            raise NodeUnreachable(node.name, f"{where}: connection refused (is sshd running?)") from None
+        except OSError as exc:
+            raise NodeUnreachable(node.name, f"{where}: {exc.strerror or exc}") from None
+        if via is None:
+            self._client = client
+            client.on_lost = self._lost
+        return conn
+
+    def _lost(self, exc: Exception | None) -> None:
+        if self._closing:
+            return
+        reason = getattr(exc, "reason", None) or (str(exc) if exc else "closed by the node")
+        self._state("unreachable", None, f"connection lost: {reason}")
+
+    async def _drop(self) -> None:
+        conn, jump = self._conn, self._jump
+        self._conn = self._jump = None
+        for c in (conn, jump):
+            if c is not None:
+                c.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(c.wait_closed(), 2)
+
+    def _lost_error(self, command: str) -> NodeUnreachable:
+        lost = self._client.lost if self._client else None
+        reason = getattr(lost, "reason", None) or (str(lost) if lost else "connection closed")
+        return NodeUnreachable(self.name, f"connection lost while running {command!r}: {reason}")
+
+    # -- commands ------------------------------------------------------------------------------
+    async def _exec(
+        self, command: str, input: bytes | None, timeout: float | None  # noqa: ASYNC109
+    ) -> tuple[int | None, bytes, bytes, float]:
+        async with self._channels:
+            conn = await self.connect()
+            start = time.monotonic()
+            try:
+                proc = await conn.create_process(command, encoding=None)
+            except asyncssh.ChannelOpenError as exc:
+                if not self.connected:
+                    raise self._lost_error(command) from None
+                raise NodeError(self.name, f"cannot open an SSH channel: {exc.reason}") from None
+            except (asyncssh.Error, OSError):
+                if not self.connected:
+                    raise self._lost_error(command) from None
+                raise
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+            except TimeoutError:
+                _stop(proc)
+                raise CommandTimeout(
+                    self.name, f"command {command!r} did not finish within {timeout:g}s"
+                ) from None
+            except asyncio.CancelledError:
+                _stop(proc)
+                raise
+            except (asyncssh.Error, OSError, BrokenPipeError):
+                _stop(proc)
+                raise self._lost_error(command) from None
+            code = proc.returncode
+            if code is None and not self.connected:
+                raise self._lost_error(command)
+            return code, out or b"", err or b"", time.monotonic() - start
+
+    async def run(
+        self,
+        command: str,
+        *,
+        input: str | bytes | None = None,
+        check: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - the Transport contract
+    ) -> RunResult:
+        data = input.encode() if isinstance(input, str) else input
+        code, out, err, elapsed = await self._exec(command, data, timeout)
+        result = RunResult(
+            self.name, command, code, out.decode(errors="replace"), err.decode(errors="replace"), elapsed
+        )
+        if check and not result.ok:
+            raise CommandFailed(self.name, command, result.exit_status, result.stderr)
+        return result
+
+    async def _run_bytes(self, command: str, *, input: bytes | None = None) -> tuple[int | None, bytes, bytes]:
+        code, out, err, _ = await self._exec(command, input, None)
+        return code, out, err
+
+    async def stream(self, command: str, *, input: str | bytes | None = None) -> AsyncIterator[str]:
+        async with self._channels:
+            conn = await self.connect()
+            try:
+                proc = await conn.create_process(command, encoding=None, stderr=asyncssh.DEVNULL)
+            except (asyncssh.Error, OSError) as exc:
+                if not self.connected:
+                    raise self._lost_error(command) from None
+                raise NodeError(self.name, f"cannot open an SSH channel: {exc}") from None
+            try:
+                if input is not None:
+                    proc.stdin.write(input.encode() if isinstance(input, str) else input)
+                proc.stdin.write_eof()
+                buf = b""
+                try:
+                    async for chunk in proc.stdout:
+                        buf += chunk
+                        while b"\n" in buf:
+                            line, _, buf = buf.partition(b"\n")
+                            yield line.decode(errors="replace")
+                except (asyncssh.Error, OSError):
+                    raise self._lost_error(command) from None
+                if buf:
+                    yield buf.decode(errors="replace")
+                if proc.returncode is None and not self.connected:
+                    raise self._lost_error(command)
+            finally:
+                if proc.returncode is None:
+                    _stop(proc)
+
+    async def close(self) -> None:
+        self._closing = True
+        await self._drop()
+
+
+def _stop(proc: asyncssh.SSHClientProcess[bytes]) -> None:
+    """Ask sshd to kill the command, then close the channel (its pipes close with it)."""
+    with contextlib.suppress(Exception):
+        proc.kill()
+    with contextlib.suppress(Exception):
+        proc.close()
