@@ -1,0 +1,155 @@
+"""``loadmaster lab up|down|status``: the sandbox fleet on this machine, for trying the console."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+from backend.config import data_dir
+from backend.errors import LoadmasterError
+from backend.lab.fleet import Lab, LabNodeOptions
+from backend.services import Services
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("lab", help="start or stop the sandbox fleet (real sshd nodes + SeaweedFS S3)")
+    lsub = p.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
+    up = lsub.add_parser("up", help="start the sandbox and print the command that opens the console")
+    up.add_argument("--nodes", type=int, default=4, help="number of sshd nodes (default 4)")
+    up.add_argument("--dir", help="where the lab lives (default: <data dir>/lab)")
+    up.add_argument("--no-seed", action="store_true", help="do not upload sample data and checkpoints")
+    up.set_defaults(func=lab_up)
+    down = lsub.add_parser("down", help="stop everything the sandbox started")
+    down.add_argument("--dir", help="the lab's directory (default: <data dir>/lab)")
+    down.set_defaults(func=lab_down)
+    st = lsub.add_parser("status", help="is the sandbox running, and where")
+    st.add_argument("--dir", help="the lab's directory (default: <data dir>/lab)")
+    st.set_defaults(func=lab_status)
+
+
+def _lab_dir(args: argparse.Namespace) -> Path:
+    return Path(args.dir).expanduser().resolve() if args.dir else data_dir() / "lab"
+
+
+def sandbox_options(n: int) -> dict[str, LabNodeOptions]:
+    """A plausible training fleet: GPUs busy, one node starved, the last one in AWS us-east-1."""
+    opts = {f"node-{i:02d}": LabNodeOptions(gpus=8, pattern="training") for i in range(1, n + 1)}
+    if n >= 2:
+        opts["node-02"] = LabNodeOptions(gpus=8, pattern="starved")
+    return opts
+
+
+SANDBOX_EXTRA = """
+[retention]
+keep_full_latest = 2
+milestone_every = 4000
+"""
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lab_up(args: argparse.Namespace, services: Services) -> int:
+    root = _lab_dir(args)
+    state = root / "lab.json"
+    if state.exists():
+        info = json.loads(state.read_text())
+        if any(_pid_alive(n.get("pid")) for n in info.get("nodes", [])):
+            raise LoadmasterError(f"a lab is already running in {root}; run 'loadmaster lab down' first")
+    lab = Lab(root, nodes=args.nodes, options=sandbox_options(args.nodes))
+    print(f"starting {args.nodes} sshd nodes and SeaweedFS S3 in {root} ...", file=sys.stderr)
+    lab.up()
+    try:
+        if not args.no_seed:
+            assert lab.s3 is not None and lab.bucket is not None
+            from backend.lab import seed
+
+            client = lab.s3.client()
+            print("uploading a sample dataset and real DCP checkpoints ...", file=sys.stderr)
+            seed.seed_dataset(client, lab.bucket)
+            try:
+                seed.seed_checkpoints(client, lab.bucket)
+            except ImportError:
+                print("torch is not installed: skipped sample checkpoints "
+                      "(pip install 'loadmaster[node]')", file=sys.stderr)
+        lab.write_config(SANDBOX_EXTRA)
+        lab.save_state()
+    except BaseException:
+        lab.down()
+        raise
+    env = lab.env()
+    cmd = " ".join(
+        [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k != "LOADMASTER_CONFIG"]
+        + ["loadmaster", "--config", shlex.quote(str(lab.config_path))]
+    )
+    for n in lab.nodes:
+        print(f"  {n.name}  {n.ip}:{n.port}  {lab.node_options(n.name).pattern}", file=sys.stderr)
+    if lab.s3:
+        print(f"  s3      {lab.s3.endpoint}  bucket {lab.bucket}", file=sys.stderr)
+    print("open the console on the sandbox with:", file=sys.stderr)
+    print(cmd)
+    return 0
+
+
+def lab_down(args: argparse.Namespace, services: Services) -> int:
+    root = _lab_dir(args)
+    state = root / "lab.json"
+    if not state.exists():
+        print(f"no lab is running in {root}", file=sys.stderr)
+        return 0
+    info = json.loads(state.read_text())
+    from backend.lab.sshd import _children
+
+    stopped = 0
+    for node in info.get("nodes", []):
+        pid = node.get("pid")
+        if _pid_alive(pid):
+            for kid in _children(pid):
+                _kill(kid)
+            _kill(pid)
+            stopped += 1
+    s3pid = info.get("s3", {}).get("pid")
+    if _pid_alive(s3pid):
+        try:
+            os.killpg(s3pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        stopped += 1
+    state.unlink()
+    print(f"stopped {stopped} lab processes in {root}", file=sys.stderr)
+    return 0
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def lab_status(args: argparse.Namespace, services: Services) -> int:
+    root = _lab_dir(args)
+    state = root / "lab.json"
+    if not state.exists():
+        print(f"no lab in {root}")
+        return 1
+    info = json.loads(state.read_text())
+    for n in info["nodes"]:
+        print(f"{n['name']:10} {n['ip']}:{n['port']:<6} {'up' if _pid_alive(n['pid']) else 'down'}")
+    print(f"s3         {info['s3']['endpoint']} {'up' if _pid_alive(info['s3']['pid']) else 'down'}")
+    print(f"config     {info['config']}")
+    return 0

@@ -1,0 +1,75 @@
+"""Sample data for the sandbox lab: a small dataset, tar shards and real DCP checkpoints."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DATASET_PREFIX = "datasets/laion-mini"
+CHECKPOINT_RUN = "checkpoints/llama-demo"
+
+
+def _put(client: Any, bucket: str, key: str, body: bytes) -> None:
+    client.put_object(Bucket=bucket, Key=key, Body=body)
+
+
+def seed_dataset(client: Any, bucket: str, *, samples: int = 120, shards: int = 8,
+                 shard_bytes: int = 4 * 2**20, rng_seed: int = 7) -> dict[str, int]:
+    """Raw jpg+json sample files and a few tar shards (what a pull or a conversion reads)."""
+    rng = random.Random(rng_seed)
+    raw = 0
+    for i in range(samples):
+        key = f"{i:06d}"
+        jpg = rng.randbytes(rng.randint(8_000, 24_000))
+        meta = json.dumps({"key": key, "caption": f"sample {i}", "width": 256, "height": 256}).encode()
+        _put(client, bucket, f"{DATASET_PREFIX}/raw/{key}.jpg", jpg)
+        _put(client, bucket, f"{DATASET_PREFIX}/raw/{key}.json", meta)
+        raw += len(jpg) + len(meta)
+    for s in range(shards):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            payload = rng.randbytes(shard_bytes)
+            info = tarfile.TarInfo(f"{s:06d}.bin")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+        _put(client, bucket, f"{DATASET_PREFIX}/shards/shard-{s:06d}.tar", buf.getvalue())
+    return {"raw_objects": samples * 2, "raw_bytes": raw, "shards": shards}
+
+
+def seed_checkpoints(client: Any, bucket: str, *, steps: range = range(1000, 12001, 1000),
+                     in_flight: int | None = 12000, milestones: tuple[int, ...] = (4000, 8000)) -> list[int]:
+    """Real torch.distributed.checkpoint saves of a tiny model + AdamW, one per step.
+
+    The ``in_flight`` step is uploaded without its ``.metadata`` commit marker, the way a reader
+    sees a checkpoint whose upload is still running. Milestone steps carry a MILESTONE marker.
+    """
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    done = []
+    with tempfile.TemporaryDirectory(prefix="lm-seed-") as tmp:
+        for step in steps:
+            model(torch.randn(4, 64)).sum().backward()
+            optim.step()
+            optim.zero_grad()
+            out = Path(tmp) / f"step-{step}"
+            dcp.save({"model": model.state_dict(), "optim": optim.state_dict()}, checkpoint_id=str(out))
+            files = sorted(out.iterdir(), key=lambda p: p.name == ".metadata")  # commit marker last
+            for f in files:
+                if step == in_flight and f.name == ".metadata":
+                    continue
+                _put(client, bucket, f"{CHECKPOINT_RUN}/step-{step}/{f.name}", f.read_bytes())
+            if step in milestones:
+                _put(client, bucket, f"{CHECKPOINT_RUN}/step-{step}/MILESTONE", b"")
+            done.append(step)
+    os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+    return done
