@@ -8,6 +8,7 @@ import os
 import random
 import tarfile
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,9 @@ def seed_checkpoints(client: Any, bucket: str, *, steps: range = range(1000, 120
             optim.step()
             optim.zero_grad()
             out = Path(tmp) / f"step-{step}"
-            dcp.save({"model": model.state_dict(), "optim": optim.state_dict()}, checkpoint_id=str(out))
+            with warnings.catch_warnings():  # single-process save: no process group, by design
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.save({"model": model.state_dict(), "optim": optim.state_dict()}, checkpoint_id=str(out))
             files = sorted(out.iterdir(), key=lambda p: p.name == ".metadata")  # commit marker last
             for f in files:
                 if step == in_flight and f.name == ".metadata":
