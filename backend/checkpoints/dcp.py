@@ -1,0 +1,240 @@
+"""Reading torch.distributed.checkpoint (DCP) directories without trusting them.
+
+``.metadata`` is a pickle; we unpickle it with an allow-list of DCP/torch classes so a hostile
+object store cannot run code in the console. Tensor payloads in ``*.distcp`` are ``torch.save``
+blobs (or raw bytes for the safetensors serialization format); we read only the byte range of
+one tensor chunk at a time and rebuild it without copying, so memory stays bounded by the
+largest tensor, not by the checkpoint.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+from backend.errors import LoadmasterError
+
+METADATA_FILE = ".metadata"
+DISTCP_SUFFIX = ".distcp"
+MAX_METADATA_BYTES = 512 * 1024 * 1024  # a 405B model's .metadata is tens of MB
+
+#: Top-level keys that hold training state rather than model weights (torchtitan's flat layout
+#: and the common ``{"model": ..., "optim": ...}`` layout).
+NON_WEIGHT_ROOTS = frozenset({
+    "optim", "optimizer", "optimizers", "optimizer_state", "lr_scheduler", "lr_schedulers",
+    "scheduler", "schedulers", "dataloader", "data_loader", "train_state", "rng", "rng_state",
+    "rng_states", "scaler", "grad_scaler", "extra_state", "trainer",
+})
+
+
+class CheckpointError(LoadmasterError):
+    """A checkpoint is malformed, incomplete or in a layout this operation cannot handle."""
+
+
+_ALLOWED_MODULES = {
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.filesystem",
+    "torch.distributed.checkpoint.planner",
+    "torch.distributed.checkpoint._extension",
+}
+_ALLOWED_NAMES = {
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"), ("builtins", "set"),
+    ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "complex"),
+}
+
+
+class _SafeMetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if module in _ALLOWED_MODULES or (module, name) in _ALLOWED_NAMES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}")
+
+
+def load_metadata(raw: bytes, *, where: str = ".metadata") -> Any:
+    """Parse a DCP ``.metadata`` pickle with an allow-list of classes (never arbitrary code)."""
+    try:
+        md = _SafeMetadataUnpickler(io.BytesIO(raw)).load()
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the same operator problem
+        raise CheckpointError(f"{where}: not a readable DCP metadata file ({exc})") from None
+    if not hasattr(md, "state_dict_metadata") or not hasattr(md, "storage_data"):
+        raise CheckpointError(f"{where}: not a DCP Metadata object")
+    return md
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """Where one chunk of a tensor lives: file, byte range, and its place in the full tensor."""
+
+    file: str
+    offset: int
+    length: int
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    transformed: bool
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """A tensor in a DCP checkpoint: fully-qualified name, dtype, shape, chunks."""
+
+    fqn: str
+    dtype: Any
+    shape: tuple[int, ...]
+    chunks: tuple[ChunkRef, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * self.dtype.itemsize
+
+
+def tensor_entries(md: Any) -> list[TensorEntry]:
+    """Every tensor of a DCP checkpoint with the byte ranges of its chunks."""
+    by_fqn: dict[str, list[tuple[Any, Any]]] = {}
+    for index, info in md.storage_data.items():
+        by_fqn.setdefault(index.fqn, []).append((index, info))
+    out = []
+    for fqn, meta in md.state_dict_metadata.items():
+        if not hasattr(meta, "chunks"):
+            continue  # BytesStorageMetadata: pickled Python objects (lr, step counters)
+        infos = {tuple(ix.offset or ()): info for ix, info in by_fqn.get(fqn, [])}
+        chunks = []
+        for ch in meta.chunks:
+            info = infos.get(tuple(ch.offsets)) or (infos.get(()) if len(meta.chunks) == 1 else None)
+            if info is None:
+                raise CheckpointError(f"DCP metadata has no storage for {fqn} chunk at {tuple(ch.offsets)}")
+            chunks.append(ChunkRef(str(info.relative_path), int(info.offset), int(info.length),
+                                   tuple(int(x) for x in ch.offsets), tuple(int(x) for x in ch.sizes),
+                                   bool(getattr(info, "transform_descriptors", None))))
+        out.append(TensorEntry(fqn, meta.properties.dtype, tuple(int(x) for x in meta.size), tuple(chunks)))
+    return out
+
+
+def storage_bytes_by_fqn(md: Any) -> dict[str, int]:
+    """Bytes on disk per fully-qualified name (tensors and pickled objects alike)."""
+    out: dict[str, int] = {}
+    for index, info in md.storage_data.items():
+        out[index.fqn] = out.get(index.fqn, 0) + int(info.length)
+    return out
+
+
+def weight_names(fqns: list[str], model_prefix: str = "model") -> dict[str, str]:
+    """Map source FQN -> output tensor name for the model weights among ``fqns``.
+
+    Keys under ``model_prefix.`` when any exist (prefix dropped); otherwise torchtitan's flat
+    layout: every key not under an optimizer/lr-scheduler/dataloader/train-state root.
+    """
+    pre = model_prefix.rstrip(".") + "." if model_prefix else ""
+    if pre and any(f.startswith(pre) for f in fqns):
+        return {f: f[len(pre):] for f in fqns if f.startswith(pre)}
+    return {f: f for f in fqns if f.split(".", 1)[0] not in NON_WEIGHT_ROOTS}
+
+
+# -- reading one chunk --------------------------------------------------------------------------
+
+class _TensorPickle(pickle.Unpickler):
+    """Reads the data.pkl of a torch.save'd tensor: records storages and the rebuild call only."""
+
+    def __init__(self, f: io.BytesIO) -> None:
+        super().__init__(f)
+        self.storages: dict[str, Any] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return _rebuild_args
+        if module == "torch" and name.endswith("Storage"):
+            return name
+        if module == "collections" and name == "OrderedDict":
+            import collections
+            return collections.OrderedDict
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"unexpected {module}.{name} in a DCP tensor record")
+
+    def persistent_load(self, pid: Any) -> Any:
+        # ('storage', storage_type, key, location, numel)
+        if not isinstance(pid, tuple) or len(pid) < 5 or pid[0] != "storage":
+            raise pickle.UnpicklingError("unexpected persistent id in a DCP tensor record")
+        return ("storage", pid[1], str(pid[2]), int(pid[4]))
+
+
+def _rebuild_args(storage: Any, offset: int, size: Any, stride: Any, *rest: Any) -> tuple[Any, ...]:
+    return ("tensor", storage, int(offset), tuple(size), tuple(stride))
+
+
+def _storage_dtype(stype: Any) -> Any:
+    import torch
+
+    if isinstance(stype, torch.dtype):
+        return stype
+    names = {"FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
+             "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+             "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+             "BoolStorage": torch.bool}
+    if stype not in names:
+        raise CheckpointError(f"unsupported storage type {stype!r} in a DCP tensor record")
+    return names[stype]
+
+
+def chunk_tensor(blob: bytes | bytearray | memoryview, dtype: Any, sizes: tuple[int, ...], *, where: str) -> Any:
+    """A tensor view over one chunk's bytes (torch.save zip or raw), without copying the data."""
+    import torch
+
+    numel = 1
+    for s in sizes:
+        numel *= s
+    if bytes(blob[:2]) != b"PK":
+        # safetensors serialization format: the chunk is the raw little-endian tensor data
+        if len(blob) != numel * dtype.itemsize:
+            raise CheckpointError(f"{where}: chunk is {len(blob)} bytes, expected {numel * dtype.itemsize}")
+        if numel == 0:
+            return torch.empty(sizes, dtype=dtype)
+        return torch.frombuffer(blob, dtype=dtype, count=numel).view(sizes)
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(blob))
+        names = zf.namelist()
+        pkl = next(n for n in names if n.endswith("/data.pkl") or n == "data.pkl")
+        root = pkl[: -len("data.pkl")]
+        up = _TensorPickle(io.BytesIO(zf.read(pkl)))
+        obj = up.load()
+        if not (isinstance(obj, tuple) and obj and obj[0] == "tensor"):
+            raise CheckpointError(f"{where}: record is not a single tensor")
+        _, (_, stype, key, snumel), offset, size, stride = obj
+        sdtype = _storage_dtype(stype)
+        info = zf.getinfo(f"{root}data/{key}")
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise CheckpointError(f"{where}: compressed tensor records are not supported")
+        # local file header: 30 bytes + name + extra, then the stored data
+        hdr = info.header_offset
+        if bytes(blob[hdr:hdr + 4]) != b"PK\x03\x04":
+            raise CheckpointError(f"{where}: corrupt zip record")
+        nlen, xlen = struct.unpack("<HH", bytes(blob[hdr + 26:hdr + 30]))
+        start = hdr + 30 + nlen + xlen
+        if start + snumel * sdtype.itemsize > len(blob) or info.file_size < snumel * sdtype.itemsize:
+            raise CheckpointError(f"{where}: tensor record is truncated")
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointError(f"{where}: unreadable tensor record ({type(exc).__name__}: {exc})") from None
+    if sdtype != dtype:
+        raise CheckpointError(f"{where}: record dtype {sdtype} differs from metadata dtype {dtype}")
+    if snumel == 0:
+        return torch.empty(sizes, dtype=dtype)
+    storage = torch.frombuffer(blob, dtype=sdtype, count=snumel, offset=start)
+    t = storage.as_strided(size, stride, offset)
+    if tuple(t.shape) != tuple(sizes):
+        raise CheckpointError(f"{where}: record shape {tuple(t.shape)} differs from metadata {sizes}")
+    return t
