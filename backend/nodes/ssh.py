@@ -13,15 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import asyncssh
+import asyncssh.config
 
 from backend.config import Node
-from backend.errors import CommandFailed, CommandTimeout, NodeError, NodeUnreachable
+from backend.errors import (
+    CommandFailed,
+    CommandTimeout,
+    ConfigError,
+    HostKeyRefused,
+    NodeError,
+    NodeUnreachable,
+)
 from backend.nodes.hostkeys import VerifyingClient, known_hosts_path, load_known_hosts
 from backend.nodes.transport import RunResult, Transport
 
@@ -32,6 +42,59 @@ DEFAULT_KEEPALIVE = 15.0
 DEFAULT_BACKOFF = (1.0, 30.0)
 
 StateHook = Callable[[str, str, "float | None", "str | None"], None]
+
+
+def ssh_config_paths(explicit: str | Path | None = None) -> list[str]:
+    """The OpenSSH client config files that apply: ``explicit`` or ``~/.ssh/config`` if readable."""
+    if explicit is not None:
+        return [str(explicit)] if str(explicit) else []
+    default = Path(os.path.expanduser("~/.ssh/config"))
+    return [str(default)] if os.access(default, os.R_OK) else []
+
+
+def load_ssh_config(node: Node, paths: list[str]) -> asyncssh.config.SSHClientConfig:
+    """asyncssh's own parse of the OpenSSH client config for this node's host."""
+    try:
+        return asyncssh.config.SSHClientConfig.load(
+            None, paths, False, False, False, getpass.getuser(),
+            node.user if node.user else (), node.host, node.port if node.port else (),
+        )
+    except (OSError, asyncssh.Error, ValueError) as exc:
+        raise ConfigError(f"cannot parse OpenSSH config: {exc}", file=", ".join(paths) or None) from None
+
+
+def _config_value(paths: list[str], node: Node, option: str) -> Any:
+    if not paths:
+        return None
+    return load_ssh_config(node, paths).get(option)
+
+
+def effective_settings(node: Node, ssh_config: str | Path | None = None) -> dict[str, Any]:
+    """How loadmaster will reach ``node``: loadmaster's fields over ``~/.ssh/config``'s."""
+    if node.transport == "local":
+        return {"name": node.name, "transport": "local", "hostname": node.host, "user": getpass.getuser(),
+                "port": None, "identity": [], "proxy_jump": None, "known_hosts": None,
+                "trust_on_first_use": False, "scratch": node.scratch, "site": node.site,
+                "tags": list(node.tags), "slots": node.slots}
+    paths = ssh_config_paths(ssh_config)
+    cfg = load_ssh_config(node, paths)
+    identity = list(node.identity) or [str(p) for p in (cfg.get("IdentityFile") or [])]
+    return {
+        "name": node.name,
+        "transport": "ssh",
+        "hostname": str(cfg.get("Hostname", node.host)),
+        "user": node.user or cfg.get("User") or getpass.getuser(),
+        "port": node.port or cfg.get("Port") or 22,
+        "identity": [os.path.expanduser(p) for p in identity],
+        "proxy_jump": node.jump or cfg.get("ProxyJump"),
+        "known_hosts": str(known_hosts_path(node)),
+        "trust_on_first_use": node.trust_on_first_use,
+        "scratch": node.scratch,
+        "site": node.site,
+        "tags": list(node.tags),
+        "slots": node.slots,
+        "ssh_config": paths[0] if paths else None,
+    }
 
 
 def _where(host: str, port: int | None, user: str | None) -> str:
@@ -75,11 +138,12 @@ class SshTransport(Transport):
         self._on_state = on_state
         self._lock = asyncio.Lock()
         self._conn: asyncssh.SSHClientConnection | None = None
-        self._jump: asyncssh.SSHClientConnection | None = None
+        self._jumps: list[asyncssh.SSHClientConnection] = []
         self._client: VerifyingClient | None = None
         self._failures = 0
         self._retry_at = 0.0
         self._last_error: str | None = None
+        self._last_exc: NodeUnreachable | None = None
         self._closing = False
         #: Seconds the last successful handshake (TCP + key exchange + auth) took.
         self.handshake_seconds: float | None = None
@@ -106,7 +170,11 @@ class SshTransport(Transport):
             await self._drop()
             wait = self._retry_at - time.monotonic()
             if wait > 0:
-                raise NodeUnreachable(self.name, f"{self._last_error} (next retry in {wait:.1f}s)")
+                msg = f"{self._last_error} (next retry in {wait:.1f}s)"
+                last = self._last_exc
+                if isinstance(last, HostKeyRefused):
+                    raise HostKeyRefused(self.name, msg, offered=last.offered, expected=last.expected)
+                raise NodeUnreachable(self.name, msg)
             self._closing = False
             self._state("connecting")
             try:
@@ -115,13 +183,16 @@ class SshTransport(Transport):
                         conn = await self._open()
                 else:
                     conn = await self._open()
-            except NodeUnreachable as exc:
+            except (NodeUnreachable, ConfigError) as exc:
+                if isinstance(exc, ConfigError):
+                    exc = NodeUnreachable(self.name, str(exc))
                 self._failures += 1
                 first, ceiling = self._backoff
                 self._retry_at = time.monotonic() + min(ceiling, first * 2 ** (self._failures - 1))
                 self._last_error = exc.detail
+                self._last_exc = exc
                 self._state("unreachable", None, exc.detail)
-                raise
+                raise exc from None
             self._failures = 0
             self._retry_at = 0.0
             self._last_error = None
@@ -155,28 +226,36 @@ class SshTransport(Transport):
                 if not os.path.exists(k):
                     raise NodeUnreachable(node.name, f"identity file {k} does not exist (check 'identity')")
             opts["client_keys"] = keys
-        if self._ssh_config is not None:
-            opts["config"] = [str(self._ssh_config)] if str(self._ssh_config) else []
+        # An explicit (possibly empty) list: asyncssh must not fall back to another file.
+        opts["config"] = self._config_paths()
         return opts
 
     async def _open(self) -> asyncssh.SSHClientConnection:
         node = self.node
+        # ProxyJump (ours or ~/.ssh/config's) is opened here, hop by hop, so every hop's host key
+        # is checked by the same strict policy as the node's own.
+        jump = node.jump or _config_value(self._config_paths(), node, "ProxyJump")
         tunnel: asyncssh.SSHClientConnection | None = None
-        if node.jump:
-            juser, jhost, jport = parse_jump(node.jump)
-            tunnel = await self._connect_one(
-                node, jhost, jport or node.port, juser or node.user, None, f"jump host {node.jump}"
-            )
-        start = time.monotonic()
+        hops: list[asyncssh.SSHClientConnection] = []
         try:
+            for hop in (h.strip() for h in (jump or "").split(",") if h.strip()):
+                if hop.lower() == "none":
+                    break
+                juser, jhost, jport = parse_jump(hop)
+                tunnel = await self._connect_one(node, jhost, jport, juser, tunnel, f"jump host {hop}")
+                hops.append(tunnel)
+            start = time.monotonic()
             conn = await self._connect_one(node, node.host, node.port, node.user, tunnel, None)
         except BaseException:
-            if tunnel is not None:
-                tunnel.close()
+            for h in reversed(hops):
+                h.close()
             raise
         self.handshake_seconds = time.monotonic() - start
-        self._jump = tunnel
+        self._jumps = hops
         return conn
+
+    def _config_paths(self) -> list[str]:
+        return ssh_config_paths(self._ssh_config)
 
     async def _connect_one(
         self,
@@ -189,8 +268,8 @@ class SshTransport(Transport):
     ) -> asyncssh.SSHClientConnection:
         client, factory = self._client_factory(node)
         opts = self._options(node, host, port, user)
-        if tunnel is not None:
-            opts["tunnel"] = tunnel
+        # Never let asyncssh open ~/.ssh/config's ProxyJump itself: _open did it, strictly.
+        opts["tunnel"] = tunnel
         where = via or _where(host, port, user)
         try:
             conn = await asyncssh.connect(host, client_factory=factory, **opts)  # type: ignore[arg-type]
@@ -227,9 +306,10 @@ class SshTransport(Transport):
         self._state("unreachable", None, f"connection lost: {reason}")
 
     async def _drop(self) -> None:
-        conn, jump = self._conn, self._jump
-        self._conn = self._jump = None
-        for c in (conn, jump):
+        conns = [self._conn, *reversed(self._jumps)]
+        self._conn = None
+        self._jumps = []
+        for c in conns:
             if c is not None:
                 c.close()
                 with contextlib.suppress(Exception):

@@ -1,0 +1,122 @@
+"""``loadmaster nodes`` (the inventory as resolved) and ``loadmaster doctor`` (is each node ready)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from backend.doctor import NodeReport, run_doctor
+from backend.nodes.ssh import effective_settings
+from backend.services import Services
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``nodes`` and ``doctor`` commands."""
+    p = sub.add_parser("nodes", help="list the inventory as resolved (hostlists, hostfiles, ~/.ssh/config)")
+    p.add_argument("--json", action="store_true", help="print a JSON array, one object per node")
+    p.add_argument("--nodes", metavar="PATTERN", help="only nodes matching a hostlist or glob")
+    p.set_defaults(func=cmd_nodes)
+    d = sub.add_parser("doctor", help="check every node: reachable, tools, GPUs, NICs, scratch space")
+    d.add_argument("--json", action="store_true", help="print a JSON array, one object per node")
+    d.add_argument("--nodes", metavar="PATTERN", help="only nodes matching a hostlist or glob")
+    d.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="per-node limit for the check command (default 60)")
+    d.set_defaults(func=cmd_doctor)
+
+
+def _selected(args: argparse.Namespace, services: Services) -> list[Any]:
+    return services.config.select(args.nodes) if args.nodes else list(services.config.nodes)
+
+
+def cmd_nodes(args: argparse.Namespace, services: Services) -> int:
+    """Print each node's effective connection settings."""
+    rows = [effective_settings(n) for n in _selected(args, services)]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [["NAME", "HOST", "USER", "PORT", "IDENTITY", "JUMP", "SITE", "TAGS"]]
+    for r in rows:
+        table.append([
+            r["name"],
+            r["hostname"] if r["transport"] == "ssh" else f"{r['hostname']} (local)",
+            r["user"] or "-",
+            str(r["port"] or "-"),
+            ",".join(r["identity"]) or ("agent/default keys" if r["transport"] == "ssh" else "-"),
+            r["proxy_jump"] or "-",
+            r["site"] or "-",
+            ",".join(r["tags"]) or "-",
+        ])
+    _print_table(table)
+    print(f"{len(rows)} node(s) from {services.config.source}")
+    return 0
+
+
+def _print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _speed(mbps: int | None) -> str:
+    if mbps is None:
+        return "speed n/a"
+    return f"{mbps // 1000} Gb/s" if mbps >= 1000 and mbps % 1000 == 0 else f"{mbps} Mb/s"
+
+
+def format_report(r: NodeReport) -> list[str]:
+    """Human-readable lines for one node's doctor report."""
+    state = "ready" if r.ready else ("NOT READY" if r.reachable else "UNREACHABLE")
+    lines = [f"{r.name} ({r.host})  {state}"]
+    if not r.reachable:
+        lines.append(f"  why       {r.error}")
+        return lines
+    lat = f"{r.ssh_latency_ms:.0f} ms handshake, " if r.ssh_latency_ms is not None else ""
+    lines.append(f"  ssh       {lat}{r.command_ms or 0:.0f} ms check" if r.transport == "ssh"
+                 else f"  local     {r.command_ms or 0:.0f} ms check")
+    lines.append(f"  os        {r.os or '?'}, kernel {r.kernel or '?'} {r.arch or ''}".rstrip())
+    lines.append(f"  cpu/mem   {r.cpus or '?'} CPUs, {_bytes(r.mem_total_bytes)} "
+                 f"({_bytes(r.mem_available_bytes)} available)")
+    lines.append(f"  python3   {r.python3 or 'MISSING'}")
+    lines.append(f"  s5cmd     {r.s5cmd or 'MISSING'}")
+    if not r.nvidia_smi:
+        gpu = "nvidia-smi MISSING"
+    elif r.gpu_count:
+        gpu = f"{r.gpu_count} x {', '.join(r.gpu_models)}, driver {r.driver}"
+    else:
+        gpu = "nvidia-smi present, no GPU"
+    lines.append(f"  gpus      {gpu}")
+    nics = ", ".join(f"{n.name} {_speed(n.speed_mbps)} {n.state}" for n in r.nics if n.name != "lo")
+    lines.append(f"  nics      {nics or 'none besides lo'}")
+    if r.scratch_exists:
+        lines.append(f"  scratch   {r.scratch}: {_bytes(r.scratch_free_bytes)} free of "
+                     f"{_bytes(r.scratch_total_bytes)}")
+    else:
+        lines.append(f"  scratch   {r.scratch}: MISSING")
+    for p in r.problems:
+        lines.append(f"  problem   {p}")
+    return lines
+
+
+async def cmd_doctor(args: argparse.Namespace, services: Services) -> int:
+    """Check every node; exit 1 when any node is not ready."""
+    names = [n.name for n in _selected(args, services)]
+    reports = await run_doctor(services.pool, names, limit=args.timeout)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports], indent=2))
+    else:
+        for r in reports:
+            print("\n".join(format_report(r)))
+        ready = sum(r.ready for r in reports)
+        print(f"{ready} of {len(reports)} node(s) ready", file=sys.stdout)
+    return 0 if all(r.ready for r in reports) else 1
