@@ -454,3 +454,91 @@ def projected_bytes(mtd_bytes: int, month: str, now: datetime) -> int:
     if frac <= 0:
         return mtd_bytes
     return int(mtd_bytes / frac)
+
+
+# -- operator input and text -----------------------------------------------------------------
+
+
+def parse_size_text(text: str, *, what: str = "dataset size") -> int:
+    """``40TB`` / ``512 GB`` / ``1.5TiB`` -> bytes; ValueError ``size like 40TB`` otherwise."""
+    from backend.schema import parse_size
+
+    try:
+        n = parse_size(text.strip())
+    except ValueError:
+        raise ValueError(f"{what}: expected a size like 40TB or 512GB, got {text!r}") from None
+    if n <= 0:
+        raise ValueError(f"{what}: must be more than 0 bytes, got {text!r}")
+    return n
+
+
+def parse_count_text(text: str, *, what: str, minimum: int = 0) -> int:
+    """``16`` / ``500e6`` / ``500,000,000`` -> a whole count of at least ``minimum``."""
+    raw = text.strip().replace(",", "").replace("_", "")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{what}: expected a whole number like 16 or 500e6, got {text!r}") from None
+    if not math.isfinite(value) or value != int(value):
+        raise ValueError(f"{what}: expected a whole number, got {text!r}")
+    if value < minimum:
+        raise ValueError(f"{what}: must be at least {minimum}, got {text!r}")
+    return int(value)
+
+
+def parse_site_text(text: str, *, what: str) -> str:
+    """A ``provider:region`` label, validated; ValueError naming the expected form otherwise."""
+    from backend.errors import ConfigError
+
+    try:
+        return parse_site(text, what=what).label
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def tier_lines(tiers: tuple[TierSlice, ...]) -> list[str]:
+    """``9,900 GB x $0.0900 = $891.00`` per tier touched."""
+    return [f"{s.gb:,.0f} GB x ${s.usd_per_gb:.4f} = {fmt_usd(s.usd)}"
+            + ("" if s.confirmed else " (unconfirmed rate)") for s in tiers]
+
+
+def estimate_lines(est: EgressEstimate, table: PriceTable | None = None) -> list[str]:
+    """The estimate as text lines (CLI and console share them)."""
+    p = est.primary
+    lines = [
+        f"{fmt_bytes(est.dataset_bytes)} x {est.runs} run(s), {est.nodes} node(s) "
+        f"({'every node syncs all of it' if est.per_node == 'full' else 'nodes read disjoint shards'}), "
+        f"{est.source} -> {est.dest}   [GB = 10^9 bytes]",
+    ]
+    if table is not None:
+        site = parse_site(est.source)
+        prov = table.provider(site.provider, site.region)
+        if prov is not None:
+            flag = "" if prov.confirmed else ", some figures unconfirmed"
+            lines.append(f"prices: {prov.name}, {prov.source} (checked {prov.checked}{flag})")
+    lines.append(f"bytes out / month: {fmt_bytes(p.bytes_out)}")
+    if not p.priced:
+        lines.append(f"UNPRICED: {p.note}")
+        return lines
+    lines.append(f"egress:   {fmt_usd(p.egress_usd)}")
+    lines.extend(f"    {t}" for t in tier_lines(p.tiers) if t)
+    gets = est.objects * est.runs * (est.nodes if est.per_node == "full" else 1)
+    lines.append(f"requests: {fmt_usd(p.requests_usd)}"
+                 + (f" ({gets:,} GETs)" if est.objects else " (pass objects for request $)"))
+    lines.append(f"total:    {fmt_usd(p.total_usd)} / month (+ storage at source {fmt_usd(p.storage_usd)}/month)")
+    if p.note:
+        lines.append(f"note: {p.note}")
+    if est.alternatives:
+        lines.append("alternatives:")
+    for a in est.alternatives:
+        if not a.priced:
+            lines.append(f"  {a.label}: unpriced ({a.note})")
+        elif a.key == "r2-replicate":
+            be = break_even_month(a.break_even_months)
+            when = f"break-even in month {be} ({a.break_even_months:.2f} months)" if be else "never breaks even"
+            lines.append(f"  {a.label}: {fmt_usd(a.one_time_usd)} once, then {fmt_usd(a.total_usd)}/month"
+                         f" + storage {fmt_usd(a.storage_usd)}/month; {when}")
+        else:
+            lines.append(f"  {a.label}: {fmt_usd(a.total_usd)}/month (egress {fmt_usd(a.egress_usd)}, "
+                         f"requests {fmt_usd(a.requests_usd)}, storage {fmt_usd(a.storage_usd)}/month)")
+    return lines

@@ -1,0 +1,218 @@
+"""``loadmaster egress``: estimate a month of runs, quote a transfer against the guard, report spend.
+
+GB = 10^9 bytes everywhere; money in USD. Prices come from the shipped table
+(``backend/policy/prices.toml``) patched by the config's ``[prices]`` section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from backend.errors import ConfigError, PolicyError
+from backend.ledger import EgressGuard, EgressReport
+from backend.policy.egress import (
+    break_even_month,
+    estimate,
+    estimate_lines,
+    fmt_bytes,
+    fmt_usd,
+    parse_count_text,
+    parse_site_text,
+    parse_size_text,
+    tier_lines,
+)
+from backend.policy.prices import price_table
+from backend.services import Services
+
+
+def _arg(fn: Any, what: str, **kw: Any) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            return fn(text, what=what, **kw)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = what  # argparse names the type in "invalid <name> value"
+    return convert
+
+
+def _month(text: str) -> str:
+    try:
+        datetime.strptime(text, "%Y-%m")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"month: expected YYYY-MM like 2026-11, got {text!r}") from None
+    return text
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``egress estimate``, ``egress quote``, ``egress report`` and ``egress prices``."""
+    p = sub.add_parser("egress", help="egress pricing: estimates, transfer quotes, the month's spend")
+    es = p.add_subparsers(dest="egress_command", metavar="SUBCOMMAND", required=True)
+
+    e = es.add_parser("estimate", help="monthly bytes out and $ for runs reading a dataset, with alternatives")
+    e.add_argument("--bytes", required=True, type=_arg(parse_size_text, "dataset size"), metavar="SIZE",
+                   help="dataset size, e.g. 40TB (GB = 10^9 bytes)")
+    e.add_argument("--runs", type=_arg(parse_count_text, "runs", minimum=1), default=1, metavar="N",
+                   help="training runs per month reading the dataset (default 1)")
+    e.add_argument("--source", required=True, type=_arg(parse_site_text, "source"), metavar="SITE",
+                   help="where the data lives, provider:region (aws:us-east-1, cloudflare-r2:auto)")
+    e.add_argument("--dest", required=True, type=_arg(parse_site_text, "destination"), metavar="SITE",
+                   help="where the nodes are, provider:region (coreweave:us-east-04)")
+    e.add_argument("--nodes", type=_arg(parse_count_text, "nodes", minimum=1), default=1, metavar="N")
+    e.add_argument("--per-node", choices=("full", "sharded"), default="sharded",
+                   help="full: every node syncs the whole dataset (nodes x the bytes); "
+                        "sharded: nodes read disjoint shards (default)")
+    e.add_argument("--objects", type=_arg(parse_count_text, "objects"), default=0, metavar="N",
+                   help="objects in the dataset (one GET each per read), e.g. 500e6")
+    e.add_argument("--month-to-date", type=_arg(parse_size_text, "month-to-date"), default=0, metavar="SIZE",
+                   help="bytes already out of the source account this month (default: a fresh month)")
+    e.add_argument("--json", action="store_true", help="print JSON")
+    e.set_defaults(func=cmd_estimate)
+
+    q = es.add_parser("quote", help="price one transfer from a store and show what the guard decides")
+    q.add_argument("--store", required=True, help="store name from the config")
+    where = q.add_mutually_exclusive_group(required=True)
+    where.add_argument("--node", help="destination node (its site)")
+    where.add_argument("--dest", type=_arg(parse_site_text, "destination"), metavar="SITE",
+                       help="destination site, provider:region")
+    q.add_argument("--bytes", required=True, type=_arg(parse_size_text, "transfer size"), metavar="SIZE")
+    q.add_argument("--objects", type=_arg(parse_count_text, "objects"), default=0, metavar="N")
+    q.add_argument("--allow-over-budget", metavar="REASON",
+                   help="proceed over a budget/limit under action = confirm (recorded with the reason)")
+    q.add_argument("--json", action="store_true", help="print JSON")
+    q.set_defaults(func=cmd_quote)
+
+    r = es.add_parser("report", help="month-to-date bytes and $ per route, budgets and month-end projection")
+    r.add_argument("--month", type=_month, help="YYYY-MM (default: this month, UTC)")
+    r.add_argument("--json", action="store_true", help="print JSON")
+    r.set_defaults(func=cmd_report)
+
+    pr = es.add_parser("prices", help="the price table in use, with sources and unconfirmed figures")
+    pr.add_argument("--json", action="store_true", help="print JSON")
+    pr.set_defaults(func=cmd_prices)
+
+
+def cmd_estimate(args: argparse.Namespace, services: Services) -> int:
+    """Print the estimate for a month of runs and its alternatives."""
+    table = price_table(services.config.section("prices"))
+    try:
+        est = estimate(table, dataset_bytes=args.bytes, runs=args.runs, source=args.source, dest=args.dest,
+                       nodes=args.nodes, per_node=args.per_node, objects=args.objects,
+                       month_to_date_bytes=args.month_to_date)
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
+    if args.json:
+        d = est.as_dict()
+        for a in d["alternatives"]:
+            a["break_even_month"] = break_even_month(a["break_even_months"])
+        print(json.dumps(d, indent=2))
+        return 0
+    print("\n".join(estimate_lines(est, table)))
+    if not args.month_to_date:
+        print("assumes a fresh month for the source account (pass --month-to-date SIZE otherwise)")
+    return 0
+
+
+def cmd_quote(args: argparse.Namespace, services: Services) -> int:
+    """Quote one transfer and show the guard's decision; exit 3 when it would not start."""
+    config = services.config
+    store = config.store(args.store)
+    dest = args.dest
+    if args.node:
+        node = config.node(args.node)
+        if not node.site:
+            raise ConfigError(f"node {node.name!r} has no site: set site = \"provider:region\"", file=config.source,
+                              key="nodes")
+        dest = node.site
+    guard = EgressGuard(config, services.db)
+    quote = guard.quote_transfer(store, dest, args.bytes, objects=args.objects)
+    decision = guard.check(quote, allow_over_budget_reason=args.allow_over_budget)
+    audit_id = None
+    if decision.override_reason:
+        audit_id = guard.record_override(decision, decision.override_reason)
+    if args.json:
+        print(json.dumps({**decision.as_dict(), "audit_id": audit_id}, indent=2, default=str))
+    else:
+        print(f"{quote.route.label}: {fmt_bytes(quote.bytes)} ({quote.route.kind})  [GB = 10^9 bytes]")
+        if quote.priced:
+            print(f"month to date from {quote.account}: {fmt_bytes(quote.month_to_date_bytes)}, "
+                  f"{fmt_usd(quote.month_to_date_usd)}")
+            for line in tier_lines(quote.tiers):
+                print(f"    {line}")
+            print(f"egress {fmt_usd(quote.usd)} + requests {fmt_usd(quote.requests_usd)} = {fmt_usd(quote.total_usd)}")
+        if quote.note:
+            print(f"note: {quote.note}")
+        print(f"{decision.action.upper()}: {decision.message}")
+        if audit_id:
+            print(f"override recorded in the audit log (#{audit_id})")
+    return 0 if decision.may_start else 3
+
+
+def _report_lines(rep: EgressReport) -> list[str]:
+    as_of = datetime.fromtimestamp(rep.as_of, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"Egress {rep.month} (as of {as_of}, {rep.elapsed:.0%} of the month)  [GB = 10^9 bytes]"]
+    if not rep.routes:
+        lines.append("no transfers recorded this month")
+    else:
+        rows = [["ROUTE", "KIND", "TRANSFERS", "BYTES", "USD", "PROJECTED"]]
+        for r in rep.routes:
+            rows.append([r.label, r.kind, str(r.transfers), fmt_bytes(r.bytes), fmt_usd(r.usd),
+                         fmt_usd(r.projected_usd)])
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.append(f"total: {fmt_bytes(rep.bytes)}, {fmt_usd(rep.usd)}; projected to month end: "
+                 f"{fmt_bytes(rep.projected_bytes)}, {fmt_usd(rep.projected_usd)}")
+    if rep.unpriced_bytes:
+        lines.append(f"unpriced: {fmt_bytes(rep.unpriced_bytes)} from stores without prices")
+    for b in rep.budgets:
+        lines.append(f"budget {b.scope} {b.key!r}: {fmt_usd(b.spent_usd)} of {fmt_usd(b.budget_usd)} "
+                     f"({b.fraction:.0%}), projected {fmt_usd(b.projected_usd)}")
+    return lines
+
+
+def cmd_report(args: argparse.Namespace, services: Services) -> int:
+    """Print the month's egress per route from the ledger."""
+    rep = EgressGuard(services.config, services.db).report(args.month)
+    if args.json:
+        print(json.dumps(rep.as_dict(), indent=2))
+    else:
+        print("\n".join(_report_lines(rep)))
+    return 0
+
+
+def cmd_prices(args: argparse.Namespace, services: Services) -> int:
+    """Print the price table in use."""
+    table = price_table(services.config.section("prices"))
+    if args.json:
+        out = {}
+        for k, p in table.providers.items():
+            d = {f: getattr(p, f) for f in ("name", "aliases", "source", "checked", "confirmed", "unconfirmed",
+                                            "note", "storage_gb_month", "get_per_1000", "put_per_1000",
+                                            "inter_region_per_gb", "same_region_per_gb")}
+            d["internet_tiers"] = [t.__dict__ for t in p.internet_tiers]
+            d["aliases"] = list(p.aliases)
+            d["unconfirmed"] = list(p.unconfirmed)
+            out[k] = d
+        print(json.dumps({"units": {"GB": 10**9, "currency": "USD"}, "providers": out}, indent=2))
+        return 0
+    print("GB = 10^9 bytes; tiers are cumulative over the month's volume from one account")
+    for k, p in table.providers.items():
+        flag = "" if p.confirmed else "  [some figures unconfirmed]"
+        print(f"{k} ({', '.join(p.aliases)}): {p.name}{flag}")
+        print(f"  source {p.source}, checked {p.checked}")
+        bounds = []
+        lower = 0.0
+        for t in p.internet_tiers:
+            upper = "..." if t.up_to_gb is None else f"{t.up_to_gb:,.0f}"
+            bounds.append(f"{lower:,.0f}-{upper} GB ${t.usd_per_gb:g}{'' if t.confirmed else '?'}")
+            lower = t.up_to_gb or lower
+        print(f"  internet egress: {'; '.join(bounds)}")
+        print(f"  inter-region ${p.inter_region_per_gb:g}/GB, same region ${p.same_region_per_gb:g}/GB, "
+              f"GET ${p.get_per_1000:g}/1000, PUT/LIST ${p.put_per_1000:g}/1000, "
+              f"storage ${p.storage_gb_month:g}/GB-month")
+        if p.unconfirmed:
+            print(f"  unconfirmed: {', '.join(p.unconfirmed)}")
+    return 0
