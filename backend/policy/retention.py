@@ -1,0 +1,537 @@
+"""Checkpoint retention: the ``[retention]`` policy and the pure planner that applies it.
+
+``plan = plan_retention(steps, policy, now=..., in_flight=...)``: every input is passed in, nothing
+is read from the network, the disk or the state DB, so a plan can be computed, reviewed, saved as
+JSON (with a content hash) and later re-checked against a fresh listing by recomputing it.
+
+Per step exactly one action:
+
+* ``keep-full``        -- one of the latest ``keep_full_latest`` *complete* full checkpoints, or pinned.
+* ``strip-to-weights`` -- a milestone (or, with ``others = "keep-weights"``, any older step):
+  export BF16 safetensors into the step folder, verify, then remove the optimizer/training state.
+* ``keep-weights``     -- already weights-only and still wanted.
+* ``delete``           -- neither recent, milestone nor pinned (``others = "delete"``).
+* ``skip``             -- never touched: in flight, unknown layout, too young, or refused.
+
+Safety rails live here, so they hold for the CLI, the console and re-checks alike: only complete
+checkpoints count toward the latest N; in-flight steps (no commit marker, or named by a running
+job) are never counted and never touched; unknown folders and layouts are never touched; steps
+sort numerically; a DeepSpeed checkpoint without a BF16 export is refused rather than stripped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal
+
+from backend.errors import PolicyError
+from backend.schema import parse_duration
+
+Action = Literal["keep-full", "strip-to-weights", "delete", "keep-weights", "skip"]
+ACTIONS: tuple[str, ...] = ("keep-full", "strip-to-weights", "delete", "keep-weights", "skip")
+#: Actions that change the store.
+DESTRUCTIVE: frozenset[str] = frozenset({"strip-to-weights", "delete"})
+PLAN_SCHEMA = 1
+GB = 10**9
+
+#: Files a BF16 export consists of (written by ``backend.checkpoints.strip``).
+_EXPORT_RE = re.compile(r"^(?:model-\d{5}-of-\d{5}\.safetensors|model\.safetensors|model\.safetensors\.index\.json)$")
+#: Layouts whose full-precision state ``strip_step`` can turn into a BF16 export itself.
+STRIPPABLE_LAYOUTS: frozenset[str] = frozenset({"dcp", "torch-save", "hf-safetensors"})
+KNOWN_LAYOUTS: frozenset[str] = frozenset({"dcp", "hf-safetensors", "deepspeed", "torch-save"})
+
+
+@dataclass(frozen=True)
+class Pin:
+    """An operator's pin: the step is kept untouched, for a reason."""
+
+    step: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """The ``[retention]`` config section (every field defaulted); CLI flags mirror it.
+
+    ``keep_full_latest``: how many of the newest complete full checkpoints stay full.
+    ``milestone_every``: every step divisible by N is a milestone (0 = off).
+    ``milestones``: explicit milestone steps. ``milestone_marker``: an object the training job
+    writes into a step folder to mark it (``MILESTONE``; empty = off).
+    ``others``: what happens to steps that are neither recent, milestones nor pinned.
+    ``pins``: ``[{step = 48000, reason = "eval baseline"}]``. ``min_age``: ``"2h"``; younger steps
+    are never touched.
+    """
+
+    keep_full_latest: int = 2
+    milestone_every: int = 0
+    milestones: tuple[int, ...] = ()
+    milestone_marker: str = "MILESTONE"
+    others: Literal["delete", "keep-weights"] = "delete"
+    pins: tuple[Pin, ...] = ()
+    min_age: float = field(default=0.0, metadata={"parse": parse_duration})
+
+    def __post_init__(self) -> None:
+        if self.keep_full_latest < 0:
+            raise ValueError(f"keep_full_latest must be 0 or more, got {self.keep_full_latest}")
+        if self.milestone_every < 0:
+            raise ValueError(f"milestone_every must be 0 (off) or a positive step count, got {self.milestone_every}")
+        if self.min_age < 0:
+            raise ValueError(f"min_age must not be negative, got {self.min_age}")
+        if self.others not in ("delete", "keep-weights"):
+            raise ValueError(f"others must be 'delete' or 'keep-weights', got {self.others!r}")
+        # Normalise so equal policies hash equal whatever order they were written in.
+        object.__setattr__(self, "milestones", tuple(sorted(set(int(m) for m in self.milestones))))
+        object.__setattr__(self, "pins", tuple(sorted({p.step: p for p in self.pins}.values(), key=lambda p: p.step)))
+
+    def pin_reason(self, step: int | None) -> str | None:
+        """The pin reason for ``step`` ("" counts as pinned), None when not pinned."""
+        for p in self.pins:
+            if p.step == step:
+                return p.reason
+        return None
+
+    def with_pins(self, extra: Iterable[Pin]) -> RetentionPolicy:
+        """This policy with more pins (an existing pin's reason is kept)."""
+        have = {p.step for p in self.pins}
+        return replace(self, pins=self.pins + tuple(p for p in extra if p.step not in have))
+
+    def without_pin(self, step: int) -> RetentionPolicy:
+        return replace(self, pins=tuple(p for p in self.pins if p.step != step))
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["milestones"] = list(self.milestones)
+        d["pins"] = [{"step": p.step, "reason": p.reason} for p in self.pins]
+        return d
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> RetentionPolicy:
+        """Rebuild a policy stored in a plan file."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise PolicyError(f"plan file: unknown retention policy key {unknown[0]!r}")
+        d = dict(raw)
+        d["milestones"] = tuple(int(m) for m in d.get("milestones", ()))
+        d["pins"] = tuple(Pin(int(p["step"]), str(p.get("reason", ""))) for p in d.get("pins", ()))
+        try:
+            return cls(**d)
+        except (TypeError, ValueError) as exc:
+            raise PolicyError(f"plan file: bad retention policy: {exc}") from None
+
+
+def parse_pin(text: str) -> Pin:
+    """Parse ``--pin STEP[:REASON]``."""
+    step, _, reason = text.partition(":")
+    try:
+        return Pin(int(step.strip()), reason.strip())
+    except ValueError:
+        raise PolicyError(f"--pin expects STEP[:REASON] with a whole step number, got {text!r}") from None
+
+
+def parse_step_list(text: str) -> tuple[int, ...]:
+    """Parse ``--milestones 48000,96000``."""
+    out = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        try:
+            out.append(int(part.strip()))
+        except ValueError:
+            raise PolicyError(f"--milestones expects whole step numbers separated by commas, got {part!r}") from None
+    return tuple(out)
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlannedAction:
+    """What the plan does to one step folder, and why."""
+
+    step: int | None
+    path: str
+    action: str
+    reason: str
+    layout: str
+    kind: str
+    bytes_before: int
+    bytes_after: int
+    object_count: int
+    fingerprint: str
+    estimated: bool = False
+    milestone: bool = False
+    pinned: str | None = None
+
+    @property
+    def bytes_freed(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    @property
+    def destructive(self) -> bool:
+        return self.action in DESTRUCTIVE
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["bytes_freed"] = self.bytes_freed
+        return d
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> PlannedAction:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+
+@dataclass(frozen=True)
+class PlanTotals:
+    """Bytes before and after, what is saved, and what that is worth per month."""
+
+    bytes_before: int
+    bytes_after: int
+    usd_per_gb_month: float | None
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    @property
+    def percent_saved(self) -> float:
+        return saving_percent(self.bytes_before, self.bytes_after)
+
+    @property
+    def usd_month_saved(self) -> float | None:
+        return monthly_cost(self.bytes_saved, self.usd_per_gb_month)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
+            "bytes_saved": self.bytes_saved, "percent_saved": round(self.percent_saved, 3),
+            "usd_per_gb_month": self.usd_per_gb_month,
+            "usd_month_saved": None if self.usd_month_saved is None else round(self.usd_month_saved, 4),
+        }
+
+
+@dataclass(frozen=True)
+class RetentionPlan:
+    """A reviewable, hashable retention plan for one store root."""
+
+    url: str
+    prefix: str
+    created: float
+    policy: RetentionPolicy
+    actions: tuple[PlannedAction, ...]
+    in_flight: tuple[str, ...] = ()
+    usd_per_gb_month: float | None = None
+    price_note: str = ""
+
+    @property
+    def totals(self) -> PlanTotals:
+        return PlanTotals(sum(a.bytes_before for a in self.actions), sum(a.bytes_after for a in self.actions),
+                          self.usd_per_gb_month)
+
+    def count(self, action: str) -> int:
+        return sum(1 for a in self.actions if a.action == action)
+
+    @property
+    def destructive_actions(self) -> tuple[PlannedAction, ...]:
+        return tuple(a for a in self.actions if a.destructive)
+
+    def bytes_by_action(self) -> dict[str, int]:
+        """Bytes after the plan per action (what stays), plus ``freed``: for the storage bar."""
+        out = {a: 0 for a in ACTIONS}
+        for a in self.actions:
+            out[a.action] += a.bytes_after
+        out["freed"] = self.totals.bytes_saved
+        return out
+
+    def body(self) -> dict[str, Any]:
+        """The hashed content (everything but the hash and derived totals)."""
+        return {
+            "schema": PLAN_SCHEMA,
+            "url": self.url,
+            "prefix": self.prefix,
+            "created": self.created,
+            "policy": self.policy.as_dict(),
+            "in_flight": list(self.in_flight),
+            "usd_per_gb_month": self.usd_per_gb_month,
+            "price_note": self.price_note,
+            "actions": [a.as_dict() for a in self.actions],
+        }
+
+    @property
+    def hash(self) -> str:
+        """sha256 of the canonical JSON of :meth:`body`."""
+        return content_hash(self.body())
+
+    def to_json(self) -> str:
+        d = self.body()
+        d["totals"] = self.totals.as_dict()
+        d["hash"] = self.hash
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "plan") -> RetentionPlan:
+        """Load a plan file; a PolicyError when it is not one or its content was edited."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PolicyError(f"{source}: not a retention plan (invalid JSON: {exc})") from None
+        if not isinstance(raw, dict) or raw.get("schema") != PLAN_SCHEMA or "actions" not in raw:
+            raise PolicyError(f"{source}: not a retention plan (write one with 'loadmaster retention plan --out')")
+        try:
+            plan = cls(
+                url=raw["url"], prefix=raw.get("prefix", ""), created=float(raw["created"]),
+                policy=RetentionPolicy.from_dict(raw["policy"]),
+                actions=tuple(PlannedAction.from_dict(a) for a in raw["actions"]),
+                in_flight=tuple(raw.get("in_flight", ())),
+                usd_per_gb_month=raw.get("usd_per_gb_month"), price_note=raw.get("price_note", ""),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PolicyError(f"{source}: malformed retention plan ({exc!r})") from None
+        if raw.get("hash") != plan.hash:
+            raise PolicyError(
+                f"{source}: the plan's content hash does not match (it was edited after it was made); "
+                "compute a new plan with 'loadmaster retention plan'"
+            )
+        return plan
+
+
+def content_hash(obj: Any) -> str:
+    """sha256 hex of ``obj`` as canonical JSON."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def saving_percent(before: int | float, after: int | float) -> float:
+    """Percent of ``before`` that is saved by going to ``after`` (0 when nothing is stored)."""
+    return 0.0 if before <= 0 else 100.0 * (before - after) / before
+
+
+def monthly_cost(nbytes: int | float, usd_per_gb_month: float | None) -> float | None:
+    """Storage cost of ``nbytes`` for a month (GB = 10^9 bytes); None when unpriced."""
+    return None if usd_per_gb_month is None else nbytes / GB * usd_per_gb_month
+
+
+# -- step facts -------------------------------------------------------------------------------
+
+
+def rel_name(step: Any, key: str) -> str:
+    """An object's name inside its step folder."""
+    base = step.path.rstrip("/") + "/"
+    return key[len(base):] if key.startswith(base) else key
+
+
+def is_export_file(name: str) -> bool:
+    """Whether ``name`` (inside a step folder) belongs to a BF16 safetensors export."""
+    return bool(_EXPORT_RE.match(name.rsplit("/", 1)[-1])) and "/" not in name
+
+
+def step_fingerprint(step: Any) -> str:
+    """A hash of the step's objects (names and sizes), ignoring BF16 export files.
+
+    Export files are left out so that a strip interrupted after its export was written still
+    matches the plan; anything else added, removed or resized changes the fingerprint.
+    """
+    items = sorted((rel_name(step, o.key), int(o.size)) for o in step.objects
+                   if not is_export_file(rel_name(step, o.key)))
+    return content_hash(items)[:16]
+
+
+def export_bytes(step: Any) -> int:
+    """Bytes of the BF16 export files already in the step folder."""
+    return sum(o.size for o in step.objects if is_export_file(rel_name(step, o.key)))
+
+
+def _estimate_weights(step: Any, policy: RetentionPolicy) -> tuple[int, bool]:
+    """Bytes a weights-only version of ``step`` keeps, and whether that is an estimate."""
+    if step.has_bf16_export:
+        keep = export_bytes(step)
+        keep += sum(o.size for o in step.objects if rel_name(step, o.key) == policy.milestone_marker)
+        return keep, False
+    # Without an export yet: the model state is everything but the optimizer state. Mixed-precision
+    # trainers keep BF16 weights there, so this is the export size; FP32 model state halves again.
+    return max(0, step.total_bytes - step.optimizer_bytes), True
+
+
+def _has_marker(step: Any, marker: str) -> bool:
+    return bool(marker) and any(rel_name(step, o.key) == marker for o in step.objects)
+
+
+def _sort_key(step: Any) -> tuple[int, int, str]:
+    return (0, step.step, step.path) if step.step is not None else (1, 0, step.path)
+
+
+def plan_retention(
+    steps: Sequence[Any],
+    policy: RetentionPolicy,
+    *,
+    now: float,
+    in_flight: Iterable[str] = (),
+    url: str = "",
+    prefix: str = "",
+    usd_per_gb_month: float | None = None,
+    price_note: str = "",
+) -> RetentionPlan:
+    """The retention plan for ``steps`` (CheckpointStep-like) under ``policy`` at time ``now``.
+
+    ``in_flight`` holds step paths that running upload/save jobs are still writing.
+    """
+    flying = {p.rstrip("/") for p in in_flight}
+    ordered = sorted(steps, key=_sort_key)
+
+    def is_in_flight(s: Any) -> bool:
+        return s.kind == "incomplete" or s.path.rstrip("/") in flying
+
+    def is_known(s: Any) -> bool:
+        return s.step is not None and s.layout in KNOWN_LAYOUTS and s.kind in ("full", "weights", "incomplete")
+
+    complete_full = [s for s in ordered if is_known(s) and not is_in_flight(s) and s.kind == "full"]
+    latest = {s.path for s in complete_full[-policy.keep_full_latest:]} if policy.keep_full_latest else set()
+
+    actions: list[PlannedAction] = []
+    for s in ordered:
+        fp = step_fingerprint(s)
+
+        def act(action: str, reason: str, after: int | None = None, estimated: bool = False,
+                milestone: bool = False, pinned: str | None = None, s: Any = s, fp: str = fp) -> None:
+            actions.append(PlannedAction(
+                step=s.step, path=s.path, action=action, reason=reason, layout=s.layout, kind=s.kind,
+                bytes_before=s.total_bytes, bytes_after=s.total_bytes if after is None else after,
+                object_count=s.object_count, fingerprint=fp, estimated=estimated, milestone=milestone,
+                pinned=pinned,
+            ))
+
+        if s.step is None:
+            act("skip", "no step number in the folder name: never touched")
+            continue
+        if s.layout not in KNOWN_LAYOUTS or s.kind == "unknown":
+            act("skip", f"unknown layout ({s.layout}, {s.kind}): never touched")
+            continue
+        if is_in_flight(s):
+            why = "no commit marker yet" if s.kind == "incomplete" else "a running job is writing it"
+            act("skip", f"in flight ({why}): never counted, never touched")
+            continue
+        pin = policy.pin_reason(s.step)
+        milestone_why = _milestone_reason(s, policy)
+        if pin is not None:
+            act("keep-full" if s.kind == "full" else "keep-weights",
+                f"pinned: {pin}" if pin else "pinned", milestone=milestone_why is not None, pinned=pin)
+            continue
+        if s.path in latest:
+            act("keep-full", f"latest {policy.keep_full_latest} complete", milestone=milestone_why is not None)
+            continue
+        age = now - s.mtime
+        if policy.min_age and age < policy.min_age:
+            act("skip", f"younger than the minimum age ({_fmt_age(age)} < {_fmt_age(policy.min_age)})",
+                milestone=milestone_why is not None)
+            continue
+        if milestone_why is not None:
+            if s.kind == "weights":
+                act("keep-weights", f"milestone ({milestone_why}), already weights only", milestone=True)
+            else:
+                _strip_or_refuse(s, policy, act, f"milestone ({milestone_why})", milestone=True)
+            continue
+        if policy.others == "keep-weights":
+            if s.kind == "weights":
+                act("keep-weights", "older step, weights only kept (others = keep-weights)")
+            else:
+                _strip_or_refuse(s, policy, act, "older step (others = keep-weights)", milestone=False)
+            continue
+        act("delete", "neither recent, milestone nor pinned", after=0)
+    return RetentionPlan(url=url, prefix=prefix, created=now, policy=policy, actions=tuple(actions),
+                         in_flight=tuple(sorted(flying)), usd_per_gb_month=usd_per_gb_month,
+                         price_note=price_note)
+
+
+def _strip_or_refuse(s: Any, policy: RetentionPolicy, act: Any, why: str, *, milestone: bool) -> None:
+    if not s.has_bf16_export and s.layout not in STRIPPABLE_LAYOUTS:
+        act("skip", f"{why}: refused, a {s.layout} checkpoint without a BF16 export would lose its only "
+            "full-precision weights; export it first", milestone=milestone)
+        return
+    after, estimated = _estimate_weights(s, policy)
+    act("strip-to-weights", why, after=min(after, s.total_bytes), estimated=estimated, milestone=milestone)
+
+
+def _milestone_reason(s: Any, policy: RetentionPolicy) -> str | None:
+    if s.step in policy.milestones:
+        return "listed"
+    if policy.milestone_every and s.step % policy.milestone_every == 0:
+        return f"every {policy.milestone_every}"
+    if _has_marker(s, policy.milestone_marker):
+        return f"{policy.milestone_marker} marker"
+    return None
+
+
+def _fmt_age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+# -- re-check ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """A plan compared with a fresh listing: what changed, and which actions must stop."""
+
+    changes: tuple[str, ...]
+    stopped: Mapping[str, str]  # step path -> why its action stops
+
+    @property
+    def clean(self) -> bool:
+        return not self.changes and not self.stopped
+
+
+def recheck_plan(
+    plan: RetentionPlan,
+    fresh: RetentionPlan,
+    *,
+    resumed: Mapping[str, str] | None = None,
+    done: Iterable[str] = (),
+) -> Recheck:
+    """Compare ``plan`` with ``fresh`` (the same policy recomputed on a new listing).
+
+    An action still runs only if the fresh listing yields the same action on the same objects.
+    ``done`` paths finished in an earlier, interrupted apply and are not compared. ``resumed``
+    maps step paths whose action was started before to ``"ok"`` when the step's remaining
+    objects are consistent with that partial progress (checked by the executor).
+    """
+    resumed = resumed or {}
+    done_set = set(done)
+    fresh_by_path = {a.path: a for a in fresh.actions}
+    planned_paths = {a.path for a in plan.actions}
+    changes: list[str] = []
+    for a in fresh.actions:
+        if a.path not in planned_paths:
+            changes.append(f"new step {a.path} landed ({a.kind}, {a.layout}) after the plan was made")
+    stopped: dict[str, str] = {}
+    for a in plan.actions:
+        if a.path in done_set:
+            continue
+        if a.path in resumed:
+            if resumed[a.path] != "ok":
+                stopped[a.path] = resumed[a.path]
+                changes.append(f"{a.path}: {resumed[a.path]}")
+            continue
+        f = fresh_by_path.get(a.path)
+        if f is None:
+            if a.action == "delete":
+                continue  # already gone: the goal is reached
+            why = "the step folder is gone from the listing"
+        elif f.fingerprint != a.fingerprint:
+            why = f"its objects changed since the plan ({a.object_count} -> {f.object_count} objects, " \
+                  f"{a.bytes_before} -> {f.bytes_before} bytes)"
+        elif f.pinned is not None and a.pinned is None:
+            why = f"it was pinned after the plan was made ({f.pinned or 'no reason given'})"
+        elif f.action != a.action:
+            why = f"the fresh listing now says {f.action} ({f.reason}), the plan said {a.action}"
+        else:
+            continue
+        stopped[a.path] = why
+        changes.append(f"{a.path}: {why}")
+    return Recheck(tuple(changes), stopped)

@@ -1,0 +1,16 @@
+"""Retention: compute plans from fresh listings and apply them safely (journal, re-check, audit).
+
+The pure policy and planner live in :mod:`backend.policy.retention`; this package does the I/O.
+"""
+
+from backend.retention.apply import (
+    ActionOutcome,
+    ApplyReport,
+    Journal,
+    PinStore,
+    apply_plan,
+    compute_plan,
+    storage_price,
+)
+
+__all__ = ["ActionOutcome", "ApplyReport", "Journal", "PinStore", "apply_plan", "compute_plan", "storage_price"]

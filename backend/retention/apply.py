@@ -1,0 +1,449 @@
+"""Computing and applying retention plans against a real store, with a journal and an audit record.
+
+Applying a plan: the listing is fetched again and the plan re-checked (the same policy recomputed
+on the fresh listing must yield the same action on the same objects, or that action stops); each
+destructive action is journalled in the state DB keyed by the plan hash, so re-running an
+interrupted apply finishes the work without redoing or undoing anything. A milestone's training
+state is deleted only after its BF16 export exists and passes verification. Deletes go through
+``ObjectStore.delete_many`` (1000 keys per request) and per-key errors are reported. Every apply
+writes one audit record with each action and its outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from backend.errors import PolicyError, StoreError
+from backend.policy.retention import (
+    STRIPPABLE_LAYOUTS,
+    Pin,
+    PlannedAction,
+    RetentionPlan,
+    RetentionPolicy,
+    is_export_file,
+    plan_retention,
+    recheck_plan,
+    rel_name,
+)
+
+if TYPE_CHECKING:
+    from backend.checkpoints.catalog import Catalog, CheckpointStep
+    from backend.services import Services
+    from backend.state import StateDB
+    from backend.storage import ObjectStore
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS retention_journal (
+    plan_hash TEXT NOT NULL,
+    path TEXT NOT NULL,
+    action TEXT NOT NULL,
+    state TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT '{}',
+    ts REAL NOT NULL,
+    PRIMARY KEY (plan_hash, path)
+);
+CREATE TABLE IF NOT EXISTS retention_pins (
+    url TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    who TEXT NOT NULL DEFAULT '',
+    ts REAL NOT NULL,
+    PRIMARY KEY (url, step)
+);
+"""
+
+#: Files in a step folder that describe the run rather than hold its state: kept by a strip.
+_KEEP_AFTER_STRIP = re.compile(r"^[^/]+\.(json|txt|yaml|yml|md|model|tiktoken)$", re.IGNORECASE)
+_KEEP_MAX_BYTES = 16 * 1024 * 1024
+#: Commit markers, deleted first so a half-deleted step never looks complete to a loader.
+_COMMIT_MARKERS = frozenset({".metadata", "model.safetensors.index.json", "latest"})
+
+FaultHook = Callable[[str, PlannedAction], None]
+ProgressHook = Callable[["ActionOutcome"], None]
+
+
+# -- pins and journal -------------------------------------------------------------------------
+
+
+class PinStore:
+    """Operator pins per store URL, in the state DB (so a pin made after a plan stops it)."""
+
+    def __init__(self, db: StateDB) -> None:
+        self.db = db
+        db.ensure(_DDL)
+
+    def pins(self, url: str) -> tuple[Pin, ...]:
+        """The pins recorded for ``url``."""
+        rows = self.db.query("SELECT step, reason FROM retention_pins WHERE url = ? ORDER BY step", (_norm(url),))
+        return tuple(Pin(int(r["step"]), r["reason"]) for r in rows)
+
+    def pin(self, url: str, step: int, reason: str = "") -> None:
+        """Pin ``step`` under ``url`` (audited)."""
+        from backend.state import actor
+
+        self.db.execute("INSERT OR REPLACE INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)",
+                        (_norm(url), step, reason, actor(), time.time()))
+        self.db.record_audit("retention.pin", f"{_norm(url)}#{step}", "ok", reason=reason or None)
+
+    def unpin(self, url: str, step: int) -> bool:
+        """Remove a pin (audited); False when there was none."""
+        cur = self.db.execute("DELETE FROM retention_pins WHERE url = ? AND step = ?", (_norm(url), step))
+        if cur.rowcount:
+            self.db.record_audit("retention.unpin", f"{_norm(url)}#{step}", "ok")
+        return bool(cur.rowcount)
+
+
+class Journal:
+    """Completed and started actions of one plan (keyed by its hash)."""
+
+    def __init__(self, db: StateDB, plan_hash: str) -> None:
+        self.db = db
+        self.plan_hash = plan_hash
+        db.ensure(_DDL)
+
+    def entries(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        rows = self.db.query("SELECT path, state, detail FROM retention_journal WHERE plan_hash = ?",
+                             (self.plan_hash,))
+        return {r["path"]: (r["state"], json.loads(r["detail"])) for r in rows}
+
+    def set(self, a: PlannedAction, state: str, detail: Mapping[str, Any] | None = None) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO retention_journal (plan_hash, path, action, state, detail, ts)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (self.plan_hash, a.path, a.action, state, json.dumps(dict(detail or {}), default=str), time.time()),
+        )
+
+
+def _norm(url: str) -> str:
+    return url.rstrip("/")
+
+
+# -- planning ---------------------------------------------------------------------------------
+
+
+def storage_price(services: Services, url: str) -> tuple[float | None, str]:
+    """Storage $/GB-month of the store holding ``url``, and where the figure comes from."""
+    _, profile = services.stores.profile_for(url)
+    if profile is None or not profile.is_s3:
+        return None, "local store: storage not priced"
+    if not profile.provider:
+        return None, f"store {profile.name or profile.url}: no provider configured, storage not priced"
+    from backend.policy.prices import price_table
+
+    prices = price_table(services.config.section("prices")).provider(profile.provider, profile.region)
+    if prices is None:
+        return None, f"provider {profile.provider!r} is not in the price table: storage not priced"
+    return prices.storage_gb_month, f"{prices.name} storage ${prices.storage_gb_month}/GB-month ({prices.source})"
+
+
+def effective_policy(services: Services, policy: RetentionPolicy, url: str) -> RetentionPolicy:
+    """``policy`` plus the pins recorded in the state DB for ``url``."""
+    return policy.with_pins(PinStore(services.db).pins(url))
+
+
+def in_flight_from_jobs(services: Services, url: str) -> set[str]:
+    """Step paths under ``url`` that running jobs are writing (empty when jobs are unavailable)."""
+    try:
+        jobs = services.jobs
+    except ImportError:
+        return set()
+    finder = getattr(jobs, "in_flight_paths", None)
+    if finder is None:
+        return set()
+    return {p.rstrip("/") for p in finder(url)}
+
+
+async def fetch_catalog(store: ObjectStore, prefix: str = "") -> Catalog:
+    """A fresh listing of ``store`` (the checkpoints engineer's catalog)."""
+    from backend.checkpoints.catalog import list_checkpoints
+
+    return await list_checkpoints(store, prefix)
+
+
+async def compute_plan(
+    services: Services,
+    url: str,
+    policy: RetentionPolicy,
+    *,
+    in_flight: Iterable[str] = (),
+    now: float | None = None,
+    catalog: Catalog | None = None,
+) -> RetentionPlan:
+    """List ``url`` afresh and plan it under ``policy`` (plus DB pins and running jobs)."""
+    flying = set(in_flight) | in_flight_from_jobs(services, url)
+    price, note = storage_price(services, url)
+    if catalog is None:
+        async with services.stores.open(url) as store:
+            catalog = await fetch_catalog(store)
+    return plan_retention(catalog.steps, effective_policy(services, policy, url),
+                          now=time.time() if now is None else now, in_flight=flying, url=_norm(url),
+                          prefix=catalog.prefix, usd_per_gb_month=price, price_note=note)
+
+
+# -- applying ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    """What happened to one planned action."""
+
+    index: int
+    total: int
+    path: str
+    step: int | None
+    action: str
+    outcome: str  # running | done | already-done | kept | stopped | failed | would-do
+    detail: str = ""
+    bytes_freed: int = 0
+    errors: Mapping[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "step": self.step, "action": self.action, "outcome": self.outcome,
+                "detail": self.detail, "bytes_freed": self.bytes_freed, "errors": dict(self.errors)}
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    """The result of one apply (or dry run)."""
+
+    plan_hash: str
+    url: str
+    dry_run: bool
+    outcomes: tuple[ActionOutcome, ...]
+    changes: tuple[str, ...]
+    audit_id: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(o.outcome in ("failed", "stopped") for o in self.outcomes)
+
+    @property
+    def outcome(self) -> str:
+        if self.dry_run:
+            return "dry-run"
+        if any(o.outcome == "failed" for o in self.outcomes):
+            return "failed"
+        return "stopped" if any(o.outcome == "stopped" for o in self.outcomes) else "ok"
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(o.bytes_freed for o in self.outcomes if o.outcome == "done")
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for o in self.outcomes if o.outcome == outcome)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"plan_hash": self.plan_hash, "url": self.url, "dry_run": self.dry_run, "outcome": self.outcome,
+                "bytes_freed": self.bytes_freed, "changes": list(self.changes), "audit_id": self.audit_id,
+                "actions": [o.as_dict() for o in self.outcomes]}
+
+
+def _consistent_with_start(step: CheckpointStep | None, started: Mapping[str, Any], action: str) -> str:
+    """'ok' when a started action's step still holds only objects it held when the action began."""
+    if step is None:
+        return "ok" if action == "delete" else "the step folder is gone, but its strip had not finished"
+    before = {name: size for name, size in started.get("objects", [])}
+    for o in step.objects:
+        name = rel_name(step, o.key)
+        if is_export_file(name) and action == "strip-to-weights":
+            continue
+        if before.get(name) != o.size:
+            return f"an interrupted {action} resumed, but {name} is new or resized since it began"
+    return "ok"
+
+
+def strip_deletions(step: CheckpointStep, marker: str) -> list[str]:
+    """Keys a strip removes: everything but the export, the milestone marker and small metadata files."""
+    out = []
+    for o in step.objects:
+        name = rel_name(step, o.key)
+        if is_export_file(name) or name == marker:
+            continue
+        if name not in _COMMIT_MARKERS and _KEEP_AFTER_STRIP.match(name) and o.size <= _KEEP_MAX_BYTES:
+            continue
+        out.append(o.key)
+    return out
+
+
+def _markers_first(step: CheckpointStep, keys: list[str]) -> tuple[list[str], list[str]]:
+    first = [k for k in keys if rel_name(step, k) in _COMMIT_MARKERS]
+    return first, [k for k in keys if k not in set(first)]
+
+
+async def _delete(store: ObjectStore, step: CheckpointStep, keys: list[str]) -> tuple[int, dict[str, str]]:
+    """Delete ``keys`` (commit markers first, then the rest in 1000-key batches)."""
+    sizes = {o.key: o.size for o in step.objects}
+    first, rest = _markers_first(step, keys)
+    freed, errors = 0, {}
+    for group in (first, rest):
+        if not group:
+            continue
+        if errors and group is rest:
+            break  # a commit marker could not be deleted: keep the state it describes
+        res = await store.delete_many(group)
+        freed += sum(sizes.get(k, 0) for k in res.deleted)
+        errors.update(res.errors)
+    return freed, errors
+
+
+async def apply_plan(
+    services: Services,
+    plan: RetentionPlan,
+    *,
+    dry_run: bool = False,
+    in_flight: Iterable[str] = (),
+    store: ObjectStore | None = None,
+    progress: ProgressHook | None = None,
+    fault: FaultHook | None = None,
+) -> ApplyReport:
+    """Re-check ``plan`` against a fresh listing and execute what still holds.
+
+    ``store`` overrides the store opened from the plan's URL (used to inject failing stores in
+    tests). ``fault(stage, action)`` is called at ``before``/``exported``/``after`` of each
+    destructive action, so a test can crash an apply part-way.
+    """
+    if services.readonly and not dry_run:
+        raise PolicyError("read-only mode: cannot apply a retention plan (drop --readonly)")
+    owned = store is None
+    st = store or services.stores.open(plan.url)
+    journal = Journal(services.db, plan.hash)
+    outcomes: list[ActionOutcome] = []
+    changes: tuple[str, ...] = ()
+    audit_id: int | None = None
+    finished = False
+    try:
+        catalog = await fetch_catalog(st, plan.prefix)
+        fresh_by_path = {s.path: s for s in catalog.steps}
+        entries = journal.entries()
+        done = {p for p, (state, _) in entries.items() if state == "done"}
+        resumed = {
+            p: _consistent_with_start(fresh_by_path.get(p), detail, next(a.action for a in plan.actions if a.path == p))
+            for p, (state, detail) in entries.items()
+            if state in ("started", "failed") and any(a.path == p for a in plan.actions)
+        }
+        flying = set(in_flight) | in_flight_from_jobs(services, plan.url)
+        policy = plan.policy.with_pins(PinStore(services.db).pins(plan.url)).with_pins(
+            services.config.section("retention").pins)
+        fresh = plan_retention(catalog.steps, policy, now=time.time(), in_flight=flying, url=plan.url,
+                               prefix=plan.prefix)
+        check = recheck_plan(plan, fresh, resumed=resumed, done=done)
+        changes = check.changes
+        total = len(plan.actions)
+        for i, a in enumerate(plan.actions, 1):
+            def emit(outcome: str, detail: str = "", freed: int = 0, errors: Mapping[str, str] | None = None,
+                     a: PlannedAction = a, i: int = i) -> ActionOutcome:
+                o = ActionOutcome(i, total, a.path, a.step, a.action, outcome, detail, freed, dict(errors or {}))
+                if progress is not None:
+                    progress(o)
+                return o
+
+            if a.path in done:
+                outcomes.append(emit("already-done", "finished by an earlier apply of this plan"))
+                continue
+            if a.path in check.stopped:
+                outcomes.append(emit("stopped", check.stopped[a.path]))
+                continue
+            if not a.destructive:
+                outcomes.append(emit("kept", a.reason))
+                continue
+            step = fresh_by_path.get(a.path)
+            if dry_run:
+                outcomes.append(emit("would-do", a.reason, a.bytes_freed))
+                continue
+            if step is None:  # a planned delete whose folder is already gone
+                journal.set(a, "done", {"note": "already absent"})
+                outcomes.append(emit("done", "already absent"))
+                continue
+            emit("running", a.reason)
+            if a.path not in resumed:
+                journal.set(a, "started", {"objects": [[rel_name(step, o.key), o.size] for o in step.objects
+                                                       if not is_export_file(rel_name(step, o.key))]})
+            if fault:
+                fault("before", a)
+            if a.action == "delete":
+                freed, errors = await _delete(st, step, [o.key for o in step.objects])
+            else:
+                result = await _strip(st, step, a, plan.policy, fault)
+                if isinstance(result, str):
+                    journal.set(a, "failed", {"error": result, **_started(entries, a, step)})
+                    outcomes.append(emit("failed", result))
+                    continue
+                freed, errors = result
+            if errors:
+                shown = "; ".join(f"{rel_name(step, k)}: {v}" for k, v in sorted(errors.items())[:5])
+                more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+                msg = f"{len(errors)} object(s) could not be deleted: {shown}{more}"
+                journal.set(a, "failed", {"errors": errors, **_started(entries, a, step)})
+                outcomes.append(emit("failed", msg, freed, errors))
+                continue
+            journal.set(a, "done", {"bytes_freed": freed})
+            outcomes.append(emit("done", a.reason, freed))
+            if fault:
+                fault("after", a)
+        finished = True
+    finally:
+        if not dry_run:
+            report = ApplyReport(plan.hash, plan.url, dry_run, tuple(outcomes), changes)
+            outcome = report.outcome if finished else "interrupted"
+            audit_id = services.db.record_audit(
+                "retention.apply", plan.url, outcome, plan_hash=plan.hash,
+                detail={"actions": [o.as_dict() for o in outcomes], "changes": list(changes),
+                        "planned": len(plan.actions), "bytes_freed": report.bytes_freed},
+            )
+        if owned:
+            await st.close()
+    return ApplyReport(plan.hash, plan.url, dry_run, tuple(outcomes), changes, audit_id)
+
+
+def _started(entries: Mapping[str, tuple[str, dict[str, Any]]], a: PlannedAction,
+             step: CheckpointStep | None = None) -> dict[str, Any]:
+    """Keep the object list of the original start so a later resume can check against it."""
+    if a.path in entries and "objects" in entries[a.path][1]:
+        return {"objects": entries[a.path][1]["objects"]}
+    if step is not None:
+        return {"objects": [[rel_name(step, o.key), o.size] for o in step.objects
+                            if not is_export_file(rel_name(step, o.key))]}
+    return {}
+
+
+async def _strip(store: ObjectStore, step: CheckpointStep, a: PlannedAction, policy: RetentionPolicy,
+                 fault: FaultHook | None) -> tuple[int, dict[str, str]] | str:
+    """Export (when needed), verify, then delete the training state; a string says why it refused."""
+    from backend.checkpoints.catalog import step_catalog
+    from backend.checkpoints.strip import strip_step, verify_export
+
+    if not step.has_bf16_export:
+        if step.layout not in STRIPPABLE_LAYOUTS:
+            return (f"refused: a {step.layout} checkpoint without a BF16 export would lose its only "
+                    "full-precision weights; export it first")
+        try:
+            await strip_step(store, step.path)
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed export must leave the state untouched
+            return f"BF16 export failed, nothing deleted: {exc}"
+    if fault:
+        fault("exported", a)
+    check = await verify_export(store, step.path)
+    if not _check_ok(check):
+        return f"BF16 export did not verify, nothing deleted: {_check_problems(check)}"
+    step = await step_catalog(store, step.path)  # the listing now includes the export
+    return await _delete(store, step, strip_deletions(step, policy.milestone_marker))
+
+
+def _check_ok(check: Any) -> bool:
+    ok = getattr(check, "ok", None)
+    return bool(check) if ok is None else bool(ok)
+
+
+def _check_problems(check: Any) -> str:
+    for attr in ("problems", "errors", "issues"):
+        v = getattr(check, attr, None)
+        if v:
+            return "; ".join(str(x) for x in list(v)[:5])
+    return str(check)

@@ -1,0 +1,198 @@
+"""The pure retention planner: every safety rail and the savings arithmetic, on CheckpointSteps."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from backend.checkpoints.catalog import CheckpointStep
+from backend.config import parse_config
+from backend.errors import ConfigError, PolicyError
+from backend.policy.retention import (
+    Pin,
+    RetentionPlan,
+    RetentionPolicy,
+    parse_pin,
+    parse_step_list,
+    plan_retention,
+    recheck_plan,
+    saving_percent,
+    step_fingerprint,
+)
+from backend.storage import ObjectInfo
+
+NOW = 1_800_000_000.0
+DAY = 86400.0
+
+
+def step(n: int | None, *, kind: str = "full", layout: str = "dcp", total: int = 1000, opt: int = 600,
+         export: bool = False, extra: tuple[str, ...] = (), age: float = DAY, name: str | None = None,
+         run: str = "run1") -> CheckpointStep:
+    path = f"{run}/{name or f'step-{n}'}"
+    objs = [ObjectInfo(f"{path}/.metadata", 10, NOW - age), ObjectInfo(f"{path}/__0_0.distcp", total - 10, NOW - age)]
+    objs += [ObjectInfo(f"{path}/{e}", 0, NOW - age) for e in extra]
+    if export:
+        objs += [ObjectInfo(f"{path}/model-00001-of-00001.safetensors", 200, NOW - age),
+                 ObjectInfo(f"{path}/model.safetensors.index.json", 50, NOW - age)]
+    return CheckpointStep(step=n, path=path, layout=layout, kind=kind,  # type: ignore[arg-type]
+                          total_bytes=sum(o.size for o in objs), object_count=len(objs), mtime=NOW - age,
+                          has_bf16_export=export, objects=tuple(objs), optimizer_bytes=opt)
+
+
+def actions(plan: RetentionPlan) -> dict[int | None, str]:
+    return {a.step: a.action for a in plan.actions}
+
+
+def test_defaults_keep_latest_two_complete_and_delete_the_rest() -> None:
+    steps = [step(n * 1000) for n in range(1, 7)]
+    plan = plan_retention(steps, RetentionPolicy(), now=NOW)
+    assert actions(plan) == {1000: "delete", 2000: "delete", 3000: "delete", 4000: "delete",
+                             5000: "keep-full", 6000: "keep-full"}
+    assert plan.totals.bytes_after == 2 * steps[0].total_bytes
+
+
+def test_steps_sort_numerically_not_lexically() -> None:
+    steps = [step(9000), step(10000), step(11000), step(800)]
+    plan = plan_retention(steps, RetentionPolicy(), now=NOW)
+    assert [a.step for a in plan.actions] == [800, 9000, 10000, 11000]
+    assert actions(plan) == {800: "delete", 9000: "delete", 10000: "keep-full", 11000: "keep-full"}
+
+
+def test_in_flight_steps_never_count_toward_latest_and_are_never_touched() -> None:
+    steps = [step(n * 1000) for n in range(1, 5)]
+    steps.append(step(5000, kind="incomplete"))           # no commit marker yet
+    steps.append(step(6000))                              # complete, but a running job writes it
+    plan = plan_retention(steps, RetentionPolicy(), now=NOW, in_flight=["run1/step-6000/"])
+    got = actions(plan)
+    assert got[5000] == "skip" and got[6000] == "skip"
+    assert got[3000] == "keep-full" and got[4000] == "keep-full"   # the latest 2 *complete* ones
+    assert got[1000] == got[2000] == "delete"
+    assert "in flight" in next(a.reason for a in plan.actions if a.step == 5000)
+
+
+def test_unknown_folders_and_layouts_are_never_touched() -> None:
+    steps = [step(n * 1000) for n in range(1, 5)]
+    steps.append(step(None, name="notes", layout="unknown", kind="unknown"))
+    steps.append(step(500, layout="unknown", kind="unknown"))
+    plan = plan_retention(steps, RetentionPolicy(keep_full_latest=1), now=NOW)
+    assert actions(plan)[None] == "skip" and actions(plan)[500] == "skip"
+    assert plan.actions[-1].path == "run1/notes"  # unnumbered folders sort last
+
+
+def test_milestones_every_list_and_marker_are_stripped() -> None:
+    steps = [step(n * 1000) for n in range(1, 13)]
+    steps[4] = step(5000, extra=("MILESTONE",))
+    policy = RetentionPolicy(milestone_every=4000, milestones=(3000,))
+    got = actions(plan_retention(steps, policy, now=NOW))
+    assert {s for s, a in got.items() if a == "strip-to-weights"} == {3000, 4000, 5000, 8000}
+    assert got[12000] == "keep-full"   # a milestone among the latest stays full
+    assert got[11000] == "keep-full"
+    assert {s for s, a in got.items() if a == "delete"} == {1000, 2000, 6000, 7000, 9000, 10000}
+
+
+def test_others_keep_weights_strips_instead_of_deleting() -> None:
+    steps = [step(1000), step(2000, kind="weights", opt=0), step(3000), step(4000)]
+    got = actions(plan_retention(steps, RetentionPolicy(others="keep-weights"), now=NOW))
+    assert got == {1000: "strip-to-weights", 2000: "keep-weights", 3000: "keep-full", 4000: "keep-full"}
+
+
+def test_weights_only_steps_are_deleted_when_others_is_delete() -> None:
+    steps = [step(1000, kind="weights", opt=0), step(2000), step(3000)]
+    assert actions(plan_retention(steps, RetentionPolicy(), now=NOW))[1000] == "delete"
+
+
+def test_pins_keep_a_step_untouched_with_its_reason() -> None:
+    steps = [step(n * 1000) for n in range(1, 5)]
+    plan = plan_retention(steps, RetentionPolicy(pins=(Pin(1000, "eval baseline"),)), now=NOW)
+    a = plan.actions[0]
+    assert (a.action, a.reason, a.pinned) == ("keep-full", "pinned: eval baseline", "eval baseline")
+    assert a.bytes_freed == 0
+
+
+def test_min_age_protects_young_steps() -> None:
+    steps = [step(1000, age=3 * DAY), step(2000, age=600), step(3000, age=60), step(4000, age=30)]
+    got = actions(plan_retention(steps, RetentionPolicy(min_age=7200), now=NOW))
+    assert got == {1000: "delete", 2000: "skip", 3000: "keep-full", 4000: "keep-full"}
+
+
+def test_deepspeed_without_export_is_refused_with_export_is_stripped() -> None:
+    steps = [step(1000, layout="deepspeed"), step(2000, layout="deepspeed", export=True), step(3000), step(4000)]
+    plan = plan_retention(steps, RetentionPolicy(milestone_every=1000), now=NOW)
+    got = actions(plan)
+    assert got[1000] == "skip" and "refused" in plan.actions[0].reason
+    assert got[2000] == "strip-to-weights"
+    assert plan.actions[1].estimated is False
+    assert plan.actions[1].bytes_after == 250  # exactly the export files
+
+
+def test_70b_run_saves_857_percent_per_stripped_step() -> None:
+    gb = 10**9
+    s = CheckpointStep(step=48000, path="llama70b/step-48000", layout="dcp", kind="full",
+                       total_bytes=980 * gb, object_count=1, mtime=NOW - DAY, has_bf16_export=False,
+                       objects=(ObjectInfo("llama70b/step-48000/.metadata", 980 * gb, NOW - DAY),),
+                       optimizer_bytes=840 * gb)
+    plan = plan_retention([s], RetentionPolicy(keep_full_latest=0, milestones=(48000,)), now=NOW,
+                          usd_per_gb_month=0.023)
+    (a,) = plan.actions
+    assert a.action == "strip-to-weights"
+    assert (a.bytes_before, a.bytes_after) == (980 * gb, 140 * gb)
+    assert round(plan.totals.percent_saved, 1) == 85.7
+    assert round(saving_percent(980, 140), 1) == 85.7
+    assert plan.totals.usd_month_saved == pytest.approx(840 * 0.023)
+
+
+def test_plan_json_round_trips_and_rejects_edits() -> None:
+    steps = [step(n * 1000) for n in range(1, 6)]
+    plan = plan_retention(steps, RetentionPolicy(milestone_every=2000, pins=(Pin(1000, "x"),)), now=NOW,
+                          url="s3://b/run1", usd_per_gb_month=0.015)
+    text = plan.to_json()
+    again = RetentionPlan.from_json(text)
+    assert again == plan and again.hash == plan.hash
+    tampered = text.replace('"delete"', '"keep-full"', 1)
+    with pytest.raises(PolicyError, match="hash does not match"):
+        RetentionPlan.from_json(tampered)
+    with pytest.raises(PolicyError, match="not a retention plan"):
+        RetentionPlan.from_json("{}")
+
+
+def test_recheck_stops_actions_whose_facts_changed() -> None:
+    steps = [step(n * 1000) for n in range(1, 6)]
+    policy = RetentionPolicy()
+    plan = plan_retention(steps, policy, now=NOW)
+    # a new step lands, step 1000 gains an object, step 2000 is pinned after the plan
+    later = [step(1000, extra=("MILESTONE",)), *steps[1:], step(6000)]
+    fresh = plan_retention(later, policy.with_pins([Pin(2000, "hold")]), now=NOW)
+    check = recheck_plan(plan, fresh)
+    assert any("new step run1/step-6000 landed" in c for c in check.changes)
+    assert set(check.stopped) == {"run1/step-1000", "run1/step-2000", "run1/step-4000"}
+    assert "objects changed" in check.stopped["run1/step-1000"]
+    assert "pinned" in check.stopped["run1/step-2000"]
+    assert "now says delete" in check.stopped["run1/step-4000"]
+    assert "run1/step-3000" not in check.stopped
+    assert recheck_plan(plan, plan).clean
+
+
+def test_fingerprint_ignores_export_files() -> None:
+    a = step(1000)
+    b = dataclasses.replace(a, objects=a.objects + step(1000, export=True).objects[-2:])
+    assert step_fingerprint(a) == step_fingerprint(b)
+
+
+def test_config_section_and_flags_parse_strictly() -> None:
+    cfg = parse_config({
+        "nodes": [{"name": "n1", "transport": "local"}],
+        "retention": {"keep_full_latest": 3, "milestone_every": 48000, "milestones": [1000, 96000],
+                      "others": "keep-weights", "min_age": "2h", "pins": [{"step": 5, "reason": "eval"}]},
+    })
+    pol = cfg.section("retention")
+    assert pol == RetentionPolicy(keep_full_latest=3, milestone_every=48000, milestones=(1000, 96000),
+                                  others="keep-weights", min_age=7200.0, pins=(Pin(5, "eval"),))
+    with pytest.raises(ConfigError, match="retention.keep_ful"):
+        parse_config({"nodes": [{"name": "n1", "transport": "local"}], "retention": {"keep_ful": 1}})
+    with pytest.raises(ConfigError, match="others"):
+        parse_config({"nodes": [{"name": "n1", "transport": "local"}], "retention": {"others": "zap"}})
+    assert parse_pin("48000:eval baseline") == Pin(48000, "eval baseline")
+    assert parse_step_list("48000, 96000") == (48000, 96000)
+    with pytest.raises(PolicyError, match="--pin"):
+        parse_pin("latest")
