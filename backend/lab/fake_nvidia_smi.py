@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Stand-in for ``nvidia-smi`` on machines without NVIDIA GPUs (test lab, demos). Stdlib only.
+
+Run as ``python3 fake_nvidia_smi.py --scenario FILE <nvidia-smi args>``; the lab puts a sh wrapper
+named ``nvidia-smi`` on a node's PATH that execs it. The JSON scenario (see :func:`write_scenario`)
+says how many GPUs, which model and driver, what each GPU is doing over time ("training",
+"starved", "idle"), whether power is "[Not Supported]" and whether a GPU falls off the bus.
+Output follows NVIDIA's documented formats: ``--query-gpu=... --format=csv[,noheader][,nounits]``,
+``-L``, the plain summary header, ``-l``/``-lms`` looping; 0 GPUs prints "No devices were found"
+and exits 6 like the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULTS: dict[str, Any] = {
+    "gpus": 8,
+    "model": "NVIDIA H100 80GB HBM3",
+    "driver": "550.54.15",
+    "cuda": "12.4",
+    "memory_total_mib": 81559,
+    # "training", "starved", "idle", or a list with one pattern per GPU
+    "pattern": "training",
+    "power": "supported",  # or "not_supported"
+    "power_limit_w": 700.0,
+    "lost_gpu": None,  # index of a GPU that falls off the bus ...
+    "lost_after": 0.0,  # ... this many seconds after "start"
+    "hang": False,  # true: every call sleeps forever (a wedged driver)
+    "start": None,  # epoch seconds the scenario's clock starts at (default: file mtime)
+    "fixed_t": None,  # a number: freeze the scenario clock (deterministic output)
+    "uuid_prefix": "GPU-5f1c2a3b-0000-4000-8000-",
+    "bus_prefix": "00000000:",
+}
+
+UNITS = {
+    "utilization.gpu": "%", "utilization.memory": "%", "memory.used": "MiB",
+    "memory.total": "MiB", "memory.free": "MiB", "power.draw": "W", "power.limit": "W",
+    "clocks.sm": "MHz", "clocks.mem": "MHz",
+}
+BUS_IDS = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
+
+
+def write_scenario(path: str | os.PathLike[str], **fields: Any) -> Path:
+    """Write a scenario JSON file (unknown fields rejected); ``start`` defaults to now."""
+    unknown = sorted(set(fields) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown scenario field(s): {', '.join(unknown)}")
+    data = {**DEFAULTS, **fields}
+    if data["start"] is None:
+        data["start"] = time.time()
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, p)  # readers never see a half-written scenario
+    return p
+
+
+def load_scenario(path: str) -> dict[str, Any]:
+    p = Path(path)
+    data = {**DEFAULTS, **json.loads(p.read_text())}
+    if data["start"] is None:
+        data["start"] = p.stat().st_mtime
+    return data
+
+
+def _pattern(sc: dict[str, Any], i: int) -> str:
+    pat = sc["pattern"]
+    if isinstance(pat, list):
+        return pat[i % len(pat)] if pat else "idle"
+    return str(pat)
+
+
+def gpu_state(sc: dict[str, Any], i: int, t: float) -> dict[str, Any]:
+    """Values of GPU ``i`` at ``t`` seconds into the scenario (deterministic in t)."""
+    pat = _pattern(sc, i)
+    total = int(sc["memory_total_mib"])
+    wobble = math.sin(t * 0.7 + i * 1.3)
+    if pat == "training":
+        util = 95 + round(3 * wobble)
+        mem = int(total * 0.86) + 37 * i
+        power = 640.0 + 30 * wobble
+    elif pat == "starved":
+        util = 20 + round(10 * wobble)
+        mem = int(total * 0.84) + 29 * i
+        power = 210.0 + 20 * wobble
+    else:
+        util, mem, power = 0, 4, 69.5 + wobble
+    temp = {"training": 71, "starved": 48}.get(pat, 32) + round(2 * wobble)
+    return {
+        "index": str(i),
+        "uuid": f"{sc['uuid_prefix']}{i:012x}",
+        "name": sc["model"],
+        "pci.bus_id": f"{sc['bus_prefix']}{BUS_IDS[i % len(BUS_IDS)]}:00.0",
+        "utilization.gpu": str(min(100, max(0, util))),
+        "utilization.memory": str(min(100, max(0, util // 2))),
+        "memory.used": str(mem),
+        "memory.total": str(total),
+        "memory.free": str(total - mem),
+        "temperature.gpu": str(temp),
+        "power.draw": f"{power:.2f}" if sc["power"] == "supported" else "[Not Supported]",
+        "power.limit": f"{sc['power_limit_w']:.2f}" if sc["power"] == "supported" else "[Not Supported]",
+        "driver_version": sc["driver"],
+        "count": str(sc["gpus"]),
+    }
+
+
+def _lost(sc: dict[str, Any], i: int, t: float) -> bool:
+    return sc["lost_gpu"] is not None and int(sc["lost_gpu"]) == i and t >= float(sc["lost_after"])
+
+
+def query(sc: dict[str, Any], fields: list[str], fmt: set[str], t: float) -> str:
+    """The text ``nvidia-smi --query-gpu=FIELDS --format=FMT`` prints at time ``t``."""
+    lines = []
+    if "noheader" not in fmt:
+        lines.append(", ".join(
+            f"{f} [{UNITS[f]}]" if f in UNITS and "nounits" not in fmt else f for f in fields))
+    for i in range(int(sc["gpus"])):
+        st = gpu_state(sc, i, t)
+        if _lost(sc, i, t):
+            lines.append(f"Unable to determine the device handle for GPU{st['pci.bus_id']}: "
+                         "GPU is lost.  Reboot the system to recover this GPU")
+            continue
+        cells = []
+        for f in fields:
+            v = st.get(f, "[N/A]")
+            if f in UNITS and "nounits" not in fmt and not v.startswith("["):
+                v = f"{v} {UNITS[f]}"
+            cells.append(v)
+        lines.append(", ".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def listing(sc: dict[str, Any], t: float) -> str:
+    """``nvidia-smi -L``."""
+    out = []
+    for i in range(int(sc["gpus"])):
+        st = gpu_state(sc, i, t)
+        out.append(f"GPU {i}: {sc['model']} (UUID: {st['uuid']})")
+    return "\n".join(out) + "\n"
+
+
+def summary(sc: dict[str, Any], t: float) -> str:
+    """The plain ``nvidia-smi`` table (header and one row pair per GPU)."""
+    stamp = time.strftime("%a %b %d %H:%M:%S %Y")
+    bar = "+-----------------------------------------------------------------------------------------+"
+    out = [stamp, bar,
+           f"| NVIDIA-SMI {sc['driver']:<22} Driver Version: {sc['driver']:<14} "
+           f"CUDA Version: {sc['cuda']:<9}|", bar]
+    for i in range(int(sc["gpus"])):
+        st = gpu_state(sc, i, t)
+        if _lost(sc, i, t):
+            out.append(f"| {i:>3}  ERR!  GPU is lost {'':<64}|")
+            continue
+        pw = (f"{float(st['power.draw']):>4.0f}W / {float(st['power.limit']):>4.0f}W"
+              if sc["power"] == "supported" else "   N/A /  N/A ")
+        out.append(f"| {i:>3}  {sc['model'][:28]:<28} On | {st['pci.bus_id']} Off |")
+        out.append(f"| N/A {st['temperature.gpu']:>3}C P0 {pw} | {st['memory.used']:>6}MiB / "
+                   f"{st['memory.total']}MiB | {st['utilization.gpu']:>3}% Default |")
+    out.append(bar)
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    scenario_path = os.environ.get("FAKE_NVIDIA_SMI_SCENARIO")
+    args: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--scenario":
+            scenario_path = next(it, None)
+        elif a.startswith("--scenario="):
+            scenario_path = a.split("=", 1)[1]
+        else:
+            args.append(a)
+    if not scenario_path:
+        print("fake nvidia-smi: --scenario FILE is required", file=sys.stderr)
+        return 2
+    fields: list[str] | None = None
+    fmt: set[str] = set()
+    loop_s: float | None = None
+    list_mode = False
+    it = iter(args)
+    for a in it:
+        if a.startswith("--query-gpu="):
+            fields = [f.strip() for f in a.split("=", 1)[1].split(",") if f.strip()]
+        elif a.startswith("--format="):
+            fmt = {f.strip() for f in a.split("=", 1)[1].split(",")}
+        elif a in ("-L", "--list-gpus"):
+            list_mode = True
+        elif a in ("-l", "--loop") or a.startswith(("--loop=", "-l=")):
+            loop_s = float(a.split("=", 1)[1]) if "=" in a else float(next(it, "5"))
+        elif a in ("-lms", "--loop-ms") or a.startswith("--loop-ms="):
+            loop_s = (float(a.split("=", 1)[1]) if "=" in a else float(next(it, "1000"))) / 1000
+        else:
+            print(f'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.\n'
+                  f"(unsupported by the stand-in: {a})")
+            return 2
+    if fields is not None and "csv" not in fmt:
+        print('Invalid combination of input arguments. Please run "nvidia-smi -h" for help.')
+        return 2
+    while True:
+        sc = load_scenario(scenario_path)
+        if sc["hang"]:
+            time.sleep(3600)
+            continue
+        t = float(sc["fixed_t"]) if sc["fixed_t"] is not None else time.time() - float(sc["start"])
+        if int(sc["gpus"]) <= 0:
+            print("No devices were found")
+            return 6
+        if fields is not None:
+            sys.stdout.write(query(sc, fields, fmt, t))
+        elif list_mode:
+            sys.stdout.write(listing(sc, t))
+        else:
+            sys.stdout.write(summary(sc, t))
+        sys.stdout.flush()
+        if loop_s is None or list_mode:
+            lost = sc["lost_gpu"] is not None and t >= float(sc["lost_after"]) and fields is not None
+            return 15 if lost else 0
+        time.sleep(loop_s)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except (BrokenPipeError, KeyboardInterrupt):
+        sys.exit(0)

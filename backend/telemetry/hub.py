@@ -1,0 +1,334 @@
+"""TelemetryHub: one sampler stream per node, rates, history, alerts, and a FleetSnapshot per tick.
+
+The hub owns no connections: it asks ``pool.transport(name)`` (a NodePool, or anything with
+``.transport(name)`` and ``.nodes``) for each node's Transport and runs ONE long-lived
+``transport.stream(sampler_script)`` on it, so sampling never pays an SSH handshake. Blocks enter
+through :meth:`TelemetryHub.ingest`, the single door that tests and the benchmark also use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from backend.config import Node
+from backend.errors import NodeUnreachable
+from backend.telemetry.history import NodeHistory
+from backend.telemetry.model import Alert, FleetSnapshot, NodeSnapshot, NodeState
+from backend.telemetry.parse import RawSample, compute_rates, parse_block
+from backend.telemetry.sampler import BEGIN, END, MAX_BLOCK_LINES, sampler_script
+from backend.telemetry.settings import TelemetrySettings
+from backend.telemetry.starvation import StarvationDetector
+
+log = logging.getLogger(__name__)
+
+Subscriber = Callable[[FleetSnapshot], Any]
+
+#: Cleared alerts kept for the alert list.
+RECENT_ALERTS = 50
+
+
+class _NodeState:
+    """Mutable per-node bookkeeping (never handed out; snapshots are)."""
+
+    def __init__(self, node: Node, settings: TelemetrySettings) -> None:
+        self.node = node
+        self.prev: RawSample | None = None
+        self.prev_t: float | None = None
+        self.last_t: float | None = None
+        self.state: NodeState = "connecting"
+        self.error: str | None = None
+        self.latency_ms: float | None = None
+        self.snap = NodeSnapshot(name=node.name, site=node.site, scratch=node.scratch)
+        self.history = NodeHistory(settings.history_capacity)
+        self.detector = StarvationDetector(node.name, settings)
+        self.changed = True
+
+
+def _nodes_of(pool: Any) -> list[Node]:
+    nodes = pool.nodes
+    if isinstance(nodes, dict):
+        nodes = nodes.values()
+    return list(nodes)
+
+
+class TelemetryHub:
+    """Samples every node of ``pool`` and publishes a FleetSnapshot each interval."""
+
+    def __init__(self, pool: Any, settings: TelemetrySettings | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, feed_only: bool = False) -> None:
+        self.pool = pool
+        #: True: samples arrive only through ingest()/tick() (benchmarks, replays); start() is a no-op.
+        self.feed_only = feed_only
+        self.settings = settings or TelemetrySettings()
+        self.clock = clock
+        self._nodes: dict[str, _NodeState] = {
+            n.name: _NodeState(n, self.settings) for n in _nodes_of(pool)
+        }
+        self._recent: deque[Alert] = deque(maxlen=RECENT_ALERTS)
+        self._subscribers: list[Subscriber] = []
+        self._queues: list[asyncio.Queue[FleetSnapshot]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._seq = 0
+        self._last: FleetSnapshot = self._build(self.clock(), changed=set(self._nodes))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return bool(self._tasks) or self.feed_only
+
+    async def start(self, nodes: Iterable[str] | None = None) -> None:
+        """Start the per-node samplers and the ticker (idempotent)."""
+        if self._tasks or self.feed_only:
+            return
+        names = list(nodes) if nodes is not None else list(self._nodes)
+        for name in names:
+            if name not in self._nodes:
+                continue
+            self._tasks.append(asyncio.create_task(self._run_node(name), name=f"telemetry:{name}"))
+            self._tasks.append(asyncio.create_task(self._probe_latency(name),
+                                                   name=f"telemetry-latency:{name}"))
+        self._tasks.append(asyncio.create_task(self._ticker(), name="telemetry:ticker"))
+
+    async def stop(self) -> None:
+        """Stop every sampler stream (closing them kills the loops on the nodes)."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self._nodes)
+
+    def snapshot(self) -> FleetSnapshot:
+        """The latest published FleetSnapshot."""
+        return self._last
+
+    def history(self, node: str) -> NodeHistory:
+        """The bounded history of ``node`` (KeyError for an unknown node)."""
+        return self._nodes[node].history
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call ``callback(snapshot)`` on every tick; returns a function that unsubscribes."""
+        self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    async def updates(self) -> AsyncIterator[FleetSnapshot]:
+        """Async iterator of snapshots; a slow consumer skips ticks and gets the newest."""
+        queue: asyncio.Queue[FleetSnapshot] = asyncio.Queue(maxsize=1)
+        self._queues.append(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._queues.remove(queue)
+
+    # -- the single entry for samples -------------------------------------------------------
+
+    def ingest(self, node: str, block: str, t: float | None = None) -> NodeSnapshot:
+        """Apply one raw sampler block from ``node`` taken at hub time ``t``; returns its snapshot."""
+        st = self._nodes[node]
+        t = self.clock() if t is None else t
+        raw = parse_block(block)
+        dt: float | None = None
+        if st.prev is not None:
+            if raw.uptime is not None and st.prev.uptime is not None and raw.uptime > st.prev.uptime:
+                dt = raw.uptime - st.prev.uptime  # the node's clock: immune to network jitter
+            elif st.prev_t is not None and raw.boot_id == st.prev.boot_id:
+                dt = t - st.prev_t
+        nics, disks = compute_rates(st.prev, raw, dt)
+        st.prev, st.prev_t, st.last_t = raw, t, t
+        st.state, st.error = "up", None
+        snap = NodeSnapshot(
+            name=node, site=st.node.site, state="up", error=None,
+            latency_ms=st.latency_ms, gpus=raw.gpus, gpu_status=raw.gpu_status, nics=nics,
+            disks=disks, scratch=st.node.scratch, scratch_free_bytes=raw.scratch_free_bytes,
+            scratch_total_bytes=raw.scratch_total_bytes, scratch_error=raw.scratch_error,
+            sampled_at=t, boot_id=raw.boot_id,
+        )
+        alert, cleared = st.detector.update(t, raw.gpus, snap.rx_gbps, snap.rx_pct)
+        if cleared is not None:
+            self._recent.appendleft(cleared)
+        if alert is not None:
+            snap = replace(snap, alerts=(alert,))
+        st.history.append(
+            t,
+            {
+                "util_mean": snap.util_mean, "util_min": snap.util_min,
+                "mem_used_mib": snap.mem_used_mib, "rx_gbps": snap.rx_gbps,
+                "tx_gbps": snap.tx_gbps, "disk_write_mbps": snap.disk_write_mbps,
+                "disk_read_mbps": snap.disk_read_mbps,
+            },
+            ((g.index, g.util_pct) for g in raw.gpus),
+        )
+        st.snap = snap
+        st.changed = True
+        return snap
+
+    def mark_unreachable(self, node: str, error: str, t: float | None = None) -> None:
+        """The transport says ``node`` cannot be reached: show it, clear its alert."""
+        st = self._nodes[node]
+        t = self.clock() if t is None else t
+        cleared = st.detector.reset(t)
+        if cleared is not None:
+            self._recent.appendleft(cleared)
+        st.prev = None  # counters after the outage are a fresh start, not a delta
+        if st.state != "unreachable" or st.error != error:
+            st.state, st.error = "unreachable", error
+            st.snap = replace(st.snap, state="unreachable", error=error, alerts=())
+            st.changed = True
+
+    def note_error(self, node: str, error: str) -> None:
+        """Remember a non-fatal sampler error (shown beside the state)."""
+        st = self._nodes[node]
+        if st.error != error:
+            st.error = error
+            st.snap = replace(st.snap, error=error)
+            st.changed = True
+
+    def set_latency(self, node: str, latency_ms: float) -> None:
+        """Record an SSH round-trip latency measurement for ``node``."""
+        st = self._nodes[node]
+        if st.latency_ms is None or abs(st.latency_ms - latency_ms) >= 0.5:
+            st.changed = True
+            st.snap = replace(st.snap, latency_ms=latency_ms)
+        st.latency_ms = latency_ms
+
+    def tick(self, t: float | None = None) -> FleetSnapshot:
+        """Age every node (up -> stale after the missed samples), build and publish a snapshot."""
+        t = self.clock() if t is None else t
+        limit = self.settings.interval * (self.settings.stale_after_missed + 0.5) + 0.5
+        changed: set[str] = set()
+        for name, st in self._nodes.items():
+            if st.state == "up" and st.last_t is not None and t - st.last_t > limit:
+                st.state = "stale"
+                st.snap = replace(st.snap, state="stale")
+                st.changed = True
+            if st.changed:
+                changed.add(name)
+                st.changed = False
+        snap = self._build(t, changed)
+        self._last = snap
+        self._publish(snap)
+        return snap
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _build(self, t: float, changed: set[str]) -> FleetSnapshot:
+        self._seq += 1
+        nodes = []
+        active = []
+        for st in self._nodes.values():
+            # Unchanged nodes keep their snapshot object, so front ends can skip them by identity.
+            nodes.append(st.snap)
+            if st.detector.alert is not None:
+                active.append(st.detector.alert)
+        active.sort(key=lambda a: a.started)
+        return FleetSnapshot(seq=self._seq, t=t, nodes=tuple(nodes),
+                             alerts=tuple(active) + tuple(self._recent),
+                             changed=frozenset(changed))
+
+    def _publish(self, snap: FleetSnapshot) -> None:
+        for cb in list(self._subscribers):
+            try:
+                cb(snap)
+            except Exception:  # a broken subscriber must not stop sampling for the others
+                log.exception("telemetry subscriber failed")
+        for q in self._queues:
+            if q.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    q.get_nowait()
+            q.put_nowait(snap)
+
+    async def _ticker(self) -> None:
+        interval = self.settings.interval
+        next_t = self.clock()
+        while True:
+            next_t += interval
+            await asyncio.sleep(max(0.0, next_t - self.clock()))
+            self.tick()
+
+    async def _transport(self, name: str) -> Any:
+        tr = self.pool.transport(name)
+        if inspect.isawaitable(tr):
+            tr = await tr
+        return tr
+
+    async def _run_node(self, name: str) -> None:
+        s = self.settings
+        st = self._nodes[name]
+        script = sampler_script(interval=s.interval, scratch=st.node.scratch, nvidia_smi=s.nvidia_smi)
+        # A stream that prints nothing for this long is presumed half-dead and restarted.
+        silence = max(10 * s.interval, 15.0)
+        backoff = s.backoff_initial
+        while True:
+            try:
+                transport = await self._transport(name)
+                stream = transport.stream(script)
+                got_block = False
+                try:
+                    lines: list[str] | None = None
+                    while True:
+                        try:
+                            line = await asyncio.wait_for(anext(stream), silence)
+                        except StopAsyncIteration:
+                            break
+                        if line == BEGIN:
+                            lines = []
+                        elif line == END:
+                            if lines is not None:
+                                self.ingest(name, "\n".join(lines))
+                                got_block = True
+                                backoff = s.backoff_initial
+                            lines = None
+                        elif lines is not None and len(lines) < MAX_BLOCK_LINES:
+                            lines.append(line)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await stream.aclose()
+                self.note_error(name, "sampler stream ended" if got_block else
+                                "sampler stream ended before the first sample")
+            except asyncio.CancelledError:
+                raise
+            except TimeoutError:
+                self.note_error(name, f"no sample for {silence:g}s; restarting the sampler")
+            except NodeUnreachable as exc:
+                self.mark_unreachable(name, exc.detail)
+            except Exception as exc:  # any failure: show it and retry; never kill the hub
+                self.note_error(name, f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, s.backoff_max)
+
+    async def _probe_latency(self, name: str) -> None:
+        every = self.settings.latency_every
+        while True:
+            try:
+                transport = await self._transport(name)
+                t0 = time.perf_counter()
+                await transport.run(":", timeout=max(10.0, every))
+                self.set_latency(name, (time.perf_counter() - t0) * 1000.0)
+            except asyncio.CancelledError:
+                raise
+            except NodeUnreachable as exc:
+                self.mark_unreachable(name, exc.detail)
+            except Exception as exc:
+                log.debug("latency probe on %s failed: %s", name, exc)
+            await asyncio.sleep(every)

@@ -1,0 +1,258 @@
+"""Immutable telemetry snapshots the backend hands to front ends (console, CLI, benchmarks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+NodeState = Literal["connecting", "up", "stale", "unreachable"]
+NicKind = Literal["physical", "bond", "member", "virtual", "loopback"]
+
+#: What the GPU column says for a node without nvidia-smi or without GPUs.
+NO_GPU = "no NVIDIA GPU"
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one instant; a field the driver does not report is None."""
+
+    index: int
+    uuid: str = ""
+    name: str = ""
+    util_pct: float | None = None
+    mem_util_pct: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    #: The GPU fell off the bus ("GPU is lost"); the other fields are None.
+    lost: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class NicRate:
+    """One network interface's receive/transmit rate (None while unknown, e.g. after a reset)."""
+
+    name: str
+    kind: NicKind
+    rx_gbps: float | None
+    tx_gbps: float | None
+    #: Line rate from /sys/class/net/<if>/speed in Mb/s; None when -1 or unreadable.
+    speed_mbps: int | None = None
+
+    @property
+    def counts(self) -> bool:
+        """Whether this interface counts towards the node's NIC totals (physical or bond)."""
+        return self.kind in ("physical", "bond")
+
+    @property
+    def rx_pct(self) -> float | None:
+        """Receive rate as % of line rate, None when either is unknown."""
+        return _pct(self.rx_gbps, self.speed_mbps)
+
+    @property
+    def tx_pct(self) -> float | None:
+        """Transmit rate as % of line rate, None when either is unknown."""
+        return _pct(self.tx_gbps, self.speed_mbps)
+
+
+@dataclass(frozen=True)
+class DiskRate:
+    """One whole block device's read/write rate in MB/s (10^6 bytes)."""
+
+    name: str
+    read_mbps: float | None
+    write_mbps: float | None
+    #: Backed by hardware (/sys/block/<dev>/device exists), not md/dm/loop.
+    physical: bool = True
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A "GPU starved" event on one node: raised after the window, cleared by itself."""
+
+    node: str
+    gpus: tuple[int, ...]
+    started: float
+    #: Seconds the condition has held (to now while active, to the clear time once cleared).
+    duration: float
+    mean_util_pct: float
+    mem_used_mib: float
+    rx_gbps: float | None
+    rx_pct: float | None
+    #: "input-bound", "request-bound" or "line rate unknown".
+    hint: str
+    active: bool = True
+    ended: float | None = None
+    kind: str = "gpu-starved"
+
+    @property
+    def message(self) -> str:
+        """One line for a list or a log."""
+        gpus = ",".join(str(g) for g in self.gpus)
+        nic = "rx ?" if self.rx_gbps is None else f"rx {self.rx_gbps:.1f} Gbps"
+        if self.rx_pct is not None:
+            nic += f" ({self.rx_pct:.0f}% of line rate)"
+        advice = HINT_ADVICE.get(self.hint, "")
+        return (
+            f"{self.node}: GPU starved (GPUs {gpus}, mean util {self.mean_util_pct:.0f}% "
+            f"for {self.duration:.0f}s), {nic}: {self.hint}{advice}"
+        )
+
+
+HINT_ADVICE = {
+    "input-bound": " - the NIC is full: more bandwidth, local NVMe cache or fewer bytes per sample",
+    "request-bound": " - NIC far below line rate: many small GETs; pack into WebDataset shards",
+    "line rate unknown": "",
+}
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """Everything known about one node at one tick."""
+
+    name: str
+    site: str | None = None
+    state: NodeState = "connecting"
+    #: The last error (connection refused, stream ended, ...), shown next to the state.
+    error: str | None = None
+    #: Round trip of a no-op command over the existing connection, in milliseconds.
+    latency_ms: float | None = None
+    gpus: tuple[GpuSample, ...] = ()
+    #: "ok", NO_GPU, or nvidia-smi's error line.
+    gpu_status: str = "ok"
+    nics: tuple[NicRate, ...] = ()
+    disks: tuple[DiskRate, ...] = ()
+    scratch: str | None = None
+    scratch_free_bytes: int | None = None
+    scratch_total_bytes: int | None = None
+    scratch_error: str | None = None
+    #: Hub clock (monotonic seconds) of the last sample.
+    sampled_at: float | None = None
+    boot_id: str | None = None
+    alerts: tuple[Alert, ...] = ()
+
+    @property
+    def live_gpus(self) -> tuple[GpuSample, ...]:
+        return tuple(g for g in self.gpus if not g.lost)
+
+    @property
+    def util_mean(self) -> float | None:
+        """Mean GPU utilisation over GPUs that report it."""
+        vals = [g.util_pct for g in self.gpus if g.util_pct is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    @property
+    def util_min(self) -> float | None:
+        vals = [g.util_pct for g in self.gpus if g.util_pct is not None]
+        return min(vals) if vals else None
+
+    @property
+    def mem_used_mib(self) -> float | None:
+        vals = [g.mem_used_mib for g in self.gpus if g.mem_used_mib is not None]
+        return sum(vals) if vals else None
+
+    @property
+    def mem_total_mib(self) -> float | None:
+        vals = [g.mem_total_mib for g in self.gpus if g.mem_total_mib is not None]
+        return sum(vals) if vals else None
+
+    @property
+    def rx_gbps(self) -> float | None:
+        """Sum over physical NICs and bonds (virtual and bond members excluded)."""
+        return _sum(n.rx_gbps for n in self.nics if n.counts)
+
+    @property
+    def tx_gbps(self) -> float | None:
+        return _sum(n.tx_gbps for n in self.nics if n.counts)
+
+    @property
+    def line_rate_mbps(self) -> int | None:
+        """Summed line rate of counted NICs with a known speed."""
+        speeds = [n.speed_mbps for n in self.nics if n.counts and n.speed_mbps]
+        return sum(speeds) if speeds else None
+
+    @property
+    def rx_pct(self) -> float | None:
+        return _pct(_sum(n.rx_gbps for n in self.nics if n.counts and n.speed_mbps),
+                    self.line_rate_mbps)
+
+    @property
+    def tx_pct(self) -> float | None:
+        return _pct(_sum(n.tx_gbps for n in self.nics if n.counts and n.speed_mbps),
+                    self.line_rate_mbps)
+
+    @property
+    def disk_write_mbps(self) -> float | None:
+        return _sum(d.write_mbps for d in self.disks if d.physical)
+
+    @property
+    def disk_read_mbps(self) -> float | None:
+        return _sum(d.read_mbps for d in self.disks if d.physical)
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """The whole fleet at one tick, plus the alert list (active first, then recent cleared)."""
+
+    seq: int
+    t: float
+    nodes: tuple[NodeSnapshot, ...] = ()
+    alerts: tuple[Alert, ...] = ()
+    #: Names of nodes whose data changed since the previous tick (front ends redraw only these).
+    changed: frozenset[str] = field(default_factory=frozenset)
+
+    def node(self, name: str) -> NodeSnapshot | None:
+        """The node called ``name``, or None."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        return None
+
+    @property
+    def nodes_up(self) -> int:
+        return sum(1 for n in self.nodes if n.state == "up")
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(n.live_gpus) for n in self.nodes)
+
+    @property
+    def util_mean(self) -> float | None:
+        vals = [g.util_pct for n in self.nodes if n.state == "up" for g in n.gpus
+                if g.util_pct is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    @property
+    def rx_gbps(self) -> float:
+        return sum(n.rx_gbps or 0.0 for n in self.nodes if n.state == "up")
+
+    @property
+    def tx_gbps(self) -> float:
+        return sum(n.tx_gbps or 0.0 for n in self.nodes if n.state == "up")
+
+    @property
+    def active_alerts(self) -> tuple[Alert, ...]:
+        return tuple(a for a in self.alerts if a.active)
+
+    def summary_line(self) -> str:
+        """'nodes 3/4 up · GPUs 24 · util 71% · rx 12.3 Gbps · tx 0.4 Gbps · alerts 1'."""
+        util = "-" if self.util_mean is None else f"{self.util_mean:.0f}%"
+        return (
+            f"nodes {self.nodes_up}/{len(self.nodes)} up · GPUs {self.gpu_count} · util {util} · "
+            f"rx {self.rx_gbps:.1f} Gbps · tx {self.tx_gbps:.1f} Gbps · "
+            f"alerts {len(self.active_alerts)}"
+        )
+
+
+def _sum(values) -> float | None:  # type: ignore[no-untyped-def]
+    vals = [v for v in values if v is not None]
+    return sum(vals) if vals else None
+
+
+def _pct(gbps: float | None, speed_mbps: int | None) -> float | None:
+    if gbps is None or not speed_mbps:
+        return None
+    return 100.0 * gbps * 1000.0 / speed_mbps

@@ -1,0 +1,368 @@
+"""Pure parsers: one framed sampler block (text) -> counters; two samples -> rates.
+
+Everything here is a function of its text arguments, so tests feed recorded output and the
+benchmark injects synthetic samples exactly where real ones enter, after the transport.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, field
+
+from backend.telemetry.model import NO_GPU, DiskRate, GpuSample, NicKind, NicRate
+
+_VIRTUAL_PREFIXES = (
+    "docker", "veth", "br-", "virbr", "cni", "flannel", "cali", "tun", "tap", "vxlan", "weave",
+    "kube", "lxc", "lxd", "podman", "cilium", "genev", "gre", "dummy", "ifb", "wg", "zt", "tailscale",
+    "vnet", "nodelocaldns", "ip6tnl", "sit", "erspan",
+)
+_PARTITION = re.compile(r"^(?:(?:[shv]|xv)d[a-z]+\d+|(?:nvme\d+n\d+|mmcblk\d+|md\d+|loop\d+)p\d+)$")
+_NOT_DISK = ("loop", "ram", "zram", "sr", "fd")
+_LOST_LINE = re.compile(r"device handle for GPU\s*([0-9A-Fa-f:.]+)?.*GPU is lost", re.I)
+
+#: Largest believable per-interface rate when the line rate is unknown (bits/s): 1.6 Tb/s.
+MAX_NIC_BPS_UNKNOWN = 1.6e12
+#: Largest believable per-device disk rate (bytes/s): 100 GB/s.
+MAX_DISK_BPS = 100e9
+_WRAP32 = 2**32
+_WRAP64 = 2**64
+
+
+@dataclass(frozen=True)
+class NicInfo:
+    """What /sys/class/net says about one interface."""
+
+    speed_mbps: int | None
+    kind: NicKind
+
+
+@dataclass(frozen=True)
+class RawSample:
+    """One block's counters, before rates: what the node printed at one instant."""
+
+    uptime: float | None = None
+    boot_id: str | None = None
+    gpus: tuple[GpuSample, ...] = ()
+    gpu_status: str = "ok"
+    #: interface -> (rx bytes, tx bytes)
+    netdev: dict[str, tuple[int, int]] = field(default_factory=dict)
+    nics: dict[str, NicInfo] = field(default_factory=dict)
+    #: whole block device -> (sectors read, sectors written)
+    diskstats: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: whole block device -> backed by hardware
+    disk_physical: dict[str, bool] = field(default_factory=dict)
+    scratch_free_bytes: int | None = None
+    scratch_total_bytes: int | None = None
+    scratch_error: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# nvidia-smi
+
+
+def _value(text: str) -> float | None:
+    """One CSV cell as a number; '[Not Supported]', '[N/A]', '' and junk become None."""
+    t = text.strip()
+    if not t or t.startswith("["):
+        return None
+    token = t.split()[0]  # tolerate units ("95 %", "700.00 W") when --format lacks nounits
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def parse_gpu_csv(text: str, rc: str | None = "0") -> tuple[tuple[GpuSample, ...], str]:
+    """Parse ``nvidia-smi --query-gpu=<GPU_FIELDS> --format=csv,noheader,nounits`` output.
+
+    Returns (GPUs, status) where status is "ok", NO_GPU (nvidia-smi absent, or "No devices
+    were found") or nvidia-smi's own error line (driver not loaded, ...). A GPU that fell off
+    the bus, as a "[GPU is lost]" row or an "Unable to determine the device handle" line, is a
+    GpuSample with ``lost=True`` at its position (nvidia-smi prints GPUs in index order).
+    """
+    if rc == "absent":
+        return (), NO_GPU
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if any("No devices were found" in ln for ln in lines) and not any(
+        "," in ln for ln in lines
+    ):
+        return (), NO_GPU
+    gpus: list[GpuSample] = []
+    errors: list[str] = []
+    for ln in lines:
+        lost = _LOST_LINE.search(ln)
+        if lost:
+            bus = lost.group(1) or ""
+            gpus.append(GpuSample(index=len(gpus), uuid=bus.rstrip(":."), lost=True,
+                                  error="GPU is lost"))
+            continue
+        if "," not in ln:
+            errors.append(ln.strip())
+            continue
+        cells = next(csv.reader([ln], skipinitialspace=True))
+        cells += [""] * (10 - len(cells))
+        if any("GPU is lost" in c for c in cells):
+            idx = _value(cells[0])
+            gpus.append(GpuSample(index=int(idx) if idx is not None else len(gpus),
+                                  uuid=cells[1].strip() if not cells[1].startswith("[") else "",
+                                  lost=True, error="GPU is lost"))
+            continue
+        idx = _value(cells[0])
+        gpus.append(
+            GpuSample(
+                index=int(idx) if idx is not None else len(gpus),
+                uuid=cells[1].strip(),
+                name=cells[2].strip(),
+                util_pct=_value(cells[3]),
+                mem_util_pct=_value(cells[4]),
+                mem_used_mib=_value(cells[5]),
+                mem_total_mib=_value(cells[6]),
+                temp_c=_value(cells[7]),
+                power_w=_value(cells[8]),
+                power_limit_w=_value(cells[9]),
+            )
+        )
+    if not gpus:
+        if rc not in (None, "0") or errors:
+            return (), errors[0] if errors else f"nvidia-smi exited {rc}"
+        return (), NO_GPU
+    return tuple(gpus), "ok"
+
+
+# ---------------------------------------------------------------------------------------------
+# network
+
+
+def parse_netdev(text: str) -> dict[str, tuple[int, int]]:
+    """/proc/net/dev -> {interface: (rx bytes, tx bytes)}; header and junk lines are skipped."""
+    out: dict[str, tuple[int, int]] = {}
+    for ln in text.splitlines():
+        if ":" not in ln:
+            continue
+        name, _, rest = ln.partition(":")
+        fields = rest.split()
+        if len(fields) < 9:
+            continue
+        try:
+            out[name.strip()] = (int(fields[0]), int(fields[8]))
+        except ValueError:
+            continue
+    return out
+
+
+def classify_nic(name: str, flags: str | None = None) -> NicKind:
+    """Physical, bond, bond/bridge member, virtual or loopback, from the name and sysfs flags.
+
+    ``flags`` holds letters printed by the sampler: d = /sys/class/net/<if>/device exists,
+    m = it has a master (bond or bridge member), b = it is a bond, r = it is a bridge.
+    """
+    if name == "lo":
+        return "loopback"
+    f = flags or ""
+    if "m" in f:
+        return "member"
+    if "b" in f or (flags is None and name.startswith(("bond", "team"))):
+        return "bond"
+    if "r" in f or name.startswith(_VIRTUAL_PREFIXES):
+        return "virtual"
+    if flags is None:
+        return "physical"
+    return "physical" if "d" in f else "virtual"
+
+
+def parse_nic_info(text: str) -> dict[str, NicInfo]:
+    """The sampler's ``name speed flags`` lines -> {interface: NicInfo}."""
+    out: dict[str, NicInfo] = {}
+    for ln in text.splitlines():
+        parts = ln.split()
+        if len(parts) < 2:
+            continue
+        name, speed_s = parts[0], parts[1]
+        flags = parts[2] if len(parts) > 2 else "-"
+        try:
+            speed: int | None = int(speed_s)
+        except ValueError:
+            speed = None
+        if speed is not None and speed <= 0:
+            speed = None  # -1 (or 0) means the driver does not know
+        out[name] = NicInfo(speed_mbps=speed, kind=classify_nic(name, flags.strip("-")))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# disks
+
+
+def parse_block_list(text: str) -> dict[str, bool]:
+    """The sampler's /sys/block listing -> {device: backed by hardware}."""
+    out: dict[str, bool] = {}
+    for ln in text.splitlines():
+        parts = ln.split()
+        if parts:
+            out[parts[0]] = len(parts) > 1 and parts[1] == "d"
+    return out
+
+
+def parse_diskstats(text: str, whole: dict[str, bool] | None = None) -> dict[str, tuple[int, int]]:
+    """/proc/diskstats -> {whole device: (sectors read, sectors written)}.
+
+    ``whole`` (from /sys/block) says which names are whole devices; without it partitions are
+    recognised by name (sda1, nvme0n1p1, ...).
+    """
+    out: dict[str, tuple[int, int]] = {}
+    for ln in text.splitlines():
+        f = ln.split()
+        if len(f) < 10:
+            continue
+        name = f[2]
+        if whole is not None:
+            if name not in whole:
+                continue
+        elif _PARTITION.match(name):
+            continue
+        if name.startswith(_NOT_DISK) and not (whole or {}).get(name, False):
+            continue
+        try:
+            out[name] = (int(f[5]), int(f[9]))
+        except ValueError:
+            continue
+    return out
+
+
+_DF_LINE = re.compile(r"^(.*?)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)%\s+(.*)$")
+
+
+def parse_df(text: str, rc: str | None) -> tuple[int | None, int | None, str | None]:
+    """``df -P -k PATH`` -> (free bytes, total bytes, error); a missing dir is an error string."""
+    if rc == "missing":
+        return None, None, "scratch directory missing"
+    for ln in text.splitlines()[1:]:
+        m = _DF_LINE.match(ln.strip())
+        if m:
+            return int(m.group(4)) * 1024, int(m.group(2)) * 1024, None
+    msg = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return None, None, msg or f"df exited {rc}"
+
+
+# ---------------------------------------------------------------------------------------------
+# blocks
+
+
+def split_sections(block: str) -> dict[str, tuple[str, str | None]]:
+    """A framed block -> {section: (body text, the section's rc marker value)}; headers
+    ``@@uptime X``/``@@boot X`` become sections whose body is X."""
+    sections: dict[str, list[str]] = {}
+    rcs: dict[str, str] = {}
+    current: str | None = None
+    for ln in block.splitlines():
+        if ln.startswith("@@"):
+            tag, _, rest = ln[2:].partition(" ")
+            if tag.endswith("-rc"):
+                rcs[tag[:-3]] = rest.strip()
+                continue
+            if tag in ("lm-begin", "lm-end"):
+                continue
+            current = tag
+            sections[current] = [rest] if rest else []
+            continue
+        if current is not None:
+            sections[current].append(ln)
+    return {k: ("\n".join(v), rcs.get(k)) for k, v in sections.items()}
+
+
+def parse_block(block: str) -> RawSample:
+    """One sampler block (the lines between ``@@lm-begin`` and ``@@lm-end``) -> RawSample."""
+    s = split_sections(block)
+    uptime = None
+    up_text = s.get("uptime", ("", None))[0].split()
+    if up_text:
+        try:
+            uptime = float(up_text[0])
+        except ValueError:
+            uptime = None
+    boot = s.get("boot", ("", None))[0].strip() or None
+    if "gpu" in s:
+        gtext, grc = s["gpu"]
+        gpus, gstatus = parse_gpu_csv(gtext, grc)
+    else:
+        gpus, gstatus = (), NO_GPU
+    whole = parse_block_list(s["block"][0]) if "block" in s else None
+    free = total = None
+    serr: str | None = None
+    if "df" in s:
+        free, total, serr = parse_df(*s["df"])
+    return RawSample(
+        uptime=uptime,
+        boot_id=boot,
+        gpus=gpus,
+        gpu_status=gstatus,
+        netdev=parse_netdev(s.get("netdev", ("", None))[0]),
+        nics=parse_nic_info(s.get("nic", ("", None))[0]),
+        diskstats=parse_diskstats(s.get("diskstats", ("", None))[0], whole),
+        disk_physical=whole if whole is not None else {},
+        scratch_free_bytes=free,
+        scratch_total_bytes=total,
+        scratch_error=serr,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# rates
+
+
+def counter_delta(prev: int, cur: int, max_delta: float) -> int | None:
+    """Increase of a counter that may wrap (32 or 64 bit) or reset; None when not believable.
+
+    A counter going backwards is a wrap only if the wrapped delta is plausible (below
+    ``max_delta``); otherwise the counter was reset (interface re-created, driver reload) and
+    the rate is unknown for this interval rather than negative or absurd.
+    """
+    if cur >= prev:
+        d = cur - prev
+        return d if d <= max_delta else None
+    for modulus in (_WRAP32, _WRAP64):
+        if prev < modulus:
+            d = cur + modulus - prev
+            if 0 <= d <= max_delta:
+                return d
+    return None
+
+
+def compute_rates(prev: RawSample | None, cur: RawSample, dt: float | None
+                  ) -> tuple[tuple[NicRate, ...], tuple[DiskRate, ...]]:
+    """NIC and disk rates between two samples ``dt`` seconds apart (None rates when unknown).
+
+    No previous sample, a changed boot id, a non-positive interval or an implausible counter
+    step all give None for the affected rates.
+    """
+    usable = (
+        prev is not None and dt is not None and dt > 0
+        and (prev.boot_id is None or cur.boot_id is None or prev.boot_id == cur.boot_id)
+    )
+    nics: list[NicRate] = []
+    for name, (rx, tx) in cur.netdev.items():
+        info = cur.nics.get(name) or NicInfo(None, classify_nic(name))
+        rx_g = tx_g = None
+        if usable and prev is not None and dt is not None and name in prev.netdev:
+            prx, ptx = prev.netdev[name]
+            bps_max = (info.speed_mbps * 1e6 * 1.5) if info.speed_mbps else MAX_NIC_BPS_UNKNOWN
+            max_bytes = bps_max / 8 * dt + 65536
+            drx = counter_delta(prx, rx, max_bytes)
+            dtx = counter_delta(ptx, tx, max_bytes)
+            rx_g = None if drx is None else drx * 8 / dt / 1e9
+            tx_g = None if dtx is None else dtx * 8 / dt / 1e9
+        nics.append(NicRate(name, info.kind, rx_g, tx_g, info.speed_mbps))
+    disks: list[DiskRate] = []
+    for name, (rs, ws) in cur.diskstats.items():
+        r_mb = w_mb = None
+        if usable and prev is not None and dt is not None and name in prev.diskstats:
+            prs, pws = prev.diskstats[name]
+            max_sectors = MAX_DISK_BPS / 512 * dt
+            dr = counter_delta(prs, rs, max_sectors)
+            dw = counter_delta(pws, ws, max_sectors)
+            r_mb = None if dr is None else dr * 512 / dt / 1e6
+            w_mb = None if dw is None else dw * 512 / dt / 1e6
+        physical = cur.disk_physical.get(name, not name.startswith(("md", "dm-", "loop")))
+        disks.append(DiskRate(name, r_mb, w_mb, physical))
+    return tuple(nics), tuple(disks)

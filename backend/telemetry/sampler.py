@@ -1,0 +1,69 @@
+"""The per-node sampling loop: one POSIX sh script, run once over the node's existing connection.
+
+The script prints one framed block per interval (``@@lm-begin`` ... ``@@lm-end``) holding raw
+nvidia-smi CSV, /proc/net/dev, NIC speeds and flags, /proc/diskstats, whole block devices and
+``df -P`` of the scratch path. It uses only what any GPU node has (sh, cat, df, sleep,
+nvidia-smi); all interpretation happens on the console side in :mod:`backend.telemetry.parse`, so
+a node never needs loadmaster installed and the parsers stay pure and testable.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+BEGIN = "@@lm-begin"
+END = "@@lm-end"
+
+GPU_FIELDS = (
+    "index,uuid,name,utilization.gpu,utilization.memory,memory.used,memory.total,"
+    "temperature.gpu,power.draw,power.limit"
+)
+
+#: Blocks longer than this are cut (a runaway command must not grow the console's memory).
+MAX_BLOCK_LINES = 20000
+
+_SCRIPT = r"""
+i={interval}; smi={smi}; scratch={scratch}
+while :; do
+  echo '@@lm-begin'
+  echo "@@uptime $(cat /proc/uptime 2>/dev/null)"
+  echo "@@boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
+  echo '@@gpu'
+  if command -v "$smi" >/dev/null 2>&1; then
+    "$smi" --query-gpu={fields} --format=csv,noheader,nounits 2>&1; echo "@@gpu-rc $?"
+  else
+    echo '@@gpu-rc absent'
+  fi
+  echo '@@netdev'; cat /proc/net/dev 2>/dev/null
+  echo '@@nic'
+  for d in /sys/class/net/*; do
+    [ -e "$d" ] || continue
+    s=$(cat "$d/speed" 2>/dev/null) || s=-1; [ -n "$s" ] || s=-1
+    f=; [ -e "$d/device" ] && f=${{f}}d; [ -e "$d/master" ] && f=${{f}}m
+    [ -d "$d/bonding" ] && f=${{f}}b; [ -d "$d/bridge" ] && f=${{f}}r
+    echo "${{d##*/}} $s ${{f:--}}"
+  done
+  echo '@@diskstats'; cat /proc/diskstats 2>/dev/null
+  echo '@@block'
+  for d in /sys/block/*; do
+    [ -e "$d" ] || continue
+    if [ -e "$d/device" ]; then echo "${{d##*/}} d"; else echo "${{d##*/}} -"; fi
+  done
+  echo '@@df'
+  if [ -d "$scratch" ]; then df -P -k "$scratch" 2>&1; echo "@@df-rc $?"; else echo '@@df-rc missing'; fi
+  echo '@@lm-end'
+  sleep "$i"
+done
+"""
+
+
+def sampler_script(*, interval: float, scratch: str, nvidia_smi: str = "nvidia-smi") -> str:
+    """The sh command that samples a node forever, one framed block per ``interval`` seconds."""
+    body = _SCRIPT.format(
+        interval=shlex.quote(f"{interval:g}"),
+        smi=shlex.quote(nvidia_smi),
+        scratch=shlex.quote(scratch),
+        fields=GPU_FIELDS,
+    )
+    # Run by an explicit sh so the node's login shell (bash, zsh, fish) does not matter.
+    return f"exec sh -c {shlex.quote(body)}"

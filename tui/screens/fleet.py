@@ -1,0 +1,203 @@
+"""Fleet screen: every node's GPUs, NICs and disks live, with the "GPU starved" alert list.
+
+The backend (``services.telemetry``, a TelemetryHub) samples the nodes; this screen only renders
+its FleetSnapshots. Ticks arrive as :class:`FleetSampled` messages that replace each other when
+the UI falls behind (``can_replace``) and are applied inside ``batch_update()``, touching only
+the cells whose text changed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Input, Static
+
+from backend.telemetry.model import FleetSnapshot
+from tui.screens.base import LoadmasterScreen, PaletteCommand
+from tui.widgets.fleet_alerts import AlertList
+from tui.widgets.fleet_table import TREND_WIDTH, FleetTable
+
+STYLE_NAMES = ("node-up", "node-down", "node-stale", "alert")
+
+
+class FleetSampled(Message):
+    """A new FleetSnapshot was published by the telemetry hub."""
+
+    def __init__(self, snapshot: FleetSnapshot) -> None:
+        self.snapshot = snapshot
+        super().__init__()
+
+    def can_replace(self, message: Message) -> bool:
+        # A newer tick supersedes an older one still queued: render only the latest.
+        return isinstance(message, FleetSampled)
+
+
+class FleetScreen(LoadmasterScreen):
+    """Nodes, GPUs, NICs, disks and alerts of the whole fleet."""
+
+    SCREEN_TITLE: ClassVar[str] = "Fleet"
+    PALETTE_COMMANDS: ClassVar[list[PaletteCommand]] = [
+        ("Filter nodes", "Show only nodes matching a name, site or glob (key /)", "filter"),
+        ("Sort by next column", "Cycle the node table's sort column (key s)", "sort"),
+        ("Clear filter", "Show every node again", "clear_filter"),
+    ]
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("enter", "open_node", "Node detail", show=True),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | / | Filter nodes by name, site or state (glob or substring). |
+    | enter | Open the selected node's detail (per-GPU rows and time series). |
+    | s / S | Sort by the next column / reverse (clicking a header also sorts). |
+    | escape | Clear the filter. |
+    """
+
+    def __init__(self, services: Any, **kwargs: Any) -> None:
+        super().__init__(services, **kwargs)
+        self._unsubscribe: Any = None
+        self.last_snapshot: FleetSnapshot | None = None
+        #: Seconds spent applying each tick (the benchmark reads these).
+        self.apply_times: list[float] = []
+        self._theme_name: str | None = None
+
+    @property
+    def hub(self) -> Any:
+        return self.services.telemetry
+
+    def compose_body(self) -> ComposeResult:
+        with Vertical(classes="screen-body", id="fleet-body"):
+            yield Static("", id="fleet-summary", markup=False)
+            yield Input(placeholder="filter: name, site or glob (enter to keep, escape to clear)",
+                        id="fleet-filter", classes="-hidden")
+            yield FleetTable(id="fleet-table")
+            yield Static("Alerts", id="fleet-alerts-title", markup=False)
+            yield AlertList(id="fleet-alerts")
+
+    def on_mount(self) -> None:
+        self._apply_theme()
+        self._unsubscribe = self.hub.subscribe(self._on_tick)
+        self.apply_snapshot(self.hub.snapshot())
+        self.query_one(FleetTable).focus()
+        if not getattr(self.hub, "running", False):
+            self._start_sampling()
+
+    def on_unmount(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    @work(exclusive=True, group="telemetry", exit_on_error=False)
+    async def _start_sampling(self) -> None:
+        await self.hub.start()
+
+    def _on_tick(self, snapshot: FleetSnapshot) -> None:
+        # Called by the hub on every tick (same event loop): hand over as a message.
+        self.post_message(FleetSampled(snapshot))
+
+    @on(FleetSampled)
+    def _fleet_sampled(self, event: FleetSampled) -> None:
+        self.apply_snapshot(event.snapshot)
+
+    def _apply_theme(self) -> None:
+        variables = getattr(self.app, "theme_variables", {}) or {}
+        styles = {k: variables[k] for k in STYLE_NAMES if variables.get(k)}
+        self.query_one(FleetTable).set_styles(styles)
+        self.query_one(AlertList).set_style(styles.get("alert"))
+        self._theme_name = self.app.theme
+
+    def apply_snapshot(self, snapshot: FleetSnapshot) -> None:
+        """Render one FleetSnapshot (summary, changed cells, alerts) in one batch."""
+        start = time.perf_counter()
+        if self._theme_name != self.app.theme:
+            self._apply_theme()
+        table = self.query_one(FleetTable)
+        with self.app.batch_update():
+            self.query_one("#fleet-summary", Static).update(snapshot.summary_line())
+            table.show(snapshot.nodes, self._trend)
+            alerts = self.query_one(AlertList)
+            alerts.show(snapshot.alerts)
+            title = self.query_one("#fleet-alerts-title", Static)
+            n = len(snapshot.active_alerts)
+            title.update(f"Alerts: {n} active" if n else "Alerts: none active")
+            title.set_class(n > 0, "-active")
+        self.last_snapshot = snapshot
+        self.apply_times.append(time.perf_counter() - start)
+        del self.apply_times[:-10000]
+
+    def _trend(self, name: str) -> list[float]:
+        try:
+            return self.hub.history(name).series("util_mean", TREND_WIDTH)
+        except KeyError:
+            return []
+
+    # -- filter --------------------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        """Show the filter box."""
+        box = self.query_one("#fleet-filter", Input)
+        box.remove_class("-hidden")
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        """Clear the filter and show every node."""
+        box = self.query_one("#fleet-filter", Input)
+        box.value = ""
+        box.add_class("-hidden")
+        self._set_filter("")
+        self.query_one(FleetTable).focus()
+
+    def action_sort(self) -> None:
+        """Sort by the next column."""
+        self.query_one(FleetTable).action_cycle_sort()
+
+    @on(Input.Changed, "#fleet-filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self._set_filter(event.value.strip())
+
+    @on(Input.Submitted, "#fleet-filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        if not event.value.strip():
+            event.input.add_class("-hidden")
+        self.query_one(FleetTable).focus()
+
+    def _set_filter(self, pattern: str) -> None:
+        table = self.query_one(FleetTable)
+        if table.filter == pattern:
+            return
+        table.filter = pattern
+        if self.last_snapshot is not None:
+            with self.app.batch_update():
+                table.show(self.last_snapshot.nodes, self._trend)
+
+    # -- detail --------------------------------------------------------------------------------
+
+    def action_open_node(self) -> None:
+        """Open the node under the cursor."""
+        table = self.query_one(FleetTable)
+        if table.row_count == 0:
+            return
+        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        if row_key.value is not None:
+            self.open_node(str(row_key.value))
+
+    @on(DataTable.RowSelected, "#fleet-table")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if event.row_key.value is not None:
+            self.open_node(str(event.row_key.value))
+
+    def open_node(self, name: str) -> None:
+        """Push the detail screen of node ``name``."""
+        from tui.screens.node_detail import NodeDetailScreen
+
+        self.app.push_screen(NodeDetailScreen(self.services, name))

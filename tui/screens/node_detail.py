@@ -1,0 +1,179 @@
+"""Node detail: one row per GPU (util and memory bars, temperature, power), NICs and disks, and
+time series of GPU utilisation, NIC rx/tx and disk writes over the history window."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Sparkline, Static
+
+from backend.telemetry.model import FleetSnapshot, NodeSnapshot
+from tui.screens.base import LoadmasterScreen
+from tui.screens.fleet import FleetSampled
+from tui.widgets.fleet_format import bar, num, rate_pct, state_cell
+
+#: (history series, title, unit) of each plot.
+PLOTS: tuple[tuple[str, str, str], ...] = (
+    ("util_mean", "GPU util", "%"),
+    ("rx_gbps", "NIC rx", "Gbps"),
+    ("tx_gbps", "NIC tx", "Gbps"),
+    ("disk_write_mbps", "Disk write", "MB/s"),
+)
+GPU_COLUMNS = (("gpu", "GPU", 4), ("name", "Name", 22), ("util", "Util", 18),
+               ("mem", "Memory", 30), ("temp", "Temp", 6), ("power", "Power", 16),
+               ("status", "Status", 12))
+BAR = 10
+
+
+def gpu_cells(g: Any) -> tuple[str, ...]:
+    """One GPU's row in the detail table."""
+    if g.lost:
+        return (str(g.index), g.uuid or "", "", "", "", "", "GPU is lost")
+    mem_pct = (100.0 * g.mem_used_mib / g.mem_total_mib
+               if g.mem_used_mib is not None and g.mem_total_mib else None)
+    mem = (f"{bar(mem_pct, BAR)} {g.mem_used_mib / 1024:.1f}/{g.mem_total_mib / 1024:.0f} GiB"
+           if mem_pct is not None and g.mem_used_mib is not None and g.mem_total_mib else "-")
+    util = f"{bar(g.util_pct, BAR)} {num(g.util_pct, '{:.0f}%')}"
+    if g.power_w is None:
+        power = "n/a"
+    else:
+        power = f"{g.power_w:.0f} W" + (f" / {g.power_limit_w:.0f} W" if g.power_limit_w else "")
+    return (str(g.index), g.name, util, mem, num(g.temp_c, "{:.0f}°C"), power, "ok")
+
+
+def _clean(values: list[float]) -> list[float]:
+    # Sparkline cannot draw gaps: a missing sample draws as zero.
+    return [0.0 if math.isnan(v) else v for v in values]
+
+
+class NodeDetailScreen(LoadmasterScreen):
+    """Everything about one node; escape returns to the Fleet screen."""
+
+    SCREEN_TITLE: ClassVar[str] = "Node"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "close", "Back"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | escape | Back to the Fleet screen. |
+    """
+
+    def __init__(self, services: Any, node: str, **kwargs: Any) -> None:
+        super().__init__(services, **kwargs)
+        self.node_name = node
+        self._unsubscribe: Any = None
+        self._shown: NodeSnapshot | None = None
+        self._gpu_rows: list[tuple[str, ...]] = []
+
+    @property
+    def hub(self) -> Any:
+        return self.services.telemetry
+
+    def compose_body(self) -> ComposeResult:
+        with Vertical(classes="screen-body", id="node-body"):
+            yield Static("", id="node-header", markup=False)
+            yield DataTable(id="node-gpus", cursor_type="row", zebra_stripes=True)
+            yield Static("", id="node-io", markup=False)
+            with Vertical(id="node-plots"):
+                for key, title, _unit in PLOTS:
+                    with Horizontal(classes="node-plot"):
+                        yield Static(title, id=f"plot-label-{key}", classes="plot-label",
+                                     markup=False)
+                        yield Sparkline([], id=f"plot-{key}", classes="plot",
+                                        summary_function=max)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#node-gpus", DataTable)
+        for key, label, width in GPU_COLUMNS:
+            table.add_column(label, key=key, width=width)
+        self._unsubscribe = self.hub.subscribe(lambda s: self.post_message(FleetSampled(s)))
+        self.apply_snapshot(self.hub.snapshot())
+
+    def on_unmount(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def action_close(self) -> None:
+        """Back to the Fleet screen."""
+        self.dismiss()
+
+    @on(FleetSampled)
+    def _fleet_sampled(self, event: FleetSampled) -> None:
+        event.stop()
+        self.apply_snapshot(event.snapshot)
+
+    def apply_snapshot(self, fleet: FleetSnapshot) -> None:
+        """Render the node's part of ``fleet`` (skipped when the node did not change)."""
+        node = fleet.node(self.node_name)
+        if node is None:
+            self.query_one("#node-header", Static).update(f"{self.node_name}: not in the fleet")
+            return
+        if node is self._shown:
+            return
+        self._shown = node
+        with self.app.batch_update():
+            self._header(node)
+            self._gpus(node)
+            self._io(node)
+            self._plots()
+
+    def _header(self, n: NodeSnapshot) -> None:
+        parts = [n.name, n.site or "no site", state_cell(n), f"SSH {num(n.latency_ms, '{:.0f} ms')}"]
+        if n.gpu_status != "ok":
+            parts.append(n.gpu_status)
+        if n.scratch_error:
+            parts.append(f"scratch {n.scratch}: {n.scratch_error}")
+        elif n.scratch_free_bytes is not None:
+            parts.append(f"scratch {n.scratch}: {n.scratch_free_bytes / 1e9:.0f} GB free")
+        if n.alerts:
+            parts.append(n.alerts[0].message)
+        self.query_one("#node-header", Static).update(" · ".join(parts))
+
+    def _gpus(self, n: NodeSnapshot) -> None:
+        table = self.query_one("#node-gpus", DataTable)
+        rows = [gpu_cells(g) for g in n.gpus]
+        if len(rows) != len(self._gpu_rows):
+            table.clear()
+            for row in rows:
+                table.add_row(*row, key=row[0])
+        else:
+            for r, (old, new) in enumerate(zip(self._gpu_rows, rows, strict=True)):
+                for c, (a, b) in enumerate(zip(old, new, strict=True)):
+                    if a != b:
+                        table.update_cell_at((r, c), b)
+        self._gpu_rows = rows
+
+    def _io(self, n: NodeSnapshot) -> None:
+        lines = []
+        for nic in n.nics:
+            if nic.kind == "loopback":
+                continue
+            speed = f"{nic.speed_mbps / 1000:g} Gb/s" if nic.speed_mbps else "speed unknown"
+            lines.append(f"{nic.name:<12} {nic.kind:<8} rx {rate_pct(nic.rx_gbps, nic.rx_pct):<12}"
+                         f" tx {rate_pct(nic.tx_gbps, nic.tx_pct):<12} {speed}")
+        for d in n.disks:
+            kind = "" if d.physical else " (virtual)"
+            lines.append(f"{d.name:<12} disk{kind:<10} read {num(d.read_mbps)} MB/s  "
+                         f"write {num(d.write_mbps)} MB/s")
+        self.query_one("#node-io", Static).update("\n".join(lines) or "no NICs or disks reported")
+
+    def _plots(self) -> None:
+        try:
+            hist = self.hub.history(self.node_name)
+        except KeyError:
+            return
+        minutes = hist.capacity * self.hub.settings.interval / 60
+        for key, title, unit in PLOTS:
+            s = hist.summary(key)
+            label = f"{title} ({unit}, {minutes:.0f} min)"
+            if s.count:
+                label += f"\nmin {s.min:.1f} mean {s.mean:.1f} max {s.max:.1f}"
+            self.query_one(f"#plot-label-{key}", Static).update(label)
+            self.query_one(f"#plot-{key}", Sparkline).data = _clean(hist.series(key))

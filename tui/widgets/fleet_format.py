@@ -1,0 +1,116 @@
+"""Pure text formatting for the Fleet screens: cells, bars and text sparklines (no Textual)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from rich.text import Text
+
+from backend.telemetry.model import NO_GPU, Alert, NodeSnapshot
+
+SPARK = "▁▂▃▄▅▆▇█"
+BAR_FULL = "█"
+BAR_EMPTY = "░"
+
+
+def spark(values: Sequence[float], width: int, *, lo: float = 0.0, hi: float = 100.0) -> str:
+    """The last ``width`` values as a block sparkline; missing (NaN) values are spaces."""
+    vals = list(values)[-width:]
+    out = []
+    span = (hi - lo) or 1.0
+    for v in vals:
+        if v is None or math.isnan(v):
+            out.append(" ")
+            continue
+        i = int((min(max(v, lo), hi) - lo) / span * (len(SPARK) - 1) + 0.5)
+        out.append(SPARK[i])
+    return "".join(out).rjust(width)
+
+
+def bar(pct: float | None, width: int) -> str:
+    """A horizontal bar of ``width`` cells filled to ``pct`` (blank when unknown)."""
+    if pct is None:
+        return " " * width
+    filled = int(round(min(max(pct, 0.0), 100.0) / 100.0 * width))
+    return BAR_FULL * filled + BAR_EMPTY * (width - filled)
+
+
+def num(v: float | None, fmt: str = "{:.1f}", none: str = "-") -> str:
+    return none if v is None else fmt.format(v)
+
+
+def rate_pct(gbps: float | None, pct: float | None) -> str:
+    """'12.3 (49%)', '12.3' when the line rate is unknown, '-' when the rate is unknown."""
+    if gbps is None:
+        return "-"
+    return f"{gbps:.1f} ({pct:.0f}%)" if pct is not None else f"{gbps:.1f}"
+
+
+def gpus_cell(n: NodeSnapshot) -> str:
+    if n.gpu_status == NO_GPU:
+        return NO_GPU
+    if n.gpu_status != "ok" and not n.gpus:
+        return f"error: {n.gpu_status[:40]}"
+    lost = sum(1 for g in n.gpus if g.lost)
+    return f"{len(n.gpus) - lost}/{len(n.gpus)} ({lost} lost)" if lost else str(len(n.gpus))
+
+
+def state_cell(n: NodeSnapshot) -> str:
+    if n.error and n.state != "up":
+        return f"{n.state}: {n.error}"[:48]
+    return n.state
+
+
+def alert_cell(n: NodeSnapshot) -> str:
+    if not n.alerts:
+        return ""
+    a = n.alerts[0]
+    return f"STARVED {a.duration:.0f}s {a.hint}"
+
+
+def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int) -> tuple[str, ...]:
+    """The Fleet table's cells for one node (plain strings; styling is the table's job)."""
+    util = "-" if n.util_mean is None else f"{n.util_mean:.0f}% / {n.util_min:.0f}%"
+    mem = n.mem_used_mib
+    total = n.mem_total_mib
+    mem_s = "-" if mem is None else (
+        f"{mem / 1024:.0f}/{total / 1024:.0f} GiB" if total else f"{mem / 1024:.0f} GiB")
+    return (
+        n.name,
+        n.site or "",
+        state_cell(n),
+        num(n.latency_ms, "{:.0f} ms"),
+        gpus_cell(n),
+        util,
+        mem_s,
+        rate_pct(n.rx_gbps, n.rx_pct),
+        rate_pct(n.tx_gbps, n.tx_pct),
+        num(n.disk_write_mbps),
+        alert_cell(n),
+        spark(trend, trend_width),
+    )
+
+
+def styled(text: str, style: str | None) -> Text | str:
+    return Text(text, style=style) if style else text
+
+
+def alert_cells(a: Alert) -> tuple[str, ...]:
+    """The alert list's cells: node, GPUs, duration, util, NIC, hint, status."""
+    nic = rate_pct(a.rx_gbps, a.rx_pct)
+    return (
+        a.node,
+        ",".join(str(g) for g in a.gpus),
+        f"{a.duration:.0f}s",
+        f"{a.mean_util_pct:.0f}%",
+        nic,
+        a.hint,
+        "active" if a.active else "cleared",
+    )
+
+
+def theme_style(variables: Mapping[str, str], name: str) -> str | None:
+    """A Rich style string from a theme variable (``node-up`` ...), None when absent."""
+    value = variables.get(name)
+    return value or None

@@ -1,0 +1,194 @@
+"""The Fleet node table: one row per node, updated cell by cell, sortable and filterable."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.widgets import DataTable
+
+from backend.telemetry.model import NodeSnapshot
+from tui.widgets.fleet_format import node_cells
+
+#: (key, label, width) of each column, in display order.
+COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("node", "Node", 14),
+    ("site", "Site", 20),
+    ("state", "State", 14),
+    ("ssh", "SSH", 7),
+    ("gpus", "GPUs", 9),
+    ("util", "Util avg/min", 12),
+    ("mem", "GPU mem", 13),
+    ("rx", "RX Gbps (%)", 12),
+    ("tx", "TX Gbps (%)", 12),
+    ("disk", "Disk W MB/s", 11),
+    ("alerts", "Alerts", 30),
+    ("trend", "Util trend", 20),
+)
+COLUMN_KEYS = tuple(c[0] for c in COLUMNS)
+TREND_WIDTH = 20
+
+#: Sort keys per column: raw values, not the formatted text (None sorts last).
+SORT_KEYS: dict[str, Callable[[NodeSnapshot], Any]] = {
+    "node": lambda n: n.name,
+    "site": lambda n: n.site or "",
+    "state": lambda n: ("unreachable", "stale", "connecting", "up").index(n.state),
+    "ssh": lambda n: n.latency_ms,
+    "gpus": lambda n: len(n.live_gpus),
+    "util": lambda n: n.util_mean,
+    "mem": lambda n: n.mem_used_mib,
+    "rx": lambda n: n.rx_gbps,
+    "tx": lambda n: n.tx_gbps,
+    "disk": lambda n: n.disk_write_mbps,
+    "alerts": lambda n: -len(n.alerts),
+    "trend": lambda n: n.util_mean,
+}
+STATE_STYLE = {"up": "node-up", "stale": "node-stale", "unreachable": "node-down",
+               "connecting": "node-stale"}
+
+
+def matches(n: NodeSnapshot, pattern: str) -> bool:
+    """Filter: a glob (``gpu-0*``) or a substring of the name, site or state."""
+    if not pattern:
+        return True
+    p = pattern.lower()
+    hay = (n.name.lower(), (n.site or "").lower(), n.state)
+    if any(c in p for c in "*?["):
+        return any(fnmatch.fnmatchcase(h, p) for h in hay)
+    return any(p in h for h in hay)
+
+
+class FleetTable(DataTable[Any]):
+    """Nodes of the fleet; :meth:`show` applies a tick, touching only the cells that changed.
+
+    Enter posts ``DataTable.RowSelected`` (the row key is the node name).
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("S", "reverse_sort", "Reverse", show=False),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | s | Sort by the next column. |
+    | S | Reverse the sort order. |
+    """
+
+    def __init__(self, *, name: str | None = None, id: str | None = None,
+                 classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes, cursor_type="row", zebra_stripes=True)
+        self.sort_column = "node"
+        self.sort_reverse = False
+        self.filter = ""
+        self._row_cells: dict[str, tuple[str, ...]] = {}
+        self._snaps: dict[str, NodeSnapshot] = {}
+        self._row_order: list[str] = []
+        self._theme_styles: dict[str, str] = {}
+
+    def on_mount(self) -> None:
+        for key, label, width in COLUMNS:
+            self.add_column(label, key=key, width=width)
+
+    def set_styles(self, styles: dict[str, str]) -> None:
+        """Theme colours by semantic name (node-up, node-down, node-stale, alert)."""
+        self._theme_styles = styles
+        self._row_cells.clear()  # force a restyle on the next show
+
+    # -- applying ticks ------------------------------------------------------------------------
+
+    def show(self, nodes: Sequence[NodeSnapshot], trend: Callable[[str], Sequence[float]]) -> int:
+        """Apply one tick; returns how many cells changed."""
+        visible = [n for n in nodes if matches(n, self.filter)]
+        names = {n.name for n in visible}
+        changed = 0
+        for gone in [k for k in self._row_cells if k not in names]:
+            self.remove_row(gone)
+            del self._row_cells[gone]
+            self._snaps.pop(gone, None)
+        for n in visible:
+            old_node = self._snaps.get(n.name)
+            old = self._row_cells.get(n.name)
+            if old is not None and old_node is n:
+                continue  # same snapshot object: nothing about this node changed
+            cells = node_cells(n, trend(n.name), TREND_WIDTH)
+            self._snaps[n.name] = n
+            if old is None:
+                self.add_row(*self._style_row(n, cells), key=n.name)
+                self._row_cells[n.name] = cells
+                changed += len(cells)
+                continue
+            for i, (a, b) in enumerate(zip(old, cells, strict=True)):
+                if a != b:
+                    self.update_cell(n.name, COLUMN_KEYS[i], self._style_cell(n, i, b))
+                    changed += 1
+            self._row_cells[n.name] = cells
+        self._resort()
+        return changed
+
+    def _style_row(self, n: NodeSnapshot, cells: tuple[str, ...]) -> list[Any]:
+        return [self._style_cell(n, i, c) for i, c in enumerate(cells)]
+
+    def _style_cell(self, n: NodeSnapshot, i: int, text: str) -> Any:
+        key = COLUMN_KEYS[i]
+        style = None
+        if key == "state":
+            style = self._theme_styles.get(STATE_STYLE.get(n.state, ""))
+        elif key == "alerts" and text:
+            style = self._theme_styles.get("alert")
+        elif key == "gpus" and "lost" in text:
+            style = self._theme_styles.get("node-down")
+        return Text(text, style=style) if style else text
+
+    # -- sorting -------------------------------------------------------------------------------
+
+    def _resort(self) -> None:
+        key = SORT_KEYS[self.sort_column]
+
+        def rank(name: str) -> tuple[int, Any, str]:
+            v = key(self._snaps[name])
+            # None (unknown) always last, whatever the direction.
+            missing = v is None
+            return (1 if missing else 0, 0 if missing else v, name)
+
+        present = [name for name in self._row_cells]
+        order = sorted(present, key=rank)
+        if self.sort_reverse:
+            known = [o for o in order if key(self._snaps[o]) is not None]
+            order = known[::-1] + [o for o in order if key(self._snaps[o]) is None]
+        if order != self._row_order or len(order) != self.row_count:
+            position = {name: i for i, name in enumerate(order)}
+            self.sort("node", key=lambda cell: position[str(cell)])
+            self._row_order = order
+
+    def set_sort(self, column: str, *, reverse: bool | None = None) -> None:
+        """Sort by ``column`` (a COLUMNS key)."""
+        if column not in SORT_KEYS:
+            raise ValueError(f"unknown column {column!r}")
+        if reverse is not None:
+            self.sort_reverse = reverse
+        self.sort_column = column
+        self._row_order = []
+        if self._row_cells:
+            self._resort()
+
+    def action_cycle_sort(self) -> None:
+        """Sort by the next column."""
+        i = COLUMN_KEYS.index(self.sort_column)
+        self.set_sort(COLUMN_KEYS[(i + 1) % len(COLUMN_KEYS)])
+        self.notify(f"Sorted by {COLUMNS[COLUMN_KEYS.index(self.sort_column)][1]}", timeout=1.5)
+
+    def action_reverse_sort(self) -> None:
+        """Reverse the sort order."""
+        self.set_sort(self.sort_column, reverse=not self.sort_reverse)
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        event.stop()
+        column = str(event.column_key.value)
+        if column == self.sort_column:
+            self.set_sort(column, reverse=not self.sort_reverse)
+        else:
+            self.set_sort(column, reverse=False)
