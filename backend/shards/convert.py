@@ -1,0 +1,805 @@
+"""Pack many small files into WebDataset tar shards: locally, from/to ``s3://``, or as a node job.
+
+The pipeline: list the source (paginated on S3), group files into samples, plan the shards
+(:mod:`backend.shards.plan`), then one writer thread builds each shard with precomputed ustar
+headers and large sequential writes while reads run ahead of it (a thread pool for local files,
+bounded concurrent GETs for S3). Each finished shard is renamed into place (local) or streamed up
+as a multipart upload while the next is written (S3, at most ``pending_uploads`` shards spooled),
+then recorded in a journal with its sha256, so an interrupted conversion resumes from the last
+completed shard. ``manifest.json`` is written last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from backend.config import Config, StoreProfile
+from backend.shards import tarfmt
+from backend.shards.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    RequestArithmetic,
+    ShardEntry,
+    get_price,
+    request_arithmetic,
+)
+from backend.shards.plan import (
+    STATE_DIR,
+    InputProblems,
+    PlannedShard,
+    ShardError,
+    ShardPlan,
+    SourceFile,
+    group_samples,
+    pattern_regex,
+    plan_shards,
+    scan_local,
+)
+from backend.shards.settings import ShardSettings
+from backend.storage import LocalStore, ObjectStore, S3Store
+
+IncompletePolicy = Literal["error", "skip", "keep"]
+PLAN_KEY = f"{STATE_DIR}/plan.json"
+JOURNAL_PREFIX = f"{STATE_DIR}/journal"
+WRITE_CHUNK = 4 << 20  # bytes gathered before one write(): large sequential writes
+BATCH_FILES = 64
+BATCH_BYTES = 8 << 20
+PROGRESS_EVERY = 0.25
+
+
+class ShardCancelled(ShardError):
+    """The conversion was cancelled; completed shards stay and ``--resume`` continues."""
+
+
+@dataclass(frozen=True)
+class ShardRequest:
+    """Everything one conversion needs; JSON-able (it travels to a node as job params)."""
+
+    src: str
+    dest: str
+    shard_size: int = ShardSettings.shard_size
+    pattern: str = ShardSettings.pattern
+    seed: int | None = None
+    workers: int = ShardSettings.workers
+    overwrite: bool = False
+    resume: bool = False
+    incomplete: IncompletePolicy = "error"
+    fetch_concurrency: int = ShardSettings.fetch_concurrency
+    upload_part_size: int = ShardSettings.upload_part_size
+    pending_uploads: int = ShardSettings.pending_uploads
+    spool_dir: str | None = None
+    partner_share: float = ShardSettings.partner_share
+
+    @classmethod
+    def from_settings(cls, settings: ShardSettings, src: str, dest: str, **overrides: Any) -> ShardRequest:
+        """A request with the ``[shards]`` defaults, ``overrides`` (None values ignored) on top."""
+        base = {
+            "shard_size": settings.shard_size, "pattern": settings.pattern, "workers": settings.workers,
+            "fetch_concurrency": settings.fetch_concurrency, "upload_part_size": settings.upload_part_size,
+            "pending_uploads": settings.pending_uploads, "spool_dir": settings.spool_dir,
+            "partner_share": settings.partner_share,
+        }
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(src=src, dest=dest, **base)
+
+    def as_params(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> ShardRequest:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in params.items() if k in names})
+
+    def validate(self) -> None:
+        """Refuse nonsensical settings with a message naming the option."""
+        if self.incomplete not in ("error", "skip", "keep"):
+            raise ShardError(f"--incomplete must be error, skip or keep, not {self.incomplete!r}")
+        if self.workers < 1:
+            raise ShardError("--workers must be at least 1")
+        if self.overwrite and self.resume:
+            raise ShardError("choose one of --overwrite and --resume")
+        if self.shard_size <= 0:
+            raise ShardError("--shard-size must be positive (e.g. 512MB)")
+        if _norm(self.src) == _norm(self.dest):
+            raise ShardError("source and destination are the same place; write shards elsewhere")
+
+
+def _norm(url: str) -> str:
+    return url.rstrip("/") if url.startswith("s3://") else os.path.abspath(os.path.expanduser(url))
+
+
+@dataclass(frozen=True)
+class ShardProgress:
+    """A progress snapshot of a running conversion."""
+
+    samples_done: int
+    samples_total: int
+    bytes_done: int
+    bytes_total: int
+    shards_done: int
+    shards_total: int
+    elapsed: float
+    samples_per_s: float
+    mb_per_s: float
+    phase: str = "writing"
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class ShardPreview:
+    """What a conversion would do, computed from the listing alone (no data read)."""
+
+    src: str
+    dest: str
+    files: int
+    samples: int
+    source_bytes: int
+    shards: int
+    largest_shard: int
+    requests: RequestArithmetic
+    warnings: tuple[str, ...]
+    errors: tuple[str, ...]
+    problems: InputProblems = field(default_factory=InputProblems)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "src": self.src, "dest": self.dest, "files": self.files, "samples": self.samples,
+            "source_bytes": self.source_bytes, "shards": self.shards, "largest_shard": self.largest_shard,
+            "requests": self.requests.as_dict(), "warnings": list(self.warnings),
+            "errors": list(self.errors), "problems": self.problems.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """A finished conversion: its manifest and what this run did."""
+
+    manifest: Manifest
+    dest: str
+    written: tuple[str, ...]
+    resumed: tuple[str, ...]
+    elapsed: float
+    warnings: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "dest": self.dest, "manifest": f"{self.dest.rstrip('/')}/{MANIFEST_NAME}",
+            "shards": len(m.shards), "samples": m.samples, "files": m.files, "bytes": m.bytes,
+            "written": len(self.written), "resumed": len(self.resumed), "elapsed_s": round(self.elapsed, 3),
+            "requests": m.requests.as_dict(), "warnings": list(self.warnings),
+        }
+
+
+# -- stores ----------------------------------------------------------------------------------
+
+
+def open_store(url: str, profile: StoreProfile | None) -> ObjectStore:
+    """An ObjectStore for ``url`` (``s3://`` with the profile's endpoint/credentials, or a dir)."""
+    if url.startswith("s3://"):
+        return S3Store(url, profile)
+    if "://" in url:
+        raise ShardError(f"unsupported location {url!r}: use a local directory or s3://bucket/prefix")
+    return LocalStore(Path(os.path.expanduser(url)).resolve())
+
+
+async def _scan(store: ObjectStore) -> tuple[list[SourceFile], list[tuple[str, str]]]:
+    if isinstance(store, LocalStore):
+        return await asyncio.to_thread(scan_local, str(store.root))
+    assert isinstance(store, S3Store)
+    files: list[SourceFile] = []
+    async for page in store.iter_pages(""):  # ListObjectsV2, 1000 keys a page
+        for obj in page.get("Contents", []):
+            rel = store._rel(obj["Key"])
+            if rel.startswith(STATE_DIR + "/") or rel.endswith("/"):
+                continue
+            files.append(SourceFile(rel, int(obj["Size"])))
+    files.sort(key=lambda f: f.rel)
+    return files, []
+
+
+# -- planning --------------------------------------------------------------------------------
+
+
+async def _plan(req: ShardRequest, src: ObjectStore) -> tuple[ShardPlan | None, InputProblems, list[str], list[str]]:
+    """The plan, the input problems, errors (refusals) and warnings."""
+    files, unreadable = await _scan(src)
+    samples, problems = group_samples(files, partner_share=req.partner_share)
+    problems = dataclasses.replace(problems, unreadable=tuple(unreadable))
+    errors: list[str] = []
+    warnings: list[str] = []
+    if not files and not unreadable:
+        errors.append(f"source {req.src} is empty: no files to shard")
+    lines = problems.describe()
+    hard = [ln for ln in lines if "unreadable" in ln or "collision" in ln]
+    soft = [ln for ln in lines if ln not in hard]
+    errors += hard
+    if soft:
+        if req.incomplete == "error":
+            errors += [*soft, "pass --incomplete skip to leave such files out, or --incomplete keep "
+                              "to shard incomplete samples as they are (unkeyed files are always left out)"]
+        else:
+            warnings += soft
+            warnings.append(f"--incomplete {req.incomplete}: "
+                            + ("incomplete samples and unkeyed files left out" if req.incomplete == "skip"
+                               else "incomplete samples kept; unkeyed files left out"))
+    if req.incomplete == "skip" and problems.incomplete:
+        bad = {k for k, _m in problems.incomplete}
+        samples = [s for s in samples if s.key not in bad]
+    if not errors and not samples:
+        errors.append(f"source {req.src} has no samples left to shard")
+    plan = None
+    if samples:
+        plan = plan_shards(samples, shard_size=req.shard_size, pattern=req.pattern, seed=req.seed)
+        warnings = list(plan.warnings) + warnings
+    return plan, problems, errors, warnings
+
+
+async def preview(
+    req: ShardRequest, *, config: Config | None = None, src_profile: StoreProfile | None = None,
+    dest_profile: StoreProfile | None = None,
+) -> ShardPreview:
+    """Sample count, shard count and GET reduction of a conversion, from the listing alone."""
+    req.validate()
+    src = open_store(req.src, src_profile)
+    try:
+        plan, problems, errors, warnings = await _plan(req, src)
+    finally:
+        await src.close()
+    price, source = get_price(config, dest_profile, src_profile)
+    files = plan.files if plan else 0
+    shards = len(plan.shards) if plan else 0
+    return ShardPreview(
+        src=req.src, dest=req.dest, files=files, samples=plan.samples if plan else 0,
+        source_bytes=plan.source_bytes if plan else 0, shards=shards,
+        largest_shard=max((s.nbytes for s in plan.shards), default=0) if plan else 0,
+        requests=request_arithmetic(files, shards, price, source), warnings=tuple(warnings),
+        errors=tuple(errors), problems=problems,
+    )
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+Submit = Callable[[list[SourceFile]], "concurrent.futures.Future[list[bytes]]"]
+
+
+def _read_local_batch(root: str, batch: list[SourceFile]) -> list[bytes]:
+    out = []
+    for f in batch:
+        path = os.path.join(root, f.rel)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                # Ask for one byte more than listed: on a regular file a short read means EOF,
+                # so one read() both fetches a small file and proves it did not grow.
+                data = os.read(fd, f.size + 1)
+                if 0 < len(data) < f.size:  # reads cap at ~2 GiB: gather the rest of a big file
+                    parts = [data]
+                    got = len(data)
+                    while got <= f.size:
+                        more = os.read(fd, f.size + 1 - got)
+                        if not more:
+                            break
+                        parts.append(more)
+                        got += len(more)
+                    data = b"".join(parts)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise ShardError(f"cannot read source file {path}: {exc.strerror or exc}") from None
+        if len(data) != f.size:
+            raise ShardError(f"source file {path} changed during the conversion (listed {f.size} bytes, "
+                             f"read {len(data)}); run again once the source is stable")
+        out.append(data)
+    return out
+
+
+def _batches(files: Sequence[SourceFile]) -> Iterator[list[SourceFile]]:
+    batch: list[SourceFile] = []
+    nbytes = 0
+    for f in files:
+        batch.append(f)
+        nbytes += f.size
+        if len(batch) >= BATCH_FILES or nbytes >= BATCH_BYTES:
+            yield batch
+            batch, nbytes = [], 0
+    if batch:
+        yield batch
+
+
+def _ordered_reads(submit: Submit, files: Sequence[SourceFile], ahead: int) -> Iterator[bytes]:
+    """File contents in order, with up to ``ahead`` batches read ahead of the consumer."""
+    it = _batches(files)
+    pending: collections.deque[concurrent.futures.Future[list[bytes]]] = collections.deque()
+    try:
+        for b in it:
+            pending.append(submit(b))
+            if len(pending) >= ahead:
+                break
+        while pending:
+            fut = pending.popleft()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(submit(nxt))
+            yield from fut.result()
+    finally:
+        for fut in pending:
+            fut.cancel()
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+class _Progress:
+    def __init__(self, plan: ShardPlan, done: Sequence[PlannedShard],
+                 callback: Callable[[ShardProgress], None] | None) -> None:
+        self.callback = callback
+        self.samples_total = plan.samples
+        self.bytes_total = plan.total_bytes
+        self.shards_total = len(plan.shards)
+        self.samples_done = sum(len(s.samples) for s in done)
+        self.bytes_done = sum(s.nbytes for s in done)
+        self.shards_done = len(done)
+        self._base_samples, self._base_bytes = self.samples_done, self.bytes_done
+        self.started = time.monotonic()
+        self._last = 0.0
+
+    def snapshot(self, *, final: bool = False, phase: str = "writing") -> ShardProgress:
+        el = max(time.monotonic() - self.started, 1e-9)
+        return ShardProgress(
+            self.samples_done, self.samples_total, self.bytes_done, self.bytes_total, self.shards_done,
+            self.shards_total, el, (self.samples_done - self._base_samples) / el,
+            (self.bytes_done - self._base_bytes) / el / 1e6, phase, final,
+        )
+
+    def tick(self, *, force: bool = False, final: bool = False) -> None:
+        if self.callback is None:
+            return
+        now = time.monotonic()
+        if force or final or now - self._last >= PROGRESS_EVERY:
+            self._last = now
+            self.callback(self.snapshot(final=final, phase="done" if final else "writing"))
+
+
+class _Sink:
+    """Where finished shards go; ``commit`` is called from the writer thread."""
+
+    def __init__(self, store: ObjectStore, loop: asyncio.AbstractEventLoop) -> None:
+        self.store = store
+        self.loop = loop
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def journal(self, entry: ShardEntry) -> None:
+        self._run(self.store.put_bytes(f"{JOURNAL_PREFIX}/{entry.name}.json",
+                                       json.dumps(entry.as_dict()).encode()))
+
+    def temp_path(self, name: str) -> str:
+        raise NotImplementedError
+
+    def commit(self, entry: ShardEntry, path: str) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Wait for work still in flight."""
+
+    def abandon(self, path: str | None) -> None:
+        if path:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+class _LocalSink(_Sink):
+    def __init__(self, store: LocalStore, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(store, loop)
+        self.root = store.root
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def temp_path(self, name: str) -> str:
+        return str(self.root / f".{name}.partial")
+
+    def commit(self, entry: ShardEntry, path: str) -> None:
+        os.replace(path, self.root / entry.name)
+        self.journal(entry)
+
+    def journal(self, entry: ShardEntry) -> None:
+        # Synchronous: a journal line must not outlive its shard's rename by a scheduling gap.
+        d = self.root / JOURNAL_PREFIX
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{entry.name}.json.tmp"
+        tmp.write_text(json.dumps(entry.as_dict()))
+        os.replace(tmp, d / f"{entry.name}.json")
+
+
+class _S3Sink(_Sink):
+    def __init__(self, store: S3Store, loop: asyncio.AbstractEventLoop, req: ShardRequest) -> None:
+        super().__init__(store, loop)
+        self.s3 = store
+        self.part_size = max(int(req.upload_part_size), 5 * 2**20)  # S3's minimum part size
+        self.max_pending = max(1, int(req.pending_uploads))
+        base = req.spool_dir or None
+        if base:
+            Path(base).mkdir(parents=True, exist_ok=True)
+        self.spool = tempfile.mkdtemp(prefix="lm-shard-spool-", dir=base)
+        self.pending: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+
+    def temp_path(self, name: str) -> str:
+        return os.path.join(self.spool, name)
+
+    async def _upload(self, entry: ShardEntry, path: str) -> None:
+        client = await self.s3.client()
+        key = self.s3._key(entry.name)
+        upload_id = None
+        try:
+            mpu = await client.create_multipart_upload(Bucket=self.s3.bucket, Key=key)
+            upload_id = mpu["UploadId"]
+            parts = []
+            with open(path, "rb") as f:  # noqa: ASYNC230 - reads go through to_thread below
+                number = 1
+                while True:
+                    chunk = await asyncio.to_thread(f.read, self.part_size)
+                    if not chunk and number > 1:
+                        break
+                    resp = await client.upload_part(Bucket=self.s3.bucket, Key=key, PartNumber=number,
+                                                    UploadId=upload_id, Body=chunk)
+                    parts.append({"ETag": resp["ETag"], "PartNumber": number})
+                    number += 1
+                    if len(chunk) < self.part_size:
+                        break
+            await client.complete_multipart_upload(Bucket=self.s3.bucket, Key=key, UploadId=upload_id,
+                                                   MultipartUpload={"Parts": parts})
+        except Exception as exc:  # noqa: BLE001
+            if upload_id is not None:
+                try:
+                    await client.abort_multipart_upload(Bucket=self.s3.bucket, Key=key, UploadId=upload_id)
+                except Exception:  # noqa: BLE001 - the upload error below is the one to report
+                    pass
+            raise ShardError(f"uploading {entry.name} to {self.s3.url} failed: {self.s3.error(exc)}") from None
+        finally:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        await self.s3.put_bytes(f"{JOURNAL_PREFIX}/{entry.name}.json", json.dumps(entry.as_dict()).encode())
+
+    def commit(self, entry: ShardEntry, path: str) -> None:
+        self.pending.append(asyncio.run_coroutine_threadsafe(self._upload(entry, path), self.loop))
+        # Bounded local disk: at most max_pending finished shards wait while the next is written.
+        while len(self.pending) >= self.max_pending + 1 or (self.pending and self.pending[0].done()):
+            self.pending.popleft().result()
+
+    def finish(self) -> None:
+        while self.pending:
+            self.pending.popleft().result()
+
+    def close(self) -> None:
+        for fut in self.pending:
+            fut.cancel()
+        shutil.rmtree(self.spool, ignore_errors=True)
+
+
+class _TarOut:
+    """One shard file being written: gathers members, hashes and writes in large chunks."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.digest = hashlib.sha256()
+        self.buf: list[bytes] = []
+        self.buffered = 0
+        self.written = 0
+
+    def flush(self) -> None:
+        chunk = b"".join(self.buf)
+        self.digest.update(chunk)  # releases the GIL: reads carry on meanwhile
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.written += len(chunk)
+        self.buf, self.buffered = [], 0
+
+    def finish(self) -> None:
+        self.buf.append(bytes(tarfmt.archive_end(self.written + sum(len(b) for b in self.buf))))
+        self.flush()
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _write_shards(
+    todo: Sequence[PlannedShard], submit: Submit, ahead: int, sink: _Sink, progress: _Progress,
+    cancelled: Callable[[], bool] | None,
+) -> list[ShardEntry]:
+    """Write every shard in ``todo`` (runs in a thread); returns their journal entries."""
+    files = [SourceFile(rel, size) for shard in todo for s in shard.samples for _e, rel, size in s.files]
+    data = _ordered_reads(submit, files, ahead)
+    entries: list[ShardEntry] = []
+    header = tarfmt.header
+    zeros = bytes(tarfmt.BLOCK)
+    last_check = time.monotonic()
+    path: str | None = None
+    try:
+        for shard in todo:
+            path = sink.temp_path(shard.name)
+            out = _TarOut(path)
+            buf = out.buf
+            try:
+                nfiles = 0
+                for sample in shard.samples:
+                    key = sample.key
+                    for ext, _rel, size in sample.files:
+                        buf.append(header(f"{key}.{ext}", size))
+                        buf.append(next(data))
+                        pad = -size % 512
+                        if pad:
+                            buf.append(zeros[:pad])
+                        out.buffered += size + 512
+                        nfiles += 1
+                    if out.buffered >= WRITE_CHUNK:
+                        out.flush()
+                        buf = out.buf
+                    progress.samples_done += 1
+                    progress.bytes_done += sample.tar_bytes()
+                    progress.tick()
+                    now = time.monotonic()
+                    if cancelled is not None and now - last_check >= 0.2:
+                        last_check = now
+                        if cancelled():
+                            raise ShardCancelled(f"conversion cancelled after {len(entries)} new shard(s); "
+                                                 "completed shards are kept: rerun with --resume to continue")
+                out.finish()
+            finally:
+                out.close()
+            if out.written != shard.nbytes:
+                raise ShardError(f"internal error: {shard.name} is {out.written} bytes, planned {shard.nbytes}")
+            entry = ShardEntry(shard.name, out.written, len(shard.samples), nfiles, out.digest.hexdigest())
+            sink.commit(entry, path)
+            path = None
+            entries.append(entry)
+            progress.shards_done += 1
+            progress.tick(force=True)
+        sink.finish()
+    except BaseException:
+        sink.abandon(path)
+        raise
+    return entries
+
+
+# -- the conversion --------------------------------------------------------------------------
+
+
+async def _existing(dest: ObjectStore, pattern: str) -> tuple[list[str], bool, bool]:
+    """Shard-like names already in the destination root, and whether a manifest/journal exist."""
+    rx = pattern_regex(pattern)
+    names: list[str] = []
+    manifest = journal = False
+    for obj in await dest.list(""):
+        if obj.key == MANIFEST_NAME:
+            manifest = True
+        elif obj.key.startswith(STATE_DIR + "/"):
+            journal = True
+        elif "/" not in obj.key and rx.match(obj.key):
+            names.append(obj.key)
+    return sorted(names), manifest, journal
+
+
+async def _read_journal(dest: ObjectStore) -> tuple[dict[str, ShardEntry], str | None]:
+    entries: dict[str, ShardEntry] = {}
+    plan_hash = None
+    for obj in await dest.list(STATE_DIR):
+        raw = await dest.get_bytes(obj.key)
+        try:
+            doc = json.loads(raw)
+            if obj.key == PLAN_KEY:
+                plan_hash = doc.get("plan_hash")
+            elif obj.key.startswith(JOURNAL_PREFIX + "/") and obj.key.endswith(".json"):
+                e = ShardEntry.from_dict(doc)
+                entries[e.name] = e
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn journal line only means that shard is redone
+    return entries, plan_hash
+
+
+async def convert(
+    req: ShardRequest,
+    *,
+    config: Config | None = None,
+    src_profile: StoreProfile | None = None,
+    dest_profile: StoreProfile | None = None,
+    on_progress: Callable[[ShardProgress], None] | None = None,
+    on_log: Callable[[str], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> ConvertResult:
+    """Convert ``req.src`` into shards at ``req.dest``; resumable, deterministic, verified by size."""
+    req.validate()
+    started = time.monotonic()
+    log = on_log or (lambda _m: None)
+    src = open_store(req.src, src_profile)
+    dest = open_store(req.dest, dest_profile)
+    executor: concurrent.futures.ThreadPoolExecutor | None = None
+    sink: _Sink | None = None
+    try:
+        plan, problems, errors, warnings = await _plan(req, src)
+        if errors:
+            raise ShardError(f"cannot shard {req.src}: " + "; ".join(errors))
+        assert plan is not None
+        for w in warnings:
+            log(f"warning: {w}")
+        existing, has_manifest, has_journal = await _existing(dest, req.pattern)
+        done: dict[str, ShardEntry] = {}
+        if existing or has_manifest or has_journal:
+            if req.overwrite:
+                old = [*existing, *([MANIFEST_NAME] if has_manifest else []),
+                       *[o.key for o in await dest.list(STATE_DIR)]]
+                res = await dest.delete_many(old)
+                if not res.ok:
+                    k, why = next(iter(res.errors.items()))
+                    raise ShardError(f"cannot remove old shard {k} in {req.dest}: {why}")
+                log(f"--overwrite: removed {len(existing)} existing shard(s) from {req.dest}")
+            elif req.resume:
+                journal, old_hash = await _read_journal(dest)
+                if old_hash is not None and old_hash != plan.plan_hash:
+                    raise ShardError(f"{req.dest} holds shards of a different conversion (the source, "
+                                     "shard size, pattern or seed changed); use --overwrite to replace them")
+                if old_hash is None and existing:
+                    raise ShardError(f"{req.dest} has shards but no loadmaster journal to resume from; "
+                                     "use --overwrite to replace them")
+                sizes = {o.key: o.size for o in await dest.list("") if "/" not in o.key}
+                by_name = {s.name: s for s in plan.shards}
+                for name, e in journal.items():
+                    s = by_name.get(name)
+                    if s is not None and sizes.get(name) == e.bytes == s.nbytes:
+                        done[name] = e
+                log(f"--resume: {len(done)} of {len(plan.shards)} shard(s) already complete")
+            else:
+                what = (f"{len(existing)} shard(s) (e.g. {', '.join(existing[:3])})" if existing
+                        else "a manifest or conversion journal")
+                raise ShardError(f"destination {req.dest} already has {what}; pass --resume to continue "
+                                 "an interrupted conversion or --overwrite to replace them")
+        await dest.put_bytes(PLAN_KEY, json.dumps({"plan_hash": plan.plan_hash, "shards": len(plan.shards),
+                                                   "samples": plan.samples}).encode())
+        todo = [s for s in plan.shards if s.name not in done]
+        progress = _Progress(plan, [s for s in plan.shards if s.name in done], on_progress)
+        progress.tick(force=True)
+        loop = asyncio.get_running_loop()
+        if isinstance(src, LocalStore):
+            executor = concurrent.futures.ThreadPoolExecutor(max(1, req.workers), thread_name_prefix="shard-read")
+            root = str(src.root)
+            pool = executor
+
+            def submit(batch: list[SourceFile]) -> concurrent.futures.Future[list[bytes]]:
+                return pool.submit(_read_local_batch, root, batch)
+
+            ahead = max(2, 2 * req.workers)
+        else:
+            assert isinstance(src, S3Store)
+            s3src = src
+            sem = asyncio.Semaphore(max(1, req.fetch_concurrency))
+
+            async def fetch(f: SourceFile) -> bytes:
+                async with sem:
+                    data = await s3src.get_bytes(f.rel)
+                if len(data) != f.size:
+                    raise ShardError(f"{s3src.url}/{f.rel} changed during the conversion (listed {f.size} "
+                                     f"bytes, got {len(data)})")
+                return data
+
+            async def fetch_batch(batch: list[SourceFile]) -> list[bytes]:
+                return list(await asyncio.gather(*(fetch(f) for f in batch)))
+
+            def submit(batch: list[SourceFile]) -> concurrent.futures.Future[list[bytes]]:
+                return asyncio.run_coroutine_threadsafe(fetch_batch(batch), loop)
+
+            ahead = max(2, 2 * -(-req.fetch_concurrency // BATCH_FILES))
+        if isinstance(dest, S3Store):
+            sink = _S3Sink(dest, loop, req)
+        else:
+            assert isinstance(dest, LocalStore)
+            sink = _LocalSink(dest, loop)
+        new_entries = await asyncio.to_thread(_write_shards, todo, submit, ahead, sink, progress, cancelled)
+        by_name = {**done, **{e.name: e for e in new_entries}}
+        entries = tuple(by_name[s.name] for s in plan.shards)
+        # Verify what landed: every shard present with the size the journal recorded.
+        sizes = {o.key: o.size for o in await dest.list("") if "/" not in o.key}
+        bad = [e.name for e in entries if sizes.get(e.name) != e.bytes]
+        if bad:
+            raise ShardError(f"after writing, {len(bad)} shard(s) in {req.dest} are missing or the wrong "
+                             f"size (e.g. {', '.join(bad[:3])}); rerun with --resume")
+        price, price_source = get_price(config, dest_profile, src_profile)
+        manifest = Manifest(
+            source=req.src, pattern=req.pattern, shard_size=req.shard_size, seed=req.seed,
+            plan_hash=plan.plan_hash, shards=entries,
+            requests=request_arithmetic(plan.files, len(entries), price, price_source),
+            problems=problems.as_dict(), incomplete_policy=req.incomplete,
+        )
+        await dest.put_bytes(MANIFEST_NAME, manifest.to_json().encode())
+        progress.tick(final=True)
+        return ConvertResult(manifest, req.dest, tuple(e.name for e in new_entries), tuple(sorted(done)),
+                             time.monotonic() - started, tuple(warnings))
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+        if isinstance(sink, _S3Sink):
+            sink.close()
+        await src.close()
+        await dest.close()
+
+
+def convert_sync(req: ShardRequest, **kwargs: Any) -> ConvertResult:
+    """:func:`convert` for synchronous callers (benchmarks, job runners)."""
+    return asyncio.run(convert(req, **kwargs))
+
+
+# -- durable job -----------------------------------------------------------------------------
+
+
+def job_params(req: ShardRequest, src_profile: StoreProfile | None, dest_profile: StoreProfile | None) -> dict[str, Any]:
+    """Params of a ``shard`` job: the request plus the store settings (never credentials)."""
+    params = req.as_params()
+    params["src_profile"] = dataclasses.asdict(src_profile) if src_profile else None
+    params["dest_profile"] = dataclasses.asdict(dest_profile) if dest_profile else None
+    return params
+
+
+def _profile(d: dict[str, Any] | None, has_env_creds: bool) -> StoreProfile | None:
+    if not d:
+        return None
+    p = StoreProfile(**d)
+    # Credentials delivered as job secrets (env) must win over a profile the node may not have.
+    return dataclasses.replace(p, profile=None) if has_env_creds else p
+
+
+def run_shard_job(ctx: Any) -> dict[str, Any]:
+    """Job runner for kind ``shard``: convert, verify every shard landed, return the totals."""
+    env = ctx.secret_env()
+    if env:
+        os.environ.update(env)
+    has_creds = "AWS_ACCESS_KEY_ID" in env
+    req = ShardRequest.from_params(ctx.params)
+
+    def report(p: ShardProgress) -> None:
+        ctx.progress(bytes_done=p.bytes_done, bytes_total=p.bytes_total, items_done=p.samples_done,
+                     items_total=p.samples_total, shards_done=p.shards_done, shards_total=p.shards_total,
+                     samples_per_s=round(p.samples_per_s, 1), mb_per_s=round(p.mb_per_s, 2),
+                     phase=p.phase, final=p.final)
+
+    result = convert_sync(
+        req, src_profile=_profile(ctx.params.get("src_profile"), has_creds),
+        dest_profile=_profile(ctx.params.get("dest_profile"), has_creds),
+        on_progress=report, on_log=ctx.log, cancelled=lambda: bool(ctx.cancelled),
+    )
+    ctx.log(result.manifest.summary())
+    return result.as_dict()
+
+
+def cleanup(ctx: Any) -> None:
+    """After a cancel or a lost run: remove half-written local shards (completed ones stay)."""
+    dest = str(ctx.params.get("dest", ""))
+    if not dest or dest.startswith("s3://") or not os.path.isdir(dest):
+        return
+    for name in os.listdir(dest):
+        if name.startswith(".") and name.endswith(".partial"):
+            try:
+                os.unlink(os.path.join(dest, name))
+            except OSError:
+                pass
+

@@ -1,0 +1,172 @@
+"""The manifest written next to the shards, the resume journal, and the GET arithmetic.
+
+``manifest.json`` lists every shard (name, bytes, samples, sha256) with totals and what the
+conversion saves per epoch: one GET per file before, one per shard after, priced at the store's
+GET price (``backend.policy.prices`` when it prices the provider; S3 Standard otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from backend.config import Config, StoreProfile
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "loadmaster-shards/1"
+#: S3 Standard GET price, USD per 1,000 requests (https://aws.amazon.com/s3/pricing/).
+DEFAULT_GET_PER_1000 = 0.0004
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One finished shard as the journal and the manifest record it."""
+
+    name: str
+    bytes: int
+    samples: int
+    files: int
+    sha256: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardEntry:
+        return cls(name=str(d["name"]), bytes=int(d["bytes"]), samples=int(d["samples"]),
+                   files=int(d.get("files", 0)), sha256=str(d["sha256"]))
+
+
+@dataclass(frozen=True)
+class RequestArithmetic:
+    """GETs to read the dataset once, before and after sharding, and what an epoch costs."""
+
+    gets_before: int
+    gets_after: int
+    get_per_1000: float
+    price_source: str
+
+    @property
+    def reduction(self) -> float:
+        return self.gets_before / self.gets_after if self.gets_after else 0.0
+
+    @property
+    def usd_per_epoch_before(self) -> float:
+        return self.gets_before / 1000 * self.get_per_1000
+
+    @property
+    def usd_per_epoch_after(self) -> float:
+        return self.gets_after / 1000 * self.get_per_1000
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gets_before": self.gets_before, "gets_after": self.gets_after,
+            "reduction": round(self.reduction, 2), "get_per_1000_usd": self.get_per_1000,
+            "price_source": self.price_source,
+            "usd_per_epoch_before": round(self.usd_per_epoch_before, 6),
+            "usd_per_epoch_after": round(self.usd_per_epoch_after, 6),
+        }
+
+    def summary(self) -> str:
+        """One line: GETs before -> after, the reduction and $ per epoch."""
+        return (f"GETs per epoch {self.gets_before:,} -> {self.gets_after:,} "
+                f"({self.reduction:,.0f}x fewer); ${self.usd_per_epoch_before:,.4f} -> "
+                f"${self.usd_per_epoch_after:,.6f} per epoch at ${self.get_per_1000:g}/1k GETs "
+                f"({self.price_source})")
+
+
+def get_price(config: Config | None, *profiles: StoreProfile | None) -> tuple[float, str]:
+    """GET price per 1,000 for the first priced store among ``profiles`` (the read side first)."""
+    try:
+        from backend.policy import prices as price_mod
+    except ImportError:  # the egress feature is optional
+        price_mod = None  # type: ignore[assignment]
+    if price_mod is not None:
+        try:
+            table = price_mod.price_table(config.section("prices") if config else None)
+        except Exception:  # noqa: BLE001 - a bad price table must not stop a conversion
+            table = None
+        if table is not None:
+            for p in profiles:
+                if p is None or not p.provider:
+                    continue
+                prov = table.provider(p.provider, p.region)
+                if prov is not None:
+                    return float(prov.get_per_1000), f"{prov.name} GET price"
+    return DEFAULT_GET_PER_1000, "S3 Standard GET price"
+
+
+def request_arithmetic(files: int, shards: int, get_per_1000: float, source: str) -> RequestArithmetic:
+    """GETs before (one per file) and after (one per shard) reading the dataset once."""
+    return RequestArithmetic(files, shards, get_per_1000, source)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``manifest.json`` holds."""
+
+    source: str
+    pattern: str
+    shard_size: int
+    seed: int | None
+    plan_hash: str
+    shards: tuple[ShardEntry, ...]
+    requests: RequestArithmetic
+    problems: dict[str, Any] = field(default_factory=dict)
+    incomplete_policy: str = "error"
+
+    @property
+    def samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+    @property
+    def files(self) -> int:
+        return sum(s.files for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> str:
+        """The manifest as JSON (deterministic: no timestamps, sorted shards)."""
+        doc = {
+            "format": FORMAT,
+            "source": self.source,
+            "pattern": self.pattern,
+            "shard_size_target": self.shard_size,
+            "seed": self.seed,
+            "plan_hash": self.plan_hash,
+            "totals": {"shards": len(self.shards), "samples": self.samples, "files": self.files,
+                       "bytes": self.bytes},
+            "requests": self.requests.as_dict(),
+            "input_problems": self.problems,
+            "incomplete_policy": self.incomplete_policy,
+            "shards": [s.as_dict() for s in self.shards],
+        }
+        return json.dumps(doc, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str = MANIFEST_NAME) -> Manifest:
+        """Parse a manifest; ValueError naming what is wrong."""
+        try:
+            doc = json.loads(text)
+            if doc.get("format") != FORMAT:
+                raise ValueError(f"unknown manifest format {doc.get('format')!r}")
+            req = doc["requests"]
+            return cls(
+                source=doc["source"], pattern=doc["pattern"], shard_size=int(doc["shard_size_target"]),
+                seed=doc.get("seed"), plan_hash=doc["plan_hash"],
+                shards=tuple(ShardEntry.from_dict(s) for s in doc["shards"]),
+                requests=RequestArithmetic(int(req["gets_before"]), int(req["gets_after"]),
+                                           float(req["get_per_1000_usd"]), str(req["price_source"])),
+                problems=doc.get("input_problems", {}),
+                incomplete_policy=doc.get("incomplete_policy", "error"),
+            )
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{where}: not a loadmaster shard manifest ({exc})") from None
+
+    def summary(self) -> str:
+        """Two lines for the CLI and the console."""
+        return (f"{len(self.shards):,} shards, {self.samples:,} samples, {self.files:,} files, "
+                f"{self.bytes / 1e6:,.1f} MB\n{self.requests.summary()}")

@@ -1,0 +1,304 @@
+"""From a listing of small files to a deterministic assignment of samples to shards.
+
+Files are grouped into samples the way WebDataset groups tar members: the key is the path up to
+the first dot of the file's base name, the extension is everything after it
+(``webdataset.tariterators.base_plus_ext``: ``a/000123.seg.png`` -> key ``a/000123``, extension
+``seg.png``). WebDataset lower-cases extensions when reading, so ``x.JPG`` and ``x.jpg`` collide.
+
+The plan depends only on the listing (names and sizes), the shard size, the pattern and the seed;
+that is what makes conversions reproducible and resumable shard by shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import stat
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from backend.errors import LoadmasterError
+from backend.shards import tarfmt
+
+#: The same split as ``webdataset.tariterators.base_plus_ext``.
+KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+#: Files and directories loadmaster itself writes next to shards (never source data).
+STATE_DIR = ".loadmaster-shards"
+EXAMPLES = 5
+MB = 10**6
+MIN_RECOMMENDED = 256 * MB
+MAX_RECOMMENDED = 1000 * MB
+
+
+class ShardError(LoadmasterError):
+    """A shard conversion cannot proceed: bad input, a busy destination, a failed read or write."""
+
+
+def split_key(path: str) -> tuple[str, str] | tuple[None, None]:
+    """(key, extension) of a relative path as WebDataset splits it; (None, None) when it has none."""
+    m = KEY_RE.match(path)
+    if not m:
+        return None, None
+    return m.group(1), m.group(2)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One input file: its path relative to the source root and its size."""
+
+    rel: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample: a key and its files as (extension, relative path, size), sorted by extension."""
+
+    key: str
+    files: tuple[tuple[str, str, int], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f[2] for f in self.files)
+
+    def tar_bytes(self) -> int:
+        """Bytes this sample takes in a shard."""
+        return sum(tarfmt.member_bytes(f"{self.key}.{ext}", size) for ext, _rel, size in self.files)
+
+
+@dataclass(frozen=True)
+class InputProblems:
+    """Everything wrong with a source listing, each with a count and a few examples."""
+
+    unkeyed: tuple[str, ...] = ()
+    collisions: tuple[tuple[str, ...], ...] = ()
+    incomplete: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (key, missing extensions)
+    unreadable: tuple[tuple[str, str], ...] = ()  # (path, reason)
+    expected_exts: tuple[str, ...] = ()
+
+    @property
+    def unpartnered(self) -> int:
+        """Files without a key partner: lone files of incomplete samples plus unkeyed files."""
+        return len(self.unkeyed) + len(self.incomplete)
+
+    def describe(self) -> list[str]:
+        """One line per kind of problem, with its count and examples."""
+        out = []
+        if self.unreadable:
+            ex = ", ".join(f"{p} ({why})" for p, why in self.unreadable[:EXAMPLES])
+            out.append(f"{len(self.unreadable)} unreadable file(s), e.g. {ex}")
+        if self.collisions:
+            ex = "; ".join(" vs ".join(c) for c in self.collisions[:EXAMPLES])
+            out.append(f"{len(self.collisions)} name collision(s) (two files map to the same "
+                       f"key and extension; WebDataset lower-cases extensions), e.g. {ex}")
+        if self.unkeyed:
+            ex = ", ".join(self.unkeyed[:EXAMPLES])
+            out.append(f"{len(self.unkeyed)} file(s) without a WebDataset key (no '.' after the "
+                       f"first character of the name), e.g. {ex}")
+        if self.incomplete:
+            exp = ", ".join(self.expected_exts)
+            ex = ", ".join(f"{k} (missing {'/'.join(m)})" for k, m in self.incomplete[:EXAMPLES])
+            out.append(f"{len(self.incomplete)} sample(s) lack a partner file that most samples "
+                       f"have ({exp}), e.g. {ex}")
+        return out
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "unkeyed": {"count": len(self.unkeyed), "examples": list(self.unkeyed[:EXAMPLES])},
+            "collisions": {"count": len(self.collisions),
+                           "examples": [list(c) for c in self.collisions[:EXAMPLES]]},
+            "incomplete": {"count": len(self.incomplete), "expected": list(self.expected_exts),
+                           "examples": [{"key": k, "missing": list(m)}
+                                        for k, m in self.incomplete[:EXAMPLES]]},
+            "unreadable": {"count": len(self.unreadable),
+                           "examples": [{"path": p, "reason": r} for p, r in self.unreadable[:EXAMPLES]]},
+        }
+
+
+def scan_local(root: str) -> tuple[list[SourceFile], list[tuple[str, str]]]:
+    """Every regular file under ``root`` (relative paths, sizes) and the ones that cannot be read."""
+    if not os.path.isdir(root):
+        raise ShardError(f"source directory {root!r} does not exist (or is not a directory)")
+    files: list[SourceFile] = []
+    unreadable: list[tuple[str, str]] = []
+    stack = [""]
+    while stack:
+        sub = stack.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, sub) if sub else root))
+        except OSError as exc:
+            unreadable.append((sub or ".", exc.strerror or str(exc)))
+            continue
+        for e in entries:
+            rel = f"{sub}/{e.name}" if sub else e.name
+            if not sub and e.name == STATE_DIR:
+                continue
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(rel)
+                    continue
+                st = e.stat()  # follows symlinks: a dangling link is unreadable
+            except OSError as exc:
+                unreadable.append((rel, exc.strerror or str(exc)))
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                unreadable.append((rel, "not a regular file"))
+                continue
+            if not os.access(os.path.join(root, rel), os.R_OK):
+                unreadable.append((rel, "permission denied"))
+                continue
+            files.append(SourceFile(rel, st.st_size))
+    files.sort(key=lambda f: f.rel)
+    unreadable.sort()
+    return files, unreadable
+
+
+def group_samples(
+    files: Iterable[SourceFile], *, partner_share: float = 0.5
+) -> tuple[list[Sample], InputProblems]:
+    """Group files into samples by key (sorted by key); report unkeyed, colliding, incomplete."""
+    by_key: dict[str, dict[str, tuple[str, str, int]]] = {}
+    unkeyed: list[str] = []
+    collisions: list[tuple[str, ...]] = []
+    for f in files:
+        key, ext = split_key(f.rel)
+        if key is None or ext is None:
+            unkeyed.append(f.rel)
+            continue
+        exts = by_key.setdefault(key, {})
+        low = ext.lower()
+        if low in exts:
+            collisions.append((exts[low][1], f.rel))
+            continue
+        exts[low] = (ext, f.rel, f.size)
+    counts: Counter[str] = Counter()
+    for exts in by_key.values():
+        counts.update(exts.keys())
+    n = len(by_key)
+    expected = tuple(sorted(e for e, c in counts.items() if n and c / n > partner_share))
+    incomplete: list[tuple[str, tuple[str, ...]]] = []
+    samples: list[Sample] = []
+    for key in sorted(by_key):
+        exts = by_key[key]
+        missing = tuple(e for e in expected if e not in exts)
+        if missing:
+            incomplete.append((key, missing))
+        samples.append(Sample(key, tuple(exts[e] for e in sorted(exts))))
+    problems = InputProblems(
+        unkeyed=tuple(unkeyed), collisions=tuple(collisions), incomplete=tuple(incomplete),
+        expected_exts=expected,
+    )
+    return samples, problems
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    """One shard of the plan: its index, name, samples and exact size in bytes."""
+
+    index: int
+    name: str
+    samples: tuple[Sample, ...]
+    nbytes: int
+
+    @property
+    def files(self) -> int:
+        return sum(len(s.files) for s in self.samples)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The deterministic assignment of every sample to a shard, and its fingerprint."""
+
+    shards: tuple[PlannedShard, ...]
+    shard_size: int
+    pattern: str
+    seed: int | None
+    plan_hash: str
+    files: int
+    samples: int
+    source_bytes: int
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.nbytes for s in self.shards)
+
+
+def check_pattern(pattern: str) -> None:
+    """Refuse a shard name pattern that would not give distinct ``.tar`` names in one directory."""
+    convs = re.findall(r"%[-+ 0#]*\d*[a-zA-Z%]", pattern)
+    ints = [c for c in convs if c[-1] in "di"]
+    if len(ints) != 1 or len(convs) != 1:
+        raise ShardError(f"shard pattern {pattern!r} must contain exactly one integer field like "
+                         "%06d (e.g. 'shard-%06d.tar')")
+    if "/" in pattern or not pattern.endswith(".tar"):
+        raise ShardError(f"shard pattern {pattern!r} must be a plain file name ending in .tar")
+
+
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """A regex matching names the pattern produces."""
+    before, conv, after = re.split(r"(%[-+ 0#]*\d*[di])", pattern, maxsplit=1)
+    return re.compile(re.escape(before) + r"-?\d+" + re.escape(after) + "$")
+
+
+def size_warnings(shard_size: int) -> list[str]:
+    """Advice when the target shard size is outside the recommended 256 MB - 1 GB."""
+    if shard_size < MIN_RECOMMENDED:
+        return [f"shard size {shard_size / MB:g} MB is below the recommended 256 MB - 1 GB: "
+                "more shards means more GETs per epoch"]
+    if shard_size > MAX_RECOMMENDED:
+        return [f"shard size {shard_size / MB:g} MB is above the recommended 256 MB - 1 GB: "
+                "large shards shuffle coarsely and restart slowly"]
+    return []
+
+
+def plan_shards(
+    samples: Sequence[Sample], *, shard_size: int, pattern: str, seed: int | None = None
+) -> ShardPlan:
+    """Assign samples (sorted, or shuffled by ``seed``) to shards of at most ``shard_size`` bytes.
+
+    A shard is closed before the sample that would push it over the target, so no shard exceeds
+    it unless a single sample alone is larger (that sample then gets a shard of its own); no
+    sample is ever split.
+    """
+    if shard_size <= 0:
+        raise ShardError("shard size must be positive (e.g. --shard-size 512MB)")
+    check_pattern(pattern)
+    order = list(samples)
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    shards: list[PlannedShard] = []
+    current: list[Sample] = []
+    used = 0
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"v": 1, "size": shard_size, "pattern": pattern, "seed": seed}).encode())
+
+    def close() -> None:
+        nonlocal current, used
+        name = pattern % len(shards)
+        shards.append(PlannedShard(len(shards), name, tuple(current), used + tarfmt.archive_end(used)))
+        digest.update(f"#{name}\n".encode())
+        current, used = [], 0
+
+    for s in order:
+        nb = s.tar_bytes()
+        if current and used + nb + tarfmt.archive_end(used + nb) > shard_size:
+            close()
+        current.append(s)
+        used += nb
+        for _ext, rel, size in s.files:
+            digest.update(f"{rel}\0{size}\n".encode())
+    if current:
+        close()
+    names = {s.name for s in shards}
+    if len(names) != len(shards):
+        raise ShardError(f"shard pattern {pattern!r} gives duplicate names for {len(shards)} shards")
+    return ShardPlan(
+        shards=tuple(shards), shard_size=shard_size, pattern=pattern, seed=seed,
+        plan_hash=digest.hexdigest(), files=sum(len(s.files) for s in order), samples=len(order),
+        source_bytes=sum(s.nbytes for s in order), warnings=tuple(size_warnings(shard_size)),
+    )
