@@ -1,16 +1,345 @@
-"""Egress screen (placeholder until the egress feature lands; the feature engineer replaces this file)."""
+"""Egress screen: the month's spend per route against its budgets, and a live cost calculator.
+
+Left: month-to-date bytes and $ per route (source store -> node site) from the egress ledger,
+one budget gauge per configured budget, and the projection to month end. Right: a calculator
+where the operator types dataset size, runs per month, nodes, source and destination and sees
+the quote and its alternatives (read from R2, replicate once to R2, shards) update on every key.
+The brief's scenario (40 TB x 5 runs, aws:us-east-1 -> coreweave:us-east-04, 16 nodes) is
+preloaded. Pricing is pure (``backend.policy``); the ledger is read in a worker.
+
+:class:`EgressOverrideModal` is the confirm dialog for an over-budget transfer under
+``[egress] action = "confirm"``: it shows the guard's decision and asks for a reason.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from tui.screens.base import PlaceholderScreen
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Button, DataTable, Input, Label, Select, Static
+
+from backend.ledger import EgressGuard, EgressReport
+from backend.policy.egress import (
+    EgressEstimate,
+    GuardDecision,
+    estimate,
+    estimate_lines,
+    fmt_bytes,
+    fmt_usd,
+    parse_count_text,
+    parse_site_text,
+    parse_size_text,
+)
+from backend.policy.prices import PriceTable, price_table
+from tui.screens.base import LoadmasterScreen
+from tui.widgets import Gauge, Summary
+
+if TYPE_CHECKING:
+    from backend.services import Services
 
 
-class EgressScreen(PlaceholderScreen):
-    """Placeholder for the Egress screen."""
+@dataclass(frozen=True)
+class CalculatorInputs:
+    """What the operator typed, as text (validated by :func:`read_inputs`)."""
+
+    size: str = "40TB"
+    runs: str = "5"
+    nodes: str = "16"
+    per_node: str = "sharded"
+    source: str = "aws:us-east-1"
+    dest: str = "coreweave:us-east-04"
+    objects: str = "500e6"
+
+
+#: The brief's scenario: 40 TB read by 5 runs a month from S3 us-east-1 into 16 nodes elsewhere.
+BRIEF_SCENARIO = CalculatorInputs()
+
+_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("size", "Dataset size", "e.g. 40TB"),
+    ("runs", "Runs / month", "e.g. 5"),
+    ("nodes", "Nodes", "e.g. 16"),
+    ("source", "Source site", "provider:region, e.g. aws:us-east-1"),
+    ("dest", "Destination site", "provider:region, e.g. coreweave:us-east-04"),
+    ("objects", "Objects", "files in the dataset, e.g. 500e6 (0: unknown)"),
+)
+
+
+def read_inputs(values: CalculatorInputs) -> tuple[dict[str, Any], dict[str, str]]:
+    """Parse the calculator's text fields: (estimate keyword arguments, errors by field)."""
+    parsed: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+
+    def take(field: str, fn: Any) -> None:
+        try:
+            parsed[field] = fn(getattr(values, field))
+        except ValueError as exc:
+            errors[field] = str(exc)
+
+    take("size", lambda t: parse_size_text(t, what="size"))
+    take("runs", lambda t: parse_count_text(t, what="runs", minimum=1))
+    take("nodes", lambda t: parse_count_text(t, what="nodes", minimum=1))
+    take("source", lambda t: parse_site_text(t, what="source"))
+    take("dest", lambda t: parse_site_text(t, what="destination"))
+    take("objects", lambda t: parse_count_text(t or "0", what="objects"))
+    kwargs = {
+        "dataset_bytes": parsed.get("size"), "runs": parsed.get("runs"), "nodes": parsed.get("nodes"),
+        "source": parsed.get("source"), "dest": parsed.get("dest"), "objects": parsed.get("objects"),
+        "per_node": values.per_node,
+    }
+    return kwargs, errors
+
+
+class EgressScreen(LoadmasterScreen):
+    """Month-to-date egress per route with budget gauges, and the egress cost calculator."""
 
     SCREEN_TITLE: ClassVar[str] = "Egress"
-    COMING: ClassVar[str] = (
-        "the egress price of planned transfers between sites, month-to-date spend against the budget, and allow / warn / confirm / block decisions."
-    )
+    PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
+        ("Refresh month-to-date", "Re-read the egress ledger", "refresh"),
+        ("Load the brief's scenario", "40 TB x 5 runs, aws:us-east-1 -> coreweave:us-east-04, 16 nodes",
+         "load_example"),
+    ]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("r", "refresh", "Refresh"),
+        Binding("x", "load_example", "Example"),
+        Binding("f", "toggle_full", "Full/sharded"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | r | Re-read the month-to-date spend from the ledger. |
+    | x | Load the brief's scenario into the calculator. |
+    | f | Toggle every-node-syncs-everything vs disjoint shards. |
+    """
+
+    class EstimateComputed(Message):
+        """The calculator's inputs were valid and produced an estimate."""
+
+        def __init__(self, estimate: EgressEstimate) -> None:
+            self.estimate = estimate
+            super().__init__()
+
+    class EstimateRejected(Message):
+        """The calculator's inputs did not validate; ``errors`` maps field -> message."""
+
+        def __init__(self, errors: dict[str, str]) -> None:
+            self.errors = errors
+            super().__init__()
+
+    class ReportLoaded(Message):
+        """The month's spend was read from the ledger."""
+
+        def __init__(self, report: EgressReport) -> None:
+            self.report = report
+            super().__init__()
+
+    def __init__(self, services: Services, **kwargs: Any) -> None:
+        super().__init__(services, **kwargs)
+        self.prices: PriceTable = price_table(services.config.section("prices"))
+        self.estimate: EgressEstimate | None = None
+        self.report: EgressReport | None = None
+        self.errors: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ layout
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="egress-main", classes="screen-body"):
+            with Vertical(id="egress-month"):
+                yield Static("Month to date", id="egress-month-title", markup=False)
+                yield Summary(id="egress-summary")
+                yield Vertical(id="egress-budgets")
+                yield DataTable(id="egress-routes", cursor_type="row", zebra_stripes=True)
+            with VerticalScroll(id="egress-calc"):
+                yield Static("Calculator  (GB = 10^9 bytes)", id="egress-calc-title", markup=False)
+                for key, label, hint in _FIELDS:
+                    with Horizontal(classes="egress-field"):
+                        yield Label(label, classes="egress-label")
+                        yield Input(getattr(BRIEF_SCENARIO, key), placeholder=hint, id=f"calc-{key}")
+                with Horizontal(classes="egress-field"):
+                    yield Label("Per node", classes="egress-label")
+                    yield Select(
+                        [("disjoint shards (sharded)", "sharded"), ("every node syncs all (full)", "full")],
+                        value=BRIEF_SCENARIO.per_node, allow_blank=False, id="calc-per-node",
+                    )
+                yield Static("", id="egress-calc-error", markup=False)
+                yield Static("", id="egress-quote", markup=False)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#egress-routes", DataTable)
+        table.add_columns("Store -> node site", "Kind", "N", "Bytes", "USD", "Projected")
+        self.recompute()
+        self.action_refresh()
+
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        if self.report is not None:
+            self.action_refresh()
+
+    # ------------------------------------------------------------------ calculator
+
+    def inputs(self) -> CalculatorInputs:
+        """The calculator's current text values."""
+        values = {key: self.query_one(f"#calc-{key}", Input).value for key, _, _ in _FIELDS}
+        per_node = self.query_one("#calc-per-node", Select).value
+        return CalculatorInputs(per_node=str(per_node), **values)
+
+    def recompute(self) -> None:
+        """Validate the inputs and show the quote and alternatives (pure arithmetic, no I/O)."""
+        kwargs, errors = read_inputs(self.inputs())
+        for key, _, _ in _FIELDS:
+            self.query_one(f"#calc-{key}", Input).set_class(key in errors, "-invalid")
+        error_box = self.query_one("#egress-calc-error", Static)
+        quote_box = self.query_one("#egress-quote", Static)
+        if not errors:
+            try:
+                est = estimate(self.prices, **kwargs)
+            except ValueError as exc:
+                errors = {"calculator": str(exc)}
+            else:
+                self.errors = {}
+                self.estimate = est
+                error_box.update("")
+                error_box.set_class(False, "-active")
+                quote_box.set_class(False, "-stale")
+                quote_box.update("\n".join(estimate_lines(est, self.prices)))
+                self.post_message(self.EstimateComputed(est))
+                return
+        self.errors = errors
+        error_box.update("\n".join(errors.values()))
+        error_box.set_class(True, "-active")
+        # Keep the last good quote visible but marked stale, so the operator sees what changed.
+        quote_box.set_class(True, "-stale")
+        self.post_message(self.EstimateRejected(errors))
+
+    @on(Input.Changed, "#egress-calc Input")
+    def _input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.recompute()
+
+    @on(Select.Changed, "#calc-per-node")
+    def _per_node_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        self.recompute()
+
+    def action_load_example(self) -> None:
+        """Fill the calculator with the brief's scenario."""
+        with self.prevent(Input.Changed, Select.Changed):
+            for key, _, _ in _FIELDS:
+                self.query_one(f"#calc-{key}", Input).value = getattr(BRIEF_SCENARIO, key)
+            self.query_one("#calc-per-node", Select).value = BRIEF_SCENARIO.per_node
+        self.recompute()
+
+    def action_toggle_full(self) -> None:
+        """Switch between every node syncing the whole dataset and disjoint shards."""
+        sel = self.query_one("#calc-per-node", Select)
+        sel.value = "sharded" if sel.value == "full" else "full"
+
+    # ------------------------------------------------------------------ month to date
+
+    def action_refresh(self) -> None:
+        """Re-read the month's spend from the egress ledger."""
+        self._load_report()
+
+    @work(thread=True, exclusive=True, group="egress-report", exit_on_error=False)
+    def _load_report(self) -> None:
+        report = EgressGuard(self.services.config, self.services.db, prices=self.prices).report()
+        self.post_message(self.ReportLoaded(report))
+
+    @on(ReportLoaded)
+    def _report_loaded(self, event: ReportLoaded) -> None:
+        self.report = rep = event.report
+        as_of = datetime.fromtimestamp(rep.as_of, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        self.query_one("#egress-month-title", Static).update(
+            f"Month to date {rep.month}  ({rep.elapsed:.0%} of the month, as of {as_of})")
+        self.query_one("#egress-summary", Summary).set_items([
+            ("spent", fmt_usd(rep.usd)),
+            ("moved", fmt_bytes(rep.bytes)),
+            ("projected", f"{fmt_usd(rep.projected_usd)} / {fmt_bytes(rep.projected_bytes)}"),
+            *([("unpriced", fmt_bytes(rep.unpriced_bytes))] if rep.unpriced_bytes else []),
+        ])
+        box = self.query_one("#egress-budgets", Vertical)
+        box.remove_children()
+        gauges: list[Any] = []
+        for b in rep.budgets:
+            gauges.append(Gauge(
+                b.key, value=b.spent_usd, total=max(b.budget_usd, 1e-9),
+                text=f"{fmt_usd(b.spent_usd)}/{fmt_usd(b.budget_usd)} -> {fmt_usd(b.projected_usd)}",
+                warn_at=self.services.config.section("egress").warn_at, label_width=14,
+                classes="egress-budget",
+            ))
+            gauges[-1].tooltip = (f"{b.scope} {b.key!r}: {fmt_usd(b.spent_usd)} spent of "
+                                  f"{fmt_usd(b.budget_usd)} this month, {fmt_usd(b.projected_usd)} projected")
+        if not gauges:
+            gauges.append(Static("no budget configured: set [egress] monthly_budget_usd or budgets",
+                                 classes="egress-no-budget", markup=False))
+        box.mount_all(gauges)
+        table = self.query_one("#egress-routes", DataTable)
+        table.clear()
+        for r in rep.routes:
+            table.add_row(f"{r.store} -> {r.dest_site or '?'}", r.kind, str(r.transfers), fmt_bytes(r.bytes),
+                          fmt_usd(r.usd), fmt_usd(r.projected_usd))
+        if not rep.routes:
+            table.add_row("no transfers recorded this month", "", "", "", "", "")
+
+
+class EgressOverrideModal(ModalScreen[str | None]):
+    """Confirm an over-budget transfer: shows the guard's decision, asks for a reason.
+
+    Dismisses with the reason (the caller then calls ``EgressGuard.record_override``), or None on
+    cancel / escape. The proceed button stays disabled until a reason is typed.
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", show=True)]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | escape | Do not start the transfer. |
+    | enter | In the reason input: proceed, once a reason is typed. |
+    """
+
+    def __init__(self, decision: GuardDecision, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.decision = decision
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label("Transfer over its egress budget", classes="dialog--title", markup=False)
+            yield Static(self.decision.message, classes="dialog--body", markup=False)
+            yield Label("Reason (recorded in the audit log):", classes="dialog--prompt", markup=False)
+            yield Input(placeholder="why this transfer must run now", id="reason")
+            with Horizontal(classes="dialog--buttons"):
+                yield Button("Proceed over budget", id="proceed", variant="warning", disabled=True)
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#reason", Input).focus()
+
+    @property
+    def reason(self) -> str:
+        return self.query_one("#reason", Input).value.strip()
+
+    @on(Input.Changed, "#reason")
+    def _typed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.query_one("#proceed", Button).disabled = not self.reason
+
+    @on(Input.Submitted, "#reason")
+    @on(Button.Pressed, "#proceed")
+    def _proceed(self, event: Message) -> None:
+        event.stop()
+        if self.reason:
+            self.dismiss(self.reason)
+
+    @on(Button.Pressed, "#cancel")
+    def _cancel_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
