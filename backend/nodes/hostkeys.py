@@ -115,7 +115,8 @@ class VerifyingClient(asyncssh.SSHClient):
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
         # asyncssh calls this only for a key known_hosts does not already trust.
         p = None if port == DEFAULT_SSH_PORT else port
-        expected = [fingerprint(k) for k in expected_keys(self.known_hosts, host, addr, p)]
+        # A line can match by name and by address: list each key once.
+        expected = list(dict.fromkeys(fingerprint(k) for k in expected_keys(self.known_hosts, host, addr, p)))
         if not expected and self.trust_on_first_use:
             append_known_host(self.known_hosts, host, p, key)
             self.added = fingerprint(key)

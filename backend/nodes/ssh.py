@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import getpass
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -40,6 +41,9 @@ DEFAULT_CHANNELS = 9
 DEFAULT_KEEPALIVE = 15.0
 #: Backoff after a failed connect: first delay and ceiling, in seconds.
 DEFAULT_BACKOFF = (1.0, 30.0)
+
+#: Environment variable that marks every process a command starts (see kill_tree_command).
+RUN_ENV = "LOADMASTER_RUN"
 
 StateHook = Callable[[str, str, "float | None", "str | None"], None]
 
@@ -97,6 +101,14 @@ def effective_settings(node: Node, ssh_config: str | Path | None = None) -> dict
     }
 
 
+def kill_tree_command(token: str) -> str:
+    """Shell text that SIGKILLs every process whose environment carries this run's token."""
+    return (
+        f"for p in $(grep -lzx '{RUN_ENV}={token}' /proc/[0-9]*/environ 2>/dev/null"
+        " | sed 's#/proc/\\([0-9]*\\)/environ#\\1#'); do kill -9 \"$p\" 2>/dev/null; done; true"
+    )
+
+
 def _where(host: str, port: int | None, user: str | None) -> str:
     u = f"{user}@" if user else ""
     return f"{u}{host}:{port}" if port else f"{u}{host}"
@@ -139,6 +151,7 @@ class SshTransport(Transport):
         self._lock = asyncio.Lock()
         self._conn: asyncssh.SSHClientConnection | None = None
         self._jumps: list[asyncssh.SSHClientConnection] = []
+        self._reapers: set[asyncio.Task[None]] = set()
         self._client: VerifyingClient | None = None
         self._failures = 0
         self._retry_at = 0.0
@@ -321,33 +334,54 @@ class SshTransport(Transport):
         return NodeUnreachable(self.name, f"connection lost while running {command!r}: {reason}")
 
     # -- commands ------------------------------------------------------------------------------
+    async def _open_process(
+        self, conn: asyncssh.SSHClientConnection, command: str, token: str, **kw: Any
+    ) -> asyncssh.SSHClientProcess[bytes]:
+        # The token rides in the environment of everything the command starts, so a timeout or
+        # a closed stream can kill the whole remote tree: sshd signals only the session leader.
+        try:
+            return await conn.create_process(f"export {RUN_ENV}={token}; {command}", encoding=None, **kw)
+        except asyncssh.ChannelOpenError as exc:
+            if not self.connected:
+                raise self._lost_error(command) from None
+            raise NodeError(self.name, f"cannot open an SSH channel: {exc.reason}") from None
+        except (asyncssh.Error, OSError) as exc:
+            if not self.connected:
+                raise self._lost_error(command) from None
+            raise NodeError(self.name, f"cannot start {command!r}: {exc}") from None
+
+    async def _kill_tree(self, conn: asyncssh.SSHClientConnection, token: str) -> None:
+        """Kill every process on the node that carries ``token`` (best effort, bounded)."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.run(kill_tree_command(token), check=False), 10)
+
+    def _kill_later(self, conn: asyncssh.SSHClientConnection, token: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._kill_tree(conn, token))
+        self._reapers.add(task)
+        task.add_done_callback(self._reapers.discard)
+
     async def _exec(
         self, command: str, input: bytes | None, timeout: float | None  # noqa: ASYNC109
     ) -> tuple[int | None, bytes, bytes, float]:
+        token = secrets.token_hex(8)
         async with self._channels:
             conn = await self.connect()
             start = time.monotonic()
-            try:
-                proc = await conn.create_process(command, encoding=None)
-            except asyncssh.ChannelOpenError as exc:
-                if not self.connected:
-                    raise self._lost_error(command) from None
-                raise NodeError(self.name, f"cannot open an SSH channel: {exc.reason}") from None
-            except (asyncssh.Error, OSError):
-                if not self.connected:
-                    raise self._lost_error(command) from None
-                raise
+            proc = await self._open_process(conn, command, token)
             try:
                 out, err = await asyncio.wait_for(proc.communicate(input), timeout)
             except TimeoutError:
                 _stop(proc)
+                # Still holding our channel permit (our own channel is closed): no deadlock.
+                await self._kill_tree(conn, token)
                 raise CommandTimeout(
                     self.name, f"command {command!r} did not finish within {timeout:g}s"
                 ) from None
             except asyncio.CancelledError:
                 _stop(proc)
+                self._kill_later(conn, token)
                 raise
-            except (asyncssh.Error, OSError, BrokenPipeError):
+            except (asyncssh.Error, OSError):
                 _stop(proc)
                 raise self._lost_error(command) from None
             code = proc.returncode
@@ -377,14 +411,11 @@ class SshTransport(Transport):
         return code, out, err
 
     async def stream(self, command: str, *, input: str | bytes | None = None) -> AsyncIterator[str]:
+        token = secrets.token_hex(8)
         async with self._channels:
             conn = await self.connect()
-            try:
-                proc = await conn.create_process(command, encoding=None, stderr=asyncssh.DEVNULL)
-            except (asyncssh.Error, OSError) as exc:
-                if not self.connected:
-                    raise self._lost_error(command) from None
-                raise NodeError(self.name, f"cannot open an SSH channel: {exc}") from None
+            proc = await self._open_process(conn, command, token, stderr=asyncssh.DEVNULL)
+            finished = False
             try:
                 if input is not None:
                     proc.stdin.write(input.encode() if isinstance(input, str) else input)
@@ -400,11 +431,21 @@ class SshTransport(Transport):
                     raise self._lost_error(command) from None
                 if buf:
                     yield buf.decode(errors="replace")
-                if proc.returncode is None and not self.connected:
+                with contextlib.suppress(Exception):
+                    # stdout is at EOF: the exit status follows at once unless children kept running.
+                    await asyncio.wait_for(proc.wait(), 5)
+                finished = proc.returncode is not None
+                if not finished and not self.connected:
                     raise self._lost_error(command)
             finally:
-                if proc.returncode is None:
+                if not finished:
                     _stop(proc)
+                    if self.connected:
+                        try:
+                            await self._kill_tree(conn, token)
+                        except BaseException:
+                            self._kill_later(conn, token)
+                            raise
 
     async def close(self) -> None:
         self._closing = True
