@@ -1,0 +1,467 @@
+"""Upload a checkpoint step directory to an object store: parallel multipart, verified, ordered.
+
+Each file goes up as an S3 multipart upload with equal parts (the last one shorter), several
+parts in flight, each part read from disk with ``os.pread`` (never the whole file), sent with a
+Content-MD5 and retried on failure or on an ETag that does not match what we sent. After
+completion the object is HEADed: its size and its composite ETag (MD5 of the part MD5s, "-N")
+must match what we computed from the bytes on disk. Any failure or cancel aborts the multipart
+upload, so no orphaned parts are left. Commit markers (DCP ``.metadata``, the safetensors index,
+DeepSpeed ``latest``) go up LAST so a reader never sees a complete-looking partial checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend.config import StoreProfile
+from backend.errors import LoadmasterError, StoreError
+from backend.storage import LocalStore, ObjectStore, S3Store, join_key
+
+MiB = 1024 * 1024
+DEFAULT_PART_SIZE = 64 * MiB
+DEFAULT_CONCURRENCY = 16
+DEFAULT_RETRIES = 4
+MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
+MAX_PARTS = 10_000
+COMMIT_MARKERS = (".metadata", "model.safetensors.index.json", "latest")
+
+#: Test hook: (key, part_number, attempt, data) -> data actually sent (fault injection only).
+PartFault = Callable[[str, int, int, bytes], bytes]
+
+
+class UploadError(StoreError):
+    """An upload failed (after retries) or its verification did not match."""
+
+
+class UploadCancelled(LoadmasterError):
+    """The upload was cancelled; its multipart uploads were aborted."""
+
+
+@dataclass(frozen=True)
+class UploadSettings:
+    """Part size, parts in flight, retries per part, files in flight."""
+
+    part_size: int = DEFAULT_PART_SIZE
+    concurrency: int = DEFAULT_CONCURRENCY
+    retries: int = DEFAULT_RETRIES
+    files_in_flight: int = 4
+
+    def check(self) -> UploadSettings:
+        if self.part_size < MIN_PART_SIZE:
+            raise UploadError(f"part size {self.part_size} is below S3's 5 MiB minimum")
+        if self.concurrency < 1 or self.retries < 0 or self.files_in_flight < 1:
+            raise UploadError("concurrency and files_in_flight must be >= 1, retries >= 0")
+        return self
+
+
+@dataclass(frozen=True)
+class UploadedObject:
+    """One verified object: key, size, ETag and number of parts (0 = single PUT)."""
+
+    key: str
+    size: int
+    etag: str
+    parts: int
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    """A finished, verified directory upload."""
+
+    url: str
+    prefix: str
+    objects: tuple[UploadedObject, ...]
+    bytes: int
+    seconds: float
+    aborted_stale: int = 0
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes * 8 / 1e9 / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        return {"url": self.url, "prefix": self.prefix, "objects": len(self.objects), "bytes": self.bytes,
+                "seconds": round(self.seconds, 3), "gbps": round(self.gbps, 3),
+                "aborted_stale": self.aborted_stale}
+
+
+def _part_count(size: int, part_size: int) -> int:
+    return max(1, -(-size // part_size))
+
+
+def effective_part_size(size: int, part_size: int) -> int:
+    """The part size for a file: the configured one, grown if the file would need > 10000 parts."""
+    while _part_count(size, part_size) > MAX_PARTS:
+        part_size *= 2
+    return part_size
+
+
+def _pread(path: Path, offset: int, length: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+    if len(data) != length:
+        raise UploadError(f"{path}: short read ({len(data)} of {length} bytes at {offset}); "
+                          "was the file modified during the upload?")
+    return data
+
+
+def _md5(data: bytes) -> bytes:
+    return hashlib.md5(data, usedforsecurity=False).digest()
+
+
+class _Counter:
+    def __init__(self, total: int, on_progress: Callable[[int, int], None] | None) -> None:
+        self.done = 0
+        self.total = total
+        self.on_progress = on_progress
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.on_progress is not None:
+            self.on_progress(self.done, self.total)
+
+
+async def upload_file(
+    store: ObjectStore,
+    path: str | Path,
+    key: str,
+    *,
+    settings: UploadSettings | None = None,
+    parts_sem: asyncio.Semaphore | None = None,
+    counter: _Counter | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    fault: PartFault | None = None,
+) -> UploadedObject:
+    """Upload one local file to ``key`` and verify its size and checksum after completion."""
+    settings = (settings or UploadSettings()).check()
+    path = Path(path)
+    size = path.stat().st_size
+    if isinstance(store, LocalStore):
+        await store.copy_in(path, key)
+        if counter:
+            counter.add(size)
+        st = await store.stat(key)
+        if st is None or st.size != size:
+            raise UploadError(f"{store.url}/{key}: copy has the wrong size")
+        return UploadedObject(key, size, "", 0)
+    if not isinstance(store, S3Store):
+        raise UploadError(f"cannot upload to {store.url}: unsupported store type")
+    client = await store.client()
+    full_key = join_key(store.prefix, key)
+    sem = parts_sem or asyncio.Semaphore(settings.concurrency)
+    part_size = effective_part_size(size, settings.part_size)
+    n_parts = _part_count(size, part_size)
+
+    async def send(part_no: int, send_fn: Callable[[bytes, str], Any]) -> tuple[str, bytes]:
+        """Read part ``part_no`` and send it, retrying; returns (etag, md5 digest)."""
+        offset = (part_no - 1) * part_size
+        length = min(part_size, size - offset)
+        last: Exception | None = None
+        for attempt in range(settings.retries + 1):
+            if cancelled is not None and cancelled():
+                raise UploadCancelled(f"upload of {path} cancelled")
+            data = await asyncio.to_thread(_pread, path, offset, length)
+            digest = await asyncio.to_thread(_md5, data)
+            body = fault(key, part_no, attempt, data) if fault is not None else data
+            try:
+                resp = await send_fn(body, base64.b64encode(digest).decode())
+                etag = resp.get("ETag", "").strip('"')
+                if etag and etag != digest.hex():
+                    raise UploadError(f"part {part_no} of {key}: server ETag {etag} != MD5 {digest.hex()} we sent")
+                if counter:
+                    counter.add(length)
+                return etag or digest.hex(), digest
+            except (UploadCancelled, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - every transport/server error is retried
+                last = exc
+                del data, body
+                await asyncio.sleep(min(8.0, 0.2 * 2**attempt))
+        raise UploadError(f"{store.url}/{key}: part {part_no} failed after {settings.retries + 1} attempts: "
+                          f"{store.error(last) if last and not isinstance(last, UploadError) else last}")
+
+    if n_parts == 1:
+        async def put(body: bytes, md5: str) -> Any:
+            return await client.put_object(Bucket=store.bucket, Key=full_key, Body=body, ContentMD5=md5)
+
+        async with sem:
+            etag, digest = await send(1, put)
+        expected = digest.hex()
+        parts = 0
+    else:
+        try:
+            created = await client.create_multipart_upload(Bucket=store.bucket, Key=full_key)
+        except Exception as exc:  # noqa: BLE001
+            raise store.error(exc) from None
+        upload_id = created["UploadId"]
+        try:
+            async def one(part_no: int) -> tuple[int, str, bytes]:
+                async def up(body: bytes, md5: str) -> Any:
+                    return await client.upload_part(Bucket=store.bucket, Key=full_key, UploadId=upload_id,
+                                                    PartNumber=part_no, Body=body, ContentMD5=md5)
+
+                async with sem:
+                    etag, digest = await send(part_no, up)
+                return part_no, etag, digest
+
+            tasks = [asyncio.ensure_future(one(i)) for i in range(1, n_parts + 1)]
+            try:
+                results = await asyncio.gather(*tasks)
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+            results.sort()
+            await client.complete_multipart_upload(
+                Bucket=store.bucket, Key=full_key, UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e, _ in results]})
+        except BaseException as exc:
+            # shielded so a cancelled task still cleans up its parts
+            await asyncio.shield(_abort(client, store.bucket, full_key, upload_id))
+            if isinstance(exc, LoadmasterError | asyncio.CancelledError | KeyboardInterrupt):
+                raise
+            raise store.error(exc) from None
+        expected = hashlib.md5(b"".join(d for _, _, d in results), usedforsecurity=False).hexdigest() + f"-{n_parts}"
+        parts = n_parts
+    head = await store.stat(key)
+    if head is None or head.size != size:
+        raise UploadError(f"{store.url}/{key}: verification failed: stored size "
+                          f"{None if head is None else head.size} != {size} bytes on disk")
+    if head.etag and head.etag != expected:
+        raise UploadError(f"{store.url}/{key}: verification failed: stored ETag {head.etag} != {expected} "
+                          "computed from the file on disk")
+    return UploadedObject(key, size, expected, parts)
+
+
+async def _abort(client: Any, bucket: str, key: str, upload_id: str) -> None:
+    try:
+        await client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+    except Exception:  # noqa: BLE001,S110 - best effort; abort_stale() sweeps anything left
+        pass
+
+
+async def list_multipart(store: ObjectStore, prefix: str = "") -> list[tuple[str, str, float]]:
+    """In-progress multipart uploads under ``prefix``: (key relative to the store, upload id, started)."""
+    if not isinstance(store, S3Store):
+        return []
+    client = await store.client()
+    out = []
+    full = join_key(store.prefix, prefix)
+    try:
+        async for page in client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=store.bucket, Prefix=full + "/" if full else ""):
+            for u in page.get("Uploads", []):
+                out.append((store._rel(u["Key"]), u["UploadId"], u["Initiated"].timestamp()))
+    except Exception as exc:  # noqa: BLE001
+        raise store.error(exc) from None
+    return out
+
+
+async def abort_stale(store: ObjectStore, prefix: str, *, before: float | None = None) -> int:
+    """Abort multipart uploads under ``prefix`` (started before ``before``), e.g. left by a killed upload."""
+    if not isinstance(store, S3Store):
+        return 0
+    client = await store.client()
+    n = 0
+    for key, uid, started in await list_multipart(store, prefix):
+        if before is None or started <= before:
+            await _abort(client, store.bucket, join_key(store.prefix, key), uid)
+            n += 1
+    return n
+
+
+def local_files(root: Path) -> dict[str, int]:
+    """Files under ``root`` (relative path -> size), skipping our own temporary files."""
+    if not root.is_dir():
+        raise UploadError(f"{root}: not a directory")
+    out = {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*")
+           if p.is_file() and not p.name.endswith(".tmp-lm")}
+    if not out:
+        raise UploadError(f"{root}: no files to upload")
+    return out
+
+
+def upload_order(files: list[str]) -> list[str]:
+    """Data files first (largest first, so parts stay busy), commit markers last."""
+    return sorted(files, key=lambda f: (f.rsplit("/", 1)[-1] in COMMIT_MARKERS, f))
+
+
+async def upload_dir(
+    store: ObjectStore,
+    local_dir: str | Path,
+    prefix: str,
+    *,
+    settings: UploadSettings | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    fault: PartFault | None = None,
+) -> UploadResult:
+    """Upload every file of ``local_dir`` under ``prefix``; markers last; every object verified."""
+    settings = (settings or UploadSettings()).check()
+    root = Path(local_dir)
+    sizes = await asyncio.to_thread(local_files, root)
+    files = list(sizes)
+    t0 = time.monotonic()
+    # a previous run of this upload that was killed leaves multipart uploads behind: sweep them
+    stale = await abort_stale(store, prefix, before=time.time())
+    counter = _Counter(sum(sizes.values()), progress)
+    parts_sem = asyncio.Semaphore(settings.concurrency)
+    files_sem = asyncio.Semaphore(settings.files_in_flight)
+    ordered = upload_order(files)
+    data = sorted((f for f in ordered if f.rsplit("/", 1)[-1] not in COMMIT_MARKERS), key=lambda f: -sizes[f])
+    markers = [f for f in ordered if f.rsplit("/", 1)[-1] in COMMIT_MARKERS]
+
+    async def one(f: str) -> UploadedObject:
+        async with files_sem:
+            return await upload_file(store, root / f, join_key(prefix, f), settings=settings, parts_sem=parts_sem,
+                                     counter=counter, cancelled=cancelled, fault=fault)
+
+    done: list[UploadedObject] = []
+    tasks = [asyncio.ensure_future(one(f)) for f in data]
+    try:
+        done.extend(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    for f in markers:  # only after every data file is complete and verified
+        done.append(await one(f))
+    return UploadResult(store.url, prefix, tuple(done), counter.total, time.monotonic() - t0, stale)
+
+
+async def download_file(store: ObjectStore, key: str, dest: Path, *, chunk: int = 64 * MiB) -> None:
+    """Download one object to ``dest`` in ranged chunks (bounded memory)."""
+    info = await store.stat(key)
+    if info is None:
+        raise StoreError(f"{store.url}: no object {key!r}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "wb") as f:  # noqa: ASYNC230 - sequential writes of bounded chunks
+        pos = 0
+        while pos < info.size:
+            data = await store.get_range(key, pos, min(chunk, info.size - pos))
+            if not data:
+                raise StoreError(f"{store.url}/{key}: short read at {pos}")
+            await asyncio.to_thread(f.write, data)
+            pos += len(data)
+
+
+# -- durable jobs -------------------------------------------------------------------------------
+
+def url_join(url: str, sub: str) -> str:
+    """``url`` + ``/sub`` (keeps a local path's leading slash, unlike join_key)."""
+    sub = sub.strip("/")
+    return f"{url.rstrip('/')}/{sub}" if sub else url
+
+
+def store_params(store: ObjectStore) -> dict[str, Any]:
+    """JSON parameters that let a node re-open ``store`` (no secrets: those travel separately)."""
+    if isinstance(store, S3Store):
+        p = store.profile or StoreProfile(url=store.url)
+        return {"url": store.url, "endpoint_url": p.endpoint_url, "region": p.region, "provider": p.provider,
+                "addressing_style": p.addressing_style, "checksum": p.checksum, "name": p.name}
+    return {"url": store.url}
+
+
+class _ExplicitCredsS3Store(S3Store):
+    """An S3Store using credentials handed to the job (not the node's own credential chain)."""
+
+    def __init__(self, url: str, profile: StoreProfile, env: dict[str, str]) -> None:
+        super().__init__(url, profile)
+        self._env = env
+
+    def botocore_session(self) -> Any:
+        session = super().botocore_session()
+        if self._env.get("AWS_ACCESS_KEY_ID"):
+            session.set_credentials(self._env["AWS_ACCESS_KEY_ID"], self._env.get("AWS_SECRET_ACCESS_KEY", ""),
+                                    self._env.get("AWS_SESSION_TOKEN") or None)
+        return session
+
+
+def open_store_params(params: dict[str, Any], env: dict[str, str] | None = None) -> ObjectStore:
+    """Re-open a store from :func:`store_params` output and the job's secret env."""
+    url = params["url"]
+    if not url.startswith("s3://"):
+        return LocalStore(Path(os.path.expanduser(url)))
+    profile = StoreProfile(url=url, endpoint_url=params.get("endpoint_url"), region=params.get("region"),
+                           provider=params.get("provider"), name=params.get("name") or "",
+                           addressing_style=params.get("addressing_style") or "auto",
+                           checksum=params.get("checksum") or "when_supported")
+    if env and env.get("AWS_ACCESS_KEY_ID"):
+        return _ExplicitCredsS3Store(url, profile, env)
+    return S3Store(url, profile)
+
+
+async def store_secrets(store: ObjectStore) -> dict[str, str]:
+    """The env a node job needs to reach ``store`` (delivered via the job's 0600 secrets file)."""
+    if not isinstance(store, S3Store):
+        return {}
+    creds = await store.credentials()
+    env = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
+    if creds.token:
+        env["AWS_SESSION_TOKEN"] = creds.token
+    return env
+
+
+def upload_params(local_dir: str, store: ObjectStore, prefix: str, *, settings: UploadSettings | None = None,
+                  step: int | None = None) -> dict[str, Any]:
+    """The params of an "upload" job (what ``services.jobs.launch`` sends to the node)."""
+    s = settings or UploadSettings()
+    return {"src": local_dir, "dest": url_join(store.url, prefix),
+            "store": store_params(store), "prefix": prefix, "part_size": s.part_size,
+            "concurrency": s.concurrency, "retries": s.retries, "step": step}
+
+
+def run_upload_job(ctx: Any) -> dict[str, Any]:
+    """Durable-job runner for kind "upload": a step directory to a store, verified, markers last."""
+    p = ctx.params
+    env = ctx.secret_env()
+    settings = UploadSettings(part_size=int(p.get("part_size", DEFAULT_PART_SIZE)),
+                              concurrency=int(p.get("concurrency", DEFAULT_CONCURRENCY)),
+                              retries=int(p.get("retries", DEFAULT_RETRIES)))
+    extra = {"step": p["step"]} if p.get("step") is not None else {}
+
+    async def main() -> dict[str, Any]:
+        store = open_store_params(p["store"], env)
+        try:
+            ctx.log(f"uploading {p['src']} to {p['dest']}")
+            res = await upload_dir(
+                store, p["src"], p.get("prefix", ""), settings=settings,
+                progress=lambda done, total: ctx.progress(bytes_done=done, bytes_total=total, **extra),
+                cancelled=lambda: ctx.cancelled)
+        finally:
+            await store.close()
+        ctx.log(f"uploaded {len(res.objects)} objects, {res.bytes} bytes, {res.gbps:.2f} Gbps, verified")
+        return res.as_dict()
+
+    return asyncio.run(main())
+
+
+def cleanup(ctx: Any) -> None:
+    """Abort multipart uploads a cancelled or lost upload job left under its destination."""
+    p = ctx.params
+    if "store" not in p:
+        return
+
+    async def main() -> None:
+        store = open_store_params(p["store"], ctx.secret_env())
+        try:
+            await abort_stale(store, p.get("prefix", ""))
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
