@@ -41,7 +41,7 @@ GB = 10**9
 #: Files a BF16 export consists of (written by ``backend.checkpoints.strip``).
 _EXPORT_RE = re.compile(r"^(?:model-\d{5}-of-\d{5}\.safetensors|model\.safetensors|model\.safetensors\.index\.json)$")
 #: Layouts whose full-precision state ``strip_step`` can turn into a BF16 export itself.
-STRIPPABLE_LAYOUTS: frozenset[str] = frozenset({"dcp", "torch-save", "hf-safetensors"})
+STRIPPABLE_LAYOUTS: frozenset[str] = frozenset({"dcp", "torch-save"})
 KNOWN_LAYOUTS: frozenset[str] = frozenset({"dcp", "hf-safetensors", "deepspeed", "torch-save"})
 
 

@@ -429,11 +429,23 @@ async def _strip(store: ObjectStore, step: CheckpointStep, a: PlannedAction, pol
             return f"BF16 export failed, nothing deleted: {exc}"
     if fault:
         fault("exported", a)
-    check = await verify_export(store, step.path)
+    check = await verify_export(store, step.path, expected=await _expected_shapes(store, step))
     if not _check_ok(check):
         return f"BF16 export did not verify, nothing deleted: {_check_problems(check)}"
     step = await step_catalog(store, step.path)  # the listing now includes the export
     return await _delete(store, step, strip_deletions(step, policy.milestone_marker))
+
+
+async def _expected_shapes(store: ObjectStore, step: CheckpointStep) -> dict[str, tuple[int, ...]] | None:
+    """Names and shapes of the model weights a DCP step holds (what its export must match)."""
+    from backend.checkpoints.dcp import METADATA_FILE, load_metadata, tensor_entries, weight_names
+
+    if not any(rel_name(step, o.key) == METADATA_FILE for o in step.objects):
+        return None  # other layouts were checked against their source by strip_step itself
+    key = f"{step.path}/{METADATA_FILE}"
+    entries = tensor_entries(load_metadata(await store.get_bytes(key), where=f"{store.url}/{key}"))
+    names = weight_names([e.fqn for e in entries], "model")
+    return {names[e.fqn]: e.shape for e in entries if e.fqn in names}
 
 
 def _check_ok(check: Any) -> bool:

@@ -1,0 +1,232 @@
+"""``loadmaster retention plan|apply|pin|unpin`` and ``loadmaster audit``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import humanize
+
+from backend.errors import PolicyError
+from backend.policy.retention import RetentionPlan, RetentionPolicy, parse_pin, parse_step_list
+from backend.schema import parse_duration
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the retention and audit commands."""
+    ret = sub.add_parser("retention", help="plan and apply checkpoint retention (keep, strip to BF16, delete)",
+                         description="Plan which checkpoints of a run to keep full, strip to BF16 weights or "
+                                     "delete; review the plan file; apply it with --yes.")
+    rs = ret.add_subparsers(dest="retention_command", metavar="ACTION", required=True)
+
+    p = rs.add_parser("plan", help="compute a retention plan from a fresh listing of a run folder")
+    p.add_argument("url", metavar="URL", help="run folder: s3://bucket/run, a configured store name, or a directory")
+    _policy_flags(p)
+    p.add_argument("--in-flight", action="append", default=[], metavar="STEP_PATH",
+                   help="a step folder a running job is still writing (never touched); repeatable")
+    p.add_argument("--out", metavar="PLAN.json", help="write the plan file here for review and apply")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--dry-run", action="store_true", help="accepted for symmetry: planning never changes anything")
+    p.set_defaults(func=cmd_plan)
+
+    a = rs.add_parser("apply", help="apply a reviewed plan file (needs --yes; re-checks the listing first)")
+    a.add_argument("plan", metavar="PLAN.json")
+    a.add_argument("--yes", action="store_true", help="really delete/strip (without it nothing is changed)")
+    a.add_argument("--dry-run", action="store_true", help="re-check and show what would happen, change nothing")
+    a.add_argument("--in-flight", action="append", default=[], metavar="STEP_PATH",
+                   help="a step folder a running job is still writing; repeatable")
+    a.add_argument("--json", action="store_true", help="print the result as JSON")
+    a.set_defaults(func=cmd_apply)
+
+    pin = rs.add_parser("pin", help="pin a step so no plan touches it (recorded, audited)")
+    pin.add_argument("url", metavar="URL")
+    pin.add_argument("pin", metavar="STEP[:REASON]")
+    pin.set_defaults(func=cmd_pin)
+    unpin = rs.add_parser("unpin", help="remove a pin")
+    unpin.add_argument("url", metavar="URL")
+    unpin.add_argument("step", type=int, metavar="STEP")
+    unpin.set_defaults(func=cmd_unpin)
+
+    au = sub.add_parser("audit", help="show the audit log (every destructive or guarded action)")
+    au.add_argument("--json", action="store_true", help="print entries as JSON (newest first)")
+    au.add_argument("--limit", type=int, default=50, help="how many entries (default 50)")
+    au.add_argument("--action", help="only this action, e.g. retention.apply")
+    au.set_defaults(func=cmd_audit)
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("policy (defaults from the [retention] config section)")
+    g.add_argument("--keep-full", type=int, metavar="N", help="keep the latest N complete checkpoints full")
+    g.add_argument("--milestone-every", type=int, metavar="N", help="every step divisible by N is a milestone")
+    g.add_argument("--milestones", metavar="S1,S2", help="explicit milestone steps, e.g. 48000,96000")
+    g.add_argument("--milestone-marker", metavar="NAME", help="object name that marks a milestone (MILESTONE)")
+    g.add_argument("--pin", action="append", default=[], metavar="STEP[:REASON]", help="keep a step untouched")
+    g.add_argument("--others", choices=["delete", "keep-weights"],
+                   help="what happens to steps that are neither recent nor milestones")
+    g.add_argument("--min-age", metavar="DURATION", help="never touch steps younger than this, e.g. 2h")
+
+
+def policy_from_args(base: RetentionPolicy, args: argparse.Namespace) -> RetentionPolicy:
+    """The config's policy with the command-line flags applied on top."""
+    changes: dict[str, Any] = {}
+    if args.keep_full is not None:
+        changes["keep_full_latest"] = args.keep_full
+    if args.milestone_every is not None:
+        changes["milestone_every"] = args.milestone_every
+    if args.milestones is not None:
+        changes["milestones"] = parse_step_list(args.milestones)
+    if args.milestone_marker is not None:
+        changes["milestone_marker"] = args.milestone_marker
+    if args.others is not None:
+        changes["others"] = args.others
+    if args.min_age is not None:
+        try:
+            changes["min_age"] = parse_duration(args.min_age)
+        except ValueError as exc:
+            raise PolicyError(f"--min-age: {exc}") from None
+    try:
+        policy = dataclasses.replace(base, **changes)
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
+    # Flags override config pins of the same step.
+    flag_pins = [parse_pin(x) for x in args.pin]
+    kept = tuple(p for p in policy.pins if p.step not in {f.step for f in flag_pins})
+    return dataclasses.replace(policy, pins=kept + tuple(flag_pins))
+
+
+def _size(n: int) -> str:
+    return humanize.naturalsize(n, format="%.1f")
+
+
+def format_plan(plan: RetentionPlan) -> str:
+    """The plan as an operator reads it: one line per step, then the totals."""
+    rows = [("STEP", "ACTION", "BEFORE", "AFTER", "FREED", "REASON")]
+    for a in plan.actions:
+        est = "~" if a.estimated else ""
+        rows.append((str(a.step) if a.step is not None else a.path, a.action, _size(a.bytes_before),
+                     est + _size(a.bytes_after), est + _size(a.bytes_freed), a.reason))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows]
+    t = plan.totals
+    money = (f", ${t.usd_month_saved:,.2f}/month saved ({plan.price_note})" if t.usd_month_saved is not None
+             else f" ({plan.price_note})" if plan.price_note else "")
+    counts = ", ".join(f"{plan.count(x)} {x}" for x in ("keep-full", "strip-to-weights", "keep-weights",
+                                                         "delete", "skip") if plan.count(x))
+    lines += [
+        "",
+        f"plan {plan.hash[:12]} for {plan.url}: {counts}",
+        f"before {_size(t.bytes_before)} -> after {_size(t.bytes_after)}: saves {_size(t.bytes_saved)} "
+        f"({t.percent_saved:.1f}%){money}",
+    ]
+    if any(a.estimated for a in plan.actions):
+        lines.append("~ estimated until the BF16 export is written")
+    return "\n".join(lines)
+
+
+async def cmd_plan(args: argparse.Namespace, services: Any) -> int:
+    """Compute and show (or save) a retention plan."""
+    from backend.retention import compute_plan
+
+    policy = policy_from_args(services.config.section("retention"), args)
+    plan = await compute_plan(services, args.url, policy, in_flight=args.in_flight)
+    if args.out:
+        try:
+            Path(args.out).write_text(plan.to_json())  # noqa: ASYNC240 - one small file
+        except OSError as exc:
+            raise PolicyError(f"cannot write the plan file {args.out!r}: {exc.strerror}") from None
+    if args.json:
+        print(plan.to_json(), end="")
+    else:
+        print(format_plan(plan))
+        if args.out:
+            print(f"plan written to {args.out}; apply with: loadmaster retention apply {args.out} --yes")
+    return 0
+
+
+def _load_plan(path: str) -> RetentionPlan:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PolicyError(f"cannot read the plan file {path!r}: {exc.strerror}") from None
+    return RetentionPlan.from_json(text, source=path)
+
+
+async def cmd_apply(args: argparse.Namespace, services: Any) -> int:
+    """Apply a plan file (only with --yes), or show what it would do (--dry-run)."""
+    from backend.retention import apply_plan
+
+    plan = _load_plan(args.plan)
+    if not args.yes and not args.dry_run:
+        print(format_plan(plan))
+        raise PolicyError(f"nothing changed: add --yes to apply plan {plan.hash[:12]} "
+                          f"({len(plan.destructive_actions)} destructive actions), or --dry-run to re-check it")
+    if services.readonly and not args.dry_run:
+        raise PolicyError("read-only mode: cannot apply a retention plan (drop --readonly)")
+
+    def show(o: Any) -> None:
+        if not args.json and o.outcome != "running":
+            print(f"[{o.index}/{o.total}] {o.path}: {o.action} -> {o.outcome}"
+                  + (f" ({o.detail})" if o.detail else ""), file=sys.stderr if args.json else sys.stdout)
+
+    report = await apply_plan(services, plan, dry_run=args.dry_run, in_flight=args.in_flight, progress=show)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    else:
+        for c in report.changes:
+            print(f"changed since the plan: {c}")
+        print(f"{'dry run of' if report.dry_run else 'applied'} plan {plan.hash[:12]}: {report.outcome}; "
+              f"{report.count('done')} done, {report.count('already-done')} already done, "
+              f"{report.count('stopped')} stopped, {report.count('failed')} failed; "
+              f"freed {_size(report.bytes_freed)}"
+              + (f"; audit record #{report.audit_id}" if report.audit_id else ""))
+        if report.count("stopped"):
+            print("stopped actions were left untouched: compute a new plan to act on the current listing")
+    return 0 if report.ok else 1
+
+
+def cmd_pin(args: argparse.Namespace, services: Any) -> int:
+    """Record a pin for a step."""
+    from backend.retention import PinStore
+
+    if services.readonly:
+        raise PolicyError("read-only mode: cannot change pins")
+    p = parse_pin(args.pin)
+    PinStore(services.db).pin(args.url, p.step, p.reason)
+    print(f"pinned step {p.step} under {args.url}" + (f" ({p.reason})" if p.reason else ""))
+    return 0
+
+
+def cmd_unpin(args: argparse.Namespace, services: Any) -> int:
+    """Remove a pin."""
+    from backend.retention import PinStore
+
+    if services.readonly:
+        raise PolicyError("read-only mode: cannot change pins")
+    if not PinStore(services.db).unpin(args.url, args.step):
+        raise PolicyError(f"step {args.step} is not pinned under {args.url}")
+    print(f"unpinned step {args.step} under {args.url}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace, services: Any) -> int:
+    """Show the audit log."""
+    entries = services.db.audit_entries(limit=args.limit, action=args.action)
+    if args.json:
+        print(json.dumps([e.as_dict() for e in entries], indent=2, sort_keys=True, default=str))
+        return 0
+    if not entries:
+        print("no audit entries")
+        return 0
+    for e in entries:
+        when = datetime.fromtimestamp(e.ts).strftime("%Y-%m-%d %H:%M:%S")
+        extra = f" plan={e.plan_hash[:12]}" if e.plan_hash else ""
+        extra += f" reason={e.reason!r}" if e.reason else ""
+        n = len(e.detail.get("actions", [])) if isinstance(e.detail, dict) else 0
+        extra += f" actions={n}" if n else ""
+        print(f"#{e.id} {when} {e.actor} {e.action} {e.target} -> {e.outcome}{extra}")
+    return 0

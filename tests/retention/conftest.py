@@ -1,0 +1,94 @@
+"""A real run of tiny DCP checkpoints (torch on CPU), made once per session and copied per test."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+#: The run: steps 1000..12000 complete, 13000 in flight (no commit marker yet).
+STEPS = tuple(range(1000, 13001, 1000))
+IN_FLIGHT = 13000
+
+
+@dataclass(frozen=True)
+class DcpRun:
+    """A template run folder and the BF16 model weights of every step (for checking exports)."""
+
+    root: Path
+    weights: dict[int, dict[str, object]]  # step -> {tensor name: bf16 tensor}
+
+    def copy_to(self, dest: Path) -> Path:
+        shutil.copytree(self.root, dest)
+        return dest
+
+    def upload(self, s3, bucket: str, prefix: str = "run1") -> str:  # type: ignore[no-untyped-def]
+        client = s3.client()
+        for p in sorted(self.root.rglob("*")):
+            if p.is_file():
+                client.put_object(Bucket=bucket, Key=f"{prefix}/{p.relative_to(self.root).as_posix()}",
+                                  Body=p.read_bytes())
+        return f"s3://{bucket}/{prefix}"
+
+
+def save_step(model, optim, dest: Path) -> None:  # type: ignore[no-untyped-def]
+    """One real DCP save of model + optimizer state."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group" notice on single-process saves
+        dcp.save({"model": model.state_dict(), "optim": optim.state_dict()}, checkpoint_id=str(dest))
+
+
+@pytest.fixture(scope="session")
+def dcp_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DcpRun]:
+    import torch
+
+    root = tmp_path_factory.mktemp("dcp-run") / "run1"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    weights: dict[int, dict[str, object]] = {}
+    for step in STEPS:
+        model(torch.randn(4, 8)).pow(2).sum().backward()
+        optim.step()
+        optim.zero_grad()
+        save_step(model, optim, root / f"step-{step}")
+        weights[step] = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
+    (root / f"step-{IN_FLIGHT}" / ".metadata").unlink()  # DCP writes .metadata last: still in flight
+    (root / "notes").mkdir()
+    (root / "notes" / "README.txt").write_text("operator notes: not a checkpoint\n")
+    yield DcpRun(root, weights)
+
+
+@pytest.fixture
+def s3_services(lab, s3, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Services whose config has one store: a fresh SeaweedFS bucket (profile of the lab store)."""
+    from backend.config import StateSettings
+    from backend.services import Services
+
+    bucket = s3.new_bucket("ret")
+    profile = dataclasses.replace(lab.config.stores["lab"], url=f"s3://{bucket}", name="ckpt")
+    config = dataclasses.replace(lab.config, stores={"ckpt": profile},
+                                 state=StateSettings(dir=str(tmp_path / "state")))
+    services = Services(config)
+    services.extras["bucket"] = bucket
+    yield services
+    services.db.close()
+
+
+@pytest.fixture
+def local_services(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Services for a machine-local config (stores are plain directories)."""
+    from backend.config import parse_config
+    from backend.services import Services
+
+    config = parse_config({"nodes": [{"name": "here", "transport": "local"}]}, file="test.toml", base=tmp_path)
+    services = Services(config)
+    yield services
+    services.db.close()
