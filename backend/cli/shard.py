@@ -1,0 +1,176 @@
+"""``loadmaster shard SRC DEST`` (pack small files into WebDataset shards) and ``shard verify DEST``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from backend.config import StoreProfile
+from backend.errors import ConfigError, JobError
+from backend.schema import parse_size
+from backend.services import Services
+from backend.shards.convert import (
+    ShardProgress,
+    ShardRequest,
+    convert,
+    job_params,
+    preview,
+)
+from backend.shards.verify import verify
+from backend.storage import S3Store
+
+USAGE = ("loadmaster shard SRC DEST [--shard-size 512MB] [--pattern shard-%06d.tar] [--node NAME] "
+         "[--shuffle SEED] [--workers N] [--overwrite | --resume] [--incomplete error|skip|keep] "
+         "[--dry-run] [--json]\n       loadmaster shard verify DEST [--json]")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def register(sub: Any) -> None:
+    """Add the ``shard`` command."""
+    p = sub.add_parser(
+        "shard", usage=USAGE, help="pack many small files into WebDataset tar shards (or verify shards)",
+        description="Pack a directory or s3:// prefix of small files into deterministic WebDataset tar "
+        "shards with a manifest (sizes, sha256, GETs saved), locally or as a job on a node. "
+        "'shard verify DEST' reads shards back with webdataset and checks them against the manifest.",
+    )
+    p.add_argument("paths", nargs="+", metavar="SRC DEST", help="source and destination (dir or s3://)")
+    p.add_argument("--shard-size", type=_size, help="target shard size (default 512MB; 256MB-1GB advised)")
+    p.add_argument("--pattern", help="shard file name pattern (default shard-%%06d.tar)")
+    p.add_argument("--node", help="run the conversion as a durable job on this node")
+    p.add_argument("--shuffle", type=int, metavar="SEED", help="shuffle sample order with this seed")
+    p.add_argument("--workers", type=int, help="threads reading local files (default 4)")
+    p.add_argument("--overwrite", action="store_true", help="replace shards already in DEST")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
+    p.add_argument("--incomplete", choices=("error", "skip", "keep"), default="error",
+                   help="samples missing a file most samples have: refuse (default), leave out, or keep")
+    p.add_argument("--dry-run", action="store_true", help="preview sample/shard counts and GET savings only")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_shard)
+
+
+def _location(services: Services, text: str) -> tuple[str, StoreProfile | None]:
+    """A URL/dir and its store profile; a configured store name stands for its URL."""
+    if text in services.config.stores:
+        p = services.config.stores[text]
+        return p.url, p
+    if text.startswith("s3://"):
+        return text.rstrip("/"), services.config.store_for_url(text)
+    return text, None
+
+
+def _request(args: argparse.Namespace, services: Services, src: str, dest: str) -> ShardRequest:
+    return ShardRequest.from_settings(
+        services.config.section("shards"), src, dest, shard_size=args.shard_size, pattern=args.pattern,
+        seed=args.shuffle, workers=args.workers, overwrite=args.overwrite, resume=args.resume,
+        incomplete=args.incomplete,
+    )
+
+
+def _progress_printer(enabled: bool) -> Any:
+    last = [0.0]
+
+    def show(p: ShardProgress) -> None:
+        now = time.monotonic()
+        if not enabled or (now - last[0] < 1.0 and not p.final):
+            return
+        last[0] = now
+        print(f"\r  shards {p.shards_done}/{p.shards_total}  samples {p.samples_done:,}/{p.samples_total:,}"
+              f"  {p.samples_per_s:,.0f} samples/s  {p.mb_per_s:,.1f} MB/s", end="\n" if p.final else "",
+              file=sys.stderr, flush=True)
+
+    return show
+
+
+async def _secrets_for(*locs: tuple[str, StoreProfile | None]) -> dict[str, str]:
+    """Credentials a node needs for the s3:// side(s), as env vars (delivered via a 0600 file)."""
+    for url, prof in locs:  # the destination first: it is written
+        if url.startswith("s3://"):
+            creds = await S3Store(url, prof).credentials()
+            env = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
+            if creds.token:
+                env["AWS_SESSION_TOKEN"] = creds.token
+            return env
+    return {}
+
+
+async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
+    """Convert SRC into shards at DEST (or verify DEST)."""
+    if args.paths[0] == "verify" and len(args.paths) == 2:
+        return await cmd_verify(args, services)
+    if len(args.paths) != 2:
+        raise ConfigError(f"expected SRC and DEST (or 'verify DEST'); usage: {USAGE}")
+    (src, sprof), (dest, dprof) = (_location(services, a) for a in args.paths)
+    req = _request(args, services, src, dest)
+    out = sys.stderr if args.json else sys.stdout
+    if args.node:
+        services.config.node(args.node)
+        if args.dry_run:
+            raise ConfigError("--dry-run previews on this machine; drop --node to preview")
+        if services.readonly:
+            raise JobError("read-only mode: cannot start a conversion")
+        req.validate()
+        secrets = await _secrets_for((dest, dprof), (src, sprof))
+        rec = await services.jobs.launch(args.node, "shard", job_params(req, sprof, dprof), secrets=secrets,
+                                         label=f"shard {src} -> {dest}")
+        services.db.record_audit("shard.launch", dest, "started",
+                                 detail={"src": src, "node": args.node, "job": rec.id,
+                                         "overwrite": req.overwrite, "resume": req.resume})
+        if args.json:
+            print(json.dumps({"job": rec.id, "node": args.node, "src": src, "dest": dest}))
+        else:
+            print(f"started shard job {rec.id} on {args.node}: {src} -> {dest}\n"
+                  f"  follow it with: loadmaster job log {rec.id}")
+        return 0
+    pv = await preview(req, config=services.config, src_profile=sprof, dest_profile=dprof)
+    print(f"{src} -> {dest}: {pv.files:,} files, {pv.samples:,} samples, "
+          f"{pv.source_bytes / 1e6:,.1f} MB -> {pv.shards:,} shard(s)", file=out)
+    print(f"  {pv.requests.summary()}", file=out)
+    for w in pv.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if args.dry_run:
+        for e in pv.errors:
+            print(f"error: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps(pv.as_dict(), indent=1))
+        return 0 if pv.ok else 2
+    if not pv.ok:
+        raise JobError(f"cannot shard {src}: " + "; ".join(pv.errors))
+    if services.readonly:
+        raise JobError("read-only mode: cannot start a conversion (use --dry-run to preview)")
+    if req.overwrite:
+        services.db.record_audit("shard.overwrite", dest, "started", detail={"src": src})
+    result = await convert(req, config=services.config, src_profile=sprof, dest_profile=dprof,
+                           on_progress=_progress_printer(sys.stderr.isatty() and not args.json),
+                           on_log=lambda m: None)
+    if req.overwrite:
+        services.db.record_audit("shard.overwrite", dest, "done", detail=result.as_dict())
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1))
+    else:
+        resumed = f" ({len(result.resumed)} resumed)" if result.resumed else ""
+        print(f"wrote {len(result.written)} shard(s){resumed} to {dest} in {result.elapsed:.1f}s\n"
+              f"  {result.manifest.summary().replace(chr(10), chr(10) + '  ')}")
+    return 0
+
+
+async def cmd_verify(args: argparse.Namespace, services: Services) -> int:
+    """Read every shard at DEST back with webdataset; check sizes, sha256 and sample counts."""
+    dest, prof = _location(services, args.paths[1])
+    report = await verify(dest, profile=prof)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+    else:
+        for c in report.checks:
+            if not c.ok:
+                print(f"  {c.name}: " + "; ".join(c.problems))
+        print(report.summary())
+    return 0 if report.ok else 1
