@@ -28,6 +28,7 @@ API for the code that launches transfers (pulls, jobs reading a store into a nod
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import defaultdict
@@ -194,6 +195,12 @@ def _now(now: datetime | float | None) -> datetime:
     return now if now.tzinfo else now.replace(tzinfo=UTC)
 
 
+def _is_local(store: StoreProfile) -> bool:
+    # A local directory store (with or without provider = "local") moves no cloud bytes.
+    provider = (store.provider or "").lower()
+    return provider in LOCAL_PROVIDERS or (not provider and not store.is_s3)
+
+
 def _row_entry(r: Any) -> LedgerEntry:
     tiers = tuple(TierSlice(**t) for t in json.loads(r["tiers"]))
     return LedgerEntry(r["id"], r["ts"], r["month"], r["job_id"], r["store"], r["account"], r["source_site"],
@@ -234,7 +241,7 @@ class EgressLedger:
 
     def append(
         self, *, when: datetime, job_id: str | None, store: str, account: str | None, source_site: str | None,
-        dest_site: str | None, nbytes: int, price: Any,
+        dest_site: str | None, nbytes: int, price: Any, kind: str | None = None,
     ) -> LedgerEntry:
         """Insert one entry (``price`` is a callable(mtd_bytes) -> TransferPrice, run under the lock)."""
         month = month_key(when)
@@ -246,7 +253,7 @@ class EgressLedger:
                 cur = self.db.execute(
                     "INSERT INTO egress_ledger (ts, month, job_id, store, account, source_site, dest_site, kind,"
                     " bytes, usd, priced, month_to_date_bytes, tiers, note) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (when.timestamp(), month, job_id, store, account, source_site, dest_site, p.kind, nbytes,
+                    (when.timestamp(), month, job_id, store, account, source_site, dest_site, kind or p.kind, nbytes,
                      p.usd, int(p.priced), mtd, json.dumps([t.as_dict() for t in p.tiers]), p.note),
                 )
                 self.db.execute("COMMIT")
@@ -307,11 +314,10 @@ class EgressGuard:
         mtd = self.ledger.internet_bytes(account, month)
         source = self._source_site(store)
         p = price_transfer(self.prices, source, dest_site, nbytes, month_to_date_bytes=mtd)
-        local = bool(store.provider) and store.provider.lower() in LOCAL_PROVIDERS
-        if local or (not store.provider and not store.is_s3):
+        kind: str = p.kind
+        if _is_local(store):
             kind = "local"
-        else:
-            kind = p.kind
+            p = dataclasses.replace(p, note="unpriced: a local store has no provider egress charge")
         req = 0.0
         if p.priced and objects:
             site = parse_site(source or "")
@@ -377,7 +383,7 @@ class EgressGuard:
         account = self.account_of(store)
         return self.ledger.append(
             when=at, job_id=job_id, store=store.name, account=account, source_site=source,
-            dest_site=dest_site, nbytes=nbytes,
+            dest_site=dest_site, nbytes=nbytes, kind="local" if _is_local(store) else None,
             price=lambda mtd: price_transfer(self.prices, source, dest_site, nbytes, month_to_date_bytes=mtd),
         )
 
@@ -395,15 +401,14 @@ class EgressGuard:
             " FROM egress_ledger WHERE month = ? GROUP BY store, account, source_site, dest_site, kind"
             " ORDER BY u DESC, b DESC", (month,))
         # Project per account through the tiers (a linear $ projection would ignore that later
-        # terabytes are cheaper), then share each account's projection among its routes by bytes.
-        acct_bytes: dict[str | None, int] = defaultdict(int)
-        acct_usd: dict[str | None, float] = defaultdict(float)
+        # terabytes are cheaper), then share each account's internet projection among its internet
+        # routes by bytes; flat-rate routes (inter-region, same-region) project linearly.
+        frac = elapsed
+        inet_bytes: dict[str | None, int] = defaultdict(int)
         for r in rows:
-            acct_bytes[r["account"]] += int(r["b"] or 0)
-            acct_usd[r["account"]] += float(r["u"] or 0.0)
-        acct_proj: dict[str | None, float] = {}
-        for acct in acct_bytes:
-            acct_proj[acct] = self._project_usd(acct, rows, month, at)
+            if r["kind"] == "internet" and r["u"] is not None:
+                inet_bytes[r["account"]] += int(r["b"] or 0)
+        inet_proj = {acct: self._project_internet_usd(acct, rows, month, at) for acct in inet_bytes}
         routes = []
         total_b = 0
         total_u = 0.0
@@ -411,41 +416,38 @@ class EgressGuard:
         for r in rows:
             b = int(r["b"] or 0)
             u = float(r["u"]) if r["u"] is not None and r["all_priced"] else None
-            share = b / acct_bytes[r["account"]] if acct_bytes[r["account"]] else 0.0
-            pu = acct_proj.get(r["account"], 0.0) * share if u is not None else None
+            pu: float | None = None
+            if u is not None:
+                if r["kind"] == "internet" and inet_bytes[r["account"]]:
+                    pu = inet_proj[r["account"]] * b / inet_bytes[r["account"]]
+                else:
+                    pu = u / frac if 0 < frac < 1 else u
             routes.append(RouteSpend(r["store"], r["account"], r["source_site"], r["dest_site"], r["kind"],
                                      int(r["n"]), b, u, projected_bytes(b, month, at), pu))
             total_b += b
             if r["u"] is not None:
                 total_u += float(r["u"])
-            if not r["all_priced"]:
-                unpriced += b if u is None else 0
+            if u is None and r["kind"] != "local":
+                unpriced += b
+        proj_usd = sum(r.projected_usd or 0.0 for r in routes)
         budgets = self._budget_statuses(month, routes)
         return EgressReport(month, at.timestamp(), elapsed, tuple(routes), budgets, total_b, total_u,
-                            projected_bytes(total_b, month, at), sum(acct_proj.values()), unpriced)
+                            projected_bytes(total_b, month, at), proj_usd, unpriced)
 
-    def _project_usd(self, account: str | None, rows: list[Any], month: str, at: datetime) -> float:
-        mine = [r for r in rows if r["account"] == account and r["u"] is not None]
-        if not mine:
-            return 0.0
-        spent = sum(float(r["u"]) for r in mine)
+    def _project_internet_usd(self, account: str | None, rows: list[Any], month: str, at: datetime) -> float:
+        """The account's internet egress projected to month end, priced through its tiers."""
+        inet = [r for r in rows if r["account"] == account and r["kind"] == "internet" and r["u"] is not None]
+        spent = sum(float(r["u"]) for r in inet)
         frac = month_elapsed(month, at)
         if frac >= 1 or frac <= 0:
             return spent
-        inet = [r for r in mine if r["kind"] == "internet"]
-        flat = [r for r in mine if r["kind"] != "internet"]
-        flat_proj = sum(float(r["u"]) for r in flat) / frac
-        inet_bytes = sum(int(r["b"]) for r in inet)
-        if not inet:
-            return flat_proj
         src = next((r["source_site"] for r in inet if r["source_site"]), None)
         site = parse_site(src) if src else None
         prov = self.prices.provider(site.provider, site.region) if site else None
         if prov is None:
-            return flat_proj + sum(float(r["u"]) for r in inet) / frac
-        proj_gb = inet_bytes / frac / GB
-        usd, _ = tiered_cost(prov.internet_tiers, 0.0, proj_gb)
-        return flat_proj + usd
+            return spent / frac
+        usd, _ = tiered_cost(prov.internet_tiers, 0.0, sum(int(r["b"]) for r in inet) / frac / GB)
+        return usd
 
     def _budget_statuses(self, month: str, routes: list[RouteSpend]) -> tuple[BudgetStatus, ...]:
         s = self.settings

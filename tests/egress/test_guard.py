@@ -126,15 +126,21 @@ def test_report_per_route_with_projection(tmp_path: Path) -> None:
     g.record_transfer(DATASETS, DEST, 6 * TB, job_id="a", when=datetime(2026, 11, 2, tzinfo=UTC))
     g.record_transfer(DATASETS, DEST, 4 * TB, job_id="b", when=datetime(2026, 11, 5, tzinfo=UTC))
     g.record_transfer(DATASETS, "aws:us-west-2", TB, job_id="c", when=datetime(2026, 11, 6, tzinfo=UTC))
+    g.record_transfer(DATASETS, "aws:us-east-1", 50 * TB, job_id="d", when=datetime(2026, 11, 7, tzinfo=UTC))
+    g.record_transfer(LOCAL, DEST, TB, job_id="e", when=datetime(2026, 11, 7, tzinfo=UTC))
     r = g.report("2026-11", now=datetime(2026, 11, 16, tzinfo=UTC))  # half the month gone
-    by_dest = {x.dest_site: x for x in r.routes}
+    by_dest = {x.dest_site: x for x in r.routes if x.store == "datasets"}
     assert by_dest[DEST].bytes == 10 * TB and by_dest[DEST].usd == pytest.approx(891)
     assert by_dest["aws:us-west-2"].usd == pytest.approx(20)  # 1,000 GB x 0.02 inter-region
     assert r.usd == pytest.approx(911)
+    # Same-region reads are free now and projected free; a local store is not "unpriced" spend.
+    assert by_dest["aws:us-east-1"].usd == 0 and by_dest["aws:us-east-1"].projected_usd == 0
+    local = next(x for x in r.routes if x.store == "local")
+    assert local.kind == "local" and local.usd is None and r.unpriced_bytes == 0
     # Projection: 20 TB to the internet by month end through the tiers (891 + 10,000 x 0.085
     # = 1,741), plus inter-region doubled (40): $1,781 -- not 911 x 2 = 1,822.
     assert r.projected_usd == pytest.approx(1_781)
-    assert r.projected_bytes == 22 * TB
+    assert r.projected_bytes == 2 * (11 + 50 + 1) * TB  # linear in bytes; $ goes through the tiers
     (b,) = r.budgets
     assert (b.key, b.budget_usd, b.spent_usd) == ("datasets", 2000, pytest.approx(911))
     assert g.report("2026-10").routes == ()
