@@ -144,3 +144,44 @@ def test_report_per_route_with_projection(tmp_path: Path) -> None:
     (b,) = r.budgets
     assert (b.key, b.budget_usd, b.spent_usd) == ("datasets", 2000, pytest.approx(911))
     assert g.report("2026-10").routes == ()
+
+
+def test_concurrent_transfers_are_priced_one_after_another(tmp_path: Path) -> None:
+    # Eight pulls finishing at once from threads: each must start where the previous one ended,
+    # so together they cost exactly what 16 TB in one month costs: 100 GB free,
+    # 9,900 x 0.09 = 891, 6,000 x 0.085 = 510 -> $1,401.
+    import threading
+
+    g = guard(tmp_path)
+    barrier = threading.Barrier(8)
+
+    def pull(i: int) -> None:
+        barrier.wait()
+        g.record_transfer(DATASETS, DEST, 2 * TB, job_id=f"pull-{i}", when=NOV)
+
+    threads = [threading.Thread(target=pull, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    entries = g.ledger.entries("2026-11")
+    assert sorted(e.month_to_date_bytes for e in entries) == [i * 2 * TB for i in range(8)]
+    assert sum(e.usd or 0 for e in entries) == pytest.approx(1_401)
+
+
+def test_egress_section_from_toml(tmp_path: Path) -> None:
+    from backend.config import parse_config
+    from backend.errors import ConfigError
+
+    base = {"nodes": [{"name": "n", "transport": "local"}]}
+    cfg = parse_config({**base, "egress": {"monthly_budget_usd": 2000, "budgets": {"datasets": 500},
+                                           "per_transfer_limit_usd": 800, "action": "block"}}, file="lm.toml")
+    s = cfg.section("egress")
+    assert (s.monthly_budget_usd, s.budgets, s.per_transfer_limit_usd, s.action) == (2000, {"datasets": 500}, 800, "block")
+    assert parse_config(base, file="lm.toml").section("egress") == EgressSettings()
+    with pytest.raises(ConfigError, match=r"lm.toml: egress.action: expected one of 'warn', 'confirm', 'block'"):
+        parse_config({**base, "egress": {"action": "stop"}}, file="lm.toml")
+    with pytest.raises(ConfigError, match="egress.budget: unknown key"):
+        parse_config({**base, "egress": {"budget": 5}}, file="lm.toml")
+    with pytest.raises(ConfigError, match="must not be negative"):
+        parse_config({**base, "egress": {"per_transfer_limit_usd": -1}}, file="lm.toml")
