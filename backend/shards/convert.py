@@ -525,6 +525,12 @@ class _TarOut:
         os.close(self.fd)
 
 
+def _check_cancel(cancelled: Callable[[], bool], written: int) -> None:
+    if cancelled():
+        raise ShardCancelled(f"conversion cancelled after {written} new shard(s); completed shards "
+                             "are kept: rerun with --resume to continue")
+
+
 def _write_shards(
     todo: Sequence[PlannedShard], submit: Submit, ahead: int, sink: _Sink, progress: _Progress,
     cancelled: Callable[[], bool] | None,
@@ -539,9 +545,12 @@ def _write_shards(
     path: str | None = None
     try:
         for shard in todo:
+            if cancelled is not None:
+                _check_cancel(cancelled, len(entries))  # at every shard boundary, and every 0.2 s
             path = sink.temp_path(shard.name)
             out = _TarOut(path)
             buf = out.buf
+            bytes_before = progress.bytes_done
             try:
                 nfiles = 0
                 for sample in shard.samples:
@@ -563,9 +572,7 @@ def _write_shards(
                     now = time.monotonic()
                     if cancelled is not None and now - last_check >= 0.2:
                         last_check = now
-                        if cancelled():
-                            raise ShardCancelled(f"conversion cancelled after {len(entries)} new shard(s); "
-                                                 "completed shards are kept: rerun with --resume to continue")
+                        _check_cancel(cancelled, len(entries))
                 out.finish()
             finally:
                 out.close()
@@ -576,6 +583,7 @@ def _write_shards(
             path = None
             entries.append(entry)
             progress.shards_done += 1
+            progress.bytes_done = bytes_before + shard.nbytes  # members plus the end-of-archive
             progress.tick(force=True)
         sink.finish()
     except BaseException:
