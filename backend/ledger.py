@@ -7,7 +7,7 @@ API for the code that launches transfers (pulls, jobs reading a store into a nod
     guard = EgressGuard(services.config, services.db)
     quote = guard.quote_transfer(store, node.site, listed_bytes, objects=listed_objects)
     decision = guard.check(quote, allow_over_budget_reason=args.allow_over_budget)
-    # show decision.message (it names the budget/limit and the numbers) with the quote
+    # show the quote with the verdict: backend.policy.egress.decision_lines(decision)
     if decision.action == "block":       raise PolicyError(decision.message)  # do not start
     if decision.action == "confirm":     ask the operator (TUI dialog); on yes with a reason:
                                          guard.record_override(decision, reason)
@@ -22,6 +22,11 @@ API for the code that launches transfers (pulls, jobs reading a store into a nod
   ``override_reason`` set; ``block`` cannot be overridden.
 * ``record_override`` writes the override and its reason to the audit log (``egress.override``).
 * ``record_transfer`` appends a :class:`LedgerEntry` priced at the tier it actually fell in.
+* ``dest_site`` None (a node without ``site``) is priced as internet egress and the quote says so;
+  a store without provider/region, or of an unpriced provider, gives ``priced=False`` with a note
+  (``[egress] unpriced_action`` decides), a local directory store gives route kind ``local``.
+* In the console, ``tui.screens.egress.EgressOverrideModal(decision)`` is the confirm dialog: it
+  dismisses with the operator's reason (then call ``record_override``) or None.
 
 :class:`EgressLedger` reads the month back per route (``loadmaster egress report``).
 """

@@ -11,10 +11,11 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from backend.errors import ConfigError, PolicyError
+from backend.errors import PolicyError
 from backend.ledger import EgressGuard, EgressReport
 from backend.policy.egress import (
     break_even_month,
+    decision_lines,
     estimate,
     estimate_lines,
     fmt_bytes,
@@ -22,7 +23,6 @@ from backend.policy.egress import (
     parse_count_text,
     parse_site_text,
     parse_size_text,
-    tier_lines,
 )
 from backend.policy.prices import price_table
 from backend.services import Services
@@ -122,11 +122,8 @@ def cmd_quote(args: argparse.Namespace, services: Services) -> int:
     store = config.store(args.store)
     dest = args.dest
     if args.node:
-        node = config.node(args.node)
-        if not node.site:
-            raise ConfigError(f"node {node.name!r} has no site: set site = \"provider:region\"", file=config.source,
-                              key="nodes")
-        dest = node.site
+        # A node without a site is priced as internet egress (the quote says so), never as free.
+        dest = config.node(args.node).site
     guard = EgressGuard(config, services.db)
     quote = guard.quote_transfer(store, dest, args.bytes, objects=args.objects)
     decision = guard.check(quote, allow_over_budget_reason=args.allow_over_budget)
@@ -136,16 +133,7 @@ def cmd_quote(args: argparse.Namespace, services: Services) -> int:
     if args.json:
         print(json.dumps({**decision.as_dict(), "audit_id": audit_id}, indent=2, default=str))
     else:
-        print(f"{quote.route.label}: {fmt_bytes(quote.bytes)} ({quote.route.kind})  [GB = 10^9 bytes]")
-        if quote.priced:
-            print(f"month to date from {quote.account}: {fmt_bytes(quote.month_to_date_bytes)}, "
-                  f"{fmt_usd(quote.month_to_date_usd)}")
-            for line in tier_lines(quote.tiers):
-                print(f"    {line}")
-            print(f"egress {fmt_usd(quote.usd)} + requests {fmt_usd(quote.requests_usd)} = {fmt_usd(quote.total_usd)}")
-        if quote.note:
-            print(f"note: {quote.note}")
-        print(f"{decision.action.upper()}: {decision.message}")
+        print("\n".join(decision_lines(decision)))
         if audit_id:
             print(f"override recorded in the audit log (#{audit_id})")
     return 0 if decision.may_start else 3

@@ -542,3 +542,22 @@ def estimate_lines(est: EgressEstimate, table: PriceTable | None = None) -> list
             lines.append(f"  {a.label}: {fmt_usd(a.total_usd)}/month (egress {fmt_usd(a.egress_usd)}, "
                          f"requests {fmt_usd(a.requests_usd)}, storage {fmt_usd(a.storage_usd)}/month)")
     return lines
+
+
+def quote_lines(quote: EgressQuote) -> list[str]:
+    """A quote as text lines (shown with the guard's decision before a transfer starts)."""
+    lines = [f"{quote.route.label}: {fmt_bytes(quote.bytes)} ({quote.route.kind})  [GB = 10^9 bytes]"]
+    if quote.priced:
+        lines.append(f"month to date from {quote.account}: {fmt_bytes(quote.month_to_date_bytes)}, "
+                     f"{fmt_usd(quote.month_to_date_usd)}")
+        lines.extend(f"    {t}" for t in tier_lines(quote.tiers))
+        lines.append(f"egress {fmt_usd(quote.usd)} + requests {fmt_usd(quote.requests_usd)} = "
+                     f"{fmt_usd(quote.total_usd)}")
+    if quote.note:
+        lines.append(f"note: {quote.note}")
+    return lines
+
+
+def decision_lines(decision: GuardDecision) -> list[str]:
+    """The quote followed by the guard's verdict (``BLOCK: ...``)."""
+    return [*quote_lines(decision.quote), f"{decision.action.upper()}: {decision.message}"]
