@@ -55,6 +55,12 @@ class Services:
 
         return JobManager(self.pool, self.db, self.config)
 
+    @cached_property
+    def egress(self) -> Any:
+        from backend.ledger import EgressGuard
+
+        return EgressGuard(self.config, self.db)
+
     async def aclose(self) -> None:
         """Stop background work and close connections."""
         if "telemetry" in self.__dict__:
