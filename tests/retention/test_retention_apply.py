@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from conftest import IN_FLIGHT, STEPS, DcpRun, save_step  # type: ignore[import-not-found]
+from retention_helpers import IN_FLIGHT, STEPS, DcpRun, save_step  # type: ignore[import-not-found]
 
 from backend.checkpoints.catalog import list_checkpoints
 from backend.checkpoints.strip import verify_export

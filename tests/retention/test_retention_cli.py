@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DcpRun  # type: ignore[import-not-found]
+from retention_helpers import DcpRun  # type: ignore[import-not-found]
 
 from backend.cli import main
 

@@ -1,16 +1,427 @@
-"""Retention screen (placeholder until the retention feature lands; the feature engineer replaces this file)."""
+"""Retention (pruning) screen: a run's steps with the proposed action per step, live as the policy
+changes; pin/unpin, mark milestones, and apply with a typed confirmation.
+
+The listing is fetched in a worker; the plan is recomputed (pure, instant) on every policy change;
+applying runs in a worker that reports each action as it goes. No store or DB access happens here
+directly: everything goes through :mod:`backend.retention`.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from tui.screens.base import PlaceholderScreen
+import humanize
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
+
+from backend.errors import LoadmasterError
+from backend.policy.retention import (
+    Pin,
+    RetentionPlan,
+    RetentionPolicy,
+    parse_step_list,
+    plan_retention,
+)
+from backend.schema import parse_duration
+from tui.screens.base import LoadmasterScreen
+from tui.widgets.confirm import ConfirmTyped
+
+if TYPE_CHECKING:
+    from backend.checkpoints.catalog import Catalog
+    from backend.retention.apply import ActionOutcome, ApplyReport
+    from backend.services import Services
+
+#: Theme variable per action (cells are coloured by meaning, never by literal colour).
+ACTION_STYLE = {"keep-full": "action-keep", "keep-weights": "action-keep", "strip-to-weights": "action-strip",
+                "delete": "action-delete", "skip": "action-skip"}
+#: Storage bar segments: (css class, label, actions whose bytes-after fall in it).
+BAR_SEGMENTS = (("-keep", "full", ("keep-full",)), ("-strip", "weights", ("strip-to-weights", "keep-weights")),
+                ("-skip", "untouched", ("skip",)), ("-delete", "freed", ()))
 
 
-class RetentionScreen(PlaceholderScreen):
-    """Placeholder for the Retention screen."""
+def _size(n: int) -> str:
+    return humanize.naturalsize(n, format="%.1f")
+
+
+class CatalogLoaded(Message):
+    """A fresh listing of the run arrived (with the DB pins, running jobs and the price)."""
+
+    def __init__(self, url: str, catalog: Catalog, pins: tuple[Pin, ...], in_flight: set[str],
+                 price: float | None, price_note: str) -> None:
+        super().__init__()
+        self.url, self.catalog, self.pins, self.in_flight = url, catalog, pins, in_flight
+        self.price, self.price_note = price, price_note
+
+
+class PlanComputed(Message):
+    """The plan was recomputed (after a listing or a policy change)."""
+
+    def __init__(self, plan: RetentionPlan) -> None:
+        super().__init__()
+        self.plan = plan
+
+
+class ActionProgressed(Message):
+    """One planned action started or finished during an apply."""
+
+    def __init__(self, outcome: ActionOutcome) -> None:
+        super().__init__()
+        self.outcome = outcome
+
+
+class PlanApplied(Message):
+    """An apply finished (the report carries each outcome and the audit record id)."""
+
+    def __init__(self, report: ApplyReport) -> None:
+        super().__init__()
+        self.report = report
+
+
+class RetentionScreen(LoadmasterScreen):
+    """Plan and apply checkpoint retention for one run folder."""
 
     SCREEN_TITLE: ClassVar[str] = "Retention"
-    COMING: ClassVar[str] = (
-        "the retention plan — which checkpoints to keep full, strip to BF16 weights or delete, the bytes and money saved, and a typed confirmation before it runs."
-    )
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+r", "reload", "Reload listing", show=True),
+        Binding("p", "toggle_pin", "Pin/unpin step", show=True),
+        Binding("m", "toggle_milestone", "Milestone", show=True),
+        Binding("a", "apply_plan", "Apply…", show=True),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | ctrl+r | List the run folder again and recompute the plan. |
+    | p | Pin (or unpin) the selected step: a pinned step is never touched. |
+    | m | Mark (or unmark) the selected step as a milestone. |
+    | a | Apply the plan after a typed confirmation. |
+    """
+
+    PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
+        ("Reload listing", "List the run folder again and recompute the plan", "reload"),
+        ("Apply retention plan", "Delete/strip as planned, after a typed confirmation", "apply_plan"),
+    ]
+
+    def __init__(self, services: Services, **kwargs: Any) -> None:
+        super().__init__(services, **kwargs)
+        self.catalog: Catalog | None = None
+        self.url = ""
+        self.plan: RetentionPlan | None = None
+        self.base_policy: RetentionPolicy = services.config.section("retention")
+        self.pins: dict[int, str] = {p.step: p.reason for p in self.base_policy.pins}
+        self.db_pins: set[int] = set()
+        self.in_flight: set[str] = set()
+        self.price: float | None = None
+        self.price_note = ""
+        self.applying = False
+        self.results: dict[str, str] = {}
+
+    # ----------------------------------------------------------------- layout
+
+    def compose_body(self) -> ComposeResult:
+        p = self.base_policy
+        first = next(iter(self.services.config.stores.values()), None)
+        with Vertical(classes="screen-body", id="retention-body"):
+            with Horizontal(id="retention-source", classes="retention-row"):
+                yield Label("Run folder", classes="retention-label")
+                yield Input(value=first.url if first else "", placeholder="s3://bucket/run, a store name or a directory",
+                            id="retention-url")
+            with Horizontal(id="retention-policy", classes="retention-row"):
+                yield Label("keep full", classes="retention-label")
+                yield Input(str(p.keep_full_latest), id="keep-full", classes="retention-num")
+                yield Label("milestone every", classes="retention-label")
+                yield Input(str(p.milestone_every or ""), placeholder="off", id="milestone-every",
+                            classes="retention-num")
+                yield Label("milestones", classes="retention-label")
+                yield Input(",".join(map(str, p.milestones)), placeholder="48000,96000", id="milestones")
+                yield Label("others", classes="retention-label")
+                yield Select([("delete", "delete"), ("keep weights", "keep-weights")], value=p.others,
+                             allow_blank=False, id="others")
+                yield Label("min age", classes="retention-label")
+                yield Input(_age_text(p.min_age), placeholder="0", id="min-age", classes="retention-num")
+            yield Static("Enter a run folder and press enter to list it.", id="retention-summary", markup=False)
+            with Horizontal(id="retention-bar"):
+                for cls, label, _ in BAR_SEGMENTS:
+                    yield Static(label, classes=f"retention-bar-seg {cls}", markup=False)
+            yield DataTable(id="retention-steps", cursor_type="row", zebra_stripes=True)
+            yield ProgressBar(id="retention-progress", show_eta=False)
+            yield Static("", id="retention-status", markup=False)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#retention-steps", DataTable)
+        for key, label in (("step", "Step"), ("action", "Action"), ("before", "Before"), ("after", "After"),
+                           ("freed", "Freed"), ("reason", "Reason"), ("result", "Result")):
+            table.add_column(label, key=key)
+        self.query_one("#retention-progress", ProgressBar).display = False
+        for seg in self.query(".retention-bar-seg"):
+            seg.display = False
+
+    # ----------------------------------------------------------------- loading
+
+    @on(Input.Submitted, "#retention-url")
+    def _url_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_reload()
+
+    def action_reload(self) -> None:
+        url = self.query_one("#retention-url", Input).value.strip()
+        if not url:
+            self.notify("Enter a run folder first (s3://bucket/run or a directory).", severity="warning",
+                        markup=False)
+            return
+        self.query_one("#retention-summary", Static).update(f"Listing {url} …")
+        self._load_catalog(url)
+
+    @work(exclusive=True, group="retention-load", exit_on_error=False)
+    async def _load_catalog(self, url: str) -> None:
+        from backend.retention.apply import (
+            PinStore,
+            fetch_catalog,
+            in_flight_from_jobs,
+            storage_price,
+        )
+
+        try:
+            async with self.services.stores.open(url) as store:
+                catalog = await fetch_catalog(store)
+            pins = PinStore(self.services.db).pins(url)
+            flying = in_flight_from_jobs(self.services, url)
+            price, note = storage_price(self.services, url)
+        except LoadmasterError as exc:
+            self.report_error(f"Listing {url}", exc)
+            self.query_one("#retention-summary", Static).update(f"Could not list {url}: {exc}")
+            return
+        self.post_message(CatalogLoaded(url, catalog, pins, flying, price, note))
+
+    @on(CatalogLoaded)
+    def _catalog_loaded(self, event: CatalogLoaded) -> None:
+        self.url, self.catalog = event.url.rstrip("/"), event.catalog
+        self.in_flight, self.price, self.price_note = event.in_flight, event.price, event.price_note
+        self.db_pins = {p.step for p in event.pins}
+        for p in event.pins:
+            self.pins.setdefault(p.step, p.reason)
+        self.results = {}
+        self.recompute()
+
+    # ----------------------------------------------------------------- the plan
+
+    def policy(self) -> RetentionPolicy:
+        """The policy the inputs describe; LoadmasterError naming the bad input otherwise."""
+        def num(id_: str, what: str) -> int:
+            text = self.query_one(f"#{id_}", Input).value.strip()
+            if not text:
+                return 0
+            try:
+                return int(text)
+            except ValueError:
+                raise LoadmasterError(f"{what} must be a whole number, got {text!r}") from None
+
+        try:
+            min_age = parse_duration(self.query_one("#min-age", Input).value.strip() or 0)
+        except ValueError as exc:
+            raise LoadmasterError(f"min age: {exc}") from None
+        others = self.query_one("#others", Select).value
+        try:
+            return dataclasses.replace(
+                self.base_policy, keep_full_latest=num("keep-full", "keep full"),
+                milestone_every=num("milestone-every", "milestone every"),
+                milestones=parse_step_list(self.query_one("#milestones", Input).value),
+                others=others if others in ("delete", "keep-weights") else "delete",  # type: ignore[arg-type]
+                min_age=min_age, pins=tuple(Pin(s, r) for s, r in self.pins.items()))
+        except ValueError as exc:
+            raise LoadmasterError(str(exc)) from None
+
+    @on(Input.Changed, "#retention-policy Input")
+    @on(Select.Changed, "#others")
+    def _policy_changed(self, event: Message) -> None:
+        if self.catalog is not None:
+            self.recompute()
+
+    def recompute(self) -> None:
+        """Recompute the plan from the last listing and the current policy (pure, instant)."""
+        if self.catalog is None:
+            return
+        try:
+            policy = self.policy()
+        except LoadmasterError as exc:
+            self.query_one("#retention-summary", Static).update(f"Policy: {exc}")
+            return
+        plan = plan_retention(self.catalog.steps, policy, now=time.time(), in_flight=self.in_flight, url=self.url,
+                              prefix=self.catalog.prefix, usd_per_gb_month=self.price, price_note=self.price_note)
+        self.plan = plan
+        self.render_plan(plan)
+        self.post_message(PlanComputed(plan))
+
+    def render_plan(self, plan: RetentionPlan) -> None:
+        """Show the plan: rows coloured by action, totals, and the storage bar."""
+        variables = getattr(self.app, "theme_variables", {}) or {}
+        table = self.query_one("#retention-steps", DataTable)
+        cursor = table.cursor_row
+        with self.app.batch_update():
+            table.clear()
+            for a in plan.actions:
+                style = variables.get(ACTION_STYLE[a.action], "")
+                est = "~" if a.estimated else ""
+                table.add_row(
+                    str(a.step) if a.step is not None else a.path, Text(a.action, style=style),
+                    _size(a.bytes_before), est + _size(a.bytes_after), est + _size(a.bytes_freed),
+                    Text(a.reason), self.results.get(a.path, ""), key=a.path)
+            if plan.actions:
+                table.move_cursor(row=min(max(cursor, 0), len(plan.actions) - 1))
+            t = plan.totals
+            money = (f"  ${t.usd_month_saved:,.2f}/month" if t.usd_month_saved is not None
+                     else f"  ({plan.price_note})")
+            counts = "  ".join(f"{plan.count(x)} {x}" for x in ("keep-full", "strip-to-weights", "keep-weights",
+                                                                "delete", "skip") if plan.count(x))
+            self.query_one("#retention-summary", Static).update(
+                f"{plan.url}   before {_size(t.bytes_before)} → after {_size(t.bytes_after)}   "
+                f"saves {_size(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}")
+            by = plan.bytes_by_action()
+            for seg, (_cls, label, acts) in zip(self.query(".retention-bar-seg"), BAR_SEGMENTS, strict=True):
+                n = sum(by[x] for x in acts) if acts else by["freed"]
+                seg.display = n > 0
+                seg.styles.width = f"{max(n, 1)}fr"
+                if isinstance(seg, Static):
+                    seg.update(f"{label} {_size(n)}")
+
+    def _selected(self) -> Any:
+        if self.plan is None or not self.plan.actions:
+            return None
+        row = self.query_one("#retention-steps", DataTable).cursor_row
+        return self.plan.actions[row] if 0 <= row < len(self.plan.actions) else None
+
+    # ----------------------------------------------------------------- pins and milestones
+
+    def action_toggle_pin(self) -> None:
+        a = self._selected()
+        if a is None or a.step is None:
+            return
+        if not self.require_writable("change pins"):
+            return
+        if a.step in self.pins:
+            if a.step not in self.db_pins:
+                self.notify(f"Step {a.step} is pinned in the config file ([retention] pins).",
+                            severity="warning", markup=False)
+                return
+            del self.pins[a.step]
+            self.db_pins.discard(a.step)
+            self._save_pin(a.step, None)
+        else:
+            self.pins[a.step] = "pinned in the console"
+            self.db_pins.add(a.step)
+            self._save_pin(a.step, "pinned in the console")
+        self.recompute()
+
+    @work(group="retention-pins", exit_on_error=False)
+    async def _save_pin(self, step: int, reason: str | None) -> None:
+        from backend.retention.apply import PinStore
+
+        store = PinStore(self.services.db)
+        if reason is None:
+            store.unpin(self.url, step)
+        else:
+            store.pin(self.url, step, reason)
+
+    def action_toggle_milestone(self) -> None:
+        a = self._selected()
+        if a is None or a.step is None:
+            return
+        box = self.query_one("#milestones", Input)
+        try:
+            current = list(parse_step_list(box.value))
+        except LoadmasterError as exc:
+            self.notify(str(exc), severity="warning", markup=False)
+            return
+        current = [s for s in current if s != a.step] if a.step in current else sorted([*current, a.step])
+        box.value = ",".join(map(str, current))  # Input.Changed recomputes the plan
+
+    # ----------------------------------------------------------------- applying
+
+    def confirm_phrase(self, plan: RetentionPlan) -> str:
+        """What the operator types: the run's name."""
+        return plan.url.rstrip("/").rsplit("/", 1)[-1] or plan.url
+
+    def action_apply_plan(self) -> None:
+        if not self.require_writable("apply a retention plan"):
+            return
+        plan = self.plan
+        if plan is None:
+            self.notify("List a run folder first.", severity="warning", markup=False)
+            return
+        if self.applying:
+            self.notify("An apply is already running.", severity="warning", markup=False)
+            return
+        if not plan.destructive_actions:
+            self.notify("Nothing to apply: the plan keeps everything.", markup=False)
+            return
+        t = plan.totals
+        body = (f"{plan.count('delete')} steps deleted, {plan.count('strip-to-weights')} stripped to BF16 weights "
+                f"(optimizer state removed after the export verifies), {plan.count('keep-full')} kept full, "
+                f"{plan.count('skip')} untouched.\nFrees {_size(t.bytes_saved)} ({t.percent_saved:.1f}%). "
+                f"Plan {plan.hash[:12]}. The listing is checked again first; changed steps are skipped.")
+
+        def confirmed(ok: bool | None) -> None:
+            if ok:
+                self._apply(plan)
+
+        self.app.push_screen(ConfirmTyped(title=f"Apply retention to {plan.url}?", phrase=self.confirm_phrase(plan),
+                                          body=body, confirm_label="Apply"), confirmed)
+
+    @work(exclusive=True, group="retention-apply", exit_on_error=False)
+    async def _apply(self, plan: RetentionPlan) -> None:
+        from backend.retention.apply import apply_plan
+
+        self.applying = True
+        bar = self.query_one("#retention-progress", ProgressBar)
+        bar.display = True
+        bar.update(total=len(plan.actions), progress=0)
+        try:
+            report = await apply_plan(self.services, plan,
+                                      progress=lambda o: self.post_message(ActionProgressed(o)))
+        except LoadmasterError as exc:
+            self.report_error("Applying the retention plan", exc)
+            return
+        finally:
+            self.applying = False
+        self.post_message(PlanApplied(report))
+
+    @on(ActionProgressed)
+    def _action_progressed(self, event: ActionProgressed) -> None:
+        o = event.outcome
+        self.results[o.path] = o.outcome
+        table = self.query_one("#retention-steps", DataTable)
+        try:
+            table.update_cell(o.path, "result", o.outcome + (f": {o.detail}" if o.outcome in ("failed", "stopped")
+                                                             else ""))
+        except Exception:  # noqa: BLE001 - the row may be gone after a re-listing
+            pass
+        if o.outcome != "running":
+            self.query_one("#retention-progress", ProgressBar).update(progress=o.index)
+        self.query_one("#retention-status", Static).update(f"[{o.index}/{o.total}] {o.path}: {o.action} → {o.outcome}")
+
+    @on(PlanApplied)
+    def _plan_applied(self, event: PlanApplied) -> None:
+        r = event.report
+        lines = [f"Applied plan {r.plan_hash[:12]}: {r.outcome}. {r.count('done')} done, "
+                 f"{r.count('already-done')} already done, {r.count('stopped')} stopped, {r.count('failed')} failed; "
+                 f"freed {_size(r.bytes_freed)}. Audit record #{r.audit_id}."]
+        lines += [f"changed: {c}" for c in r.changes[:5]]
+        lines += [f"failed: {o.path}: {o.detail}" for o in r.outcomes if o.outcome == "failed"][:5]
+        self.query_one("#retention-status", Static).update("\n".join(lines))
+        self.notify(lines[0], severity="information" if r.ok else "warning", markup=False)
+        self._load_catalog(self.url)  # show what the store holds now
+
+
+def _age_text(seconds: float) -> str:
+    if not seconds:
+        return ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

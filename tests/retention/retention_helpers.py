@@ -1,0 +1,41 @@
+"""Helpers for the retention tests: a real run of tiny DCP checkpoints (torch on CPU)."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The run: steps 1000..12000 complete, 13000 in flight (no commit marker yet).
+STEPS = tuple(range(1000, 13001, 1000))
+IN_FLIGHT = 13000
+
+
+@dataclass(frozen=True)
+class DcpRun:
+    """A template run folder and the BF16 model weights of every step (for checking exports)."""
+
+    root: Path
+    weights: dict[int, dict[str, object]]  # step -> {tensor name: bf16 tensor}
+
+    def copy_to(self, dest: Path) -> Path:
+        shutil.copytree(self.root, dest)
+        return dest
+
+    def upload(self, s3, bucket: str, prefix: str = "run1") -> str:  # type: ignore[no-untyped-def]
+        client = s3.client()
+        for p in sorted(self.root.rglob("*")):
+            if p.is_file():
+                client.put_object(Bucket=bucket, Key=f"{prefix}/{p.relative_to(self.root).as_posix()}",
+                                  Body=p.read_bytes())
+        return f"s3://{bucket}/{prefix}"
+
+
+def save_step(model, optim, dest: Path) -> None:  # type: ignore[no-untyped-def]
+    """One real DCP save of model + optimizer state."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group" notice on single-process saves
+        dcp.save({"model": model.state_dict(), "optim": optim.state_dict()}, checkpoint_id=str(dest))

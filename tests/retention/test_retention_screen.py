@@ -1,0 +1,122 @@
+"""Pilot test of the pruning flow: list, live recompute, pin, milestone, typed confirmation, apply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from retention_helpers import DcpRun  # type: ignore[import-not-found]
+from textual.message import Message
+from textual.widgets import DataTable, Input, Static
+
+from tui.app import LoadmasterApp
+from tui.screens.retention import (
+    ActionProgressed,
+    CatalogLoaded,
+    PlanApplied,
+    PlanComputed,
+    RetentionScreen,
+)
+from tui.widgets.confirm import ConfirmTyped
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def __call__(self, message: Message) -> None:
+        self.messages.append(message)
+
+    def of(self, kind: type[Message]) -> list[Any]:
+        return list({id(m): m for m in self.messages if isinstance(m, kind)}.values())
+
+
+async def settle(pilot: Any) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+    root = dcp_run.copy_to(tmp_path / "run1")
+    app = LoadmasterApp(local_services, mode="retention")
+    rec = Recorder()
+    async with app.run_test(size=(160, 50), message_hook=rec) as pilot:
+        screen = app.screen
+        assert isinstance(screen, RetentionScreen)
+        screen.query_one("#retention-url", Input).value = str(root)
+        screen.query_one("#retention-url", Input).focus()
+        await pilot.press("enter")
+        await settle(pilot)
+        assert rec.of(CatalogLoaded)
+        plan = screen.plan
+        assert plan is not None
+        acts = {a.step: a.action for a in plan.actions}
+        assert acts[11000] == acts[12000] == "keep-full" and acts[13000] == "skip" and acts[1000] == "delete"
+        table = screen.query_one("#retention-steps", DataTable)
+        assert table.row_count == len(plan.actions) == 14
+        summary = str(screen.query_one("#retention-summary", Static).render())
+        assert "saves" in summary and "%" in summary
+
+        # the policy changes live: keep 3 full
+        n_plans = len(rec.of(PlanComputed))
+        screen.query_one("#keep-full", Input).value = "3"
+        await pilot.pause()
+        assert len(rec.of(PlanComputed)) > n_plans
+        assert {a.step: a.action for a in screen.plan.actions}[10000] == "keep-full"
+
+        # pin step 2000 and mark step 4000 a milestone from the table
+        table.focus()
+        table.move_cursor(row=1)
+        await pilot.press("p")
+        table.move_cursor(row=3)
+        await pilot.press("m")
+        await settle(pilot)
+        acts = {a.step: a for a in screen.plan.actions}
+        assert acts[2000].action == "keep-full" and acts[2000].pinned == "pinned in the console"
+        assert acts[4000].action == "strip-to-weights"
+        assert screen.query_one("#milestones", Input).value == "4000"
+
+        # apply: a typed confirmation first; a wrong phrase does nothing
+        table.focus()
+        await pilot.press("a")
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, ConfirmTyped) and modal.phrase == "run1"
+        await pilot.press(*"run2", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmTyped)
+        assert (root / "step-1000" / ".metadata").exists()
+        modal.query_one("#phrase", Input).value = ""
+        await pilot.press(*"run1", "enter")
+        await settle(pilot)
+        await settle(pilot)
+        assert app.screen is screen
+        (applied,) = rec.of(PlanApplied)
+        report = applied.report
+        assert report.ok, report.as_dict()
+        assert {m.outcome.outcome for m in rec.of(ActionProgressed)} >= {"running", "done", "kept"}
+        assert report.audit_id and "Audit record #" in str(screen.query_one("#retention-status", Static).render())
+        (entry,) = local_services.db.audit_entries(action="retention.apply")
+        assert entry.plan_hash == report.plan_hash and entry.id == report.audit_id
+    assert not (root / "step-1000").exists()
+    assert (root / "step-2000" / ".metadata").exists()  # pinned
+    assert (root / "step-10000" / ".metadata").exists()  # latest 3
+    assert sorted(p.name for p in (root / "step-4000").iterdir()) == [
+        "model-00001-of-00001.safetensors", "model.safetensors.index.json"]
+    assert not (root / "step-13000" / ".metadata").exists() and (root / "step-13000").exists()
+
+
+async def test_readonly_console_refuses_to_apply(tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+    root = dcp_run.copy_to(tmp_path / "run1")
+    local_services.readonly = True
+    app = LoadmasterApp(local_services, mode="retention")
+    async with app.run_test(size=(160, 50)) as pilot:
+        screen = app.screen
+        screen.query_one("#retention-url", Input).value = str(root)
+        screen.action_reload()
+        await settle(pilot)
+        assert screen.plan is not None and screen.plan.destructive_actions
+        screen.action_apply_plan()
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmTyped)
+    assert (root / "step-1000" / ".metadata").exists()
