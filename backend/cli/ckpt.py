@@ -1,0 +1,280 @@
+"""``loadmaster ckpt size|list|strip|inspect|backlog`` and ``loadmaster upload``.
+
+Sizes: GB = 10^9 bytes (GiB = 2^30 shown alongside). A step is named by a store name plus path
+(``lab/run1/step-100``), an ``s3://bucket/run1/step-100`` URL, or a local directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from backend.checkpoints.catalog import list_checkpoints
+from backend.checkpoints.dcp import CheckpointError
+from backend.checkpoints.footprint import GB, fmt_gb, footprint, footprint_table, upload_backlog
+from backend.checkpoints.inspection import inspect_step
+from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, strip_params, strip_step
+from backend.checkpoints.upload import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_PART_SIZE,
+    UploadSettings,
+    store_secrets,
+    upload_dir,
+    upload_params,
+    url_join,
+)
+from backend.errors import PolicyError
+from backend.schema import parse_duration, parse_size
+from backend.services import Services
+from backend.storage import ObjectStore
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _params(text: str) -> float:
+    t = text.strip().upper().replace("_", "")
+    mult = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(t[-1:], 1.0) if t else 1.0
+    try:
+        v = float(t[:-1] if mult != 1.0 else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a parameter count like 70e9 or 70B, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"parameter count must be positive, got {text!r}")
+    return v
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``ckpt`` (size, list, strip, inspect, backlog) and ``upload``."""
+    p = sub.add_parser("ckpt", help="checkpoints: footprint math, list steps, strip to BF16, inspect")
+    cs = p.add_subparsers(dest="ckpt_command", metavar="SUBCOMMAND", required=True)
+
+    s = cs.add_parser("size", help="BF16 weights vs full AdamW state for a model size (GB = 10^9 bytes)")
+    s.add_argument("--params", required=True, type=_params, metavar="N", help="parameter count, e.g. 70e9 or 70B")
+    s.add_argument("--retained", type=int, default=1, metavar="N", help="number of retained checkpoints (default 1)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_size)
+
+    ls = cs.add_parser("list", help="one row per step of a run prefix: layout, kind, size, age, export")
+    ls.add_argument("url", metavar="URL", help="store name[/prefix], s3://bucket/prefix, or a local directory")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=cmd_list)
+
+    st = cs.add_parser("strip", help="write a step's model weights as BF16 safetensors shards (+ index), verified")
+    st.add_argument("src", metavar="SRC", help="the step folder (store/run/step-N, s3://..., or a directory)")
+    st.add_argument("--out", metavar="DEST", help="output folder (default: into the step folder itself)")
+    st.add_argument("--model-prefix", default="model", help="state-dict key prefix of the weights (default model)")
+    st.add_argument("--max-shard-size", type=_size, default=DEFAULT_MAX_SHARD_BYTES, metavar="SIZE",
+                    help="largest shard (default 5GB)")
+    st.add_argument("--node", metavar="NAME", help="run as a durable job on this node instead of here")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.set_defaults(func=cmd_strip)
+
+    ins = cs.add_parser("inspect", help="tensor table of a step (safetensors headers / DCP metadata only)")
+    ins.add_argument("src", metavar="STEP")
+    ins.add_argument("--json", action="store_true", help="machine-readable output")
+    ins.set_defaults(func=cmd_inspect)
+
+    bl = cs.add_parser("backlog", help="alert when an upload is still running when the next checkpoint is due")
+    bl.add_argument("--interval", type=_duration, metavar="DURATION",
+                    help="checkpoint interval (default: inferred from recent upload jobs)")
+    bl.add_argument("--json", action="store_true", help="machine-readable output")
+    bl.set_defaults(func=cmd_backlog)
+
+    up = sub.add_parser("upload", help="upload a local checkpoint step folder to a store (verified, .metadata last)")
+    up.add_argument("local_dir", metavar="LOCAL_DIR")
+    up.add_argument("url", metavar="URL", help="destination folder: store/run/step-N, s3://..., or a directory")
+    up.add_argument("--node", metavar="NAME", help="run as a durable job on this node (LOCAL_DIR is on the node)")
+    up.add_argument("--part-size", type=_size, default=DEFAULT_PART_SIZE, metavar="SIZE", help="default 64MiB")
+    up.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="parts in flight")
+    up.add_argument("--step", type=int, metavar="N", help="step number shown in progress")
+    up.add_argument("--json", action="store_true", help="machine-readable output")
+    up.set_defaults(func=cmd_upload)
+
+
+# -- resolving names ------------------------------------------------------------------------------
+
+def resolve_url(services: Services, ref: str) -> str:
+    """Expand ``storename/sub/path`` to the store's URL + path; absolutise local paths."""
+    if "://" not in ref:
+        name, _, rest = ref.partition("/")
+        if name in services.config.stores:
+            return url_join(services.config.stores[name].url, rest)
+        return os.path.abspath(os.path.expanduser(ref))
+    return ref.rstrip("/")
+
+
+def open_prefix(services: Services, ref: str) -> tuple[ObjectStore, str]:
+    """A store and a prefix inside it for ``ref`` (store settings come from the longest match)."""
+    return services.stores.open(resolve_url(services, ref)), ""
+
+
+def open_step(services: Services, ref: str) -> tuple[ObjectStore, str]:
+    """The store holding a step folder (rooted at its parent) and the folder's name."""
+    url = resolve_url(services, ref)
+    parent, _, leaf = url.rstrip("/").rpartition("/")
+    if not leaf or parent in ("s3:/", "s3:", ""):
+        raise CheckpointError(f"{ref!r} does not name a step folder (expected .../run/step-N)")
+    if parent == "":
+        parent = "/"
+    return services.stores.open(parent), leaf
+
+
+def _age(mtime: float) -> str:
+    if not mtime:
+        return "-"
+    s = max(0.0, time.time() - mtime)
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n:
+            return f"{s / n:.0f}{unit}"
+    return f"{s:.0f}s"
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def _writable(services: Services, what: str) -> None:
+    if services.readonly:
+        raise PolicyError(f"read-only mode: cannot {what} (drop --readonly)")
+
+
+# -- commands --------------------------------------------------------------------------------------
+
+def cmd_size(args: argparse.Namespace, services: Services) -> int:
+    """Print the footprint table."""
+    if args.retained < 0:
+        raise CheckpointError("--retained must be >= 0")
+    fp = footprint(args.params, args.retained)
+    if args.json:
+        _print_json(fp.as_dict())
+    else:
+        print(footprint_table(fp))
+    return 0
+
+
+async def cmd_list(args: argparse.Namespace, services: Services) -> int:
+    """List steps of a run prefix."""
+    store, prefix = open_prefix(services, args.url)
+    async with store:
+        cat = await list_checkpoints(store, prefix)
+    if args.json:
+        _print_json({"url": cat.url, "prefix": cat.prefix, "bytes_by_kind": cat.bytes_by_kind(),
+                     "steps": [s.as_dict() for s in cat.steps]})
+        return 0
+    if not cat.steps:
+        print(f"no step folders under {args.url}")
+        return 0
+    hdr = ("STEP", "FOLDER", "LAYOUT", "KIND", "SIZE (GB)", "OBJECTS", "AGE", "BF16 EXPORT")
+    rows = [(str(s.step) if s.step is not None else "-", s.name, s.layout, s.kind, f"{s.total_bytes / GB:,.3f}",
+             str(s.object_count), _age(s.mtime), "yes" if s.has_bf16_export else "no") for s in cat.steps]
+    widths = [max(len(r[i]) for r in [hdr, *rows]) for i in range(len(hdr))]
+    for r in [hdr, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    totals = ", ".join(f"{k} {fmt_gb(v)}" for k, v in sorted(cat.bytes_by_kind().items()))
+    print(f"\n{len(cat.steps)} steps; by kind: {totals}")
+    return 0
+
+
+async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
+    """Strip a step locally or as a node job."""
+    _writable(services, "strip a checkpoint")
+    store, step = open_step(services, args.src)
+    out_store, out_prefix = (open_prefix(services, args.out) if args.out else (None, None))
+    try:
+        if args.node:
+            params = strip_params(store, step, out_store=out_store, out_prefix=out_prefix,
+                                  model_prefix=args.model_prefix, max_shard_bytes=args.max_shard_size)
+            secrets = await store_secrets(store)
+            if out_store is not None:
+                secrets.update(await store_secrets(out_store))
+            rec = await services.jobs.launch(args.node, "strip", params, secrets=secrets, label=f"strip {step}")
+            services.db.record_audit("ckpt.strip", params["src"], "launched", detail={"job": rec.id, "node": args.node})
+            print(rec.id if not args.json else json.dumps({"job": rec.id, "node": args.node}))
+            return 0
+        try:
+            res = await strip_step(store, step, out_store=out_store, out_prefix=out_prefix,
+                                   model_prefix=args.model_prefix, max_shard_bytes=args.max_shard_size)
+        except Exception as exc:
+            services.db.record_audit("ckpt.strip", url_join(store.url, step), "failed", detail={"error": str(exc)})
+            raise
+        services.db.record_audit("ckpt.strip", res.source, "ok", detail=res.as_dict())
+    finally:
+        await store.close()
+        if out_store is not None:
+            await out_store.close()
+    if args.json:
+        _print_json(res.as_dict())
+    else:
+        print(f"stripped {res.source} -> {url_join(res.out_url, res.out_prefix)}: {res.tensor_count} tensors, "
+              f"{fmt_gb(res.weight_bytes)} BF16 in {len(res.shards)} shard(s), verified, {res.seconds:.1f}s")
+    return 0
+
+
+async def cmd_inspect(args: argparse.Namespace, services: Services) -> int:
+    """Show a step's tensors."""
+    store, step = open_step(services, args.src)
+    async with store:
+        ins = await inspect_step(store, step)
+    if args.json:
+        _print_json(ins.as_dict())
+        return 0
+    s = ins.step
+    print(f"{s.path}: {s.layout}, {s.kind}, {fmt_gb(s.total_bytes)}, {s.object_count} objects, "
+          f"BF16 export: {'yes' if s.has_bf16_export else 'no'}")
+    for t in ins.tensors:
+        print(f"  {t.name:<60} {t.dtype:<9} {list(t.shape)!s:<18} {t.nbytes:>14,}  {t.file}")
+    for p in ins.problems:
+        print(f"  problem: {p}", file=sys.stderr)
+    return 1 if ins.problems else 0
+
+
+async def cmd_backlog(args: argparse.Namespace, services: Services) -> int:
+    """Print upload-backlog alerts from job records."""
+    alerts = upload_backlog(services.jobs.records(), interval_s=args.interval)
+    if args.json:
+        _print_json([a.__dict__ for a in alerts])
+    else:
+        for a in alerts:
+            print(f"ALERT {a.message}")
+        if not alerts:
+            print("no upload backlog")
+    return 1 if alerts else 0
+
+
+async def cmd_upload(args: argparse.Namespace, services: Services) -> int:
+    """Upload a step folder here or as a node job."""
+    _writable(services, "upload")
+    settings = UploadSettings(part_size=args.part_size, concurrency=args.concurrency).check()
+    store, prefix = open_prefix(services, args.url)
+    async with store:
+        if args.node:
+            params = upload_params(args.local_dir, store, prefix, settings=settings, step=args.step)
+            rec = await services.jobs.launch(args.node, "upload", params, secrets=await store_secrets(store),
+                                             label=f"upload {os.path.basename(args.local_dir.rstrip('/'))}")
+            services.db.record_audit("ckpt.upload", params["dest"], "launched", detail={"job": rec.id, "node": args.node})
+            print(rec.id if not args.json else json.dumps({"job": rec.id, "node": args.node}))
+            return 0
+        res = await upload_dir(store, args.local_dir, prefix, settings=settings)
+    services.db.record_audit("ckpt.upload", url_join(store.url, prefix), "ok", detail=res.as_dict())
+    if args.json:
+        _print_json(res.as_dict())
+    else:
+        print(f"uploaded {len(res.objects)} objects, {fmt_gb(res.bytes)} in {res.seconds:.1f}s "
+              f"({res.gbps:.2f} Gbps), every object verified (size + checksum)")
+    return 0
