@@ -1,0 +1,128 @@
+"""The node-side job runner behind ``loadmaster agent run JOBDIR``.
+
+It runs detached (setsid) in the job directory, writes its pid and process group, touches the
+heartbeat every ~2 s from a thread, runs the kind's runner with a :class:`JobContext`, and writes
+the final result tmp-then-rename. SIGTERM (``loadmaster job cancel``) sets ``ctx.cancelled``; the
+kind stops at its next safe point, its ``cleanup`` removes partial output, and the result says
+``cancelled``. A runner killed without a result is later seen by the console as ``lost``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from backend.agent.context import (
+    HEARTBEAT_FILE,
+    PID_FILE,
+    RESULT_FILE,
+    SPEC_FILE,
+    JobContext,
+)
+from backend.agent.kinds import resolve
+from backend.errors import LoadmasterError
+
+HEARTBEAT_INTERVAL = 2.0
+
+
+def write_atomic(path: Path, data: str, mode: int = 0o644) -> None:
+    """Write ``path`` via a temporary file and rename (readers never see half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _heartbeat(ctx: JobContext, path: Path, stop: threading.Event, interval: float) -> None:
+    while not stop.is_set():
+        try:
+            path.write_text(f"{time.time():.3f}\n")
+            ctx.flush()
+        except OSError:
+            pass  # a full disk must not kill the job; the console sees a stale heartbeat
+        stop.wait(interval)
+
+
+def run_job(job_dir: Path, *, heartbeat_interval: float = HEARTBEAT_INTERVAL) -> int:
+    """Run the job in ``job_dir`` to its end and write ``result.json``; returns the exit status."""
+    job_dir = Path(job_dir).resolve()
+    if not (job_dir / SPEC_FILE).is_file():
+        raise LoadmasterError(f"{job_dir}: no {SPEC_FILE}; not a loadmaster job directory")
+    if (job_dir / RESULT_FILE).exists():
+        raise LoadmasterError(f"{job_dir}: this job already finished (result.json exists)")
+    ctx = JobContext.from_job_dir(job_dir)
+    write_atomic(job_dir / PID_FILE, json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0),
+                                                  "started": time.time()}) + "\n")
+    # Secrets are read (and their file deleted) first thing, so they do not linger on disk.
+    ctx.secret_env()
+
+    def on_term(signum: int, _frame: Any) -> None:
+        ctx.request_cancel()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    stop = threading.Event()
+    beat = threading.Thread(target=_heartbeat, args=(ctx, job_dir / HEARTBEAT_FILE, stop, heartbeat_interval),
+                            name="heartbeat", daemon=True)
+    beat.start()
+    started = time.time()
+    result: dict[str, Any] = {"id": ctx.job_id, "kind": ctx.kind, "started": started}
+    cleanup = None
+    try:
+        run, cleanup = resolve(ctx.kind)
+        ctx.log(f"job {ctx.job_id} ({ctx.kind}) started, pid {os.getpid()}")
+        details = run(ctx)
+        if ctx.cancelled:
+            raise _Cancelled()
+        result.update(state="succeeded", details=details or {})
+        ctx.log("succeeded")
+    except _Cancelled:
+        result.update(state="cancelled", error="cancelled by request")
+    except BaseException as exc:  # noqa: BLE001 - every failure must end in a result file
+        if ctx.cancelled:
+            result.update(state="cancelled", error="cancelled by request")
+        else:
+            msg = str(exc) if isinstance(exc, LoadmasterError) else f"{type(exc).__name__}: {exc}"
+            result.update(state="failed", error=msg or type(exc).__name__)
+            ctx.log(f"failed: {msg}")
+            if not isinstance(exc, LoadmasterError):
+                ctx.log(traceback.format_exc().rstrip())
+    if result["state"] == "cancelled":
+        ctx.log("cancelled; removing partial output")
+        if cleanup is not None:
+            try:
+                cleanup(ctx)
+            except Exception as exc:  # noqa: BLE001
+                ctx.log(f"cleanup failed: {type(exc).__name__}: {exc}")
+    ctx.flush()
+    stop.set()
+    result["finished"] = time.time()
+    if ctx.last_progress is not None:
+        result["progress"] = ctx.last_progress
+    write_atomic(job_dir / RESULT_FILE, json.dumps(result, default=str) + "\n")
+    return {"succeeded": 0, "cancelled": 3}.get(result["state"], 1)
+
+
+def cleanup_job(job_dir: Path) -> None:
+    """Run the kind's cleanup for a job that died without a result (the console found it lost)."""
+    job_dir = Path(job_dir).resolve()
+    ctx = JobContext.from_job_dir(job_dir)
+    _run, cleanup = resolve(ctx.kind)
+    if cleanup is not None:
+        ctx.log("job lost: removing partial output")
+        cleanup(ctx)
+
+
+class _Cancelled(Exception):
+    pass

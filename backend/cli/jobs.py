@@ -1,0 +1,369 @@
+"""``loadmaster jobs``, ``job show|logs|cancel``, ``pull`` and the node-side ``agent run``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from backend.errors import ConfigError, JobError, LoadmasterError
+from backend.jobs.manager import JobRecord, fleet_rollup
+from backend.services import Services
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``jobs``, ``job``, ``pull`` and ``agent``."""
+    p = sub.add_parser("jobs", help="list jobs on every node (re-reads each node's job directories)")
+    p.add_argument("--json", action="store_true", help="print a JSON array, one object per job")
+    p.add_argument("--local", action="store_true", help="only the local records; do not contact nodes")
+    p.add_argument("--limit", type=int, default=50, metavar="N", help="newest N jobs (default 50)")
+    p.set_defaults(func=cmd_jobs)
+
+    j = sub.add_parser("job", help="show, follow or cancel one job")
+    jsub = j.add_subparsers(dest="job_command", metavar="ACTION", required=True)
+    s = jsub.add_parser("show", help="the job's state, progress, result and origin")
+    s.add_argument("id", metavar="ID", help="job id (or a unique prefix)")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=cmd_show)
+    lg = jsub.add_parser("logs", help="the job's log")
+    lg.add_argument("id", metavar="ID")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    lg.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
+    lg.set_defaults(func=cmd_logs)
+    c = jsub.add_parser("cancel", help="stop the job (SIGTERM, SIGKILL after a grace period), clean up")
+    c.add_argument("id", metavar="ID")
+    c.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    c.add_argument("--reason", help="recorded in the audit log")
+    c.set_defaults(func=cmd_cancel)
+
+    pl = sub.add_parser("pull", help="copy s3:// objects to a directory on nodes with s5cmd (durable jobs)")
+    pl.add_argument("src", metavar="SRC", help="s3://bucket/prefix/ (everything under it), a wildcard "
+                    "like 's3://b/p/*.tar', or one object")
+    pl.add_argument("dest", metavar="DEST", help="destination directory on each node (relative: under the "
+                    "node's scratch dir)")
+    where = pl.add_mutually_exclusive_group(required=True)
+    where.add_argument("--node", metavar="NAME", help="one node")
+    where.add_argument("--nodes", metavar="PATTERN", help="a hostlist or glob: one job per node")
+    pl.add_argument("--store", metavar="PROFILE", help="store profile for endpoint, region and credentials "
+                    "(default: the configured store whose URL covers SRC)")
+    pl.add_argument("--preset", choices=["tuned", "large-objects", "small-objects", "gentle"],
+                    help="a tuned set of --numworkers/--concurrency/--part-size")
+    pl.add_argument("--numworkers", type=int, metavar="N", help="s5cmd --numworkers (default 256)")
+    pl.add_argument("--concurrency", type=int, metavar="C", help="s5cmd cp --concurrency (default 32)")
+    pl.add_argument("--part-size", type=int, metavar="MiB", help="s5cmd cp --part-size in MiB (default 64)")
+    pl.add_argument("--detach", action="store_true", help="start and return; follow with 'loadmaster jobs'")
+    pl.add_argument("--yes", "-y", action="store_true", help="start without asking")
+    pl.add_argument("--allow-over-budget", metavar="REASON", help="start although the egress guard asks for "
+                    "confirmation (recorded with REASON)")
+    pl.add_argument("--json", action="store_true", help="print the plan and the jobs as JSON")
+    pl.set_defaults(func=cmd_pull)
+
+    a = sub.add_parser("agent", help="node side: run a job directory (started by loadmaster itself)")
+    asub = a.add_subparsers(dest="agent_command", metavar="ACTION", required=True)
+    ar = asub.add_parser("run", help="run the job in JOBDIR to its end")
+    ar.add_argument("job_dir", metavar="JOBDIR")
+    ar.set_defaults(func=cmd_agent_run)
+    ac = asub.add_parser("cleanup", help="remove a dead job's partial output")
+    ac.add_argument("job_dir", metavar="JOBDIR")
+    ac.set_defaults(func=cmd_agent_cleanup)
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``12.6 GB`` (decimal units, as NICs and clouds bill)."""
+    if n is None:
+        return "?"
+    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_eta(s: float | None) -> str:
+    """``1h02m``, ``3m05s``, ``12s``; ``-`` when unknown."""
+    if s is None:
+        return "-"
+    s = int(round(s))
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def fmt_when(ts: float | None) -> str:
+    return "-" if not ts else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def progress_text(rec: JobRecord, line_rate_gbps: float | None = None) -> str:
+    """``45% 5.4/12.0 GB 3/8 obj 9.1 Gbps ETA 12s`` for one job."""
+    p = rec.progress
+    if p is None:
+        return "-"
+    parts = []
+    if p.fraction is not None:
+        parts.append(f"{p.fraction * 100:.0f}%")
+    parts.append(f"{fmt_bytes(p.bytes_done)}/{fmt_bytes(p.bytes_total)}")
+    if p.items_total is not None:
+        parts.append(f"{p.items_done}/{p.items_total} obj")
+    if p.gbps is not None and not rec.terminal:
+        g = f"{p.gbps:.2f} Gbps"
+        if line_rate_gbps:
+            g += f" ({p.gbps / line_rate_gbps * 100:.0f}% of line)"
+        parts.append(g)
+        parts.append(f"ETA {fmt_eta(p.eta_s)}")
+    return " ".join(parts)
+
+
+def _table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _record_json(rec: JobRecord) -> dict[str, Any]:
+    return rec.as_dict()
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
+    """List jobs: local records merged with a fresh read of every node's job directories."""
+    recs = services.jobs.records(limit=args.limit) if args.local else await services.jobs.refresh()
+    recs = recs[: args.limit]
+    if args.json:
+        print(json.dumps([_record_json(r) for r in recs], indent=2, default=str))
+        return 0
+    if not recs:
+        print("no jobs")
+        return 0
+    rows = [["ID", "KIND", "NODE", "STATE", "PROGRESS", "SOURCE -> DEST", "STARTED"]]
+    for r in recs:
+        what = f"{r.source} -> {r.destination}" if r.source else r.label
+        state = r.state + (" (node unreachable)" if r.note else "")
+        rows.append([r.id, r.kind, r.node, state, progress_text(r), what, fmt_when(r.created)])
+    _table(rows)
+    return 0
+
+
+async def cmd_show(args: argparse.Namespace, services: Services) -> int:
+    """Print one job's full record."""
+    rec = await services.jobs.refresh_job(args.id)
+    if args.json:
+        print(json.dumps(_record_json(rec), indent=2, default=str))
+        return 0
+    lines = [
+        f"job       {rec.id}",
+        f"kind      {rec.kind}",
+        f"node      {rec.node}",
+        f"state     {rec.state}" + (f"  ({rec.note})" if rec.note else ""),
+        f"label     {rec.label or '-'}",
+        f"launched  {fmt_when(rec.created)} by {rec.launched_by} from {rec.launched_from}",
+        f"started   {fmt_when(rec.started)}",
+        f"finished  {fmt_when(rec.finished)}",
+        f"job dir   {rec.job_dir}",
+        f"pid       {rec.pid or '-'}",
+        f"progress  {progress_text(rec)}",
+    ]
+    if rec.source:
+        lines.append(f"source    {rec.source}")
+        lines.append(f"dest      {rec.destination}")
+    if rec.heartbeat_age is not None and not rec.terminal:
+        lines.append(f"heartbeat {rec.heartbeat_age:.1f}s ago")
+    if rec.error:
+        lines.append(f"error     {rec.error}")
+    if rec.result:
+        lines.append("result    " + json.dumps(rec.result, default=str))
+    print("\n".join(lines))
+    return 0 if rec.state != "failed" else 1
+
+
+async def cmd_logs(args: argparse.Namespace, services: Services) -> int:
+    """Print (or follow) a job's log."""
+    jobs = services.jobs
+    if args.follow:
+        try:
+            async for chunk in jobs.follow_log(args.id):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            return 130
+        rec = jobs.get(args.id)
+        print(f"-- job {rec.id} {rec.state}" + (f": {rec.error}" if rec.error else ""), file=sys.stderr)
+        return 0
+    text, _ = await jobs.read_log(args.id, tail_lines=args.tail)
+    sys.stdout.write(text)
+    return 0
+
+
+def _confirm(prompt: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise ConfigError("not confirmed: pass --yes to proceed without a terminal")
+    answer = input(f"{prompt} [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise JobError("not confirmed; nothing was done")
+
+
+async def cmd_cancel(args: argparse.Namespace, services: Services) -> int:
+    """Cancel a running job after showing what will happen."""
+    if services.readonly:
+        raise JobError("read-only mode: cannot cancel jobs")
+    jobs = services.jobs
+    rec = await jobs.refresh_job(args.id)
+    if rec.terminal:
+        raise JobError(f"job {rec.id} already ended ({rec.state}); nothing to cancel")
+    grace = jobs.settings.cancel_grace
+    print(f"cancel {rec.kind} job {rec.id} on {rec.node} ({progress_text(rec)}):\n"
+          f"  SIGTERM to its process group, SIGKILL after {grace:g}s, then remove its partial output",
+          file=sys.stderr)
+    _confirm("cancel it?", args.yes)
+    final = await jobs.cancel(rec.id, reason=args.reason)
+    print(f"job {final.id}: {final.state}" + (f" ({final.error})" if final.error else ""))
+    return 0 if final.state == "cancelled" else 1
+
+
+def _pull_knobs(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
+    from backend.jobs.pull import PRESETS
+
+    nw, cc, ps = PRESETS[args.preset] if args.preset else (None, None, None)
+    for name, v in (("--numworkers", args.numworkers), ("--concurrency", args.concurrency),
+                    ("--part-size", args.part_size)):
+        if v is not None and v < 1:
+            raise ConfigError(f"{name} must be at least 1, got {v}")
+    return (args.numworkers or nw, args.concurrency or cc, args.part_size or ps)
+
+
+def format_plan(plan: Any) -> list[str]:
+    """Human-readable lines for a pull plan (the pre-launch estimate)."""
+    lines = [
+        f"pull {plan.src} -> {plan.dest}",
+        f"  {len(plan.objects)} object(s), {fmt_bytes(plan.total_bytes)}"
+        + (f", store {plan.store}" if plan.store else ""),
+        f"  s5cmd --numworkers {plan.numworkers} cp --concurrency {plan.concurrency} "
+        f"--part-size {plan.part_size_mib}",
+    ]
+    for n in plan.nodes:
+        prob = n.problem(plan.total_bytes)
+        if n.error:
+            lines.append(f"  {n.node}: {n.error}")
+            continue
+        rate = f"{n.line_rate_gbps:g} Gbps" + ("" if n.line_rate_known else " assumed")
+        fit = "fits" if n.fits(plan.total_bytes) else "DOES NOT FIT"
+        lines.append(f"  {n.node}: {n.dest}  free {fmt_bytes(n.free_bytes)} ({fit}); "
+                     f"ETA {fmt_eta(n.eta_s(plan.total_bytes))} at line rate {rate}"
+                     + (f"  -- {prob}" if prob and n.fits(plan.total_bytes) else ""))
+    if plan.egress is not None:
+        lines.append(f"  egress: {plan.egress.action}: {plan.egress.message}")
+    elif plan.egress_note:
+        lines.append(f"  egress: {plan.egress_note}")
+    return lines
+
+
+async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
+    """Plan a pull (listing, free space, ETA, egress), confirm, launch one job per node, follow."""
+    from backend.jobs.pull import egress_gate, egress_record_override, launch_pull, plan_pull
+
+    if services.readonly:
+        raise JobError("read-only mode: cannot launch a pull")
+    if not args.src.startswith("s3://"):
+        raise ConfigError(f"SRC must be an s3:// URL, got {args.src!r}")
+    nodes = [args.node] if args.node else [n.name for n in services.config.select(args.nodes)]
+    for n in nodes:
+        services.config.node(n)
+    nw, cc, ps = _pull_knobs(args)
+    plan = await plan_pull(services, args.src, args.dest, nodes, store=args.store, numworkers=nw,
+                           concurrency=cc, part_size_mib=ps, allow_over_budget=args.allow_over_budget)
+    out = sys.stderr if args.json else sys.stdout
+    for line in format_plan(plan):
+        print(line, file=out)
+    if plan.problems:
+        raise JobError("not started: " + "; ".join(plan.problems))
+    egress_gate(plan, args.allow_over_budget)
+    if plan.egress is not None and plan.egress.action == "warn":
+        print(f"warning: {plan.egress.message}", file=sys.stderr)
+    _confirm(f"start {len(nodes)} pull job(s)?", args.yes)
+    if args.allow_over_budget and plan.egress is not None and plan.egress.action == "confirm":
+        egress_record_override(services, plan, args.allow_over_budget)
+    recs = await launch_pull(services, plan)
+    services.db.record_audit("pull.launch", plan.src, "started",
+                             detail={"dest": plan.dest, "nodes": nodes, "jobs": [r.id for r in recs],
+                                     "bytes": plan.total_bytes, "objects": len(plan.objects)},
+                             reason=args.allow_over_budget)
+    for r in recs:
+        print(f"started job {r.id} on {r.node}", file=out)
+    if args.detach:
+        if args.json:
+            print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in recs]}, indent=2,
+                             default=str))
+        return 0
+    return await _follow_pull(services, plan, recs, as_json=args.json)
+
+
+async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, as_json: bool) -> int:
+    jobs = services.jobs
+    ids = [r.id for r in recs]
+    rate = max((n.line_rate_gbps or 0) for n in plan.nodes) or None
+    last_print = 0.0
+    try:
+        while True:
+            current = [await jobs.refresh_job(i) for i in ids]
+            roll = fleet_rollup(current)
+            now = time.monotonic()
+            if now - last_print >= 2.0 or all(r.terminal for r in current):
+                last_print = now
+                pct = f"{roll.fraction * 100:.0f}%" if roll.fraction is not None else "?"
+                g = roll.rate_bps * 8 / 1e9
+                line_pct = f" ({g / (rate * len(ids)) * 100:.0f}% of line)" if rate else ""
+                print(f"{pct} {fmt_bytes(roll.bytes_done)}/{fmt_bytes(roll.bytes_total)} "
+                      f"{roll.items_done}/{roll.items_total} obj {g:.2f} Gbps{line_pct} "
+                      f"ETA {fmt_eta(roll.eta_s)}  [{roll.running} running, {roll.succeeded} ok, "
+                      f"{roll.failed} failed]", file=sys.stderr)
+            if all(r.terminal for r in current):
+                break
+            await asyncio.sleep(jobs.settings.poll_interval)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("detached: the jobs keep running; follow them with 'loadmaster jobs'", file=sys.stderr)
+        return 130
+    ok = True
+    for r in current:
+        ok = ok and r.state == "succeeded"
+        msg = f"{r.node}: {r.state}"
+        if r.state == "succeeded" and r.result:
+            msg += f" ({r.result.get('objects')} objects, {fmt_bytes(r.result.get('bytes'))} verified, " \
+                   f"{r.result.get('gbps')} Gbps)"
+        if r.error:
+            msg += f": {r.error}"
+        print(msg, file=sys.stderr if as_json else sys.stdout)
+    if as_json:
+        print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in current]}, indent=2,
+                         default=str))
+    return 0 if ok else 1
+
+
+def cmd_agent_run(args: argparse.Namespace, services: Services) -> int:
+    """Node side: run one job directory to its end (started detached by ``JobManager.launch``)."""
+    from backend.agent.runner import run_job
+
+    try:
+        return run_job(Path(args.job_dir))
+    except LoadmasterError:
+        raise
+    except OSError as exc:
+        raise JobError(f"{args.job_dir}: {exc}") from None
+
+
+def cmd_agent_cleanup(args: argparse.Namespace, services: Services) -> int:
+    """Node side: remove a dead job's partial output with its kind's cleanup rule."""
+    from backend.agent.runner import cleanup_job
+
+    cleanup_job(Path(args.job_dir))
+    return 0

@@ -1,0 +1,107 @@
+"""Fixtures for job tests: a config over the lab with short job timings, a seeded source prefix."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from backend.config import Config, load_config_file
+from backend.lab import Lab
+from backend.services import Services
+from backend.state import StateDB
+
+JOBS_SECTION = """
+[jobs]
+lost_after = "3s"
+cancel_grace = "2s"
+poll_interval = "0.3s"
+numworkers = 8
+concurrency = 4
+part_size_mib = 5
+nic_gbps = 10.0
+"""
+
+MiB = 1024 * 1024
+
+
+def write_lab_config(lab: Lab, path: Path, state_dir: Path, extra: str = "") -> Path:
+    """The lab's config with its own state dir and short job timings (the shared file is untouched)."""
+    text = lab.config_text(JOBS_SECTION + extra)
+    text = re.sub(r'(\[state\]\ndir = )"[^"]*"', lambda m: f'{m.group(1)}"{state_dir}"', text)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def jobs_config_path(lab: Lab, tmp_path: Path) -> Path:
+    return write_lab_config(lab, tmp_path / "loadmaster.toml", tmp_path / "state")
+
+
+@pytest.fixture
+def jobs_config(jobs_config_path: Path) -> Config:
+    return load_config_file(jobs_config_path)
+
+
+@pytest.fixture
+async def services(jobs_config: Config) -> AsyncIterator[Services]:
+    svc = Services(config=jobs_config)
+    yield svc
+    await svc.aclose()
+
+
+def fresh_services(config: Config, db_path: Path) -> Services:
+    """Another console: its own pool (new SSH connections) and its own local state."""
+    svc = Services(config=config)
+    svc.__dict__["db"] = StateDB(db_path)
+    return svc
+
+
+@dataclass(frozen=True)
+class SourceData:
+    bucket: str
+    prefix: str
+    objects: dict[str, bytes]  # relative name -> body
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}/"
+
+    @property
+    def total(self) -> int:
+        return sum(len(b) for b in self.objects.values())
+
+    def digest(self, name: str) -> str:
+        return hashlib.sha256(self.objects[name]).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def source(lab: Lab, s3) -> SourceData:  # type: ignore[no-untyped-def]
+    """A prefix of several objects in the lab bucket: two multi-part sized (12 MiB > 5 MiB parts)."""
+    assert lab.bucket
+    bucket = lab.bucket
+    prefix = "datasets/run-" + secrets.token_hex(3)
+    objects = {
+        "shard-000.bin": os.urandom(12 * MiB),
+        "shard-001.bin": os.urandom(12 * MiB + 12345),
+        "meta/index.json": b'{"shards": 2}\n',
+        "small.bin": os.urandom(700 * 1024),
+    }
+    client = s3.client()
+    for name, body in objects.items():
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=body)
+    return SourceData(bucket, prefix, objects)
+
+
+@pytest.fixture
+def node_dir(lab: Lab) -> Iterator[object]:
+    """``node_dir(name, rel)``: the local path of a node's scratch sub-directory (lab nodes are local)."""
+    def get(name: str, rel: str) -> Path:
+        return lab.node(name).scratch / rel
+    yield get
