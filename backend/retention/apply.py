@@ -147,15 +147,26 @@ def effective_policy(services: Services, policy: RetentionPolicy, url: str) -> R
 
 
 def in_flight_from_jobs(services: Services, url: str) -> set[str]:
-    """Step paths under ``url`` that running jobs are writing (empty when jobs are unavailable)."""
+    """Step folders under ``url`` that unfinished jobs (uploads, saves, strips) are writing.
+
+    A job's ``dest`` (or, for a strip, its ``src``) inside the run folder names the step it
+    writes; the first path segment below ``url`` is that step folder.
+    """
     try:
-        jobs = services.jobs
+        records = services.jobs.records()
     except ImportError:
-        return set()
-    finder = getattr(jobs, "in_flight_paths", None)
-    if finder is None:
-        return set()
-    return {p.rstrip("/") for p in finder(url)}
+        return set()  # no job manager in this build: callers still pass --in-flight explicitly
+    base = _norm(url) + "/"
+    out: set[str] = set()
+    for r in records:
+        if r.terminal:
+            continue
+        targets = [r.destination] + ([r.source] if r.kind == "strip" else [])
+        for t in targets:
+            t = t.rstrip("/")
+            if t.startswith(base):
+                out.add(t[len(base):].split("/", 1)[0])
+    return out
 
 
 async def fetch_catalog(store: ObjectStore, prefix: str = "") -> Catalog:

@@ -26,6 +26,8 @@ def dcp_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DcpRun]:
         save_step(model, optim, root / f"step-{step}")
         weights[step] = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
     (root / f"step-{IN_FLIGHT}" / ".metadata").unlink()  # DCP writes .metadata last: still in flight
+    # a small metadata file a trainer writes next to its state: a strip keeps it
+    (root / "step-8000" / "config.json").write_text('{"hidden": 16}')
     (root / "notes").mkdir()
     (root / "notes" / "README.txt").write_text("operator notes: not a checkpoint\n")
     yield DcpRun(root, weights)

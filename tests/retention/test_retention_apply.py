@@ -42,7 +42,8 @@ async def assert_end_state(store: ObjectStore, run: DcpRun, before: dict[str, in
         assert under(after, keep) == under(before, keep), keep
     for m in (4000, 8000):
         files = under(after, f"step-{m}")
-        assert set(files) == {"model-00001-of-00001.safetensors", "model.safetensors.index.json"}, files
+        small = {"config.json"} if m == 8000 else set()
+        assert set(files) == {"model-00001-of-00001.safetensors", "model.safetensors.index.json", *small}, files
         check = await verify_export(store, f"step-{m}", expected={k: tuple(v.shape) for k, v in run.weights[m].items()})
         assert check.ok, check.problems
         tensors = load(await store.get_bytes(f"step-{m}/model-00001-of-00001.safetensors"))
@@ -200,3 +201,50 @@ async def test_pin_recorded_after_the_plan_stops_its_delete(
     assert by["step-1000"].outcome == "would-do"
     assert (root / "step-1000" / ".metadata").exists()  # a dry run changes nothing
     assert not local_services.db.audit_entries(action="retention.apply")
+
+
+async def test_a_running_upload_job_marks_its_step_in_flight(
+        tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    root = dcp_run.copy_to(tmp_path / "run1")
+    jobs = local_services.jobs  # creates the jobs table
+    now = time.time()
+    for jid, state, step in (("j-run", "running", 10000), ("j-old", "succeeded", 9000)):
+        local_services.db.execute(
+            "INSERT INTO jobs (id, node, kind, params, state, created, launched_by, launched_from, updated)"
+            " VALUES (?, 'here', 'upload', ?, ?, ?, 'op@host', 'test', ?)",
+            (jid, json.dumps({"src": "/scratch/x", "dest": f"{root}/step-{step}"}), state, now, now))
+    assert [r.id for r in jobs.records() if not r.terminal] == ["j-run"]
+    plan = await compute_plan(local_services, str(root), POLICY)
+    by = {a.step: a for a in plan.actions}
+    assert by[10000].action == "skip" and "running job" in by[10000].reason
+    assert by[9000].action == "delete"
+    assert "step-10000" in plan.in_flight
+
+
+async def test_deepspeed_without_export_is_refused_at_plan_and_apply(
+        tmp_path: Path, local_services) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    from backend.policy.retention import RetentionPlan
+
+    root = tmp_path / "ds-run"
+    for n in (1000, 2000, 3000):
+        d = root / f"global_step{n}"
+        d.mkdir(parents=True)
+        torch.save({"module": {"w": torch.ones(4, 4)}}, d / "mp_rank_00_model_states.pt")
+        torch.save({"optimizer_state_dict": {"exp_avg": torch.zeros(4, 4)}}, d / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    (root / "latest").write_text("global_step3000")
+    plan = await compute_plan(local_services, str(root), RetentionPolicy(keep_full_latest=1, milestone_every=1000))
+    by = {a.step: a for a in plan.actions}
+    assert by[1000].layout == "deepspeed" and by[1000].action == "skip" and "refused" in by[1000].reason
+    # even a plan that asks for the strip (made by hand, bypassing the planner) is not carried out
+    forced = dataclasses.replace(plan, actions=tuple(
+        dataclasses.replace(a, action="strip-to-weights") if a.step == 1000 else a for a in plan.actions))
+    forced = RetentionPlan.from_json(forced.to_json())
+    before = await listing(LocalStore(root))
+    report = await apply_plan(local_services, forced)
+    (o,) = [o for o in report.outcomes if o.step == 1000]
+    assert o.outcome == "stopped" and "skip" in o.detail
+    assert await listing(LocalStore(root)) == before
