@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from backend.config import Node
-from backend.errors import CommandFailed, CommandTimeout, HostKeyRefused, NodeUnreachable
+from backend.errors import CommandFailed, CommandTimeout, HostKeyRefused, NodeError, NodeUnreachable
 from backend.lab import Lab
+from backend.nodes import ssh as ssh_module
 from backend.nodes.pool import NodePool, NodeStatus
 from backend.nodes.ssh import SshTransport
 from backend.nodes.transport import LocalTransport, Transport
@@ -31,11 +32,13 @@ def lab_node(lab: Lab, name: str, **changes: object) -> Node:
     return dataclasses.replace(lab.config.node(name), **changes)  # type: ignore[arg-type]
 
 
-@pytest.fixture(params=["ssh", "local"])
+@pytest.fixture(params=["ssh", "ssh-channels", "local"])
 async def transport(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Transport]:
-    if request.param == "ssh":
+    """ssh: commands through the per-connection command server; ssh-channels: one SSH channel
+    (and login shell) per command; local: subprocesses."""
+    if request.param.startswith("ssh"):
         lab: Lab = request.getfixturevalue("lab")
-        t: Transport = SshTransport(lab.config.node("node-01"))
+        t: Transport = SshTransport(lab.config.node("node-01"), command_server=request.param == "ssh")
     else:
         t = LocalTransport(Node(name="local", host="localhost", transport="local", scratch=str(tmp_path)))
     try:
@@ -227,8 +230,9 @@ async def test_proxy_jump_through_another_node(lab: Lab, tmp_path: Path) -> None
     await t.close()
 
 
-async def test_thirty_parallel_commands_share_one_connection(lab: Lab) -> None:
-    pool = NodePool(lab.config.nodes)
+@pytest.mark.parametrize("command_server", [True, False], ids=["server", "channels"])
+async def test_thirty_parallel_commands_share_one_connection(lab: Lab, command_server: bool) -> None:
+    pool = NodePool(lab.config.nodes, command_server=command_server)
     try:
         t = pool.transport("node-01")
         results = await asyncio.gather(*(t.run(f"sleep 0.2; echo {i} $SSH_CONNECTION") for i in range(30)))
@@ -241,8 +245,9 @@ async def test_thirty_parallel_commands_share_one_connection(lab: Lab) -> None:
         await pool.close()
 
 
-async def test_dropped_connection_fails_running_command_then_reconnects(lab: Lab) -> None:
-    pool = NodePool(lab.config.nodes)
+@pytest.mark.parametrize("command_server", [True, False], ids=["server", "channels"])
+async def test_dropped_connection_fails_running_command_then_reconnects(lab: Lab, command_server: bool) -> None:
+    pool = NodePool(lab.config.nodes, command_server=command_server)
     try:
         t = pool.transport("node-02")
         assert (await t.run("true")).ok
@@ -315,3 +320,31 @@ async def test_unreachable_address_times_out_cleanly(lab: Lab) -> None:
         await t.run("true")
     assert "192.0.2.1" in str(info.value)
     await t.close()
+
+
+async def test_falls_back_to_channels_without_command_server(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A node where the server cannot start (here: it exits at once, as with no usable python3).
+    monkeypatch.setattr(ssh_module, "command_server_command", lambda: "echo no python3 here >&2; exit 127")
+    t = SshTransport(lab.config.node("node-04"))
+    try:
+        assert (await t.run("echo $LOADMASTER_NODE")).stdout == "node-04\n"
+        assert t.command_server_unavailable == "command server did not start: no python3 here"
+        assert (await t.run("cat", input="still stdin")).stdout == "still stdin"
+    finally:
+        await t.close()
+
+
+async def test_command_server_restarts_after_it_dies(lab: Lab) -> None:
+    t = SshTransport(lab.config.node("node-04"))
+    try:
+        pid = int((await t.run("echo $PPID")).stdout)  # the server is the command's parent
+        victim = asyncio.create_task(t.run("sleep 20"))
+        await asyncio.sleep(0.3)
+        (await SshTransport(lab.config.node("node-04"), command_server=False).run(f"kill -9 {pid}"))
+        with pytest.raises(NodeError, match="command server exited while running 'sleep 20'"):
+            await victim
+        assert (await t.run("echo $PPID")).stdout.strip() != str(pid)
+    finally:
+        await t.close()

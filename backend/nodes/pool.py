@@ -56,6 +56,7 @@ class NodePool:
         keepalive_interval: float = DEFAULT_KEEPALIVE,
         backoff: tuple[float, float] = DEFAULT_BACKOFF,
         ssh_config: str | Path | None = None,
+        command_server: bool = True,
     ) -> None:
         self.nodes: tuple[Node, ...] = tuple(nodes)
         self._by_name = {n.name: n for n in self.nodes}
@@ -64,6 +65,7 @@ class NodePool:
         self._keepalive = keepalive_interval
         self._backoff = backoff
         self._ssh_config = ssh_config
+        self._command_server = command_server
         self._handshakes: asyncio.Semaphore | None = None
         self._transports: dict[str, Transport] = {}
         now = time.time()
@@ -104,6 +106,7 @@ class NodePool:
                     backoff=self._backoff,
                     ssh_config=self._ssh_config,
                     on_state=self._record,
+                    command_server=self._command_server,
                 )
             self._transports[name] = t
         return t

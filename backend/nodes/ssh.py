@@ -12,10 +12,14 @@ with :class:`NodeUnreachable`; the next call reconnects, after a backoff when co
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import getpass
+import itertools
+import json
 import os
 import secrets
+import shlex
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -140,8 +144,15 @@ class SshTransport(Transport):
         backoff: tuple[float, float] = DEFAULT_BACKOFF,
         ssh_config: str | Path | None = None,
         on_state: StateHook | None = None,
+        command_server: bool = True,
     ) -> None:
         super().__init__(node)
+        self._use_server = command_server
+        self._server: _CommandServer | None = None
+        self._server_lock = asyncio.Lock()
+        self._server_failed = False
+        #: Why the command server is not used on this connection (None while it is, or untried).
+        self.command_server_unavailable: str | None = None
         self._channels = asyncio.Semaphore(channels)
         self._handshakes = handshakes
         self._keepalive = keepalive_interval
@@ -207,6 +218,7 @@ class SshTransport(Transport):
                 self._state("unreachable", None, exc.detail)
                 raise exc from None
             self._failures = 0
+            self._server_failed = False
             self._retry_at = 0.0
             self._last_error = None
             self._conn = conn
@@ -319,6 +331,9 @@ class SshTransport(Transport):
         self._state("unreachable", None, f"connection lost: {reason}")
 
     async def _drop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         conns = [self._conn, *reversed(self._jumps)]
         self._conn = None
         self._jumps = []
@@ -360,9 +375,48 @@ class SshTransport(Transport):
         self._reapers.add(task)
         task.add_done_callback(self._reapers.discard)
 
+    async def _command_server(self) -> _CommandServer | None:
+        """This connection's command server, started on first use; None where it cannot run."""
+        conn = await self.connect()
+        server = self._server
+        if server is not None and server.alive and server.conn is conn:
+            return server
+        async with self._server_lock:
+            conn = await self.connect()
+            server = self._server
+            if server is not None and server.alive and server.conn is conn:
+                return server
+            if self._server_failed:
+                return None
+            # The server holds one channel for as long as it lives.
+            await self._channels.acquire()
+            try:
+                proc = await self._open_process(conn, command_server_command(), secrets.token_hex(8))
+            except BaseException:
+                self._channels.release()
+                raise
+            server = _CommandServer(self, conn, proc, self._channels.release)
+            why = await server.wait_ready(SERVER_START_TIMEOUT)
+            if why is not None:
+                server.close()
+                if not self.connected:
+                    raise self._lost_error("command server start")
+                self._server_failed = True
+                self.command_server_unavailable = why
+                return None
+            self.command_server_unavailable = None
+            self._server = server
+            return server
+
     async def _exec(
         self, command: str, input: bytes | None, timeout: float | None  # noqa: ASYNC109
     ) -> tuple[int | None, bytes, bytes, float]:
+        if self._use_server:
+            server = await self._command_server()
+            if server is not None:
+                start = time.monotonic()
+                code, out, err = await server.run(command, input, timeout)
+                return code, out, err, time.monotonic() - start
         token = secrets.token_hex(8)
         async with self._channels:
             conn = await self.connect()
@@ -458,3 +512,195 @@ def _stop(proc: asyncssh.SSHClientProcess[bytes]) -> None:
         proc.kill()
     with contextlib.suppress(Exception):
         proc.close()
+
+
+#: Seconds to wait for the command server's ready line (python3 start-up, once per connection).
+SERVER_START_TIMEOUT = 20.0
+
+#: A persistent per-connection command runner (stdlib python3, 3.6+). Each command still runs in
+#: its own ``/bin/sh -c`` and process group, but without a new SSH channel and login shell: sshd
+#: starts the login shell (and its rc files, e.g. a slow ``pyenv init``/``conda init``) once per
+#: connection instead of once per command. Requests and replies are JSON lines on the channel;
+#: stdin travels inside the request, so secrets still never reach an argv.
+COMMAND_SERVER = r"""
+import base64, json, os, signal, subprocess, sys, threading
+os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # nobody reads this channel's stderr
+out = sys.stdout.buffer
+lock = threading.Lock()
+procs = {}
+killed = set()
+def send(obj):
+    data = (json.dumps(obj) + "\n").encode()
+    with lock:
+        out.write(data)
+        out.flush()
+def b64(b):
+    return base64.b64encode(b).decode()
+def kill(p):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except OSError:
+        pass
+def run(rid, cmd, data):
+    try:
+        p = subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.DEVNULL if data is None else subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except Exception as exc:
+        send({"id": rid, "rc": 127, "out": "", "err": b64(str(exc).encode())})
+        return
+    with lock:
+        procs[rid] = p
+        doomed = rid in killed
+    if doomed:
+        kill(p)
+    o, e = p.communicate(data)
+    with lock:
+        procs.pop(rid, None)
+        killed.discard(rid)
+    send({"id": rid, "rc": p.returncode, "out": b64(o), "err": b64(e)})
+send({"ready": 1, "pid": os.getpid()})
+for line in sys.stdin.buffer:
+    req = json.loads(line)
+    if "kill" in req:
+        with lock:
+            p = procs.get(req["kill"])
+            if p is None:
+                killed.add(req["kill"])
+        if p is not None:
+            kill(p)
+        continue
+    data = None if req.get("in") is None else base64.b64decode(req["in"])
+    threading.Thread(target=run, args=(req["id"], req["cmd"], data), daemon=True).start()
+with lock:
+    running = list(procs.values())
+for p in running:
+    kill(p)
+"""
+
+
+def command_server_command() -> str:
+    """Shell text that starts the command server: the system python3 when there is one."""
+    # /usr/bin/python3 first: a pyenv/conda shim on PATH costs a shell and a lookup per start,
+    # and the server needs only the standard library (-S skips site-packages: faster start).
+    code = shlex.quote(COMMAND_SERVER)
+    return (
+        f"if [ -x /usr/bin/python3 ]; then exec /usr/bin/python3 -S -u -c {code}; "
+        f"else exec python3 -S -u -c {code}; fi"
+    )
+
+
+class _CommandServer:
+    """Client side of :data:`COMMAND_SERVER`: many concurrent commands over one channel."""
+
+    def __init__(
+        self,
+        transport: SshTransport,
+        conn: asyncssh.SSHClientConnection,
+        proc: asyncssh.SSHClientProcess[bytes],
+        release: Callable[[], None],
+    ) -> None:
+        self.transport = transport
+        self.conn = conn
+        self.proc = proc
+        self.alive = True
+        self._release: Callable[[], None] | None = release
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
+        loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[str | None] = loop.create_future()
+        self._noise: list[bytes] = []
+        self._reader = loop.create_task(self._read())
+
+    async def wait_ready(self, limit: float) -> str | None:
+        """None once the server runs; otherwise why it did not start."""
+        try:
+            why = await asyncio.wait_for(asyncio.shield(self._ready), limit)
+        except TimeoutError:
+            return f"command server did not start within {limit:g}s"
+        if why is not None:
+            with contextlib.suppress(Exception):
+                err = (await asyncio.wait_for(self.proc.stderr.read(), 2)).decode(errors="replace")
+                if err.strip():
+                    why = f"{why}: {err.strip().splitlines()[-1]}"
+        return why
+
+    async def _read(self) -> None:
+        lost = False
+        try:
+            async for line in self.proc.stdout:
+                if not self._ready.done():
+                    if line.startswith(b'{"ready"'):
+                        self._ready.set_result(None)
+                    else:
+                        self._noise.append(line)  # rc-file chatter before the server starts
+                    continue
+                msg = json.loads(line)
+                entry = self._pending.pop(msg.get("id"), None)
+                if entry is not None and not entry[1].done():
+                    entry[1].set_result(msg)
+        except (asyncssh.Error, OSError):
+            lost = True
+        except ValueError:
+            pass  # a garbled reply: treat as the server going away
+        finally:
+            self.alive = False
+            if not self._ready.done():
+                err = b"".join(self._noise).decode(errors="replace").strip().splitlines()
+                self._ready.set_result("command server did not start" + (f": {err[-1]}" if err else ""))
+            for command, fut in self._pending.values():
+                if fut.done():
+                    continue
+                if lost or not self.transport.connected:
+                    fut.set_exception(self.transport._lost_error(command))
+                else:
+                    fut.set_exception(NodeError(self.transport.name,
+                                                f"command server exited while running {command!r}"))
+            self._pending.clear()
+            if self._release is not None:
+                self._release()
+                self._release = None
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
+
+    async def run(
+        self, command: str, data: bytes | None, limit: float | None
+    ) -> tuple[int | None, bytes, bytes]:
+        if not self.alive:
+            raise self.transport._lost_error(command)
+        rid = next(self._ids)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (command, fut)
+        req: dict[str, Any] = {"id": rid, "cmd": command}
+        if data is not None:
+            req["in"] = base64.b64encode(data).decode()
+        try:
+            self._send(req)
+            msg = await asyncio.wait_for(asyncio.shield(fut), limit)
+        except TimeoutError:
+            self._kill(rid)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(fut, 10)  # the reply comes once the process group is dead
+            raise CommandTimeout(
+                self.transport.name, f"command {command!r} did not finish within {limit:g}s"
+            ) from None
+        except asyncio.CancelledError:
+            self._kill(rid)
+            raise
+        except (asyncssh.Error, OSError):
+            raise self.transport._lost_error(command) from None
+        finally:
+            self._pending.pop(rid, None)
+        rc = msg.get("rc")
+        return rc, base64.b64decode(msg.get("out", "")), base64.b64decode(msg.get("err", ""))
+
+    def _kill(self, rid: int) -> None:
+        with contextlib.suppress(Exception):
+            self._send({"kill": rid})
+
+    def close(self) -> None:
+        self.alive = False
+        with contextlib.suppress(Exception):
+            self.proc.stdin.write_eof()
+        with contextlib.suppress(Exception):
+            self.proc.close()
