@@ -81,6 +81,20 @@ def test_unknown_node_pattern_is_one_line(fleet: Path, capsys: pytest.CaptureFix
     assert err == [f"loadmaster: error: {fleet}: no node matches 'tpu-*'"]
 
 
+def test_broken_ssh_config_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host gpu-1\n  Port twenty-two\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[[nodes]]\nname = "gpu-1"\n')
+    assert main(["--config", str(cfg), "nodes"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "cannot parse OpenSSH config" in err[0] and "Invalid Port integer value: twenty-two" in err[0]
+    assert str(tmp_path / ".ssh" / "config") in err[0]
+
+
 def test_doctor_with_lab_through_subprocess(lab, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import os
     import subprocess

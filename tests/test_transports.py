@@ -263,6 +263,20 @@ async def test_dropped_connection_fails_running_command_then_reconnects(lab: Lab
         await pool.close()
 
 
+async def test_dropped_connection_ends_stream_with_unreachable(lab: Lab) -> None:
+    t = SshTransport(lab.config.node("node-03"))
+    try:
+        it = t.stream("while :; do echo tick; sleep 0.1; done")
+        assert await anext(it) == "tick"
+        lab.node("node-03").drop_connections()
+        with pytest.raises(NodeUnreachable, match="connection lost"):
+            async for _ in it:
+                pass
+        assert (await t.run("echo ok")).stdout == "ok\n"
+    finally:
+        await t.close()
+
+
 async def test_pool_marks_node_down_then_recovers(lab: Lab) -> None:
     pool = NodePool(lab.config.nodes, backoff=(0.1, 0.5))
     node = lab.node("node-02")

@@ -60,7 +60,7 @@ def ssh_config_paths(explicit: str | Path | None = None) -> list[str]:
     return [str(default)] if os.access(default, os.R_OK) else []
 
 
-def load_ssh_config(node: Node, paths: list[str]) -> asyncssh.config.SSHClientConfig:
+def load_ssh_config(node: Node, paths: list[str]) -> asyncssh.config.SSHConfig:
     """asyncssh's own parse of the OpenSSH client config for this node's host."""
     try:
         return asyncssh.config.SSHClientConfig.load(
@@ -86,7 +86,8 @@ def effective_settings(node: Node, ssh_config: str | Path | None = None) -> dict
                 "tags": list(node.tags), "slots": node.slots}
     paths = ssh_config_paths(ssh_config)
     cfg = load_ssh_config(node, paths)
-    identity = list(node.identity) or [str(p) for p in (cfg.get("IdentityFile") or [])]
+    from_config: list[str] = cfg.get("IdentityFile") or []  # type: ignore[assignment]
+    identity = list(node.identity) or [str(p) for p in from_config]
     return {
         "name": node.name,
         "transport": "ssh",
