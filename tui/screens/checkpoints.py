@@ -1,16 +1,372 @@
-"""Checkpoints screen (placeholder until the checkpoints feature lands; the feature engineer replaces this file)."""
+"""Checkpoints screen: a run's steps (kind, size, age, BF16 export), footprint figures, the upload
+backlog alert, and actions: strip a step, upload a local step folder, inspect a step.
+
+Listing, inspecting, stripping and uploading run in workers through :mod:`backend.checkpoints`;
+results arrive as past-tense messages. Nothing here touches a store directly.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import os
+import time
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from tui.screens.base import PlaceholderScreen
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Input, Label, Select, Static
+
+from backend.checkpoints.footprint import fmt_gb, footprint, upload_backlog
+from backend.errors import LoadmasterError
+from tui.screens.base import LoadmasterScreen
+from tui.widgets.confirm import ConfirmModal
+
+if TYPE_CHECKING:
+    from backend.checkpoints.catalog import Catalog, CheckpointStep
+    from backend.checkpoints.footprint import BacklogAlert
+    from backend.checkpoints.inspection import StepInspection
+    from backend.services import Services
+
+#: Theme variable per kind (cells coloured by meaning, never by literal colour).
+KIND_STYLE = {"full": "action-keep", "weights": "action-strip", "incomplete": "job-running", "unknown": "action-skip"}
 
 
-class CheckpointsScreen(PlaceholderScreen):
-    """Placeholder for the Checkpoints screen."""
+def _age(mtime: float) -> str:
+    if not mtime:
+        return "-"
+    s = max(0.0, time.time() - mtime)
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n:
+            return f"{s / n:.0f}{unit}"
+    return f"{s:.0f}s"
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:,.3f} GB"
+
+
+class CatalogListed(Message):
+    """A fresh listing of the run prefix arrived, with the current upload-backlog alerts."""
+
+    def __init__(self, url: str, catalog: Catalog, alerts: list[BacklogAlert]) -> None:
+        super().__init__()
+        self.url, self.catalog, self.alerts = url, catalog, alerts
+
+
+class StepInspected(Message):
+    """A step's tensor table / key list was read."""
+
+    def __init__(self, inspection: StepInspection) -> None:
+        super().__init__()
+        self.inspection = inspection
+
+
+class ActionFinished(Message):
+    """A strip or upload finished (or launched as a node job); ``ok`` False with the error text."""
+
+    def __init__(self, what: str, ok: bool, detail: str) -> None:
+        super().__init__()
+        self.what, self.ok, self.detail = what, ok, detail
+
+
+class CheckpointsScreen(LoadmasterScreen):
+    """Steps of a run prefix in any configured store, with strip / upload / inspect."""
 
     SCREEN_TITLE: ClassVar[str] = "Checkpoints"
-    COMING: ClassVar[str] = (
-        "checkpoints in each store — steps, sizes, full (with AdamW optimizer state) versus stripped weights-only, upload and strip jobs."
-    )
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+r", "reload", "Reload listing", show=True),
+        Binding("i", "inspect_step", "Inspect", show=True),
+        Binding("s", "strip_step", "Strip to BF16…", show=True),
+        Binding("u", "upload_step", "Upload local step…", show=True),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | ctrl+r | List the run prefix again. |
+    | i | Show the selected step's tensors (safetensors headers / DCP metadata). |
+    | s | Strip the selected step to BF16 safetensors in its own folder (after confirmation). |
+    | u | Upload the local step folder typed in "Local step" into the run prefix (after confirmation). |
+    """
+
+    PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
+        ("Reload checkpoints", "List the run prefix again", "reload"),
+        ("Strip checkpoint to BF16", "Write the selected step's weights as BF16 safetensors", "strip_step"),
+        ("Upload local checkpoint", "Upload the local step folder into the run prefix", "upload_step"),
+        ("Inspect checkpoint", "Show the selected step's tensors", "inspect_step"),
+    ]
+
+    def __init__(self, services: Services, **kwargs: Any) -> None:
+        super().__init__(services, **kwargs)
+        self.catalog: Catalog | None = None
+        self.url = ""
+        self.alerts: list[BacklogAlert] = []
+
+    # ----------------------------------------------------------------- layout
+
+    def compose_body(self) -> ComposeResult:
+        stores = list(self.services.config.stores.items())
+        first = stores[0][1].url if stores else ""
+        with Vertical(classes="screen-body", id="ckpt-body"):
+            with Horizontal(classes="ckpt-row"):
+                yield Label("Store", classes="ckpt-label")
+                yield Select([(n, p.url) for n, p in stores], prompt="store", id="ckpt-store",
+                             value=first if first else Select.BLANK)
+                yield Label("Run prefix", classes="ckpt-label")
+                yield Input(value=first, placeholder="s3://bucket/run, a store name/run or a directory",
+                            id="ckpt-url")
+            with Horizontal(classes="ckpt-row"):
+                yield Label("Params", classes="ckpt-label")
+                yield Input("70e9", id="ckpt-params", classes="ckpt-num")
+                yield Label("Local step", classes="ckpt-label")
+                yield Input(placeholder="/nvme/ckpt/step-48000 (for u: upload)", id="ckpt-local")
+                yield Label("Node", classes="ckpt-label")
+                yield Input(placeholder="run here", id="ckpt-node", classes="ckpt-num")
+            yield Static("", id="ckpt-footprint", markup=False)
+            yield Static("", id="ckpt-backlog", markup=False)
+            yield Static("Pick a store or type a run prefix and press enter.", id="ckpt-summary", markup=False)
+            yield DataTable(id="ckpt-steps", cursor_type="row", zebra_stripes=True)
+            yield DataTable(id="ckpt-tensors", cursor_type="row", zebra_stripes=True)
+            yield Static("", id="ckpt-status", markup=False)
+
+    def on_mount(self) -> None:
+        steps = self.query_one("#ckpt-steps", DataTable)
+        for key, label in (("step", "Step"), ("kind", "Kind"), ("layout", "Layout"), ("size", "Size"),
+                           ("objects", "Objects"), ("age", "Age"), ("export", "BF16 export")):
+            steps.add_column(label, key=key)
+        tensors = self.query_one("#ckpt-tensors", DataTable)
+        for key, label in (("name", "Tensor"), ("dtype", "Dtype"), ("shape", "Shape"), ("bytes", "Bytes"),
+                           ("file", "File")):
+            tensors.add_column(label, key=key)
+        tensors.display = False
+        self.query_one("#ckpt-backlog", Static).display = False
+        self.render_footprint()
+
+    # ----------------------------------------------------------------- footprint
+
+    @on(Input.Changed, "#ckpt-params")
+    def _params_changed(self, event: Input.Changed) -> None:
+        self.render_footprint()
+
+    def render_footprint(self) -> None:
+        """Footprint of the model size typed in Params, for the run's retained full checkpoints."""
+        text = self.query_one("#ckpt-params", Input).value.strip()
+        out = self.query_one("#ckpt-footprint", Static)
+        try:
+            params = float(text)
+            retained = max(1, sum(1 for s in self.catalog.steps if s.kind == "full")) if self.catalog else 1
+            fp = footprint(params, retained)
+        except ValueError:
+            out.update(f"Params: expected a number like 70e9, got {text!r}")
+            return
+        out.update(f"{params / 1e9:g}B params: BF16 weights {fmt_gb(fp.weights_bytes)}, full AdamW state "
+                   f"{fmt_gb(fp.full_bytes)} (14 B/param); weights only saves {fp.saving_fraction:.1%}. "
+                   f"For {retained} full checkpoint(s): {fmt_gb(fp.retained_full_bytes)} vs "
+                   f"{fmt_gb(fp.retained_weights_bytes)}.  GB = 10^9 bytes")
+
+    # ----------------------------------------------------------------- listing
+
+    @on(Select.Changed, "#ckpt-store")
+    def _store_picked(self, event: Select.Changed) -> None:
+        if isinstance(event.value, str) and event.value:
+            self.query_one("#ckpt-url", Input).value = event.value
+
+    @on(Input.Submitted, "#ckpt-url")
+    def _url_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_reload()
+
+    def action_reload(self) -> None:
+        url = self.query_one("#ckpt-url", Input).value.strip()
+        if not url:
+            self.notify("Enter a run prefix first.", severity="warning", markup=False)
+            return
+        self.query_one("#ckpt-summary", Static).update(f"Listing {url} …")
+        self._list(url)
+
+    @work(exclusive=True, group="checkpoints-list", exit_on_error=False)
+    async def _list(self, url: str) -> None:
+        from backend.checkpoints.catalog import list_checkpoints
+
+        try:
+            async with self.services.stores.open(url) as store:
+                catalog = await list_checkpoints(store)
+        except LoadmasterError as exc:
+            self.report_error(f"Listing {url}", exc)
+            self.query_one("#ckpt-summary", Static).update(f"Could not list {url}: {exc}")
+            return
+        try:
+            alerts = upload_backlog(self.services.jobs.records())
+        except LoadmasterError:
+            alerts = []
+        self.post_message(CatalogListed(url, catalog, alerts))
+
+    @on(CatalogListed)
+    def _listed(self, event: CatalogListed) -> None:
+        self.url, self.catalog, self.alerts = event.url, event.catalog, event.alerts
+        self.render_catalog()
+
+    def render_catalog(self) -> None:
+        """Rows per step (kind coloured by theme variable), totals by kind, backlog alerts."""
+        cat = self.catalog
+        if cat is None:
+            return
+        variables = getattr(self.app, "theme_variables", {}) or {}
+        table = self.query_one("#ckpt-steps", DataTable)
+        cursor = table.cursor_row
+        with self.app.batch_update():
+            table.clear()
+            for s in cat.steps:
+                table.add_row(str(s.step) if s.step is not None else s.name,
+                              Text(s.kind, style=variables.get(KIND_STYLE[s.kind], "")), s.layout,
+                              _gb(s.total_bytes), str(s.object_count), _age(s.mtime),
+                              "yes" if s.has_bf16_export else "no", key=s.path)
+            if cat.steps:
+                table.move_cursor(row=min(max(cursor, 0), len(cat.steps) - 1))
+        by = cat.bytes_by_kind()
+        kinds = "  ".join(f"{k} {_gb(by[k])}" for k in ("full", "weights", "incomplete", "unknown") if k in by)
+        self.query_one("#ckpt-summary", Static).update(
+            f"{self.url}: {len(cat.steps)} steps, {_gb(sum(by.values()))}   by kind: {kinds or '-'}")
+        backlog = self.query_one("#ckpt-backlog", Static)
+        backlog.display = bool(self.alerts)
+        backlog.update("\n".join(f"ALERT {a.message}" for a in self.alerts))
+        self.render_footprint()
+
+    def selected(self) -> CheckpointStep | None:
+        """The step under the table cursor."""
+        if self.catalog is None or not self.catalog.steps:
+            return None
+        row = self.query_one("#ckpt-steps", DataTable).cursor_row
+        return self.catalog.steps[row] if 0 <= row < len(self.catalog.steps) else None
+
+    # ----------------------------------------------------------------- inspect
+
+    def action_inspect_step(self) -> None:
+        step = self.selected()
+        if step is None:
+            self.notify("List a run and select a step first.", severity="warning", markup=False)
+            return
+        self._inspect(self.url, step.path)
+
+    @work(exclusive=True, group="checkpoints-inspect", exit_on_error=False)
+    async def _inspect(self, url: str, path: str) -> None:
+        from backend.checkpoints.inspection import inspect_step
+
+        try:
+            async with self.services.stores.open(url) as store:
+                ins = await inspect_step(store, path)
+        except LoadmasterError as exc:
+            self.report_error(f"Inspecting {path}", exc)
+            return
+        self.post_message(StepInspected(ins))
+
+    @on(StepInspected)
+    def _inspected(self, event: StepInspected) -> None:
+        ins = event.inspection
+        table = self.query_one("#ckpt-tensors", DataTable)
+        with self.app.batch_update():
+            table.clear()
+            for t in ins.tensors:
+                table.add_row(t.name, t.dtype, "×".join(map(str, t.shape)) or "scalar", f"{t.nbytes:,}", t.file)
+            table.display = True
+        problems = "; ".join(ins.problems)
+        self.query_one("#ckpt-status", Static).update(
+            f"{ins.step.path}: {len(ins.tensors)} tensors/keys" + (f"  problems: {problems}" if problems else ""))
+
+    # ----------------------------------------------------------------- strip
+
+    def action_strip_step(self) -> None:
+        step = self.selected()
+        if step is None:
+            self.notify("List a run and select a step first.", severity="warning", markup=False)
+            return
+        if step.kind not in ("full", "weights") or step.layout in ("hf-safetensors", "unknown"):
+            self.notify(f"{step.name} is {step.kind} ({step.layout}); only complete checkpoints can be stripped.",
+                        severity="warning", markup=False)
+            return
+        if step.has_bf16_export:
+            self.notify(f"{step.name} already has a BF16 export.", severity="warning", markup=False)
+            return
+        if not self.require_writable(f"strip {step.name}"):
+            return
+        node = self.query_one("#ckpt-node", Input).value.strip() or None
+        body = (f"Read the model weights of {self.url}/{step.path} ({step.layout}, {_gb(step.total_bytes)}), cast "
+                f"to BF16 and write model-0000i-of-0000N.safetensors + model.safetensors.index.json into the same "
+                f"folder, then verify them. Nothing is deleted. Runs {'on ' + node if node else 'in this console'}.")
+        self._confirm_strip(step.path, node, body)
+
+    @work(group="checkpoints-action", exit_on_error=False)
+    async def _confirm_strip(self, path: str, node: str | None, body: str) -> None:
+        if not await self.app.push_screen_wait(ConfirmModal(title=f"Strip {path} to BF16?", body=body,
+                                                            yes_label="Strip")):
+            return
+        from backend.checkpoints.strip import strip_params, strip_step
+        from backend.checkpoints.upload import store_secrets
+
+        self.query_one("#ckpt-status", Static).update(f"Stripping {path} …")
+        try:
+            async with self.services.stores.open(self.url) as store:
+                if node:
+                    rec = await self.services.jobs.launch(node, "strip", strip_params(store, path),
+                                                          secrets=await store_secrets(store), label=f"strip {path}")
+                    detail = f"strip of {path} launched on {node} as job {rec.id}"
+                else:
+                    res = await strip_step(store, path)
+                    detail = (f"stripped {path}: {res.tensor_count} tensors, {_gb(res.weight_bytes)} BF16 in "
+                              f"{len(res.shards)} shard(s), verified")
+            self.services.db.record_audit("ckpt.strip", f"{self.url}/{path}", "ok", detail={"detail": detail})
+        except LoadmasterError as exc:
+            self.report_error(f"Strip {path}", exc)
+            self.post_message(ActionFinished("strip", False, str(exc)))
+            return
+        self.post_message(ActionFinished("strip", True, detail))
+
+    # ----------------------------------------------------------------- upload
+
+    def action_upload_step(self) -> None:
+        local = self.query_one("#ckpt-local", Input).value.strip()
+        if not local or not self.url:
+            self.notify("Type a local step folder in 'Local step' and list a run prefix first.",
+                        severity="warning", markup=False)
+            return
+        if not self.require_writable(f"upload {local}"):
+            return
+        node = self.query_one("#ckpt-node", Input).value.strip() or None
+        name = os.path.basename(local.rstrip("/"))
+        body = (f"Upload every file of {local} to {self.url}/{name} (multipart, each object verified by size and "
+                f"checksum, DCP .metadata last). Runs {'as a job on ' + node if node else 'in this console'}.")
+        self._confirm_upload(local, name, node, body)
+
+    @work(group="checkpoints-action", exit_on_error=False)
+    async def _confirm_upload(self, local: str, name: str, node: str | None, body: str) -> None:
+        if not await self.app.push_screen_wait(ConfirmModal(title=f"Upload {name}?", body=body, yes_label="Upload")):
+            return
+        from backend.checkpoints.catalog import step_number
+        from backend.checkpoints.upload import store_secrets, upload_dir, upload_params
+
+        self.query_one("#ckpt-status", Static).update(f"Uploading {local} …")
+        try:
+            async with self.services.stores.open(self.url) as store:
+                if node:
+                    rec = await self.services.jobs.launch(
+                        node, "upload", upload_params(local, store, name, step=step_number(name)),
+                        secrets=await store_secrets(store), label=f"upload {name}")
+                    detail = f"upload of {name} launched on {node} as job {rec.id}"
+                else:
+                    res = await upload_dir(store, local, name)
+                    detail = f"uploaded {name}: {len(res.objects)} objects, {_gb(res.bytes)}, {res.gbps:.2f} Gbps, verified"
+            self.services.db.record_audit("ckpt.upload", f"{self.url}/{name}", "ok", detail={"detail": detail})
+        except LoadmasterError as exc:
+            self.report_error(f"Upload {name}", exc)
+            self.post_message(ActionFinished("upload", False, str(exc)))
+            return
+        self.post_message(ActionFinished("upload", True, detail))
+
+    @on(ActionFinished)
+    def _action_finished(self, event: ActionFinished) -> None:
+        self.query_one("#ckpt-status", Static).update(event.detail if event.ok else f"{event.what} failed: {event.detail}")
+        if event.ok:
+            self.notify(event.detail, markup=False)
+            self.action_reload()

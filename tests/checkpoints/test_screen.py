@@ -1,0 +1,106 @@
+"""Pilot tests of the Checkpoints screen against a real local run folder."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from textual.widgets import DataTable, Input, Static
+
+from backend.config import default_config
+from backend.services import Services
+from tui.app import LoadmasterApp
+from tui.screens.checkpoints import CheckpointsScreen
+from tui.widgets.confirm import ConfirmModal
+
+SIZE = (140, 40)
+
+
+async def _settle(pilot: Any, until: Any, rounds: int = 400) -> None:
+    for _ in range(rounds):
+        if until():
+            return
+        await pilot.pause()
+    assert until(), "condition never became true"
+
+
+def make_run(tmp_path: Path, src: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(src, run / "step-10")
+    shutil.copytree(src, run / "step-9")
+    (run / "step-9" / ".metadata").unlink()
+    return run
+
+
+async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tuple[Path, dict]) -> None:
+    run = make_run(tmp_path, tiny_full_dcp[0])
+    services = Services(config=default_config())
+    app = LoadmasterApp(services, mode="checkpoints")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, CheckpointsScreen)
+        assert "980 GB" in str(screen.query_one("#ckpt-footprint", Static).render())
+        screen.query_one("#ckpt-url", Input).value = str(run)
+        screen.action_reload()
+        table = screen.query_one("#ckpt-steps", DataTable)
+        await _settle(pilot, lambda: table.row_count == 2)
+        assert [str(table.get_row_at(i)[1]) for i in range(2)] == ["incomplete", "full"]
+        assert "by kind" in str(screen.query_one("#ckpt-summary", Static).render())
+
+        # inspect the full step: the DCP key list
+        table.move_cursor(row=1)
+        screen.action_inspect_step()
+        tensors = screen.query_one("#ckpt-tensors", DataTable)
+        await _settle(pilot, lambda: tensors.row_count > 0)
+        names = {str(tensors.get_row_at(i)[0]) for i in range(tensors.row_count)}
+        assert "model.norm.weight" in names and any(n.startswith("optim.state") for n in names)
+
+        # the in-flight step cannot be stripped
+        table.move_cursor(row=0)
+        screen.action_strip_step()
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmModal)
+
+        # strip the full one after confirming
+        table.move_cursor(row=1)
+        screen.action_strip_step()
+        await _settle(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await pilot.press("y")
+        await _settle(pilot, lambda: (run / "step-10" / "model.safetensors.index.json").exists()
+                      and table.row_count == 2 and str(table.get_row_at(1)[6]) == "yes")
+        assert "verified" in str(screen.query_one("#ckpt-status", Static).render())
+
+        # upload a local step folder into the run
+        local = tmp_path / "nvme" / "step-20"
+        shutil.copytree(tiny_full_dcp[0], local)
+        screen.query_one("#ckpt-local", Input).value = str(local)
+        screen.action_upload_step()
+        await _settle(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await pilot.press("y")
+        await _settle(pilot, lambda: table.row_count == 3)
+        assert str(table.get_row_at(2)[0]) == "20" and str(table.get_row_at(2)[1]) == "full"
+        assert [e.action for e in services.db.audit_entries()][:2] in (["ckpt.strip", "ckpt.upload"],
+                                                                        ["ckpt.upload", "ckpt.strip"])
+    await services.aclose()
+
+
+async def test_readonly_refuses_strip(tmp_path: Path, tiny_full_dcp: tuple[Path, dict]) -> None:
+    run = make_run(tmp_path, tiny_full_dcp[0])
+    services = Services(config=default_config(), readonly=True)
+    app = LoadmasterApp(services, mode="checkpoints")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, CheckpointsScreen)
+        screen.query_one("#ckpt-url", Input).value = str(run)
+        screen.action_reload()
+        table = screen.query_one("#ckpt-steps", DataTable)
+        await _settle(pilot, lambda: table.row_count == 2)
+        table.move_cursor(row=1)
+        screen.action_strip_step()
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmModal)
+        assert not (run / "step-10" / "model.safetensors.index.json").exists()
+    await services.aclose()
