@@ -18,8 +18,10 @@ import dataclasses
 import hashlib
 import json
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +60,7 @@ WRITE_CHUNK = 4 << 20  # bytes gathered before one write(): large sequential wri
 BATCH_FILES = 64
 BATCH_BYTES = 8 << 20
 PROGRESS_EVERY = 0.25
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
 class ShardCancelled(ShardError):
@@ -498,28 +501,84 @@ class _S3Sink(_Sink):
         shutil.rmtree(self.spool, ignore_errors=True)
 
 
-class _TarOut:
-    """One shard file being written: gathers members, hashes and writes in large chunks."""
+class _Hasher:
+    """sha256 of the shard stream in its own thread, so hashing overlaps reading and writing."""
 
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    def __init__(self) -> None:
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=16)  # bounds memory: 16 chunks
         self.digest = hashlib.sha256()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="shard-hash", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if isinstance(item, concurrent.futures.Future):
+                item.set_result(self.digest.hexdigest())
+                self.digest = hashlib.sha256()
+                continue
+            update = self.digest.update
+            for piece in item:
+                update(piece)  # releases the GIL for pieces over 2 KB
+
+    def feed(self, pieces: list[bytes]) -> None:
+        self.queue.put(pieces)
+
+    def finish(self) -> str:
+        """The hex digest of everything fed since the last finish."""
+        fut: concurrent.futures.Future[str] = concurrent.futures.Future()
+        self.queue.put(fut)
+        return fut.result()
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+
+
+def _writev_all(fd: int, pieces: list[bytes]) -> int:
+    """Write every piece with as few syscalls as possible (no joining copy); returns bytes."""
+    total = 0
+    for i in range(0, len(pieces), _IOV_MAX):
+        group = pieces[i:i + _IOV_MAX]
+        want = sum(len(p) for p in group)
+        n = os.writev(fd, group)
+        if n < want:  # a short write: finish this group piece by piece
+            skip = n
+            for piece in group:
+                if skip >= len(piece):
+                    skip -= len(piece)
+                    continue
+                view = memoryview(piece)[skip:]
+                skip = 0
+                while view:
+                    view = view[os.write(fd, view):]
+        total += want
+    return total
+
+
+class _TarOut:
+    """One shard file being written: gathers members and writes them in large vectored writes."""
+
+    def __init__(self, path: str, hasher: _Hasher) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.hasher = hasher
         self.buf: list[bytes] = []
         self.buffered = 0
         self.written = 0
 
     def flush(self) -> None:
-        chunk = b"".join(self.buf)
-        self.digest.update(chunk)  # releases the GIL: reads carry on meanwhile
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(self.fd, view):]
-        self.written += len(chunk)
+        pieces = self.buf
+        self.hasher.feed(pieces)
+        self.written += _writev_all(self.fd, pieces)
         self.buf, self.buffered = [], 0
 
-    def finish(self) -> None:
+    def finish(self) -> str:
         self.buf.append(bytes(tarfmt.archive_end(self.written + sum(len(b) for b in self.buf))))
         self.flush()
+        return self.hasher.finish()
 
     def close(self) -> None:
         os.close(self.fd)
@@ -543,12 +602,13 @@ def _write_shards(
     zeros = bytes(tarfmt.BLOCK)
     last_check = time.monotonic()
     path: str | None = None
+    hasher = _Hasher()
     try:
         for shard in todo:
             if cancelled is not None:
                 _check_cancel(cancelled, len(entries))  # at every shard boundary, and every 0.2 s
             path = sink.temp_path(shard.name)
-            out = _TarOut(path)
+            out = _TarOut(path, hasher)
             buf = out.buf
             bytes_before = progress.bytes_done
             try:
@@ -561,24 +621,24 @@ def _write_shards(
                         pad = -size % 512
                         if pad:
                             buf.append(zeros[:pad])
-                        out.buffered += size + 512
+                        out.buffered += 512 + size + pad
                         nfiles += 1
                     if out.buffered >= WRITE_CHUNK:
                         out.flush()
                         buf = out.buf
                     progress.samples_done += 1
-                    progress.bytes_done += sample.tar_bytes()
+                    progress.bytes_done = bytes_before + out.written + out.buffered
                     progress.tick()
                     now = time.monotonic()
                     if cancelled is not None and now - last_check >= 0.2:
                         last_check = now
                         _check_cancel(cancelled, len(entries))
-                out.finish()
+                sha = out.finish()
             finally:
                 out.close()
             if out.written != shard.nbytes:
                 raise ShardError(f"internal error: {shard.name} is {out.written} bytes, planned {shard.nbytes}")
-            entry = ShardEntry(shard.name, out.written, len(shard.samples), nfiles, out.digest.hexdigest())
+            entry = ShardEntry(shard.name, out.written, len(shard.samples), nfiles, sha)
             sink.commit(entry, path)
             path = None
             entries.append(entry)
@@ -589,6 +649,8 @@ def _write_shards(
     except BaseException:
         sink.abandon(path)
         raise
+    finally:
+        hasher.close()
     return entries
 
 

@@ -50,7 +50,7 @@ def test_keys_split_as_webdataset_does() -> None:
     from webdataset.tariterators import base_plus_ext
 
     for path in ["000123.jpg", "a/000123.seg.png", "v1.0/x.tar.gz", "noext", ".hidden", "d/.h.json",
-                 "a.b/c", "dir/file.JSON"]:
+                 "a.b/c", "dir/file.JSON", "a.", "x/.", "a\nb.c", "/abs.x", "k..j"]:
         got = split_key(path)
         want = base_plus_ext(path)
         assert got == want, path

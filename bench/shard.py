@@ -1,0 +1,155 @@
+"""Benchmark: pack 20,000 small files into shards with loadmaster, webdataset.ShardWriter and GNU tar.
+
+The dataset is generated: 10,000 samples, each a ~50 KB ``.jpg`` of random bytes plus a small
+``.json``. The three tools run side by side on the same files in one run:
+
+* loadmaster  -- ``backend.shards.convert`` (in-process, default settings but the shard size);
+* ShardWriter -- ``webdataset.ShardWriter(pattern, maxsize=...)`` used the documented way: read
+  each sample's files, ``sink.write({"__key__": ..., "jpg": ..., "json": ...})``;
+* GNU tar     -- ``tar -cf`` once per shard over the same file lists loadmaster planned (the
+  near-physical limit: read small files, write sequentially).
+
+Each repetition rotates the order of the tools (page-cache and writeback effects fall on each in
+turn) and ``sync``s before every timed run; the median of the repetitions is reported, with the
+ratios the goal is stated in: ShardWriter/loadmaster (want >= 2) and loadmaster/tar (want <= 1.25).
+
+    .venv/bin/python bench/shard.py [--samples 10000] [--reps 3] [--shard-size 128MB] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backend.schema import parse_size  # noqa: E402
+from backend.shards.convert import ShardRequest, convert_sync  # noqa: E402
+from backend.shards.plan import group_samples, plan_shards, scan_local  # noqa: E402
+
+
+def generate(root: Path, samples: int, seed: int = 0) -> int:
+    """Write ``samples`` jpg+json pairs; returns total bytes."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for i in range(samples):
+        jpg = os.urandom(rng.randint(45_000, 55_000))
+        meta = json.dumps({"i": i, "label": rng.randint(0, 999), "caption": "x" * rng.randint(20, 200)}).encode()
+        (root / f"{i:08d}.jpg").write_bytes(jpg)
+        (root / f"{i:08d}.json").write_bytes(meta)
+        total += len(jpg) + len(meta)
+    return total
+
+
+def run_loadmaster(src: Path, dest: Path, shard_size: int, workers: int | None) -> None:
+    kw = {"workers": workers} if workers else {}
+    convert_sync(ShardRequest(str(src), str(dest), shard_size=shard_size, **kw))
+
+
+def run_shardwriter(src: Path, dest: Path, shard_size: int) -> None:
+    import webdataset as wds
+
+    dest.mkdir(parents=True, exist_ok=True)
+    keys = sorted({p.split(".", 1)[0] for p in os.listdir(src)})
+    with wds.ShardWriter(str(dest / "shard-%06d.tar"), maxsize=shard_size, verbose=0) as sink:
+        for key in keys:
+            with open(src / f"{key}.jpg", "rb") as f:
+                jpg = f.read()
+            with open(src / f"{key}.json", "rb") as f:
+                meta = f.read()
+            sink.write({"__key__": key, "jpg": jpg, "json": meta})
+
+
+def tar_lists(src: Path, shard_size: int, where: Path) -> list[Path]:
+    """One file list per shard: the same grouping loadmaster plans (not timed)."""
+    files, _ = scan_local(str(src))
+    samples, _ = group_samples(files)
+    plan = plan_shards(samples, shard_size=shard_size, pattern="shard-%06d.tar")
+    lists = []
+    for shard in plan.shards:
+        path = where / f"{shard.name}.list"
+        path.write_text("".join(f"{rel}\n" for s in shard.samples for _e, rel, _n in s.files))
+        lists.append(path)
+    return lists
+
+
+def run_tar(src: Path, dest: Path, lists: list[Path]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for lst in lists:
+        subprocess.run(["tar", "-cf", str(dest / lst.name.removesuffix(".list")), "-C", str(src), "-T", str(lst)],
+                       check=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=10_000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--shard-size", default="128MB")
+    ap.add_argument("--workers", type=int, default=None, help="loadmaster read threads (default: config default)")
+    ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    shard_size = parse_size(args.shard_size)
+    work = Path(args.dir or tempfile.mkdtemp(prefix="lm-bench-shard-"))
+    src = work / "src"
+    if not src.exists():
+        nbytes = generate(src, args.samples)
+    else:
+        nbytes = sum(p.stat().st_size for p in src.iterdir())
+    lists_dir = work / "lists"
+    lists_dir.mkdir(exist_ok=True)
+    lists = tar_lists(src, shard_size, lists_dir)
+    tools = {
+        "loadmaster": lambda d: run_loadmaster(src, d, shard_size, args.workers),
+        "shardwriter": lambda d: run_shardwriter(src, d, shard_size),
+        "gnu-tar": lambda d: run_tar(src, d, lists),
+    }
+    names = list(tools)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    shards: dict[str, int] = {}
+    for rep in range(args.reps):
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            dest = work / f"out-{name}"
+            shutil.rmtree(dest, ignore_errors=True)
+            os.sync()
+            t0 = time.perf_counter()
+            tools[name](dest)
+            times[name].append(time.perf_counter() - t0)
+            shards[name] = len(list(dest.glob("*.tar")))
+        print(f"rep {rep + 1}: " + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in order), file=sys.stderr)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    result = {
+        "files": 2 * args.samples, "samples": args.samples, "bytes": nbytes, "shard_size": shard_size,
+        "shards": shards, "reps": args.reps, "median_s": med,
+        "mb_per_s": {n: nbytes / t / 1e6 for n, t in med.items()},
+        "shardwriter_over_loadmaster": med["shardwriter"] / med["loadmaster"],
+        "loadmaster_over_tar": med["loadmaster"] / med["gnu-tar"],
+        "workdir": str(work),
+    }
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(f"{2 * args.samples:,} files, {nbytes / 1e6:,.0f} MB -> shards of {shard_size / 1e6:g} MB "
+              f"({shards}); median of {args.reps}")
+        for n in names:
+            print(f"  {n:12s} {med[n]:7.2f} s  {result['mb_per_s'][n]:8.1f} MB/s")
+        print(f"  ShardWriter / loadmaster = {result['shardwriter_over_loadmaster']:.2f}x (goal >= 2)")
+        print(f"  loadmaster / GNU tar     = {result['loadmaster_over_tar']:.2f}x (goal <= 1.25)")
+    if not args.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
