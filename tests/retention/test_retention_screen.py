@@ -43,11 +43,14 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
     async with app.run_test(size=(160, 50), message_hook=rec) as pilot:
         screen = app.screen
         assert isinstance(screen, RetentionScreen)
-        screen.query_one("#retention-url", Input).value = str(root)
-        screen.query_one("#retention-url", Input).focus()
+        await pilot.press("u")
+        url_box = screen.query_one("#retention-url", Input)
+        assert url_box.has_focus
+        url_box.value = str(root)
         await pilot.press("enter")
         await settle(pilot)
         assert rec.of(CatalogLoaded)
+        assert screen.query_one("#retention-steps", DataTable).has_focus
         plan = screen.plan
         assert plan is not None
         acts = {a.step: a.action for a in plan.actions}

@@ -88,7 +88,10 @@ class RetentionScreen(LoadmasterScreen):
     """Plan and apply checkpoint retention for one run folder."""
 
     SCREEN_TITLE: ClassVar[str] = "Retention"
+    # The table, not an input, has focus first so the shell's digit keys keep switching screens.
+    AUTO_FOCUS = "#retention-steps"
     BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("u", "focus_url", "Run folder", show=True),
         Binding("ctrl+r", "reload", "Reload listing", show=True),
         Binding("p", "toggle_pin", "Pin/unpin step", show=True),
         Binding("m", "toggle_milestone", "Milestone", show=True),
@@ -97,6 +100,7 @@ class RetentionScreen(LoadmasterScreen):
     """
     | Key(s) | Description |
     | :- | :- |
+    | u | Edit the run folder (enter lists it). |
     | ctrl+r | List the run folder again and recompute the plan. |
     | p | Pin (or unpin) the selected step: a pinned step is never touched. |
     | m | Mark (or unmark) the selected step as a milestone. |
@@ -164,6 +168,9 @@ class RetentionScreen(LoadmasterScreen):
 
     # ----------------------------------------------------------------- loading
 
+    def action_focus_url(self) -> None:
+        self.query_one("#retention-url", Input).focus()
+
     @on(Input.Submitted, "#retention-url")
     def _url_submitted(self, event: Input.Submitted) -> None:
         event.stop()
@@ -208,6 +215,8 @@ class RetentionScreen(LoadmasterScreen):
             self.pins.setdefault(p.step, p.reason)
         self.results = {}
         self.recompute()
+        if self.focused is None or self.focused.id == "retention-url":
+            self.query_one("#retention-steps", DataTable).focus()  # p / m / a act on the table
 
     # ----------------------------------------------------------------- the plan
 
