@@ -208,7 +208,8 @@ def main(argv: list[str]) -> int:
     while True:
         sc = load_scenario(scenario_path)
         if sc["hang"]:
-            time.sleep(3600)
+            # A wedged driver: block until the scenario stops hanging (re-read so tests recover).
+            time.sleep(0.1)
             continue
         t = float(sc["fixed_t"]) if sc["fixed_t"] is not None else time.time() - float(sc["start"])
         if int(sc["gpus"]) <= 0:

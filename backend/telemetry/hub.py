@@ -263,8 +263,14 @@ class TelemetryHub:
         next_t = self.clock()
         while True:
             next_t += interval
-            await asyncio.sleep(max(0.0, next_t - self.clock()))
-            self.tick()
+            now = self.clock()
+            if now > next_t + interval:
+                next_t = now  # fell behind (suspended laptop, busy loop): do not burst-tick
+            await asyncio.sleep(max(0.0, next_t - now))
+            try:
+                self.tick()
+            except Exception:  # a bad tick must not stop every later one
+                log.exception("telemetry tick failed")
 
     async def _transport(self, name: str) -> Any:
         tr = self.pool.transport(name)
@@ -313,6 +319,7 @@ class TelemetryHub:
             except NodeUnreachable as exc:
                 self.mark_unreachable(name, exc.detail)
             except Exception as exc:  # any failure: show it and retry; never kill the hub
+                log.warning("telemetry sampler on %s failed", name, exc_info=True)
                 self.note_error(name, f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, s.backoff_max)

@@ -101,6 +101,8 @@ def parse_gpu_csv(text: str, rc: str | None = "0") -> tuple[tuple[GpuSample, ...
             errors.append(ln.strip())
             continue
         cells = next(csv.reader([ln], skipinitialspace=True))
+        if cells[0].strip() == "index":
+            continue  # the header of --format=csv without noheader
         cells += [""] * (10 - len(cells))
         if any("GPU is lost" in c for c in cells):
             idx = _value(cells[0])

@@ -48,6 +48,8 @@ def rate_pct(gbps: float | None, pct: float | None) -> str:
 
 
 def gpus_cell(n: NodeSnapshot) -> str:
+    if n.sampled_at is None:
+        return "-"  # never sampled: nothing known yet
     if n.gpu_status == NO_GPU:
         return NO_GPU
     if n.gpu_status != "ok" and not n.gpus:
@@ -58,7 +60,7 @@ def gpus_cell(n: NodeSnapshot) -> str:
 
 def state_cell(n: NodeSnapshot) -> str:
     if n.error and n.state != "up":
-        return f"{n.state}: {n.error}"[:48]
+        return f"{n.state}: {n.error}"[:60]
     return n.state
 
 

@@ -17,7 +17,7 @@ from tui.widgets.fleet_format import node_cells
 COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("node", "Node", 14),
     ("site", "Site", 20),
-    ("state", "State", 14),
+    ("state", "State", 24),
     ("ssh", "SSH", 7),
     ("gpus", "GPUs", 9),
     ("util", "Util avg/min", 12),
@@ -25,7 +25,7 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("rx", "RX Gbps (%)", 12),
     ("tx", "TX Gbps (%)", 12),
     ("disk", "Disk W MB/s", 11),
-    ("alerts", "Alerts", 30),
+    ("alerts", "Alerts", 28),
     ("trend", "Util trend", 20),
 )
 COLUMN_KEYS = tuple(c[0] for c in COLUMNS)
