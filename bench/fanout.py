@@ -4,7 +4,9 @@ Starts its own lab of real sshd nodes (default 16) on loopback, then for several
 ``true`` on every node, alternating which tool goes first:
 
 * loadmaster cold: a fresh NodePool (every handshake included) -> fanout -> results in hand;
-* loadmaster warm: the same pool again (connections reused, channels only);
+* loadmaster warm: the same pool again (connections and per-connection command servers reused);
+* loadmaster warm, channels: a pool with ``command_server=False`` (a new SSH channel, hence a
+  new login shell, per command: what reusing connections alone buys);
 * pdsh: ``pdsh -R ssh -f 32`` with the lab's key, known_hosts and port (a new ssh per node).
 
 Prints a markdown table and the median ratios. Root's ~/.bashrc on the lab machine runs
@@ -37,9 +39,9 @@ async def true_on(t: Transport) -> int | None:
     return (await t.run("true", check=True)).exit_status
 
 
-async def loadmaster_round(lab: Lab, handshakes: int) -> tuple[float, float, float]:
+async def loadmaster_round(lab: Lab, handshakes: int, server: bool = True) -> tuple[float, float, float]:
     """(cold seconds, warm seconds, close seconds) for one fresh pool."""
-    pool = NodePool(lab.config.nodes, max_handshakes=handshakes)
+    pool = NodePool(lab.config.nodes, max_handshakes=handshakes, command_server=server)
     try:
         t0 = time.perf_counter()
         cold = await pool.fanout(true_on)
@@ -78,7 +80,7 @@ async def pdsh_round(lab: Lab, pdsh: str) -> float:
     return elapsed
 
 
-async def bench(lab: Lab, rounds: int, handshakes: int, pdsh: str) -> list[tuple[float, float, float, float]]:
+async def bench(lab: Lab, rounds: int, handshakes: int, pdsh: str) -> list[tuple[float, ...]]:
     rows = []
     # One untimed warm-up of each, so first-use effects (page cache, sshd start-up) hit neither.
     await loadmaster_round(lab, handshakes)
@@ -87,10 +89,12 @@ async def bench(lab: Lab, rounds: int, handshakes: int, pdsh: str) -> list[tuple
         if i % 2 == 0:
             cold, warm, close = await loadmaster_round(lab, handshakes)
             p = await pdsh_round(lab, pdsh)
+            ccold, cwarm, _ = await loadmaster_round(lab, handshakes, server=False)
         else:
+            ccold, cwarm, _ = await loadmaster_round(lab, handshakes, server=False)
             p = await pdsh_round(lab, pdsh)
             cold, warm, close = await loadmaster_round(lab, handshakes)
-        rows.append((cold, warm, close, p))
+        rows.append((cold, warm, close, p, ccold, cwarm))
     return rows
 
 
@@ -115,18 +119,21 @@ def main() -> int:
     print(f"## Fan-out of `true` to {args.nodes} sshd nodes: loadmaster NodePool vs `pdsh -R ssh`\n")
     print(f"{os.cpu_count()} CPUs; NodePool max_handshakes={args.handshakes}; pdsh -f 32. "
           "Times in ms; ratio = loadmaster / pdsh (lower is better).\n")
-    print("| round | loadmaster cold | loadmaster warm (reused pool) | pdsh | cold / pdsh | warm / pdsh "
-          "| cold / warm |")
-    print("|---|---|---|---|---|---|---|")
-    for i, (cold, warm, _close, p) in enumerate(rows, 1):
+    print("| round | loadmaster cold | loadmaster warm | pdsh | cold / pdsh | warm / pdsh | cold / warm "
+          "| channels: cold / warm |")
+    print("|---|---|---|---|---|---|---|---|")
+    for i, (cold, warm, _close, p, ccold, cwarm) in enumerate(rows, 1):
         print(f"| {i} | {cold * 1000:.0f} | {warm * 1000:.0f} | {p * 1000:.0f} | {cold / p:.2f} | "
-              f"{warm / p:.2f} | {cold / warm:.1f}x |")
-    med = [statistics.median(c) for c in zip(*rows, strict=True)]
-    cold, warm, close, p = med
+              f"{warm / p:.3f} | {cold / warm:.0f}x | {ccold * 1000:.0f} / {cwarm * 1000:.0f} ms |")
+    cold, warm, close, p, ccold, cwarm = (statistics.median(c) for c in zip(*rows, strict=True))
     print(f"| **median** | **{cold * 1000:.0f}** | **{warm * 1000:.0f}** | **{p * 1000:.0f}** | "
-          f"**{cold / p:.2f}** | **{warm / p:.2f}** | **{cold / warm:.1f}x** |")
-    print(f"\nPool close (not in the cold column): median {close * 1000:.0f} ms. "
-          "Both tools pay root's ~/.bashrc (`pyenv init`) on every remote command.")
+          f"**{cold / p:.2f}** | **{warm / p:.3f}** | **{cold / warm:.0f}x** | "
+          f"**{ccold * 1000:.0f} / {cwarm * 1000:.0f} ms** |")
+    print(f"\nloadmaster cold = new pool: handshakes + command server start + `true`; warm = same pool again. "
+          f"channels = a pool with command_server=False (reused connections, one channel and login shell "
+          f"per command). Pool close (not timed above): median {close * 1000:.0f} ms. Root's ~/.bashrc runs "
+          f"`pyenv init` for every login shell sshd starts: pdsh and the channel mode pay it per command, "
+          f"the command server once per connection.")
     return 0
 
 
