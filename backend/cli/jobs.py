@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.errors import ConfigError, JobError, LoadmasterError
+from backend.jobs.fmt import describe_plan, fmt_bytes, fmt_eta
 from backend.jobs.manager import JobRecord, fleet_rollup
 from backend.services import Services
 
@@ -73,28 +74,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 # -- formatting -------------------------------------------------------------------------------
-
-
-def fmt_bytes(n: float | None) -> str:
-    """``12.6 GB`` (decimal units, as NICs and clouds bill)."""
-    if n is None:
-        return "?"
-    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def fmt_eta(s: float | None) -> str:
-    """``1h02m``, ``3m05s``, ``12s``; ``-`` when unknown."""
-    if s is None:
-        return "-"
-    s = int(round(s))
-    if s >= 3600:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 def fmt_when(ts: float | None) -> str:
@@ -242,32 +221,6 @@ def _pull_knobs(args: argparse.Namespace) -> tuple[int | None, int | None, int |
     return (args.numworkers or nw, args.concurrency or cc, args.part_size or ps)
 
 
-def format_plan(plan: Any) -> list[str]:
-    """Human-readable lines for a pull plan (the pre-launch estimate)."""
-    lines = [
-        f"pull {plan.src} -> {plan.dest}",
-        f"  {len(plan.objects)} object(s), {fmt_bytes(plan.total_bytes)}"
-        + (f", store {plan.store}" if plan.store else ""),
-        f"  s5cmd --numworkers {plan.numworkers} cp --concurrency {plan.concurrency} "
-        f"--part-size {plan.part_size_mib}",
-    ]
-    for n in plan.nodes:
-        prob = n.problem(plan.total_bytes)
-        if n.error:
-            lines.append(f"  {n.node}: {n.error}")
-            continue
-        rate = f"{n.line_rate_gbps:g} Gbps" + ("" if n.line_rate_known else " assumed")
-        fit = "fits" if n.fits(plan.total_bytes) else "DOES NOT FIT"
-        lines.append(f"  {n.node}: {n.dest}  free {fmt_bytes(n.free_bytes)} ({fit}); "
-                     f"ETA {fmt_eta(n.eta_s(plan.total_bytes))} at line rate {rate}"
-                     + (f"  -- {prob}" if prob and n.fits(plan.total_bytes) else ""))
-    if plan.egress is not None:
-        lines.append(f"  egress: {plan.egress.action}: {plan.egress.message}")
-    elif plan.egress_note:
-        lines.append(f"  egress: {plan.egress_note}")
-    return lines
-
-
 async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     """Plan a pull (listing, free space, ETA, egress), confirm, launch one job per node, follow."""
     from backend.jobs.pull import egress_gate, egress_record_override, launch_pull, plan_pull
@@ -283,7 +236,7 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     plan = await plan_pull(services, args.src, args.dest, nodes, store=args.store, numworkers=nw,
                            concurrency=cc, part_size_mib=ps, allow_over_budget=args.allow_over_budget)
     out = sys.stderr if args.json else sys.stdout
-    for line in format_plan(plan):
+    for line in describe_plan(plan):
         print(line, file=out)
     if plan.problems:
         raise JobError("not started: " + "; ".join(plan.problems))

@@ -1,16 +1,293 @@
-"""Transfers screen (placeholder until the transfers feature lands; the feature engineer replaces this file)."""
+"""Transfers screen: every job on every node (pulls, uploads, conversions) with live progress.
+
+The table re-reads the nodes' job directories on a timer (one command per node), so jobs
+launched from the CLI or another console appear here and vice versa. The selected job shows its
+throughput over time and its log tail. "New pull" plans (listing, free space, ETA at line rate,
+egress quote and decision) before it can launch; cancel asks for a typed confirmation. All I/O
+runs in workers through ``services.jobs`` and :mod:`backend.jobs.pull`.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from tui.screens.base import PlaceholderScreen
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Static
+
+from backend.errors import ConfigError, LoadmasterError
+from backend.jobs.fmt import describe_plan, fmt_bytes, fmt_eta
+from backend.jobs.manager import JobProgress, JobRecord, fleet_rollup
+from tui.screens.base import LoadmasterScreen
+from tui.widgets.confirm import ConfirmTyped
+from tui.widgets.transfers_detail import TransferDetail
+from tui.widgets.transfers_form import PullForm, PullRequest
+from tui.widgets.transfers_table import TransfersTable
+
+if TYPE_CHECKING:
+    from backend.jobs.pull import PullPlan
+    from backend.services import Services
 
 
-class TransfersScreen(PlaceholderScreen):
-    """Placeholder for the Transfers screen."""
+class JobsRefreshed(Message):
+    """A fresh read of every node's jobs arrived."""
+
+    def __init__(self, records: tuple[JobRecord, ...]) -> None:
+        super().__init__()
+        self.records = records
+
+
+class JobDetailLoaded(Message):
+    """The selected job's throughput history and log tail arrived."""
+
+    def __init__(self, record: JobRecord, history: tuple[JobProgress, ...], log_tail: str) -> None:
+        super().__init__()
+        self.record = record
+        self.history = history
+        self.log_tail = log_tail
+
+
+class PullPlanned(Message):
+    """A pull's pre-launch estimate was computed (or could not be: ``error``)."""
+
+    def __init__(self, plan: PullPlan | None, text: str, launchable: bool) -> None:
+        super().__init__()
+        self.plan = plan
+        self.text = text
+        self.launchable = launchable
+
+
+class PullLaunched(Message):
+    """Pull jobs were started, one per node."""
+
+    def __init__(self, records: tuple[JobRecord, ...]) -> None:
+        super().__init__()
+        self.records = records
+
+
+class JobCancelled(Message):
+    """A job was cancelled (its final record)."""
+
+    def __init__(self, record: JobRecord) -> None:
+        super().__init__()
+        self.record = record
+
+
+class TransfersScreen(LoadmasterScreen):
+    """Jobs on every node with progress, Gbps, ETA; detail with a throughput plot; new pull; cancel."""
 
     SCREEN_TITLE: ClassVar[str] = "Transfers"
-    COMING: ClassVar[str] = (
-        "s5cmd pulls and uploads running on the nodes — progress, throughput, ETA, cancel (typed confirmation) and re-attach after a console restart."
-    )
+    AUTO_FOCUS = "#transfers-jobs"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("n", "new_pull", "New pull"),
+        Binding("c", "cancel_job", "Cancel job"),
+        Binding("r", "refresh_jobs", "Refresh"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | n | Show or hide the new-pull form. |
+    | c | Cancel the selected job (typed confirmation). |
+    | r | Re-read every node's jobs now. |
+    """
+    PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
+        ("New pull", "Copy s3:// objects to nodes with s5cmd (estimate first)", "new_pull"),
+        ("Cancel selected job", "Stop the selected job's process group and clean its partial output",
+         "cancel_job"),
+        ("Refresh jobs", "Re-read every node's job directories now", "refresh_jobs"),
+    ]
+
+    def __init__(self, services: Services, **kwargs: object) -> None:
+        super().__init__(services, **kwargs)  # type: ignore[arg-type]
+        self.records: tuple[JobRecord, ...] = ()
+        self.plan: PullPlan | None = None
+
+    def compose_body(self) -> ComposeResult:
+        with Vertical(id="transfers-body", classes="screen-body"):
+            yield Static("Reading jobs from every node...", id="transfers-summary", markup=False)
+            yield PullForm(stores=sorted(n for n, s in self.services.config.stores.items() if s.is_s3),
+                           id="transfers-form", classes="-hidden")
+            with Horizontal(id="transfers-main"):
+                yield TransfersTable(id="transfers-jobs")
+                yield TransferDetail(id="transfers-detail")
+
+    def on_mount(self) -> None:
+        self._refresh_jobs()
+        interval = max(1.0, float(self.services.config.section("jobs").poll_interval))
+        self.set_interval(interval, self._tick)
+
+    def _tick(self) -> None:
+        if not any(w.group == "transfers-refresh" and w.is_running for w in self.workers):
+            self._refresh_jobs()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @work(exclusive=True, group="transfers-refresh", exit_on_error=False)
+    async def _refresh_jobs(self) -> None:
+        records = await self.services.jobs.refresh()
+        self.post_message(JobsRefreshed(tuple(records)))
+
+    @on(JobsRefreshed)
+    def _jobs_refreshed(self, event: JobsRefreshed) -> None:
+        self.records = event.records
+        variables = getattr(self.app, "theme_variables", {}) or {}
+        table = self.query_one(TransfersTable)
+        table.update_records(event.records, variables)
+        active = [r for r in event.records if not r.terminal]
+        roll = fleet_rollup(active)
+        unreachable = sorted({r.node for r in event.records if r.note})
+        text = (f"{len(event.records)} job(s): {roll.running} running"
+                + (f" | active {fmt_bytes(roll.bytes_done)}/{fmt_bytes(roll.bytes_total)}, "
+                   f"{roll.rate_bps * 8 / 1e9:.2f} Gbps, ETA {fmt_eta(roll.eta_s)}" if active else "")
+                + (f" | unreachable: {', '.join(unreachable)}" if unreachable else ""))
+        self.query_one("#transfers-summary", Static).update(text)
+        selected = table.selected_job_id
+        if selected:
+            self._load_detail(selected)
+
+    @on(DataTable.RowHighlighted, "#transfers-jobs")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key.value is not None:
+            self._load_detail(str(event.row_key.value))
+
+    @work(exclusive=True, group="transfers-detail", exit_on_error=False)
+    async def _load_detail(self, job_id: str) -> None:
+        jobs = self.services.jobs
+        rec = next((r for r in self.records if r.id == job_id), None) or jobs.get(job_id)
+        try:
+            history = await jobs.progress_history(job_id, lines=120)
+            log_tail, _ = await jobs.read_log(job_id, tail_lines=12)
+        except LoadmasterError as exc:
+            history, log_tail = [], f"(cannot read from {rec.node}: {exc})"
+        self.post_message(JobDetailLoaded(rec, tuple(history), log_tail))
+
+    @on(JobDetailLoaded)
+    def _detail_loaded(self, event: JobDetailLoaded) -> None:
+        rate = self.services.config.section("jobs").nic_gbps
+        self.query_one(TransferDetail).show(event.record, event.history, event.log_tail, rate)
+
+    def action_refresh_jobs(self) -> None:
+        """Re-read every node's jobs now."""
+        self._refresh_jobs()
+
+    # -- new pull ------------------------------------------------------------------------------
+
+    def action_new_pull(self) -> None:
+        """Show or hide the new-pull form."""
+        form = self.query_one(PullForm)
+        form.toggle_class("-hidden")
+        if not form.has_class("-hidden"):
+            self.query_one("#pull-src").focus()
+
+    def _nodes(self, req: PullRequest) -> list[str]:
+        if not req.nodes:
+            raise ConfigError("choose the destination node(s): a name, a hostlist or a glob")
+        return [n.name for n in self.services.config.select(req.nodes)]
+
+    @on(PullForm.EstimateRequested)
+    def _estimate_requested(self, event: PullForm.EstimateRequested) -> None:
+        if isinstance(event, PullForm.LaunchRequested):
+            return
+        self._plan_pull(event.request)
+
+    @work(exclusive=True, group="transfers-plan", exit_on_error=False)
+    async def _plan_pull(self, req: PullRequest) -> None:
+        from backend.jobs.pull import plan_pull
+
+        try:
+            if not req.src.startswith("s3://"):
+                raise ConfigError(f"the source must be an s3:// URL, got {req.src!r}")
+            if not req.dest:
+                raise ConfigError("choose a destination directory")
+            plan = await plan_pull(self.services, req.src, req.dest, self._nodes(req), store=req.store,
+                                   numworkers=req.numworkers, concurrency=req.concurrency,
+                                   part_size_mib=req.part_size_mib, allow_over_budget=req.reason)
+        except LoadmasterError as exc:
+            self.post_message(PullPlanned(None, f"cannot start: {exc}", False))
+            return
+        lines = describe_plan(plan)
+        launchable = not plan.problems
+        if plan.problems:
+            lines.append("not startable: " + "; ".join(plan.problems))
+        dec = plan.egress
+        if dec is not None and dec.action == "block":
+            launchable = False
+            lines.append("blocked by the egress guard")
+        elif dec is not None and dec.action == "confirm" and not req.reason:
+            launchable = False
+            lines.append("over budget: enter a reason to launch anyway")
+        self.post_message(PullPlanned(plan, "\n".join(lines), launchable))
+
+    @on(PullPlanned)
+    def _pull_planned(self, event: PullPlanned) -> None:
+        self.plan = event.plan
+        self.query_one(PullForm).show_estimate(event.text, launchable=event.launchable)
+
+    @on(PullForm.LaunchRequested)
+    def _launch_requested(self, event: PullForm.LaunchRequested) -> None:
+        if not self.require_writable("launch a pull"):
+            return
+        self._launch_pull(event.request)
+
+    @work(exclusive=True, group="transfers-launch", exit_on_error=False)
+    async def _launch_pull(self, req: PullRequest) -> None:
+        from backend.jobs.pull import egress_gate, egress_record_override, launch_pull, plan_pull
+
+        # Facts can change between the estimate and the launch: plan again right before acting.
+        plan = await plan_pull(self.services, req.src, req.dest, self._nodes(req), store=req.store,
+                               numworkers=req.numworkers, concurrency=req.concurrency,
+                               part_size_mib=req.part_size_mib, allow_over_budget=req.reason)
+        egress_gate(plan, req.reason)
+        if req.reason and plan.egress is not None and plan.egress.action == "confirm":
+            egress_record_override(self.services, plan, req.reason)
+        records = await launch_pull(self.services, plan)
+        self.services.db.record_audit("pull.launch", plan.src, "started", reason=req.reason,
+                                      detail={"dest": plan.dest, "nodes": [r.node for r in records],
+                                              "jobs": [r.id for r in records], "bytes": plan.total_bytes,
+                                              "objects": len(plan.objects), "from": "console"})
+        self.post_message(PullLaunched(tuple(records)))
+
+    @on(PullLaunched)
+    def _pull_launched(self, event: PullLaunched) -> None:
+        self.notify(f"started {len(event.records)} pull job(s): {', '.join(r.id for r in event.records)}",
+                    markup=False)
+        self.query_one(PullForm).add_class("-hidden")
+        self._refresh_jobs()
+
+    # -- cancel --------------------------------------------------------------------------------
+
+    def action_cancel_job(self) -> None:
+        """Cancel the selected job after a typed confirmation."""
+        if not self.require_writable("cancel a job"):
+            return
+        job_id = self.query_one(TransfersTable).selected_job_id
+        rec = next((r for r in self.records if r.id == job_id), None)
+        if rec is None:
+            self.notify("select a job first", severity="warning")
+            return
+        if rec.terminal:
+            self.notify(f"job {rec.id} already ended ({rec.state})", severity="warning", markup=False)
+            return
+        grace = self.services.config.section("jobs").cancel_grace
+        body = (f"{rec.kind} job {rec.id} on {rec.node}\n{rec.source} -> {rec.destination}\n"
+                f"SIGTERM to its process group, SIGKILL after {grace:g}s; partial output is removed.")
+
+        def answered(ok: bool | None) -> None:
+            if ok:
+                self._cancel_job(rec.id)
+
+        self.app.push_screen(ConfirmTyped(title="Cancel this job?", phrase="cancel", body=body,
+                                          confirm_label="Cancel job"), answered)
+
+    @work(exclusive=True, group="transfers-cancel", exit_on_error=False)
+    async def _cancel_job(self, job_id: str) -> None:
+        rec = await self.services.jobs.cancel(job_id, reason="cancelled from the console")
+        self.post_message(JobCancelled(rec))
+
+    @on(JobCancelled)
+    def _job_cancelled(self, event: JobCancelled) -> None:
+        self.notify(f"job {event.record.id}: {event.record.state}", markup=False)
+        self._refresh_jobs()

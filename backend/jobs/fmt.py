@@ -1,0 +1,58 @@
+"""Plain-text formatting of job quantities, shared by the CLI and the console."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``12.6 GB`` in decimal units (as NICs and clouds count); ``?`` when unknown."""
+    if n is None:
+        return "?"
+    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_eta(s: float | None) -> str:
+    """``1h02m`` / ``3m05s`` / ``12s``; ``-`` when unknown."""
+    if s is None:
+        return "-"
+    s = int(round(s))
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def describe_plan(plan: Any) -> list[str]:
+    """The pre-launch estimate of a pull as lines: objects, bytes, per-node fit and ETA, egress."""
+    lines = [
+        f"pull {plan.src} -> {plan.dest}",
+        f"  {len(plan.objects)} object(s), {fmt_bytes(plan.total_bytes)}"
+        + (f", store {plan.store}" if plan.store else ""),
+        f"  s5cmd --numworkers {plan.numworkers} cp --concurrency {plan.concurrency} "
+        f"--part-size {plan.part_size_mib}",
+    ]
+    for n in plan.nodes:
+        if n.error:
+            lines.append(f"  {n.node}: {n.error}")
+            continue
+        rate = f"{n.line_rate_gbps:g} Gbps" + ("" if n.line_rate_known else " assumed")
+        fits = n.fits(plan.total_bytes)
+        line = (f"  {n.node}: {n.dest}  free {fmt_bytes(n.free_bytes)} ({'fits' if fits else 'DOES NOT FIT'}); "
+                f"ETA {fmt_eta(n.eta_s(plan.total_bytes))} at line rate {rate}")
+        prob = n.problem(plan.total_bytes)
+        if prob and fits:
+            line += f"  -- {prob}"
+        lines.append(line)
+    if plan.egress is not None:
+        q = getattr(plan.egress, "quote", None)
+        usd = getattr(q, "total_usd", None) if q is not None else None
+        price = f" (${usd:,.2f})" if isinstance(usd, int | float) else ""
+        lines.append(f"  egress{price}: {plan.egress.action}: {plan.egress.message}")
+    elif plan.egress_note:
+        lines.append(f"  egress: {plan.egress_note}")
+    return lines

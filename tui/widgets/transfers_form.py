@@ -1,0 +1,121 @@
+"""The "new pull" form: source, destination, nodes, store, preset and s5cmd knobs, with the estimate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Button, Input, Label, Select, Static
+
+from backend.jobs.pull import PRESETS
+
+AUTO_STORE = "(from SRC)"
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """What the operator asked for (validated by the backend when planned)."""
+
+    src: str
+    dest: str
+    nodes: str
+    store: str | None
+    numworkers: int | None
+    concurrency: int | None
+    part_size_mib: int | None
+    reason: str | None
+
+
+class PullForm(Vertical):
+    """Fill in a pull, press Estimate to see the plan, then Launch.
+
+    Messages: :class:`PullForm.EstimateRequested` and :class:`PullForm.LaunchRequested`, both
+    carrying a :class:`PullRequest`; the screen does the I/O and calls :meth:`show_estimate`.
+    """
+
+    class EstimateRequested(Message):
+        """The operator wants the pre-launch estimate for ``request``."""
+
+        def __init__(self, control: PullForm, request: PullRequest) -> None:
+            super().__init__()
+            self.form = control
+            self.request = request
+
+        @property
+        def control(self) -> PullForm:
+            return self.form
+
+    class LaunchRequested(EstimateRequested):
+        """The operator confirmed the estimate and wants ``request`` launched."""
+
+    def __init__(self, *, stores: list[str], id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.stores = stores
+
+    def compose(self) -> ComposeResult:
+        yield Label("New pull", classes="transfers-caption")
+        with Horizontal(classes="pull-row"):
+            yield Input(placeholder="s3://bucket/prefix/", id="pull-src")
+            yield Input(placeholder="destination dir (relative: under scratch)", id="pull-dest")
+            yield Input(placeholder="nodes: gpu-[01-04] or one name", id="pull-nodes")
+        with Horizontal(classes="pull-row"):
+            yield Select([(s, s) for s in [AUTO_STORE, *self.stores]], value=AUTO_STORE, allow_blank=False,
+                         id="pull-store")
+            yield Select([(f"preset: {k}", k) for k in PRESETS], value="tuned", allow_blank=False, id="pull-preset")
+            yield Input(str(PRESETS["tuned"][0]), id="pull-numworkers", type="integer", tooltip="--numworkers")
+            yield Input(str(PRESETS["tuned"][1]), id="pull-concurrency", type="integer", tooltip="--concurrency")
+            yield Input(str(PRESETS["tuned"][2]), id="pull-part-size", type="integer", tooltip="--part-size MiB")
+        with Horizontal(classes="pull-row"):
+            yield Input(placeholder="over-budget reason (only if the egress guard asks)", id="pull-reason")
+            yield Button("Estimate", id="pull-estimate", variant="primary")
+            yield Button("Launch", id="pull-launch", variant="warning", disabled=True)
+        yield Static("", id="pull-estimate-text", markup=False)
+
+    @on(Select.Changed, "#pull-preset")
+    def _preset(self, event: Select.Changed) -> None:
+        nw, cc, ps = PRESETS[str(event.value)]
+        self.query_one("#pull-numworkers", Input).value = str(nw)
+        self.query_one("#pull-concurrency", Input).value = str(cc)
+        self.query_one("#pull-part-size", Input).value = str(ps)
+
+    @on(Input.Changed)
+    def _edited(self) -> None:
+        # Any change invalidates the estimate: Launch needs a fresh one.
+        self.query_one("#pull-launch", Button).disabled = True
+
+    def request(self) -> PullRequest:
+        """The form's current values."""
+        def num(sel: str) -> int | None:
+            v = self.query_one(sel, Input).value.strip()
+            return int(v) if v.isdigit() and int(v) > 0 else None
+
+        store = str(self.query_one("#pull-store", Select).value)
+        reason = self.query_one("#pull-reason", Input).value.strip() or None
+        return PullRequest(
+            src=self.query_one("#pull-src", Input).value.strip(),
+            dest=self.query_one("#pull-dest", Input).value.strip(),
+            nodes=self.query_one("#pull-nodes", Input).value.strip(),
+            store=None if store == AUTO_STORE else store,
+            numworkers=num("#pull-numworkers"), concurrency=num("#pull-concurrency"),
+            part_size_mib=num("#pull-part-size"), reason=reason,
+        )
+
+    @on(Button.Pressed, "#pull-estimate")
+    def _estimate(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.query_one("#pull-estimate-text", Static).update("estimating: listing the source, probing nodes...")
+        self.post_message(self.EstimateRequested(self, self.request()))
+
+    @on(Button.Pressed, "#pull-launch")
+    def _launch(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.query_one("#pull-launch", Button).disabled = True
+        self.post_message(self.LaunchRequested(self, self.request()))
+
+    def show_estimate(self, text: str, *, launchable: bool) -> None:
+        """Show the estimate (or the reason it cannot start) and enable Launch when it may start."""
+        self.query_one("#pull-estimate-text", Static).update(text)
+        self.query_one("#pull-launch", Button).disabled = not launchable

@@ -1,0 +1,16 @@
+"""Small text formatters shared by the Transfers widgets (no colours: styles come from themes)."""
+
+from __future__ import annotations
+
+from backend.jobs.fmt import fmt_bytes, fmt_eta
+
+__all__ = ["bar", "fmt_bytes", "fmt_eta"]
+
+
+def bar(fraction: float | None, width: int = 12) -> str:
+    """A text progress bar with its percentage: ``█████░░░░░░░  42%``."""
+    if fraction is None:
+        return "░" * width + "    ?"
+    fraction = max(0.0, min(1.0, fraction))
+    full = int(round(fraction * width))
+    return "█" * full + "░" * (width - full) + f" {fraction * 100:3.0f}%"

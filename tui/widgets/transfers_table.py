@@ -1,0 +1,76 @@
+"""The Transfers screen's jobs table: one row per job, refreshed in place from backend snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from backend.jobs.manager import JobRecord
+from tui.widgets.transfers_format import bar, fmt_bytes, fmt_eta
+
+#: Theme variable per job state (cells are coloured by meaning, never by literal colour).
+STATE_STYLE = {
+    "starting": "job-running", "running": "job-running", "cancelling": "warning",
+    "succeeded": "job-succeeded", "failed": "job-failed", "lost": "job-failed", "cancelled": "job-failed",
+}
+
+COLUMNS = (("kind", "Kind"), ("node", "Node"), ("what", "Source -> Destination"), ("progress", "Progress"),
+           ("gbps", "Gbps"), ("eta", "ETA"), ("state", "State"), ("id", "Job"))
+
+
+class TransfersTable(DataTable[Text]):
+    """Jobs (kind, node, source -> destination, progress bar, Gbps, ETA, state); rows keyed by job id."""
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+
+    def update_records(self, records: Iterable[JobRecord], variables: Mapping[str, str] | None = None) -> None:
+        """Show ``records`` (newest first), keeping the cursor on the same job."""
+        variables = variables or {}
+        recs = list(records)
+        selected = self.selected_job_id
+        wanted = [r.id for r in recs]
+        existing = [str(k.value) for k in self.rows]
+        if existing != wanted:
+            self.clear()
+            for r in recs:
+                self.add_row(*self._cells(r, variables), key=r.id)
+            if selected in wanted:
+                self.move_cursor(row=wanted.index(selected))
+            return
+        for r in recs:
+            for (key, _label), cell in zip(COLUMNS, self._cells(r, variables), strict=True):
+                self.update_cell(r.id, key, cell)
+
+    @property
+    def selected_job_id(self) -> str | None:
+        """The job under the cursor, if any."""
+        if self.row_count == 0:
+            return None
+        try:
+            key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
+        except Exception:  # noqa: BLE001 - empty or shrinking table
+            return None
+        return None if key.value is None else str(key.value)
+
+    @staticmethod
+    def _cells(r: JobRecord, variables: Mapping[str, str]) -> list[Text]:
+        p = r.progress
+        what = f"{r.source} -> {r.destination}" if r.source else (r.label or "-")
+        frac = p.fraction if p else None
+        prog = Text(bar(frac, 12))
+        if p is not None:
+            prog.append(f" {fmt_bytes(p.bytes_done)}/{fmt_bytes(p.bytes_total)}")
+        live = r.state in ("running", "cancelling")
+        gbps = f"{p.gbps:.2f}" if p is not None and p.gbps is not None and live else "-"
+        eta = fmt_eta(p.eta_s) if p is not None and live else "-"
+        state = r.state + (" ?" if r.note else "")
+        style = variables.get(STATE_STYLE.get(r.state, ""), "")
+        return [Text(r.kind), Text(r.node), Text(what, overflow="ellipsis"), prog, Text(gbps, justify="right"),
+                Text(eta, justify="right"), Text(state, style=style), Text(r.id)]
