@@ -16,11 +16,11 @@ from backend.shards.convert import (
     ShardProgress,
     ShardRequest,
     convert,
-    job_params,
+    launch_on_node,
     preview,
+    resolve_location,
 )
 from backend.shards.verify import verify
-from backend.storage import S3Store
 
 USAGE = ("loadmaster shard SRC DEST [--shard-size 512MB] [--pattern shard-%06d.tar] [--node NAME] "
          "[--shuffle SEED] [--workers N] [--overwrite | --resume] [--incomplete error|skip|keep] "
@@ -58,13 +58,7 @@ def register(sub: Any) -> None:
 
 
 def _location(services: Services, text: str) -> tuple[str, StoreProfile | None]:
-    """A URL/dir and its store profile; a configured store name stands for its URL."""
-    if text in services.config.stores:
-        p = services.config.stores[text]
-        return p.url, p
-    if text.startswith("s3://"):
-        return text.rstrip("/"), services.config.store_for_url(text)
-    return text, None
+    return resolve_location(services.config, text)
 
 
 def _request(args: argparse.Namespace, services: Services, src: str, dest: str) -> ShardRequest:
@@ -90,18 +84,6 @@ def _progress_printer(enabled: bool) -> Any:
     return show
 
 
-async def _secrets_for(*locs: tuple[str, StoreProfile | None]) -> dict[str, str]:
-    """Credentials a node needs for the s3:// side(s), as env vars (delivered via a 0600 file)."""
-    for url, prof in locs:  # the destination first: it is written
-        if url.startswith("s3://"):
-            creds = await S3Store(url, prof).credentials()
-            env = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
-            if creds.token:
-                env["AWS_SESSION_TOKEN"] = creds.token
-            return env
-    return {}
-
-
 async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
     """Convert SRC into shards at DEST (or verify DEST)."""
     if args.paths[0] == "verify" and len(args.paths) == 2:
@@ -117,13 +99,7 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
             raise ConfigError("--dry-run previews on this machine; drop --node to preview")
         if services.readonly:
             raise JobError("read-only mode: cannot start a conversion")
-        req.validate()
-        secrets = await _secrets_for((dest, dprof), (src, sprof))
-        rec = await services.jobs.launch(args.node, "shard", job_params(req, sprof, dprof), secrets=secrets,
-                                         label=f"shard {src} -> {dest}")
-        services.db.record_audit("shard.launch", dest, "started",
-                                 detail={"src": src, "node": args.node, "job": rec.id,
-                                         "overwrite": req.overwrite, "resume": req.resume})
+        rec = await launch_on_node(services, args.node, req, sprof, dprof)
         if args.json:
             print(json.dumps({"job": rec.id, "node": args.node, "src": src, "dest": dest}))
         else:

@@ -819,6 +819,53 @@ def convert_sync(req: ShardRequest, **kwargs: Any) -> ConvertResult:
     return asyncio.run(convert(req, **kwargs))
 
 
+# -- front-end helpers (CLI and console) ------------------------------------------------------
+
+
+def resolve_location(config: Config, text: str) -> tuple[str, StoreProfile | None]:
+    """A source/destination as typed -> (URL or dir, store profile); a store name stands for its URL."""
+    text = text.strip()
+    if not text:
+        raise ShardError("a source and a destination are required (a directory or s3://bucket/prefix)")
+    if text in config.stores:
+        p = config.stores[text]
+        return p.url, p
+    if text.startswith("s3://"):
+        return text.rstrip("/"), config.store_for_url(text)
+    if "://" in text:
+        raise ShardError(f"unsupported location {text!r}: use a local directory or s3://bucket/prefix")
+    return text, None
+
+
+async def job_secrets(*locations: tuple[str, StoreProfile | None]) -> dict[str, str]:
+    """Credentials a node needs for the first ``s3://`` location, as env vars for the job's 0600 file."""
+    for url, prof in locations:
+        if url.startswith("s3://"):
+            creds = await S3Store(url, prof).credentials()
+            env = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
+            if creds.token:
+                env["AWS_SESSION_TOKEN"] = creds.token
+            return env
+    return {}
+
+
+async def launch_on_node(
+    services: Any, node: str, req: ShardRequest, src_profile: StoreProfile | None,
+    dest_profile: StoreProfile | None,
+) -> Any:
+    """Start the conversion as a durable ``shard`` job on ``node`` (audited); returns its JobRecord."""
+    services.config.node(node)
+    req.validate()
+    # The destination's credentials first: it is the side written.
+    secrets = await job_secrets((req.dest, dest_profile), (req.src, src_profile))
+    rec = await services.jobs.launch(node, "shard", job_params(req, src_profile, dest_profile),
+                                     secrets=secrets, label=f"shard {req.src} -> {req.dest}")
+    services.db.record_audit("shard.launch", req.dest, "started",
+                             detail={"src": req.src, "node": node, "job": rec.id,
+                                     "overwrite": req.overwrite, "resume": req.resume})
+    return rec
+
+
 # -- durable job -----------------------------------------------------------------------------
 
 

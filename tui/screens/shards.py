@@ -1,16 +1,461 @@
-"""Shards screen (placeholder until the shards feature lands; the feature engineer replaces this file)."""
+"""Shards screen: start a WebDataset shard conversion and follow it to its manifest.
+
+Left: a form (source, destination, shard size, node, shuffle seed, incomplete-sample policy).
+Every change re-previews the conversion from the source listing alone (sample count, shard count,
+GETs per epoch before and after, warnings and refusals), so the operator sees what will happen
+before anything runs. Right: the conversions started from this console, live progress of the
+selected one, and its manifest summary when it ends. Conversions run in-process (this machine) or
+as durable ``shard`` jobs on a node; all the work is in ``backend.shards``.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from tui.screens.base import PlaceholderScreen
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Select, Static
+
+from backend.errors import LoadmasterError
+from backend.schema import parse_size
+from backend.shards.convert import (
+    ConvertResult,
+    ShardPreview,
+    ShardProgress,
+    ShardRequest,
+    convert,
+    launch_on_node,
+    preview,
+    resolve_location,
+)
+from tui.screens.base import LoadmasterScreen
+from tui.widgets import Summary
+
+if TYPE_CHECKING:
+    from backend.services import Services
+
+LOCAL = "__local__"
+JOB_POLL_S = 2.0
 
 
-class ShardsScreen(PlaceholderScreen):
-    """Placeholder for the Shards screen."""
+@dataclass(frozen=True)
+class ShardForm:
+    """What the operator typed, as text."""
+
+    src: str = ""
+    dest: str = ""
+    shard_size: str = "512MB"
+    node: str = LOCAL
+    seed: str = ""
+    incomplete: str = "error"
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """One conversion started from this console (a snapshot the table renders)."""
+
+    key: str
+    src: str
+    dest: str
+    where: str
+    state: str = "running"  # running | succeeded | failed | cancelled
+    progress: ShardProgress | None = None
+    fraction: float | None = None
+    detail: str = ""
+    summary: str = ""
+    job_id: str | None = None
+    started: float = field(default_factory=time.time)
+
+
+def form_request(services: Services, form: ShardForm) -> tuple[ShardRequest | None, dict[str, str], Any, Any]:
+    """Validate the form: (request, errors by field, source profile, destination profile)."""
+    errors: dict[str, str] = {}
+    settings = services.config.section("shards")
+    size = seed = None
+    sprof = dprof = None
+    src = dest = ""
+    try:
+        size = parse_size(form.shard_size) if form.shard_size.strip() else settings.shard_size
+    except ValueError as exc:
+        errors["shard-size"] = str(exc)
+    if form.seed.strip():
+        try:
+            seed = int(form.seed)
+        except ValueError:
+            errors["seed"] = f"the shuffle seed must be a whole number, got {form.seed!r}"
+    for name, text in (("src", form.src), ("dest", form.dest)):
+        try:
+            url, prof = resolve_location(services.config, text)
+        except LoadmasterError as exc:
+            errors[name] = str(exc)
+            continue
+        if name == "src":
+            src, sprof = url, prof
+        else:
+            dest, dprof = url, prof
+    if errors:
+        return None, errors, sprof, dprof
+    req = ShardRequest.from_settings(settings, src, dest, shard_size=size, seed=seed,
+                                     incomplete=form.incomplete)
+    try:
+        req.validate()
+    except LoadmasterError as exc:
+        return None, {"form": str(exc)}, sprof, dprof
+    return req, {}, sprof, dprof
+
+
+def preview_lines(pv: ShardPreview) -> list[str]:
+    """The preview as the form shows it."""
+    r = pv.requests
+    lines = [
+        f"{pv.samples:,} samples ({pv.files:,} files, {pv.source_bytes / 1e6:,.1f} MB) -> {pv.shards:,} shard(s)",
+        f"GETs per epoch {r.gets_before:,} -> {r.gets_after:,}  ({r.reduction:,.0f}x fewer)",
+        f"${r.usd_per_epoch_before:,.4f} -> ${r.usd_per_epoch_after:,.6f} per epoch ({r.price_source})",
+    ]
+    lines += [f"warning: {w}" for w in pv.warnings]
+    lines += [f"refused: {e}" for e in pv.errors]
+    return lines
+
+
+class ShardsScreen(LoadmasterScreen):
+    """Start shard conversions with a previewing form; follow their progress and manifests."""
 
     SCREEN_TITLE: ClassVar[str] = "Shards"
-    COMING: ClassVar[str] = (
-        "WebDataset shard conversion — shard sizes, sample counts, validation and conversion jobs."
-    )
+    PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
+        ("Preview the conversion", "Sample/shard counts and GET savings from the source listing", "preview"),
+        ("Start the conversion", "Convert the form's source into shards (asks nothing more)", "start"),
+        ("Cancel the selected conversion", "Stop it at the next sample; --resume continues it", "cancel"),
+    ]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+s", "start", "Start"),
+        Binding("ctrl+x", "cancel", "Cancel conversion"),
+    ]
+    """
+    | Key(s) | Description |
+    | :- | :- |
+    | ctrl+s | Start the conversion the form describes. |
+    | ctrl+x | Cancel the selected in-process conversion (completed shards stay; resume later). |
+    """
+
+    class PreviewComputed(Message):
+        """The form's conversion was previewed from the source listing."""
+
+        def __init__(self, form: ShardForm, preview: ShardPreview) -> None:
+            self.form = form
+            self.preview = preview
+            super().__init__()
+
+    class PreviewFailed(Message):
+        """The form could not be previewed (bad field, unreachable store, ...)."""
+
+        def __init__(self, form: ShardForm, errors: dict[str, str]) -> None:
+            self.form = form
+            self.errors = errors
+            super().__init__()
+
+    class ConversionUpdated(Message):
+        """A conversion progressed, finished or failed (replaces an older update of the same one)."""
+
+        def __init__(self, conversion: Conversion) -> None:
+            self.conversion = conversion
+            super().__init__()
+
+        def can_replace(self, message: Message) -> bool:
+            return (isinstance(message, ShardsScreen.ConversionUpdated)
+                    and message.conversion.key == self.conversion.key
+                    and message.conversion.state == "running")
+
+    def __init__(self, services: Services, **kwargs: Any) -> None:
+        super().__init__(services, **kwargs)
+        self.preview: ShardPreview | None = None
+        self.conversions: dict[str, Conversion] = {}
+        self.selected: str | None = None
+        self._cancel_events: dict[str, threading.Event] = {}
+        self._seq = 0
+
+    # ------------------------------------------------------------------ layout
+
+    def compose_body(self) -> ComposeResult:
+        settings = self.services.config.section("shards")
+        nodes = [("this machine (in-process)", LOCAL)] + [(n.name, n.name) for n in self.services.config.nodes]
+        with Horizontal(id="shards-main", classes="screen-body"):
+            with VerticalScroll(id="shards-form"):
+                yield Static("New conversion", id="shards-form-title", markup=False)
+                for key, label, hint, value in (
+                    ("src", "Source", "directory or s3://bucket/prefix of small files", ""),
+                    ("dest", "Destination", "directory or s3://bucket/prefix for shards", ""),
+                    ("shard-size", "Shard size", "256MB - 1GB", f"{settings.shard_size / 1e6:g}MB"),
+                    ("seed", "Shuffle seed", "blank: sorted by key", ""),
+                ):
+                    with Horizontal(classes="shards-field"):
+                        yield Label(label, classes="shards-label")
+                        yield Input(value, placeholder=hint, id=f"shards-{key}")
+                with Horizontal(classes="shards-field"):
+                    yield Label("Node", classes="shards-label")
+                    yield Select(nodes, value=LOCAL, allow_blank=False, id="shards-node")
+                with Horizontal(classes="shards-field"):
+                    yield Label("Incomplete", classes="shards-label")
+                    yield Select([("refuse (report them)", "error"), ("leave them out", "skip"),
+                                  ("shard as they are", "keep")], value="error", allow_blank=False,
+                                 id="shards-incomplete")
+                yield Static("", id="shards-errors", markup=False)
+                yield Static("Type a source and a destination to preview.", id="shards-preview", markup=False)
+                with Horizontal(id="shards-buttons"):
+                    yield Button("Start conversion", id="shards-start", variant="primary", disabled=True)
+            with Vertical(id="shards-runs"):
+                yield Static("Conversions", id="shards-runs-title", markup=False)
+                yield DataTable(id="shards-table", cursor_type="row", zebra_stripes=True)
+                yield ProgressBar(id="shards-progress", total=1.0, show_eta=False)
+                yield Summary(id="shards-run-summary")
+                yield Static("", id="shards-manifest", markup=False)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#shards-table", DataTable)
+        table.add_columns("Source -> destination", "Where", "State", "Shards", "Samples/s", "MB/s")
+
+    # ------------------------------------------------------------------ form and preview
+
+    def form(self) -> ShardForm:
+        """The form's current values."""
+        def text(key: str) -> str:
+            return self.query_one(f"#shards-{key}", Input).value
+
+        return ShardForm(
+            src=text("src"), dest=text("dest"), shard_size=text("shard-size"), seed=text("seed"),
+            node=str(self.query_one("#shards-node", Select).value),
+            incomplete=str(self.query_one("#shards-incomplete", Select).value),
+        )
+
+    @on(Input.Changed, "#shards-form Input")
+    @on(Select.Changed, "#shards-form Select")
+    def _form_changed(self, event: Message) -> None:
+        event.stop()
+        self.action_preview()
+
+    def action_preview(self) -> None:
+        """Re-preview the form (debounced by the exclusive worker)."""
+        form = self.form()
+        self.query_one("#shards-start", Button).disabled = True
+        if not form.src.strip() or not form.dest.strip():
+            return
+        self._preview_form(form)
+
+    @work(exclusive=True, group="shards-preview", exit_on_error=False)
+    async def _preview_form(self, form: ShardForm) -> None:
+        req, errors, sprof, dprof = form_request(self.services, form)
+        if req is None:
+            self.post_message(self.PreviewFailed(form, errors))
+            return
+        if form.node != LOCAL and not req.src.startswith("s3://"):
+            self.post_message(self.PreviewFailed(form, {"preview": (
+                f"{req.src} is read on {form.node}; the preview lists sources on this machine or in s3://")}))
+            return
+        try:
+            pv = await preview(req, config=self.services.config, src_profile=sprof, dest_profile=dprof)
+        except LoadmasterError as exc:
+            self.post_message(self.PreviewFailed(form, {"preview": str(exc)}))
+            return
+        self.post_message(self.PreviewComputed(form, pv))
+
+    @on(PreviewComputed)
+    def _preview_computed(self, event: PreviewComputed) -> None:
+        if event.form != self.form():
+            return  # typed on since: a newer preview is coming
+        self.preview = event.preview
+        self._show_errors({})
+        box = self.query_one("#shards-preview", Static)
+        box.update("\n".join(preview_lines(event.preview)))
+        box.set_class(not event.preview.ok, "-refused")
+        box.set_class(bool(event.preview.warnings), "-warned")
+        self.query_one("#shards-start", Button).disabled = not event.preview.ok
+
+    @on(PreviewFailed)
+    def _preview_failed(self, event: PreviewFailed) -> None:
+        if event.form != self.form():
+            return
+        self.preview = None
+        self._show_errors(event.errors)
+        # A node-local source cannot be previewed here, but may still be started on the node.
+        self.query_one("#shards-start", Button).disabled = set(event.errors) != {"preview"} or event.form.node == LOCAL
+
+    def _show_errors(self, errors: dict[str, str]) -> None:
+        for key in ("src", "dest", "shard-size", "seed"):
+            self.query_one(f"#shards-{key}", Input).set_class(key in errors, "-invalid")
+        box = self.query_one("#shards-errors", Static)
+        box.update("\n".join(errors.values()))
+        box.set_class(bool(errors), "-active")
+
+    # ------------------------------------------------------------------ starting
+
+    @on(Button.Pressed, "#shards-start")
+    def _start_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.action_start()
+
+    def action_start(self) -> None:
+        """Start the conversion the form describes (in-process, or as a job on the chosen node)."""
+        if not self.require_writable("start a conversion"):
+            return
+        form = self.form()
+        req, errors, sprof, dprof = form_request(self.services, form)
+        if req is None:
+            self._show_errors(errors)
+            return
+        self._seq += 1
+        key = f"c{self._seq}"
+        where = "this machine" if form.node == LOCAL else form.node
+        self._apply(Conversion(key, req.src, req.dest, where, detail="starting"))
+        self.query_one("#shards-start", Button).disabled = True
+        # One worker group per conversion: several may run at once, and none cancels another.
+        if form.node == LOCAL:
+            cancel = threading.Event()
+            self._cancel_events[key] = cancel
+            self.run_worker(self._run_local(key, req, sprof, dprof, cancel), group=f"shards-run-{key}",
+                            exclusive=True, exit_on_error=False)
+        else:
+            self.run_worker(self._run_on_node(key, form.node, req, sprof, dprof), group=f"shards-run-{key}",
+                            exclusive=True, exit_on_error=False)
+
+    def on_unmount(self) -> None:
+        # The writer thread outlives a cancelled worker; stop it at its next sample.
+        for event in self._cancel_events.values():
+            event.set()
+
+    async def _run_local(self, key: str, req: ShardRequest, sprof: Any, dprof: Any, cancel: threading.Event) -> None:
+        base = self.conversions[key]
+
+        def on_progress(p: ShardProgress) -> None:  # called from the writer thread
+            frac = p.bytes_done / p.bytes_total if p.bytes_total else None
+            self.post_message(self.ConversionUpdated(replace(base, progress=p, fraction=frac, detail="")))
+
+        try:
+            result: ConvertResult = await convert(req, config=self.services.config, src_profile=sprof,
+                                                  dest_profile=dprof, on_progress=on_progress,
+                                                  cancelled=cancel.is_set)
+        except LoadmasterError as exc:
+            state = "cancelled" if cancel.is_set() else "failed"
+            self.post_message(self.ConversionUpdated(replace(self.conversions.get(key, base), state=state,
+                                                             detail=str(exc))))
+            return
+        self.post_message(self.ConversionUpdated(replace(
+            self.conversions.get(key, base), state="succeeded", fraction=1.0,
+            detail=f"{len(result.written)} written, {len(result.resumed)} resumed in {result.elapsed:.1f}s",
+            summary=result.manifest.summary())))
+
+    async def _run_on_node(self, key: str, node: str, req: ShardRequest, sprof: Any, dprof: Any) -> None:
+        base = self.conversions[key]
+        try:
+            rec = await launch_on_node(self.services, node, req, sprof, dprof)
+        except LoadmasterError as exc:
+            self.post_message(self.ConversionUpdated(replace(base, state="failed", detail=str(exc))))
+            return
+        conv = replace(base, job_id=rec.id, detail=f"job {rec.id}")
+        self.post_message(self.ConversionUpdated(conv))
+        while True:
+            try:
+                rec = await self.services.jobs.refresh_job(rec.id)
+            except LoadmasterError as exc:
+                conv = replace(conv, detail=f"job {rec.id}: {exc}")
+                self.post_message(self.ConversionUpdated(conv))
+                await _sleep(JOB_POLL_S)
+                continue
+            prog = rec.progress
+            if prog is not None:
+                ex = prog.extra
+                conv = replace(conv, fraction=prog.fraction, progress=ShardProgress(
+                    prog.items_done, prog.items_total or 0, prog.bytes_done, prog.bytes_total or 0,
+                    int(ex.get("shards_done", 0)), int(ex.get("shards_total", 0)), 0.0,
+                    float(ex.get("samples_per_s", 0.0)), float(ex.get("mb_per_s", 0.0))))
+            if rec.terminal:
+                res = rec.result or {}
+                summary = ""
+                if rec.state == "succeeded" and res:
+                    r = res.get("requests", {})
+                    summary = (f"{res.get('shards', 0):,} shards, {res.get('samples', 0):,} samples, "
+                               f"{res.get('bytes', 0) / 1e6:,.1f} MB\nGETs per epoch {r.get('gets_before', 0):,} -> "
+                               f"{r.get('gets_after', 0):,} ({r.get('reduction', 0):,.0f}x fewer)")
+                self.post_message(self.ConversionUpdated(replace(
+                    conv, state=rec.state, detail=rec.error or f"job {rec.id}", summary=summary)))
+                return
+            self.post_message(self.ConversionUpdated(conv))
+            await _sleep(JOB_POLL_S)
+
+    def action_cancel(self) -> None:
+        """Cancel the selected in-process conversion (node jobs: ``loadmaster job cancel``)."""
+        if self.selected is None:
+            return
+        if not self.require_writable("cancel a conversion"):
+            return
+        conv = self.conversions[self.selected]
+        event = self._cancel_events.get(conv.key)
+        if event is None or conv.state != "running":
+            self.notify(f"nothing to cancel here for {conv.src} (node jobs: loadmaster job cancel)",
+                        severity="warning", markup=False)
+            return
+        event.set()
+
+    # ------------------------------------------------------------------ conversions list
+
+    @on(ConversionUpdated)
+    def _conversion_updated(self, event: ConversionUpdated) -> None:
+        self._apply(event.conversion)
+
+    def _apply(self, conv: Conversion) -> None:
+        old = self.conversions.get(conv.key)
+        if old is not None and old.state != "running" and conv.state == "running":
+            return  # a late progress line after the end
+        self.conversions[conv.key] = conv
+        if self.selected is None or conv.state == "running" and old is None:
+            self.selected = conv.key
+        table = self.query_one("#shards-table", DataTable)
+        p = conv.progress
+        cells = (
+            f"{conv.src} -> {conv.dest}", conv.where, conv.state,
+            f"{p.shards_done}/{p.shards_total}" if p else "",
+            f"{p.samples_per_s:,.0f}" if p else "", f"{p.mb_per_s:,.1f}" if p else "",
+        )
+        if old is None:
+            table.add_row(*cells, key=conv.key)
+        else:
+            for col, value in zip(table.columns, cells, strict=True):
+                table.update_cell(conv.key, col, value)
+        if conv.key == self.selected:
+            self._show_selected()
+
+    @on(DataTable.RowHighlighted, "#shards-table")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        if event.row_key.value in self.conversions:
+            self.selected = event.row_key.value
+            self._show_selected()
+
+    def _show_selected(self) -> None:
+        conv = self.conversions.get(self.selected or "")
+        if conv is None:
+            return
+        bar = self.query_one("#shards-progress", ProgressBar)
+        bar.update(total=1.0, progress=conv.fraction or (1.0 if conv.state == "succeeded" else 0.0))
+        p = conv.progress
+        items: list[tuple[str, object]] = [("state", conv.state)]
+        if p is not None:
+            items += [("samples", f"{p.samples_done:,}/{p.samples_total:,}"),
+                      ("shards", f"{p.shards_done}/{p.shards_total}"),
+                      ("MB", f"{p.bytes_done / 1e6:,.1f}/{p.bytes_total / 1e6:,.1f}"),
+                      ("samples/s", f"{p.samples_per_s:,.0f}"), ("MB/s", f"{p.mb_per_s:,.1f}")]
+        self.query_one("#shards-run-summary", Summary).set_items(items)
+        box = self.query_one("#shards-manifest", Static)
+        box.update("\n".join(x for x in (conv.detail, conv.summary) if x))
+        box.set_class(conv.state == "failed", "-failed")
+        box.set_class(conv.state == "succeeded", "-succeeded")
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)

@@ -1,0 +1,117 @@
+"""Pilot tests of the Shards screen: the form previews before anything runs, then a conversion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from textual.message import Message
+from textual.notifications import Notify
+from textual.widgets import Button, Input, Static
+
+from backend.config import default_config
+from backend.services import Services
+from tests.shards.conftest import make_dataset
+from tui.app import LoadmasterApp
+from tui.screens.shards import ShardsScreen
+
+SIZE = (120, 40)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def __call__(self, message: Message) -> None:
+        self.messages.append(message)
+
+    def of(self, kind: type[Message]) -> list[Any]:
+        return list({id(m): m for m in self.messages if isinstance(m, kind)}.values())
+
+
+async def settle(pilot: Any, until: Any, rounds: int = 400) -> None:
+    """Pause until ``until()`` holds (bounded by rounds of the event loop, not by time)."""
+    for _ in range(rounds):
+        if until():
+            return
+        await pilot.pause(0.01)
+    assert until(), "condition never became true"
+
+
+async def fill(pilot: Any, screen: ShardsScreen, **values: str) -> None:
+    for key, value in values.items():
+        screen.query_one(f"#shards-{key}", Input).value = value
+    await pilot.pause()
+
+
+async def test_form_previews_counts_and_get_reduction_then_converts(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_dataset(src, n=30)
+    dest = tmp_path / "out"
+    rec = Recorder()
+    app = LoadmasterApp(Services(config=default_config()), mode="shards")
+    async with app.run_test(size=SIZE, message_hook=rec) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ShardsScreen)
+        start = screen.query_one("#shards-start", Button)
+        assert start.disabled  # nothing to start before a preview
+        await fill(pilot, screen, src=str(src), dest=str(dest), **{"shard-size": "16KB"})
+        await settle(pilot, lambda: screen.preview is not None and screen.preview.dest == str(dest))
+        pv = rec.of(ShardsScreen.PreviewComputed)[-1].preview
+        assert (pv.samples, pv.files) == (30, 60) and pv.shards >= 2
+        text = str(screen.query_one("#shards-preview", Static).render())
+        assert "30 samples (60 files" in text and f"-> {pv.shards} shard(s)" in text
+        assert f"GETs per epoch 60 -> {pv.shards}" in text
+        assert "below the recommended 256 MB - 1 GB" in text
+        assert not dest.exists()  # previewing wrote nothing
+        assert not start.disabled
+
+        await pilot.click("#shards-start")
+        await settle(pilot, lambda: any(c.state != "running" for c in screen.conversions.values()))
+        (conv,) = screen.conversions.values()
+        assert conv.state == "succeeded", conv.detail
+        assert conv.progress is not None and conv.progress.shards_done == pv.shards
+        manifest_text = str(screen.query_one("#shards-manifest", Static).render())
+        assert f"{pv.shards} shards, 30 samples" in manifest_text and "GETs per epoch" in manifest_text
+        assert len(list(dest.glob("shard-*.tar"))) == pv.shards
+        updates = rec.of(ShardsScreen.ConversionUpdated)
+        assert updates[-1].conversion.state == "succeeded"
+
+
+async def test_bad_input_is_shown_and_start_stays_disabled(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_dataset(src, n=6)
+    (src / "000002.json").unlink()
+    app = LoadmasterApp(Services(config=default_config()), mode="shards")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ShardsScreen)
+        await fill(pilot, screen, src=str(src), dest=str(tmp_path / "o"), **{"shard-size": "lots"})
+        await settle(pilot, lambda: screen.query_one("#shards-shard-size", Input).has_class("-invalid"))
+        assert "expected a size like '512MB'" in str(screen.query_one("#shards-errors", Static).render())
+        await fill(pilot, screen, **{"shard-size": "16KB"})
+        await settle(pilot, lambda: screen.preview is not None)
+        assert not screen.preview.ok
+        text = str(screen.query_one("#shards-preview", Static).render())
+        assert "1 sample(s) lack a partner file" in text and "000002 (missing json)" in text
+        assert screen.query_one("#shards-start", Button).disabled
+
+
+async def test_read_only_console_refuses_to_start(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_dataset(src, n=4)
+    rec = Recorder()
+    app = LoadmasterApp(Services(config=default_config(), readonly=True), mode="shards")
+    async with app.run_test(size=SIZE, message_hook=rec) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ShardsScreen)
+        await fill(pilot, screen, src=str(src), dest=str(tmp_path / "o"), **{"shard-size": "16KB"})
+        await settle(pilot, lambda: screen.preview is not None)
+        screen.action_start()
+        await pilot.pause()
+        notes = [n.notification.message for n in rec.of(Notify)]
+        assert any("cannot start a conversion" in m for m in notes)
+        assert not screen.conversions and not (tmp_path / "o").exists()
