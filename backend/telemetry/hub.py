@@ -63,14 +63,17 @@ class TelemetryHub:
     """Samples every node of ``pool`` and publishes a FleetSnapshot each interval."""
 
     def __init__(self, pool: Any, settings: TelemetrySettings | None = None, *,
-                 clock: Callable[[], float] = time.monotonic, feed_only: bool = False) -> None:
+                 clock: Callable[[], float] = time.monotonic, feed_only: bool = False,
+                 nodes: Iterable[str] | None = None) -> None:
         self.pool = pool
         #: True: samples arrive only through ingest()/tick() (benchmarks, replays); start() is a no-op.
         self.feed_only = feed_only
         self.settings = settings or TelemetrySettings()
         self.clock = clock
+        only = set(nodes) if nodes is not None else None
         self._nodes: dict[str, _NodeState] = {
             n.name: _NodeState(n, self.settings) for n in _nodes_of(pool)
+            if only is None or n.name in only
         }
         self._recent: deque[Alert] = deque(maxlen=RECENT_ALERTS)
         self._subscribers: list[Subscriber] = []
@@ -162,7 +165,7 @@ class TelemetryHub:
             latency_ms=st.latency_ms, gpus=raw.gpus, gpu_status=raw.gpu_status, nics=nics,
             disks=disks, scratch=st.node.scratch, scratch_free_bytes=raw.scratch_free_bytes,
             scratch_total_bytes=raw.scratch_total_bytes, scratch_error=raw.scratch_error,
-            sampled_at=t, boot_id=raw.boot_id,
+            sampled_at=t, boot_id=raw.boot_id, samples=st.snap.samples + 1,
         )
         alert, cleared = st.detector.update(t, raw.gpus, snap.rx_gbps, snap.rx_pct)
         if cleared is not None:
@@ -193,7 +196,7 @@ class TelemetryHub:
         st.prev = None  # counters after the outage are a fresh start, not a delta
         if st.state != "unreachable" or st.error != error:
             st.state, st.error = "unreachable", error
-            st.snap = replace(st.snap, state="unreachable", error=error, alerts=())
+            st.snap = replace(st.snap, state="unreachable", error=error, alerts=(), samples=0)
             st.changed = True
 
     def note_error(self, node: str, error: str) -> None:

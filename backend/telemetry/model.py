@@ -133,6 +133,8 @@ class NodeSnapshot:
     sampled_at: float | None = None
     boot_id: str | None = None
     alerts: tuple[Alert, ...] = ()
+    #: Samples ingested from this node so far (rates need two in a row from one boot).
+    samples: int = 0
 
     @property
     def live_gpus(self) -> tuple[GpuSample, ...]:

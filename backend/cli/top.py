@@ -1,0 +1,97 @@
+"""``loadmaster top``: the fleet's GPUs, NICs and disks live, like nvidia-smi for a whole fleet.
+
+One long-lived sampling stream per node over its existing connection (see
+:mod:`backend.telemetry.sampler`); ``--json`` prints one object per sample tick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from typing import Any
+
+from backend.errors import ConfigError
+from backend.schema import parse_duration
+from backend.services import Services
+from backend.telemetry.hub import TelemetryHub
+from backend.telemetry.report import fleet_dict, fleet_table
+from backend.telemetry.settings import TelemetrySettings
+
+
+def _interval(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``loadmaster top``."""
+    p = sub.add_parser(
+        "top", help="live GPU/NIC/disk table of the fleet (like nvidia-smi for every node)",
+        description="Sample every node over one long-lived stream and print the fleet table "
+                    "each interval. GPU-starved nodes are flagged with an input-/request-bound hint.")
+    p.add_argument("--json", action="store_true", help="print one JSON object per sample tick")
+    p.add_argument("--once", action="store_true",
+                   help="print one table (after two samples per node, so rates are known) and exit")
+    p.add_argument("--interval", type=_interval, metavar="S",
+                   help="seconds between samples, 0.2-60 (default: [telemetry] interval, 1s)")
+    p.add_argument("--nodes", metavar="PATTERN",
+                   help="only these nodes: hostlist (gpu-[01-04]), glob (gpu-*) or comma list")
+    p.add_argument("--count", type=int, metavar="N",
+                   help="stop after N ticks (default: run until interrupted)")
+    p.set_defaults(func=run_top)
+
+
+def _settings(services: Services, interval: float | None) -> TelemetrySettings:
+    settings: TelemetrySettings = services.config.section("telemetry")
+    if interval is None:
+        return settings
+    try:
+        return dataclasses.replace(settings, interval=interval)
+    except ValueError as exc:
+        raise ConfigError(str(exc), key="--interval") from None
+
+
+def _ready(snap: Any) -> bool:
+    """Every node has two samples (rates known), or is unreachable."""
+    return all(n.state == "unreachable" or n.samples >= 2 for n in snap.nodes)
+
+
+async def run_top(args: argparse.Namespace, services: Services) -> int:
+    """Run ``loadmaster top``."""
+    if args.count is not None and args.count < 1:
+        raise ConfigError(f"must be at least 1, got {args.count}", key="--count")
+    nodes = services.config.select(args.nodes) if args.nodes else list(services.config.nodes)
+    settings = _settings(services, args.interval)
+    hub = TelemetryHub(services.pool, settings, nodes=[n.name for n in nodes])
+    tty = sys.stdout.isatty() and not args.json
+    ticks = 0
+    await hub.start()
+    try:
+        updates = hub.updates()
+        # --once waits for rates, but not forever for a node that neither answers nor fails.
+        deadline = time.monotonic() + max(15.0, 4 * settings.interval) + max(
+            (n.connect_timeout for n in nodes), default=10.0)
+        async for snap in updates:
+            if args.once and not _ready(snap) and time.monotonic() < deadline:
+                continue
+            ticks += 1
+            if args.json:
+                print(json.dumps(fleet_dict(snap, wall_time=time.time())), flush=True)
+            else:
+                if tty and not args.once:
+                    sys.stdout.write("\x1b[H\x1b[2J")  # redraw in place, like top
+                print(fleet_table(snap), flush=True)
+                if not args.once and not tty:
+                    print(flush=True)
+            if args.once or (args.count is not None and ticks >= args.count):
+                break
+        await updates.aclose()
+    finally:
+        await hub.stop()
+    return 0
+

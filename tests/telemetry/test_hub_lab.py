@@ -1,0 +1,75 @@
+"""The hub over the real lab: sshd nodes reached through NodePool, stand-in nvidia-smi on PATH."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from backend.nodes.pool import NodePool
+from backend.telemetry.hub import TelemetryHub
+from backend.telemetry.model import NO_GPU, FleetSnapshot, NodeSnapshot
+from backend.telemetry.settings import TelemetrySettings
+
+pytestmark = pytest.mark.lab
+
+
+async def wait_for(hub: TelemetryHub, pred: Callable[[FleetSnapshot], bool],
+                   limit: float = 90.0) -> FleetSnapshot:
+    async def poll() -> FleetSnapshot:
+        while True:
+            snap = hub.snapshot()
+            if pred(snap):
+                return snap
+            await asyncio.sleep(0.1)
+
+    try:
+        return await asyncio.wait_for(poll(), limit)
+    except TimeoutError:
+        states = {n.name: (n.state, n.error) for n in hub.snapshot().nodes}
+        raise AssertionError(f"condition not met; nodes: {states}") from None
+
+
+def node(snap: FleetSnapshot, name: str) -> NodeSnapshot:
+    n = snap.node(name)
+    assert n is not None
+    return n
+
+
+async def test_fleet_over_ssh_with_stop_and_restart(lab):
+    settings = TelemetrySettings(interval=0.5, starved_window=2.0, backoff_initial=0.5,
+                                 backoff_max=2.0, latency_every=1.0)
+    pool = NodePool(lab.config.nodes)
+    hub = TelemetryHub(pool, settings)
+    await hub.start()
+    try:
+        snap = await wait_for(hub, lambda s: all(
+            n.state == "up" and n.samples >= 2 for n in s.nodes))
+        n1, n2, n3 = node(snap, "node-01"), node(snap, "node-02"), node(snap, "node-03")
+        assert len(n1.gpus) == 8 and n1.util_mean is not None and n1.util_mean >= 90
+        assert n1.site == "coreweave:us-east-04" and node(snap, "node-04").site == "aws:us-east-1"
+        assert n3.gpu_status == NO_GPU and n3.gpus == ()
+        assert n2.util_mean is not None and n2.util_mean < 50
+        assert n1.rx_gbps is not None and n1.scratch_free_bytes, n1.nics
+        # node-02 holds the job's memory at low utilisation: the alert is raised.
+        snap = await wait_for(hub, lambda s: bool(node(s, "node-02").alerts))
+        alert = node(snap, "node-02").alerts[0]
+        assert alert.gpus == tuple(range(8)) and alert.active
+        assert not node(snap, "node-01").alerts
+        await wait_for(hub, lambda s: node(s, "node-01").latency_ms is not None)
+
+        # node-04 goes down: stale, then unreachable once the transport says so.
+        lab.node("node-04").stop()
+        try:
+            await wait_for(hub, lambda s: node(s, "node-04").state == "unreachable")
+            down = node(hub.snapshot(), "node-04")
+            assert down.error
+            assert node(hub.snapshot(), "node-01").state == "up"
+        finally:
+            lab.node("node-04").start()
+        # It comes back: the stream restarts by itself.
+        await wait_for(hub, lambda s: node(s, "node-04").state == "up")
+    finally:
+        await hub.stop()
+        await pool.close()
