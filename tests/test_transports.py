@@ -67,6 +67,9 @@ async def test_run_captures_output_and_status(transport: Transport) -> None:
     with pytest.raises(CommandFailed, match="exited 3: err"):
         await transport.run("echo err >&2; exit 3", check=True)
     assert (await transport.run("true", check=True)).ok
+    # stdin is closed (empty) when no input is given, and empty input is still an EOF.
+    assert (await transport.run("cat", timeout=20)).stdout == ""
+    assert (await transport.run("cat", input=b"", timeout=20)).stdout == ""
 
 
 async def test_secret_goes_through_stdin_not_argv(transport: Transport) -> None:

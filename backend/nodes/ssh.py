@@ -43,6 +43,8 @@ from backend.nodes.transport import RunResult, Transport
 #: sshd's default MaxSessions is 10; one spare for OpenSSH's own needs (agent, control).
 DEFAULT_CHANNELS = 9
 DEFAULT_KEEPALIVE = 15.0
+#: Attempts to open a channel that sshd refuses while it is still freeing closed sessions.
+CHANNEL_OPEN_TRIES = 6
 #: Backoff after a failed connect: first delay and ceiling, in seconds.
 DEFAULT_BACKOFF = (1.0, 30.0)
 
@@ -355,16 +357,22 @@ class SshTransport(Transport):
     ) -> asyncssh.SSHClientProcess[bytes]:
         # The token rides in the environment of everything the command starts, so a timeout or
         # a closed stream can kill the whole remote tree: sshd signals only the session leader.
-        try:
-            return await conn.create_process(f"export {RUN_ENV}={token}; {command}", encoding=None, **kw)
-        except asyncssh.ChannelOpenError as exc:
-            if not self.connected:
-                raise self._lost_error(command) from None
-            raise NodeError(self.name, f"cannot open an SSH channel: {exc.reason}") from None
-        except (asyncssh.Error, OSError) as exc:
-            if not self.connected:
-                raise self._lost_error(command) from None
-            raise NodeError(self.name, f"cannot start {command!r}: {exc}") from None
+        for attempt in range(CHANNEL_OPEN_TRIES):
+            try:
+                return await conn.create_process(f"export {RUN_ENV}={token}; {command}", encoding=None, **kw)
+            except asyncssh.ChannelOpenError as exc:
+                if not self.connected:
+                    raise self._lost_error(command) from None
+                if attempt + 1 == CHANNEL_OPEN_TRIES:
+                    raise NodeError(self.name, f"cannot open an SSH channel: {exc.reason}") from None
+                # sshd frees a closed session only in a later pass of its main loop, so an open
+                # that races a close can briefly exceed MaxSessions: wait and retry.
+                await asyncio.sleep(0.02 * 2**attempt)
+            except (asyncssh.Error, OSError) as exc:
+                if not self.connected:
+                    raise self._lost_error(command) from None
+                raise NodeError(self.name, f"cannot start {command!r}: {exc}") from None
+        raise AssertionError("unreachable")
 
     async def _kill_tree(self, conn: asyncssh.SSHClientConnection, token: str) -> None:
         """Kill every process on the node that carries ``token`` (best effort, bounded)."""
@@ -424,7 +432,12 @@ class SshTransport(Transport):
             start = time.monotonic()
             proc = await self._open_process(conn, command, token)
             try:
-                out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+                # asyncssh's communicate() sends EOF only with non-empty input; a command that
+                # reads stdin must always see it end, as with the local transport.
+                if input:
+                    proc.stdin.write(input)
+                proc.stdin.write_eof()
+                out, err = await asyncio.wait_for(proc.communicate(), timeout)
             except TimeoutError:
                 _stop(proc)
                 # Still holding our channel permit (our own channel is closed): no deadlock.
