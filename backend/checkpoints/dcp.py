@@ -189,6 +189,44 @@ def _storage_dtype(stype: Any) -> Any:
     return names[stype]
 
 
+class _MemFile(io.RawIOBase):
+    """A read-only file over a buffer that never copies more than each read asks for.
+
+    ``io.BytesIO(bytearray)`` would copy the whole tensor record; zipfile only needs the
+    central directory and the small data.pkl record.
+    """
+
+    def __init__(self, buf: bytes | bytearray | memoryview) -> None:
+        super().__init__()
+        self._mv = memoryview(buf).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self._mv)}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, n: int | None = -1) -> bytes:
+        end = len(self._mv) if n is None or n < 0 else min(len(self._mv), self._pos + n)
+        out = bytes(self._mv[self._pos:end])
+        self._pos = max(self._pos, end)
+        return out
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
 def chunk_tensor(blob: bytes | bytearray | memoryview, dtype: Any, sizes: tuple[int, ...], *, where: str) -> Any:
     """A tensor view over one chunk's bytes (torch.save zip or raw), without copying the data."""
     import torch
@@ -204,7 +242,7 @@ def chunk_tensor(blob: bytes | bytearray | memoryview, dtype: Any, sizes: tuple[
             return torch.empty(sizes, dtype=dtype)
         return torch.frombuffer(blob, dtype=dtype, count=numel).view(sizes)
     try:
-        zf = zipfile.ZipFile(io.BytesIO(blob))
+        zf = zipfile.ZipFile(_MemFile(blob))  # type: ignore[arg-type]
         names = zf.namelist()
         pkl = next(n for n in names if n.endswith("/data.pkl") or n == "data.pkl")
         root = pkl[: -len("data.pkl")]
