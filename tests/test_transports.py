@@ -365,3 +365,23 @@ async def test_command_server_restarts_after_it_dies(lab: Lab) -> None:
         assert (await t.run("echo $PPID")).stdout.strip() != str(pid)
     finally:
         await t.close()
+
+
+def test_known_hosts_append_format(tmp_path: Path) -> None:
+    import asyncssh
+
+    from backend.nodes.hostkeys import append_known_host, expected_keys, fingerprint, host_pattern
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    pub = key.convert_to_public()
+    kh = tmp_path / "dir" / "known_hosts"
+    kh.parent.mkdir()
+    kh.write_text("# existing, no trailing newline")
+    append_known_host(kh, "gpu-01", 22, pub)
+    append_known_host(kh, "10.0.0.7", 2222, pub)
+    blob = pub.export_public_key("openssh").decode().split()[1]
+    assert kh.read_text().splitlines() == [
+        "# existing, no trailing newline", f"gpu-01 ssh-ed25519 {blob}", f"[10.0.0.7]:2222 ssh-ed25519 {blob}"]
+    assert host_pattern("h", None) == "h" and host_pattern("h", 22) == "h" and host_pattern("h", 2) == "[h]:2"
+    assert [fingerprint(k) for k in expected_keys(kh, "10.0.0.7", "10.0.0.7", 2222)] == [fingerprint(pub)]
+    assert expected_keys(kh, "10.0.0.7", "10.0.0.7", None) == []

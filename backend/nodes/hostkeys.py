@@ -49,7 +49,12 @@ def host_pattern(host: str, port: int | None) -> str:
 def expected_keys(path: Path, host: str, addr: str, port: int | None) -> list[asyncssh.SSHKey]:
     """Keys known_hosts holds for this host (by name, address and port)."""
     p = None if port in (None, DEFAULT_SSH_PORT) else port
-    return list(load_known_hosts(path).match(host, addr, p)[0])
+    # A line can match by name and by address: list each key once.
+    keys: list[asyncssh.SSHKey] = []
+    for k in load_known_hosts(path).match(host, addr, p)[0]:
+        if k not in keys:
+            keys.append(k)
+    return keys
 
 
 def append_known_host(path: Path, host: str, port: int | None, key: asyncssh.SSHKey) -> None:
@@ -115,8 +120,7 @@ class VerifyingClient(asyncssh.SSHClient):
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
         # asyncssh calls this only for a key known_hosts does not already trust.
         p = None if port == DEFAULT_SSH_PORT else port
-        # A line can match by name and by address: list each key once.
-        expected = list(dict.fromkeys(fingerprint(k) for k in expected_keys(self.known_hosts, host, addr, p)))
+        expected = [fingerprint(k) for k in expected_keys(self.known_hosts, host, addr, p)]
         if not expected and self.trust_on_first_use:
             append_known_host(self.known_hosts, host, p, key)
             self.added = fingerprint(key)
