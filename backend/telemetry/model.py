@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 NodeState = Literal["connecting", "up", "stale", "unreachable"]
@@ -111,7 +112,10 @@ HINT_ADVICE = {
 
 @dataclass(frozen=True)
 class NodeSnapshot:
-    """Everything known about one node at one tick."""
+    """Everything known about one node at one tick.
+
+    Derived totals are cached properties: a snapshot never changes, so each is computed once.
+    """
 
     name: str
     site: str | None = None
@@ -136,61 +140,61 @@ class NodeSnapshot:
     #: Samples ingested from this node so far (rates need two in a row from one boot).
     samples: int = 0
 
-    @property
+    @cached_property
     def live_gpus(self) -> tuple[GpuSample, ...]:
         return tuple(g for g in self.gpus if not g.lost)
 
-    @property
+    @cached_property
     def util_mean(self) -> float | None:
         """Mean GPU utilisation over GPUs that report it."""
         vals = [g.util_pct for g in self.gpus if g.util_pct is not None]
         return sum(vals) / len(vals) if vals else None
 
-    @property
+    @cached_property
     def util_min(self) -> float | None:
         vals = [g.util_pct for g in self.gpus if g.util_pct is not None]
         return min(vals) if vals else None
 
-    @property
+    @cached_property
     def mem_used_mib(self) -> float | None:
         vals = [g.mem_used_mib for g in self.gpus if g.mem_used_mib is not None]
         return sum(vals) if vals else None
 
-    @property
+    @cached_property
     def mem_total_mib(self) -> float | None:
         vals = [g.mem_total_mib for g in self.gpus if g.mem_total_mib is not None]
         return sum(vals) if vals else None
 
-    @property
+    @cached_property
     def rx_gbps(self) -> float | None:
         """Sum over physical NICs and bonds (virtual and bond members excluded)."""
         return _sum(n.rx_gbps for n in self.nics if n.counts)
 
-    @property
+    @cached_property
     def tx_gbps(self) -> float | None:
         return _sum(n.tx_gbps for n in self.nics if n.counts)
 
-    @property
+    @cached_property
     def line_rate_mbps(self) -> int | None:
         """Summed line rate of counted NICs with a known speed."""
         speeds = [n.speed_mbps for n in self.nics if n.counts and n.speed_mbps]
         return sum(speeds) if speeds else None
 
-    @property
+    @cached_property
     def rx_pct(self) -> float | None:
         return _pct(_sum(n.rx_gbps for n in self.nics if n.counts and n.speed_mbps),
                     self.line_rate_mbps)
 
-    @property
+    @cached_property
     def tx_pct(self) -> float | None:
         return _pct(_sum(n.tx_gbps for n in self.nics if n.counts and n.speed_mbps),
                     self.line_rate_mbps)
 
-    @property
+    @cached_property
     def disk_write_mbps(self) -> float | None:
         return _sum(d.write_mbps for d in self.disks if d.physical)
 
-    @property
+    @cached_property
     def disk_read_mbps(self) -> float | None:
         return _sum(d.read_mbps for d in self.disks if d.physical)
 
@@ -213,29 +217,29 @@ class FleetSnapshot:
                 return n
         return None
 
-    @property
+    @cached_property
     def nodes_up(self) -> int:
         return sum(1 for n in self.nodes if n.state == "up")
 
-    @property
+    @cached_property
     def gpu_count(self) -> int:
         return sum(len(n.live_gpus) for n in self.nodes)
 
-    @property
+    @cached_property
     def util_mean(self) -> float | None:
         vals = [g.util_pct for n in self.nodes if n.state == "up" for g in n.gpus
                 if g.util_pct is not None]
         return sum(vals) / len(vals) if vals else None
 
-    @property
+    @cached_property
     def rx_gbps(self) -> float:
         return sum(n.rx_gbps or 0.0 for n in self.nodes if n.state == "up")
 
-    @property
+    @cached_property
     def tx_gbps(self) -> float:
         return sum(n.tx_gbps or 0.0 for n in self.nodes if n.state == "up")
 
-    @property
+    @cached_property
     def active_alerts(self) -> tuple[Alert, ...]:
         return tuple(a for a in self.alerts if a.active)
 

@@ -1,0 +1,141 @@
+"""Fleet-screen render cost: the real console, headless, fed a synthetic fleet at 1 Hz.
+
+Samples enter where real ones do (``TelemetryHub.ingest`` right after the transport), so parsing,
+rates, history, starvation detection, the FleetSampled message and the table update are all the
+real path. Node-side text is generated before the clock starts (it is the nodes' work, not the
+console's).
+
+Reports, per fleet size, the console process's CPU use (% of one core: process_time / wall time)
+and the 99th-percentile time to apply one tick (the screen's FleetSampled handler: summary,
+changed cells, alerts) and to take one tick end to end (parse + rates + history + alerts for every
+node, then the screen update), for loadmaster and for the named peer
+"rebuild-all" (the same screen redrawing every row each tick, no cell diffing), side by side.
+
+    .venv/bin/python bench/telemetry_render.py            # 256 and 64 nodes x 8 GPUs, 60 s
+    .venv/bin/python bench/telemetry_render.py --seconds 10 --nodes 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backend.config import Config  # noqa: E402
+from backend.services import Services  # noqa: E402
+from backend.telemetry.hub import TelemetryHub  # noqa: E402
+from backend.telemetry.settings import TelemetrySettings  # noqa: E402
+from backend.telemetry.synthetic import SyntheticPool, synthetic_fleet  # noqa: E402
+from tui.widgets.fleet_format import node_cells  # noqa: E402
+from tui.widgets.fleet_table import TREND_WIDTH, FleetTable  # noqa: E402
+
+
+def p99(values: list[float]) -> float:
+    if len(values) < 2:
+        return values[0] if values else 0.0
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
+def rebuild_all(self: FleetTable, nodes: Any, trend: Any) -> int:
+    """The peer: clear the table and add every row again on every tick."""
+    self.clear()
+    for n in nodes:
+        self.add_row(*node_cells(n, trend(n.name), TREND_WIDTH), key=n.name)
+    return len(nodes) * 12
+
+
+async def run(count: int, seconds: int, *, peer: bool) -> dict[str, float]:
+    from tui.app import LoadmasterApp
+    from tui.screens.fleet import FleetScreen
+
+    nodes, gens = synthetic_fleet(count, gpus=8, starved=tuple(range(3, count + 1, 17)))
+    # Node-side work happens before the clock starts: every block for every second.
+    blocks = [[(g.name, g.block(float(s))) for g in gens] for s in range(seconds + 1)]
+    hub = TelemetryHub(SyntheticPool(nodes), TelemetrySettings(), feed_only=True)
+    services = Services(Config(nodes=tuple(nodes), stores={}))
+    services.__dict__["telemetry"] = hub
+    original = FleetTable.show
+    if peer:
+        FleetTable.show = rebuild_all  # type: ignore[method-assign]
+    try:
+        app = LoadmasterApp(services)
+        async with app.run_test(size=(200, 50)) as pilot:
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, FleetScreen)
+            # Warm-up tick (first rows, column layout), not measured.
+            for name, text in blocks[0]:
+                hub.ingest(name, text, 0.0)
+            hub.tick(0.0)
+            await pilot.pause()
+            screen.apply_times.clear()
+            backend: list[float] = []
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for s in range(1, seconds + 1):
+                t_start = time.perf_counter()
+                for name, text in blocks[s]:
+                    hub.ingest(name, text, float(s))
+                hub.tick(float(s))
+                backend.append(time.perf_counter() - t_start)
+                await pilot.pause()  # the FleetSampled message is handled, the screen refreshed
+                next_at = wall0 + s
+                await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            cpu = time.process_time() - cpu0
+            wall = time.perf_counter() - wall0
+            assert screen.last_snapshot is not None and len(screen.last_snapshot.nodes) == count
+            apply = list(screen.apply_times)
+            # Every tick was applied (none coalesced away at 1 Hz), so they pair up.
+            whole = [b + a for b, a in zip(backend, apply, strict=False)]
+    finally:
+        FleetTable.show = original  # type: ignore[method-assign]
+    return {
+        "cpu_pct": 100.0 * cpu / wall,
+        "apply_p99_ms": 1000.0 * p99(apply),
+        "backend_p99_ms": 1000.0 * p99(backend),
+        "tick_p99_ms": 1000.0 * p99(whole),
+        "ticks": float(len(apply)),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=60, help="measured seconds at 1 Hz (60)")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[256, 64],
+                        help="fleet sizes (8 GPUs each); default 256 64")
+    parser.add_argument("--no-peer", action="store_true", help="skip the rebuild-all peer")
+    args = parser.parse_args()
+    if args.seconds < 1:
+        parser.error("--seconds must be at least 1")
+    with tempfile.TemporaryDirectory() as tmp:
+        # Never read or write the operator's real config, prefs or state.
+        os.environ["LOADMASTER_CONFIG_DIR"] = str(Path(tmp) / "cfg")
+        os.environ["LOADMASTER_DATA_DIR"] = str(Path(tmp) / "data")
+        os.environ.pop("LOADMASTER_CONFIG", None)
+        print("| fleet | ticks | loadmaster CPU (% of 1 core) | apply p99 ms | backend p99 ms | "
+              "tick p99 ms | peer rebuild-all CPU % | peer apply p99 ms | "
+              "CPU ratio peer/loadmaster | goal (<20% CPU, apply p99 <50 ms) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for count in args.nodes:
+            ours = asyncio.run(run(count, args.seconds, peer=False))
+            theirs = None if args.no_peer else asyncio.run(run(count, args.seconds, peer=True))
+            ok = ours["cpu_pct"] < 20 and ours["apply_p99_ms"] < 50
+            peer_cpu = f"{theirs['cpu_pct']:.1f}" if theirs else "-"
+            peer_p99 = f"{theirs['apply_p99_ms']:.1f}" if theirs else "-"
+            ratio = f"{theirs['cpu_pct'] / ours['cpu_pct']:.2f}x" if theirs else "-"
+            print(f"| {count} nodes x 8 GPUs | {ours['ticks']:.0f} | {ours['cpu_pct']:.1f} | "
+                  f"{ours['apply_p99_ms']:.1f} | {ours['backend_p99_ms']:.1f} | "
+                  f"{ours['tick_p99_ms']:.1f} | {peer_cpu} | "
+                  f"{peer_p99} | {ratio} | {'met' if ok else 'NOT met'} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
