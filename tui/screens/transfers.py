@@ -182,7 +182,7 @@ class TransfersScreen(LoadmasterScreen):
         if not form.has_class("-hidden"):
             self.query_one("#pull-src").focus()
 
-    def _nodes(self, req: PullRequest) -> list[str]:
+    def _pull_nodes(self, req: PullRequest) -> list[str]:
         if not req.nodes:
             raise ConfigError("choose the destination node(s): a name, a hostlist or a glob")
         return [n.name for n in self.services.config.select(req.nodes)]
@@ -202,7 +202,7 @@ class TransfersScreen(LoadmasterScreen):
                 raise ConfigError(f"the source must be an s3:// URL, got {req.src!r}")
             if not req.dest:
                 raise ConfigError("choose a destination directory")
-            plan = await plan_pull(self.services, req.src, req.dest, self._nodes(req), store=req.store,
+            plan = await plan_pull(self.services, req.src, req.dest, self._pull_nodes(req), store=req.store,
                                    numworkers=req.numworkers, concurrency=req.concurrency,
                                    part_size_mib=req.part_size_mib, allow_over_budget=req.reason)
         except LoadmasterError as exc:
@@ -237,7 +237,7 @@ class TransfersScreen(LoadmasterScreen):
         from backend.jobs.pull import egress_gate, egress_record_override, launch_pull, plan_pull
 
         # Facts can change between the estimate and the launch: plan again right before acting.
-        plan = await plan_pull(self.services, req.src, req.dest, self._nodes(req), store=req.store,
+        plan = await plan_pull(self.services, req.src, req.dest, self._pull_nodes(req), store=req.store,
                                numworkers=req.numworkers, concurrency=req.concurrency,
                                part_size_mib=req.part_size_mib, allow_over_budget=req.reason)
         egress_gate(plan, req.reason)
