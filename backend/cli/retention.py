@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -168,10 +167,14 @@ async def cmd_apply(args: argparse.Namespace, services: Any) -> int:
     if services.readonly and not args.dry_run:
         raise PolicyError("read-only mode: cannot apply a retention plan (drop --readonly)")
 
+    finished = 0
+
     def show(o: Any) -> None:
+        nonlocal finished
         if not args.json and o.outcome != "running":
-            print(f"[{o.index}/{o.total}] {o.path}: {o.action} -> {o.outcome}"
-                  + (f" ({o.detail})" if o.detail else ""), file=sys.stderr if args.json else sys.stdout)
+            finished += 1  # actions of different steps finish in any order
+            print(f"[{finished}/{o.total}] {o.path}: {o.action} -> {o.outcome}"
+                  + (f" ({o.detail})" if o.detail else ""))
 
     report = await apply_plan(services, plan, dry_run=args.dry_run, in_flight=args.in_flight, progress=show)
     if args.json:

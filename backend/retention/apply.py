@@ -11,6 +11,7 @@ writes one audit record with each action and its outcome.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -60,6 +61,8 @@ CREATE TABLE IF NOT EXISTS retention_pins (
 #: Files in a step folder that describe the run rather than hold its state: kept by a strip.
 _KEEP_AFTER_STRIP = re.compile(r"^[^/]+\.(json|txt|yaml|yml|md|model|tiktoken)$", re.IGNORECASE)
 _KEEP_MAX_BYTES = 16 * 1024 * 1024
+#: Step folders processed at once during an apply.
+APPLY_CONCURRENCY = 8
 #: Commit markers, deleted first so a half-deleted step never looks complete to a loader.
 _COMMIT_MARKERS = frozenset({".metadata", "model.safetensors.index.json", "latest"})
 
@@ -290,7 +293,8 @@ async def _delete(store: ObjectStore, step: CheckpointStep, keys: list[str]) -> 
     """Delete ``keys`` (commit markers first, then the rest in 1000-key batches)."""
     sizes = {o.key: o.size for o in step.objects}
     first, rest = _markers_first(step, keys)
-    freed, errors = 0, {}
+    freed = 0
+    errors: dict[str, str] = {}
     for group in (first, rest):
         if not group:
             continue
@@ -345,57 +349,68 @@ async def apply_plan(
         check = recheck_plan(plan, fresh, resumed=resumed, done=done)
         changes = check.changes
         total = len(plan.actions)
-        for i, a in enumerate(plan.actions, 1):
-            def emit(outcome: str, detail: str = "", freed: int = 0, errors: Mapping[str, str] | None = None,
-                     a: PlannedAction = a, i: int = i) -> ActionOutcome:
+        results: dict[int, ActionOutcome] = {}
+        sem = asyncio.Semaphore(APPLY_CONCURRENCY)
+
+        async def run_one(i: int, a: PlannedAction) -> None:
+            def emit(outcome: str, detail: str = "", freed: int = 0,
+                     errors: Mapping[str, str] | None = None) -> None:
                 o = ActionOutcome(i, total, a.path, a.step, a.action, outcome, detail, freed, dict(errors or {}))
+                if outcome != "running":
+                    results[i] = o
                 if progress is not None:
                     progress(o)
-                return o
 
             if a.path in done:
-                outcomes.append(emit("already-done", "finished by an earlier apply of this plan"))
-                continue
+                return emit("already-done", "finished by an earlier apply of this plan")
             if a.path in check.stopped:
-                outcomes.append(emit("stopped", check.stopped[a.path]))
-                continue
+                return emit("stopped", check.stopped[a.path])
             if not a.destructive:
-                outcomes.append(emit("kept", a.reason))
-                continue
+                return emit("kept", a.reason)
             step = fresh_by_path.get(a.path)
             if dry_run:
-                outcomes.append(emit("would-do", a.reason, a.bytes_freed))
-                continue
+                return emit("would-do", a.reason, a.bytes_freed)
             if step is None:  # a planned delete whose folder is already gone
                 journal.set(a, "done", {"note": "already absent"})
-                outcomes.append(emit("done", "already absent"))
-                continue
-            emit("running", a.reason)
-            if a.path not in resumed:
-                journal.set(a, "started", {"objects": [[rel_name(step, o.key), o.size] for o in step.objects
-                                                       if not is_export_file(rel_name(step, o.key))]})
-            if fault:
-                fault("before", a)
-            if a.action == "delete":
-                freed, errors = await _delete(st, step, [o.key for o in step.objects])
-            else:
-                result = await _strip(st, step, a, plan.policy, fault)
-                if isinstance(result, str):
-                    journal.set(a, "failed", {"error": result, **_started(entries, a, step)})
-                    outcomes.append(emit("failed", result))
-                    continue
-                freed, errors = result
-            if errors:
-                shown = "; ".join(f"{rel_name(step, k)}: {v}" for k, v in sorted(errors.items())[:5])
-                more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
-                msg = f"{len(errors)} object(s) could not be deleted: {shown}{more}"
-                journal.set(a, "failed", {"errors": errors, **_started(entries, a, step)})
-                outcomes.append(emit("failed", msg, freed, errors))
-                continue
-            journal.set(a, "done", {"bytes_freed": freed})
-            outcomes.append(emit("done", a.reason, freed))
-            if fault:
-                fault("after", a)
+                return emit("done", "already absent")
+            async with sem:
+                emit("running", a.reason)
+                if a.path not in resumed:
+                    journal.set(a, "started", _started({}, a, step))
+                if fault:
+                    fault("before", a)
+                if a.action == "delete":
+                    freed, errors = await _delete(st, step, [o.key for o in step.objects])
+                else:
+                    result = await _strip(st, step, a, plan.policy, fault)
+                    if isinstance(result, str):
+                        journal.set(a, "failed", {"error": result, **_started(entries, a, step)})
+                        return emit("failed", result)
+                    freed, errors = result
+                if errors:
+                    shown = "; ".join(f"{rel_name(step, k)}: {v}" for k, v in sorted(errors.items())[:5])
+                    more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+                    journal.set(a, "failed", {"errors": errors, **_started(entries, a, step)})
+                    return emit("failed", f"{len(errors)} object(s) could not be deleted: {shown}{more}",
+                                freed, errors)
+                journal.set(a, "done", {"bytes_freed": freed})
+                emit("done", a.reason, freed)
+                if fault:
+                    fault("after", a)
+
+        # Steps are independent, so their actions run side by side (bounded); within a step the
+        # order export -> verify -> delete is sequential. A failure cancels the rest: each
+        # cancelled action is journalled as started and is finished by the next apply.
+        tasks = [asyncio.create_task(run_one(i, a)) for i, a in enumerate(plan.actions, 1)]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            outcomes[:] = [results[k] for k in sorted(results)]
         finished = True
     finally:
         if not dry_run:

@@ -410,9 +410,11 @@ class RetentionScreen(LoadmasterScreen):
                                                              else ""))
         except Exception:  # noqa: BLE001 - the row may be gone after a re-listing
             pass
+        bar = self.query_one("#retention-progress", ProgressBar)
         if o.outcome != "running":
-            self.query_one("#retention-progress", ProgressBar).update(progress=o.index)
-        self.query_one("#retention-status", Static).update(f"[{o.index}/{o.total}] {o.path}: {o.action} → {o.outcome}")
+            bar.advance(1)  # actions of different steps finish in any order
+        self.query_one("#retention-status", Static).update(
+            f"[{int(bar.progress)}/{o.total}] {o.path}: {o.action} → {o.outcome}")
 
     @on(PlanApplied)
     def _plan_applied(self, event: PlanApplied) -> None:
