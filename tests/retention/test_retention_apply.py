@@ -262,3 +262,25 @@ async def test_deepspeed_without_export_is_refused_at_plan_and_apply(
     (o,) = [o for o in report.outcomes if o.step == 1000]
     assert o.outcome == "stopped" and "skip" in o.detail
     assert await listing(LocalStore(root)) == before
+
+
+async def test_a_milestone_whose_export_fails_verification_keeps_its_state(
+        tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+    import torch
+    from safetensors.torch import save
+
+    root = dcp_run.copy_to(tmp_path / "run1")
+    # a stale export already sits in the milestone folder: FP32 and with the wrong tensor names
+    shard = save({"wrong.weight": torch.ones(2, 2)})
+    (root / "step-4000" / "model-00001-of-00001.safetensors").write_bytes(shard)
+    (root / "step-4000" / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"wrong.weight": "model-00001-of-00001.safetensors"}}))
+    before = await listing(LocalStore(root))
+    plan = await compute_plan(local_services, str(root), POLICY)
+    by = {a.step: a for a in plan.actions}
+    assert by[4000].action == "strip-to-weights"
+    report = await apply_plan(local_services, plan)
+    (o,) = [o for o in report.outcomes if o.step == 4000]
+    assert o.outcome == "failed" and "did not verify" in o.detail and "not BF16" in o.detail
+    assert under(await listing(LocalStore(root)), "step-4000") == under(before, "step-4000")
+    assert report.count("done") == 9  # the other actions are independent and went ahead

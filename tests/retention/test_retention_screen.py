@@ -79,8 +79,16 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
         assert acts[4000].action == "strip-to-weights"
         assert screen.query_one("#milestones", Input).value == "4000"
 
-        # apply: a typed confirmation first; a wrong phrase does nothing
+        # a dry run re-checks and changes nothing
         table.focus()
+        await pilot.press("d")
+        await settle(pilot)
+        (dry,) = rec.of(PlanApplied)
+        assert dry.report.dry_run and dry.report.count("would-do") == len(screen.plan.destructive_actions)
+        assert "Nothing was changed" in str(screen.query_one("#retention-status", Static).render())
+        assert (root / "step-1000" / ".metadata").exists()
+
+        # apply: a typed confirmation first; a wrong phrase does nothing
         await pilot.press("a")
         await pilot.pause()
         modal = app.screen
@@ -94,7 +102,7 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
         await settle(pilot)
         await settle(pilot)
         assert app.screen is screen
-        (applied,) = rec.of(PlanApplied)
+        (applied,) = [m for m in rec.of(PlanApplied) if not m.report.dry_run]
         report = applied.report
         assert report.ok, report.as_dict()
         assert {m.outcome.outcome for m in rec.of(ActionProgressed)} >= {"running", "done", "kept"}

@@ -95,6 +95,7 @@ class RetentionScreen(LoadmasterScreen):
         Binding("ctrl+r", "reload", "Reload listing", show=True),
         Binding("p", "toggle_pin", "Pin/unpin step", show=True),
         Binding("m", "toggle_milestone", "Milestone", show=True),
+        Binding("d", "dry_run", "Dry run", show=True),
         Binding("a", "apply_plan", "Apply…", show=True),
     ]
     """
@@ -104,6 +105,7 @@ class RetentionScreen(LoadmasterScreen):
     | ctrl+r | List the run folder again and recompute the plan. |
     | p | Pin (or unpin) the selected step: a pinned step is never touched. |
     | m | Mark (or unmark) the selected step as a milestone. |
+    | d | Dry run: re-check the plan against a fresh listing, change nothing. |
     | a | Apply the plan after a typed confirmation. |
     """
 
@@ -382,8 +384,17 @@ class RetentionScreen(LoadmasterScreen):
         self.app.push_screen(ConfirmTyped(title=f"Apply retention to {plan.url}?", phrase=self.confirm_phrase(plan),
                                           body=body, confirm_label="Apply"), confirmed)
 
+    def action_dry_run(self) -> None:
+        if self.plan is None:
+            self.notify("List a run folder first.", severity="warning", markup=False)
+            return
+        if self.applying:
+            self.notify("An apply is already running.", severity="warning", markup=False)
+            return
+        self._apply(self.plan, dry_run=True)
+
     @work(exclusive=True, group="retention-apply", exit_on_error=False)
-    async def _apply(self, plan: RetentionPlan) -> None:
+    async def _apply(self, plan: RetentionPlan, *, dry_run: bool = False) -> None:
         from backend.retention.apply import apply_plan
 
         self.applying = True
@@ -391,7 +402,7 @@ class RetentionScreen(LoadmasterScreen):
         bar.display = True
         bar.update(total=len(plan.actions), progress=0)
         try:
-            report = await apply_plan(self.services, plan,
+            report = await apply_plan(self.services, plan, dry_run=dry_run,
                                       progress=lambda o: self.post_message(ActionProgressed(o)))
         except LoadmasterError as exc:
             self.report_error("Applying the retention plan", exc)
@@ -419,14 +430,19 @@ class RetentionScreen(LoadmasterScreen):
     @on(PlanApplied)
     def _plan_applied(self, event: PlanApplied) -> None:
         r = event.report
-        lines = [f"Applied plan {r.plan_hash[:12]}: {r.outcome}. {r.count('done')} done, "
-                 f"{r.count('already-done')} already done, {r.count('stopped')} stopped, {r.count('failed')} failed; "
-                 f"freed {_size(r.bytes_freed)}. Audit record #{r.audit_id}."]
+        if r.dry_run:
+            lines = [f"Dry run of plan {r.plan_hash[:12]}: {r.count('would-do')} would run, "
+                     f"{r.count('stopped')} would stop, {r.count('kept')} kept. Nothing was changed."]
+        else:
+            lines = [f"Applied plan {r.plan_hash[:12]}: {r.outcome}. {r.count('done')} done, "
+                     f"{r.count('already-done')} already done, {r.count('stopped')} stopped, "
+                     f"{r.count('failed')} failed; freed {_size(r.bytes_freed)}. Audit record #{r.audit_id}."]
         lines += [f"changed: {c}" for c in r.changes[:5]]
         lines += [f"failed: {o.path}: {o.detail}" for o in r.outcomes if o.outcome == "failed"][:5]
         self.query_one("#retention-status", Static).update("\n".join(lines))
         self.notify(lines[0], severity="information" if r.ok else "warning", markup=False)
-        self._load_catalog(self.url)  # show what the store holds now
+        if not r.dry_run:
+            self._load_catalog(self.url)  # show what the store holds now
 
 
 def _age_text(seconds: float) -> str:
