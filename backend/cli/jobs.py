@@ -244,7 +244,7 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     if plan.egress is not None and plan.egress.action == "warn":
         print(f"warning: {plan.egress.message}", file=sys.stderr)
     _confirm(f"start {len(nodes)} pull job(s)?", args.yes)
-    if args.allow_over_budget and plan.egress is not None and plan.egress.action == "confirm":
+    if args.allow_over_budget:
         egress_record_override(services, plan, args.allow_over_budget)
     recs = await launch_pull(services, plan)
     services.db.record_audit("pull.launch", plan.src, "started",
@@ -263,15 +263,20 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
 
 async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, as_json: bool) -> int:
     jobs = services.jobs
-    ids = [r.id for r in recs]
+    ids = {r.id for r in recs}
+    nodes = sorted({r.node for r in recs})
     rate = max((n.line_rate_gbps or 0) for n in plan.nodes) or None
+    # One scan per node per round; a small fan-out is polled briskly so the end is seen promptly.
+    poll = min(jobs.settings.poll_interval, 0.25) if len(nodes) <= 8 else jobs.settings.poll_interval
     last_print = 0.0
+    current = recs
     try:
         while True:
-            current = [await jobs.refresh_job(i) for i in ids]
+            current = [r for r in await jobs.refresh(nodes) if r.id in ids]
             roll = fleet_rollup(current)
+            done = all(r.terminal for r in current)
             now = time.monotonic()
-            if now - last_print >= 2.0 or all(r.terminal for r in current):
+            if now - last_print >= 2.0 or done:
                 last_print = now
                 pct = f"{roll.fraction * 100:.0f}%" if roll.fraction is not None else "?"
                 g = roll.rate_bps * 8 / 1e9
@@ -280,9 +285,9 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
                       f"{roll.items_done}/{roll.items_total} obj {g:.2f} Gbps{line_pct} "
                       f"ETA {fmt_eta(roll.eta_s)}  [{roll.running} running, {roll.succeeded} ok, "
                       f"{roll.failed} failed]", file=sys.stderr)
-            if all(r.terminal for r in current):
+            if done:
                 break
-            await asyncio.sleep(jobs.settings.poll_interval)
+            await asyncio.sleep(poll)
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("detached: the jobs keep running; follow them with 'loadmaster jobs'", file=sys.stderr)
         return 130

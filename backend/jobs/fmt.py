@@ -49,10 +49,10 @@ def describe_plan(plan: Any) -> list[str]:
             line += f"  -- {prob}"
         lines.append(line)
     if plan.egress is not None:
-        q = getattr(plan.egress, "quote", None)
-        usd = getattr(q, "total_usd", None) if q is not None else None
-        price = f" (${usd:,.2f})" if isinstance(usd, int | float) else ""
-        lines.append(f"  egress{price}: {plan.egress.action}: {plan.egress.message}")
+        from backend.policy.egress import decision_lines
+
+        lines.append("  egress:")
+        lines.extend(f"    {line}" for line in decision_lines(plan.egress))
     elif plan.egress_note:
         lines.append(f"  egress: {plan.egress_note}")
     return lines

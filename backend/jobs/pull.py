@@ -339,8 +339,13 @@ def _copy(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[tuple[
 
     try:
         report()
-        while proc.poll() is None:
-            if ctx.wait_cancelled(0.5) and not terminated:
+        while True:
+            try:
+                proc.wait(timeout=0.5)  # returns as soon as s5cmd exits: no polling delay at the end
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if ctx.cancelled and not terminated:
                 ctx.log("cancel requested: stopping s5cmd")
                 proc.terminate()
                 terminated = True
@@ -585,7 +590,7 @@ async def plan_pull(
                 r = NodeEstimate(**{**r.__dict__, "line_rate_gbps": settings.nic_gbps})
             ests.append(r)
     decision, note = egress_check(services, profile, [config.node(n) for n in nodes], total, len(objects),
-                                  allow_over_budget)
+                                  allow_over_budget, src)
     return PullPlan(
         src=pattern.url, dest=dest, store=profile.name if profile else None, objects=tuple(objects),
         total_bytes=total, nodes=tuple(ests),
@@ -597,32 +602,42 @@ async def plan_pull(
 
 
 # ---- EGRESS INTEGRATION POINT ------------------------------------------------------------------
-# The egress engineer's backend.policy.egress.EgressGuard(config, db) prices and decides; these two
-# functions are the only places pulls touch it. Without the guard, pulls run unpriced (noted).
+# backend.ledger.EgressGuard(config, db) prices and decides; these functions are the only places
+# pulls touch it: a quote + decision before launch, the override audit, the ledger entry on success.
 
 
 def _guard(config: Any, db: Any) -> Any:
     try:
-        from backend.policy.egress import EgressGuard  # type: ignore[attr-defined]
-    except ImportError:
+        from backend.ledger import EgressGuard
+    except ImportError:  # the egress feature is optional for pulls
         return None
     return EgressGuard(config, db)
 
 
+def _profile_for(config: Any, store: str | None, src: str) -> Any:
+    from backend.config import StoreProfile
+
+    if store and store in config.stores:
+        return config.stores[store]
+    # An unconfigured bucket: quoted as unpriced ([egress] unpriced_action decides).
+    return StoreProfile(url=f"s3://{parse_source(src).bucket}", name=f"s3://{parse_source(src).bucket}")
+
+
 def egress_check(services: Any, profile: StoreProfile | None, nodes: list[Any], total: int, objects: int,
-                 allow_over_budget: str | None) -> tuple[Any, str | None]:
-    """The guard's decision for pulling ``total`` bytes to the nodes' sites (worst node decides)."""
+                 allow_over_budget: str | None, src: str = "") -> tuple[Any, str | None]:
+    """The guard's decision for pulling ``total`` bytes to each node (the strictest node decides)."""
     guard = _guard(services.config, services.db)
     if guard is None:
         return None, "egress guard not available: transfer not priced"
-    store_name = profile.name if profile else "default"
-    worst = None
+    prof = profile or _profile_for(services.config, None, src)
     order = {"allow": 0, "warn": 1, "confirm": 2, "block": 3}
+    worst = None
+    # Every node receives the whole pull; nodes at the same site are priced together, in sequence.
     by_site: dict[str | None, int] = {}
     for n in nodes:
-        by_site[n.site] = by_site.get(n.site, 0) + total
-    for site, nbytes in by_site.items():
-        quote = guard.quote_transfer(store_name, site, nbytes, objects=objects * (nbytes // max(total, 1)))
+        by_site[n.site] = by_site.get(n.site, 0) + 1
+    for site, count in by_site.items():
+        quote = guard.quote_transfer(prof, site, total * count, objects=objects * count)
         dec = guard.check(quote, allow_over_budget_reason=allow_over_budget)
         if worst is None or order.get(dec.action, 0) > order.get(worst.action, 0):
             worst = dec
@@ -636,16 +651,17 @@ def egress_gate(plan: PullPlan, allow_over_budget: str | None) -> None:
         return
     if dec.action == "block":
         raise PolicyError(f"egress guard blocks this pull: {dec.message}")
-    if dec.action == "confirm" and not allow_over_budget:
+    if dec.action == "confirm":
         raise PolicyError(f"egress guard needs confirmation: {dec.message}; "
                           "re-run with --allow-over-budget REASON")
 
 
 def egress_record_override(services: Any, plan: PullPlan, reason: str) -> None:
-    """Record the operator's reason for starting a pull over budget."""
+    """Audit the operator's reason for starting a pull over budget (when the guard needed one)."""
     guard = _guard(services.config, services.db)
-    if guard is not None and plan.egress is not None and plan.egress.action in ("confirm", "block"):
-        guard.record_override(plan.egress, reason)
+    dec = plan.egress
+    if guard is not None and dec is not None and getattr(dec, "override_reason", None):
+        guard.record_override(dec, reason)
 
 
 def egress_record_success(config: Any, db: Any, rec: JobRecord) -> None:
@@ -655,7 +671,8 @@ def egress_record_success(config: Any, db: Any, rec: JobRecord) -> None:
         return
     node = config.node(rec.node)
     nbytes = int((rec.result or {}).get("bytes", 0))
-    guard.record_transfer(rec.params.get("store") or "default", node.site, nbytes, job_id=rec.id)
+    guard.record_transfer(_profile_for(config, rec.params.get("store"), str(rec.params.get("src", ""))),
+                          node.site, nbytes, job_id=rec.id)
 
 
 # ---- end of egress integration point -----------------------------------------------------------

@@ -241,7 +241,7 @@ class TransfersScreen(LoadmasterScreen):
                                numworkers=req.numworkers, concurrency=req.concurrency,
                                part_size_mib=req.part_size_mib, allow_over_budget=req.reason)
         egress_gate(plan, req.reason)
-        if req.reason and plan.egress is not None and plan.egress.action == "confirm":
+        if req.reason:
             egress_record_override(self.services, plan, req.reason)
         records = await launch_pull(self.services, plan)
         self.services.db.record_audit("pull.launch", plan.src, "started", reason=req.reason,

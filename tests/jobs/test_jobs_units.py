@@ -1,0 +1,172 @@
+"""Pure units of the jobs layer: source patterns, scan parsing, progress, roll-up, the job context."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from backend.agent.context import JobContext
+from backend.agent.kinds import KINDS, resolve
+from backend.errors import JobError, StoreError
+from backend.jobs.fmt import fmt_bytes, fmt_eta
+from backend.jobs.manager import (
+    JobProgress,
+    JobRecord,
+    fleet_rollup,
+    parse_scan,
+    progress_from_lines,
+)
+from backend.jobs.pull import NodeEstimate, _error_text, _temp_files, node_dest, parse_source
+from backend.jobs.settings import JobSettings
+from backend.schema import parse_section
+
+
+def test_parse_source_prefix_wildcard_and_single_object() -> None:
+    p = parse_source("s3://b/data/")
+    assert (p.url, p.base, p.pattern) == ("s3://b/data/*", "data/", "data/*")
+    assert p.rel("data/sub/x.bin") == "sub/x.bin" and p.matches("data/sub/x.bin") and not p.matches("other/x")
+    w = parse_source("s3://b/data/shard-*.tar")
+    assert w.base == "data/" and w.matches("data/shard-001.tar") and not w.matches("data/index.json")
+    assert w.rel("data/shard-001.tar") == "shard-001.tar"
+    one = parse_source("s3://b/data/x.bin")
+    assert one.pattern is None and one.rel("data/x.bin") == "x.bin" and one.matches("data/x.bin")
+    everything = parse_source("s3://b")
+    assert everything.url == "s3://b/*" and everything.base == ""
+    with pytest.raises(StoreError, match="no bucket"):
+        parse_source("s3:///x")
+
+
+def test_node_dest_relative_goes_under_scratch() -> None:
+    assert node_dest("data/run1", "/mnt/local-nvme") == "/mnt/local-nvme/data/run1"
+    assert node_dest("/abs/dir/", "/mnt/x") == "/abs/dir"
+    assert node_dest("~/d", "/mnt/x") == "~/d"
+
+
+def test_parse_scan_reads_jobs_and_skips_half_lines() -> None:
+    text = "\n".join([
+        "@@HOME /h/jobs", "@@NOW 1000.5",
+        "@@JOB a", '@@SPEC {"id": "a", "kind": "pull", "created": 990}', '@@PID {"pid": 12, "pgid": 12}',
+        "@@ALIVE 1", "@@BEAT 999.0",
+        '@@PROG {"t": 995, "bytes_done": 10, "bytes_total": 100}',
+        '@@PROG {"t": 997, "bytes_done": 50, "bytes_to',   # being appended right now
+        "@@JOB b", '@@SPEC {"id": "b", "kind": "pull"}', '@@RESULT {"state": "succeeded"}',
+        "@@JOB c",  # no spec yet: not a job
+    ])
+    home, now, jobs = parse_scan(text)
+    assert home == "/h/jobs" and now == 1000.5
+    assert [j.id for j in jobs] == ["a", "b"]
+    a, b = jobs
+    assert a.alive and a.pidinfo == {"pid": 12, "pgid": 12} and a.beat == 999.0 and len(a.progress) == 1
+    assert b.result == {"state": "succeeded"} and b.alive is None
+
+
+def test_progress_rate_eta_and_fraction() -> None:
+    p = progress_from_lines([{"t": 10, "bytes_done": 0, "bytes_total": 1000},
+                             {"t": 12, "bytes_done": 500, "bytes_total": 1000, "items_done": 1, "items_total": 2}])
+    assert p is not None
+    assert p.rate_bps == 250 and p.eta_s == 2 and p.fraction == 0.5 and p.items_done == 1
+    runner_rate = progress_from_lines([{"t": 1, "bytes_done": 5, "rate_bps": 7.0, "phase": "copy"}])
+    assert runner_rate is not None and runner_rate.rate_bps == 7.0 and runner_rate.extra == {"phase": "copy"}
+    assert runner_rate.fraction is None and runner_rate.eta_s is None
+    assert progress_from_lines([]) is None
+
+
+def _rec(state: str, done: int, total: int | None, rate: float | None) -> JobRecord:
+    return JobRecord(id=state + str(done), node="n", kind="pull", state=state, created=0, launched_by="u@h",
+                     launched_from="h", progress=JobProgress(t=0, bytes_done=done, bytes_total=total,
+                                                             items_done=1, items_total=2, rate_bps=rate))
+
+
+def test_fleet_rollup_sums_and_unknown_totals() -> None:
+    roll = fleet_rollup([_rec("running", 100, 400, 50.0), _rec("running", 300, 400, 150.0),
+                         _rec("succeeded", 400, 400, 99.0)])
+    assert roll.bytes_done == 800 and roll.bytes_total == 1200 and roll.rate_bps == 200.0
+    assert roll.running == 2 and roll.succeeded == 1 and roll.eta_s == 2.0
+    assert fleet_rollup([_rec("running", 1, None, 1.0)]).bytes_total is None
+    assert fleet_rollup([]).fraction is None
+
+
+def test_context_coalesces_but_keeps_the_final_point() -> None:
+    seen: list[dict] = []
+    ctx = JobContext.in_process("pull", {}, on_progress=seen.append)
+    for i in range(1000):
+        ctx.progress(bytes_done=i, bytes_total=10_000)
+    assert 1 <= len(seen) <= 3  # a burst in well under a second: coalesced
+    ctx.flush()
+    assert seen[-1]["bytes_done"] == 999  # the latest point is written by flush
+    ctx.progress(bytes_done=10_000, bytes_total=10_000, items_done=3, items_total=3)
+    assert seen[-1]["bytes_done"] == 10_000 and seen[-1]["items_total"] == 3
+    assert set(seen[-1]) >= {"t", "bytes_done", "bytes_total", "items_done", "items_total"}
+
+
+def test_context_on_disk_secrets_read_once_and_deleted(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "spec.json").write_text(json.dumps({"id": "j1", "kind": "pull", "params": {"a": 1}}))
+    fd = os.open(job / "secrets.json", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, json.dumps({"AWS_SECRET_ACCESS_KEY": "s3cr3t"}).encode())
+    os.close(fd)
+    assert stat.S_IMODE((job / "secrets.json").stat().st_mode) == 0o600
+    ctx = JobContext.from_job_dir(job)
+    assert ctx.job_id == "j1" and ctx.params == {"a": 1} and ctx.job_dir == job
+    assert ctx.secret_env() == {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    assert not (job / "secrets.json").exists()
+    assert ctx.secret_env() == {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}  # cached, not re-read
+    ctx.log("hello")
+    ctx.progress(bytes_done=1, bytes_total=1)
+    assert "hello" in (job / "log").read_text()
+    assert json.loads((job / "progress.jsonl").read_text().splitlines()[-1])["bytes_done"] == 1
+    assert not ctx.cancelled
+    (job / "cancel").touch()
+    assert ctx.cancelled
+
+
+def test_kind_registry_and_unknown_kind() -> None:
+    assert KINDS["pull"] == "backend.jobs.pull:run_pull_job"
+    run, cleanup = resolve("pull")
+    assert run.__name__ == "run_pull_job" and cleanup is not None
+    with pytest.raises(JobError, match="unknown job kind"):
+        resolve("teleport")
+
+
+def test_s5cmd_error_lines_count_even_with_exit_zero() -> None:
+    assert _error_text('{"operation":"cp","error":"NoSuchBucket: gone"}') == "cp : NoSuchBucket: gone"
+    assert _error_text("ERROR \"cp s3://b/x y\": AccessDenied") is not None
+    assert _error_text('{"operation":"cp","success":true,"object":{"size":1}}') is None
+    assert _error_text("") is None
+
+
+def test_temp_files_are_name_plus_digits_only(tmp_path: Path) -> None:
+    (tmp_path / "obj-1.bin").write_bytes(b"x")
+    (tmp_path / "obj-1.bin2482161410").write_bytes(b"partial")
+    (tmp_path / "obj-12.bin").write_bytes(b"x")  # another object, not a temp of obj-1.bin
+    (tmp_path / "unrelated123").write_bytes(b"x")
+    found = _temp_files(tmp_path, [("obj-1.bin", 1), ("obj-12.bin", 1)])
+    assert [p.name for p in found] == ["obj-1.bin2482161410"]
+
+
+def test_node_estimate_fit_and_problem() -> None:
+    e = NodeEstimate(node="n1", dest="/d", free_bytes=100, present_bytes=30, line_rate_gbps=8.0, s5cmd=True)
+    assert e.fits(130) and not e.fits(131) and e.problem(131) and "needs" in (e.problem(131) or "")
+    assert e.eta_s(1_000_000_030) == pytest.approx(1.0)
+    assert "s5cmd is not installed" in (NodeEstimate(node="n", dest="/d", free_bytes=10).problem(1) or "")
+
+
+def test_job_settings_defaults_and_strict_parsing() -> None:
+    s = JobSettings()
+    assert (s.numworkers, s.concurrency, s.part_size_mib) == (256, 32, 64)
+    parsed = parse_section(JobSettings, {"lost_after": "30s", "numworkers": 64}, file="f", key="jobs")
+    assert parsed.lost_after == 30.0 and parsed.numworkers == 64
+    with pytest.raises(Exception, match="numworkers"):
+        parse_section(JobSettings, {"numworkers": 0}, file="f", key="jobs")
+    with pytest.raises(Exception, match="bogus"):
+        parse_section(JobSettings, {"bogus": 1}, file="f", key="jobs")
+
+
+def test_formatting() -> None:
+    assert fmt_bytes(12_600_000_000) == "12.6 GB" and fmt_bytes(None) == "?" and fmt_bytes(12) == "12 B"
+    assert fmt_eta(3725) == "1h02m" and fmt_eta(185) == "3m05s" and fmt_eta(None) == "-"
