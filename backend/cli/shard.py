@@ -126,7 +126,7 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
         services.db.record_audit("shard.overwrite", dest, "started", detail={"src": src})
     result = await convert(req, config=services.config, src_profile=sprof, dest_profile=dprof,
                            on_progress=_progress_printer(sys.stderr.isatty() and not args.json),
-                           on_log=lambda m: None)
+                           on_log=lambda m: None, prepared=pv)
     if req.overwrite:
         services.db.record_audit("shard.overwrite", dest, "done", detail=result.as_dict())
     if args.json:

@@ -156,6 +156,9 @@ class ShardPreview:
     warnings: tuple[str, ...]
     errors: tuple[str, ...]
     problems: InputProblems = field(default_factory=InputProblems)
+    #: The plan behind the preview (handed to :func:`convert` so the source is listed once).
+    plan: ShardPlan | None = field(default=None, repr=False, compare=False)
+    request: ShardRequest | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -274,7 +277,7 @@ async def preview(
         source_bytes=plan.source_bytes if plan else 0, shards=shards,
         largest_shard=max((s.nbytes for s in plan.shards), default=0) if plan else 0,
         requests=request_arithmetic(files, shards, price, source), warnings=tuple(warnings),
-        errors=tuple(errors), problems=problems,
+        errors=tuple(errors), problems=problems, plan=plan, request=req,
     )
 
 
@@ -484,6 +487,26 @@ class _S3Sink(_Sink):
             except FileNotFoundError:
                 pass
         await self.s3.put_bytes(f"{JOURNAL_PREFIX}/{entry.name}.json", json.dumps(entry.as_dict()).encode())
+
+    async def abort_stale(self, pattern: str) -> int:
+        """Abort multipart uploads of shards left behind by a killed run (they cost storage)."""
+        client = await self.s3.client()
+        rx = pattern_regex(pattern)
+        prefix = self.s3._key("")
+        prefix = prefix + "/" if prefix else ""
+        aborted = 0
+        try:
+            async for page in client.get_paginator("list_multipart_uploads").paginate(
+                    Bucket=self.s3.bucket, Prefix=prefix):
+                for up in page.get("Uploads", []):
+                    rel = up["Key"][len(prefix):]
+                    if "/" not in rel and rx.match(rel):
+                        await client.abort_multipart_upload(Bucket=self.s3.bucket, Key=up["Key"],
+                                                            UploadId=up["UploadId"])
+                        aborted += 1
+        except Exception as exc:  # noqa: BLE001
+            raise self.s3.error(exc) from None
+        return aborted
 
     def commit(self, entry: ShardEntry, path: str) -> None:
         self.pending.append(asyncio.run_coroutine_threadsafe(self._upload(entry, path), self.loop))
@@ -698,8 +721,13 @@ async def convert(
     on_progress: Callable[[ShardProgress], None] | None = None,
     on_log: Callable[[str], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    prepared: ShardPreview | None = None,
 ) -> ConvertResult:
-    """Convert ``req.src`` into shards at ``req.dest``; resumable, deterministic, verified by size."""
+    """Convert ``req.src`` into shards at ``req.dest``; resumable, deterministic, verified by size.
+
+    ``prepared`` is a :func:`preview` of the same request just shown to the operator: its plan is
+    used as is, so what runs is exactly what was previewed and the source is listed once.
+    """
     req.validate()
     started = time.monotonic()
     log = on_log or (lambda _m: None)
@@ -708,7 +736,11 @@ async def convert(
     executor: concurrent.futures.ThreadPoolExecutor | None = None
     sink: _Sink | None = None
     try:
-        plan, problems, errors, warnings = await _plan(req, src)
+        if prepared is not None and prepared.request == req and prepared.plan is not None:
+            plan, problems = prepared.plan, prepared.problems
+            errors, warnings = list(prepared.errors), list(prepared.warnings)
+        else:
+            plan, problems, errors, warnings = await _plan(req, src)
         if errors:
             raise ShardError(f"cannot shard {req.src}: " + "; ".join(errors))
         assert plan is not None
@@ -782,6 +814,10 @@ async def convert(
             ahead = max(2, 2 * -(-req.fetch_concurrency // BATCH_FILES))
         if isinstance(dest, S3Store):
             sink = _S3Sink(dest, loop, req)
+            if req.resume or req.overwrite:
+                stale = await sink.abort_stale(req.pattern)
+                if stale:
+                    log(f"aborted {stale} unfinished multipart upload(s) of an interrupted run")
         else:
             assert isinstance(dest, LocalStore)
             sink = _LocalSink(dest, loop)

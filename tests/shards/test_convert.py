@@ -186,3 +186,21 @@ def test_cancel_keeps_completed_shards_and_resume_finishes(dataset: tuple[Path, 
     result = convert_sync(ShardRequest(str(src), str(dest), shard_size=8 * KB, resume=True))
     assert len(result.resumed) >= len(kept) >= 2
     assert read_back(dest) == data
+
+
+def test_convert_runs_exactly_the_previewed_plan(dataset: tuple[Path, dict], tmp_path: Path) -> None:
+    import asyncio
+
+    from backend.shards.convert import preview
+
+    src, data = dataset
+    req = ShardRequest(str(src), str(tmp_path / "out"), shard_size=16 * KB)
+    pv = asyncio.run(preview(req))
+    (src / "999999.jpg").write_bytes(b"added after the preview")
+    (src / "999999.json").write_bytes(b"{}")
+    result = convert_sync(req, prepared=pv)
+    assert result.manifest.samples == pv.samples == len(data)
+    assert len(result.manifest.shards) == pv.shards
+    # a different request does not reuse it
+    other = convert_sync(ShardRequest(str(src), str(tmp_path / "other"), shard_size=16 * KB), prepared=pv)
+    assert other.manifest.samples == len(data) + 1

@@ -337,7 +337,7 @@ class ShardsScreen(LoadmasterScreen):
         try:
             result: ConvertResult = await convert(req, config=self.services.config, src_profile=sprof,
                                                   dest_profile=dprof, on_progress=on_progress,
-                                                  cancelled=cancel.is_set)
+                                                  cancelled=cancel.is_set, prepared=self.preview)
         except LoadmasterError as exc:
             state = "cancelled" if cancel.is_set() else "failed"
             self.post_message(self.ConversionUpdated(replace(self.conversions.get(key, base), state=state,
