@@ -224,9 +224,21 @@ async def _scan(store: ObjectStore) -> tuple[list[SourceFile], list[tuple[str, s
 # -- planning --------------------------------------------------------------------------------
 
 
+def _dest_inside_src(req: ShardRequest) -> str | None:
+    """The destination's path relative to the source when it lies inside it, else None."""
+    src, dest = _norm(req.src), _norm(req.dest)
+    if dest.startswith(src.rstrip("/") + "/"):
+        return dest[len(src.rstrip("/")) + 1:]
+    return None
+
+
 async def _plan(req: ShardRequest, src: ObjectStore) -> tuple[ShardPlan | None, InputProblems, list[str], list[str]]:
     """The plan, the input problems, errors (refusals) and warnings."""
     files, unreadable = await _scan(src)
+    inner = _dest_inside_src(req)
+    if inner:  # shards written inside the source must never be read back as source files
+        files = [f for f in files if not f.rel.startswith(inner + "/")]
+        unreadable = [u for u in unreadable if not u[0].startswith(inner + "/") and u[0] != inner]
     samples, problems = group_samples(files, partner_share=req.partner_share)
     problems = dataclasses.replace(problems, unreadable=tuple(unreadable))
     errors: list[str] = []

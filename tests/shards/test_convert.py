@@ -204,3 +204,24 @@ def test_convert_runs_exactly_the_previewed_plan(dataset: tuple[Path, dict], tmp
     # a different request does not reuse it
     other = convert_sync(ShardRequest(str(src), str(tmp_path / "other"), shard_size=16 * KB), prepared=pv)
     assert other.manifest.samples == len(data) + 1
+
+
+def test_destination_inside_the_source_is_not_read_back(dataset: tuple[Path, dict], tmp_path: Path) -> None:
+    src, data = dataset
+    dest = src / "shards"
+    first = convert_sync(ShardRequest(str(src), str(dest), shard_size=16 * KB))
+    again = convert_sync(ShardRequest(str(src), str(dest), shard_size=16 * KB, resume=True))
+    assert again.manifest.plan_hash == first.manifest.plan_hash and again.written == ()
+    assert read_back(dest) == data
+
+
+def test_get_price_comes_from_the_price_table_with_overrides() -> None:
+    from backend.config import StoreProfile, parse_config
+    from backend.shards.manifest import DEFAULT_GET_PER_1000, get_price
+
+    r2 = StoreProfile(url="s3://b", provider="r2", region="auto")
+    config = parse_config({"nodes": [{"name": "n", "transport": "local"}],
+                           "prices": {"providers": {"r2": {"get_per_1000": 0.00036}}}})
+    assert get_price(config, r2) == (0.00036, "Cloudflare R2 GET price")
+    local = StoreProfile(url="/data", provider="local")
+    assert get_price(None, local, None) == (DEFAULT_GET_PER_1000, "S3 Standard GET price")

@@ -49,6 +49,8 @@ def test_s3_to_s3_round_trip_and_verify(lab: Any, s3: Any, tmp_path: Path) -> No
     pv = asyncio.run(preview(req, src_profile=sprof, dest_profile=dprof))
     assert (pv.files, pv.samples) == (1040, 520) and pv.ok
     assert pv.requests.gets_before == 1040 and pv.requests.gets_after == pv.shards
+    # priced from the egress engineer's table for the store's provider (aws)
+    assert pv.requests.price_source == "Amazon S3 GET price" and pv.requests.get_per_1000 == 0.0004
 
     progress: list[Any] = []
     result = asyncio.run(convert(req, src_profile=sprof, dest_profile=dprof, on_progress=progress.append))
