@@ -23,10 +23,11 @@ GPU_FIELDS = (
 MAX_BLOCK_LINES = 20000
 
 _SCRIPT = r"""
-i={interval}; smi={smi}; scratch={scratch}
+i={interval}; cs={centis}; smi={smi}; scratch={scratch}
 while :; do
+  up=; read -r up _ </proc/uptime 2>/dev/null
   echo '@@lm-begin'
-  echo "@@uptime $(cat /proc/uptime 2>/dev/null)"
+  echo "@@uptime $up"
   echo "@@boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
   echo '@@gpu'
   if command -v "$smi" >/dev/null 2>&1; then
@@ -52,7 +53,18 @@ while :; do
   echo '@@df'
   if [ -d "$scratch" ]; then df -P -k "$scratch" 2>&1; echo "@@df-rc $?"; else echo '@@df-rc missing'; fi
   echo '@@lm-end'
-  sleep "$i"
+  # Sleep what is left of the interval (builtins only: /proc/uptime in centiseconds), so the
+  # period stays at the interval however long nvidia-smi took.
+  now=; read -r now _ </proc/uptime 2>/dev/null
+  case "$up$now" in
+    *[!0-9.]*|'') sleep "$i" ;;
+    *)
+      a=${{up%.*}}${{up#*.}}; b=${{now%.*}}${{now#*.}}
+      a=${{a#"${{a%%[!0]*}}"}}; b=${{b#"${{b%%[!0]*}}"}}
+      r=$(( cs - (${{b:-0}} - ${{a:-0}}) ))
+      [ "$r" -lt 5 ] && r=5
+      sleep "$((r / 100)).$((r % 100 / 10))$((r % 10))" ;;
+  esac
 done
 """
 
@@ -61,6 +73,7 @@ def sampler_script(*, interval: float, scratch: str, nvidia_smi: str = "nvidia-s
     """The sh command that samples a node forever, one framed block per ``interval`` seconds."""
     body = _SCRIPT.format(
         interval=shlex.quote(f"{interval:g}"),
+        centis=int(round(interval * 100)),
         smi=shlex.quote(nvidia_smi),
         scratch=shlex.quote(scratch),
         fields=GPU_FIELDS,

@@ -190,3 +190,23 @@ def test_fleet_snapshot(snap_compare, tmp_path: Path, monkeypatch: pytest.Monkey
         await pilot.pause()
 
     assert snap_compare(LoadmasterApp(fleet.services), terminal_size=(200, 30), run_before=feed)
+
+
+async def test_ticks_queued_behind_a_busy_ui_are_coalesced(fleet):
+    app = LoadmasterApp(fleet.services)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        fleet.feed(1)
+        await pilot.pause()
+        before = len(screen.apply_times)
+        # Five ticks published before the screen gets to run: only the newest is applied.
+        fleet.feed(5)
+        last_seq = fleet.hub.snapshot().seq
+        await pilot.pause()
+        assert len(screen.apply_times) == before + 1
+        assert screen.last_snapshot is not None and screen.last_snapshot.seq == last_seq
+        older = FleetSampled(fleet.hub.snapshot())
+        assert older.can_replace(FleetSampled(fleet.hub.snapshot()))
+        assert not older.can_replace(Message())

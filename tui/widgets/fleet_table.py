@@ -90,6 +90,8 @@ class FleetTable(DataTable[Any]):
         self._row_order: list[str] = []
         self._theme_styles: dict[str, str] = {}
         self._column_keys: list[ColumnKey] = []
+        self._pending: dict[str, NodeSnapshot] = {}
+        self._trend: Callable[[str], Sequence[float]] = lambda name: ()
 
     def on_mount(self) -> None:
         self._column_keys = [self.add_column(label, key=key, width=width)
@@ -103,7 +105,13 @@ class FleetTable(DataTable[Any]):
     # -- applying ticks ------------------------------------------------------------------------
 
     def show(self, nodes: Sequence[NodeSnapshot], trend: Callable[[str], Sequence[float]]) -> int:
-        """Apply one tick; returns how many cells changed."""
+        """Apply one tick; returns how many cells were rewritten now.
+
+        Rows whose node changed are reformatted only when they are in (or near) the viewport;
+        rows scrolled out of sight are marked pending and formatted when scrolled back in, so
+        a 256-node fleet costs about one screenful of formatting per tick.
+        """
+        self._trend = trend
         visible = [n for n in nodes if matches(n, self.filter)]
         names = {n.name for n in visible}
         changed = 0
@@ -111,35 +119,66 @@ class FleetTable(DataTable[Any]):
             self.remove_row(gone)
             del self._row_cells[gone]
             self._snaps.pop(gone, None)
+            self._pending.pop(gone, None)
         for n in visible:
-            old_node = self._snaps.get(n.name)
-            old = self._row_cells.get(n.name)
-            if old is not None and old_node is n:
-                continue  # same snapshot object: nothing about this node changed
-            cells = node_cells(n, trend(n.name), TREND_WIDTH)
-            self._snaps[n.name] = n
-            if old is None:
+            if n.name not in self._row_cells:
+                cells = node_cells(n, trend(n.name), TREND_WIDTH)
                 self.add_row(*self._style_row(n, cells), key=n.name)
                 self._row_cells[n.name] = cells
+                self._snaps[n.name] = n
                 changed += len(cells)
+            elif self._snaps.get(n.name) is not n:
+                # A new snapshot object means something about this node changed.
+                self._snaps[n.name] = n
+                self._pending[n.name] = n
+        self._resort()
+        return changed + self._flush_window()
+
+    def _window(self) -> list[str]:
+        """Names of the rows on screen, plus half a screen either side."""
+        height = self.scrollable_content_region.height
+        if height <= 0:
+            return list(self._pending)  # not laid out yet: format everything
+        top = int(self.scroll_y)
+        margin = height // 2 + 1
+        return self._row_order[max(0, top - margin): top + height + margin]
+
+    def _flush_window(self, names: Sequence[str] | None = None) -> int:
+        """Format the pending rows among ``names`` (default: the window); returns cells changed."""
+        if not self._pending:
+            return 0
+        changed = 0
+        for name in list(self._window() if names is None else names):
+            n = self._pending.pop(name, None)
+            if n is None:
                 continue
-            row = self._data.get(RowKey(n.name))
+            cells = node_cells(n, self._trend(name), TREND_WIDTH)
+            old = self._row_cells[name]
+            row = self._data.get(RowKey(name))
             for i, (a, b) in enumerate(zip(old, cells, strict=True)):
                 if a != b:
                     if row is not None:
                         row[self._column_keys[i]] = self._style_cell(n, i, b)
                     else:
-                        self.update_cell(n.name, COLUMN_KEYS[i], self._style_cell(n, i, b))
+                        self.update_cell(name, COLUMN_KEYS[i], self._style_cell(n, i, b))
                     changed += 1
-            self._row_cells[n.name] = cells
+            self._row_cells[name] = cells
         if changed:
             # One invalidation for the whole tick instead of one per cell (update_cell would
             # refresh the widget for every changed cell: the dominant cost with 256 nodes).
             # Columns have fixed widths, so no width recalculation is needed.
             self._update_count += 1
             self.refresh()
-        self._resort()
         return changed
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if self._pending and round(old_value) != round(new_value):
+            self._flush_window()
+
+    def flush_all(self) -> None:
+        """Format every pending row now (tests and exports read cells directly)."""
+        self._flush_window(list(self._pending))
 
     def _style_row(self, n: NodeSnapshot, cells: tuple[str, ...]) -> list[Any]:
         return [self._style_cell(n, i, c) for i, c in enumerate(cells)]
