@@ -18,8 +18,9 @@ import random
 import re
 import stat
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from backend.errors import LoadmasterError
 from backend.shards import tarfmt
@@ -46,10 +47,10 @@ def split_key(path: str) -> tuple[str, str] | tuple[None, None]:
     return (m.group(1), m.group(2)) if m else (None, None)
 
 
-@dataclass(frozen=True)
-class SourceFile:
+class SourceFile(NamedTuple):
     """One input file: its path relative to the source root and its size."""
 
+    # A NamedTuple, not a dataclass: one is built per source file, and this is cheaper.
     rel: str
     size: int
 
@@ -119,12 +120,30 @@ class InputProblems:
         }
 
 
+def _read_permission() -> Callable[[os.stat_result], bool]:
+    """Whether this process may read a file, from its stat (no access() syscall per file)."""
+    euid = os.geteuid()
+    if euid == 0:
+        return lambda st: True
+    groups = set(os.getgroups()) | {os.getegid()}
+
+    def readable(st: os.stat_result) -> bool:
+        if st.st_uid == euid:
+            return bool(st.st_mode & 0o400)
+        if st.st_gid in groups:
+            return bool(st.st_mode & 0o040)
+        return bool(st.st_mode & 0o004)
+
+    return readable
+
+
 def scan_local(root: str) -> tuple[list[SourceFile], list[tuple[str, str]]]:
     """Every regular file under ``root`` (relative paths, sizes) and the ones that cannot be read."""
     if not os.path.isdir(root):
         raise ShardError(f"source directory {root!r} does not exist (or is not a directory)")
     files: list[SourceFile] = []
     unreadable: list[tuple[str, str]] = []
+    readable = _read_permission()
     stack = [""]
     while stack:
         sub = stack.pop()
@@ -148,7 +167,7 @@ def scan_local(root: str) -> tuple[list[SourceFile], list[tuple[str, str]]]:
             if not stat.S_ISREG(st.st_mode):
                 unreadable.append((rel, "not a regular file"))
                 continue
-            if not os.access(os.path.join(root, rel), os.R_OK):
+            if not readable(st):
                 unreadable.append((rel, "permission denied"))
                 continue
             files.append(SourceFile(rel, st.st_size))

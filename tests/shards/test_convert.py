@@ -225,3 +225,21 @@ def test_get_price_comes_from_the_price_table_with_overrides() -> None:
     assert get_price(config, r2) == (0.00036, "Cloudflare R2 GET price")
     local = StoreProfile(url="/data", provider="local")
     assert get_price(None, local, None) == (DEFAULT_GET_PER_1000, "S3 Standard GET price")
+
+
+def test_unreadable_by_permissions_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from backend.shards.plan import scan_local
+
+    src = tmp_path / "src"
+    make_dataset(src, n=3)
+    (src / "000001.jpg").chmod(0o600)
+    (src / "000002.jpg").chmod(0o644)
+    # Seen as an unprivileged user (the suite may run as root, who reads everything).
+    monkeypatch.setattr(os, "geteuid", lambda: 54321)
+    monkeypatch.setattr(os, "getegid", lambda: 54321)
+    monkeypatch.setattr(os, "getgroups", lambda: [])
+    files, unreadable = scan_local(str(src))
+    assert unreadable == [("000001.jpg", "permission denied")]
+    assert "000002.jpg" in {f.rel for f in files}
