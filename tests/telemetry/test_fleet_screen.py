@@ -210,3 +210,24 @@ async def test_ticks_queued_behind_a_busy_ui_are_coalesced(fleet):
         older = FleetSampled(fleet.hub.snapshot())
         assert older.can_replace(FleetSampled(fleet.hub.snapshot()))
         assert not older.can_replace(Message())
+
+
+async def test_rows_scrolled_into_view_show_current_data():
+    fleet = Fleet(count=60, starved=(), window=60)
+    app = LoadmasterApp(fleet.services)
+    async with app.run_test(size=(220, 24)) as pilot:
+        await pilot.pause()
+        fleet.feed(4)
+        await pilot.pause()
+        table = app.screen.query_one(FleetTable)
+        last = "gpu-060"
+        table.focus()
+        table.move_cursor(row=table.row_count - 1)
+        await pilot.pause()
+        node = fleet.hub.snapshot().node(last)
+        assert node is not None
+        expected = f"{node.util_mean:.0f}% / {node.util_min:.0f}%"
+        assert cell(table, last, "util") == expected
+        table.flush_all()
+        first = fleet.hub.snapshot().node("gpu-001")
+        assert cell(table, "gpu-001", "util") == f"{first.util_mean:.0f}% / {first.util_min:.0f}%"
