@@ -277,10 +277,16 @@ async def preview(
     """Sample count, shard count and GET reduction of a conversion, from the listing alone."""
     req.validate()
     src = open_store(req.src, src_profile)
+    dest = open_store(req.dest, dest_profile)
     try:
         plan, problems, errors, warnings = await _plan(req, src)
+        # The destination too: a busy or unreachable one is refused before anything runs.
+        refusal = _busy_refusal(req, *await _existing(dest, req.pattern))
+        if refusal:
+            errors.append(refusal)
     finally:
         await src.close()
+        await dest.close()
     price, source = get_price(config, dest_profile, src_profile)
     files = plan.files if plan else 0
     shards = len(plan.shards) if plan else 0
@@ -707,6 +713,16 @@ async def _existing(dest: ObjectStore, pattern: str) -> tuple[list[str], bool, b
     return sorted(names), manifest, journal
 
 
+def _busy_refusal(req: ShardRequest, existing: list[str], has_manifest: bool, has_journal: bool) -> str:
+    """Why a destination that already holds shards is refused ('' when it is not)."""
+    if not (existing or has_manifest or has_journal) or req.overwrite or req.resume:
+        return ""
+    what = (f"{len(existing)} shard(s) (e.g. {', '.join(existing[:3])})" if existing
+            else "a manifest or conversion journal")
+    return (f"destination {req.dest} already has {what}; pass --resume to continue an interrupted "
+            "conversion or --overwrite to replace them")
+
+
 async def _read_journal(dest: ObjectStore) -> tuple[dict[str, ShardEntry], str | None]:
     entries: dict[str, ShardEntry] = {}
     plan_hash = None
@@ -785,10 +801,7 @@ async def convert(
                         done[name] = e
                 log(f"--resume: {len(done)} of {len(plan.shards)} shard(s) already complete")
             else:
-                what = (f"{len(existing)} shard(s) (e.g. {', '.join(existing[:3])})" if existing
-                        else "a manifest or conversion journal")
-                raise ShardError(f"destination {req.dest} already has {what}; pass --resume to continue "
-                                 "an interrupted conversion or --overwrite to replace them")
+                raise ShardError(_busy_refusal(req, existing, has_manifest, has_journal))
         await dest.put_bytes(PLAN_KEY, json.dumps({"plan_hash": plan.plan_hash, "shards": len(plan.shards),
                                                    "samples": plan.samples}).encode())
         todo = [s for s in plan.shards if s.name not in done]

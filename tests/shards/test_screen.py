@@ -77,6 +77,11 @@ async def test_form_previews_counts_and_get_reduction_then_converts(tmp_path: Pa
         assert len(list(dest.glob("shard-*.tar"))) == pv.shards
         updates = rec.of(ShardsScreen.ConversionUpdated)
         assert updates[-1].conversion.state == "succeeded"
+        # the same form again: the destination now holds shards, so the preview refuses it
+        screen.action_preview()
+        await settle(pilot, lambda: screen.preview is not None and not screen.preview.ok)
+        assert "already has" in str(screen.query_one("#shards-preview", Static).render())
+        assert screen.query_one("#shards-start", Button).disabled
 
 
 async def test_bad_input_is_shown_and_start_stays_disabled(tmp_path: Path) -> None:
