@@ -37,17 +37,17 @@ def _size(text: str) -> int:
 def register(sub: Any) -> None:
     """Add the ``shard`` command."""
     p = sub.add_parser(
-        "shard", usage=USAGE, help="pack many small files into WebDataset tar shards (or verify shards)",
+        "shard", usage=USAGE.replace("%", "%%"), help="pack many small files into WebDataset tar shards (or verify shards)",
         description="Pack a directory or s3:// prefix of small files into deterministic WebDataset tar "
         "shards with a manifest (sizes, sha256, GETs saved), locally or as a job on a node. "
         "'shard verify DEST' reads shards back with webdataset and checks them against the manifest.",
     )
     p.add_argument("paths", nargs="+", metavar="SRC DEST", help="source and destination (dir or s3://)")
-    p.add_argument("--shard-size", type=_size, help="target shard size (default 512MB; 256MB-1GB advised)")
+    p.add_argument("--shard-size", type=_size, metavar="SIZE", help="target shard size (default 512MB; 256MB-1GB advised)")
     p.add_argument("--pattern", help="shard file name pattern (default shard-%%06d.tar)")
-    p.add_argument("--node", help="run the conversion as a durable job on this node")
+    p.add_argument("--node", metavar="NAME", help="run the conversion as a durable job on this node")
     p.add_argument("--shuffle", type=int, metavar="SEED", help="shuffle sample order with this seed")
-    p.add_argument("--workers", type=int, help="threads reading local files (default 4)")
+    p.add_argument("--workers", type=int, metavar="N", help="threads reading local files (default 4)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in DEST")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     p.add_argument("--incomplete", choices=("error", "skip", "keep"), default="error",

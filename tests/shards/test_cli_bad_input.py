@@ -149,3 +149,12 @@ def test_bad_options_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert rc == 2 and "no manifest.json" in err
     rc, _, err = run(capsys, "--readonly", "shard", str(src), str(tmp_path / "o"))
     assert rc == 2 and "read-only" in err
+
+
+def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["shard", "--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    assert "--pattern shard-%06d.tar" in out and "loadmaster shard verify DEST" in out
+    assert "--incomplete" in out and "--node" in out and "--resume" in out
