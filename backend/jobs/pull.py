@@ -10,6 +10,7 @@ s5cmd exits 0, and verify every expected object's size before reporting success.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import fnmatch
 import json
@@ -20,13 +21,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from backend.agent.context import JobContext
 from backend.errors import ConfigError, JobError, LoadmasterError, PolicyError, StoreError
-from backend.storage import S3Store, parse_s3_url
+from backend.storage import Credentials, S3Store, parse_s3_url
 
 if TYPE_CHECKING:
     from backend.config import Config, StoreProfile
@@ -167,8 +168,6 @@ def _s5cmd_env(ctx: JobContext, workdir: Path) -> tuple[dict[str, str], Path | N
     secrets = ctx.secret_env()
     creds_path = None
     if secrets.get("AWS_ACCESS_KEY_ID"):
-        from backend.storage import Credentials
-
         creds = Credentials(secrets["AWS_ACCESS_KEY_ID"], secrets.get("AWS_SECRET_ACCESS_KEY", ""),
                             secrets.get("AWS_SESSION_TOKEN") or None)
         creds_path = workdir / CREDS_FILE
@@ -455,6 +454,8 @@ class PullPlan:
     profile: str | None = None
     egress: Any = None   # backend.policy.egress.GuardDecision when the guard is available
     egress_note: str | None = None
+    #: The store's resolved credentials for the jobs' secrets files (never shown or serialised).
+    credentials: Any = field(default=None, repr=False, compare=False)
 
     @property
     def problems(self) -> list[str]:
@@ -534,8 +535,10 @@ def resolve_store(config: Config, src: str, store: str | None) -> StoreProfile |
     return config.store_for_url(src)
 
 
-async def list_source(src: SourcePattern, profile: StoreProfile | None) -> list[tuple[str, int]]:
-    """Every object the source matches, as (destination-relative path, size)."""
+async def list_source(src: SourcePattern, profile: StoreProfile | None, *,
+                      credentials: bool = False) -> tuple[list[tuple[str, int]], Credentials | None]:
+    """Every object the source matches, as (destination-relative path, size), and optionally
+    the credentials the same client used (for the jobs' secrets files)."""
     store = S3Store(f"s3://{src.bucket}", profile)
     try:
         sub = src.base.rstrip("/") if src.pattern is not None else src.base
@@ -543,9 +546,12 @@ async def list_source(src: SourcePattern, profile: StoreProfile | None) -> list[
             info = await store.stat(src.base)
             if info is None:
                 raise StoreError(f"{src.url}: no such object (for everything under a prefix end it with '/')")
-            return [(src.rel(src.base), info.size)]
-        objs = await store.list(sub)
-        return [(src.rel(o.key), o.size) for o in objs if src.matches(o.key)]
+            objects = [(src.rel(src.base), info.size)]
+        else:
+            objs = await store.list(sub)
+            objects = [(src.rel(o.key), o.size) for o in objs if src.matches(o.key)]
+        creds = await store.credentials() if credentials else None
+        return objects, creds
     finally:
         await store.close()
 
@@ -567,7 +573,13 @@ async def plan_pull(
     settings = config.section("jobs")
     pattern = parse_source(src)
     profile = resolve_store(config, src, store)
-    objects = await list_source(pattern, profile)
+
+    async def warm(t: Any) -> None:
+        await t.run("true", timeout=30)
+
+    # Connecting to the nodes overlaps the listing; a node that fails shows up in its probe below.
+    (objects, creds), _ = await asyncio.gather(list_source(pattern, profile, credentials=True),
+                                               services.pool.fanout(warm, nodes, timeout=60))
     if not objects:
         raise StoreError(f"no objects match {src}")
     total = sum(s for _, s in objects)
@@ -597,7 +609,7 @@ async def plan_pull(
         numworkers=numworkers or settings.numworkers, concurrency=concurrency or settings.concurrency,
         part_size_mib=part_size_mib or settings.part_size_mib,
         endpoint_url=profile.endpoint_url if profile else None, region=profile.region if profile else None,
-        profile=profile.profile if profile else None, egress=decision, egress_note=note,
+        profile=profile.profile if profile else None, egress=decision, egress_note=note, credentials=creds,
     )
 
 
@@ -682,16 +694,17 @@ async def launch_pull(services: Any, plan: PullPlan, *, label: str = "") -> list
     """Start one pull job per node of the plan (credentials via each job's 0600 secrets file)."""
     if plan.problems:
         raise JobError("; ".join(plan.problems))
-    secrets: dict[str, str] | None = None
-    store = S3Store(f"s3://{parse_source(plan.src).bucket}",
-                    services.config.stores.get(plan.store) if plan.store else None)
-    try:
-        creds = await store.credentials()
-        secrets = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
-        if creds.token:
-            secrets["AWS_SESSION_TOKEN"] = creds.token
-    finally:
-        await store.close()
+    creds = plan.credentials
+    if creds is None:
+        store = S3Store(f"s3://{parse_source(plan.src).bucket}",
+                        services.config.stores.get(plan.store) if plan.store else None)
+        try:
+            creds = await store.credentials()
+        finally:
+            await store.close()
+    secrets = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
+    if creds.token:
+        secrets["AWS_SESSION_TOKEN"] = creds.token
     settings = services.config.section("jobs")
     expected = [list(o) for o in plan.objects] if len(plan.objects) <= settings.max_spec_objects else None
     manager: JobManager = services.jobs
