@@ -183,7 +183,7 @@ class ShardsScreen(LoadmasterScreen):
 
     def compose_body(self) -> ComposeResult:
         settings = self.services.config.section("shards")
-        nodes = [("this machine (in-process)", LOCAL)] + [(n.name, n.name) for n in self.services.config.nodes]
+        nodes = [("this machine", LOCAL)] + [(n.name, n.name) for n in self.services.config.nodes]
         with Horizontal(id="shards-main", classes="screen-body"):
             with VerticalScroll(id="shards-form"):
                 yield Static("New conversion", id="shards-form-title", markup=False)
@@ -195,15 +195,15 @@ class ShardsScreen(LoadmasterScreen):
                 ):
                     with Horizontal(classes="shards-field"):
                         yield Label(label, classes="shards-label")
-                        yield Input(value, placeholder=hint, id=f"shards-{key}")
+                        yield Input(value, placeholder=hint, id=f"shards-{key}", compact=True)
                 with Horizontal(classes="shards-field"):
                     yield Label("Node", classes="shards-label")
-                    yield Select(nodes, value=LOCAL, allow_blank=False, id="shards-node")
+                    yield Select(nodes, value=LOCAL, allow_blank=False, id="shards-node", compact=True)
                 with Horizontal(classes="shards-field"):
                     yield Label("Incomplete", classes="shards-label")
                     yield Select([("refuse (report them)", "error"), ("leave them out", "skip"),
                                   ("shard as they are", "keep")], value="error", allow_blank=False,
-                                 id="shards-incomplete")
+                                 id="shards-incomplete", compact=True)
                 yield Static("", id="shards-errors", markup=False)
                 yield Static("Type a source and a destination to preview.", id="shards-preview", markup=False)
                 with Horizontal(id="shards-buttons"):
@@ -217,7 +217,7 @@ class ShardsScreen(LoadmasterScreen):
 
     def on_mount(self) -> None:
         table = self.query_one("#shards-table", DataTable)
-        table.add_columns("Source -> destination", "Where", "State", "Shards", "Samples/s", "MB/s")
+        table.add_columns("Source -> destination", "Where", "State", "Shards", "smp/s", "MB/s")
 
     # ------------------------------------------------------------------ form and preview
 
