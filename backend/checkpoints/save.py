@@ -166,10 +166,11 @@ def save_and_upload(
             if not rank0:
                 return UploadResult(store.url, "", (), 0, 0.0)
 
-            def on_progress(done: int, total: int) -> None:
+            def on_progress(done: int, total: int, files: int, nfiles: int) -> None:
                 secs = max(1e-6, time.monotonic() - t_start)
                 handle.progress = {"bytes_done": done, "bytes_total": total, "gbps": done * 8 / 1e9 / secs}
-                ctx.progress(bytes_done=done, bytes_total=total, step=step, staged_seconds=round(staged, 3))
+                ctx.progress(bytes_done=done, bytes_total=total, items_done=files, items_total=nfiles, step=step,
+                             staged_seconds=round(staged, 3))
 
             async def go() -> UploadResult:
                 try:

@@ -26,8 +26,8 @@ from backend.errors import LoadmasterError, StoreError
 from backend.storage import LocalStore, ObjectStore, S3Store, join_key
 
 MiB = 1024 * 1024
-DEFAULT_PART_SIZE = 64 * MiB
-DEFAULT_CONCURRENCY = 16
+DEFAULT_PART_SIZE = 32 * MiB
+DEFAULT_CONCURRENCY = 8
 DEFAULT_RETRIES = 4
 MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
 MAX_PARTS = 10_000
@@ -122,15 +122,24 @@ def _md5(data: bytes) -> bytes:
 
 
 class _Counter:
-    def __init__(self, total: int, on_progress: Callable[[int, int], None] | None) -> None:
+    def __init__(self, total: int, on_progress: Callable[..., None] | None, files: int = 0) -> None:
         self.done = 0
         self.total = total
+        self.files_done = 0
+        self.files = files
         self.on_progress = on_progress
 
     def add(self, n: int) -> None:
         self.done += n
+        self._emit()
+
+    def file_done(self) -> None:
+        self.files_done += 1
+        self._emit()
+
+    def _emit(self) -> None:
         if self.on_progress is not None:
-            self.on_progress(self.done, self.total)
+            self.on_progress(self.done, self.total, self.files_done, self.files)
 
 
 async def upload_file(
@@ -305,11 +314,14 @@ async def upload_dir(
     prefix: str,
     *,
     settings: UploadSettings | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int, int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     fault: PartFault | None = None,
 ) -> UploadResult:
-    """Upload every file of ``local_dir`` under ``prefix``; markers last; every object verified."""
+    """Upload every file of ``local_dir`` under ``prefix``; markers last; every object verified.
+
+    ``progress(bytes_done, bytes_total, files_done, files_total)`` is called as parts complete.
+    """
     settings = (settings or UploadSettings()).check()
     root = Path(local_dir)
     sizes = await asyncio.to_thread(local_files, root)
@@ -317,7 +329,7 @@ async def upload_dir(
     t0 = time.monotonic()
     # a previous run of this upload that was killed leaves multipart uploads behind: sweep them
     stale = await abort_stale(store, prefix, before=time.time())
-    counter = _Counter(sum(sizes.values()), progress)
+    counter = _Counter(sum(sizes.values()), progress, len(sizes))
     parts_sem = asyncio.Semaphore(settings.concurrency)
     files_sem = asyncio.Semaphore(settings.files_in_flight)
     ordered = upload_order(files)
@@ -326,8 +338,10 @@ async def upload_dir(
 
     async def one(f: str) -> UploadedObject:
         async with files_sem:
-            return await upload_file(store, root / f, join_key(prefix, f), settings=settings, parts_sem=parts_sem,
-                                     counter=counter, cancelled=cancelled, fault=fault)
+            obj = await upload_file(store, root / f, join_key(prefix, f), settings=settings, parts_sem=parts_sem,
+                                    counter=counter, cancelled=cancelled, fault=fault)
+            counter.file_done()
+            return obj
 
     done: list[UploadedObject] = []
     tasks = [asyncio.ensure_future(one(f)) for f in data]
@@ -440,7 +454,8 @@ def run_upload_job(ctx: Any) -> dict[str, Any]:
             ctx.log(f"uploading {p['src']} to {p['dest']}")
             res = await upload_dir(
                 store, p["src"], p.get("prefix", ""), settings=settings,
-                progress=lambda done, total: ctx.progress(bytes_done=done, bytes_total=total, **extra),
+                progress=lambda done, total, files, nfiles: ctx.progress(
+                    bytes_done=done, bytes_total=total, items_done=files, items_total=nfiles, **extra),
                 cancelled=lambda: ctx.cancelled)
         finally:
             await store.close()

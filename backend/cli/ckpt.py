@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up.add_argument("local_dir", metavar="LOCAL_DIR")
     up.add_argument("url", metavar="URL", help="destination folder: store/run/step-N, s3://..., or a directory")
     up.add_argument("--node", metavar="NAME", help="run as a durable job on this node (LOCAL_DIR is on the node)")
-    up.add_argument("--part-size", type=_size, default=DEFAULT_PART_SIZE, metavar="SIZE", help="default 64MiB")
+    up.add_argument("--part-size", type=_size, default=DEFAULT_PART_SIZE, metavar="SIZE", help="default 32MiB")
     up.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="parts in flight")
     up.add_argument("--step", type=int, metavar="N", help="step number shown in progress")
     up.add_argument("--json", action="store_true", help="machine-readable output")

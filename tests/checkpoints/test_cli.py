@@ -112,6 +112,15 @@ def test_upload_as_durable_job_on_node(lab: Lab, tmp_path: Path, tiny_full_dcp: 
     assert rec.state == "succeeded", rec.error
     assert rec.result["objects"] == 3 and rec.progress.extra.get("step") == 48000
     assert [(s.step, s.kind) for s in cat.steps] == [(48000, "full")]
+    # the 6 MiB rank file above is not a real tensor file, so strip a real step uploaded beside it
+    assert main(["--config", str(cfg), "upload", str(tiny_full_dcp[0]), f"lab/{run}/step-10"]) == 0
+    capsys.readouterr()
+    assert main(["--config", str(cfg), "ckpt", "strip", f"lab/{run}/step-10", "--node", "node-01"]) == 0
+    job_id = capsys.readouterr().out.strip()
+    rec, cat = asyncio.run(wait())
+    assert rec.state == "succeeded", rec.error
+    assert rec.result["verified"] and rec.kind == "strip"
+    assert [(s.step, s.has_bf16_export) for s in cat.steps] == [(10, True), (48000, False)]
     secret = lab.s3.secret_key if lab.s3 else "unused"
     assert secret not in Path(rec.job_dir or "", "log").read_text()
     assert secret not in Path(rec.job_dir or "", "spec.json").read_text()

@@ -179,4 +179,4 @@ def test_upload_job_runner_with_explicit_credentials(lab, s3, bucket_store: S3St
     result = run_upload_job(ctx)
     assert result["objects"] == len(list(step_dir.iterdir()))
     assert points[-1]["bytes_done"] == points[-1]["bytes_total"] == result["bytes"]
-    assert points[-1]["step"] == 10
+    assert points[-1]["step"] == 10 and points[-1]["items_done"] == points[-1]["items_total"] == 3
