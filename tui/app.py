@@ -7,7 +7,9 @@ opens the command palette, ``q`` quits and closes the services.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import logging
 import traceback
 import weakref
 from collections.abc import Callable
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 
 #: How many errors the in-memory log keeps (oldest dropped first).
 MAX_ERRORS = 200
+
+log = logging.getLogger(__name__)
 
 
 class LoadmasterCommands(Provider):
@@ -77,6 +81,8 @@ class LoadmasterApp(App[int]):
     """The operations console. Construct with the services from the composition root."""
 
     TITLE = "loadmaster"
+    SHUTDOWN_GRACE_S: ClassVar[float] = 5.0
+    """How long quitting waits for the services to close (SSH, samplers) before leaving anyway."""
     CSS_PATH: ClassVar[list[Any]] = stylesheets()  # type: ignore[assignment]
     COMMANDS = App.COMMANDS | {LoadmasterCommands}
 
@@ -214,7 +220,14 @@ class LoadmasterApp(App[int]):
         self.switch_mode(self._initial_mode)
 
     async def on_unmount(self) -> None:
-        await self.services.aclose()
+        # An unreachable node or a stuck sampler must not turn "q" into a hang: wait a little,
+        # then leave; whatever is left is cancelled with the event loop.
+        closing = asyncio.ensure_future(self.services.aclose())
+        done, _ = await asyncio.wait({closing}, timeout=self.SHUTDOWN_GRACE_S)
+        if not done:
+            log.warning("services did not close within %.0fs; leaving anyway", self.SHUTDOWN_GRACE_S)
+        elif closing.exception() is not None:
+            log.warning("closing the services failed: %r", closing.exception())
 
     def action_help(self) -> None:
         """Show every key binding of the app and of the active screen."""
@@ -222,18 +235,20 @@ class LoadmasterApp(App[int]):
             return
         screen = self.screen
         title = getattr(screen, "SCREEN_TITLE", "") or type(screen).__name__
-        sections: list[tuple[str, list[tuple[str, str]]]] = []
-        focused = self.focused
-        if focused is not None:
-            rows = binding_rows(focused, self)
-            if rows:
-                sections.append((f"Focused: {type(focused).__name__}", rows))
-        sections.append((f"Screen: {title}", binding_rows(screen, self)))
+        sections: list[tuple[str, list[tuple[str, str]]]] = [
+            (f"Screen: {title}", binding_rows(screen, self)),
+        ]
         app_rows = binding_rows(self, self)
         if self.ENABLE_COMMAND_PALETTE:
             app_rows.append((self.get_key_display(Binding(self.COMMAND_PALETTE_BINDING, "")),
                              "Command palette"))
         sections.append(("Console", app_rows))
+        # The focused widget's keys (table cursor, input editing) last: useful, but the longest.
+        focused = self.focused
+        if focused is not None and focused is not screen:
+            rows = binding_rows(focused, self)
+            if rows:
+                sections.append((f"Focused: {type(focused).__name__}", rows))
         self.push_screen(HelpScreen(sections))
 
     def action_errors(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.util
 import json
@@ -419,5 +420,21 @@ async def test_shell_fits_80x24(dirs: Path, spec: Any) -> None:
         assert len(str(bar.render()).rstrip()) <= 80  # every screen name is visible
         header = app.screen.query_one(Header)
         assert header.region.y == 0 and header.region.height >= 1
+        assert bar.region.y >= header.region.bottom  # the mode bar never hides the header
         title = app.format_title(header.screen_title, header.screen_sub_title)
         assert "READ-ONLY" in str(title) and len(str(title)) < 80 - 10
+
+
+class _StuckServices(Services):
+    """Real services whose closing never finishes (a sampler that ignores cancellation)."""
+
+    async def aclose(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_quit_does_not_hang_when_services_never_close(dirs: Path) -> None:
+    app = LoadmasterApp(_StuckServices(config=default_config()), mode="transfers")
+    app.SHUTDOWN_GRACE_S = 0.1  # type: ignore[misc]
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+    assert not app.is_running

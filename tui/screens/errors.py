@@ -64,7 +64,7 @@ class ErrorsScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.sub_title = f"{len(self.errors)} error(s)"
+        self.title = f"Errors ({len(self.errors)})"
         table = self.query_one(DataTable)
         table.add_columns("time", "source", "error")
         for i, rec in enumerate(reversed(self.errors)):
@@ -92,7 +92,7 @@ class ErrorsScreen(Screen[None]):
             clear()
         self.query_one(DataTable).clear()
         self._show(-1)
-        self.sub_title = "0 error(s)"
+        self.title = "Errors (0)"
 
     def action_close(self) -> None:
         self.dismiss(None)

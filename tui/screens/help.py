@@ -35,7 +35,7 @@ def binding_rows(node: DOMNode | type[DOMNode], app: App | None = None) -> list[
             if binding.key in seen_keys:
                 continue
             seen_keys.add(binding.key)
-            label = binding.description or binding.action
+            label = binding.description or _humanize(binding.action)
             display = app.get_key_display(binding) if app is not None else binding.key
             grouped.setdefault((binding.action, label), []).append(display)
     return [("/".join(keys), label) for (_action, label), keys in grouped.items()]
@@ -90,3 +90,9 @@ class HelpScreen(ModalScreen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+def _humanize(action: str) -> str:
+    # Textual's own bindings sometimes have no description ("help_quit"): show the action.
+    name = action.split("(", 1)[0].rsplit(".", 1)[-1]
+    return name.replace("_", " ").capitalize()
