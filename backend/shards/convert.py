@@ -60,6 +60,7 @@ WRITE_CHUNK = 4 << 20  # bytes gathered before one write(): large sequential wri
 BATCH_FILES = 64
 BATCH_BYTES = 8 << 20
 PROGRESS_EVERY = 0.25
+PART_CONCURRENCY = 4  # parts of one shard uploaded at once
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
@@ -477,19 +478,22 @@ class _S3Sink(_Sink):
         try:
             mpu = await client.create_multipart_upload(Bucket=self.s3.bucket, Key=key)
             upload_id = mpu["UploadId"]
-            parts = []
-            with open(path, "rb") as f:  # noqa: ASYNC230 - reads go through to_thread below
-                number = 1
-                while True:
-                    chunk = await asyncio.to_thread(f.read, self.part_size)
-                    if not chunk and number > 1:
-                        break
+            count = max(1, -(-entry.bytes // self.part_size))
+            sem = asyncio.Semaphore(PART_CONCURRENCY)  # also bounds parts held in memory
+            fd = os.open(path, os.O_RDONLY)
+
+            async def part(number: int) -> dict[str, Any]:
+                async with sem:
+                    offset = (number - 1) * self.part_size
+                    body = await asyncio.to_thread(os.pread, fd, self.part_size, offset)
                     resp = await client.upload_part(Bucket=self.s3.bucket, Key=key, PartNumber=number,
-                                                    UploadId=upload_id, Body=chunk)
-                    parts.append({"ETag": resp["ETag"], "PartNumber": number})
-                    number += 1
-                    if len(chunk) < self.part_size:
-                        break
+                                                    UploadId=upload_id, Body=body)
+                    return {"ETag": resp["ETag"], "PartNumber": number}
+
+            try:
+                parts = list(await asyncio.gather(*(part(n) for n in range(1, count + 1))))
+            finally:
+                os.close(fd)
             await client.complete_multipart_upload(Bucket=self.s3.bucket, Key=key, UploadId=upload_id,
                                                    MultipartUpload={"Parts": parts})
         except Exception as exc:  # noqa: BLE001

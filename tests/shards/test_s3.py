@@ -104,3 +104,20 @@ def test_local_to_s3_missing_bucket_is_a_clear_error(lab: Any, s3: Any, tmp_path
     req = ShardRequest(str(tmp_path / "src"), "s3://no-such-bucket-lm/x", shard_size=64_000)
     with pytest.raises(LoadmasterError, match="bucket 'no-such-bucket-lm' does not exist"):
         asyncio.run(convert(req, dest_profile=prof))
+
+
+def test_large_shard_goes_up_in_several_parts(lab: Any, s3: Any, tmp_path: Path) -> None:
+    from tests.shards.conftest import make_dataset
+
+    src = tmp_path / "src"
+    data = make_dataset(src, n=12, jpg_size=(1_000_000, 1_000_000))
+    bucket = s3.new_bucket("shbig")
+    prof = dataclasses.replace(lab.config.stores["lab"], url=f"s3://{bucket}")
+    req = ShardRequest(str(src), f"s3://{bucket}/big", shard_size=64_000_000, upload_part_size=5 * 2**20)
+    result = asyncio.run(convert(req, dest_profile=prof))
+    (entry,) = result.manifest.shards
+    client = s3.client()
+    head = client.head_object(Bucket=bucket, Key=f"big/{entry.name}")
+    assert head["ETag"].strip('"').endswith("-3") and head["ContentLength"] == entry.bytes
+    report = asyncio.run(verify(f"s3://{bucket}/big", profile=prof))
+    assert report.ok and report.samples == len(data)
