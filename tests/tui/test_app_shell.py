@@ -438,3 +438,14 @@ async def test_quit_does_not_hang_when_services_never_close(dirs: Path) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("q")
     assert not app.is_running
+
+
+async def test_theme_that_cannot_be_saved_is_reported_not_fatal(services: Services, dirs: Path) -> None:
+    (dirs / "cfg").write_text("a file where the config dir should be")
+    app = LoadmasterApp(services, mode="transfers")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+t")
+        await _settle(pilot, lambda: app.errors)
+        assert app.theme == "loadmaster-light" and app.is_running
+        assert app.errors[-1].source == "Could not remember the theme"
+        assert "cannot save UI preferences" in app.errors[-1].summary
