@@ -178,6 +178,11 @@ async def _dcp_kind(store: ObjectStore, step_path: str, files: dict[str, ObjectI
     if raw is None:
         return "unknown", 0
     try:
+        import torch  # noqa: F401 - DCP metadata classes live in torch
+    except ImportError:
+        # An operator laptop without torch: the pickle names optimizer keys in plain text.
+        return ("full" if b"exp_avg" in raw or b"optim" in raw else "weights"), 0
+    try:
         md = load_metadata(raw, where=join_key(step_path, METADATA_FILE))
     except CheckpointError:
         return "unknown", 0

@@ -307,7 +307,8 @@ def plan_shards(weights: list[_Weight], max_shard_bytes: int) -> list[list[_Weig
     return shards
 
 
-def shard_name(i: int, n: int, model_prefix: str = "model") -> str:
+def shard_name(i: int, n: int) -> str:
+    """HF-style shard file name: model-00001-of-00003.safetensors."""
     return f"model-{i:05d}-of-{n:05d}.safetensors"
 
 
@@ -359,7 +360,7 @@ async def strip_step(
             seen.add(w.name)
         shards = plan_shards(weights, max_shard_bytes)
         total_out = sum(w.out_bytes for w in weights)
-        names = [shard_name(i + 1, len(shards), model_prefix) for i in range(len(shards))]
+        names = [shard_name(i + 1, len(shards)) for i in range(len(shards))]
         done_bytes = done_items = src_read = 0
         weight_map: dict[str, str] = {}
         bufs = _Buffers()

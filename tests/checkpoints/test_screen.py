@@ -104,3 +104,30 @@ async def test_readonly_refuses_strip(tmp_path: Path, tiny_full_dcp: tuple[Path,
         assert not isinstance(app.screen, ConfirmModal)
         assert not (run / "step-10" / "model.safetensors.index.json").exists()
     await services.aclose()
+
+
+async def test_backlog_alert_shown(tmp_path: Path, tiny_full_dcp: tuple[Path, dict]) -> None:
+    import json
+    import time
+
+    run = make_run(tmp_path, tiny_full_dcp[0])
+    services = Services(config=default_config())
+    jobs = services.jobs  # creates the jobs table
+    now = time.time()
+    for i, step in enumerate((100, 200)):
+        jobs.db.execute(
+            "INSERT INTO jobs (id, node, kind, label, params, state, created, launched_by, launched_from, job_dir,"
+            " updated) VALUES (?, 'local', 'upload', '', ?, 'running', ?, 'me', 'here', '/x', ?)",
+            (f"j{i}", json.dumps({"dest": f"s3://b/run1/step-{step}", "step": step}), now - 100 + i, now))
+    app = LoadmasterApp(services, mode="checkpoints")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, CheckpointsScreen)
+        screen.query_one("#ckpt-url", Input).value = str(run)
+        screen.action_reload()
+        backlog = screen.query_one("#ckpt-backlog", Static)
+        await _settle(pilot, lambda: backlog.display)
+        text = str(backlog.render())
+        assert "ALERT" in text and "s3://b/run1" in text and "step 100" in text
+    await services.aclose()
