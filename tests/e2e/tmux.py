@@ -1,0 +1,92 @@
+"""Drive a program in a real terminal: a private tmux server, keys in, screen text out."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Mapping
+
+#: Polling step while waiting for the screen; the deadline, not this, bounds a wait.
+POLL = 0.25
+
+
+class ScreenTimeout(AssertionError):
+    """The screen never showed what a test waited for (the message carries the last screen)."""
+
+
+def deadline_poll(check: Callable[[], object], *, timeout: float, what: str,
+                  describe: Callable[[], str] = lambda: "") -> object:
+    """Call ``check`` until it returns something truthy; raise ScreenTimeout after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise ScreenTimeout(f"timed out after {timeout:.0f}s waiting for {what}\n{describe()}")
+        time.sleep(POLL)
+
+
+class Tmux:
+    """One tmux server on its own socket (``tmux -L``) with one window running a plain shell."""
+
+    def __init__(self, *, env: Mapping[str, str], width: int = 120, height: int = 36,
+                 cwd: str, prompt: str = "lm-e2e$ ") -> None:
+        self.socket = f"lm-e2e-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.env = dict(env)
+        self.width, self.height = width, height
+        self.cwd = cwd
+        self.prompt = prompt
+        self.started = False
+
+    def _tmux(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["tmux", "-L", self.socket, *args], env=self.env, cwd=self.cwd,
+                              capture_output=True, text=True, check=check, timeout=30)
+
+    def start(self) -> Tmux:
+        """Start the server with a bare shell whose only setting is a known prompt."""
+        rc = os.path.join(self.cwd, f".{self.socket}.bashrc")
+        with open(rc, "w") as f:
+            f.write(f"PS1={shlex.quote(self.prompt)}\n")
+        self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", str(self.width),
+                   "-y", str(self.height), f"bash --noprofile --rcfile {shlex.quote(rc)}")
+        self.started = True
+        # Keep the pane after the shell exits so a crash can still be read.
+        self._tmux("set-option", "-t", "e2e", "remain-on-exit", "on")
+        return self
+
+    def send(self, *keys: str) -> None:
+        """tmux key names (``Enter``, ``Escape``, ``C-p``) or literal characters."""
+        self._tmux("send-keys", "-t", "e2e", *keys)
+
+    def type(self, text: str) -> None:
+        """Type ``text`` literally (no key-name lookup)."""
+        self._tmux("send-keys", "-t", "e2e", "-l", text)
+
+    def screen(self) -> str:
+        """The visible pane as text, one line per row (wrapped lines joined)."""
+        return self._tmux("capture-pane", "-p", "-J", "-t", "e2e").stdout
+
+    def wait_for(self, needle: str | Callable[[str], object], *, timeout: float = 60.0,
+                 what: str | None = None) -> str:
+        """Poll the screen until it contains ``needle`` (or ``needle(screen)`` holds)."""
+        last = [""]
+
+        def check() -> str | None:
+            last[0] = self.screen()
+            ok = needle in last[0] if isinstance(needle, str) else needle(last[0])
+            return last[0] if ok else None
+
+        out = deadline_poll(check, timeout=timeout, what=what or repr(needle),
+                            describe=lambda: "---- last screen ----\n" + last[0])
+        assert isinstance(out, str)
+        return out
+
+    def kill(self) -> None:
+        """Stop the server and everything running in it."""
+        if self.started:
+            self._tmux("kill-server", check=False)
+            self.started = False
