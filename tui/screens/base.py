@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
+from textual.events import Resize
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 from textual.worker import Worker, WorkerState
@@ -80,6 +81,13 @@ class LoadmasterScreen(Screen[None]):
     def compose_body(self) -> ComposeResult:
         """The screen's own content, between the mode bar and the footer."""
         yield from ()
+
+    #: Below this width the footer drops its padding so more key hints fit.
+    COMPACT_FOOTER_BELOW: ClassVar[int] = 100
+
+    def on_resize(self, event: Resize) -> None:
+        for footer in self.query(Footer):
+            footer.compact = event.size.width < self.COMPACT_FOOTER_BELOW
 
     def on_screen_resume(self) -> None:
         # The app's current mode is only final once the screen is shown, not when composed.
