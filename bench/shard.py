@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -116,6 +117,7 @@ def main() -> int:
     }
     names = list(tools)
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     shards: dict[str, int] = {}
     for rep in range(args.reps):
         order = names[rep % len(names):] + names[:rep % len(names)]
@@ -123,18 +125,28 @@ def main() -> int:
             dest = work / f"out-{name}"
             shutil.rmtree(dest, ignore_errors=True)
             os.sync()
+            r0, c0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             tools[name](dest)
             times[name].append(time.perf_counter() - t0)
+            r1, c1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            # CPU seconds (user+sys, this process and its children): steadier than wall time on a
+            # shared machine, and what a node's cores actually pay.
+            cpu[name].append(sum(getattr(b, f) - getattr(a, f) for a, b in ((r0, r1), (c0, c1))
+                                 for f in ("ru_utime", "ru_stime")))
             shards[name] = len(list(dest.glob("*.tar")))
         print(f"rep {rep + 1}: " + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in order), file=sys.stderr)
     med = {n: statistics.median(v) for n, v in times.items()}
+    med_cpu = {n: statistics.median(v) for n, v in cpu.items()}
     result = {
         "files": 2 * args.samples, "samples": args.samples, "bytes": nbytes, "shard_size": shard_size,
-        "shards": shards, "reps": args.reps, "median_s": med,
+        "shards": shards, "reps": args.reps, "median_s": med, "median_cpu_s": med_cpu,
+        "load_average": os.getloadavg(), "cpus": os.cpu_count(),
         "mb_per_s": {n: nbytes / t / 1e6 for n, t in med.items()},
         "shardwriter_over_loadmaster": med["shardwriter"] / med["loadmaster"],
         "loadmaster_over_tar": med["loadmaster"] / med["gnu-tar"],
+        "cpu_shardwriter_over_loadmaster": med_cpu["shardwriter"] / med_cpu["loadmaster"],
+        "cpu_loadmaster_over_tar": med_cpu["loadmaster"] / med_cpu["gnu-tar"],
         "workdir": str(work),
     }
     if args.json:
@@ -142,10 +154,13 @@ def main() -> int:
     else:
         print(f"{2 * args.samples:,} files, {nbytes / 1e6:,.0f} MB -> shards of {shard_size / 1e6:g} MB "
               f"({shards}); median of {args.reps}")
+        print(f"  load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         for n in names:
-            print(f"  {n:12s} {med[n]:7.2f} s  {result['mb_per_s'][n]:8.1f} MB/s")
-        print(f"  ShardWriter / loadmaster = {result['shardwriter_over_loadmaster']:.2f}x (goal >= 2)")
-        print(f"  loadmaster / GNU tar     = {result['loadmaster_over_tar']:.2f}x (goal <= 1.25)")
+            print(f"  {n:12s} {med[n]:7.2f} s wall {result['mb_per_s'][n]:8.1f} MB/s   {med_cpu[n]:6.2f} s CPU")
+        print(f"  ShardWriter / loadmaster = {result['shardwriter_over_loadmaster']:.2f}x wall, "
+              f"{result['cpu_shardwriter_over_loadmaster']:.2f}x CPU (goal >= 2)")
+        print(f"  loadmaster / GNU tar     = {result['loadmaster_over_tar']:.2f}x wall, "
+              f"{result['cpu_loadmaster_over_tar']:.2f}x CPU (goal <= 1.25)")
     if not args.dir:
         shutil.rmtree(work, ignore_errors=True)
     return 0

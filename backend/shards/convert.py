@@ -111,8 +111,8 @@ class ShardRequest:
         """Refuse nonsensical settings with a message naming the option."""
         if self.incomplete not in ("error", "skip", "keep"):
             raise ShardError(f"--incomplete must be error, skip or keep, not {self.incomplete!r}")
-        if self.workers < 1:
-            raise ShardError("--workers must be at least 1")
+        if self.workers < 0:
+            raise ShardError("--workers must be 0 (read in the writer thread) or more")
         if self.overwrite and self.resume:
             raise ShardError("choose one of --overwrite and --resume")
         if self.shard_size <= 0:
@@ -549,12 +549,13 @@ class _S3Sink(_Sink):
 class _Hasher:
     """sha256 of the shard stream in its own thread, so hashing overlaps reading and writing."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, threaded: bool = True) -> None:
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=16)  # bounds memory: 16 chunks
         self.digest = hashlib.sha256()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="shard-hash", daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        if threaded:
+            self.thread = threading.Thread(target=self._run, name="shard-hash", daemon=True)
+            self.thread.start()
 
     def _run(self) -> None:
         while True:
@@ -570,17 +571,27 @@ class _Hasher:
                 update(piece)  # releases the GIL for pieces over 2 KB
 
     def feed(self, pieces: list[bytes]) -> None:
-        self.queue.put(pieces)
+        if self.thread is None:
+            update = self.digest.update
+            for piece in pieces:
+                update(piece)
+        else:
+            self.queue.put(pieces)
 
     def finish(self) -> str:
         """The hex digest of everything fed since the last finish."""
+        if self.thread is None:
+            hexdigest = self.digest.hexdigest()
+            self.digest = hashlib.sha256()
+            return hexdigest
         fut: concurrent.futures.Future[str] = concurrent.futures.Future()
         self.queue.put(fut)
         return fut.result()
 
     def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join()
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join()
 
 
 def _writev_all(fd: int, pieces: list[bytes]) -> int:
@@ -637,7 +648,7 @@ def _check_cancel(cancelled: Callable[[], bool], written: int) -> None:
 
 def _write_shards(
     todo: Sequence[PlannedShard], submit: Submit, ahead: int, sink: _Sink, progress: _Progress,
-    cancelled: Callable[[], bool] | None,
+    cancelled: Callable[[], bool] | None, *, threaded_hash: bool = True,
 ) -> list[ShardEntry]:
     """Write every shard in ``todo`` (runs in a thread); returns their journal entries."""
     files = [SourceFile(rel, size) for shard in todo for s in shard.samples for _e, rel, size in s.files]
@@ -647,7 +658,7 @@ def _write_shards(
     zeros = bytes(tarfmt.BLOCK)
     last_check = time.monotonic()
     path: str | None = None
-    hasher = _Hasher()
+    hasher = _Hasher(threaded=threaded_hash)
     try:
         for shard in todo:
             if cancelled is not None:
@@ -813,14 +824,23 @@ async def convert(
         progress.tick(force=True)
         loop = asyncio.get_running_loop()
         if isinstance(src, LocalStore):
-            executor = concurrent.futures.ThreadPoolExecutor(max(1, req.workers), thread_name_prefix="shard-read")
             root = str(src.root)
-            pool = executor
+            if req.workers == 0:
+                # Everything in the writer thread: the least CPU, for busy or small machines.
+                def submit(batch: list[SourceFile]) -> concurrent.futures.Future[list[bytes]]:
+                    fut: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
+                    fut.set_result(_read_local_batch(root, batch))
+                    return fut
 
-            def submit(batch: list[SourceFile]) -> concurrent.futures.Future[list[bytes]]:
-                return pool.submit(_read_local_batch, root, batch)
+                ahead = 1
+            else:
+                executor = concurrent.futures.ThreadPoolExecutor(req.workers, thread_name_prefix="shard-read")
+                pool = executor
 
-            ahead = max(2, 2 * req.workers)
+                def submit(batch: list[SourceFile]) -> concurrent.futures.Future[list[bytes]]:
+                    return pool.submit(_read_local_batch, root, batch)
+
+                ahead = max(2, 2 * req.workers)
         else:
             assert isinstance(src, S3Store)
             s3src = src
@@ -850,7 +870,8 @@ async def convert(
         else:
             assert isinstance(dest, LocalStore)
             sink = _LocalSink(dest, loop)
-        new_entries = await asyncio.to_thread(_write_shards, todo, submit, ahead, sink, progress, cancelled)
+        new_entries = await asyncio.to_thread(_write_shards, todo, submit, ahead, sink, progress, cancelled,
+                                              threaded_hash=req.workers > 0)
         by_name = {**done, **{e.name: e for e in new_entries}}
         entries = tuple(by_name[s.name] for s in plan.shards)
         # Verify what landed: every shard present with the size the journal recorded.

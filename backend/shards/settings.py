@@ -17,7 +17,8 @@ class ShardSettings:
     shard_size: int = field(default=512 * MB, metadata={"parse": parse_size})
     #: Shard file name; one integer conversion (``%06d``) and a ``.tar`` suffix.
     pattern: str = "shard-%06d.tar"
-    #: Threads reading local source files (more helps on network filesystems).
+    #: Threads reading local source files (more helps on network filesystems; 0 reads and hashes
+    #: in the writer thread, the least CPU on a busy machine).
     workers: int = 4
     #: Concurrent GETs when the source is an ``s3://`` prefix.
     fetch_concurrency: int = 32
