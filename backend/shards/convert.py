@@ -90,14 +90,14 @@ class ShardRequest:
     @classmethod
     def from_settings(cls, settings: ShardSettings, src: str, dest: str, **overrides: Any) -> ShardRequest:
         """A request with the ``[shards]`` defaults, ``overrides`` (None values ignored) on top."""
-        base = {
+        base: dict[str, Any] = {
             "shard_size": settings.shard_size, "pattern": settings.pattern, "workers": settings.workers,
             "fetch_concurrency": settings.fetch_concurrency, "upload_part_size": settings.upload_part_size,
             "pending_uploads": settings.pending_uploads, "spool_dir": settings.spool_dir,
             "partner_share": settings.partner_share,
         }
         base.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(src=src, dest=dest, **base)
+        return cls(src=src, dest=dest, **base)  # type: ignore[arg-type]
 
     def as_params(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -779,6 +779,7 @@ async def convert(
     executor: concurrent.futures.ThreadPoolExecutor | None = None
     sink: _Sink | None = None
     try:
+        plan: ShardPlan | None
         if prepared is not None and prepared.request == req and prepared.plan is not None:
             plan, problems = prepared.plan, prepared.problems
             errors, warnings = list(prepared.errors), list(prepared.warnings)
@@ -809,9 +810,9 @@ async def convert(
                     raise ShardError(f"{req.dest} has shards but no loadmaster journal to resume from; "
                                      "use --overwrite to replace them")
                 sizes = {o.key: o.size for o in await dest.list("") if "/" not in o.key}
-                by_name = {s.name: s for s in plan.shards}
+                planned = {s.name: s for s in plan.shards}
                 for name, e in journal.items():
-                    s = by_name.get(name)
+                    s = planned.get(name)
                     if s is not None and sizes.get(name) == e.bytes == s.nbytes:
                         done[name] = e
                 log(f"--resume: {len(done)} of {len(plan.shards)} shard(s) already complete")

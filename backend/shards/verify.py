@@ -166,7 +166,7 @@ async def verify(
             if on_progress is not None:
                 on_progress(i + 1, len(manifest.shards))
         total = sum(c.samples or 0 for c in checks)
-        problems = ()
+        problems: tuple[str, ...] = ()
         if total != manifest.samples and all(c.samples is not None for c in checks):
             problems = (f"{total} samples read, manifest totals {manifest.samples}",)
         return VerifyReport(dest, tuple(checks), extra, total, manifest.samples, problems)
