@@ -266,13 +266,13 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
     ids = {r.id for r in recs}
     nodes = sorted({r.node for r in recs})
     rate = max((n.line_rate_gbps or 0) for n in plan.nodes) or None
-    # One scan per node per round; a small fan-out is polled briskly so the end is seen promptly.
-    poll = min(jobs.settings.poll_interval, 0.25) if len(nodes) <= 8 else jobs.settings.poll_interval
+    # Each round waits on the nodes (up to 2 s) for the jobs to end, then reads them: the end is
+    # seen within a tenth of a second, and the nodes are not busied with polling during the copy.
     last_print = 0.0
     current = recs
     try:
         while True:
-            current = [r for r in await jobs.refresh(nodes) if r.id in ids]
+            current = [r for r in await jobs.refresh(nodes, wait_for=ids, max_wait=2.0) if r.id in ids]
             roll = fleet_rollup(current)
             done = all(r.terminal for r in current)
             now = time.monotonic()
@@ -287,7 +287,8 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
                       f"{roll.failed} failed]", file=sys.stderr)
             if done:
                 break
-            await asyncio.sleep(poll)
+            if any(r.note for r in current):
+                await asyncio.sleep(jobs.settings.poll_interval)  # a node is unreachable: do not spin
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("detached: the jobs keep running; follow them with 'loadmaster jobs'", file=sys.stderr)
         return 130
