@@ -1,0 +1,112 @@
+"""Deterministic services for the console's SVG snapshots and the walkthrough screenshots.
+
+No live sampling and no clock: the fleet is a feed-only TelemetryHub fed synthetic sampler blocks
+(the same door real samples use, ``hub.ingest``) at fixed hub times, ``time.time`` and the egress
+ledger's "now" are frozen, the config names no temporary path, and nothing here connects to a
+node or a store. Used by tests/tui/test_snapshots.py and scripts/screenshots.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from backend.config import Config, Node, StoreProfile
+from backend.services import Services
+from backend.telemetry.hub import TelemetryHub
+from backend.telemetry.settings import TelemetrySettings
+from backend.telemetry.synthetic import SyntheticNode, SyntheticPool
+
+#: The instant every snapshot is taken at: 03:12 UTC on 17 Nov 2026 (the page went off at 03:04).
+FROZEN_NOW = datetime(2026, 11, 17, 3, 12, 0, tzinfo=UTC).timestamp()
+
+#: The fleet of the snapshots: four 8-GPU nodes, gpu-a02 starved, gpu-b01 in AWS.
+NODES = (
+    Node(name="gpu-a01", host="10.0.0.11", site="coreweave:us-east-04", scratch="/mnt/local-nvme"),
+    Node(name="gpu-a02", host="10.0.0.12", site="coreweave:us-east-04", scratch="/mnt/local-nvme"),
+    Node(name="gpu-a03", host="10.0.0.13", site="coreweave:us-east-04", scratch="/mnt/local-nvme"),
+    Node(name="gpu-b01", host="10.0.1.21", site="aws:us-east-1", scratch="/mnt/local-nvme"),
+)
+STARVED = "gpu-a02"
+
+#: Stores the screens offer (never contacted by the snapshots: nothing is listed or pulled).
+STORES = {
+    "datasets": StoreProfile(url="s3://ml-datasets/laion-mini", provider="aws", region="us-east-1",
+                             name="datasets"),
+    "ckpt": StoreProfile(url="s3://ml-checkpoints/llama-70b", provider="aws", region="us-east-1",
+                         name="ckpt"),
+}
+
+#: Synthetic seconds of samples fed before a snapshot (the starvation window is 60 s).
+FEED_SECONDS = 90
+
+
+def snapshot_config() -> Config:
+    """The fixed inventory every snapshot uses."""
+    return Config(nodes=NODES, stores=STORES, source="/etc/loadmaster/loadmaster.toml")
+
+
+def feed_fleet(hub: TelemetryHub, seconds: int = FEED_SECONDS) -> None:
+    """Feed ``seconds`` of synthetic samples (1 per second) for every node, then publish a tick."""
+    gens = [SyntheticNode(n.name, seed=i, pattern="starved" if n.name == STARVED else "training",
+                          rx_fraction=0.03 if n.name == STARVED else 0.2)
+            for i, n in enumerate(NODES, start=1)]
+    for t in range(seconds + 1):
+        for g in gens:
+            hub.ingest(g.name, g.block(float(t)), float(t))
+        hub.tick(float(t))
+
+
+def snapshot_services(*, readonly: bool = False, fed: bool = True) -> Services:
+    """Services over the fixed config with a feed-only telemetry hub (optionally already fed)."""
+    services = Services(config=snapshot_config(), readonly=readonly)
+    hub = TelemetryHub(SyntheticPool(NODES), TelemetrySettings(), clock=lambda: float(FEED_SECONDS),
+                       feed_only=True)
+    if fed:
+        feed_fleet(hub)
+    services.__dict__["telemetry"] = hub  # the composition root's cached service
+    return services
+
+
+def record_egress_month(services: Services) -> None:
+    """A few finished pulls this month, so the Egress screen has month-to-date spend to show."""
+    guard = services.egress
+    day = 24 * 3600
+    for days_ago, store, site, gb in ((12, "datasets", "coreweave:us-east-04", 4200),
+                                      (6, "ckpt", "coreweave:us-east-04", 1960),
+                                      (2, "datasets", "aws:us-east-1", 3100),
+                                      (1, "ckpt", "coreweave:us-east-04", 980)):
+        guard.record_transfer(STORES[store], site, gb * 10**9, job_id=f"pull-{days_ago:02d}",
+                              when=FROZEN_NOW - days_ago * day)
+
+
+@contextmanager
+def frozen_clock(monkeypatch: Any | None = None) -> Iterator[None]:
+    """Freeze ``time.time`` and the egress ledger's "now" at FROZEN_NOW.
+
+    With a pytest ``monkeypatch`` the patches are undone by it; without, on exit.
+    """
+    import backend.ledger as ledger
+
+    real_now = ledger._now
+
+    def fixed_now(now: Any = None) -> datetime:
+        return real_now(FROZEN_NOW if now is None else now)
+
+    patches = [(time, "time", lambda: FROZEN_NOW), (ledger, "_now", fixed_now)]
+    if monkeypatch is not None:
+        for obj, name, value in patches:
+            monkeypatch.setattr(obj, name, value)
+        yield
+        return
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, value in patches:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
