@@ -329,8 +329,10 @@ class ShardsScreen(LoadmasterScreen):
 
     async def _run_local(self, key: str, req: ShardRequest, sprof: Any, dprof: Any, cancel: threading.Event) -> None:
         base = self.conversions[key]
+        last: list[ShardProgress] = []
 
         def on_progress(p: ShardProgress) -> None:  # called from the writer thread
+            last[:] = [p]
             frac = p.bytes_done / p.bytes_total if p.bytes_total else None
             self.post_message(self.ConversionUpdated(replace(base, progress=p, fraction=frac, detail="")))
 
@@ -340,11 +342,13 @@ class ShardsScreen(LoadmasterScreen):
                                                   cancelled=cancel.is_set, prepared=self.preview)
         except LoadmasterError as exc:
             state = "cancelled" if cancel.is_set() else "failed"
-            self.post_message(self.ConversionUpdated(replace(self.conversions.get(key, base), state=state,
-                                                             detail=str(exc))))
+            # Built from the last progress seen, not from what the screen has applied so far:
+            # progress messages may still be queued, and they are dropped once a run has ended.
+            self.post_message(self.ConversionUpdated(replace(
+                base, state=state, progress=last[0] if last else None, detail=str(exc))))
             return
         self.post_message(self.ConversionUpdated(replace(
-            self.conversions.get(key, base), state="succeeded", fraction=1.0,
+            base, state="succeeded", fraction=1.0, progress=last[0] if last else None,
             detail=f"{len(result.written)} written, {len(result.resumed)} resumed in {result.elapsed:.1f}s",
             summary=result.manifest.summary())))
 
