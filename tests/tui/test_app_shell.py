@@ -472,3 +472,14 @@ async def test_every_screen_survives_every_theme(services: Services) -> None:
                         await pilot.pause(0.05)
                     assert len(ticks) > seen, "no telemetry tick reached the fleet screen"
         assert app.is_running
+
+
+async def test_clicking_the_mode_bar_switches_screens(services: Services) -> None:
+    app = LoadmasterApp(services, mode="transfers")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        text = str(app.screen.query_one(ModeBar).render())
+        x = text.index("Shards")
+        await pilot.click(ModeBar, offset=(x, 0))
+        await _settle(pilot, lambda: app.current_mode == "shards")
+        assert app.screen.query_one(ModeBar).active == "shards"
