@@ -20,6 +20,7 @@ from backend.shards.convert import (
     preview,
     resolve_location,
 )
+from backend.shards.manifest import fmt_size
 from backend.shards.verify import verify
 
 USAGE = ("loadmaster shard SRC DEST [--shard-size 512MB] [--pattern shard-%06d.tar] [--node NAME] "
@@ -108,7 +109,7 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
         return 0
     pv = await preview(req, config=services.config, src_profile=sprof, dest_profile=dprof)
     print(f"{src} -> {dest}: {pv.files:,} files, {pv.samples:,} samples, "
-          f"{pv.source_bytes / 1e6:,.1f} MB -> {pv.shards:,} shard(s)", file=out)
+          f"{fmt_size(pv.source_bytes)} -> {pv.shards:,} shard(s)", file=out)
     print(f"  {pv.requests.summary()}", file=out)
     for w in pv.warnings:
         print(f"warning: {w}", file=sys.stderr)

@@ -19,6 +19,15 @@ FORMAT = "loadmaster-shards/1"
 DEFAULT_GET_PER_1000 = 0.0004
 
 
+def fmt_size(n: float) -> str:
+    """A byte count in decimal units (``1.2 MB``), as the manifest's GB = 10^9 reads."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n:,.1f} PB"  # pragma: no cover - the loop returns at TB
+
+
 @dataclass(frozen=True)
 class ShardEntry:
     """One finished shard as the journal and the manifest record it."""
@@ -169,4 +178,4 @@ class Manifest:
     def summary(self) -> str:
         """Two lines for the CLI and the console."""
         return (f"{len(self.shards):,} shards, {self.samples:,} samples, {self.files:,} files, "
-                f"{self.bytes / 1e6:,.1f} MB\n{self.requests.summary()}")
+                f"{fmt_size(self.bytes)}\n{self.requests.summary()}")

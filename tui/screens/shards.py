@@ -34,6 +34,7 @@ from backend.shards.convert import (
     preview,
     resolve_location,
 )
+from backend.shards.manifest import fmt_size
 from tui.screens.base import LoadmasterScreen
 from tui.widgets import Summary
 
@@ -114,7 +115,7 @@ def preview_lines(pv: ShardPreview) -> list[str]:
     """The preview as the form shows it."""
     r = pv.requests
     lines = [
-        f"{pv.samples:,} samples ({pv.files:,} files, {pv.source_bytes / 1e6:,.1f} MB) -> {pv.shards:,} shard(s)",
+        f"{pv.samples:,} samples ({pv.files:,} files, {fmt_size(pv.source_bytes)}) -> {pv.shards:,} shard(s)",
         f"GETs per epoch {r.gets_before:,} -> {r.gets_after:,}  ({r.reduction:,.0f}x fewer)",
         f"${r.usd_per_epoch_before:,.4f} -> ${r.usd_per_epoch_after:,.6f} per epoch ({r.price_source})",
     ]
@@ -382,7 +383,7 @@ class ShardsScreen(LoadmasterScreen):
                 if rec.state == "succeeded" and res:
                     r = res.get("requests", {})
                     summary = (f"{res.get('shards', 0):,} shards, {res.get('samples', 0):,} samples, "
-                               f"{res.get('bytes', 0) / 1e6:,.1f} MB\nGETs per epoch {r.get('gets_before', 0):,} -> "
+                               f"{fmt_size(res.get('bytes', 0))}\nGETs per epoch {r.get('gets_before', 0):,} -> "
                                f"{r.get('gets_after', 0):,} ({r.get('reduction', 0):,.0f}x fewer)")
                 self.post_message(self.ConversionUpdated(replace(
                     conv, state=rec.state, detail=rec.error or f"job {rec.id}", summary=summary)))
@@ -450,7 +451,7 @@ class ShardsScreen(LoadmasterScreen):
         if p is not None:
             items += [("samples", f"{p.samples_done:,}/{p.samples_total:,}"),
                       ("shards", f"{p.shards_done}/{p.shards_total}"),
-                      ("MB", f"{p.bytes_done / 1e6:,.1f}/{p.bytes_total / 1e6:,.1f}"),
+                      ("bytes", f"{fmt_size(p.bytes_done)}/{fmt_size(p.bytes_total)}"),
                       ("samples/s", f"{p.samples_per_s:,.0f}"), ("MB/s", f"{p.mb_per_s:,.1f}")]
         self.query_one("#shards-run-summary", Summary).set_items(items)
         box = self.query_one("#shards-manifest", Static)
