@@ -307,8 +307,9 @@ Submit = Callable[[list[SourceFile]], "concurrent.futures.Future[list[bytes]]"]
 
 def _read_local_batch(root: str, batch: list[SourceFile]) -> list[bytes]:
     out = []
+    base = root.rstrip("/") + "/"  # plain concatenation: os.path.join costs per file
     for f in batch:
-        path = os.path.join(root, f.rel)
+        path = base + f.rel
         try:
             fd = os.open(path, os.O_RDONLY)
             try:
