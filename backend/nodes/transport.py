@@ -1,7 +1,8 @@
 """The Transport interface every node is reached through, and its local-subprocess implementation.
 
-Commands are shell strings run by the node's ``/bin/sh`` (over SSH the remote login shell runs
-them), so callers build them with :func:`shlex.quote`/:func:`shlex.join`. Secrets never go in a
+Commands are shell strings run by the node's ``/bin/sh`` (over SSH by loadmaster's
+per-connection command server, or by the login shell where that cannot start: write POSIX sh),
+so callers build them with :func:`shlex.quote`/:func:`shlex.join`. Secrets never go in a
 command: pass them as ``input`` (stdin) or write them with :meth:`Transport.write_file` (0600).
 """
 
