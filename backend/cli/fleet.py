@@ -96,7 +96,7 @@ def format_report(r: NodeReport) -> list[str]:
     else:
         gpu = "nvidia-smi present, no GPU"
     lines.append(f"  gpus      {gpu}")
-    nics = ", ".join(f"{n.name} {_speed(n.speed_mbps)} {n.state}" for n in r.nics if n.name != "lo")
+    nics = ", ".join(f"{n.name} {_speed(n.speed_mbps)} ({n.state})" for n in r.nics if n.name != "lo")
     lines.append(f"  nics      {nics or 'none besides lo'}")
     if r.scratch_exists:
         lines.append(f"  scratch   {r.scratch}: {_bytes(r.scratch_free_bytes)} free of "
