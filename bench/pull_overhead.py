@@ -49,7 +49,7 @@ def _bare(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> float:
     return time.perf_counter() - t0
 
 
-def _loadmaster(lab: Lab, cfg: Path, src: str, dest: Path, flags: tuple[int, int, int]) -> float:
+def _loadmaster(lab: Lab, cfg: Path, src: str, dest: Path, flags: tuple[int, int, int]) -> tuple[float, dict[str, float]]:
     nw, cc, ps = flags
     env = {**os.environ, **lab.env(), "LOADMASTER_CONFIG": str(cfg)}
     cmd = [str(Path(sys.executable).parent / "loadmaster"), "pull", src, str(dest), "--node", "node-01",
@@ -59,7 +59,24 @@ def _loadmaster(lab: Lab, cfg: Path, src: str, dest: Path, flags: tuple[int, int
     dt = time.perf_counter() - t0
     if res.returncode != 0:
         raise SystemExit(f"loadmaster pull failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-    return dt
+    return dt, _phases(lab, t0, dt)
+
+
+def _phases(lab: Lab, t0: float, dt: float) -> dict[str, float]:
+    """Where the wall time went, from the job directory's own timestamps (same clock: loopback)."""
+    import json
+
+    jobs = sorted((lab.node("node-01").home / "jobs").iterdir(), key=lambda p: p.stat().st_mtime)
+    d = jobs[-1]
+    spec = json.loads((d / "spec.json").read_text())
+    result = json.loads((d / "result.json").read_text())
+    wall0 = time.time() - (time.perf_counter() - t0)  # wall-clock time of t0
+    return {
+        "plan": spec["created"] - wall0,
+        "agent": result["started"] - spec["created"],
+        "copy": result["finished"] - result["started"],
+        "tail": dt - (result["finished"] - wall0),
+    }
 
 
 def main() -> int:
@@ -91,19 +108,24 @@ def main() -> int:
         for i in range(args.rounds):
             order = ("bare", "lm") if i % 2 == 0 else ("lm", "bare")
             times: dict[str, float] = {}
+            phases: dict[str, float] = {}
             for which in order:
                 dest = scratch / f"r{i}-{which}"
-                times[which] = (_bare(lab, src, dest, flags) if which == "bare"
-                                else _loadmaster(lab, cfg, src, dest, flags))
+                if which == "bare":
+                    times[which] = _bare(lab, src, dest, flags)
+                else:
+                    times[which], phases = _loadmaster(lab, cfg, src, dest, flags)
                 shutil.rmtree(dest)
-            rows.append((i + 1, times["bare"], times["lm"], times["lm"] / times["bare"]))
+            rows.append((i + 1, times["bare"], times["lm"], times["lm"] / times["bare"], phases))
         total_gb = args.objects * size / 1e9
         print(f"\n### pull overhead: {args.objects} x {args.object_mb} MiB ({total_gb:.2f} GB), "
               f"s5cmd --numworkers {flags[0]} cp --concurrency {flags[1]} --part-size {flags[2]}\n")
-        print("| round | bare s5cmd (s) | loadmaster pull (s) | ratio |")
-        print("|---:|---:|---:|---:|")
-        for r, b, lm, ratio in rows:
-            print(f"| {r} | {b:.2f} | {lm:.2f} | {ratio:.3f} |")
+        print("| round | bare s5cmd (s) | loadmaster pull (s) | ratio | plan+launch | agent start | "
+              "copy+verify in job | end seen -> exit |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r, b, lm, ratio, ph in rows:
+            print(f"| {r} | {b:.2f} | {lm:.2f} | {ratio:.3f} | {ph['plan']:.2f} | {ph['agent']:.2f} | "
+                  f"{ph['copy']:.2f} | {ph['tail']:.2f} |")
         med = statistics.median(r[3] for r in rows)
         extra = statistics.median(r[2] - r[1] for r in rows)
         print(f"\nmedian ratio loadmaster/s5cmd: **{med:.3f}** (goal <= 1.05); median fixed overhead "

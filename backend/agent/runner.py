@@ -32,13 +32,16 @@ HEARTBEAT_INTERVAL = 2.0
 
 
 def write_atomic(path: Path, data: str, mode: int = 0o644) -> None:
-    """Write ``path`` via a temporary file and rename (readers never see half a file)."""
+    """Write ``path`` via a temporary file and rename (readers never see half a file).
+
+    No fsync: on ext4 (data=ordered) it would wait for every dirty page the job just wrote,
+    seconds after a large pull. A crash can then only lose or truncate the result, which the
+    console reads as "lost", never as a false success.
+    """
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
