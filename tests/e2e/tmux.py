@@ -62,13 +62,29 @@ class Tmux:
         """tmux key names (``Enter``, ``Escape``, ``C-p``) or literal characters."""
         self._tmux("send-keys", "-t", "e2e", *keys)
 
-    def type(self, text: str) -> None:
-        """Type ``text`` literally (no key-name lookup)."""
+    def type(self, text: str, *, timeout: float = 30.0) -> None:
+        """Type ``text`` literally (no key-name lookup) and wait until the screen reacts."""
+        before = self.screen(styled=True)
         self._tmux("send-keys", "-t", "e2e", "-l", text)
+        deadline_poll(lambda: self.screen(styled=True) != before, timeout=timeout,
+                      what=f"the screen to show {text!r} being typed", describe=self.screen)
 
-    def screen(self) -> str:
-        """The visible pane as text, one line per row (wrapped lines joined)."""
-        return self._tmux("capture-pane", "-p", "-J", "-t", "e2e").stdout
+    def screen(self, *, styled: bool = False) -> str:
+        """The visible pane as text, one line per row (wrapped lines joined); ``styled`` keeps
+        colours and attributes (so a focus change, invisible in plain text, shows)."""
+        return self._tmux("capture-pane", "-p", "-J", *(["-e"] if styled else []), "-t", "e2e").stdout
+
+    def press(self, key: str, *, timeout: float = 30.0) -> None:
+        """Send one key and wait until the screen reacts (a keypress that changes nothing, such
+        as Tab onto a widget that looks the same focused, would time out: don't use it there).
+
+        A terminal app reads a burst of bytes at once; waiting for each key's effect keeps Tab
+        from racing the text typed before it, and Escape from merging with the next key (alt+).
+        """
+        before = self.screen(styled=True)
+        self.send(key)
+        deadline_poll(lambda: self.screen(styled=True) != before, timeout=timeout,
+                      what=f"the screen to react to {key!r}", describe=self.screen)
 
     def wait_for(self, needle: str | Callable[[str], object], *, timeout: float = 60.0,
                  what: str | None = None) -> str:
