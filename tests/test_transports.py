@@ -385,3 +385,60 @@ def test_known_hosts_append_format(tmp_path: Path) -> None:
     assert host_pattern("h", None) == "h" and host_pattern("h", 22) == "h" and host_pattern("h", 2) == "[h]:2"
     assert [fingerprint(k) for k in expected_keys(kh, "10.0.0.7", "10.0.0.7", 2222)] == [fingerprint(pub)]
     assert expected_keys(kh, "10.0.0.7", "10.0.0.7", None) == []
+
+
+async def test_ssh_config_proxyjump_is_checked_strictly(
+    lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n1, n4 = lab.node("node-01"), lab.node("node-04")
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host lab-four\n  HostName {n4.ip}\n  Port {n4.port}\n  User root\n  IdentityFile {lab.user_key}\n"
+        f"  ProxyJump root@{n1.ip}:{n1.port}\n"
+        # As with OpenSSH, the hop gets its own settings from the config (here: the same key).
+        f"Host {n1.ip}\n  IdentityFile {lab.user_key}\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    t = SshTransport(Node(name="lab-four", host="lab-four", known_hosts=str(lab.known_hosts)))
+    try:
+        assert (await t.run("echo $LOADMASTER_NODE")).stdout.strip() == "node-04"
+    finally:
+        await t.close()
+    kh = tmp_path / "only-four"
+    kh.write_text(f"[{n4.ip}]:{n4.port} ssh-ed25519 {n4.public_host_key()}\n")
+    t = SshTransport(Node(name="lab-four", host="lab-four", known_hosts=str(kh)))
+    with pytest.raises(HostKeyRefused, match=rf"\[{n1.ip}\]:{n1.port} is unknown"):
+        await t.run("true")
+    await t.close()
+
+
+class CountingSemaphore(asyncio.Semaphore):
+    """A real semaphore that remembers how many holders it had at once."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.holders = 0
+        self.most = 0
+
+    async def acquire(self) -> bool:
+        await super().acquire()
+        self.holders += 1
+        self.most = max(self.most, self.holders)
+        return True
+
+    def release(self) -> None:
+        self.holders -= 1
+        super().release()
+
+
+async def test_handshakes_are_bounded_across_the_fleet(lab: Lab) -> None:
+    sem = CountingSemaphore(2)
+    transports = [SshTransport(n, handshakes=sem) for n in lab.config.nodes]
+    try:
+        results = await asyncio.gather(*(t.run("echo $LOADMASTER_NODE") for t in transports))
+        assert [r.stdout.strip() for r in results] == [n.name for n in lab.config.nodes]
+        assert sem.most == 2 and sem.holders == 0
+    finally:
+        await asyncio.gather(*(t.close() for t in transports))
