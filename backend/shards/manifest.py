@@ -8,6 +8,7 @@ GET price (``backend.policy.prices`` when it prices the provider; S3 Standard ot
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,6 +27,13 @@ def fmt_size(n: float) -> str:
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
         n /= 1000
     return f"{n:,.1f} PB"  # pragma: no cover - the loop returns at TB
+
+
+def fmt_usd(x: float) -> str:
+    """Dollars with cents, or three significant digits for amounts under a dollar."""
+    if x >= 1 or x == 0:
+        return f"${x:,.2f}"
+    return f"${x:.{max(2, 2 - math.floor(math.log10(x)))}f}"
 
 
 @dataclass(frozen=True)
@@ -80,8 +88,8 @@ class RequestArithmetic:
     def summary(self) -> str:
         """One line: GETs before -> after, the reduction and $ per epoch."""
         return (f"GETs per epoch {self.gets_before:,} -> {self.gets_after:,} "
-                f"({self.reduction:,.0f}x fewer); ${self.usd_per_epoch_before:,.4f} -> "
-                f"${self.usd_per_epoch_after:,.6f} per epoch at ${self.get_per_1000:g}/1k GETs "
+                f"({self.reduction:,.0f}x fewer); {fmt_usd(self.usd_per_epoch_before)} -> "
+                f"{fmt_usd(self.usd_per_epoch_after)} per epoch at ${self.get_per_1000:g}/1k GETs "
                 f"({self.price_source})")
 
 

@@ -34,7 +34,7 @@ from backend.shards.convert import (
     preview,
     resolve_location,
 )
-from backend.shards.manifest import fmt_size
+from backend.shards.manifest import fmt_size, fmt_usd
 from tui.screens.base import LoadmasterScreen
 from tui.widgets import Summary
 
@@ -117,7 +117,7 @@ def preview_lines(pv: ShardPreview) -> list[str]:
     lines = [
         f"{pv.samples:,} samples ({pv.files:,} files, {fmt_size(pv.source_bytes)}) -> {pv.shards:,} shard(s)",
         f"GETs per epoch {r.gets_before:,} -> {r.gets_after:,}  ({r.reduction:,.0f}x fewer)",
-        f"${r.usd_per_epoch_before:,.4f} -> ${r.usd_per_epoch_after:,.6f} per epoch ({r.price_source})",
+        f"{fmt_usd(r.usd_per_epoch_before)} -> {fmt_usd(r.usd_per_epoch_after)} per epoch ({r.price_source})",
     ]
     lines += [f"warning: {w}" for w in pv.warnings]
     lines += [f"refused: {e}" for e in pv.errors]
