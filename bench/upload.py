@@ -6,7 +6,8 @@ then uploads it with each tool in its own process, alternating the order every r
 into its own prefix of one bucket. Every upload is checked afterwards (object count and bytes).
 
 * loadmaster -- ``backend.checkpoints.upload.upload_dir`` with its defaults (32 MiB parts,
-  8 parts in flight, per-part MD5 + composite-ETag verification, .metadata last);
+  8 parts in flight, per-part Content-MD5 + composite-ETag verification, unsigned payload as
+  botocore does over https, .metadata last);
 * s5cmd      -- ``s5cmd cp 'DIR/*' s3://bucket/prefix/`` with its defaults;
 * aws        -- ``aws s3 cp --recursive`` (awscli v1 in the venv) with its defaults.
 

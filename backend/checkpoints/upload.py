@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,10 @@ class UploadSettings:
     concurrency: int = DEFAULT_CONCURRENCY
     retries: int = DEFAULT_RETRIES
     files_in_flight: int = 4
+    #: SigV4 signs the SHA-256 of every body over plain http (both sides hash every byte). Each
+    #: part already carries a Content-MD5 the server checks, plus our ETag checks, which is
+    #: botocore's own policy over https; True restores payload signing.
+    sign_payload: bool = False
 
     def check(self) -> UploadSettings:
         if self.part_size < MIN_PART_SIZE:
@@ -152,6 +157,7 @@ async def upload_file(
     counter: _Counter | None = None,
     cancelled: Callable[[], bool] | None = None,
     fault: PartFault | None = None,
+    client: Any = None,
 ) -> UploadedObject:
     """Upload one local file to ``key`` and verify its size and checksum after completion."""
     settings = (settings or UploadSettings()).check()
@@ -167,7 +173,10 @@ async def upload_file(
         return UploadedObject(key, size, "", 0)
     if not isinstance(store, S3Store):
         raise UploadError(f"cannot upload to {store.url}: unsupported store type")
-    client = await store.client()
+    if client is None:
+        async with upload_client(store, settings) as own:
+            return await upload_file(store, path, key, settings=settings, parts_sem=parts_sem, counter=counter,
+                                     cancelled=cancelled, fault=fault, client=own)
     full_key = join_key(store.prefix, key)
     sem = parts_sem or asyncio.Semaphore(settings.concurrency)
     part_size = effective_part_size(size, settings.part_size)
@@ -255,6 +264,25 @@ async def upload_file(
     return UploadedObject(key, size, expected, parts)
 
 
+@contextlib.asynccontextmanager
+async def upload_client(store: S3Store, settings: UploadSettings) -> AsyncIterator[Any]:
+    """An S3 client for uploads: the store's settings, plus payload signing per ``settings``."""
+    p = store.profile
+    s3cfg: dict[str, Any] = {"addressing_style": p.addressing_style if p else "auto"}
+    if not settings.sign_payload:
+        s3cfg["payload_signing_enabled"] = False
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            client = await stack.enter_async_context(store.botocore_session().create_client(
+                "s3", endpoint_url=p.endpoint_url if p else None,
+                region_name=p.region if p and p.region and p.region != "auto" else "us-east-1",
+                config=store.client_config(s3=s3cfg, max_pool_connections=max(64, settings.concurrency * 2)),
+            ))
+        except Exception as exc:  # noqa: BLE001 - profile/credential problems name what to fix
+            raise store.error(exc) from None
+        yield client
+
+
 async def _abort(client: Any, bucket: str, key: str, upload_id: str) -> None:
     try:
         await client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
@@ -336,24 +364,29 @@ async def upload_dir(
     data = sorted((f for f in ordered if f.rsplit("/", 1)[-1] not in COMMIT_MARKERS), key=lambda f: -sizes[f])
     markers = [f for f in ordered if f.rsplit("/", 1)[-1] in COMMIT_MARKERS]
 
-    async def one(f: str) -> UploadedObject:
-        async with files_sem:
-            obj = await upload_file(store, root / f, join_key(prefix, f), settings=settings, parts_sem=parts_sem,
-                                    counter=counter, cancelled=cancelled, fault=fault)
-            counter.file_done()
-            return obj
+    async with contextlib.AsyncExitStack() as stack:
+        client = (await stack.enter_async_context(upload_client(store, settings))
+                  if isinstance(store, S3Store) else None)
 
-    done: list[UploadedObject] = []
-    tasks = [asyncio.ensure_future(one(f)) for f in data]
-    try:
-        done.extend(await asyncio.gather(*tasks))
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-    for f in markers:  # only after every data file is complete and verified
-        done.append(await one(f))
+        async def one(f: str) -> UploadedObject:
+            async with files_sem:
+                obj = await upload_file(store, root / f, join_key(prefix, f), settings=settings,
+                                        parts_sem=parts_sem, counter=counter, cancelled=cancelled, fault=fault,
+                                        client=client)
+                counter.file_done()
+                return obj
+
+        done: list[UploadedObject] = []
+        tasks = [asyncio.ensure_future(one(f)) for f in data]
+        try:
+            done.extend(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        for f in markers:  # only after every data file is complete and verified
+            done.append(await one(f))
     return UploadResult(store.url, prefix, tuple(done), counter.total, time.monotonic() - t0, stale)
 
 
