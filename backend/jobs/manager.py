@@ -613,8 +613,11 @@ class JobManager:
     @staticmethod
     def _lost_message(rj: _RemoteJob, age: float) -> str:
         pid = (rj.pidinfo or {}).get("pid")
-        who = f"runner pid {pid} is gone" if pid else "the runner never started"
-        return f"{who} and its heartbeat is {age:.0f}s old, with no result (killed, or the node rebooted)"
+        if not pid:
+            return (f"the runner never started ({age:.0f}s since launch, no result); is loadmaster installed "
+                    "on the node (config 'agent')? see 'loadmaster job logs ID'")
+        return f"runner pid {pid} is gone and its heartbeat is {age:.0f}s old, with no result (killed, or the " \
+               "node rebooted)"
 
     async def _mark_lost(self, node: str, rj: _RemoteJob, age: float) -> None:
         """Write the lost result on the node, kill leftovers of its process group, clean up."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backend.jobs.fmt import fmt_bytes, fmt_eta
 
-__all__ = ["bar", "fmt_bytes", "fmt_eta"]
+__all__ = ["bar", "fmt_bytes", "fmt_eta", "short"]
 
 
 def bar(fraction: float | None, width: int = 12) -> str:
@@ -14,3 +14,11 @@ def bar(fraction: float | None, width: int = 12) -> str:
     fraction = max(0.0, min(1.0, fraction))
     full = int(round(fraction * width))
     return "█" * full + "░" * (width - full) + f" {fraction * 100:3.0f}%"
+
+
+def short(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters (both ends of a path carry meaning)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]

@@ -8,13 +8,16 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from backend.jobs.manager import JobRecord
-from tui.widgets.transfers_format import bar, fmt_bytes, fmt_eta
+from tui.widgets.transfers_format import bar, fmt_bytes, fmt_eta, short
 
 #: Theme variable per job state (cells are coloured by meaning, never by literal colour).
 STATE_STYLE = {
     "starting": "job-running", "running": "job-running", "cancelling": "warning",
     "succeeded": "job-succeeded", "failed": "job-failed", "lost": "job-failed", "cancelled": "job-failed",
 }
+
+#: Fixed widths where content would otherwise push the live columns off screen.
+WIDTHS = {"what": 36, "progress": 28}
 
 COLUMNS = (("kind", "Kind"), ("node", "Node"), ("what", "Source -> Destination"), ("progress", "Progress"),
            ("gbps", "Gbps"), ("eta", "ETA"), ("state", "State"), ("id", "Job"))
@@ -28,7 +31,7 @@ class TransfersTable(DataTable[Text]):
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
-            self.add_column(label, key=key)
+            self.add_column(label, key=key, width=WIDTHS.get(key))
 
     def update_records(self, records: Iterable[JobRecord], variables: Mapping[str, str] | None = None) -> None:
         """Show ``records`` (newest first), keeping the cursor on the same job."""
@@ -62,9 +65,9 @@ class TransfersTable(DataTable[Text]):
     @staticmethod
     def _cells(r: JobRecord, variables: Mapping[str, str]) -> list[Text]:
         p = r.progress
-        what = f"{r.source} -> {r.destination}" if r.source else (r.label or "-")
+        what = f"{short(r.source, 16)} -> {short(r.destination, 16)}" if r.source else short(r.label or "-", 36)
         frac = p.fraction if p else None
-        prog = Text(bar(frac, 12))
+        prog = Text(bar(frac, 8))
         if p is not None:
             prog.append(f" {fmt_bytes(p.bytes_done)}/{fmt_bytes(p.bytes_total)}")
         live = r.state in ("running", "cancelling")
