@@ -266,6 +266,19 @@ async def test_dropped_connection_fails_running_command_then_reconnects(lab: Lab
         await pool.close()
 
 
+async def test_runs_do_not_queue_behind_streams(lab: Lab) -> None:
+    t = SshTransport(lab.config.node("node-02"))
+    streams = [t.stream("while :; do echo up; sleep 0.2; done") for _ in range(8)]
+    try:
+        # Eight long-lived streams use every ordinary channel; commands still run beside them.
+        assert [await anext(s) for s in streams] == ["up"] * 8
+        assert (await t.run("echo beside", timeout=30)).stdout == "beside\n"
+    finally:
+        for s in streams:
+            await s.aclose()  # type: ignore[attr-defined]
+        await t.close()
+
+
 async def test_dropped_connection_ends_stream_with_unreachable(lab: Lab) -> None:
     t = SshTransport(lab.config.node("node-03"))
     try:

@@ -156,7 +156,9 @@ class SshTransport(Transport):
         self._server_failed = False
         #: Why the command server is not used on this connection (None while it is, or untried).
         self.command_server_unavailable: str | None = None
-        self._channels = asyncio.Semaphore(channels)
+        # With the command server on, one of the channels is reserved for it, so runs never queue
+        # behind long-lived streams.
+        self._channels = asyncio.Semaphore(max(1, channels - 1) if command_server else channels)
         self._handshakes = handshakes
         self._keepalive = keepalive_interval
         self._backoff = backoff
@@ -397,14 +399,9 @@ class SshTransport(Transport):
                 return server
             if self._server_failed:
                 return None
-            # The server holds one channel for as long as it lives.
-            await self._channels.acquire()
-            try:
-                proc = await self._open_process(conn, command_server_command(), secrets.token_hex(8))
-            except BaseException:
-                self._channels.release()
-                raise
-            server = _CommandServer(self, conn, proc, self._channels.release)
+            # The server lives on the channel reserved for it in __init__.
+            proc = await self._open_process(conn, command_server_command(), secrets.token_hex(8))
+            server = _CommandServer(self, conn, proc)
             why = await server.wait_ready(SERVER_START_TIMEOUT)
             if why is not None:
                 server.close()
@@ -611,13 +608,11 @@ class _CommandServer:
         transport: SshTransport,
         conn: asyncssh.SSHClientConnection,
         proc: asyncssh.SSHClientProcess[bytes],
-        release: Callable[[], None],
     ) -> None:
         self.transport = transport
         self.conn = conn
         self.proc = proc
         self.alive = True
-        self._release: Callable[[], None] | None = release
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         loop = asyncio.get_running_loop()
@@ -670,9 +665,6 @@ class _CommandServer:
                     fut.set_exception(NodeError(self.transport.name,
                                                 f"command server exited while running {command!r}"))
             self._pending.clear()
-            if self._release is not None:
-                self._release()
-                self._release = None
 
     def _send(self, obj: dict[str, Any]) -> None:
         self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
