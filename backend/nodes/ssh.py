@@ -222,6 +222,10 @@ class SshTransport(Transport):
                 self._last_exc = exc
                 self._state("unreachable", None, exc.detail)
                 raise exc from None
+            except asyncio.CancelledError:
+                # e.g. a fan-out's per-node limit ran out mid-handshake: do not stay "connecting".
+                self._state("unreachable", None, "connect attempt cancelled before it finished")
+                raise
             self._failures = 0
             self._server_failed = False
             self._retry_at = 0.0
