@@ -942,8 +942,11 @@ async def launch_on_node(
     dest_profile: StoreProfile | None,
 ) -> Any:
     """Start the conversion as a durable ``shard`` job on ``node`` (audited); returns its JobRecord."""
-    services.config.node(node)
+    node_cfg = services.config.node(node)
     req.validate()
+    if req.spool_dir is None and req.dest.startswith("s3://"):
+        # Spool shards awaiting upload on the node's scratch disk, not its (often small) /tmp.
+        req = dataclasses.replace(req, spool_dir=f"{node_cfg.scratch.rstrip('/')}/.loadmaster-shard-spool")
     # The destination's credentials first: it is the side written.
     secrets = await job_secrets((req.dest, dest_profile), (req.src, src_profile))
     rec = await services.jobs.launch(node, "shard", job_params(req, src_profile, dest_profile),

@@ -64,3 +64,27 @@ async def _cli(svc: Services, argv: list[str]) -> dict[str, Any]:
 
     code = await asyncio.to_thread(run)
     return {"rc": code, "out": buf.getvalue()}
+
+
+async def test_node_job_from_node_files_to_s3_spools_on_scratch(lab: Any, s3: Any, tmp_path: Path) -> None:
+    from tests.shards.conftest import make_dataset
+
+    config = load_config_file(write_lab_config(lab, tmp_path / "loadmaster.toml", tmp_path / "state"))
+    scratch = lab.node("node-02").scratch
+    src = scratch / f"raw-{secrets.token_hex(3)}"
+    data = make_dataset(src, n=30)
+    dest = f"s3://{lab.bucket}/shards-{secrets.token_hex(3)}"
+    svc = Services(config=config)
+    try:
+        rc = await _cli(svc, ["--config", str(tmp_path / "loadmaster.toml"), "shard", str(src), dest,
+                              "--shard-size", "8KB", "--node", "node-02", "--json"])
+        assert rc["rc"] == 0, rc
+        final = await svc.jobs.wait(json.loads(rc["out"])["job"], timeout=180)
+        assert final.state == "succeeded", final.error
+        assert final.params["spool_dir"] == f"{scratch}/.loadmaster-shard-spool"
+        spool = scratch / ".loadmaster-shard-spool"
+        assert spool.is_dir() and not [p for p in spool.rglob("*") if p.is_file()]
+        report = await verify(dest, profile=config.store_for_url(dest))
+        assert report.ok and report.samples == len(data)
+    finally:
+        await svc.aclose()
