@@ -1002,6 +1002,7 @@ def run_shard_job(ctx: Any) -> dict[str, Any]:
 def cleanup(ctx: Any) -> None:
     """After a cancel or a lost run: remove half-written local shards (completed ones stay)."""
     dest = str(ctx.params.get("dest", ""))
+    ctx.log("completed shards are kept: continue with 'loadmaster shard SRC DEST --resume'")
     if not dest or dest.startswith("s3://") or not os.path.isdir(dest):
         return
     for name in os.listdir(dest):
