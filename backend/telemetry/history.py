@@ -110,13 +110,13 @@ class NodeHistory:
             ring.append(values.get(name))
         seen = set()
         for idx, util in gpu_util:
-            ring = self.gpu_util.get(idx)
-            if ring is None:
+            gring = self.gpu_util.get(idx)
+            if gring is None:
                 # A GPU first seen now: pad so every ring stays aligned with the timestamps.
-                ring = self.gpu_util[idx] = Ring(self.capacity)
+                gring = self.gpu_util[idx] = Ring(self.capacity)
                 for _ in range(len(self.t) - 1):
-                    ring.append(None)
-            ring.append(util)
+                    gring.append(None)
+            gring.append(util)
             seen.add(idx)
         for idx, ring in self.gpu_util.items():
             if idx not in seen:

@@ -14,7 +14,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +33,8 @@ Subscriber = Callable[[FleetSnapshot], Any]
 
 #: Cleared alerts kept for the alert list.
 RECENT_ALERTS = 50
+#: Seconds stop() waits for the samplers to close their streams.
+STOP_TIMEOUT = 5.0
 
 
 class _NodeState:
@@ -79,6 +81,7 @@ class TelemetryHub:
         self._subscribers: list[Subscriber] = []
         self._queues: list[asyncio.Queue[FleetSnapshot]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._seq = 0
         self._last: FleetSnapshot = self._build(self.clock(), changed=set(self._nodes))
 
@@ -104,11 +107,27 @@ class TelemetryHub:
     async def stop(self) -> None:
         """Stop every sampler stream (closing them kills the loops on the nodes)."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if not tasks:
+            return
+        self._stopping = True
+        try:
+            # Cancel until done: a cancellation can be lost inside a transport (Python 3.11's
+            # wait_for drops one that races a completing read), and the loops also check
+            # _stopping. A transport whose close hangs must not hang the console's exit.
+            pending = set(tasks)
+            deadline = asyncio.get_running_loop().time() + STOP_TIMEOUT
+            while pending:
+                for task in pending:
+                    task.cancel()
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    for task in pending:
+                        log.warning("telemetry task %s did not stop within %ss", task.get_name(),
+                                    STOP_TIMEOUT)
+                    break
+                _done, pending = await asyncio.wait(pending, timeout=min(0.5, left))
+        finally:
+            self._stopping = False
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -134,7 +153,7 @@ class TelemetryHub:
 
         return unsubscribe
 
-    async def updates(self) -> AsyncIterator[FleetSnapshot]:
+    async def updates(self) -> AsyncGenerator[FleetSnapshot, None]:
         """Async iterator of snapshots; a slow consumer skips ticks and gets the newest."""
         queue: asyncio.Queue[FleetSnapshot] = asyncio.Queue(maxsize=1)
         self._queues.append(queue)
@@ -264,7 +283,7 @@ class TelemetryHub:
     async def _ticker(self) -> None:
         interval = self.settings.interval
         next_t = self.clock()
-        while True:
+        while not self._stopping:
             next_t += interval
             now = self.clock()
             if now > next_t + interval:
@@ -288,18 +307,18 @@ class TelemetryHub:
         # A stream that prints nothing for this long is presumed half-dead and restarted.
         silence = max(10 * s.interval, 15.0)
         backoff = s.backoff_initial
-        while True:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
             try:
                 transport = await self._transport(name)
-                stream = transport.stream(script)
                 got_block = False
-                try:
+                # One deadline per block, pushed forward at each block's end. (Not
+                # asyncio.wait_for per line: on Python 3.11 it can swallow a cancellation that
+                # races a completing read, and it costs a task per line at fleet scale.)
+                async with contextlib.aclosing(transport.stream(script)) as stream, \
+                        asyncio.timeout(silence) as deadline:
                     lines: list[str] | None = None
-                    while True:
-                        try:
-                            line = await asyncio.wait_for(anext(stream), silence)
-                        except StopAsyncIteration:
-                            break
+                    async for line in stream:
                         if line == BEGIN:
                             lines = []
                         elif line == END:
@@ -307,12 +326,10 @@ class TelemetryHub:
                                 self.ingest(name, "\n".join(lines))
                                 got_block = True
                                 backoff = s.backoff_initial
+                                deadline.reschedule(loop.time() + silence)
                             lines = None
                         elif lines is not None and len(lines) < MAX_BLOCK_LINES:
                             lines.append(line)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await stream.aclose()
                 self.note_error(name, "sampler stream ended" if got_block else
                                 "sampler stream ended before the first sample")
             except asyncio.CancelledError:
@@ -329,7 +346,7 @@ class TelemetryHub:
 
     async def _probe_latency(self, name: str) -> None:
         every = self.settings.latency_every
-        while True:
+        while not self._stopping:
             try:
                 transport = await self._transport(name)
                 t0 = time.perf_counter()
