@@ -59,7 +59,10 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in get_args(tp) if a is not type(None))
     if origin in (list, tuple):
         args = get_args(tp)
-        return f"a list of {_type_name(args[0])}" if args else "a list"
+        if not args:
+            return "a list"
+        plural = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
+        return f"a list of {plural.get(args[0], _type_name(args[0]))}"
     if origin is dict:
         return "a table"
     if dataclasses.is_dataclass(tp):
