@@ -40,7 +40,8 @@ STOP_TIMEOUT = 5.0
 class _NodeState:
     """Mutable per-node bookkeeping (never handed out; snapshots are)."""
 
-    def __init__(self, node: Node, settings: TelemetrySettings) -> None:
+    def __init__(self, node: Node, settings: TelemetrySettings,
+                 to_wall: Callable[[float], float] | None = None) -> None:
         self.node = node
         self.prev: RawSample | None = None
         self.prev_t: float | None = None
@@ -50,7 +51,7 @@ class _NodeState:
         self.latency_ms: float | None = None
         self.snap = NodeSnapshot(name=node.name, site=node.site, scratch=node.scratch)
         self.history = NodeHistory(settings.history_capacity)
-        self.detector = StarvationDetector(node.name, settings)
+        self.detector = StarvationDetector(node.name, settings, to_wall)
         self.changed = True
 
 
@@ -66,15 +67,18 @@ class TelemetryHub:
 
     def __init__(self, pool: Any, settings: TelemetrySettings | None = None, *,
                  clock: Callable[[], float] = time.monotonic, feed_only: bool = False,
-                 nodes: Iterable[str] | None = None) -> None:
+                 nodes: Iterable[str] | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.pool = pool
         #: True: samples arrive only through ingest()/tick() (benchmarks, replays); start() is a no-op.
         self.feed_only = feed_only
         self.settings = settings or TelemetrySettings()
         self.clock = clock
         only = set(nodes) if nodes is not None else None
+        # Hub times are monotonic (immune to clock steps); alerts also carry wall time.
+        offset = wall_clock() - clock()
         self._nodes: dict[str, _NodeState] = {
-            n.name: _NodeState(n, self.settings) for n in _nodes_of(pool)
+            n.name: _NodeState(n, self.settings, lambda t: t + offset) for n in _nodes_of(pool)
             if only is None or n.name in only
         }
         self._recent: deque[Alert] = deque(maxlen=RECENT_ALERTS)

@@ -88,6 +88,8 @@ class Alert:
     active: bool = True
     ended: float | None = None
     kind: str = "gpu-starved"
+    #: ``started`` as wall-clock epoch seconds (for display and JSON).
+    started_wall: float | None = None
 
     @property
     def message(self) -> str:

@@ -9,6 +9,7 @@ NIC near line rate -> "input-bound" (the pipe is full); NIC far below line rate 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from backend.telemetry.model import Alert, GpuSample
@@ -28,9 +29,11 @@ class StarvationDetector:
     """Raises an Alert for one node after ``starved_window`` seconds of starvation; clears it
     as soon as utilisation recovers or the job's memory is released."""
 
-    def __init__(self, node: str, settings: TelemetrySettings) -> None:
+    def __init__(self, node: str, settings: TelemetrySettings,
+                 to_wall: Callable[[float], float] | None = None) -> None:
         self.node = node
         self.s = settings
+        self._to_wall = to_wall
         self._points: deque[_Point] = deque()
         self._since: float | None = None  # when the job-holding, low-util run started
         self._gpus: tuple[int, ...] = ()
@@ -73,9 +76,11 @@ class StarvationDetector:
         else:
             hint = "request-bound"
         if self.alert is None:
-            self.alert = Alert(node=self.node, gpus=self._gpus, started=t - held, duration=held,
+            started = t - held
+            self.alert = Alert(node=self.node, gpus=self._gpus, started=started, duration=held,
                                mean_util_pct=mean_util, mem_used_mib=mem, rx_gbps=rx,
-                               rx_pct=pct, hint=hint)
+                               rx_pct=pct, hint=hint,
+                               started_wall=self._to_wall(started) if self._to_wall else None)
         else:
             self.alert = replace(self.alert, gpus=self._gpus, duration=t - self.alert.started,
                                  mean_util_pct=mean_util, mem_used_mib=mem, rx_gbps=rx,

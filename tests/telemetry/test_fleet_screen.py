@@ -6,6 +6,8 @@ clock, so the data on screen is deterministic.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,11 +32,13 @@ class Fleet:
 
     def __init__(self, count: int = 4, starved: tuple[int, ...] = (3,), window: float = 5) -> None:
         self.nodes, self.gens = synthetic_fleet(count, starved=starved)
+        self.t = 0.0
+        # The fleet's own clock: deterministic times on screen (wall = 2023-11-14 22:13:20 UTC + t).
         self.hub = TelemetryHub(SyntheticPool(self.nodes),
-                                TelemetrySettings(starved_window=window), feed_only=True)
+                                TelemetrySettings(starved_window=window), feed_only=True,
+                                clock=lambda: self.t, wall_clock=lambda: 1_700_000_000.0 + self.t)
         self.services = Services(Config(nodes=tuple(self.nodes), stores={}))
         self.services.__dict__["telemetry"] = self.hub  # the composition root's cached service
-        self.t = 0.0
 
     def gen(self, name: str) -> SyntheticNode:
         return next(g for g in self.gens if g.name == name)
@@ -54,6 +58,16 @@ class Recorder:
 
     def __call__(self, message: Message) -> None:
         self.messages.append(message)
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Clock times on screen in UTC, whatever the machine's zone."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
 
 
 @pytest.fixture
@@ -100,8 +114,9 @@ async def test_starved_node_raises_and_clears_alert(fleet):
         alerts = screen.query_one(AlertList)
         assert alerts.row_count == 1
         row = [str(c) for c in alerts.get_row_at(0)]
-        assert row[0] == "gpu-003" and row[1] == "0,1,2,3,4,5,6,7"
-        assert row[5] == "request-bound" and row[6] == "active"
+        assert row[1] == "gpu-003" and row[2] == "0,1,2,3,4,5,6,7"
+        assert row[6] == "request-bound" and row[7] == "active"
+        assert row[0] == "22:13:20"  # started at t=0 (TZ=UTC)
         assert "STARVED" in cell(screen.query_one(FleetTable), "gpu-003", "alerts")
         assert "alerts 1" in str(screen.query_one("#fleet-summary").render())
         # The input pipeline is fixed: utilisation recovers and the alert clears by itself.
@@ -109,7 +124,7 @@ async def test_starved_node_raises_and_clears_alert(fleet):
         fleet.feed(3)
         await pilot.pause()
         row = [str(c) for c in alerts.get_row_at(0)]
-        assert row[0] == "gpu-003" and row[6] == "cleared"
+        assert row[1] == "gpu-003" and row[7] == "cleared"
         assert cell(screen.query_one(FleetTable), "gpu-003", "alerts") == ""
         assert "alerts 0" in str(screen.query_one("#fleet-summary").render())
 

@@ -11,7 +11,7 @@ from textual.widgets import DataTable
 from backend.telemetry.model import Alert
 from tui.widgets.fleet_format import alert_cells
 
-COLUMNS = (("node", "Node", 14), ("gpus", "GPUs", 16), ("for", "For", 7), ("util", "Util", 6),
+COLUMNS = (("since", "Since", 8), ("node", "Node", 14), ("gpus", "GPUs", 16), ("for", "For", 7), ("util", "Util", 6),
            ("nic", "NIC rx Gbps (%)", 16), ("hint", "Hint", 18), ("status", "Status", 8))
 
 

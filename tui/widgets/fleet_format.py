@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 
 from rich.text import Text
@@ -99,9 +100,12 @@ def styled(text: str, style: str | None) -> Text | str:
 
 
 def alert_cells(a: Alert) -> tuple[str, ...]:
-    """The alert list's cells: node, GPUs, duration, util, NIC, hint, status."""
+    """The alert list's cells: since, node, GPUs, duration, util, NIC, hint, status."""
     nic = rate_pct(a.rx_gbps, a.rx_pct)
+    since = "-" if a.started_wall is None else time.strftime("%H:%M:%S",
+                                                             time.localtime(a.started_wall))
     return (
+        since,
         a.node,
         ",".join(str(g) for g in a.gpus),
         f"{a.duration:.0f}s",
