@@ -73,3 +73,38 @@ async def test_fleet_over_ssh_with_stop_and_restart(lab):
     finally:
         await hub.stop()
         await pool.close()
+
+
+async def test_console_fleet_screen_over_the_lab(lab, tmp_path):
+    """The real console, real Services, real SSH: the Fleet screen fills in by itself."""
+    import dataclasses
+
+    from backend.services import Services
+    from tui.app import LoadmasterApp
+    from tui.screens.fleet import FleetScreen
+    from tui.widgets.fleet_alerts import AlertList
+    from tui.widgets.fleet_table import FleetTable
+
+    settings = TelemetrySettings(interval=0.5, starved_window=2.0, latency_every=2.0)
+    config = dataclasses.replace(lab.config, sections={**lab.config.sections,
+                                                       "telemetry": settings})
+    services = Services(config=config)
+    app = LoadmasterApp(services)
+    async with app.run_test(size=(220, 40)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        hub = services.telemetry
+        await wait_for(hub, lambda s: all(n.state == "up" and n.samples >= 2 for n in s.nodes)
+                       and bool(node(s, "node-02").alerts))
+        await pilot.pause(0.6)  # one more tick reaches the screen
+        table = screen.query_one(FleetTable)
+        table.flush_all()
+        assert str(table.get_cell("node-01", "gpus")) == "8"
+        assert int(str(table.get_cell("node-01", "util")).split("%")[0]) >= 90
+        assert str(table.get_cell("node-03", "gpus")) == NO_GPU
+        assert "STARVED" in str(table.get_cell("node-02", "alerts"))
+        alerts = screen.query_one(AlertList)
+        assert any(str(alerts.get_row_at(i)[1]) == "node-02" for i in range(alerts.row_count))
+    # Quitting the console closed the services: the samplers are gone.
+    assert not hub.running
