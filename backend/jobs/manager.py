@@ -35,7 +35,7 @@ from backend.agent.context import (
 )
 from backend.agent.kinds import KINDS
 from backend.config import Config
-from backend.errors import JobError, LoadmasterError, NodeError
+from backend.errors import JobError, LoadmasterError, NodeError, NodeUnreachable
 from backend.jobs.settings import JobSettings
 from backend.nodes.transport import Transport
 from backend.state import StateDB, actor
@@ -110,6 +110,7 @@ for d in "$H"/$PAT; do
     [ -f "$d/progress.jsonl" ] && tail -n "$TAIL" "$d/progress.jsonl" | sed 's/^/@@PROG /'
   fi
 done
+exit 0
 """
 
 
@@ -332,6 +333,12 @@ def _public_params(params: dict[str, Any]) -> dict[str, Any]:
     return {k: (f"<{len(v)} entries>" if isinstance(v, list) and len(v) > 20 else v) for k, v in params.items()}
 
 
+def _read_note(exc: BaseException) -> str:
+    if isinstance(exc, NodeUnreachable):
+        return f"node unreachable: {exc}"
+    return f"cannot read the job's directory: {exc}" if isinstance(exc, LoadmasterError) else repr(exc)
+
+
 def new_job_id() -> str:
     """A short, sortable, unique job id like ``1129-103200-a1b2``."""
     return time.strftime("%m%d-%H%M%S") + "-" + _secrets.token_hex(2)
@@ -525,7 +532,7 @@ class JobManager:
         notes: dict[str, str] = {}
         for node, res in results.items():
             if isinstance(res, BaseException):
-                notes[node] = f"node unreachable: {res}" if isinstance(res, LoadmasterError) else str(res)
+                notes[node] = _read_note(res)
                 continue
             _home, now, remote = res
             for rj in remote:
@@ -543,7 +550,7 @@ class JobManager:
         try:
             _home, now, remote = await self._scan(rec.node, rec.id, tail=6, wait_for=[rec.id], max_wait=max_wait)
         except LoadmasterError as exc:
-            return replace(rec, note=f"node unreachable: {exc}")
+            return replace(rec, note=_read_note(exc))
         if not remote:
             if rec.state in ACTIVE and time.time() - rec.created > self.settings.lost_after:
                 self._update(rec.id, state="lost", error="the job directory is gone from the node",

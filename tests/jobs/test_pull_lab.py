@@ -343,3 +343,22 @@ async def test_unreachable_node_refused_and_listed(lab: Lab, source: SourceData,
     recs = await services.jobs.refresh()
     failed = [r for r in recs if r.node == "node-03"]
     assert all(r.state == "failed" for r in failed)
+
+
+async def test_agent_missing_on_the_node_becomes_lost_with_a_hint(lab: Lab, source: SourceData,
+                                                                  tmp_path: Path) -> None:
+    cfg = write_lab_config(lab, tmp_path / "noagent.toml", tmp_path / "state")
+    cfg.write_text(cfg.read_text().replace("[defaults]\n", '[defaults]\nagent = "no-such-loadmaster"\n', 1))
+    svc = Services(config=load(cfg))
+    try:
+        plan = await plan_pull(svc, source.url, "pulls/noagent", ["node-01"])
+        [rec] = await launch_pull(svc, plan)
+        final = await svc.jobs.wait(rec.id, timeout=120)
+        assert final.state == "lost"
+        assert "never started" in (final.error or "") and "agent" in (final.error or "")
+        text, _ = await svc.jobs.read_log(rec.id)
+        assert "no-such-loadmaster" in text  # the shell's "not found" is in the job log
+        # The secrets file the runner never read is removed when the job is found lost.
+        assert not (Path(rec.job_dir or "") / "secrets.json").exists()  # noqa: ASYNC240
+    finally:
+        await svc.aclose()

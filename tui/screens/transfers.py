@@ -142,7 +142,7 @@ class TransfersScreen(LoadmasterScreen):
         text = (f"{len(event.records)} job(s): {roll.running} running"
                 + (f" | active {fmt_bytes(roll.bytes_done)}/{fmt_bytes(roll.bytes_total)}, "
                    f"{roll.rate_bps * 8 / 1e9:.2f} Gbps, ETA {fmt_eta(roll.eta_s)}" if active else "")
-                + (f" | unreachable: {', '.join(unreachable)}" if unreachable else ""))
+                + (f" | not answering: {', '.join(unreachable)}" if unreachable else ""))
         self.query_one("#transfers-summary", Static).update(text)
         selected = table.selected_job_id
         if selected:
