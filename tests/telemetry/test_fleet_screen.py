@@ -246,3 +246,17 @@ async def test_rows_scrolled_into_view_show_current_data():
         table.flush_all()
         first = fleet.hub.snapshot().node("gpu-001")
         assert cell(table, "gpu-001", "util") == f"{first.util_mean:.0f}% / {first.util_min:.0f}%"
+
+
+def test_node_detail_snapshot(snap_compare):
+    fleet = Fleet(count=3, starved=(2,), window=5)
+
+    async def open_detail(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.pause()
+        fleet.feed(12)
+        await pilot.pause()
+        pilot.app.screen.open_node("gpu-002")
+        await pilot.pause()
+
+    assert snap_compare(LoadmasterApp(fleet.services), terminal_size=(160, 40),
+                        run_before=open_detail)

@@ -3,19 +3,19 @@ time series of GPU utilisation, NIC rx/tx and disk writes over the history windo
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets import DataTable, Static
 
 from backend.telemetry.model import FleetSnapshot, NodeSnapshot
 from tui.screens.base import LoadmasterScreen
 from tui.screens.fleet import FleetSampled
-from tui.widgets.fleet_format import bar, num, rate_pct, state_cell
+from tui.widgets.fleet_format import bar, num, rate_pct, spark, state_cell
+from tui.widgets.fleet_plot import TimeSeriesPlot
 
 #: (history series, title, unit) of each plot.
 PLOTS: tuple[tuple[str, str, str], ...] = (
@@ -26,7 +26,7 @@ PLOTS: tuple[tuple[str, str, str], ...] = (
 )
 GPU_COLUMNS = (("gpu", "GPU", 4), ("name", "Name", 22), ("util", "Util", 18),
                ("mem", "Memory", 30), ("temp", "Temp", 6), ("power", "Power", 16),
-               ("status", "Status", 12))
+               ("status", "Status", 12), ("trend", "Util trend", 24))
 BAR = 10
 
 
@@ -44,11 +44,6 @@ def gpu_cells(g: Any) -> tuple[str, ...]:
     else:
         power = f"{g.power_w:.0f} W" + (f" / {g.power_limit_w:.0f} W" if g.power_limit_w else "")
     return (str(g.index), g.name, util, mem, num(g.temp_c, "{:.0f}°C"), power, "ok")
-
-
-def _clean(values: list[float]) -> list[float]:
-    # Sparkline cannot draw gaps: a missing sample draws as zero.
-    return [0.0 if math.isnan(v) else v for v in values]
 
 
 class NodeDetailScreen(LoadmasterScreen):
@@ -85,8 +80,7 @@ class NodeDetailScreen(LoadmasterScreen):
                     with Horizontal(classes="node-plot"):
                         yield Static(title, id=f"plot-label-{key}", classes="plot-label",
                                      markup=False)
-                        yield Sparkline([], id=f"plot-{key}", classes="plot",
-                                        summary_function=max)
+                        yield TimeSeriesPlot(id=f"plot-{key}", classes="plot")
 
     def on_mount(self) -> None:
         table = self.query_one("#node-gpus", DataTable)
@@ -138,7 +132,17 @@ class NodeDetailScreen(LoadmasterScreen):
 
     def _gpus(self, n: NodeSnapshot) -> None:
         table = self.query_one("#node-gpus", DataTable)
-        rows = [gpu_cells(g) for g in n.gpus]
+        try:
+            hist = self.hub.history(self.node_name)
+        except KeyError:
+            hist = None
+
+        def trend(index: int) -> str:
+            if hist is None or index not in hist.gpu_util:
+                return ""
+            return spark(hist.series(f"gpu{index}", 24), 24)
+
+        rows = [(*gpu_cells(g), trend(g.index)) for g in n.gpus]
         if len(rows) != len(self._gpu_rows):
             table.clear()
             for row in rows:
@@ -170,10 +174,20 @@ class NodeDetailScreen(LoadmasterScreen):
         except KeyError:
             return
         minutes = hist.capacity * self.hub.settings.interval / 60
+        node = self._shown
+        line_gbps = (node.line_rate_mbps or 0) / 1000 if node is not None else 0.0
         for key, title, unit in PLOTS:
             s = hist.summary(key)
             label = f"{title} ({unit}, {minutes:.0f} min)"
             if s.count:
                 label += f"\nmin {s.min:.1f} mean {s.mean:.1f} max {s.max:.1f}"
+            # Fixed scales: utilisation 0-100%, NICs up to line rate, disks up to their peak.
+            if key == "util_mean":
+                hi = 100.0
+            elif key in ("rx_gbps", "tx_gbps"):
+                hi = max(line_gbps, s.max or 0.0, 1.0)
+            else:
+                hi = max(s.max or 0.0, 1.0)
             self.query_one(f"#plot-label-{key}", Static).update(label)
-            self.query_one(f"#plot-{key}", Sparkline).data = _clean(hist.series(key))
+            self.query_one(f"#plot-{key}", TimeSeriesPlot).set_series(hist.series(key), lo=0.0,
+                                                                      hi=hi)
