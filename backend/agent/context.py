@@ -53,6 +53,7 @@ class JobContext:
         self._lock = threading.Lock()
         self._last_emit = 0.0
         self._pending: dict[str, Any] | None = None
+        self._final_key: tuple[Any, ...] | None = None
         self._secrets: dict[str, str] | None = dict(secrets) if secrets is not None else None
         self.last_progress: dict[str, Any] | None = None
 
@@ -110,10 +111,17 @@ class JobContext:
             bytes_total is not None
             and bytes_done >= bytes_total
             and (items_total is None or items_done >= items_total)
+            and (bytes_total > 0 or bool(items_total))
         )
+        key = (line["bytes_done"], line["bytes_total"], line["items_done"], line["items_total"])
         with self._lock:
             self.last_progress = line
             now = time.monotonic()
+            # A "complete" point is written at once, but only once: a runner that keeps reporting
+            # a finished (or zero-sized) total is coalesced like any other.
+            final = final and key != self._final_key
+            if final:
+                self._final_key = key
             if final or now - self._last_emit >= 1.0 / PROGRESS_MAX_RATE:
                 self._pending = None
                 self._last_emit = now

@@ -170,3 +170,14 @@ def test_job_settings_defaults_and_strict_parsing() -> None:
 def test_formatting() -> None:
     assert fmt_bytes(12_600_000_000) == "12.6 GB" and fmt_bytes(None) == "?" and fmt_bytes(12) == "12 B"
     assert fmt_eta(3725) == "1h02m" and fmt_eta(185) == "3m05s" and fmt_eta(None) == "-"
+
+
+def test_context_zero_sized_or_repeated_final_points_are_coalesced() -> None:
+    seen: list[dict] = []
+    ctx = JobContext.in_process("strip", {}, on_progress=seen.append)
+    for i in range(200):
+        ctx.progress(bytes_done=0, bytes_total=0, items_done=i)
+    assert len(seen) <= 2
+    for _ in range(200):
+        ctx.progress(bytes_done=5, bytes_total=5, items_done=1, items_total=1)
+    assert sum(1 for p in seen if p["bytes_done"] == 5) == 1
