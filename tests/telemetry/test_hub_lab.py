@@ -108,3 +108,23 @@ async def test_console_fleet_screen_over_the_lab(lab, tmp_path):
         assert any(str(alerts.get_row_at(i)[1]) == "node-02" for i in range(alerts.row_count))
     # Quitting the console closed the services: the samplers are gone.
     assert not hub.running
+
+
+def test_top_once_json_over_the_lab(lab, capsys):
+    """``loadmaster top --once --json`` over real SSH: one object, every node sampled."""
+    import json
+
+    from backend.cli import main
+
+    assert main(["--config", str(lab.config_path), "top", "--once", "--json",
+                 "--interval", "0.5", "--nodes", "node-[01-03]"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    tick = json.loads(lines[0])
+    nodes = {n["name"]: n for n in tick["nodes"]}
+    assert set(nodes) == {"node-01", "node-02", "node-03"}
+    assert all(n["state"] == "up" and n["samples"] >= 2 for n in nodes.values())
+    assert len(nodes["node-01"]["gpus"]) == 8 and nodes["node-01"]["util_mean"] >= 90
+    assert nodes["node-03"]["gpu_status"] == "no NVIDIA GPU"
+    assert nodes["node-01"]["rx_gbps"] is not None
+    assert tick["summary"]["gpus"] == 16
