@@ -64,6 +64,7 @@ def write_scenario(path: str | os.PathLike[str], **fields: Any) -> Path:
 
 
 def load_scenario(path: str) -> dict[str, Any]:
+    """Read a scenario file, defaults filled in."""
     p = Path(path)
     data = {**DEFAULTS, **json.loads(p.read_text())}
     if data["start"] is None:
@@ -169,6 +170,7 @@ def summary(sc: dict[str, Any], t: float) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Answer one nvidia-smi invocation (or loop with -l/-lms)."""
     scenario_path = os.environ.get("FAKE_NVIDIA_SMI_SCENARIO")
     args: list[str] = []
     it = iter(argv)

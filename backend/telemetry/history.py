@@ -49,6 +49,7 @@ class Ring:
 
     @property
     def capacity(self) -> int:
+        """Slots in the ring."""
         return self._cap
 
     def append(self, value: float | None) -> None:
@@ -79,6 +80,7 @@ class Ring:
 
     @property
     def nbytes(self) -> int:
+        """Bytes held by the ring."""
         return self._buf.itemsize * self._cap
 
 
@@ -132,6 +134,7 @@ class NodeHistory:
         return self._ring(metric).summary(n)
 
     def times(self) -> list[float]:
+        """Sample times (hub clock), oldest first."""
         return self.t.values()
 
     def __len__(self) -> int:

@@ -93,6 +93,7 @@ class TelemetryHub:
 
     @property
     def running(self) -> bool:
+        """Whether samples are flowing (samplers started, or feed-only)."""
         return bool(self._tasks) or self.feed_only
 
     async def start(self, nodes: Iterable[str] | None = None) -> None:
@@ -137,6 +138,7 @@ class TelemetryHub:
 
     @property
     def node_names(self) -> list[str]:
+        """The sampled nodes, in inventory order."""
         return list(self._nodes)
 
     def snapshot(self) -> FleetSnapshot:
@@ -152,6 +154,7 @@ class TelemetryHub:
         self._subscribers.append(callback)
 
         def unsubscribe() -> None:
+            """Stop calling the callback."""
             with contextlib.suppress(ValueError):
                 self._subscribers.remove(callback)
 

@@ -144,6 +144,7 @@ class NodeSnapshot:
 
     @cached_property
     def live_gpus(self) -> tuple[GpuSample, ...]:
+        """GPUs still on the bus."""
         return tuple(g for g in self.gpus if not g.lost)
 
     @cached_property
@@ -154,16 +155,19 @@ class NodeSnapshot:
 
     @cached_property
     def util_min(self) -> float | None:
+        """Lowest GPU utilisation."""
         vals = [g.util_pct for g in self.gpus if g.util_pct is not None]
         return min(vals) if vals else None
 
     @cached_property
     def mem_used_mib(self) -> float | None:
+        """GPU memory used, summed over GPUs (MiB)."""
         vals = [g.mem_used_mib for g in self.gpus if g.mem_used_mib is not None]
         return sum(vals) if vals else None
 
     @cached_property
     def mem_total_mib(self) -> float | None:
+        """GPU memory, summed over GPUs (MiB)."""
         vals = [g.mem_total_mib for g in self.gpus if g.mem_total_mib is not None]
         return sum(vals) if vals else None
 
@@ -174,6 +178,7 @@ class NodeSnapshot:
 
     @cached_property
     def tx_gbps(self) -> float | None:
+        """Transmit over physical NICs and bonds."""
         return _sum(n.tx_gbps for n in self.nics if n.counts)
 
     @cached_property
@@ -184,20 +189,24 @@ class NodeSnapshot:
 
     @cached_property
     def rx_pct(self) -> float | None:
+        """Receive as % of the summed line rate of NICs with a known speed."""
         return _pct(_sum(n.rx_gbps for n in self.nics if n.counts and n.speed_mbps),
                     self.line_rate_mbps)
 
     @cached_property
     def tx_pct(self) -> float | None:
+        """Transmit as % of the summed line rate of NICs with a known speed."""
         return _pct(_sum(n.tx_gbps for n in self.nics if n.counts and n.speed_mbps),
                     self.line_rate_mbps)
 
     @cached_property
     def disk_write_mbps(self) -> float | None:
+        """Writes over hardware-backed whole disks (MB/s)."""
         return _sum(d.write_mbps for d in self.disks if d.physical)
 
     @cached_property
     def disk_read_mbps(self) -> float | None:
+        """Reads over hardware-backed whole disks (MB/s)."""
         return _sum(d.read_mbps for d in self.disks if d.physical)
 
 
@@ -221,28 +230,34 @@ class FleetSnapshot:
 
     @cached_property
     def nodes_up(self) -> int:
+        """Nodes in state "up"."""
         return sum(1 for n in self.nodes if n.state == "up")
 
     @cached_property
     def gpu_count(self) -> int:
+        """GPUs on the bus across the fleet."""
         return sum(len(n.live_gpus) for n in self.nodes)
 
     @cached_property
     def util_mean(self) -> float | None:
+        """Mean utilisation over every GPU of up nodes."""
         vals = [g.util_pct for n in self.nodes if n.state == "up" for g in n.gpus
                 if g.util_pct is not None]
         return sum(vals) / len(vals) if vals else None
 
     @cached_property
     def rx_gbps(self) -> float:
+        """Receive summed over up nodes."""
         return sum(n.rx_gbps or 0.0 for n in self.nodes if n.state == "up")
 
     @cached_property
     def tx_gbps(self) -> float:
+        """Transmit summed over up nodes."""
         return sum(n.tx_gbps or 0.0 for n in self.nodes if n.state == "up")
 
     @cached_property
     def active_alerts(self) -> tuple[Alert, ...]:
+        """Alerts still active."""
         return tuple(a for a in self.alerts if a.active)
 
     def summary_line(self) -> str:

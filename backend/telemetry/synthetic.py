@@ -55,6 +55,7 @@ class SyntheticNode:
     _last_t: float | None = field(default=None, init=False)
 
     def gpu_csv(self, t: float) -> str:
+        """nvidia-smi CSV (noheader, nounits) for time ``t``."""
         lines = []
         for i in range(self.gpus):
             w = math.sin(t * 0.7 + i * 1.3 + self.seed)
