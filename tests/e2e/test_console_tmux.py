@@ -56,11 +56,12 @@ def _lab(env: dict[str, str], *args: str, timeout: float = UP_TIMEOUT) -> subpro
                           timeout=timeout)
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[tuple[Path, str, dict[str, str]]]:
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, dict[str, str]]]:
     """``loadmaster lab up --dir``: yields (lab dir, the printed console command, env)."""
     if shutil.which("tmux") is None:
         pytest.fail("tmux is not installed: apt-get install -y tmux")
+    tmp_path = tmp_path_factory.mktemp("e2e")
     root = tmp_path / "lab"
     env = _env(tmp_path)
     try:
@@ -89,13 +90,6 @@ def term(sandbox: tuple[Path, str, dict[str, str]], tmp_path: Path) -> Iterator[
         tmux.kill()
 
 
-def _row(screen: str, startswith: str) -> str:
-    for line in screen.splitlines():
-        if line.strip().startswith(startswith):
-            return line
-    return ""
-
-
 def _fill(term: Tmux, text: str) -> None:
     """Type into the focused input and wait until its end is on screen."""
     term.type(text)
@@ -122,9 +116,9 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     screen = term.wait_for("Alerts: 1 active", timeout=SCREEN_TIMEOUT,
                            what="the starved node's alert")
     alert_rows = [line for line in screen.split("Alerts: 1 active", 1)[1].splitlines()
-                  if line.strip().startswith("node-")]
+                  if re.search(r"\bnode-\d\d\b", line)]
     assert len(alert_rows) == 1, screen
-    assert alert_rows[0].split()[0] == "node-02", screen
+    assert re.findall(r"\bnode-\d\d\b", alert_rows[0]) == ["node-02"], screen
     assert "active" in alert_rows[0]
     assert re.search(r"request-bound|input-bound|line rate unknown", alert_rows[0]), alert_rows[0]
 
@@ -187,3 +181,47 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     screen = term.wait_for("console-exit=", timeout=30)
     assert "console-exit=0" in screen, screen
     assert "Traceback" not in screen, screen
+
+
+def test_readonly_console_refuses_and_errors_are_one_key_away(
+        sandbox: tuple[Path, str, dict[str, str]], term: Tmux) -> None:
+    _root, command, _env = sandbox
+    term.wait_for(PROMPT.strip(), timeout=30, what="the shell prompt")
+    term.type(command.replace("loadmaster --config", "loadmaster --readonly --config"))
+    term.send("Enter")
+    term.wait_for("READ-ONLY", timeout=SCREEN_TIMEOUT, what="the read-only console")
+    term.wait_for("nodes 4/4 up", timeout=SCREEN_TIMEOUT, what="monitoring in read-only mode")
+
+    # Attempted actions say why they are refused.
+    term.press("2")
+    term.wait_for("job(s):", what="the Transfers screen")
+    term.press("c")
+    term.wait_for("Read-only mode: cannot cancel a job", what="the refusal to cancel")
+    term.press("4")
+    term.wait_for("Run folder", what="the Retention screen")
+    term.press("a")
+    term.wait_for("Read-only mode: cannot apply a retention plan", what="the refusal to apply")
+
+    # A failing background task: a notification, the console stays up, the detail behind e.
+    term.press("u")
+    term.send("Home")
+    term.press("C-k")
+    _fill(term, "s3://no-such-bucket-e2e/run")
+    term.send("Enter")
+    term.wait_for("press e for details", timeout=SCREEN_TIMEOUT, what="the error notification")
+    # Leave the text fields (letters typed there are text): run folder, 3 numbers, others, min age.
+    for _ in range(6):
+        term.press("Tab")
+    term.press("e")
+    screen = term.wait_for("Listing s3://no-such-bucket-e2e/run", what="the errors screen")
+    assert "no-such-bucket-e2e" in screen.split("Listing", 2)[-1], screen
+    term.press("Escape")
+    term.wait_for("Run folder", what="back on the Retention screen")
+
+    term.send("q")
+    term.wait_for(lambda s: s.rstrip().endswith(PROMPT.strip()), timeout=60,
+                  what="the shell prompt after q")
+    term.type("echo console-exit=$?")
+    term.send("Enter")
+    screen = term.wait_for("console-exit=", timeout=30)
+    assert "console-exit=0" in screen, screen
