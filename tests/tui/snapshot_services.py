@@ -63,8 +63,9 @@ def feed_fleet(hub: TelemetryHub, seconds: int = FEED_SECONDS) -> None:
 def snapshot_services(*, readonly: bool = False, fed: bool = True) -> Services:
     """Services over the fixed config with a feed-only telemetry hub (optionally already fed)."""
     services = Services(config=snapshot_config(), readonly=readonly)
+    # Hub times are synthetic seconds; the wall clock (alerts' "since") is frozen with them.
     hub = TelemetryHub(SyntheticPool(NODES), TelemetrySettings(), clock=lambda: float(FEED_SECONDS),
-                       feed_only=True)
+                       wall_clock=lambda: FROZEN_NOW, feed_only=True)
     if fed:
         feed_fleet(hub)
     services.__dict__["telemetry"] = hub  # the composition root's cached service
@@ -85,12 +86,30 @@ def record_egress_month(services: Services) -> None:
 
 @contextmanager
 def frozen_clock(monkeypatch: Any | None = None) -> Iterator[None]:
-    """Freeze ``time.time`` and the egress ledger's "now" at FROZEN_NOW.
+    """Freeze ``time.time`` and the egress ledger's "now" at FROZEN_NOW, local time in UTC.
 
     With a pytest ``monkeypatch`` the patches are undone by it; without, on exit.
     """
+    import os
+
     import backend.ledger as ledger
 
+    saved_tz = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"  # clock times on screen must not depend on the machine's zone
+    time.tzset()
+    try:
+        with _frozen(ledger, monkeypatch):
+            yield
+    finally:
+        if saved_tz is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = saved_tz
+        time.tzset()
+
+
+@contextmanager
+def _frozen(ledger: Any, monkeypatch: Any | None) -> Iterator[None]:
     real_now = ledger._now
 
     def fixed_now(now: Any = None) -> datetime:
