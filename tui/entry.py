@@ -17,8 +17,29 @@ def _open_console(services: Services, args: argparse.Namespace) -> int:
     return int(app.return_code or 0)
 
 
+def _agent_fast_path(argv: list[str]) -> int | None:
+    """``loadmaster agent run|cleanup JOBDIR`` on a node: skip the CLI, config and console imports.
+
+    Every job start pays this process's start-up, so the node side imports only the runner.
+    """
+    if len(argv) != 3 or argv[0] != "agent" or argv[1] not in ("run", "cleanup"):
+        return None
+    from pathlib import Path
+
+    from backend.agent.runner import cleanup_job, run_job
+
+    if argv[1] == "run":
+        return run_job(Path(argv[2]))
+    cleanup_job(Path(argv[2]))
+    return 0
+
+
 def main() -> int:
-    return cli_main(sys.argv[1:], open_console=_open_console)
+    argv = sys.argv[1:]
+    fast = _agent_fast_path(argv)
+    if fast is not None:
+        return fast
+    return cli_main(argv, open_console=_open_console)
 
 
 if __name__ == "__main__":

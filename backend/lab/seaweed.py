@@ -37,6 +37,7 @@ def free_port_block(count: int, ip: str = "127.0.0.1") -> int:
     """A base port such that base..base+count-1 (and +10000 grpc twins) are free on ``ip``."""
     for _ in range(200):
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((ip, 0))
             base = s.getsockname()[1]
         if base + count >= 55000:
@@ -44,6 +45,8 @@ def free_port_block(count: int, ip: str = "127.0.0.1") -> int:
         ok = True
         for p in range(base, base + count):
             with socket.socket() as s:
+                # TIME_WAIT sockets from earlier runs must not make a port look taken
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     s.bind((ip, p))
                 except OSError:
