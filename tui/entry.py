@@ -27,11 +27,16 @@ def _agent_fast_path(argv: list[str]) -> int | None:
     from pathlib import Path
 
     from backend.agent.runner import cleanup_job, run_job
+    from backend.errors import LoadmasterError
 
-    if argv[1] == "run":
-        return run_job(Path(argv[2]))
-    cleanup_job(Path(argv[2]))
-    return 0
+    try:
+        if argv[1] == "run":
+            return run_job(Path(argv[2]))
+        cleanup_job(Path(argv[2]))
+        return 0
+    except (LoadmasterError, OSError) as exc:
+        print(f"loadmaster: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def main() -> int:
