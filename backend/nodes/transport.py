@@ -137,7 +137,10 @@ class LocalTransport(Transport):
             raise NodeUnreachable(self.name, f"cannot start /bin/sh: {exc}") from exc
         data = input.encode() if isinstance(input, str) else input
         try:
-            out, err = await asyncio.wait_for(proc.communicate(data), timeout)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # lands as the command finishes, leaving the caller running after stop().
+            async with asyncio.timeout(timeout):
+                out, err = await proc.communicate(data)
         except TimeoutError:
             _kill_group(proc.pid)
             await proc.wait()

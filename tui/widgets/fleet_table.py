@@ -100,7 +100,14 @@ class FleetTable(DataTable[Any]):
     def set_styles(self, styles: dict[str, str]) -> None:
         """Theme colours by semantic name (node-up, node-down, node-stale, alert)."""
         self._theme_styles = styles
-        self._row_cells.clear()  # force a restyle on the next show
+        # The rows stay in the table (re-adding them would collide on their keys): mark every
+        # cell stale so the next flush rewrites it in the new colours.
+        for name, cells in self._row_cells.items():
+            self._row_cells[name] = (None,) * len(cells)  # type: ignore[assignment]
+            snap = self._snaps.get(name)
+            if snap is not None:
+                self._pending[name] = snap
+        self._flush_window()
 
     # -- applying ticks ------------------------------------------------------------------------
 
