@@ -1,80 +1,42 @@
 """Upload a checkpoint step directory to an object store: parallel multipart, verified, ordered.
 
-Each file goes up as an S3 multipart upload with equal parts (the last one shorter), several
-parts in flight, each part read from disk with ``os.pread`` (never the whole file), sent with a
-Content-MD5 and retried on failure or on an ETag that does not match what we sent. After
-completion the object is HEADed: its size and its composite ETag (MD5 of the part MD5s, "-N")
-must match what we computed from the bytes on disk. Any failure or cancel aborts the multipart
-upload, so no orphaned parts are left. Commit markers (DCP ``.metadata``, the safetensors index,
-DeepSpeed ``latest``) go up LAST so a reader never sees a complete-looking partial checkpoint.
+Each file goes up through :func:`backend.storage.multipart.upload_file` (parallel parts, per-part
+Content-MD5, retries, ETag and size verified, aborted on failure or cancel). Commit markers (DCP
+``.metadata``, the safetensors index, DeepSpeed ``latest``) go up LAST so a reader never sees a complete-looking partial checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from backend.config import StoreProfile
-from backend.errors import LoadmasterError, StoreError
+from backend.errors import StoreError
 from backend.storage import LocalStore, ObjectStore, S3Store, join_key
+from backend.storage.multipart import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_PART_SIZE,
+    DEFAULT_RETRIES,
+    MiB,
+    PartFault,
+    ProgressCounter,
+    UploadCancelled,  # noqa: F401 - re-exported: callers catch it from here
+    UploadedObject,
+    UploadError,
+    UploadSettings,
+    abort_stale,
+    list_multipart,  # noqa: F401 - re-exported
+    upload_client,
+    upload_file,
+)
 
-MiB = 1024 * 1024
-DEFAULT_PART_SIZE = 32 * MiB
-DEFAULT_CONCURRENCY = 8
-DEFAULT_RETRIES = 4
-MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
-MAX_PARTS = 10_000
 COMMIT_MARKERS = (".metadata", "model.safetensors.index.json", "latest")
-
-#: Test hook: (key, part_number, attempt, data) -> data actually sent (fault injection only).
-PartFault = Callable[[str, int, int, bytes], bytes]
-
-
-class UploadError(StoreError):
-    """An upload failed (after retries) or its verification did not match."""
-
-
-class UploadCancelled(LoadmasterError):
-    """The upload was cancelled; its multipart uploads were aborted."""
-
-
-@dataclass(frozen=True)
-class UploadSettings:
-    """Part size, parts in flight, retries per part, files in flight."""
-
-    part_size: int = DEFAULT_PART_SIZE
-    concurrency: int = DEFAULT_CONCURRENCY
-    retries: int = DEFAULT_RETRIES
-    files_in_flight: int = 4
-    #: SigV4 signs the SHA-256 of every body over plain http (both sides hash every byte). Each
-    #: part already carries a Content-MD5 the server checks, plus our ETag checks, which is
-    #: botocore's own policy over https; True restores payload signing.
-    sign_payload: bool = False
-
-    def check(self) -> UploadSettings:
-        if self.part_size < MIN_PART_SIZE:
-            raise UploadError(f"part size {self.part_size} is below S3's 5 MiB minimum")
-        if self.concurrency < 1 or self.retries < 0 or self.files_in_flight < 1:
-            raise UploadError("concurrency and files_in_flight must be >= 1, retries >= 0")
-        return self
-
-
-@dataclass(frozen=True)
-class UploadedObject:
-    """One verified object: key, size, ETag and number of parts (0 = single PUT)."""
-
-    key: str
-    size: int
-    etag: str
-    parts: int
 
 
 @dataclass(frozen=True)
@@ -98,226 +60,6 @@ class UploadResult:
                 "seconds": round(self.seconds, 3), "gbps": round(self.gbps, 3),
                 "aborted_stale": self.aborted_stale}
 
-
-def _part_count(size: int, part_size: int) -> int:
-    return max(1, -(-size // part_size))
-
-
-def effective_part_size(size: int, part_size: int) -> int:
-    """The part size for a file: the configured one, grown if the file would need > 10000 parts."""
-    while _part_count(size, part_size) > MAX_PARTS:
-        part_size *= 2
-    return part_size
-
-
-def _pread(path: Path, offset: int, length: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        data = os.pread(fd, length, offset)
-    finally:
-        os.close(fd)
-    if len(data) != length:
-        raise UploadError(f"{path}: short read ({len(data)} of {length} bytes at {offset}); "
-                          "was the file modified during the upload?")
-    return data
-
-
-def _md5(data: bytes) -> bytes:
-    return hashlib.md5(data, usedforsecurity=False).digest()
-
-
-class _Counter:
-    def __init__(self, total: int, on_progress: Callable[..., None] | None, files: int = 0) -> None:
-        self.done = 0
-        self.total = total
-        self.files_done = 0
-        self.files = files
-        self.on_progress = on_progress
-
-    def add(self, n: int) -> None:
-        self.done += n
-        self._emit()
-
-    def file_done(self) -> None:
-        self.files_done += 1
-        self._emit()
-
-    def _emit(self) -> None:
-        if self.on_progress is not None:
-            self.on_progress(self.done, self.total, self.files_done, self.files)
-
-
-async def upload_file(
-    store: ObjectStore,
-    path: str | Path,
-    key: str,
-    *,
-    settings: UploadSettings | None = None,
-    parts_sem: asyncio.Semaphore | None = None,
-    counter: _Counter | None = None,
-    cancelled: Callable[[], bool] | None = None,
-    fault: PartFault | None = None,
-    client: Any = None,
-) -> UploadedObject:
-    """Upload one local file to ``key`` and verify its size and checksum after completion."""
-    settings = (settings or UploadSettings()).check()
-    path = Path(path)
-    size = path.stat().st_size
-    if isinstance(store, LocalStore):
-        await store.copy_in(path, key)
-        if counter:
-            counter.add(size)
-        st = await store.stat(key)
-        if st is None or st.size != size:
-            raise UploadError(f"{store.url}/{key}: copy has the wrong size")
-        return UploadedObject(key, size, "", 0)
-    if not isinstance(store, S3Store):
-        raise UploadError(f"cannot upload to {store.url}: unsupported store type")
-    if client is None:
-        async with upload_client(store, settings) as own:
-            return await upload_file(store, path, key, settings=settings, parts_sem=parts_sem, counter=counter,
-                                     cancelled=cancelled, fault=fault, client=own)
-    full_key = join_key(store.prefix, key)
-    sem = parts_sem or asyncio.Semaphore(settings.concurrency)
-    part_size = effective_part_size(size, settings.part_size)
-    n_parts = _part_count(size, part_size)
-
-    async def send(part_no: int, send_fn: Callable[[bytes, str], Any]) -> tuple[str, bytes]:
-        """Read part ``part_no`` and send it, retrying; returns (etag, md5 digest)."""
-        offset = (part_no - 1) * part_size
-        length = min(part_size, size - offset)
-        last: Exception | None = None
-        for attempt in range(settings.retries + 1):
-            if cancelled is not None and cancelled():
-                raise UploadCancelled(f"upload of {path} cancelled")
-            data = await asyncio.to_thread(_pread, path, offset, length)
-            digest = await asyncio.to_thread(_md5, data)
-            body = fault(key, part_no, attempt, data) if fault is not None else data
-            try:
-                resp = await send_fn(body, base64.b64encode(digest).decode())
-                etag = resp.get("ETag", "").strip('"')
-                if etag and etag != digest.hex():
-                    raise UploadError(f"part {part_no} of {key}: server ETag {etag} != MD5 {digest.hex()} we sent")
-                if counter:
-                    counter.add(length)
-                return etag or digest.hex(), digest
-            except (UploadCancelled, asyncio.CancelledError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - every transport/server error is retried
-                last = exc
-                del data, body
-                await asyncio.sleep(min(8.0, 0.2 * 2**attempt))
-        raise UploadError(f"{store.url}/{key}: part {part_no} failed after {settings.retries + 1} attempts: "
-                          f"{store.error(last) if last and not isinstance(last, UploadError) else last}")
-
-    if n_parts == 1:
-        async def put(body: bytes, md5: str) -> Any:
-            return await client.put_object(Bucket=store.bucket, Key=full_key, Body=body, ContentMD5=md5)
-
-        async with sem:
-            etag, digest = await send(1, put)
-        expected = digest.hex()
-        parts = 0
-    else:
-        try:
-            created = await client.create_multipart_upload(Bucket=store.bucket, Key=full_key)
-        except Exception as exc:  # noqa: BLE001
-            raise store.error(exc) from None
-        upload_id = created["UploadId"]
-        try:
-            async def one(part_no: int) -> tuple[int, str, bytes]:
-                async def up(body: bytes, md5: str) -> Any:
-                    return await client.upload_part(Bucket=store.bucket, Key=full_key, UploadId=upload_id,
-                                                    PartNumber=part_no, Body=body, ContentMD5=md5)
-
-                async with sem:
-                    etag, digest = await send(part_no, up)
-                return part_no, etag, digest
-
-            tasks = [asyncio.ensure_future(one(i)) for i in range(1, n_parts + 1)]
-            try:
-                results = await asyncio.gather(*tasks)
-            except BaseException:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
-            results.sort()
-            await client.complete_multipart_upload(
-                Bucket=store.bucket, Key=full_key, UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e, _ in results]})
-        except BaseException as exc:
-            # shielded so a cancelled task still cleans up its parts
-            await asyncio.shield(_abort(client, store.bucket, full_key, upload_id))
-            if isinstance(exc, LoadmasterError | asyncio.CancelledError | KeyboardInterrupt):
-                raise
-            raise store.error(exc) from None
-        expected = hashlib.md5(b"".join(d for _, _, d in results), usedforsecurity=False).hexdigest() + f"-{n_parts}"
-        parts = n_parts
-    head = await store.stat(key)
-    if head is None or head.size != size:
-        raise UploadError(f"{store.url}/{key}: verification failed: stored size "
-                          f"{None if head is None else head.size} != {size} bytes on disk")
-    if head.etag and head.etag != expected:
-        raise UploadError(f"{store.url}/{key}: verification failed: stored ETag {head.etag} != {expected} "
-                          "computed from the file on disk")
-    return UploadedObject(key, size, expected, parts)
-
-
-@contextlib.asynccontextmanager
-async def upload_client(store: S3Store, settings: UploadSettings) -> AsyncIterator[Any]:
-    """An S3 client for uploads: the store's settings, plus payload signing per ``settings``."""
-    p = store.profile
-    s3cfg: dict[str, Any] = {"addressing_style": p.addressing_style if p else "auto"}
-    if not settings.sign_payload:
-        s3cfg["payload_signing_enabled"] = False
-    async with contextlib.AsyncExitStack() as stack:
-        try:
-            client = await stack.enter_async_context(store.botocore_session().create_client(
-                "s3", endpoint_url=p.endpoint_url if p else None,
-                region_name=p.region if p and p.region and p.region != "auto" else "us-east-1",
-                config=store.client_config(s3=s3cfg, max_pool_connections=max(64, settings.concurrency * 2)),
-            ))
-        except Exception as exc:  # noqa: BLE001 - profile/credential problems name what to fix
-            raise store.error(exc) from None
-        yield client
-
-
-async def _abort(client: Any, bucket: str, key: str, upload_id: str) -> None:
-    try:
-        await client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-    except Exception:  # noqa: BLE001,S110 - best effort; abort_stale() sweeps anything left
-        pass
-
-
-async def list_multipart(store: ObjectStore, prefix: str = "") -> list[tuple[str, str, float]]:
-    """In-progress multipart uploads under ``prefix``: (key relative to the store, upload id, started)."""
-    if not isinstance(store, S3Store):
-        return []
-    client = await store.client()
-    out = []
-    full = join_key(store.prefix, prefix)
-    try:
-        async for page in client.get_paginator("list_multipart_uploads").paginate(
-                Bucket=store.bucket, Prefix=full + "/" if full else ""):
-            for u in page.get("Uploads", []):
-                out.append((store._rel(u["Key"]), u["UploadId"], u["Initiated"].timestamp()))
-    except Exception as exc:  # noqa: BLE001
-        raise store.error(exc) from None
-    return out
-
-
-async def abort_stale(store: ObjectStore, prefix: str, *, before: float | None = None) -> int:
-    """Abort multipart uploads under ``prefix`` (started before ``before``), e.g. left by a killed upload."""
-    if not isinstance(store, S3Store):
-        return 0
-    client = await store.client()
-    n = 0
-    for key, uid, started in await list_multipart(store, prefix):
-        if before is None or started <= before:
-            await _abort(client, store.bucket, join_key(store.prefix, key), uid)
-            n += 1
-    return n
 
 
 def local_files(root: Path) -> dict[str, int]:
@@ -357,7 +99,7 @@ async def upload_dir(
     t0 = time.monotonic()
     # a previous run of this upload that was killed leaves multipart uploads behind: sweep them
     stale = await abort_stale(store, prefix, before=time.time())
-    counter = _Counter(sum(sizes.values()), progress, len(sizes))
+    counter = ProgressCounter(sum(sizes.values()), progress, len(sizes))
     parts_sem = asyncio.Semaphore(settings.concurrency)
     files_sem = asyncio.Semaphore(settings.files_in_flight)
     ordered = upload_order(files)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from backend.config import Config, StoreProfile
+from backend.errors import LoadmasterError
 from backend.shards import tarfmt
 from backend.shards.manifest import (
     MANIFEST_NAME,
@@ -51,7 +53,8 @@ from backend.shards.plan import (
     scan_local,
 )
 from backend.shards.settings import ShardSettings
-from backend.storage import LocalStore, ObjectStore, S3Store
+from backend.storage import LocalStore, ObjectStore, S3Store, multipart
+from backend.storage.multipart import MIN_PART_SIZE, UploadSettings
 
 IncompletePolicy = Literal["error", "skip", "keep"]
 PLAN_KEY = f"{STATE_DIR}/plan.json"
@@ -458,53 +461,41 @@ class _LocalSink(_Sink):
 
 
 class _S3Sink(_Sink):
+    """Streams each finished shard up with the verified multipart uploader while the next is written."""
+
     def __init__(self, store: S3Store, loop: asyncio.AbstractEventLoop, req: ShardRequest) -> None:
         super().__init__(store, loop)
         self.s3 = store
-        self.part_size = max(int(req.upload_part_size), 5 * 2**20)  # S3's minimum part size
+        # PART_CONCURRENCY also bounds the parts of one shard held in memory
+        self.settings = UploadSettings(part_size=max(int(req.upload_part_size), MIN_PART_SIZE),
+                                       concurrency=PART_CONCURRENCY, always_multipart=True)
         self.max_pending = max(1, int(req.pending_uploads))
         base = req.spool_dir or None
         if base:
             Path(base).mkdir(parents=True, exist_ok=True)
         self.spool = tempfile.mkdtemp(prefix="lm-shard-spool-", dir=base)
         self.pending: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+        self.client: Any = None
+        self._stack = contextlib.AsyncExitStack()
+        self._running: set[asyncio.Task[Any]] = set()
+
+    async def open(self) -> None:
+        """Create the upload client (on the event loop the uploads run on)."""
+        self.client = await self._stack.enter_async_context(multipart.upload_client(self.s3, self.settings))
 
     def temp_path(self, name: str) -> str:
         return os.path.join(self.spool, name)
 
     async def _upload(self, entry: ShardEntry, path: str) -> None:
-        client = await self.s3.client()
-        key = self.s3._key(entry.name)
-        upload_id = None
+        task = asyncio.current_task()
+        assert task is not None
+        self._running.add(task)  # so aclose() can wait for a cancelled upload's abort
         try:
-            mpu = await client.create_multipart_upload(Bucket=self.s3.bucket, Key=key)
-            upload_id = mpu["UploadId"]
-            count = max(1, -(-entry.bytes // self.part_size))
-            sem = asyncio.Semaphore(PART_CONCURRENCY)  # also bounds parts held in memory
-            fd = os.open(path, os.O_RDONLY)
-
-            async def part(number: int) -> dict[str, Any]:
-                async with sem:
-                    offset = (number - 1) * self.part_size
-                    body = await asyncio.to_thread(os.pread, fd, self.part_size, offset)
-                    resp = await client.upload_part(Bucket=self.s3.bucket, Key=key, PartNumber=number,
-                                                    UploadId=upload_id, Body=body)
-                    return {"ETag": resp["ETag"], "PartNumber": number}
-
-            try:
-                parts = list(await asyncio.gather(*(part(n) for n in range(1, count + 1))))
-            finally:
-                os.close(fd)
-            await client.complete_multipart_upload(Bucket=self.s3.bucket, Key=key, UploadId=upload_id,
-                                                   MultipartUpload={"Parts": parts})
-        except Exception as exc:  # noqa: BLE001
-            if upload_id is not None:
-                try:
-                    await client.abort_multipart_upload(Bucket=self.s3.bucket, Key=key, UploadId=upload_id)
-                except Exception:  # noqa: BLE001 - the upload error below is the one to report
-                    pass
-            raise ShardError(f"uploading {entry.name} to {self.s3.url} failed: {self.s3.error(exc)}") from None
+            await multipart.upload_file(self.s3, path, entry.name, settings=self.settings, client=self.client)
+        except LoadmasterError as exc:
+            raise ShardError(f"uploading {entry.name} to {self.s3.url} failed: {exc}") from None
         finally:
+            self._running.discard(task)
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -513,23 +504,8 @@ class _S3Sink(_Sink):
 
     async def abort_stale(self, pattern: str) -> int:
         """Abort multipart uploads of shards left behind by a killed run (they cost storage)."""
-        client = await self.s3.client()
         rx = pattern_regex(pattern)
-        prefix = self.s3._key("")
-        prefix = prefix + "/" if prefix else ""
-        aborted = 0
-        try:
-            async for page in client.get_paginator("list_multipart_uploads").paginate(
-                    Bucket=self.s3.bucket, Prefix=prefix):
-                for up in page.get("Uploads", []):
-                    rel = up["Key"][len(prefix):]
-                    if "/" not in rel and rx.match(rel):
-                        await client.abort_multipart_upload(Bucket=self.s3.bucket, Key=up["Key"],
-                                                            UploadId=up["UploadId"])
-                        aborted += 1
-        except Exception as exc:  # noqa: BLE001
-            raise self.s3.error(exc) from None
-        return aborted
+        return await multipart.abort_stale(self.s3, "", match=lambda rel: "/" not in rel and bool(rx.match(rel)))
 
     def commit(self, entry: ShardEntry, path: str) -> None:
         self.pending.append(asyncio.run_coroutine_threadsafe(self._upload(entry, path), self.loop))
@@ -541,9 +517,15 @@ class _S3Sink(_Sink):
         while self.pending:
             self.pending.popleft().result()
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """Cancel uploads still in flight (each aborts its multipart upload), then drop the spool."""
         for fut in self.pending:
             fut.cancel()
+        running = list(self._running)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await self._stack.aclose()
         shutil.rmtree(self.spool, ignore_errors=True)
 
 
@@ -865,6 +847,7 @@ async def convert(
             ahead = max(2, 2 * -(-req.fetch_concurrency // BATCH_FILES))
         if isinstance(dest, S3Store):
             sink = _S3Sink(dest, loop, req)
+            await sink.open()
             if req.resume or req.overwrite:
                 stale = await sink.abort_stale(req.pattern)
                 if stale:
@@ -897,7 +880,7 @@ async def convert(
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
         if isinstance(sink, _S3Sink):
-            sink.close()
+            await sink.aclose()
         await src.close()
         await dest.close()
 
