@@ -18,7 +18,7 @@ from backend.cli import main
 from backend.config import load_config_file
 from backend.lab import Lab
 from backend.services import Services
-from tests.jobs.conftest import write_lab_config
+from tests.helpers import write_lab_config
 
 
 def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Any:

@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 from textual.widgets import DataTable, Input, Static
 
 from backend.config import default_config
 from backend.services import Services
+from tests.helpers import wait_until
 from tui.app import LoadmasterApp
 from tui.screens.checkpoints import CheckpointsScreen
 from tui.widgets.confirm import ConfirmModal
 
 SIZE = (140, 40)
-
-
-async def _settle(pilot: Any, until: Any, rounds: int = 400) -> None:
-    for _ in range(rounds):
-        if until():
-            return
-        await pilot.pause()
-    assert until(), "condition never became true"
 
 
 def make_run(tmp_path: Path, src: Path) -> Path:
@@ -45,7 +37,7 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         screen.query_one("#ckpt-url", Input).value = str(run)
         screen.action_reload()
         table = screen.query_one("#ckpt-steps", DataTable)
-        await _settle(pilot, lambda: table.row_count == 2)
+        await wait_until(pilot, lambda: table.row_count == 2)
         assert [str(table.get_row_at(i)[1]) for i in range(2)] == ["incomplete", "full"]
         assert "by kind" in str(screen.query_one("#ckpt-summary", Static).render())
 
@@ -53,7 +45,7 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         table.move_cursor(row=1)
         screen.action_inspect_step()
         tensors = screen.query_one("#ckpt-tensors", DataTable)
-        await _settle(pilot, lambda: tensors.row_count > 0)
+        await wait_until(pilot, lambda: tensors.row_count > 0)
         names = {str(tensors.get_row_at(i)[0]) for i in range(tensors.row_count)}
         assert "model.norm.weight" in names and any(n.startswith("optim.state") for n in names)
 
@@ -66,9 +58,9 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         # strip the full one after confirming
         table.move_cursor(row=1)
         screen.action_strip_step()
-        await _settle(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmModal))
         await pilot.press("y")
-        await _settle(pilot, lambda: (run / "step-10" / "model.safetensors.index.json").exists()
+        await wait_until(pilot, lambda: (run / "step-10" / "model.safetensors.index.json").exists()
                       and table.row_count == 2 and str(table.get_row_at(1)[6]) == "yes")
         assert "verified" in str(screen.query_one("#ckpt-status", Static).render())
 
@@ -77,9 +69,9 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         shutil.copytree(tiny_full_dcp[0], local)
         screen.query_one("#ckpt-local", Input).value = str(local)
         screen.action_upload_step()
-        await _settle(pilot, lambda: isinstance(app.screen, ConfirmModal))
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmModal))
         await pilot.press("y")
-        await _settle(pilot, lambda: table.row_count == 3)
+        await wait_until(pilot, lambda: table.row_count == 3)
         assert str(table.get_row_at(2)[0]) == "20" and str(table.get_row_at(2)[1]) == "full"
         assert [e.action for e in services.db.audit_entries()][:2] in (["ckpt.strip", "ckpt.upload"],
                                                                         ["ckpt.upload", "ckpt.strip"])
@@ -97,7 +89,7 @@ async def test_readonly_refuses_strip(tmp_path: Path, tiny_full_dcp: tuple[Path,
         screen.query_one("#ckpt-url", Input).value = str(run)
         screen.action_reload()
         table = screen.query_one("#ckpt-steps", DataTable)
-        await _settle(pilot, lambda: table.row_count == 2)
+        await wait_until(pilot, lambda: table.row_count == 2)
         table.move_cursor(row=1)
         screen.action_strip_step()
         await pilot.pause()
@@ -127,7 +119,7 @@ async def test_backlog_alert_shown(tmp_path: Path, tiny_full_dcp: tuple[Path, di
         screen.query_one("#ckpt-url", Input).value = str(run)
         screen.action_reload()
         backlog = screen.query_one("#ckpt-backlog", Static)
-        await _settle(pilot, lambda: backlog.display)
+        await wait_until(pilot, lambda: backlog.display)
         text = str(backlog.render())
         assert "ALERT" in text and "s3://b/run1" in text and "step 100" in text
     await services.aclose()

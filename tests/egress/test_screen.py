@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from textual.app import App
-from textual.message import Message
 from textual.widgets import DataTable, Input, Select, Static
 
 from backend.config import parse_config
 from backend.ledger import EgressGuard
 from backend.services import Services
+from tests.helpers import Recorder, wait_until
 from tui.app import LoadmasterApp
 from tui.screens.egress import EgressOverrideModal, EgressScreen
 from tui.widgets import Gauge
@@ -33,25 +32,6 @@ def services(tmp_path: Path) -> Services:
     return Services(config=config)
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    def __call__(self, message: Message) -> None:
-        self.messages.append(message)
-
-    def of(self, kind: type[Message]) -> list[Any]:
-        return list({id(m): m for m in self.messages if isinstance(m, kind)}.values())
-
-
-async def _settle(pilot: Any, until: Any, rounds: int = 400) -> None:
-    for _ in range(rounds):
-        if until():
-            return
-        await pilot.pause()
-    assert until(), "condition never became true"
-
-
 def _quote_text(screen: EgressScreen) -> str:
     return str(screen.query_one("#egress-quote", Static).render())
 
@@ -60,7 +40,7 @@ async def test_calculator_updates_live_and_validates(services: Services) -> None
     rec = Recorder()
     app = LoadmasterApp(services, mode="egress")
     async with app.run_test(size=SIZE, message_hook=rec) as pilot:
-        await _settle(pilot, lambda: isinstance(app.screen, EgressScreen) and rec.of(EgressScreen.EstimateComputed))
+        await wait_until(pilot, lambda: isinstance(app.screen, EgressScreen) and rec.of(EgressScreen.EstimateComputed))
         screen = app.screen
         assert isinstance(screen, EgressScreen)
         # Preloaded: the brief's 40 TB x 5 runs from aws:us-east-1 -> coreweave:us-east-04, 16 nodes.
@@ -73,7 +53,7 @@ async def test_calculator_updates_live_and_validates(services: Services) -> None
         await pilot.click("#calc-size")
         size.value = ""
         await pilot.press(*"40", "space", *"TX")
-        await _settle(pilot, lambda: bool(rec.of(EgressScreen.EstimateRejected)) and size.value == "40 TX")
+        await wait_until(pilot, lambda: bool(rec.of(EgressScreen.EstimateRejected)) and size.value == "40 TX")
         assert "size like 40TB" in rec.of(EgressScreen.EstimateRejected)[-1].errors["size"]
         error = screen.query_one("#egress-calc-error", Static)
         assert "size like 40TB" in str(error.render()) and error.has_class("-active")
@@ -84,20 +64,20 @@ async def test_calculator_updates_live_and_validates(services: Services) -> None
         computed = len(rec.of(EgressScreen.EstimateComputed))
         size.value = ""
         await pilot.press(*"80TB")
-        await _settle(pilot, lambda: screen.estimate is not None and screen.estimate.dataset_bytes == 80 * TB)
+        await wait_until(pilot, lambda: screen.estimate is not None and screen.estimate.dataset_bytes == 80 * TB)
         assert len(rec.of(EgressScreen.EstimateComputed)) > computed
         assert "$23,791.00" in _quote_text(screen) and not size.has_class("-invalid")
         assert not screen.query_one("#egress-calc-error", Static).has_class("-active")
 
         # Every node syncing the whole dataset: 16 x the bytes.
         screen.query_one("#calc-per-node", Select).value = "full"
-        await _settle(pilot, lambda: screen.estimate is not None and screen.estimate.per_node == "full")
+        await wait_until(pilot, lambda: screen.estimate is not None and screen.estimate.per_node == "full")
         assert screen.estimate.primary.bytes_out == 16 * 400 * TB
 
         # The example key restores the brief's scenario.
         screen.query_one("#egress-routes", DataTable).focus()
         await pilot.press("x")
-        await _settle(pilot, lambda: screen.estimate is not None and screen.estimate.dataset_bytes == 40 * TB
+        await wait_until(pilot, lambda: screen.estimate is not None and screen.estimate.dataset_bytes == 40 * TB
                       and screen.estimate.per_node == "sharded")
         assert "$13,791.00" in _quote_text(screen)
 
@@ -109,7 +89,7 @@ async def test_month_to_date_routes_and_budget_gauge(services: Services) -> None
     rec = Recorder()
     app = LoadmasterApp(services, mode="egress")
     async with app.run_test(size=SIZE, message_hook=rec) as pilot:
-        await _settle(pilot, lambda: bool(rec.of(EgressScreen.ReportLoaded)))
+        await wait_until(pilot, lambda: bool(rec.of(EgressScreen.ReportLoaded)))
         await pilot.pause()
         screen = app.screen
         table = screen.query_one("#egress-routes", DataTable)
@@ -139,6 +119,6 @@ async def test_override_dialog_needs_a_reason(services: Services) -> None:
         assert answers == []
         await pilot.press(*"deadline")
         await pilot.press("enter")
-        await _settle(pilot, lambda: answers == ["deadline"])
+        await wait_until(pilot, lambda: answers == ["deadline"])
     guard.record_override(decision, answers[0] or "")
     assert guard.db.audit_entries(action="egress.override")[0].reason == "deadline"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -16,27 +15,9 @@ from backend.config import Config, load_config_file
 from backend.lab import Lab
 from backend.services import Services
 from backend.state import StateDB
-
-JOBS_SECTION = """
-[jobs]
-lost_after = "3s"
-cancel_grace = "2s"
-poll_interval = "0.3s"
-numworkers = 8
-concurrency = 4
-part_size_mib = 5
-nic_gbps = 10.0
-"""
+from tests.helpers import write_lab_config
 
 MiB = 1024 * 1024
-
-
-def write_lab_config(lab: Lab, path: Path, state_dir: Path, extra: str = "") -> Path:
-    """The lab's config with its own state dir and short job timings (the shared file is untouched)."""
-    text = lab.config_text(JOBS_SECTION + extra)
-    text = re.sub(r'(\[state\]\ndir = )"[^"]*"', lambda m: f'{m.group(1)}"{state_dir}"', text)
-    path.write_text(text)
-    return path
 
 
 @pytest.fixture

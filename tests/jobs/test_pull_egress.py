@@ -10,7 +10,8 @@ import pytest
 
 from backend.cli import main as cli_main
 from backend.lab import Lab
-from tests.jobs.conftest import SourceData, write_lab_config
+from tests.helpers import write_lab_config
+from tests.jobs.conftest import SourceData
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -21,7 +21,8 @@ from backend.errors import JobError, StoreError
 from backend.jobs.pull import launch_pull, plan_pull
 from backend.lab import Lab
 from backend.services import Services
-from tests.jobs.conftest import SourceData, fresh_services, write_lab_config
+from tests.helpers import write_lab_config
+from tests.jobs.conftest import SourceData, fresh_services
 
 pytestmark = pytest.mark.timeout(240)
 

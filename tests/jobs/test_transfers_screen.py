@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from textual.message import Message
 from textual.widgets import Button, Input, Static
 
 from backend.cli import main as cli_main
 from backend.config import Config
 from backend.lab import Lab
+from tests.helpers import Recorder, wait_until
 from tests.jobs.conftest import SourceData, fresh_services
 from tests.jobs.test_pull_lab import _assert_pulled, _launch_stalled
 from tui.app import LoadmasterApp
@@ -30,26 +30,8 @@ from tui.widgets.transfers_table import TransfersTable
 
 pytestmark = pytest.mark.timeout(300)
 SIZE = (200, 50)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    def __call__(self, message: Message) -> None:
-        self.messages.append(message)
-
-    def of(self, kind: type[Message]) -> list[Any]:
-        return list({id(m): m for m in self.messages if isinstance(m, kind)}.values())
-
-
-async def until(pilot: Any, cond: Any, rounds: int = 3000) -> None:
-    """Let the app run until ``cond()`` holds (bounded by event-loop rounds, not by a time limit)."""
-    for _ in range(rounds):
-        if cond():
-            return
-        await pilot.pause(0.02)
-    assert cond(), "condition never became true"
+# lab jobs take real seconds: wait in 20 ms steps, up to 3000 of them
+until = functools.partial(wait_until, rounds=3000, delay=0.02)
 
 
 async def test_cli_jobs_show_in_console_and_console_pulls_show_in_cli(

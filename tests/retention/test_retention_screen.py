@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from retention_helpers import DcpRun  # type: ignore[import-not-found]
-from textual.message import Message
 from textual.widgets import DataTable, Input, Static
 
+from tests.helpers import Recorder, settle_workers
 from tui.app import LoadmasterApp
 from tui.screens.retention import (
     ActionProgressed,
@@ -18,22 +17,6 @@ from tui.screens.retention import (
     RetentionScreen,
 )
 from tui.widgets.confirm import ConfirmTyped
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    def __call__(self, message: Message) -> None:
-        self.messages.append(message)
-
-    def of(self, kind: type[Message]) -> list[Any]:
-        return list({id(m): m for m in self.messages if isinstance(m, kind)}.values())
-
-
-async def settle(pilot: Any) -> None:
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
 
 
 async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
@@ -48,7 +31,7 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
         assert url_box.has_focus
         url_box.value = str(root)
         await pilot.press("enter")
-        await settle(pilot)
+        await settle_workers(pilot)
         assert rec.of(CatalogLoaded)
         assert screen.query_one("#retention-steps", DataTable).has_focus
         plan = screen.plan
@@ -73,7 +56,7 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
         await pilot.press("p")
         table.move_cursor(row=3)
         await pilot.press("m")
-        await settle(pilot)
+        await settle_workers(pilot)
         acts = {a.step: a for a in screen.plan.actions}
         assert acts[2000].action == "keep-full" and acts[2000].pinned == "pinned in the console"
         assert acts[4000].action == "strip-to-weights"
@@ -82,7 +65,7 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
         # a dry run re-checks and changes nothing
         table.focus()
         await pilot.press("d")
-        await settle(pilot)
+        await settle_workers(pilot)
         (dry,) = rec.of(PlanApplied)
         assert dry.report.dry_run and dry.report.count("would-do") == len(screen.plan.destructive_actions)
         assert "Nothing was changed" in str(screen.query_one("#retention-status", Static).render())
@@ -99,8 +82,8 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
         assert (root / "step-1000" / ".metadata").exists()
         modal.query_one("#phrase", Input).value = ""
         await pilot.press(*"run1", "enter")
-        await settle(pilot)
-        await settle(pilot)
+        await settle_workers(pilot)
+        await settle_workers(pilot)
         assert app.screen is screen
         (applied,) = [m for m in rec.of(PlanApplied) if not m.report.dry_run]
         report = applied.report
@@ -125,7 +108,7 @@ async def test_readonly_console_refuses_to_apply(tmp_path: Path, local_services,
         screen = app.screen
         screen.query_one("#retention-url", Input).value = str(root)
         screen.action_reload()
-        await settle(pilot)
+        await settle_workers(pilot)
         assert screen.plan is not None and screen.plan.destructive_actions
         screen.action_apply_plan()
         await pilot.pause()

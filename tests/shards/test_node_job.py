@@ -13,7 +13,7 @@ from backend.cli import main
 from backend.config import load_config_file
 from backend.services import Services
 from backend.shards.verify import verify
-from tests.jobs.conftest import write_lab_config
+from tests.helpers import write_lab_config
 
 pytestmark = pytest.mark.lab
 

@@ -2,40 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
-from textual.message import Message
 from textual.notifications import Notify
 from textual.widgets import Button, Input, Static
 
 from backend.config import default_config
 from backend.services import Services
+from tests.helpers import Recorder, wait_until
 from tests.shards.conftest import make_dataset
 from tui.app import LoadmasterApp
 from tui.screens.shards import ShardsScreen
 
 SIZE = (120, 40)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    def __call__(self, message: Message) -> None:
-        self.messages.append(message)
-
-    def of(self, kind: type[Message]) -> list[Any]:
-        return list({id(m): m for m in self.messages if isinstance(m, kind)}.values())
-
-
-async def settle(pilot: Any, until: Any, rounds: int = 400) -> None:
-    """Pause until ``until()`` holds (bounded by rounds of the event loop, not by time)."""
-    for _ in range(rounds):
-        if until():
-            return
-        await pilot.pause(0.01)
-    assert until(), "condition never became true"
+settle = functools.partial(wait_until, delay=0.01)  # conversions take real time
 
 
 async def fill(pilot: Any, screen: ShardsScreen, **values: str) -> None:

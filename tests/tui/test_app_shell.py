@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.message import Message
-from textual.notifications import Notify
 from textual.widgets import Button, DataTable, Header
 
 from backend.config import UISettings, default_config
 from backend.errors import StoreError
 from backend.services import Services
 from backend.ui_prefs import load_ui_prefs, prefs_path
+from tests.helpers import Recorder, wait_until
 from themes.palette import SEMANTIC_VARIABLES, THEMES
 from tui.app import LoadmasterApp
 from tui.screens.base import SCREEN_SPECS, UnavailableScreen
@@ -41,33 +40,6 @@ def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def services(dirs: Path) -> Services:
     return Services(config=default_config())
-
-
-class Recorder:
-    """A run_test message hook keeping every message the app's nodes processed."""
-
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    def __call__(self, message: Message) -> None:
-        self.messages.append(message)
-
-    def of(self, kind: type[Message]) -> list[Any]:
-        # A bubbling message is processed by each node on its way up: count it once.
-        unique = {id(m): m for m in self.messages if isinstance(m, kind)}
-        return list(unique.values())
-
-    def notes(self) -> list[tuple[str, str]]:
-        return [(n.notification.severity, n.notification.message) for n in self.of(Notify)]
-
-
-async def _settle(pilot: Any, until: Any, rounds: int = 200) -> None:
-    """Pause until ``until()`` holds (bounded by rounds of the event loop, not by time)."""
-    for _ in range(rounds):
-        if until():
-            return
-        await pilot.pause()
-    assert until(), "condition never became true"
 
 
 # ---------------------------------------------------------------------------- screens
@@ -144,12 +116,12 @@ async def test_palette_lists_screen_commands_and_runs_them_on_that_screen(
     app = LoadmasterApp(services, mode="egress")
     async with app.run_test(size=SIZE) as pilot:
         await _run_palette(pilot, "Refresh transfers")
-        await _settle(pilot, lambda: ran)
+        await wait_until(pilot, lambda: ran)
         assert app.current_mode == "transfers"
         assert ran == [app.screen]
 
         await _run_palette(pilot, "Screen: Shards")
-        await _settle(pilot, lambda: app.current_mode == "shards")
+        await wait_until(pilot, lambda: app.current_mode == "shards")
 
 
 async def _run_palette(pilot: Any, query: str) -> None:
@@ -157,7 +129,7 @@ async def _run_palette(pilot: Any, query: str) -> None:
 
     app = pilot.app
     await pilot.press("ctrl+p")
-    await _settle(pilot, lambda: isinstance(app.screen, CommandPalette))
+    await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette))
     await pilot.press(*query)
     palette = app.screen
 
@@ -167,9 +139,9 @@ async def _run_palette(pilot: Any, query: str) -> None:
             return ""
         return str(commands.get_option_at_index(0).prompt)
 
-    await _settle(pilot, lambda: query.lower() in top_hit().lower())
+    await wait_until(pilot, lambda: query.lower() in top_hit().lower())
     await pilot.press("enter")
-    await _settle(pilot, lambda: not isinstance(app.screen, CommandPalette))
+    await wait_until(pilot, lambda: not isinstance(app.screen, CommandPalette))
 
 
 # ---------------------------------------------------------------------------- themes
@@ -186,7 +158,7 @@ async def test_theme_from_palette_is_remembered_across_runs(services: Services, 
     async with app.run_test(size=SIZE) as pilot:
         assert app.theme == "loadmaster-dark"
         await _run_palette(pilot, "Theme: loadmaster-light")
-        await _settle(pilot, lambda: app.theme == "loadmaster-light")
+        await wait_until(pilot, lambda: app.theme == "loadmaster-light")
     assert prefs_path().parent == dirs / "cfg"
     assert json.loads(prefs_path().read_text())["theme"] == "loadmaster-light"
 
@@ -213,7 +185,7 @@ async def test_config_theme_applies_when_nothing_is_remembered(dirs: Path) -> No
         await pilot.pause()
         assert app.theme == "loadmaster-contrast"
         await pilot.press("ctrl+t")  # cycles: contrast -> dark
-        await _settle(pilot, lambda: app.theme == "loadmaster-dark")
+        await wait_until(pilot, lambda: app.theme == "loadmaster-dark")
     assert load_ui_prefs()["theme"] == "loadmaster-dark"
 
 
@@ -282,7 +254,7 @@ async def test_failing_workers_are_shown_and_the_console_keeps_running(services:
         app.run_worker(boom(), name="_list_checkpoints", group="checkpoints", exit_on_error=False)
         app.screen.run_worker(screen_boom(), name="_list_pulls", group="transfers",
                               exit_on_error=False)
-        await _settle(pilot, lambda: len(app.errors) == 2)
+        await wait_until(pilot, lambda: len(app.errors) == 2)
         assert app.is_running
         notes = [msg for sev, msg in hook.notes() if sev == "error"]
         assert any("s3 listing exploded" in m and "(press e for details)" in m for m in notes)
@@ -445,7 +417,7 @@ async def test_theme_that_cannot_be_saved_is_reported_not_fatal(services: Servic
     app = LoadmasterApp(services, mode="transfers")
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("ctrl+t")
-        await _settle(pilot, lambda: app.errors)
+        await wait_until(pilot, lambda: app.errors)
         assert app.theme == "loadmaster-light" and app.is_running
         assert app.errors[-1].source == "Could not remember the theme"
         assert "cannot save UI preferences" in app.errors[-1].summary
@@ -481,5 +453,5 @@ async def test_clicking_the_mode_bar_switches_screens(services: Services) -> Non
         text = str(app.screen.query_one(ModeBar).render())
         x = text.index("Shards")
         await pilot.click(ModeBar, offset=(x, 0))
-        await _settle(pilot, lambda: app.current_mode == "shards")
+        await wait_until(pilot, lambda: app.current_mode == "shards")
         assert app.screen.query_one(ModeBar).active == "shards"

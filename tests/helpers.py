@@ -1,0 +1,65 @@
+"""Helpers shared by test modules: Pilot message recording and waiting, lab configs for job tests."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from textual.message import Message
+from textual.notifications import Notify
+
+from backend.lab import Lab
+
+#: Short job timings for tests over the lab (appended to the lab's config text).
+JOBS_SECTION = """
+[jobs]
+lost_after = "3s"
+cancel_grace = "2s"
+poll_interval = "0.3s"
+numworkers = 8
+concurrency = 4
+part_size_mib = 5
+nic_gbps = 10.0
+"""
+
+
+def write_lab_config(lab: Lab, path: Path, state_dir: Path, extra: str = "") -> Path:
+    """The lab's config with its own state dir and short job timings (the shared file is untouched)."""
+    text = lab.config_text(JOBS_SECTION + extra)
+    text = re.sub(r'(\[state\]\ndir = )"[^"]*"', lambda m: f'{m.group(1)}"{state_dir}"', text)
+    path.write_text(text)
+    return path
+
+
+class Recorder:
+    """A run_test message hook keeping every message the app's nodes processed."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def __call__(self, message: Message) -> None:
+        self.messages.append(message)
+
+    def of(self, kind: type[Message]) -> list[Any]:
+        # A bubbling message is processed by each node on its way up: count it once.
+        return list({id(m): m for m in self.messages if isinstance(m, kind)}.values())
+
+    def notes(self) -> list[tuple[str, str]]:
+        """(severity, message) of every notification shown."""
+        return [(n.notification.severity, n.notification.message) for n in self.of(Notify)]
+
+
+async def wait_until(pilot: Any, cond: Any, rounds: int = 400, delay: float | None = None) -> None:
+    """Let the app run until ``cond()`` holds (bounded by rounds of the event loop, not by a time limit)."""
+    for _ in range(rounds):
+        if cond():
+            return
+        await pilot.pause(delay)
+    assert cond(), "condition never became true"
+
+
+async def settle_workers(pilot: Any) -> None:
+    """Wait for the app's workers to finish, then for the screen to process what they posted."""
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
