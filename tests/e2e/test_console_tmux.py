@@ -90,6 +90,11 @@ def term(sandbox: tuple[Path, str, dict[str, str]], tmp_path: Path) -> Iterator[
         tmux.kill()
 
 
+def _in_text_field(term: Tmux) -> bool:
+    """Whether a text input has the focus: the footer then hides the printable keys (? Help)."""
+    return "? Help" not in term.screen().rstrip().splitlines()[-1]
+
+
 def _fill(term: Tmux, text: str) -> None:
     """Type into the focused input and wait until its end is on screen."""
     term.type(text)
@@ -171,6 +176,17 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
                            what="the apply to finish")
     m = status.search(screen)
     assert m and m.groups() == ("ok", "9", "0"), screen
+
+    # -- back to the fleet: still live, and its keys listed by ? -----------------------------
+    assert not _in_text_field(term), "after applying, the focus should be on the steps table"
+    term.press("1")
+    screen = term.wait_for(lambda s: len(re.findall(r"^\s*node-0\d\s.*\bup\b", s, re.MULTILINE)) >= 4,
+                           timeout=SCREEN_TIMEOUT, what="the Fleet screen with every node again")
+    term.press("?")
+    screen = term.wait_for("Keys", what="the help screen")
+    assert "Filter" in screen and "Quit" in screen, screen
+    term.press("Escape")
+    term.wait_for("Alerts:", what="the Fleet screen after closing help")
 
     # -- quit cleanly --------------------------------------------------------------------------
     term.send("q")
