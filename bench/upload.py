@@ -50,27 +50,6 @@ asyncio.run(main())
 """
 
 
-def port_block(count: int = 12, ip: str = "127.0.0.1") -> int:
-    """A base port below the ephemeral range with ``count`` free ports (TIME_WAIT ones count as free)."""
-    import random
-    import socket
-
-    for _ in range(500):
-        base = random.randrange(20000, 32000 - count)
-        ok = True
-        for p in range(base, base + count):
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((ip, p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise SystemExit("no free block of ports for SeaweedFS")
-
-
 def generate(step: Path, size_gb: float, files: int = 8) -> int:
     step.mkdir(parents=True, exist_ok=True)
     per = int(size_gb * 1e9 / files)
@@ -122,7 +101,7 @@ def main() -> None:
     ap.add_argument("--workdir", help="scratch directory (default: a temp dir, removed at the end)")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="lm-bench-upload-"))
-    s3 = SeaweedS3(work / "weed", base_port=port_block())
+    s3 = SeaweedS3(work / "weed")  # start() takes a free port block (TIME_WAIT ports count as free)
     try:
         s3.start()
         bucket = s3.new_bucket("bench")
