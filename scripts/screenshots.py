@@ -65,16 +65,16 @@ async def until(pilot: Any, check: Callable[[], object], what: str, limit: float
         if time.monotonic() > end:
             shot = pilot.app.save_screenshot(filename="lm-screenshots-timeout.svg",
                                              path=tempfile.gettempdir())
-            raise SystemExit(f"timed out waiting for {what} (the screen then: {shot})")
+            errors = "".join(f"\n  {e.source}: {e.detail}" for e in getattr(pilot.app, "errors", []))
+            raise SystemExit(f"timed out waiting for {what} (the screen then: {shot})"
+                             + (f"\nerrors the console recorded:{errors}" if errors else ""))
         await pilot.pause(0.25)
 
 
 async def switch(pilot: Any, key: str, mode: str) -> None:
-    """Press a screen's digit and wait until that screen is the active one."""
-    # A focused text field takes digits as text (as it should): leave it first.
-    pilot.app.screen.set_focus(None)
-    await pilot.pause()
-    await pilot.press(key)
+    """Switch to a screen (what its digit ``key`` does; a focused text field would take the
+    digit as text, so the mode is switched directly) and wait until it is the active one."""
+    await pilot.app.switch_mode(mode)
     await until(pilot, lambda: pilot.app.current_mode == mode and pilot.app.screen.is_mounted,
                 f"the {mode} screen")
     await pilot.pause(0.3)
@@ -179,7 +179,11 @@ async def session(config_path: Path, out: Path, size: tuple[int, int], theme: st
 
         # 10. The keys of a screen: ? on the Fleet screen.
         await switch(pilot, "1", "fleet")
+        nodes = len(services.config.nodes)
+        await until(pilot, lambda: app.screen.query_one("#fleet-table").row_count == nodes,
+                    "the fleet table to show every node again")
         await pilot.press("question_mark")
+        await until(pilot, lambda: type(app.screen).__name__ == "HelpScreen", "the help screen")
         await pilot.pause(0.5)
         shot("10-help")
         await pilot.press("escape")
