@@ -507,6 +507,20 @@ def strip_params(store: ObjectStore, step_path: str, *, out_store: ObjectStore |
             "max_shard_bytes": max_shard_bytes}
 
 
+async def launch_strip(jobs: Any, node: str, store: ObjectStore, step_path: str, *,
+                       out_store: ObjectStore | None = None, out_prefix: str | None = None,
+                       model_prefix: str = "model", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Any:
+    """Launch a "strip" job of ``step_path`` in ``store`` on ``node``; returns its job record."""
+    from backend.checkpoints.upload import store_secrets
+
+    params = strip_params(store, step_path, out_store=out_store, out_prefix=out_prefix,
+                          model_prefix=model_prefix, max_shard_bytes=max_shard_bytes)
+    secrets = await store_secrets(store)
+    if out_store is not None:
+        secrets.update(await store_secrets(out_store))
+    return await jobs.launch(node, "strip", params, secrets=secrets, label=f"strip {step_path}")
+
+
 def cleanup(ctx: Any) -> None:
     """Remove partial shards a cancelled strip left in a local output directory."""
     p = ctx.params

@@ -214,6 +214,14 @@ def upload_params(local_dir: str, store: ObjectStore, prefix: str, *, settings: 
             "concurrency": s.concurrency, "retries": s.retries, "step": step}
 
 
+async def launch_upload(jobs: Any, node: str, store: ObjectStore, local_dir: str, prefix: str, *,
+                        settings: UploadSettings | None = None, step: int | None = None) -> Any:
+    """Launch an "upload" job of ``local_dir`` (on ``node``) to ``prefix`` of ``store``; returns its job record."""
+    params = upload_params(local_dir, store, prefix, settings=settings, step=step)
+    return await jobs.launch(node, "upload", params, secrets=await store_secrets(store),
+                             label=f"upload {os.path.basename(local_dir.rstrip('/'))}")
+
+
 def run_upload_job(ctx: Any) -> dict[str, Any]:
     """Durable-job runner for kind "upload": a step directory to a store, verified, markers last."""
     p = ctx.params

@@ -10,21 +10,23 @@ import argparse
 import json
 import os
 import sys
-import time
 from typing import Any
 
-from backend.checkpoints.catalog import list_checkpoints
+from backend.checkpoints.catalog import fmt_age, list_checkpoints
 from backend.checkpoints.dcp import CheckpointError
 from backend.checkpoints.footprint import GB, fmt_gb, footprint, footprint_table, upload_backlog
 from backend.checkpoints.inspection import inspect_step
-from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, strip_params, strip_step
+from backend.checkpoints.strip import (
+    DEFAULT_MAX_SHARD_BYTES,
+    launch_strip,
+    strip_step,
+)
 from backend.checkpoints.upload import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PART_SIZE,
     UploadSettings,
-    store_secrets,
+    launch_upload,
     upload_dir,
-    upload_params,
     url_join,
 )
 from backend.errors import PolicyError
@@ -135,16 +137,6 @@ def open_step(services: Services, ref: str) -> tuple[ObjectStore, str]:
     return services.stores.open(parent), leaf
 
 
-def _age(mtime: float) -> str:
-    if not mtime:
-        return "-"
-    s = max(0.0, time.time() - mtime)
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= n:
-            return f"{s / n:.0f}{unit}"
-    return f"{s:.0f}s"
-
-
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
@@ -182,7 +174,7 @@ async def cmd_list(args: argparse.Namespace, services: Services) -> int:
         return 0
     hdr = ("STEP", "FOLDER", "LAYOUT", "KIND", "SIZE (GB)", "OBJECTS", "AGE", "BF16 EXPORT")
     rows = [(str(s.step) if s.step is not None else "-", s.name, s.layout, s.kind, f"{s.total_bytes / GB:,.3f}",
-             str(s.object_count), _age(s.mtime), "yes" if s.has_bf16_export else "no") for s in cat.steps]
+             str(s.object_count), fmt_age(s.mtime), "yes" if s.has_bf16_export else "no") for s in cat.steps]
     widths = [max(len(r[i]) for r in [hdr, *rows]) for i in range(len(hdr))]
     for r in [hdr, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
@@ -198,13 +190,11 @@ async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
     out_store, out_prefix = (open_prefix(services, args.out) if args.out else (None, None))
     try:
         if args.node:
-            params = strip_params(store, step, out_store=out_store, out_prefix=out_prefix,
-                                  model_prefix=args.model_prefix, max_shard_bytes=args.max_shard_size)
-            secrets = await store_secrets(store)
-            if out_store is not None:
-                secrets.update(await store_secrets(out_store))
-            rec = await services.jobs.launch(args.node, "strip", params, secrets=secrets, label=f"strip {step}")
-            services.db.record_audit("ckpt.strip", params["src"], "launched", detail={"job": rec.id, "node": args.node})
+            rec = await launch_strip(services.jobs, args.node, store, step, out_store=out_store,
+                                     out_prefix=out_prefix, model_prefix=args.model_prefix,
+                                     max_shard_bytes=args.max_shard_size)
+            services.db.record_audit("ckpt.strip", url_join(store.url, step), "launched",
+                                     detail={"job": rec.id, "node": args.node})
             print(rec.id if not args.json else json.dumps({"job": rec.id, "node": args.node}))
             return 0
         try:
@@ -264,10 +254,10 @@ async def cmd_upload(args: argparse.Namespace, services: Services) -> int:
     store, prefix = open_prefix(services, args.url)
     async with store:
         if args.node:
-            params = upload_params(args.local_dir, store, prefix, settings=settings, step=args.step)
-            rec = await services.jobs.launch(args.node, "upload", params, secrets=await store_secrets(store),
-                                             label=f"upload {os.path.basename(args.local_dir.rstrip('/'))}")
-            services.db.record_audit("ckpt.upload", params["dest"], "launched", detail={"job": rec.id, "node": args.node})
+            rec = await launch_upload(services.jobs, args.node, store, args.local_dir, prefix, settings=settings,
+                                      step=args.step)
+            services.db.record_audit("ckpt.upload", url_join(store.url, prefix), "launched",
+                                     detail={"job": rec.id, "node": args.node})
             print(rec.id if not args.json else json.dumps({"job": rec.id, "node": args.node}))
             return 0
         res = await upload_dir(store, args.local_dir, prefix, settings=settings)

@@ -8,7 +8,6 @@ results arrive as past-tense messages. Nothing here touches a store directly.
 from __future__ import annotations
 
 import os
-import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
@@ -19,6 +18,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Input, Label, Select, Static
 
+from backend.checkpoints.catalog import fmt_age
 from backend.checkpoints.footprint import fmt_gb, footprint, upload_backlog
 from backend.errors import LoadmasterError
 from tui.screens.base import LoadmasterScreen
@@ -32,16 +32,6 @@ if TYPE_CHECKING:
 
 #: Theme variable per kind (cells coloured by meaning, never by literal colour).
 KIND_STYLE = {"full": "action-keep", "weights": "action-strip", "incomplete": "job-running", "unknown": "action-skip"}
-
-
-def _age(mtime: float) -> str:
-    if not mtime:
-        return "-"
-    s = max(0.0, time.time() - mtime)
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= n:
-            return f"{s / n:.0f}{unit}"
-    return f"{s:.0f}s"
 
 
 def _gb(n: int) -> str:
@@ -221,7 +211,7 @@ class CheckpointsScreen(LoadmasterScreen):
             for s in cat.steps:
                 table.add_row(str(s.step) if s.step is not None else s.name,
                               Text(s.kind, style=variables.get(KIND_STYLE[s.kind], "")), s.layout,
-                              _gb(s.total_bytes), str(s.object_count), _age(s.mtime),
+                              _gb(s.total_bytes), str(s.object_count), fmt_age(s.mtime),
                               "yes" if s.has_bf16_export else "no", key=s.path)
             if cat.steps:
                 table.move_cursor(row=min(max(cursor, 0), len(cat.steps) - 1))
@@ -302,15 +292,13 @@ class CheckpointsScreen(LoadmasterScreen):
         if not await self.app.push_screen_wait(ConfirmModal(title=f"Strip {path} to BF16?", body=body,
                                                             yes_label="Strip")):
             return
-        from backend.checkpoints.strip import strip_params, strip_step
-        from backend.checkpoints.upload import store_secrets
+        from backend.checkpoints.strip import launch_strip, strip_step
 
         self.query_one("#ckpt-status", Static).update(f"Stripping {path} …")
         try:
             async with self.services.stores.open(self.url) as store:
                 if node:
-                    rec = await self.services.jobs.launch(node, "strip", strip_params(store, path),
-                                                          secrets=await store_secrets(store), label=f"strip {path}")
+                    rec = await launch_strip(self.services.jobs, node, store, path)
                     detail = f"strip of {path} launched on {node} as job {rec.id}"
                 else:
                     res = await strip_step(store, path)
@@ -344,15 +332,13 @@ class CheckpointsScreen(LoadmasterScreen):
         if not await self.app.push_screen_wait(ConfirmModal(title=f"Upload {name}?", body=body, yes_label="Upload")):
             return
         from backend.checkpoints.catalog import step_number
-        from backend.checkpoints.upload import store_secrets, upload_dir, upload_params
+        from backend.checkpoints.upload import launch_upload, upload_dir
 
         self.query_one("#ckpt-status", Static).update(f"Uploading {local} …")
         try:
             async with self.services.stores.open(self.url) as store:
                 if node:
-                    rec = await self.services.jobs.launch(
-                        node, "upload", upload_params(local, store, name, step=step_number(name)),
-                        secrets=await store_secrets(store), label=f"upload {name}")
+                    rec = await launch_upload(self.services.jobs, node, store, local, name, step=step_number(name))
                     detail = f"upload of {name} launched on {node} as job {rec.id}"
                 else:
                     res = await upload_dir(store, local, name)
