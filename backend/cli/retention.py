@@ -9,10 +9,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import humanize
-
 from backend.errors import PolicyError
-from backend.policy.retention import RetentionPlan, RetentionPolicy, parse_pin, parse_step_list
+from backend.policy.retention import (
+    RetentionPlan,
+    RetentionPolicy,
+    fmt_size,
+    parse_pin,
+    parse_step_list,
+)
 from backend.schema import parse_duration
 
 
@@ -98,17 +102,13 @@ def policy_from_args(base: RetentionPolicy, args: argparse.Namespace) -> Retenti
     return dataclasses.replace(policy, pins=kept + tuple(flag_pins))
 
 
-def _size(n: int) -> str:
-    return humanize.naturalsize(n, format="%.1f")
-
-
 def format_plan(plan: RetentionPlan) -> str:
     """The plan as an operator reads it: one line per step, then the totals."""
     rows = [("STEP", "ACTION", "BEFORE", "AFTER", "FREED", "REASON")]
     for a in plan.actions:
         est = "~" if a.estimated else ""
-        rows.append((str(a.step) if a.step is not None else a.path, a.action, _size(a.bytes_before),
-                     est + _size(a.bytes_after), est + _size(a.bytes_freed), a.reason))
+        rows.append((str(a.step) if a.step is not None else a.path, a.action, fmt_size(a.bytes_before),
+                     est + fmt_size(a.bytes_after), est + fmt_size(a.bytes_freed), a.reason))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows]
     t = plan.totals
@@ -119,7 +119,7 @@ def format_plan(plan: RetentionPlan) -> str:
     lines += [
         "",
         f"plan {plan.hash[:12]} for {plan.url}: {counts}",
-        f"before {_size(t.bytes_before)} -> after {_size(t.bytes_after)}: saves {_size(t.bytes_saved)} "
+        f"before {fmt_size(t.bytes_before)} -> after {fmt_size(t.bytes_after)}: saves {fmt_size(t.bytes_saved)} "
         f"({t.percent_saved:.1f}%){money}",
     ]
     if any(a.estimated for a in plan.actions):
@@ -185,7 +185,7 @@ async def cmd_apply(args: argparse.Namespace, services: Any) -> int:
         print(f"{'dry run of' if report.dry_run else 'applied'} plan {plan.hash[:12]}: {report.outcome}; "
               f"{report.count('done')} done, {report.count('already-done')} already done, "
               f"{report.count('stopped')} stopped, {report.count('failed')} failed; "
-              f"freed {_size(report.bytes_freed)}"
+              f"freed {fmt_size(report.bytes_freed)}"
               + (f"; audit record #{report.audit_id}" if report.audit_id else ""))
         if report.count("stopped"):
             print("stopped actions were left untouched: compute a new plan to act on the current listing")

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+import humanize
+
 from backend.errors import PolicyError
 from backend.schema import parse_duration
 
@@ -463,6 +465,11 @@ def _milestone_reason(s: Any, policy: RetentionPolicy) -> str | None:
     if _has_marker(s, policy.milestone_marker):
         return f"{policy.milestone_marker} marker"
     return None
+
+
+def fmt_size(n: int) -> str:
+    """A byte count as the retention plan shows it (``1.2 GB``, decimal units)."""
+    return humanize.naturalsize(n, format="%.1f")
 
 
 def _fmt_age(seconds: float) -> str:

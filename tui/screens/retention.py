@@ -12,7 +12,6 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import humanize
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -26,6 +25,7 @@ from backend.policy.retention import (
     Pin,
     RetentionPlan,
     RetentionPolicy,
+    fmt_size,
     parse_step_list,
     plan_retention,
 )
@@ -44,10 +44,6 @@ ACTION_STYLE = {"keep-full": "action-keep", "keep-weights": "action-keep", "stri
 #: Storage bar segments: (css class, label, actions whose bytes-after fall in it).
 BAR_SEGMENTS = (("-keep", "full", ("keep-full",)), ("-strip", "weights", ("strip-to-weights", "keep-weights")),
                 ("-skip", "untouched", ("skip",)), ("-delete", "freed", ()))
-
-
-def _size(n: int) -> str:
-    return humanize.naturalsize(n, format="%.1f")
 
 
 class CatalogLoaded(Message):
@@ -281,7 +277,7 @@ class RetentionScreen(LoadmasterScreen):
                 est = "~" if a.estimated else ""
                 table.add_row(
                     str(a.step) if a.step is not None else a.path, Text(a.action, style=style),
-                    _size(a.bytes_before), est + _size(a.bytes_after), est + _size(a.bytes_freed),
+                    fmt_size(a.bytes_before), est + fmt_size(a.bytes_after), est + fmt_size(a.bytes_freed),
                     Text(a.reason), self.results.get(a.path, ""), key=a.path)
             if plan.actions:
                 table.move_cursor(row=min(max(cursor, 0), len(plan.actions) - 1))
@@ -291,15 +287,15 @@ class RetentionScreen(LoadmasterScreen):
             counts = "  ".join(f"{plan.count(x)} {x}" for x in ("keep-full", "strip-to-weights", "keep-weights",
                                                                 "delete", "skip") if plan.count(x))
             self.query_one("#retention-summary", Static).update(
-                f"{plan.url}   before {_size(t.bytes_before)} → after {_size(t.bytes_after)}   "
-                f"saves {_size(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}")
+                f"{plan.url}   before {fmt_size(t.bytes_before)} → after {fmt_size(t.bytes_after)}   "
+                f"saves {fmt_size(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}")
             by = plan.bytes_by_action()
             for seg, (_cls, label, acts) in zip(self.query(".retention-bar-seg"), BAR_SEGMENTS, strict=True):
                 n = sum(by[x] for x in acts) if acts else by["freed"]
                 seg.display = n > 0
                 seg.styles.width = f"{max(n, 1)}fr"
                 if isinstance(seg, Static):
-                    seg.update(f"{label} {_size(n)}")
+                    seg.update(f"{label} {fmt_size(n)}")
 
     def _selected(self) -> Any:
         if self.plan is None or not self.plan.actions:
@@ -374,7 +370,7 @@ class RetentionScreen(LoadmasterScreen):
         t = plan.totals
         body = (f"{plan.count('delete')} steps deleted, {plan.count('strip-to-weights')} stripped to BF16 weights "
                 f"(optimizer state removed after the export verifies), {plan.count('keep-full')} kept full, "
-                f"{plan.count('skip')} untouched.\nFrees {_size(t.bytes_saved)} ({t.percent_saved:.1f}%). "
+                f"{plan.count('skip')} untouched.\nFrees {fmt_size(t.bytes_saved)} ({t.percent_saved:.1f}%). "
                 f"Plan {plan.hash[:12]}. The listing is checked again first; changed steps are skipped.")
 
         def confirmed(ok: bool | None) -> None:
@@ -436,7 +432,7 @@ class RetentionScreen(LoadmasterScreen):
         else:
             lines = [f"Applied plan {r.plan_hash[:12]}: {r.outcome}. {r.count('done')} done, "
                      f"{r.count('already-done')} already done, {r.count('stopped')} stopped, "
-                     f"{r.count('failed')} failed; freed {_size(r.bytes_freed)}. Audit record #{r.audit_id}."]
+                     f"{r.count('failed')} failed; freed {fmt_size(r.bytes_freed)}. Audit record #{r.audit_id}."]
         lines += [f"changed: {c}" for c in r.changes[:5]]
         lines += [f"failed: {o.path}: {o.detail}" for o in r.outcomes if o.outcome == "failed"][:5]
         self.query_one("#retention-status", Static).update("\n".join(lines))
