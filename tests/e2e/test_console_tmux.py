@@ -213,10 +213,13 @@ def test_readonly_console_refuses_and_errors_are_one_key_away(
     term.wait_for("job(s):", what="the Transfers screen")
     term.press("c")
     term.wait_for("Read-only mode: cannot cancel a job", what="the refusal to cancel")
-    term.press("4")
-    term.wait_for("Run folder", what="the Retention screen")
-    term.press("a")
+    # The same refusal through the command palette (it switches to the screen and runs the action).
+    term.press("C-p")
+    _fill(term, "apply retention")
+    term.wait_for("Retention: Apply retention plan", what="the palette's apply command")
+    term.send("Enter")
     term.wait_for("Read-only mode: cannot apply a retention plan", what="the refusal to apply")
+    term.wait_for("Run folder", what="the Retention screen")
 
     # A failing background task: a notification, the console stays up, the detail behind e.
     term.press("u")
