@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from backend.policy.egress import fmt_bytes as egress_fmt_bytes
+
 
 def fmt_bytes(n: float | None) -> str:
     """``12.6 GB`` in decimal units (as NICs and clouds count); ``?`` when unknown."""
-    if n is None:
-        return "?"
-    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
+    return "?" if n is None else egress_fmt_bytes(n)
 
 
 def fmt_eta(s: float | None) -> str:
