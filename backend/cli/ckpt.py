@@ -29,17 +29,10 @@ from backend.checkpoints.upload import (
     upload_dir,
     url_join,
 )
+from backend.cli.argtypes import duration_arg, size_arg
 from backend.errors import PolicyError
-from backend.schema import parse_duration, parse_size
 from backend.services import Services
 from backend.storage import ObjectStore
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _params(text: str) -> float:
@@ -52,13 +45,6 @@ def _params(text: str) -> float:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"parameter count must be positive, got {text!r}")
     return v
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -81,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     st.add_argument("src", metavar="SRC", help="the step folder (store/run/step-N, s3://..., or a directory)")
     st.add_argument("--out", metavar="DEST", help="output folder (default: into the step folder itself)")
     st.add_argument("--model-prefix", default="model", help="state-dict key prefix of the weights (default model)")
-    st.add_argument("--max-shard-size", type=_size, default=DEFAULT_MAX_SHARD_BYTES, metavar="SIZE",
+    st.add_argument("--max-shard-size", type=size_arg, default=DEFAULT_MAX_SHARD_BYTES, metavar="SIZE",
                     help="largest shard (default 5GB)")
     st.add_argument("--node", metavar="NAME", help="run as a durable job on this node instead of here")
     st.add_argument("--json", action="store_true", help="machine-readable output")
@@ -93,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ins.set_defaults(func=cmd_inspect)
 
     bl = cs.add_parser("backlog", help="alert when an upload is still running when the next checkpoint is due")
-    bl.add_argument("--interval", type=_duration, metavar="DURATION",
+    bl.add_argument("--interval", type=duration_arg, metavar="DURATION",
                     help="checkpoint interval (default: inferred from recent upload jobs)")
     bl.add_argument("--json", action="store_true", help="machine-readable output")
     bl.set_defaults(func=cmd_backlog)
@@ -102,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up.add_argument("local_dir", metavar="LOCAL_DIR")
     up.add_argument("url", metavar="URL", help="destination folder: store/run/step-N, s3://..., or a directory")
     up.add_argument("--node", metavar="NAME", help="run as a durable job on this node (LOCAL_DIR is on the node)")
-    up.add_argument("--part-size", type=_size, default=DEFAULT_PART_SIZE, metavar="SIZE", help="default 32MiB")
+    up.add_argument("--part-size", type=size_arg, default=DEFAULT_PART_SIZE, metavar="SIZE", help="default 32MiB")
     up.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="parts in flight")
     up.add_argument("--step", type=int, metavar="N", help="step number shown in progress")
     up.add_argument("--json", action="store_true", help="machine-readable output")

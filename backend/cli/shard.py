@@ -8,9 +8,9 @@ import sys
 import time
 from typing import Any
 
+from backend.cli.argtypes import size_arg
 from backend.config import StoreProfile
 from backend.errors import ConfigError, JobError
-from backend.schema import parse_size
 from backend.services import Services
 from backend.shards.convert import (
     ShardProgress,
@@ -28,13 +28,6 @@ USAGE = ("loadmaster shard SRC DEST [--shard-size 512MB] [--pattern shard-%06d.t
          "[--dry-run] [--json]\n       loadmaster shard verify DEST [--json]")
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def register(sub: Any) -> None:
     """Add the ``shard`` command."""
     p = sub.add_parser(
@@ -44,7 +37,7 @@ def register(sub: Any) -> None:
         "'shard verify DEST' reads shards back with webdataset and checks them against the manifest.",
     )
     p.add_argument("paths", nargs="+", metavar="SRC DEST", help="source and destination (dir or s3://)")
-    p.add_argument("--shard-size", type=_size, metavar="SIZE", help="target shard size (default 512MB; 256MB-1GB advised)")
+    p.add_argument("--shard-size", type=size_arg, metavar="SIZE", help="target shard size (default 512MB; 256MB-1GB advised)")
     p.add_argument("--pattern", help="shard file name pattern (default shard-%%06d.tar)")
     p.add_argument("--node", metavar="NAME", help="run the conversion as a durable job on this node")
     p.add_argument("--shuffle", type=int, metavar="SEED", help="shuffle sample order with this seed")

@@ -13,19 +13,12 @@ import sys
 import time
 from typing import Any
 
+from backend.cli.argtypes import duration_arg
 from backend.errors import ConfigError
-from backend.schema import parse_duration
 from backend.services import Services
 from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.report import fleet_dict, fleet_table
 from backend.telemetry.settings import TelemetrySettings
-
-
-def _interval(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print one JSON object per sample tick")
     p.add_argument("--once", action="store_true",
                    help="print one table (after two samples per node, so rates are known) and exit")
-    p.add_argument("--interval", type=_interval, metavar="S",
+    p.add_argument("--interval", type=duration_arg, metavar="S",
                    help="seconds between samples, 0.2-60 (default: [telemetry] interval, 1s)")
     p.add_argument("--nodes", metavar="PATTERN",
                    help="only these nodes: hostlist (gpu-[01-04]), glob (gpu-*) or comma list")
