@@ -1,0 +1,79 @@
+"""The columns an operator decides on stay visible from 80x24 up to very wide terminals.
+
+Each screen is rendered (deterministic services, frozen clock) and its text read back from the
+exported screenshot; a header missing from the screen means the column is clipped or scrolled
+away. Known clippings are strict xfails naming the fix, so a fix shows up as XPASS.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from html import unescape
+from typing import Any
+
+import pytest
+
+from tests.tui.snapshot_services import frozen_clock, record_egress_month, snapshot_services
+from tui.app import LoadmasterApp
+
+SIZES = {"80x24": (80, 24), "120x34": (120, 34), "250x60": (250, 60)}
+
+#: screen -> column headers that must be on screen at every size
+IMPORTANT: dict[str, tuple[str, ...]] = {
+    "fleet": ("Node", "State", "Util avg/min", "Hint"),
+    "transfers": ("Node", "Progress", "State"),
+    "checkpoints": ("Step", "Kind", "Size", "Age"),
+    "retention": ("Step", "Action", "Freed"),
+    "egress": ("Store -> node site", "USD", "Projected"),
+    "shards": ("Source -> destination", "State"),
+}
+
+#: (screen, size) -> why it is clipped today (strict: a fix turns these into XPASS)
+KNOWN: dict[tuple[str, str], str] = {
+    ("transfers", "80x24"): "Source -> Destination and the detail pane leave no room for "
+                            "Progress and State",
+    ("transfers", "120x34"): "Source -> Destination and the detail pane leave no room for "
+                             "Progress and State",
+    ("egress", "80x24"): "the routes pane is half the width: USD and Projected are clipped",
+    ("egress", "120x34"): "the routes pane is half the width: USD and Projected are clipped",
+}
+
+
+def screen_text(svg: str) -> str:
+    """The text of an exported SVG screenshot, one line per terminal row."""
+    rows: dict[float, list[tuple[float, str]]] = defaultdict(list)
+    for m in re.finditer(r'<text[^>]*\bx="([\d.]+)"[^>]*\by="([\d.]+)"[^>]*>([^<]*)</text>', svg):
+        rows[float(m.group(2))].append((float(m.group(1)), unescape(m.group(3)).replace("\xa0", " ")))
+    return "\n".join("".join(t for _, t in sorted(parts)) for _, parts in sorted(rows.items()))
+
+
+@pytest.fixture(autouse=True)
+def _frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    with frozen_clock(monkeypatch):
+        yield
+
+
+def _cases() -> list[Any]:
+    out = []
+    for screen in IMPORTANT:
+        for size in SIZES:
+            reason = KNOWN.get((screen, size))
+            marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            out.append(pytest.param(screen, size, marks=marks, id=f"{screen}-{size}"))
+    return out
+
+
+@pytest.mark.parametrize(("screen", "size"), _cases())
+async def test_important_columns_visible(screen: str, size: str) -> None:
+    services = snapshot_services()
+    if screen == "egress":
+        record_egress_month(services)
+    app = LoadmasterApp(services, theme="loadmaster-dark", mode=screen)
+    async with app.run_test(size=SIZES[size]) as pilot:
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        text = screen_text(app.export_screenshot())
+    missing = [h for h in IMPORTANT[screen] if h not in text]
+    assert not missing, f"{screen} at {size}: {missing} not on screen:\n{text}"
