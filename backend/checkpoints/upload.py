@@ -198,11 +198,7 @@ async def store_secrets(store: ObjectStore) -> dict[str, str]:
     """The env a node job needs to reach ``store`` (delivered via the job's 0600 secrets file)."""
     if not isinstance(store, S3Store):
         return {}
-    creds = await store.credentials()
-    env = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
-    if creds.token:
-        env["AWS_SESSION_TOKEN"] = creds.token
-    return env
+    return (await store.credentials()).as_env()
 
 
 def upload_params(local_dir: str, store: ObjectStore, prefix: str, *, settings: UploadSettings | None = None,

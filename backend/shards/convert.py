@@ -912,11 +912,7 @@ async def job_secrets(*locations: tuple[str, StoreProfile | None]) -> dict[str, 
     """Credentials a node needs for the first ``s3://`` location, as env vars for the job's 0600 file."""
     for url, prof in locations:
         if url.startswith("s3://"):
-            creds = await S3Store(url, prof).credentials()
-            env = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
-            if creds.token:
-                env["AWS_SESSION_TOKEN"] = creds.token
-            return env
+            return (await S3Store(url, prof).credentials()).as_env()
     return {}
 
 

@@ -57,6 +57,13 @@ class Credentials:
     def __repr__(self) -> str:  # keep secrets out of tracebacks and logs
         return "Credentials(<redacted>)"
 
+    def as_env(self) -> dict[str, str]:
+        """The ``AWS_*`` env vars for these credentials (for a job's 0600 secrets file, never argv)."""
+        env = {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
+        if self.token:
+            env["AWS_SESSION_TOKEN"] = self.token
+        return env
+
     def shared_credentials_file(self, profile: str = "default") -> str:
         """Text of an AWS shared-credentials file holding these credentials (write it 0600)."""
         lines = [f"[{profile}]", f"aws_access_key_id = {self.access_key}",
@@ -114,7 +121,7 @@ class ObjectStore(ABC):
     async def delete_many(self, keys: Iterable[str]) -> DeleteResult:
         """Delete keys in batches; per-key failures are returned, never ignored."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for local stores
         """Release clients."""
 
     async def __aenter__(self) -> ObjectStore:
