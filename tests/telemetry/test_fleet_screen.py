@@ -21,6 +21,7 @@ from backend.telemetry.synthetic import SyntheticNode, SyntheticPool, synthetic_
 from tui.app import LoadmasterApp
 from tui.screens.fleet import FleetSampled, FleetScreen
 from tui.screens.node_detail import NodeDetailScreen
+from tui.widgets.fleet_alerts import COLUMNS as ALERT_COLUMNS
 from tui.widgets.fleet_alerts import AlertList
 from tui.widgets.fleet_table import FleetTable
 
@@ -75,6 +76,12 @@ def fleet() -> Fleet:
     return Fleet()
 
 
+def alert_row(alerts: AlertList, index: int) -> dict[str, str]:
+    """One alert-list row by column key (the column order is a layout choice)."""
+    keys = [key for key, _label, _width in ALERT_COLUMNS]
+    return dict(zip(keys, (str(c) for c in alerts.get_row_at(index)), strict=True))
+
+
 def cell(table: FleetTable, node: str, column: str) -> str:
     return str(table.get_cell(node, column))
 
@@ -113,18 +120,18 @@ async def test_starved_node_raises_and_clears_alert(fleet):
         assert isinstance(screen, FleetScreen)
         alerts = screen.query_one(AlertList)
         assert alerts.row_count == 1
-        row = [str(c) for c in alerts.get_row_at(0)]
-        assert row[1] == "gpu-003" and row[2] == "0,1,2,3,4,5,6,7"
-        assert row[6] == "request-bound" and row[7] == "active"
-        assert row[0] == "22:13:20"  # started at t=0 (TZ=UTC)
+        row = alert_row(alerts, 0)
+        assert row["node"] == "gpu-003" and row["gpus"] == "0,1,2,3,4,5,6,7"
+        assert row["hint"] == "request-bound" and row["status"] == "active"
+        assert row["since"] == "22:13:20"  # started at t=0 (TZ=UTC)
         assert "STARVED" in cell(screen.query_one(FleetTable), "gpu-003", "alerts")
         assert "alerts 1" in str(screen.query_one("#fleet-summary").render())
         # The input pipeline is fixed: utilisation recovers and the alert clears by itself.
         fleet.gen("gpu-003").pattern = "training"
         fleet.feed(3)
         await pilot.pause()
-        row = [str(c) for c in alerts.get_row_at(0)]
-        assert row[1] == "gpu-003" and row[7] == "cleared"
+        row = alert_row(alerts, 0)
+        assert row["node"] == "gpu-003" and row["status"] == "cleared"
         assert cell(screen.query_one(FleetTable), "gpu-003", "alerts") == ""
         assert "alerts 0" in str(screen.query_one("#fleet-summary").render())
 
@@ -140,7 +147,8 @@ async def test_stale_and_unreachable_states_shown(fleet):
         await pilot.pause()
         table = app.screen.query_one(FleetTable)
         assert cell(table, "gpu-002", "state") == "stale"
-        assert cell(table, "gpu-004", "state") == "unreachable: connection refused"
+        assert cell(table, "gpu-004", "state") == "unreachable"
+        assert cell(table, "gpu-004", "error") == "connection refused"
         assert "nodes 2/4 up" in str(app.screen.query_one("#fleet-summary").render())
 
 

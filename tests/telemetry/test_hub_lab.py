@@ -105,7 +105,7 @@ async def test_console_fleet_screen_over_the_lab(lab, tmp_path):
         assert str(table.get_cell("node-03", "gpus")) == NO_GPU
         assert "STARVED" in str(table.get_cell("node-02", "alerts"))
         alerts = screen.query_one(AlertList)
-        assert any(str(alerts.get_row_at(i)[1]) == "node-02" for i in range(alerts.row_count))
+        assert any(str(alerts.get_row_at(i)[0]) == "node-02" for i in range(alerts.row_count))
     # Quitting the console closed the services: the samplers are gone.
     assert not hub.running
 

@@ -14,7 +14,7 @@ from textual.widgets import DataTable, Static
 from backend.telemetry.model import FleetSnapshot, NodeSnapshot
 from tui.screens.base import LoadmasterScreen
 from tui.screens.fleet import FleetSampled
-from tui.widgets.fleet_format import bar, num, rate_pct, spark, state_cell
+from tui.widgets.fleet_format import bar, error_cell, num, rate_pct, spark, state_cell
 from tui.widgets.fleet_plot import TimeSeriesPlot
 
 #: (history series, title, unit) of each plot.
@@ -119,7 +119,8 @@ class NodeDetailScreen(LoadmasterScreen):
             self._plots()
 
     def _header(self, n: NodeSnapshot) -> None:
-        parts = [n.name, n.site or "no site", state_cell(n), f"SSH {num(n.latency_ms, '{:.0f} ms')}"]
+        state = state_cell(n) + (f": {error_cell(n)}" if error_cell(n) else "")
+        parts = [n.name, n.site or "no site", state, f"SSH {num(n.latency_ms, '{:.0f} ms')}"]
         if n.gpu_status != "ok":
             parts.append(n.gpu_status)
         if n.scratch_error:

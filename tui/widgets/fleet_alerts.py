@@ -11,8 +11,10 @@ from textual.widgets import DataTable
 from backend.telemetry.model import Alert
 from tui.widgets.fleet_format import alert_cells
 
-COLUMNS = (("since", "Since", 8), ("node", "Node", 14), ("gpus", "GPUs", 16), ("for", "For", 7), ("util", "Util", 6),
-           ("nic", "NIC rx Gbps (%)", 16), ("hint", "Hint", 18), ("status", "Status", 8))
+# The decisive columns first, so Node and Hint stay on screen at 80 columns.
+COLUMNS = (("node", "Node", 12), ("hint", "Hint", 17), ("for", "For", 6), ("util", "Util", 5),
+           ("nic", "NIC rx Gbps (%)", 15), ("gpus", "GPUs", 15), ("since", "Since", 8),
+           ("status", "Status", 8))
 
 
 class AlertList(DataTable[Any]):

@@ -60,16 +60,19 @@ def gpus_cell(n: NodeSnapshot) -> str:
 
 
 def state_cell(n: NodeSnapshot) -> str:
-    if n.error and n.state != "up":
-        return f"{n.state}: {n.error}"[:60]
     return n.state
+
+
+def error_cell(n: NodeSnapshot) -> str:
+    """The last error while the node is not up (the State column stays short)."""
+    return n.error if n.error and n.state != "up" else ""
 
 
 def alert_cell(n: NodeSnapshot) -> str:
     if not n.alerts:
         return ""
     a = n.alerts[0]
-    return f"STARVED {a.duration:.0f}s {a.hint}"
+    return f"STARVED {a.hint}"
 
 
 def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int) -> tuple[str, ...]:
@@ -79,19 +82,20 @@ def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int) -> tup
     total = n.mem_total_mib
     mem_s = "-" if mem is None else (
         f"{mem / 1024:.0f}/{total / 1024:.0f} GiB" if total else f"{mem / 1024:.0f} GiB")
-    return (
+    return (  # in the Fleet table's column order (tui/widgets/fleet_table.py COLUMNS)
         n.name,
-        n.site or "",
         state_cell(n),
-        num(n.latency_ms, "{:.0f} ms"),
         gpus_cell(n),
         util,
-        mem_s,
         rate_pct(n.rx_gbps, n.rx_pct),
         rate_pct(n.tx_gbps, n.tx_pct),
-        num(n.disk_write_mbps),
         alert_cell(n),
         spark(trend, trend_width),
+        num(n.disk_write_mbps),
+        mem_s,
+        num(n.latency_ms, "{:.0f} ms"),
+        n.site or "",
+        error_cell(n),
     )
 
 
@@ -100,18 +104,18 @@ def styled(text: str, style: str | None) -> Text | str:
 
 
 def alert_cells(a: Alert) -> tuple[str, ...]:
-    """The alert list's cells: since, node, GPUs, duration, util, NIC, hint, status."""
+    """The alert list's cells: node, hint, duration, util, NIC, GPUs, since, status."""
     nic = rate_pct(a.rx_gbps, a.rx_pct)
     since = "-" if a.started_wall is None else time.strftime("%H:%M:%S",
                                                              time.localtime(a.started_wall))
     return (
-        since,
         a.node,
-        ",".join(str(g) for g in a.gpus),
+        a.hint,
         f"{a.duration:.0f}s",
         f"{a.mean_util_pct:.0f}%",
         nic,
-        a.hint,
+        ",".join(str(g) for g in a.gpus),
+        since,
         "active" if a.active else "cleared",
     )
 

@@ -16,18 +16,20 @@ from tui.widgets.fleet_format import node_cells
 
 #: (key, label, width) of each column, in display order.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("node", "Node", 14),
-    ("site", "Site", 20),
-    ("state", "State", 24),
-    ("ssh", "SSH", 7),
-    ("gpus", "GPUs", 9),
+    # Most decisive first: at 80 columns Node..TX fit; wider terminals reveal the rest.
+    ("node", "Node", 12),
+    ("state", "State", 11),
+    ("gpus", "GPUs", 13),
     ("util", "Util avg/min", 12),
-    ("mem", "GPU mem", 13),
-    ("rx", "RX Gbps (%)", 12),
-    ("tx", "TX Gbps (%)", 12),
-    ("disk", "Disk W MB/s", 11),
-    ("alerts", "Alerts", 28),
+    ("rx", "RX Gbps (%)", 11),
+    ("tx", "TX Gbps (%)", 11),
+    ("alerts", "Alerts", 21),
     ("trend", "Util trend", 20),
+    ("disk", "Disk W MB/s", 11),
+    ("mem", "GPU mem", 13),
+    ("ssh", "SSH", 7),
+    ("site", "Site", 20),
+    ("error", "Last error", 40),
 )
 COLUMN_KEYS = tuple(c[0] for c in COLUMNS)
 TREND_WIDTH = 20
@@ -46,6 +48,7 @@ SORT_KEYS: dict[str, Callable[[NodeSnapshot], Any]] = {
     "disk": lambda n: n.disk_write_mbps,
     "alerts": lambda n: -len(n.alerts),
     "trend": lambda n: n.util_mean,
+    "error": lambda n: n.error or "",
 }
 STATE_STYLE = {"up": "node-up", "stale": "node-stale", "unreachable": "node-down",
                "connecting": "node-stale"}
