@@ -3,7 +3,7 @@
 asyncssh applies ``~/.ssh/config`` (HostName, User, Port, IdentityFile, ProxyJump) and uses the
 ssh-agent and default key files; fields set in loadmaster's config override it. Host keys are
 checked strictly against the node's known_hosts (see :mod:`backend.nodes.hostkeys`); nothing
-here ever passes ``known_hosts=None``. Channels per connection stay under sshd's MaxSessions
+here ever turns host-key checking off. Channels per connection stay under sshd's MaxSessions
 (10) by queueing on a semaphore; handshakes across the fleet are bounded by the pool's
 semaphore (sshd's MaxStartups). A dropped connection fails the commands that were running on it
 with :class:`NodeUnreachable`; the next call reconnects, after a backoff when connecting failed.
