@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,57 @@ def test_large_shard_goes_up_in_several_parts(lab: Any, s3: Any, tmp_path: Path)
     assert head["ETag"].strip('"').endswith("-3") and head["ContentLength"] == entry.bytes
     report = asyncio.run(verify(f"s3://{bucket}/big", profile=prof))
     assert report.ok and report.samples == len(data)
+
+
+
+def test_closing_the_sink_aborts_an_upload_in_flight(lab: Any, s3: Any, tmp_path: Path) -> None:
+    """A cancelled conversion's shard upload is aborted (no orphaned parts) before the client closes."""
+    import errno
+    import os
+
+    from backend.shards.convert import _S3Sink
+    from backend.shards.manifest import ShardEntry
+    from backend.storage import S3Store
+
+    bucket = s3.new_bucket("shcancel")
+    prof = dataclasses.replace(lab.config.stores["lab"], url=f"s3://{bucket}/x")
+    req = ShardRequest(str(tmp_path), f"s3://{bucket}/x", spool_dir=str(tmp_path / "spool"))
+    client = s3.client()
+    link = tmp_path / "fifo-link"
+
+    def release_reader() -> None:
+        """Let the part reader blocked opening the FIFO go (it then fails on its own, unheard)."""
+        for _ in range(500):
+            try:
+                os.close(os.open(link, os.O_WRONLY | os.O_NONBLOCK))
+                return
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: no reader (yet)
+                    raise
+            time.sleep(0.01)
+
+    async def main() -> None:
+        store = S3Store(f"s3://{bucket}/x", prof)
+        sink = _S3Sink(store, asyncio.get_running_loop(), req)
+        await sink.open()
+        # A FIFO as the spooled shard: reading its part blocks until a writer opens it, so the
+        # multipart upload is certainly created and unfinished when the sink is closed.
+        fifo = sink.temp_path("shard-000000.tar")
+        os.mkfifo(fifo)
+        os.link(fifo, link)  # the sink removes the spooled name; this one lets the reader go
+        task = asyncio.ensure_future(sink._upload(ShardEntry("shard-000000.tar", 0, 0, 0, ""), fifo))
+        for _ in range(2000):
+            if client.list_multipart_uploads(Bucket=bucket, Prefix="x/").get("Uploads"):
+                break
+            await asyncio.sleep(0.01)
+        assert client.list_multipart_uploads(Bucket=bucket, Prefix="x/").get("Uploads")
+        try:
+            await sink.aclose()
+        finally:
+            await asyncio.to_thread(release_reader)
+        assert task.cancelled()
+        assert not client.list_multipart_uploads(Bucket=bucket, Prefix="x/").get("Uploads")
+        assert not (tmp_path / "spool").exists() or not any((tmp_path / "spool").iterdir())
+        await store.close()
+
+    asyncio.run(main())
