@@ -25,6 +25,17 @@ RESULT_FILE = "result.json"
 SECRETS_FILE = "secrets.json"
 CANCEL_FILE = "cancel"
 
+
+
+def done_fifo(job_dir: Path) -> Path:
+    """The FIFO the runner opens after writing its result, so a waiting follower wakes at once.
+
+    A hidden sibling of the job directory (``jobs/.ID.done``), not inside it: a job directory
+    holds only regular files, so reading all of them never blocks on a FIFO.
+    """
+    return job_dir.parent / f".{job_dir.name}.done"
+
+
 #: Progress lines are coalesced to at most this many per second (the final one always lands).
 PROGRESS_MAX_RATE = 4.0
 

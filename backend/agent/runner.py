@@ -24,6 +24,7 @@ from backend.agent.context import (
     RESULT_FILE,
     SPEC_FILE,
     JobContext,
+    done_fifo,
 )
 from backend.agent.kinds import resolve
 from backend.errors import LoadmasterError
@@ -43,6 +44,32 @@ def write_atomic(path: Path, data: str, mode: int = 0o644) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(data)
     os.replace(tmp, path)
+
+
+def _make_done_fifo(path: Path) -> None:
+    try:
+        os.mkfifo(path, 0o600)
+    except OSError:
+        pass  # followers fall back to polling for the result file
+
+
+def _wake_followers(path: Path, *, remove: bool = True) -> None:
+    """Open-and-close the job's FIFO for writing: followers blocked opening it read EOF at once.
+
+    Non-blocking, so with no follower waiting it fails at once (ENXIO) and nothing waits here.
+    The FIFO is then removed: a follower that comes later finds the result file instead.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        pass
+    else:
+        os.close(fd)
+    if remove:
+        try:
+            path.unlink()
+        except OSError:
+            pass
 
 
 def _heartbeat(ctx: JobContext, path: Path, stop: threading.Event, interval: float) -> None:
@@ -65,6 +92,7 @@ def run_job(job_dir: Path, *, heartbeat_interval: float = HEARTBEAT_INTERVAL) ->
     ctx = JobContext.from_job_dir(job_dir)
     write_atomic(job_dir / PID_FILE, json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0),
                                                   "started": time.time()}) + "\n")
+    _make_done_fifo(done_fifo(job_dir))
     # Secrets are read (and their file deleted) first thing, so they do not linger on disk.
     ctx.secret_env()
 
@@ -114,6 +142,7 @@ def run_job(job_dir: Path, *, heartbeat_interval: float = HEARTBEAT_INTERVAL) ->
     if ctx.last_progress is not None:
         result["progress"] = ctx.last_progress
     write_atomic(job_dir / RESULT_FILE, json.dumps(result, default=str) + "\n")
+    _wake_followers(done_fifo(job_dir))
     return {"succeeded": 0, "cancelled": 3}.get(result["state"], 1)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ from backend.errors import ConfigError, JobError, LoadmasterError
 from backend.jobs.fmt import describe_plan, fmt_bytes, fmt_eta
 from backend.jobs.manager import JobRecord, fleet_rollup
 from backend.services import Services
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -225,6 +228,7 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     """Plan a pull (listing, free space, ETA, egress), confirm, launch one job per node, follow."""
     from backend.jobs.pull import egress_gate, egress_record_override, launch_pull, plan_pull
 
+    log.debug("pull: start")
     if services.readonly:
         raise JobError("read-only mode: cannot launch a pull")
     if not args.src.startswith("s3://"):
@@ -246,7 +250,9 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     _confirm(f"start {len(nodes)} pull job(s)?", args.yes)
     if args.allow_over_budget:
         egress_record_override(services, plan, args.allow_over_budget)
+    log.debug("pull: launching")
     recs = await launch_pull(services, plan)
+    log.debug("pull: launched")
     services.db.record_audit("pull.launch", plan.src, "started",
                              detail={"dest": plan.dest, "nodes": nodes, "jobs": [r.id for r in recs],
                                      "bytes": plan.total_bytes, "objects": len(plan.objects)},
@@ -264,15 +270,17 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
 async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, as_json: bool) -> int:
     jobs = services.jobs
     ids = {r.id for r in recs}
-    nodes = sorted({r.node for r in recs})
     rate = max((n.line_rate_gbps or 0) for n in plan.nodes) or None
-    # Each round waits on the nodes (up to 2 s) for the jobs to end, then reads them: the end is
-    # seen within a tenth of a second, and the nodes are not busied with polling during the copy.
+    # Each round waits on the nodes (up to 2 s) for the jobs to end, then reads them: the runner
+    # wakes the waiting read as it writes its result, and the nodes are not busied with polling
+    # during the copy. Only the followed jobs' directories are read (one job per node), not every
+    # job a node has ever run.
     last_print = 0.0
     current = recs
     try:
         while True:
-            current = [r for r in await jobs.refresh(nodes, wait_for=ids, max_wait=2.0) if r.id in ids]
+            current = list(await asyncio.gather(*(jobs.refresh_job(r.id, max_wait=2.0) for r in recs)))
+            log.debug("pull: refreshed")
             roll = fleet_rollup(current)
             done = all(r.terminal for r in current)
             now = time.monotonic()
@@ -305,6 +313,7 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
     if as_json:
         print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in current]}, indent=2,
                          default=str))
+    log.debug("pull: done")
     return 0 if ok else 1
 
 

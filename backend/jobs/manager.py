@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from backend.agent.context import (
@@ -32,6 +32,7 @@ from backend.agent.context import (
     RESULT_FILE,
     SECRETS_FILE,
     SPEC_FILE,
+    done_fifo,
 )
 from backend.agent.kinds import KINDS
 from backend.config import Config
@@ -80,13 +81,23 @@ SCAN_SCRIPT = r"""
 H="${LOADMASTER_HOME:-$HOME/.loadmaster}/jobs"
 PAT="$1"; TAIL="$2"; WAIT="$3"; shift 3
 # Optionally wait (up to WAIT tenths of a second) until the named jobs have results, so a follower
-# sees the end at once without polling the whole scan; a sleep per tenth costs almost nothing.
+# sees the end at once without polling the whole scan. The runner opens its FIFO (.ID.done) right after
+# writing the result, which ends a blocked read of it at once; where that cannot work (no FIFO,
+# no timeout(1)) a sleep per tenth costs almost nothing.
+command -v timeout >/dev/null 2>&1 && HAVE_TIMEOUT=1 || HAVE_TIMEOUT=0
 n=0
 while [ "$n" -lt "$WAIT" ]; do
-  pending=0
-  for id in "$@"; do [ -f "$H/$id/result.json" ] || pending=1; done
-  [ "$pending" = 0 ] && break
-  sleep 0.1; n=$((n+1))
+  pending=
+  for id in "$@"; do [ -f "$H/$id/result.json" ] || { pending=$id; break; }; done
+  [ -z "$pending" ] && break
+  if [ "$HAVE_TIMEOUT" = 1 ] && [ -p "$H/.$pending.done" ] && [ $((WAIT - n)) -ge 5 ]; then
+    # The result may land between the check above and this open: then the read waits out its
+    # half second (the bound), never longer.
+    timeout 0.5 cat "$H/.$pending.done" >/dev/null 2>&1
+    [ $? = 124 ] && n=$((n+5)) || n=$((n+1))
+  else
+    sleep 0.1; n=$((n+1))
+  fi
 done
 echo "@@HOME $H"
 echo "@@NOW $(date +%s.%N 2>/dev/null || date +%s)"
@@ -97,6 +108,9 @@ for d in "$H"/$PAT; do
   printf '@@SPEC '; tr -d '\n' < "$d/spec.json"; echo
   if [ -f "$d/pid" ]; then
     printf '@@PID '; tr -d '\n' < "$d/pid"; echo
+  fi
+  # A finished job's liveness does not matter (its result decides): skip the /proc checks.
+  if [ -f "$d/pid" ] && [ ! -f "$d/result.json" ]; then
     pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$d/pid")
     if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ]; then
       if tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF "$d"; then echo "@@ALIVE 1"; else echo "@@ALIVE 0"; fi
@@ -642,7 +656,8 @@ class JobManager:
                 if pgid else "")
         try:
             await t.write_file(f"{job_dir}/{RESULT_FILE}", json.dumps(result), mode=0o644)
-            await t.run(f"{kill}rm -f {q}/{SECRETS_FILE}; {self.agent_command(node)} agent cleanup {q}"
+            await t.run(f"{kill}rm -f {q}/{SECRETS_FILE} {shlex.quote(str(done_fifo(PurePosixPath(job_dir))))}; "
+                        f"{self.agent_command(node)} agent cleanup {q}"
                         f" >>{q}/{LOG_FILE} 2>&1", timeout=120)
         except LoadmasterError:
             pass  # recorded locally as lost; the node is re-checked on the next refresh
@@ -754,7 +769,8 @@ class JobManager:
                       "error": "cancelled by request (killed after the grace period)" if killed
                       else "cancelled by request"}
             await t.write_file(f"{rec.job_dir}/{RESULT_FILE}", json.dumps(result), mode=0o644)
-            await t.run(f"rm -f {d}/{SECRETS_FILE}; {self.agent_command(rec.node)} agent cleanup {d}"
+            fifo = shlex.quote(str(done_fifo(PurePosixPath(rec.job_dir or ""))))
+            await t.run(f"rm -f {d}/{SECRETS_FILE} {fifo}; {self.agent_command(rec.node)} agent cleanup {d}"
                         f" >>{d}/{LOG_FILE} 2>&1", timeout=120)
         final = await self.refresh_job(rec.id)
         self.db.record_audit("job.cancel", f"{rec.node}:{rec.id}", final.state,

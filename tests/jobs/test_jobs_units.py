@@ -181,3 +181,45 @@ def test_context_zero_sized_or_repeated_final_points_are_coalesced() -> None:
     for _ in range(200):
         ctx.progress(bytes_done=5, bytes_total=5, items_done=1, items_total=1)
     assert sum(1 for p in seen if p["bytes_done"] == 5) == 1
+
+
+def test_runner_wakes_a_follower_blocked_on_the_done_fifo(tmp_path: Path) -> None:
+    """The scan's wait reads done.fifo; the runner's open after the result ends that read at once."""
+    import subprocess
+    import threading
+
+    from backend.agent.context import done_fifo
+    from backend.agent.runner import _make_done_fifo, _wake_followers
+    from backend.jobs.manager import SCAN_SCRIPT
+
+    home = tmp_path / "home"
+    job = home / "jobs" / "j1"
+    job.mkdir(parents=True)
+    (job / "spec.json").write_text(json.dumps({"id": "j1", "kind": "pull", "params": {}}))
+    fifo = done_fifo(job)
+    assert fifo.parent == job.parent  # beside the job directory: reading all its files never blocks
+    _make_done_fifo(fifo)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    _wake_followers(fifo, remove=False)  # nobody waiting: returns at once, nothing blocks
+    # WAIT of 10 minutes: only the FIFO can end this scan before the guard below.
+    scan = subprocess.Popen(["sh", "-c", SCAN_SCRIPT, "scan", "j1", "6", "6000", "j1"],
+                            env={**os.environ, "LOADMASTER_HOME": str(home)}, stdout=subprocess.PIPE, text=True)
+    try:
+        def finish() -> None:
+            # The result lands first, then the wake-up (as in run_job); repeated until the scan
+            # is reading the FIFO, since it may not have opened it yet.
+            (job / "result.json").write_text(json.dumps({"id": "j1", "state": "succeeded"}) + "\n")
+            while scan.poll() is None:
+                _wake_followers(fifo, remove=False)
+                threading.Event().wait(0.05)
+
+        t = threading.Thread(target=finish, daemon=True)
+        t.start()
+        out, _ = scan.communicate(timeout=120)
+    finally:
+        if scan.poll() is None:
+            scan.kill()
+    _home, _now, jobs = parse_scan(out)
+    assert [j.id for j in jobs] == ["j1"] and jobs[0].result == {"id": "j1", "state": "succeeded"}
+    _wake_followers(fifo)
+    assert not fifo.exists()

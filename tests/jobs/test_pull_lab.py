@@ -363,3 +363,31 @@ async def test_agent_missing_on_the_node_becomes_lost_with_a_hint(lab: Lab, sour
         assert not (Path(rec.job_dir or "") / "secrets.json").exists()  # noqa: ASYNC240
     finally:
         await svc.aclose()
+
+
+async def test_s5cmd_listing_matches_the_s3_client_listing(services: Services, source: SourceData) -> None:
+    """The console lists with s5cmd when it has it; it must see exactly what the S3 client sees."""
+    from backend.jobs.pull import (
+        _console_s5cmd,
+        _list_with_s5cmd,
+        list_source,
+        parse_source,
+        resolve_store,
+    )
+
+    s5cmd = _console_s5cmd()
+    assert s5cmd is not None, "the lab needs s5cmd beside the console"
+    for url in (source.url, f"s3://{source.bucket}/{source.prefix}/shard-*.bin",
+                f"s3://{source.bucket}/{source.prefix}/meta/"):
+        pattern = parse_source(url)
+        profile = resolve_store(services.config, url, None)
+        fast = await _list_with_s5cmd(pattern, profile, s5cmd)
+        assert fast is not None, url
+        objects, creds = fast
+        assert creds.access_key  # handed to the jobs' secrets files
+        # The reference: the S3 client path (no credentials asked: it never takes the s5cmd path).
+        slow, _ = await list_source(pattern, profile)
+        assert objects == sorted(slow), url
+    everything = dict((await _list_with_s5cmd(parse_source(source.url), resolve_store(
+        services.config, source.url, None), s5cmd) or ([], None))[0])
+    assert everything == {name: len(body) for name, body in source.objects.items()}
