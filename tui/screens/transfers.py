@@ -85,6 +85,7 @@ class TransfersScreen(LoadmasterScreen):
         Binding("n", "new_pull", "New pull"),
         Binding("c", "cancel_job", "Cancel job"),
         Binding("r", "refresh_jobs", "Refresh"),
+        Binding("d", "toggle_detail", "Detail"),
     ]
     """
     | Key(s) | Description |
@@ -92,7 +93,11 @@ class TransfersScreen(LoadmasterScreen):
     | n | Show or hide the new-pull form. |
     | c | Cancel the selected job (typed confirmation). |
     | r | Re-read every node's jobs now. |
+    | d | Show or hide the job detail pane (more room for the table). |
     """
+    #: Below 150 columns the detail pane goes under the table (themes/transfers.tcss): beside it,
+    #: it would leave the table too narrow for State and Progress.
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-narrow"), (150, "-wide")]
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
         ("New pull", "Copy s3:// objects to nodes with s5cmd (estimate first)", "new_pull"),
         ("Cancel selected job", "Stop the selected job's process group and clean its partial output",
@@ -172,6 +177,10 @@ class TransfersScreen(LoadmasterScreen):
     def action_refresh_jobs(self) -> None:
         """Re-read every node's jobs now."""
         self._refresh_jobs()
+
+    def action_toggle_detail(self) -> None:
+        """Show or hide the job detail pane."""
+        self.query_one(TransferDetail).toggle_class("-hidden")
 
     # -- new pull ------------------------------------------------------------------------------
 

@@ -16,15 +16,18 @@ STATE_STYLE = {
     "succeeded": "job-succeeded", "failed": "job-failed", "lost": "job-failed", "cancelled": "job-failed",
 }
 
-#: Fixed widths where content would otherwise push the live columns off screen.
-WIDTHS = {"what": 36, "progress": 28}
+#: Fixed widths where content would otherwise push the live columns off screen (the detail pane
+#: shows the full source and destination).
+WIDTHS = {"what": 36, "progress": 31}
 
-COLUMNS = (("kind", "Kind"), ("node", "Node"), ("what", "Source -> Destination"), ("progress", "Progress"),
-           ("gbps", "Gbps"), ("eta", "ETA"), ("state", "State"), ("id", "Job"))
+#: Most decisive first: on a narrow terminal the columns that scroll off are the long path and the
+#: job id, never the node, state or progress.
+COLUMNS = (("node", "Node"), ("kind", "Kind"), ("state", "State"), ("progress", "Progress"),
+           ("gbps", "Gbps"), ("eta", "ETA"), ("what", "Source -> Destination"), ("id", "Job"))
 
 
 class TransfersTable(DataTable[Text]):
-    """Jobs (kind, node, source -> destination, progress bar, Gbps, ETA, state); rows keyed by job id."""
+    """Jobs (node, kind, state, progress bar, Gbps, ETA, source -> destination, id); rows keyed by job id."""
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
@@ -75,5 +78,5 @@ class TransfersTable(DataTable[Text]):
         eta = fmt_eta(p.eta_s) if p is not None and live else "-"
         state = r.state + (" ?" if r.note else "")
         style = variables.get(STATE_STYLE.get(r.state, ""), "")
-        return [Text(r.kind), Text(r.node), Text(what, overflow="ellipsis"), prog, Text(gbps, justify="right"),
-                Text(eta, justify="right"), Text(state, style=style), Text(r.id)]
+        return [Text(r.node), Text(r.kind), Text(state, style=style), prog, Text(gbps, justify="right"),
+                Text(eta, justify="right"), Text(what, overflow="ellipsis"), Text(r.id)]
