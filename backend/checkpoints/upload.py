@@ -18,7 +18,7 @@ from typing import Any
 
 from backend.config import StoreProfile
 from backend.errors import StoreError
-from backend.storage import LocalStore, ObjectStore, S3Store, join_key
+from backend.storage import Credentials, LocalStore, ObjectStore, S3Store, join_key
 from backend.storage.multipart import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PART_SIZE,
@@ -165,21 +165,6 @@ def store_params(store: ObjectStore) -> dict[str, Any]:
     return {"url": store.url}
 
 
-class _ExplicitCredsS3Store(S3Store):
-    """An S3Store using credentials handed to the job (not the node's own credential chain)."""
-
-    def __init__(self, url: str, profile: StoreProfile, env: dict[str, str]) -> None:
-        super().__init__(url, profile)
-        self._env = env
-
-    def botocore_session(self) -> Any:
-        session = super().botocore_session()
-        if self._env.get("AWS_ACCESS_KEY_ID"):
-            session.set_credentials(self._env["AWS_ACCESS_KEY_ID"], self._env.get("AWS_SECRET_ACCESS_KEY", ""),
-                                    self._env.get("AWS_SESSION_TOKEN") or None)
-        return session
-
-
 def open_store_params(params: dict[str, Any], env: dict[str, str] | None = None) -> ObjectStore:
     """Re-open a store from :func:`store_params` output and the job's secret env."""
     url = params["url"]
@@ -189,9 +174,7 @@ def open_store_params(params: dict[str, Any], env: dict[str, str] | None = None)
                            provider=params.get("provider"), name=params.get("name") or "",
                            addressing_style=params.get("addressing_style") or "auto",
                            checksum=params.get("checksum") or "when_supported")
-    if env and env.get("AWS_ACCESS_KEY_ID"):
-        return _ExplicitCredsS3Store(url, profile, env)
-    return S3Store(url, profile)
+    return S3Store(url, profile, credentials=Credentials.from_env(env or {}))
 
 
 async def store_secrets(store: ObjectStore) -> dict[str, str]:

@@ -53,7 +53,7 @@ from backend.shards.plan import (
     scan_local,
 )
 from backend.shards.settings import ShardSettings
-from backend.storage import LocalStore, ObjectStore, S3Store, multipart
+from backend.storage import Credentials, LocalStore, ObjectStore, S3Store, multipart
 from backend.storage.multipart import MIN_PART_SIZE, UploadSettings
 
 IncompletePolicy = Literal["error", "skip", "keep"]
@@ -201,10 +201,10 @@ class ConvertResult:
 # -- stores ----------------------------------------------------------------------------------
 
 
-def open_store(url: str, profile: StoreProfile | None) -> ObjectStore:
+def open_store(url: str, profile: StoreProfile | None, credentials: Credentials | None = None) -> ObjectStore:
     """An ObjectStore for ``url`` (``s3://`` with the profile's endpoint/credentials, or a dir)."""
     if url.startswith("s3://"):
-        return S3Store(url, profile)
+        return S3Store(url, profile, credentials=credentials)
     if "://" in url:
         raise ShardError(f"unsupported location {url!r}: use a local directory or s3://bucket/prefix")
     return LocalStore(Path(os.path.expanduser(url)).resolve())
@@ -748,17 +748,19 @@ async def convert(
     on_log: Callable[[str], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     prepared: ShardPreview | None = None,
+    credentials: Credentials | None = None,
 ) -> ConvertResult:
     """Convert ``req.src`` into shards at ``req.dest``; resumable, deterministic, verified by size.
 
     ``prepared`` is a :func:`preview` of the same request just shown to the operator: its plan is
     used as is, so what runs is exactly what was previewed and the source is listed once.
+    ``credentials`` (a node job's secrets) are used for ``s3://`` locations instead of the chain.
     """
     req.validate()
     started = time.monotonic()
     log = on_log or (lambda _m: None)
-    src = open_store(req.src, src_profile)
-    dest = open_store(req.dest, dest_profile)
+    src = open_store(req.src, src_profile, credentials)
+    dest = open_store(req.dest, dest_profile, credentials)
     executor: concurrent.futures.ThreadPoolExecutor | None = None
     sink: _Sink | None = None
     try:
@@ -957,10 +959,9 @@ def _profile(d: dict[str, Any] | None, has_env_creds: bool) -> StoreProfile | No
 
 def run_shard_job(ctx: Any) -> dict[str, Any]:
     """Job runner for kind ``shard``: convert, verify every shard landed, return the totals."""
-    env = ctx.secret_env()
-    if env:
-        os.environ.update(env)
-    has_creds = "AWS_ACCESS_KEY_ID" in env
+    # The job's secrets go to the stores directly: never into os.environ (children would inherit them).
+    creds = Credentials.from_env(ctx.secret_env())
+    has_creds = creds is not None
     req = ShardRequest.from_params(ctx.params)
 
     def report(p: ShardProgress) -> None:
@@ -972,7 +973,7 @@ def run_shard_job(ctx: Any) -> dict[str, Any]:
     result = convert_sync(
         req, src_profile=_profile(ctx.params.get("src_profile"), has_creds),
         dest_profile=_profile(ctx.params.get("dest_profile"), has_creds),
-        on_progress=report, on_log=ctx.log, cancelled=lambda: bool(ctx.cancelled),
+        on_progress=report, on_log=ctx.log, cancelled=lambda: bool(ctx.cancelled), credentials=creds,
     )
     ctx.log(result.manifest.summary())
     return result.as_dict()

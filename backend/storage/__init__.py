@@ -57,6 +57,13 @@ class Credentials:
     def __repr__(self) -> str:  # keep secrets out of tracebacks and logs
         return "Credentials(<redacted>)"
 
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Credentials | None:
+        """The credentials in ``AWS_*`` env vars (a job's secrets), or None when there are none."""
+        if not env.get("AWS_ACCESS_KEY_ID"):
+            return None
+        return cls(env["AWS_ACCESS_KEY_ID"], env.get("AWS_SECRET_ACCESS_KEY", ""), env.get("AWS_SESSION_TOKEN") or None)
+
     def as_env(self) -> dict[str, str]:
         """The ``AWS_*`` env vars for these credentials (for a job's 0600 secrets file, never argv)."""
         env = {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
@@ -265,10 +272,13 @@ def _client_error(exc: Exception, store: str, bucket: str, profile: str | None) 
 class S3Store(ObjectStore):
     """An S3-compatible bucket/prefix through aiobotocore (AWS, R2, SeaweedFS, MinIO, ...)."""
 
-    def __init__(self, url: str, profile: StoreProfile | None = None) -> None:
+    def __init__(self, url: str, profile: StoreProfile | None = None, *,
+                 credentials: Credentials | None = None) -> None:
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_s3_url(self.url)
         self.profile = profile
+        #: Credentials handed over explicitly (a node job's secrets) instead of the credential chain.
+        self._credentials = credentials
         self.label = profile.name if profile and profile.name else self.url
         self._client: Any = None
         self._stack: contextlib.AsyncExitStack | None = None
@@ -286,6 +296,9 @@ class S3Store(ObjectStore):
         session = get_session()
         if self.profile and self.profile.profile:
             session.set_config_variable("profile", self.profile.profile)
+        if self._credentials is not None:
+            c = self._credentials
+            session.set_credentials(c.access_key, c.secret_key, c.token)
         return session
 
     def client_config(self, **overrides: Any) -> Any:
