@@ -93,9 +93,10 @@ async def test_month_to_date_routes_and_budget_gauge(services: Services) -> None
         await pilot.pause()
         screen = app.screen
         table = screen.query_one("#egress-routes", DataTable)
-        row = [str(c) for c in table.get_row_at(0)]
-        assert row[0] == "datasets -> coreweave:us-east-04"
-        assert row[3] == "10.0 TB" and row[4] == "$891.00"
+        # By header, not position: the columns are ordered by importance, not fixed here.
+        row = {str(col.label): str(c) for col, c in zip(table.ordered_columns, table.get_row_at(0), strict=True)}
+        assert row["Store -> node site"] == "datasets -> coreweave:us-east-04"
+        assert row["Bytes"] == "10.0 TB" and row["USD"] == "$891.00"
         (gauge,) = screen.query(Gauge)
         assert gauge.value == pytest.approx(891) and gauge.total == 1000
         assert gauge.has_class("-warn")  # 89% of the budget, warn_at 0.8

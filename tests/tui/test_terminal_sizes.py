@@ -31,8 +31,6 @@ IMPORTANT: dict[str, tuple[str, ...]] = {
 
 #: (screen, size) -> why it is clipped today (strict: a fix turns these into XPASS)
 KNOWN: dict[tuple[str, str], str] = {
-    ("egress", "80x24"): "the routes pane is half the width: USD and Projected are clipped",
-    ("egress", "120x34"): "the routes pane is half the width: USD and Projected are clipped",
 }
 
 

@@ -40,6 +40,7 @@ from backend.policy.egress import (
 from backend.policy.prices import PriceTable, price_table
 from tui.screens.base import LoadmasterScreen
 from tui.widgets import Gauge, Summary
+from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
     from backend.services import Services
@@ -57,6 +58,14 @@ class CalculatorInputs:
     dest: str = "coreweave:us-east-04"
     objects: str = "500e6"
 
+
+#: The routes table's columns, the decisive ones first (key, header).
+ROUTE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("route", "Store -> node site"), ("usd", "USD"), ("projected", "Projected"), ("bytes", "Bytes"),
+    ("n", "N"), ("kind", "Kind"))
+#: The route column is bounded (longer routes are cut in the middle, the full route is the table's
+#: tooltip on the highlighted row) so that a long store or site name cannot push the money off.
+ROUTE_WIDTH = 32
 
 #: The brief's scenario: 40 TB read by 5 runs a month from S3 us-east-1 into 16 nodes elsewhere.
 BRIEF_SCENARIO = CalculatorInputs()
@@ -100,6 +109,10 @@ class EgressScreen(LoadmasterScreen):
     """Month-to-date egress per route with budget gauges, and the egress cost calculator."""
 
     SCREEN_TITLE: ClassVar[str] = "Egress"
+    #: Below 100 columns the calculator goes under the month's routes; up to 160 it keeps a fixed
+    #: width beside them (themes/egress.tcss), so the routes table keeps room for USD and Projected.
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
+        (0, "-narrow"), (100, "-medium"), (160, "-wide")]
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
         ("Refresh month-to-date", "Re-read the egress ledger", "refresh"),
         ("Load the brief's scenario", "40 TB x 5 runs, aws:us-east-1 -> coreweave:us-east-04, 16 nodes",
@@ -145,6 +158,7 @@ class EgressScreen(LoadmasterScreen):
         self.estimate: EgressEstimate | None = None
         self.report: EgressReport | None = None
         self.errors: dict[str, str] = {}
+        self.route_names: list[str] = []
 
     # ------------------------------------------------------------------ layout
 
@@ -172,7 +186,9 @@ class EgressScreen(LoadmasterScreen):
 
     def on_mount(self) -> None:
         table = self.query_one("#egress-routes", DataTable)
-        table.add_columns("Store -> node site", "Kind", "N", "Bytes", "USD", "Projected")
+        # The money first: on a narrow terminal the columns that scroll off are N and Kind.
+        for key, label in ROUTE_COLUMNS:
+            table.add_column(label, key=key, width=ROUTE_WIDTH if key == "route" else None)
         self.recompute()
         self.action_refresh()
 
@@ -281,11 +297,20 @@ class EgressScreen(LoadmasterScreen):
         box.mount_all(gauges)
         table = self.query_one("#egress-routes", DataTable)
         table.clear()
-        for r in rep.routes:
-            table.add_row(f"{r.store} -> {r.dest_site or '?'}", r.kind, str(r.transfers), fmt_bytes(r.bytes),
-                          fmt_usd(r.usd), fmt_usd(r.projected_usd))
+        self.route_names = [f"{r.store} -> {r.dest_site or '?'}" for r in rep.routes]
+        for r, route in zip(rep.routes, self.route_names, strict=True):
+            cells = {"route": short(route, ROUTE_WIDTH), "usd": fmt_usd(r.usd),
+                     "projected": fmt_usd(r.projected_usd), "bytes": fmt_bytes(r.bytes),
+                     "n": str(r.transfers), "kind": r.kind}
+            table.add_row(*(cells[k] for k, _ in ROUTE_COLUMNS))
         if not rep.routes:
-            table.add_row("no transfers recorded this month", "", "", "", "", "")
+            table.add_row(*("no transfers recorded this month" if k == "route" else "" for k, _ in ROUTE_COLUMNS))
+
+    @on(DataTable.RowHighlighted, "#egress-routes")
+    def _route_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        row = event.cursor_row
+        event.data_table.tooltip = self.route_names[row] if 0 <= row < len(self.route_names) else None
 
 
 class EgressOverrideModal(ModalScreen[str | None]):
