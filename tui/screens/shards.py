@@ -37,11 +37,20 @@ from backend.shards.convert import (
 from backend.shards.manifest import fmt_size, fmt_usd
 from tui.screens.base import LoadmasterScreen
 from tui.widgets import Summary
+from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
     from backend.services import Services
 
 LOCAL = "__local__"
+#: The conversions table's columns, the decisive ones first (key, header): on a narrow terminal
+#: the columns that scroll off are the rates, never the state.
+RUN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("state", "State"), ("shards", "Shards"), ("route", "Source -> destination"), ("where", "Where"),
+    ("rate", "smp/s"), ("mbps", "MB/s"))
+#: Source -> destination is cut to this width (each path in the middle); the full paths are shown
+#: under the table for the selected conversion.
+ROUTE_WIDTH = 36
 JOB_POLL_S = 2.0
 
 
@@ -128,6 +137,10 @@ class ShardsScreen(LoadmasterScreen):
     """Start shard conversions with a previewing form; follow their progress and manifests."""
 
     SCREEN_TITLE: ClassVar[str] = "Shards"
+    #: Below 100 columns the conversions go under the form; up to 160 they get three fifths of the
+    #: width (themes/shards.tcss), so the table keeps room for State, Shards and the paths.
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
+        (0, "-narrow"), (100, "-medium"), (160, "-wide")]
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
         ("Preview the conversion", "Sample/shard counts and GET savings from the source listing", "preview"),
         ("Start the conversion", "Convert the form's source into shards (asks nothing more)", "start"),
@@ -218,7 +231,8 @@ class ShardsScreen(LoadmasterScreen):
 
     def on_mount(self) -> None:
         table = self.query_one("#shards-table", DataTable)
-        table.add_columns("Source -> destination", "Where", "State", "Shards", "smp/s", "MB/s")
+        for key, label in RUN_COLUMNS:
+            table.add_column(label, key=key, width=ROUTE_WIDTH if key == "route" else None)
 
     # ------------------------------------------------------------------ form and preview
 
@@ -420,16 +434,17 @@ class ShardsScreen(LoadmasterScreen):
             self.selected = conv.key
         table = self.query_one("#shards-table", DataTable)
         p = conv.progress
-        cells = (
-            f"{conv.src} -> {conv.dest}", conv.where, conv.state,
-            f"{p.shards_done}/{p.shards_total}" if p else "",
-            f"{p.samples_per_s:,.0f}" if p else "", f"{p.mb_per_s:,.1f}" if p else "",
-        )
+        half = (ROUTE_WIDTH - 4) // 2  # both paths keep their ends; the full ones are under the table
+        cells = {
+            "state": conv.state, "shards": f"{p.shards_done}/{p.shards_total}" if p else "",
+            "route": f"{short(conv.src, half)} -> {short(conv.dest, half)}", "where": conv.where,
+            "rate": f"{p.samples_per_s:,.0f}" if p else "", "mbps": f"{p.mb_per_s:,.1f}" if p else "",
+        }
         if old is None:
-            table.add_row(*cells, key=conv.key)
+            table.add_row(*(cells[k] for k, _ in RUN_COLUMNS), key=conv.key)
         else:
-            for col, value in zip(table.columns, cells, strict=True):
-                table.update_cell(conv.key, col, value)
+            for key, _ in RUN_COLUMNS:
+                table.update_cell(conv.key, key, cells[key])
         if conv.key == self.selected:
             self._show_selected()
 
@@ -455,7 +470,7 @@ class ShardsScreen(LoadmasterScreen):
                       ("samples/s", f"{p.samples_per_s:,.0f}"), ("MB/s", f"{p.mb_per_s:,.1f}")]
         self.query_one("#shards-run-summary", Summary).set_items(items)
         box = self.query_one("#shards-manifest", Static)
-        box.update("\n".join(x for x in (conv.detail, conv.summary) if x))
+        box.update("\n".join(x for x in (f"{conv.src} -> {conv.dest}", conv.detail, conv.summary) if x))
         box.set_class(conv.state == "failed", "-failed")
         box.set_class(conv.state == "succeeded", "-succeeded")
 
