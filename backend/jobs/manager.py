@@ -31,12 +31,11 @@ from backend.agent.context import (
     PROGRESS_FILE,
     RESULT_FILE,
     SECRETS_FILE,
-    SPEC_FILE,
     done_fifo,
 )
 from backend.agent.kinds import KINDS
 from backend.config import Config
-from backend.errors import JobError, LoadmasterError, NodeError, NodeUnreachable
+from backend.errors import CommandFailed, JobError, LoadmasterError, NodeError, NodeUnreachable
 from backend.jobs.settings import JobSettings
 from backend.nodes.transport import Transport
 from backend.state import StateDB, actor
@@ -125,6 +124,26 @@ for d in "$H"/$PAT; do
   fi
 done
 exit 0
+"""
+
+
+#: Starts a job in one command: $1 is the job id; stdin is the secrets JSON (one line, maybe
+#: empty) then the spec. The spec lands by rename, so a scan never reads half of it.
+LAUNCH_SCRIPT = r"""
+H="${LOADMASTER_HOME:-$HOME/.loadmaster}/jobs"; ID="$1"; D="$H/$ID"
+U=$(umask)
+umask 077
+mkdir -p "$H" && mkdir "$D" || exit 1
+echo "@@HOME $H"
+IFS= read -r S || exit 1
+if [ -n "$S" ]; then printf '%s\n' "$S" > "$D/secrets.json" || exit 1; fi
+S=
+cat > "$D/.spec.json.tmp" && mv -f "$D/.spec.json.tmp" "$D/spec.json" || exit 1
+cd "$D" || exit 1
+export D
+umask "$U"  # the job (and the files it pulls) runs with the node's own umask
+setsid sh -c @INNER@ </dev/null >>"$D/log" 2>&1 &
+echo "@@PID $!"
 """
 
 
@@ -414,12 +433,9 @@ class JobManager:
         except TypeError as exc:
             raise JobError(f"job parameters must be JSON values: {exc}") from None
         t: Transport = self.pool.transport(node)
-        try:
-            jobs_dir = await self.jobs_dir(node)
-        except NodeError as exc:
-            raise JobError(f"{node}: could not start the {kind} job: {exc.detail}") from None
         job_id = new_job_id()
-        job_dir = f"{jobs_dir}/{job_id}"
+        known = self._homes.get(node)
+        job_dir = f"{known}/{job_id}" if known else None
         now = time.time()
         spec = {"id": job_id, "kind": kind, "node": node, "label": label, "params": params, "created": now,
                 "launched_by": actor(), "launched_from": socket.gethostname()}
@@ -430,24 +446,45 @@ class JobManager:
              job_dir, now),
         )
         self._event(job_id, "launch", f"{kind} on {node}")
+        # One round trip: create the job directory, write the secrets (0600, first line of stdin)
+        # and the spec (the rest), start the agent detached. Secrets never reach an argv: the
+        # shell's read/printf are builtins.
+        inner = f'exec {self.agent_command(node)} agent run "$D"'
+        script = LAUNCH_SCRIPT.replace("@INNER@", shlex.quote(inner))
+        payload = (json.dumps(secrets) if secrets else "") + "\n" + json.dumps(spec)
         try:
-            if secrets:
-                await t.write_file(f"{job_dir}/{SECRETS_FILE}", json.dumps(secrets), mode=0o600)
-            await t.write_file(f"{job_dir}/{SPEC_FILE}", json.dumps(spec), mode=0o600)
-            pid = await t.start_detached(f"{self.agent_command(node)} agent run {shlex.quote(job_dir)}",
-                                         cwd=job_dir, log_path=f"{job_dir}/{LOG_FILE}")
+            res = await t.run(f"sh -c {shlex.quote(script)} launch {shlex.quote(job_id)}", input=payload,
+                              timeout=60)
+            home = pid_text = None
+            for line in res.stdout.splitlines():
+                tag, _, rest = line.partition(" ")
+                if tag == "@@HOME":
+                    home = rest
+                elif tag == "@@PID":
+                    pid_text = rest.strip()
+            if not res.ok or not home or not (pid_text or "").isdigit():
+                if home:
+                    job_dir = f"{home}/{job_id}"
+                raise CommandFailed(node, f"start the {kind} job", res.exit_status,
+                                    res.stderr.strip() or "no pid printed")
+            pid = int(pid_text or 0)
         except BaseException as exc:
             msg = str(exc) if isinstance(exc, LoadmasterError) else f"{type(exc).__name__}: {exc}"
-            self._update(job_id, state="failed", error=f"could not start: {msg}", finished=time.time())
+            self._update(job_id, state="failed", error=f"could not start: {msg}", finished=time.time(),
+                         **({"job_dir": job_dir} if job_dir else {}))
             if secrets:
+                q = shlex.quote(f"{job_dir}/{SECRETS_FILE}") if job_dir else \
+                    f'"${{LOADMASTER_HOME:-$HOME/.loadmaster}}/jobs/"{shlex.quote(job_id)}/{SECRETS_FILE}'
                 try:
-                    await asyncio.shield(t.run(f"rm -f {shlex.quote(f'{job_dir}/{SECRETS_FILE}')}", timeout=10))
+                    await asyncio.shield(t.run(f"rm -f {q}", timeout=10))
                 except Exception:  # noqa: BLE001 - the node is probably unreachable; nothing was started
                     pass
             if isinstance(exc, NodeError):
                 raise JobError(f"{node}: could not start the {kind} job: {exc.detail}") from None
             raise
-        self._update(job_id, state="running", pid=pid, started=time.time())
+        self._homes.setdefault(node, home)
+        job_dir = f"{home}/{job_id}"
+        self._update(job_id, state="running", pid=pid, started=time.time(), job_dir=job_dir)
         return self.get(job_id)
 
     # -- local records -------------------------------------------------------------------------

@@ -428,6 +428,8 @@ class NodeEstimate:
     line_rate_known: bool = False
     s5cmd: bool = False
     error: str | None = None
+    #: The destination directory already exists (files in it may count as present).
+    dest_exists: bool = False
 
     def needed(self, total: int) -> int:
         return max(0, total - self.present_bytes)
@@ -509,6 +511,7 @@ echo "@@DF $(df -Pk "$d" | tail -n 1 | awk '{print $4}')"
 for i in /sys/class/net/*; do [ -e "$i/device" ] && echo "@@SPEED $(cat "$i/speed" 2>/dev/null)"; done
 command -v "$2" >/dev/null 2>&1 && echo "@@S5CMD 1"
 present=0
+[ -d "$D" ] && echo "@@DEST 1"
 if [ -d "$D" ]; then
   while IFS= read -r f; do [ -f "$D/$f" ] && present=$((present + $(stat -c %s "$D/$f"))); done
 fi
@@ -524,6 +527,7 @@ async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> 
     speeds: list[int] = []
     s5 = False
     present = 0
+    dest_exists = False
     for line in res.stdout.splitlines():
         tag, _, v = line.partition(" ")
         v = v.strip()
@@ -535,10 +539,12 @@ async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> 
             s5 = True
         elif tag == "@@PRESENT" and v.isdigit():
             present = int(v)
+        elif tag == "@@DEST":
+            dest_exists = True
     err = None if free is not None else f"{transport.name}: cannot read free space at {dest}: {res.stderr.strip()}"
     return NodeEstimate(node=transport.name, dest=dest, free_bytes=free, present_bytes=present,
                         line_rate_gbps=max(speeds) / 1000 if speeds else None, line_rate_known=bool(speeds),
-                        s5cmd=s5, error=err)
+                        s5cmd=s5, error=err, dest_exists=dest_exists)
 
 
 def resolve_store(config: Config, src: str, store: str | None) -> StoreProfile | None:
@@ -689,14 +695,18 @@ async def plan_pull(
     pattern = parse_source(src)
     profile = resolve_store(config, src, store)
 
-    async def warm(t: Any) -> None:
-        await t.run("true", timeout=30)
-        log.debug("plan: %s connected", t.name)
+    async def early(t: Any) -> NodeEstimate:
+        n = config.node(t.name)
+        est = await probe_node(t, node_dest(dest, n.scratch), [], settings.s5cmd)
+        log.debug("plan: %s connected and probed", t.name)
+        return est
 
-    # Connecting to the nodes overlaps the listing; a node that fails shows up in its probe below.
+    # Connecting to and probing the nodes overlaps the listing. A node whose destination does not
+    # exist yet has nothing present, so that first probe is its whole answer; the others (and any
+    # node that failed) are probed again below with the object names, to count what is there.
     log.debug("plan: listing + connecting")
-    (objects, creds), _ = await asyncio.gather(list_source(pattern, profile, credentials=True),
-                                               services.pool.fanout(warm, nodes, timeout=60))
+    (objects, creds), first = await asyncio.gather(list_source(pattern, profile, credentials=True),
+                                                   services.pool.fanout(early, nodes, timeout=120))
     log.debug("plan: listed %d objects, connected", len(objects))
     if not objects:
         raise StoreError(f"no objects match {src}")
@@ -707,8 +717,10 @@ async def plan_pull(
         n = config.node(t.name)
         return await probe_node(t, node_dest(dest, n.scratch), rels, settings.s5cmd)
 
-    probes = await services.pool.fanout(probe, nodes, timeout=120)
-    log.debug("plan: probed")
+    again = [n for n in nodes if isinstance(first[n], BaseException) or first[n].error
+             or (first[n].dest_exists and rels)]
+    probes = {**first, **(await services.pool.fanout(probe, again, timeout=120) if again else {})}
+    log.debug("plan: probed (%d again)", len(again))
     ests = []
     for name in nodes:
         r = probes[name]

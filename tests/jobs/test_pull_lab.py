@@ -66,6 +66,9 @@ def test_cli_pull_to_two_nodes_verifies_bytes(lab: Lab, source: SourceData, jobs
     assert "node-01: succeeded" in out and "node-02: succeeded" in out
     for node in ("node-01", "node-02"):
         _assert_pulled(lab.node(node).scratch / dest_rel, source)
+        # The launch writes the job's files under umask 077, but the job itself (and what it
+        # pulls) runs with the node's own umask (022 in the lab): datasets stay readable.
+        assert (lab.node(node).scratch / dest_rel / "small.bin").stat().st_mode & 0o044 == 0o044
 
     # The CLI's records: both jobs, who launched them, their verified result.
     rc = cli_main(["--config", str(jobs_config_path), "jobs", "--json"])
@@ -83,6 +86,7 @@ def test_cli_pull_to_two_nodes_verifies_bytes(lab: Lab, source: SourceData, jobs
         job_dir = Path(r["job_dir"])
         names = sorted(p.name for p in job_dir.iterdir())
         assert "secrets.json" not in names and "aws-credentials" not in names, names
+        assert (job_dir / "spec.json").stat().st_mode & 0o077 == 0
         for p in job_dir.iterdir():
             assert secret not in p.read_text(errors="replace"), f"secret found in {p}"
     audit = [e for e in fresh_services(load(jobs_config_path), jobs_config_path.parent / "state" /
