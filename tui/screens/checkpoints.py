@@ -294,22 +294,28 @@ class CheckpointsScreen(LoadmasterScreen):
             return
         from backend.checkpoints.strip import launch_strip, strip_step
 
-        self.query_one("#ckpt-status", Static).update(f"Stripping {path} …")
+        async def run(store: Any) -> str:
+            if node:
+                rec = await launch_strip(self.services.jobs, node, store, path)
+                return f"strip of {path} launched on {node} as job {rec.id}"
+            res = await strip_step(store, path)
+            return (f"stripped {path}: {res.tensor_count} tensors, {_gb(res.weight_bytes)} BF16 in "
+                    f"{len(res.shards)} shard(s), verified")
+
+        await self._run_action("strip", path, f"Stripping {path} …", run)
+
+    async def _run_action(self, what: str, target: str, status: str, run: Any) -> None:
+        """Run ``run(store)`` on the listed store, audit it and post :class:`ActionFinished` (``what`` = strip|upload)."""
+        self.query_one("#ckpt-status", Static).update(status)
         try:
             async with self.services.stores.open(self.url) as store:
-                if node:
-                    rec = await launch_strip(self.services.jobs, node, store, path)
-                    detail = f"strip of {path} launched on {node} as job {rec.id}"
-                else:
-                    res = await strip_step(store, path)
-                    detail = (f"stripped {path}: {res.tensor_count} tensors, {_gb(res.weight_bytes)} BF16 in "
-                              f"{len(res.shards)} shard(s), verified")
-            self.services.db.record_audit("ckpt.strip", f"{self.url}/{path}", "ok", detail={"detail": detail})
+                detail = await run(store)
+            self.services.db.record_audit(f"ckpt.{what}", f"{self.url}/{target}", "ok", detail={"detail": detail})
         except LoadmasterError as exc:
-            self.report_error(f"Strip {path}", exc)
-            self.post_message(ActionFinished("strip", False, str(exc)))
+            self.report_error(f"{what.capitalize()} {target}", exc)
+            self.post_message(ActionFinished(what, False, str(exc)))
             return
-        self.post_message(ActionFinished("strip", True, detail))
+        self.post_message(ActionFinished(what, True, detail))
 
     # ----------------------------------------------------------------- upload
 
@@ -334,21 +340,14 @@ class CheckpointsScreen(LoadmasterScreen):
         from backend.checkpoints.catalog import step_number
         from backend.checkpoints.upload import launch_upload, upload_dir
 
-        self.query_one("#ckpt-status", Static).update(f"Uploading {local} …")
-        try:
-            async with self.services.stores.open(self.url) as store:
-                if node:
-                    rec = await launch_upload(self.services.jobs, node, store, local, name, step=step_number(name))
-                    detail = f"upload of {name} launched on {node} as job {rec.id}"
-                else:
-                    res = await upload_dir(store, local, name)
-                    detail = f"uploaded {name}: {len(res.objects)} objects, {_gb(res.bytes)}, {res.gbps:.2f} Gbps, verified"
-            self.services.db.record_audit("ckpt.upload", f"{self.url}/{name}", "ok", detail={"detail": detail})
-        except LoadmasterError as exc:
-            self.report_error(f"Upload {name}", exc)
-            self.post_message(ActionFinished("upload", False, str(exc)))
-            return
-        self.post_message(ActionFinished("upload", True, detail))
+        async def run(store: Any) -> str:
+            if node:
+                rec = await launch_upload(self.services.jobs, node, store, local, name, step=step_number(name))
+                return f"upload of {name} launched on {node} as job {rec.id}"
+            res = await upload_dir(store, local, name)
+            return f"uploaded {name}: {len(res.objects)} objects, {_gb(res.bytes)}, {res.gbps:.2f} Gbps, verified"
+
+        await self._run_action("upload", name, f"Uploading {local} …", run)
 
     @on(ActionFinished)
     def _action_finished(self, event: ActionFinished) -> None:
