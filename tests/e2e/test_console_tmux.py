@@ -149,9 +149,13 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     assert "$" in screen.split("egress:", 1)[1], screen
     term.press("Tab")  # Launch
     term.send("Enter")
-    screen = term.wait_for(lambda s: re.search(r"pull\s+node-01", s) and "succeeded" in s,
-                           timeout=SCREEN_TIMEOUT, what="the pull job to succeed")
-    assert "failed" not in screen.split("Kind", 1)[-1].split("\n", 3)[1], screen
+    # The job's row (columns in any order) and its detail, which names the final state in full.
+    done = re.compile(r"pull job \S+ on node-01: succeeded")
+    screen = term.wait_for(lambda s: done.search(s), timeout=SCREEN_TIMEOUT,
+                           what="the pull job to succeed")
+    rows = [line for line in screen.splitlines()
+            if re.search(r"\bnode-01\b", line) and re.search(r"\bpull\b", line) and "s3://" in line]
+    assert len(rows) == 1 and "100%" in rows[0] and "fail" not in rows[0], screen
 
     # -- Retention: compute the plan, apply it with the typed confirmation -------------------
     term.press("4")
