@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from backend.cli import main as cli_main
-from backend.services import Services
+if TYPE_CHECKING:  # the node-side fast path below must not pay for the CLI's imports
+    import argparse
+
+    from backend.services import Services
 
 
 def _open_console(services: Services, args: argparse.Namespace) -> int:
@@ -44,6 +46,8 @@ def main() -> int:
     fast = _agent_fast_path(argv)
     if fast is not None:
         return fast
+    from backend.cli import main as cli_main
+
     return cli_main(argv, open_console=_open_console)
 
 
