@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import humanize
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -35,7 +36,8 @@ KIND_STYLE = {"full": "action-keep", "weights": "action-strip", "incomplete": "j
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:,.3f} GB"
+    """Decimal units (GB = 10^9 bytes), scaled: a 270 kB test step is not '0.000 GB'."""
+    return humanize.naturalsize(n, format="%.3g") if n < 10**9 else f"{n / 1e9:,.1f} GB"
 
 
 class CatalogListed(Message):
