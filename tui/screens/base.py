@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.events import Resize
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import Worker, WorkerState
 
 from tui.widgets.mode_bar import ModeBar
@@ -55,6 +56,10 @@ class LoadmasterScreen(Screen[None]):
     help screen and the footer), and implement :meth:`compose_body`.
     """
 
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "leave_input", "Leave field", show=False),
+    ]
+
     SCREEN_TITLE: ClassVar[str] = ""
     """Short name shown in the mode bar and the help screen."""
 
@@ -84,6 +89,20 @@ class LoadmasterScreen(Screen[None]):
 
     #: Below this width the footer drops its padding so more key hints fit.
     COMPACT_FOOTER_BELOW: ClassVar[int] = 100
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "leave_input":
+            # Only while typing: otherwise escape goes on to the app (close a pushed screen).
+            return isinstance(self.focused, Input)
+        return True
+
+    def action_leave_input(self) -> None:
+        """Leave a text field so the screen keys (digits, /, ?) work again: focus the main table."""
+        tables = list(self.query(DataTable))
+        if tables:
+            tables[0].focus()
+        else:
+            self.set_focus(None)
 
     def on_resize(self, event: Resize) -> None:
         for footer in self.query(Footer):

@@ -169,6 +169,7 @@ class CheckpointsScreen(LoadmasterScreen):
     def _url_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self.action_reload()
+        self.query_one(DataTable).focus()  # the step keys (i, s, digits) act on the table
 
     def action_reload(self) -> None:
         url = self.query_one("#ckpt-url", Input).value.strip()
