@@ -220,12 +220,16 @@ async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
         latest_tag = (await store.get_bytes(latest.key)).decode("utf-8", "replace").strip() or None
     sem = asyncio.Semaphore(LIST_CONCURRENCY)
 
-    async def one(d: str) -> CheckpointStep:
+    async def one(d: str) -> CheckpointStep | None:
         async with sem:
             objs = await store.list(d)
+            if not objs:
+                # A folder with no objects is no checkpoint: some S3-compatible stores (SeaweedFS)
+                # keep listing a prefix as a folder after every object under it was deleted.
+                return None
             return await classify(store, d, objs, latest_tag=latest_tag)
 
-    steps = list(await asyncio.gather(*(one(d) for d in dirs)))
+    steps = [s for s in await asyncio.gather(*(one(d) for d in dirs)) if s is not None]
     if not dirs and prefix:
         # the prefix may itself be a step folder (e.g. ``ckpt list s3://b/run1/step-100``)
         objs = await store.list(prefix)

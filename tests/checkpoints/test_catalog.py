@@ -94,3 +94,34 @@ async def test_catalog_classifies_each_layout(tmp_path: Path, tiny_full_dcp: tup
 def test_step_numbers() -> None:
     assert [step_number(n) for n in ("step-9", "global_step48000", "checkpoint-500", "000123", "iter_0001000",
                                      "tensorboard", "step-9-old")] == [9, 48000, 500, 123, 1000, None, None]
+
+
+async def test_emptied_step_folders_are_not_listed(s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """After a delete, SeaweedFS still lists the empty prefix as a folder: it is no checkpoint."""
+    import dataclasses
+
+    from backend.storage import S3Store
+
+    bucket = s3.new_bucket("emptied")
+    client = s3.client()
+    for step in (100, 200):
+        client.put_object(Bucket=bucket, Key=f"run/step-{step}/.metadata", Body=b"m")
+        client.put_object(Bucket=bucket, Key=f"run/step-{step}/__0_0.distcp", Body=b"x" * 10)
+    profile = dataclasses.replace(s3_profile(s3), url=f"s3://{bucket}")
+    store = S3Store(f"s3://{bucket}", profile)
+    try:
+        await store.delete_many(["run/step-100/.metadata", "run/step-100/__0_0.distcp"])
+        cat = await list_checkpoints(store, "run")
+    finally:
+        await store.close()
+    assert [s.step for s in cat.steps] == [200]
+    empty = tmp_path / "local" / "run" / "step-5"
+    empty.mkdir(parents=True)
+    assert (await list_checkpoints(LocalStore(tmp_path / "local"), "run")).steps == ()
+
+
+def s3_profile(s3):  # type: ignore[no-untyped-def]
+    from backend.config import StoreProfile
+
+    return StoreProfile(url="s3://x", endpoint_url=s3.endpoint, provider="aws", region=s3.region,
+                        profile="lab", addressing_style="path")

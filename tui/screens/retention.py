@@ -290,12 +290,24 @@ class RetentionScreen(LoadmasterScreen):
                 f"{plan.url}   before {fmt_size(t.bytes_before)} → after {fmt_size(t.bytes_after)}   "
                 f"saves {fmt_size(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}")
             by = plan.bytes_by_action()
-            for seg, (_cls, label, acts) in zip(self.query(".retention-bar-seg"), BAR_SEGMENTS, strict=True):
-                n = sum(by[x] for x in acts) if acts else by["freed"]
+            sizes = [sum(by[x] for x in acts) if acts else by["freed"] for _c, _l, acts in BAR_SEGMENTS]
+            total = sum(sizes) or 1
+            width = max(self.size.width - 4, 20)
+            for seg, (_cls, label, _acts), n in zip(self.query(".retention-bar-seg"), BAR_SEGMENTS, sizes,
+                                                    strict=True):
                 seg.display = n > 0
                 seg.styles.width = f"{max(n, 1)}fr"
+                text = f"{label} {fmt_size(n)}"
+                seg.tooltip = text
                 if isinstance(seg, Static):
-                    seg.update(f"{label} {fmt_size(n)}")
+                    # A label that does not fit its share would be cut into nonsense ("weigh"):
+                    # narrow segments stay colour only; the legend line below names them all.
+                    seg.update(text if n / total * width >= len(text) + 1 else "")
+            self.query_one("#retention-summary", Static).update(
+                f"{plan.url}   before {fmt_size(t.bytes_before)} → after {fmt_size(t.bytes_after)}   "
+                f"saves {fmt_size(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}"
+                "\nstorage: " + " · ".join(f"{label} {fmt_size(n)}" for (_c, label, _a), n
+                                           in zip(BAR_SEGMENTS, sizes, strict=True) if n))
 
     def _selected(self) -> Any:
         if self.plan is None or not self.plan.actions:
