@@ -49,3 +49,27 @@ async def test_submitting_a_run_prefix_moves_focus_to_the_steps(services: Servic
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.focused, DataTable)
+
+
+async def test_enter_in_the_pull_form_asks_for_the_estimate(services: Services) -> None:
+    from tui.widgets.transfers_form import PullForm
+
+    app = LoadmasterApp(services, mode="transfers")
+    async with app.run_test(size=(120, 34)) as pilot:
+        await pilot.pause()
+        await pilot.press("n")
+        await pilot.pause()
+        form = app.screen.query_one(PullForm)
+        asked: list[object] = []
+        original = form.post_message
+
+        def spy(message):  # type: ignore[no-untyped-def]
+            if isinstance(message, PullForm.EstimateRequested):
+                asked.append(message)
+            return original(message)
+
+        form.post_message = spy  # type: ignore[method-assign]
+        form.query_one("#pull-src", Input).focus()
+        await pilot.press("s", "3", "enter")
+        await pilot.pause()
+        assert len(asked) == 1

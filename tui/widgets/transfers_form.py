@@ -109,6 +109,12 @@ class PullForm(Vertical):
         self.query_one("#pull-estimate-text", Static).update("estimating: listing the source, probing nodes...")
         self.post_message(self.EstimateRequested(self, self.request()))
 
+    @on(Input.Submitted)
+    def _submitted(self, event: Input.Submitted) -> None:
+        """Enter in any field asks for the estimate (Launch still needs its own press)."""
+        event.stop()
+        self.query_one("#pull-estimate", Button).press()
+
     @on(Button.Pressed, "#pull-launch")
     def _launch(self, event: Button.Pressed) -> None:
         event.stop()
