@@ -87,9 +87,9 @@ class RetentionScreen(LoadmasterScreen):
     # The table, not an input, has focus first so the shell's digit keys keep switching screens.
     AUTO_FOCUS = "#retention-steps"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("u", "focus_url", "Run folder", show=True),
-        Binding("ctrl+r", "reload", "Reload listing", show=True),
-        Binding("p", "toggle_pin", "Pin/unpin step", show=True),
+        Binding("u", "focus_url", "Run folder", show=False),  # in help; the footer keeps a, ?, q visible at 80 columns
+        Binding("ctrl+r", "reload", "Reload listing", show=False),
+        Binding("p", "toggle_pin", "Pin", show=True, tooltip="Pin or unpin the selected step"),
         Binding("m", "toggle_milestone", "Milestone", show=True),
         Binding("d", "dry_run", "Dry run", show=True),
         Binding("a", "apply_plan", "Apply…", show=True),

@@ -18,7 +18,7 @@ STATE_STYLE = {
 
 #: Fixed widths where content would otherwise push the live columns off screen (the detail pane
 #: shows the full source and destination).
-WIDTHS = {"what": 36, "progress": 31}
+WIDTHS = {"state": 10, "what": 36, "progress": 31}  # state: "succeeded", "cancelled"
 
 #: Most decisive first: on a narrow terminal the columns that scroll off are the long path and the
 #: job id, never the node, state or progress.
