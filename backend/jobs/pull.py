@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from backend.agent.context import JobContext
+from backend.credentials import Credentials
 from backend.errors import ConfigError, JobError, LoadmasterError, PolicyError, StoreError
 
 # The node-side runner imports this module on every job start: what only the console needs
@@ -34,7 +35,6 @@ from backend.errors import ConfigError, JobError, LoadmasterError, PolicyError, 
 if TYPE_CHECKING:
     from backend.config import Config, StoreProfile
     from backend.jobs.manager import JobManager, JobRecord
-    from backend.storage import Credentials
 
 WILDCARDS = "*?["
 CREDS_PROFILE = "loadmaster"
@@ -165,14 +165,6 @@ def _s5cmd_base(params: dict[str, Any]) -> list[str]:
     return cmd
 
 
-def _shared_credentials_text(key: str, secret: str, token: str | None) -> str:
-    """A shared-credentials file for :data:`CREDS_PROFILE` (the format of ``Credentials``)."""
-    lines = [f"[{CREDS_PROFILE}]", f"aws_access_key_id = {key}", f"aws_secret_access_key = {secret}"]
-    if token:
-        lines.append(f"aws_session_token = {token}")
-    return "\n".join(lines) + "\n"
-
-
 def _s5cmd_env(ctx: JobContext, workdir: Path) -> tuple[dict[str, str], Path | None]:
     """The environment for s5cmd: a 0600 shared-credentials file, region, no IMDS."""
     env = dict(os.environ)
@@ -182,14 +174,13 @@ def _s5cmd_env(ctx: JobContext, workdir: Path) -> tuple[dict[str, str], Path | N
     region = ctx.params.get("region")
     if region and region != "auto":
         env["AWS_REGION"] = str(region)
-    secrets = ctx.secret_env()
+    creds = Credentials.from_env(ctx.secret_env())
     creds_path = None
-    if secrets.get("AWS_ACCESS_KEY_ID"):
+    if creds is not None:
         creds_path = workdir / CREDS_FILE
         fd = os.open(creds_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(_shared_credentials_text(secrets["AWS_ACCESS_KEY_ID"], secrets.get("AWS_SECRET_ACCESS_KEY", ""),
-                                             secrets.get("AWS_SESSION_TOKEN") or None))
+            f.write(creds.shared_credentials_file(CREDS_PROFILE))
         env["AWS_SHARED_CREDENTIALS_FILE"] = str(creds_path)
         env["AWS_PROFILE"] = CREDS_PROFILE
     elif ctx.params.get("profile"):
@@ -570,8 +561,6 @@ def _botocore_credentials(profile: StoreProfile | None) -> Credentials:
     """The store's credentials through botocore's own chain (no aiohttp client: cheap to import)."""
     import botocore.session
 
-    from backend.storage import Credentials
-
     session = botocore.session.Session()
     if profile and profile.profile:
         session.set_config_variable("profile", profile.profile)
@@ -836,9 +825,7 @@ async def launch_pull(services: Any, plan: PullPlan, *, label: str = "") -> list
             creds = await store.credentials()
         finally:
             await store.close()
-    secrets = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
-    if creds.token:
-        secrets["AWS_SESSION_TOKEN"] = creds.token
+    secrets = creds.as_env()
     settings = services.config.section("jobs")
     expected = [list(o) for o in plan.objects] if len(plan.objects) <= settings.max_spec_objects else None
     manager: JobManager = services.jobs

@@ -9,6 +9,7 @@ an operator can fix (missing bucket, rejected credentials, unreachable endpoint)
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import os
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.config import Config, StoreProfile
+from backend.credentials import Credentials
 from backend.errors import StoreError
 
 DELETE_BATCH = 1000  # S3 DeleteObjects takes at most 1000 keys per request
@@ -46,40 +48,6 @@ class DeleteResult:
         return not self.errors
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """Resolved AWS-style credentials. Never log or display these."""
-
-    access_key: str
-    secret_key: str
-    token: str | None = None
-
-    def __repr__(self) -> str:  # keep secrets out of tracebacks and logs
-        return "Credentials(<redacted>)"
-
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> Credentials | None:
-        """The credentials in ``AWS_*`` env vars (a job's secrets), or None when there are none."""
-        if not env.get("AWS_ACCESS_KEY_ID"):
-            return None
-        return cls(env["AWS_ACCESS_KEY_ID"], env.get("AWS_SECRET_ACCESS_KEY", ""), env.get("AWS_SESSION_TOKEN") or None)
-
-    def as_env(self) -> dict[str, str]:
-        """The ``AWS_*`` env vars for these credentials (for a job's 0600 secrets file, never argv)."""
-        env = {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
-        if self.token:
-            env["AWS_SESSION_TOKEN"] = self.token
-        return env
-
-    def shared_credentials_file(self, profile: str = "default") -> str:
-        """Text of an AWS shared-credentials file holding these credentials (write it 0600)."""
-        lines = [f"[{profile}]", f"aws_access_key_id = {self.access_key}",
-                 f"aws_secret_access_key = {self.secret_key}"]
-        if self.token:
-            lines.append(f"aws_session_token = {self.token}")
-        return "\n".join(lines) + "\n"
-
-
 def parse_s3_url(url: str) -> tuple[str, str]:
     """Split ``s3://bucket/prefix`` into (bucket, prefix-without-leading-slash)."""
     if not url.startswith("s3://"):
@@ -105,7 +73,7 @@ class ObjectStore(ABC):
         """Every object under ``sub`` (recursive), keys relative to the store root, sorted."""
 
     @abstractmethod
-    async def list_dirs(self, sub: str = "") -> list[str]:
+    async def list_dirs(self, sub: str = "") -> builtins.list[str]:  # `list` is a method here
         """Immediate child 'directories' of ``sub`` (common prefixes), without trailing slash."""
 
     @abstractmethod
@@ -169,7 +137,7 @@ class LocalStore(ObjectStore):
 
         return await asyncio.to_thread(walk)
 
-    async def list_dirs(self, sub: str = "") -> list[str]:
+    async def list_dirs(self, sub: str = "") -> builtins.list[str]:  # `list` is a method here
         base = self._path(sub) if sub else self.root
         if not base.is_dir():
             return []
@@ -374,7 +342,7 @@ class S3Store(ObjectStore):
                                       obj["LastModified"].timestamp(), obj.get("ETag", "").strip('"')))
         return sorted(out, key=lambda o: o.key)
 
-    async def list_dirs(self, sub: str = "") -> list[str]:
+    async def list_dirs(self, sub: str = "") -> builtins.list[str]:  # `list` is a method here
         out = []
         async for page in self.iter_pages(sub, delimiter="/"):
             for cp in page.get("CommonPrefixes", []):
