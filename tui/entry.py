@@ -43,12 +43,18 @@ def _agent_fast_path(argv: list[str]) -> int | None:
 
 def main() -> int:
     argv = sys.argv[1:]
+    import os
+
+    if os.environ.get("LOADMASTER_TRACE"):
+        from backend.cli._trace import enable_trace
+
+        enable_trace()
     fast = _agent_fast_path(argv)
     if fast is not None:
         return fast
     from backend.cli import main as cli_main
 
-    return cli_main(argv, open_console=_open_console)
+    return cli_main(argv, open_console=_open_console, exit_fast=True)
 
 
 if __name__ == "__main__":

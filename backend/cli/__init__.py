@@ -3,6 +3,9 @@
 Each module ``backend/cli/<feature>.py`` defines ``register(subparsers)`` adding its commands;
 each command sets ``func(args, services) -> int`` (sync or async). User errors
 (:class:`LoadmasterError`) print one clear line to stderr and exit 2; never a traceback.
+
+Start-up imports only the module of the command being run (see :data:`COMMANDS`); help, the
+console and anything unknown build the full parser from every module, as before.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import argparse
 import asyncio
 import importlib
 import inspect
+import logging
+import os
 import pkgutil
 import sys
 from collections.abc import Callable, Sequence
@@ -21,11 +26,47 @@ from backend.config import load_config
 from backend.errors import LoadmasterError
 from backend.services import Services
 
+log = logging.getLogger(__name__)
+
 ConsoleOpener = Callable[[Services, argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser, with every feature module's subcommands."""
+#: Which module registers each top-level command, so running one imports only its module (each
+#: feature module pulls in its own stack: S3 clients, SSH, telemetry). A command missing here
+#: still works through the full parser; tests/test_cli_commands.py keeps this table equal to
+#: what the modules' ``register`` functions add.
+COMMANDS: dict[str, str] = {
+    "agent": "jobs", "audit": "retention", "ckpt": "ckpt", "doctor": "fleet", "egress": "egress",
+    "job": "jobs", "jobs": "jobs", "lab": "lab", "nodes": "fleet", "pull": "jobs", "retention": "retention",
+    "shard": "shard", "top": "top", "upload": "ckpt",
+}
+
+#: Top-level options that take a value (the word after them is not the command).
+_VALUE_OPTIONS = frozenset({"--config", "--theme"})
+
+
+def command_module(argv: Sequence[str]) -> str | None:
+    """The feature module for the command in ``argv``, or None (help, console, unknown: all modules)."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in _VALUE_OPTIONS:
+            skip = True
+        elif word == "--" or word in ("-h", "--help", "--version"):
+            return None
+        elif not word.startswith("-"):
+            return COMMANDS.get(word)
+    return None
+
+
+def feature_modules() -> list[str]:
+    """Every feature module of this package (those that may register commands)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with every feature module's subcommands (or only ``only``'s)."""
     parser = argparse.ArgumentParser(
         prog="loadmaster",
         description="Operations console for GPU training fleets. Without a command, opens the console.",
@@ -37,23 +78,44 @@ def build_parser() -> argparse.ArgumentParser:
                         help="monitor and plan only: nothing can be launched, cancelled or deleted")
     parser.add_argument("--theme", help="console theme (loadmaster-dark, loadmaster-light, loadmaster-contrast)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if mod.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{mod.name}")
+    for name in [only] if only else feature_modules():
+        module = importlib.import_module(f"{__name__}.{name}")
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)
     return parser
 
 
-def _run_command(func: Callable[..., Any], args: argparse.Namespace, services: Services) -> int:
+def _exit_now(services: Services, code: int) -> None:
+    """End the process at once after a command finished: output flushed, state DB closed.
+
+    Skips closing SSH connections (the node ends their sessions; jobs run detached, in their own
+    sessions) and the interpreter's teardown of every imported module.
+    """
+    if "db" in services.__dict__:
+        services.db.close()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _run_command(func: Callable[..., Any], args: argparse.Namespace, services: Services,
+                 *, exit_fast: bool = False) -> int:
     if inspect.iscoroutinefunction(func):
         async def runner() -> int:
             try:
-                return int(await func(args, services) or 0)
-            finally:
+                code = int(await func(args, services) or 0)
+            except BaseException:
                 await services.aclose()
+                raise
+            if exit_fast:
+                _exit_now(services, code)
+            await services.aclose()
+            return code
 
         return asyncio.run(runner())
     try:
@@ -63,18 +125,27 @@ def _run_command(func: Callable[..., Any], args: argparse.Namespace, services: S
             services.db.close()
 
 
-def main(argv: Sequence[str] | None = None, *, open_console: ConsoleOpener | None = None) -> int:
-    """Entry point. ``open_console`` is supplied by the console package (tui.entry)."""
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, *, open_console: ConsoleOpener | None = None,
+         exit_fast: bool = False) -> int:
+    """Entry point. ``open_console`` is supplied by the console package (tui.entry).
+
+    With ``exit_fast`` (the ``loadmaster`` executable, never in-process callers), a command that
+    sets ``exit_fast`` in its defaults ends the process as soon as it returns (see :func:`_exit_now`).
+    """
+    log.debug("cli: imported")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command_module(argv))
     args = parser.parse_args(argv)
+    log.debug("cli: parsed")
     try:
         config = load_config(args.config)
+        log.debug("cli: config loaded")
         services = Services(config=config, readonly=args.readonly)
         if args.command is None:
             if open_console is None:
                 parser.error("the console is not installed; run a COMMAND (see --help)")
             return open_console(services, args)
-        return _run_command(args.func, args, services)
+        return _run_command(args.func, args, services, exit_fast=exit_fast and getattr(args, "exit_fast", False))
     except LoadmasterError as exc:
         print(f"loadmaster: error: {exc}", file=sys.stderr)
         return 2

@@ -9,12 +9,16 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.errors import ConfigError, JobError, LoadmasterError
 from backend.jobs.fmt import describe_plan, fmt_bytes, fmt_eta
-from backend.jobs.manager import JobRecord, fleet_rollup
 from backend.services import Services
+
+# The job manager (and what it imports) is loaded when a command first uses it: a pull imports
+# it while it waits on the network, not before it starts connecting.
+if TYPE_CHECKING:
+    from backend.jobs.manager import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pl.add_argument("--allow-over-budget", metavar="REASON", help="start although the egress guard asks for "
                     "confirmation (recorded with REASON)")
     pl.add_argument("--json", action="store_true", help="print the plan and the jobs as JSON")
-    pl.set_defaults(func=cmd_pull)
+    # The executable exits as soon as the pull is followed to its end (no SSH close handshakes).
+    pl.set_defaults(func=cmd_pull, exit_fast=True)
 
     a = sub.add_parser("agent", help="node side: run a job directory (started by loadmaster itself)")
     asub = a.add_subparsers(dest="agent_command", metavar="ACTION", required=True)
@@ -268,6 +273,8 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
 
 
 async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, as_json: bool) -> int:
+    from backend.jobs.manager import fleet_rollup
+
     jobs = services.jobs
     ids = {r.id for r in recs}
     rate = max((n.line_rate_gbps or 0) for n in plan.nodes) or None

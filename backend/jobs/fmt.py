@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.policy.egress import fmt_bytes as egress_fmt_bytes
-
 
 def fmt_bytes(n: float | None) -> str:
     """``12.6 GB`` in decimal units (as NICs and clouds count); ``?`` when unknown."""
-    return "?" if n is None else egress_fmt_bytes(n)
+    if n is None:
+        return "?"
+    # Imported here: the pull's start-up does not wait for the egress policy module.
+    from backend.policy.egress import fmt_bytes as egress_fmt_bytes
+
+    return egress_fmt_bytes(n)
 
 
 def fmt_eta(s: float | None) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets as _secrets
 import shlex
@@ -39,6 +40,8 @@ from backend.errors import CommandFailed, JobError, LoadmasterError, NodeError, 
 from backend.jobs.settings import JobSettings
 from backend.nodes.transport import Transport
 from backend.state import StateDB, actor
+
+log = logging.getLogger(__name__)
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
 ACTIVE = frozenset({"starting", "running", "cancelling"})
@@ -482,6 +485,7 @@ class JobManager:
             if isinstance(exc, NodeError):
                 raise JobError(f"{node}: could not start the {kind} job: {exc.detail}") from None
             raise
+        log.debug("%s: job %s started, pid %d", node, job_id, pid)
         self._homes.setdefault(node, home)
         job_dir = f"{home}/{job_id}"
         self._update(job_id, state="running", pid=pid, started=time.time(), job_dir=job_dir)

@@ -580,10 +580,16 @@ async def _list_with_s5cmd(src: SourcePattern, profile: StoreProfile | None,
     """
     import asyncio
 
-    try:
-        creds = await asyncio.to_thread(_botocore_credentials, profile)
-    except Exception:  # noqa: BLE001 - the client path reports credential problems properly
-        return None
+    from backend.jobs.awscreds import static_credentials
+
+    # Plain keys are read directly (no botocore import in the way of spawning the listing);
+    # anything else goes through botocore's own chain.
+    creds = static_credentials(profile.profile if profile and profile.profile else None)
+    if creds is None:
+        try:
+            creds = await asyncio.to_thread(_botocore_credentials, profile)
+        except Exception:  # noqa: BLE001 - the client path reports credential problems properly
+            return None
     log.debug("credentials resolved")
     env = dict(os.environ)
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
@@ -694,8 +700,27 @@ async def plan_pull(
     # exist yet has nothing present, so that first probe is its whole answer; the others (and any
     # node that failed) are probed again below with the object names, to count what is there.
     log.debug("plan: listing + connecting")
-    (objects, creds), first = await asyncio.gather(list_source(pattern, profile, credentials=True),
-                                                   services.pool.fanout(early, nodes, timeout=120))
+    # The listing subprocess is spawned first, so it runs while this process imports the SSH
+    # stack and connects (both CPU-bound here).
+    # The egress quote needs only the listing's total, so it is priced while the nodes answer.
+
+    async def list_and_price() -> tuple[list[tuple[str, int]], Credentials | None, Any, str | None]:
+        objects, creds = await list_source(pattern, profile, credentials=True)
+        if not objects:
+            return objects, creds, None, None
+        decision, note = egress_check(services, profile, [config.node(n) for n in nodes],
+                                      sum(s for _, s in objects), len(objects), allow_over_budget, src)
+        log.debug("plan: egress priced")
+        return objects, creds, decision, note
+
+    listing = asyncio.ensure_future(list_and_price())
+    await asyncio.sleep(0)
+    try:
+        first = await services.pool.fanout(early, nodes, timeout=120)
+    except BaseException:
+        listing.cancel()
+        raise
+    objects, creds, decision, note = await listing
     log.debug("plan: listed %d objects, connected", len(objects))
     if not objects:
         raise StoreError(f"no objects match {src}")
@@ -721,9 +746,6 @@ async def plan_pull(
             if not r.line_rate_known:
                 r = NodeEstimate(**{**r.__dict__, "line_rate_gbps": settings.nic_gbps})
             ests.append(r)
-    decision, note = egress_check(services, profile, [config.node(n) for n in nodes], total, len(objects),
-                                  allow_over_budget, src)
-    log.debug("plan: egress priced")
     return PullPlan(
         src=pattern.url, dest=dest, store=profile.name if profile else None, objects=tuple(objects),
         total_bytes=total, nodes=tuple(ests),

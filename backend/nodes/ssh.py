@@ -17,6 +17,7 @@ import contextlib
 import getpass
 import itertools
 import json
+import logging
 import os
 import secrets
 import shlex
@@ -50,6 +51,8 @@ DEFAULT_BACKOFF = (1.0, 30.0)
 
 #: Environment variable that marks every process a command starts (see kill_tree_command).
 RUN_ENV = "LOADMASTER_RUN"
+
+log = logging.getLogger(__name__)
 
 StateHook = Callable[[str, str, "float | None", "str | None"], None]
 
@@ -231,6 +234,7 @@ class SshTransport(Transport):
             self._retry_at = 0.0
             self._last_error = None
             self._conn = conn
+            log.debug("%s: connected (handshake %.1f ms)", self.name, (self.handshake_seconds or 0) * 1000)
             self._state("up", (self.handshake_seconds or 0.0) * 1000, None)
             return conn
 
@@ -415,6 +419,7 @@ class SshTransport(Transport):
                 self.command_server_unavailable = why
                 return None
             self.command_server_unavailable = None
+            log.debug("%s: command server ready", self.name)
             self._server = server
             return server
 
