@@ -1,11 +1,18 @@
 """Verified S3 multipart upload of one local file, shared by checkpoint uploads and shard streaming.
 
 Each file goes up as an S3 multipart upload with equal parts (the last one shorter), several
-parts in flight, each part read from disk with ``os.pread`` (never the whole file), sent with a
+parts in flight, each part read from disk with ``os.preadv`` (never the whole file), sent with a
 Content-MD5 and retried on failure or on an ETag that does not match what we sent. After
 completion the object is HEADed: its size and its composite ETag (MD5 of the part MD5s, "-N")
 must match what we computed from the bytes on disk. Any failure or cancel aborts the multipart
 upload, so no orphaned parts are left; :func:`abort_stale` sweeps those a killed process left.
+
+Cost per byte (the uploader shares a node's CPUs with training and the store's own gateway):
+each part is read into a buffer reused from part to part (no fresh pages for the kernel to
+zero), hashed once (MD5, in the same worker-thread call as the read, the GIL released), and sent
+from that buffer in 1 MiB slices (no 32 MiB copy into asyncio's transport buffer). botocore's own
+per-part CRC32 is off by default: the Content-MD5 the server checks already covers each part
+(``UploadSettings.sdk_checksum`` turns it back on where the store profile allows it).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import base64
 import contextlib
 import hashlib
 import os
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +37,9 @@ DEFAULT_CONCURRENCY = 8
 DEFAULT_RETRIES = 4
 MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
 MAX_PARTS = 10_000
+#: A part's body goes to the socket in slices this size (asyncio copies whatever the socket does
+#: not take at once into its own buffer: a slice, never a whole part).
+SEND_SLICE = 1 * MiB
 
 #: Test hook: (key, part_number, attempt, data) -> data actually sent (fault injection only).
 PartFault = Callable[[str, int, int, bytes], bytes]
@@ -57,6 +68,12 @@ class UploadSettings:
     #: A file that fits in one part still goes up as a (one-part) multipart upload, so every
     #: object has the same "-N" ETag form (shards); False sends it as a single PUT.
     always_multipart: bool = False
+    #: Also let botocore add its own CRC32 of every part (``x-amz-checksum-crc32``) when the
+    #: store profile's ``checksum`` is "when_supported". Off by default: each part's Content-MD5
+    #: is already checked by the server and the composite ETag after completion, so the CRC32
+    #: would hash every byte a second time on both sides. "when_required" profiles (R2) never
+    #: get it either way.
+    sdk_checksum: bool = False
 
     def check(self) -> UploadSettings:
         if self.part_size < MIN_PART_SIZE:
@@ -87,20 +104,103 @@ def effective_part_size(size: int, part_size: int) -> int:
     return part_size
 
 
-def _pread(path: Path, offset: int, length: int) -> bytes:
+def _read_part(path: Path, offset: int, view: memoryview) -> bytes:
+    """Fill ``view`` from ``path`` at ``offset`` and return its MD5 (one worker-thread call)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        data = os.pread(fd, length, offset)
+        got = 0
+        while got < len(view):
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n == 0:
+                break
+            got += n
     finally:
         os.close(fd)
-    if len(data) != length:
-        raise UploadError(f"{path}: short read ({len(data)} of {length} bytes at {offset}); "
+    if got != len(view):
+        raise UploadError(f"{path}: short read ({got} of {len(view)} bytes at {offset}); "
                           "was the file modified during the upload?")
-    return data
+    return hashlib.md5(view, usedforsecurity=False).digest()
 
 
-def _md5(data: bytes) -> bytes:
-    return hashlib.md5(data, usedforsecurity=False).digest()
+#: Part buffers, reused from part to part: one free list per parts semaphore (so at most its
+#: ``concurrency`` buffers exist), gone with the semaphore at the end of the upload.
+_BUFFERS: weakref.WeakKeyDictionary[asyncio.Semaphore, list[bytearray]] = weakref.WeakKeyDictionary()
+
+
+def _take_buffer(sem: asyncio.Semaphore, length: int) -> bytearray:
+    free = _BUFFERS.setdefault(sem, [])
+    while free:
+        buf = free.pop()
+        if len(buf) >= length:
+            return buf
+    return bytearray(length)
+
+
+class PartBody:
+    """A part's bytes as a request body: botocore sees a seekable file of known length, aiohttp
+    writes it in :data:`SEND_SLICE` slices straight from the part buffer (see :class:`_PartPayload`).
+
+    ``read`` (a copy) only serves botocore when it hashes the body itself (payload signing, its
+    CRC32); the fast path never calls it.
+    """
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.view) if n is None or n < 0 else min(len(self.view), self._pos + n)
+        out = bytes(self.view[self._pos:end])
+        self._pos = end
+        return out
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self.view)}[whence]
+        self._pos = max(0, min(len(self.view), base + pos))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seekable(self) -> bool:
+        return True
+
+
+_payload_registered = False
+
+
+def _register_part_payload() -> None:
+    """Teach aiohttp to send a :class:`PartBody` (imported lazily: aiohttp is heavy)."""
+    global _payload_registered
+    if _payload_registered:
+        return
+    from aiohttp import payload
+
+    class _PartPayload(payload.Payload):
+        _value: PartBody
+
+        def __init__(self, value: PartBody, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("content_type", "application/octet-stream")
+            super().__init__(value, *args, **kwargs)
+            self._size = len(value)
+
+        def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+            return bytes(self._value.view).decode(encoding, errors)
+
+        async def write(self, writer: Any) -> None:
+            await self.write_with_length(writer, None)
+
+        async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+            view = self._value.view
+            end = len(view) if content_length is None else min(len(view), content_length)
+            for i in range(0, end, SEND_SLICE):
+                await writer.write(view[i:min(end, i + SEND_SLICE)])  # drains between slices
+
+    payload.register_payload(_PartPayload, PartBody)
+    _payload_registered = True
 
 
 class ProgressCounter:
@@ -156,41 +256,51 @@ async def upload_file(
         async with upload_client(store, settings) as own:
             return await upload_file(store, path, key, settings=settings, parts_sem=parts_sem, counter=counter,
                                      cancelled=cancelled, fault=fault, client=own)
+    _register_part_payload()
     full_key = join_key(store.prefix, key)
     sem = parts_sem or asyncio.Semaphore(settings.concurrency)
     part_size = effective_part_size(size, settings.part_size)
     n_parts = _part_count(size, part_size)
 
-    async def send(part_no: int, send_fn: Callable[[bytes, str], Any]) -> tuple[str, bytes]:
-        """Read part ``part_no`` and send it, retrying; returns (etag, md5 digest)."""
+    async def send(part_no: int, send_fn: Callable[[Any, str], Any]) -> tuple[str, bytes]:
+        """Read part ``part_no`` and send it, retrying; returns (etag, md5 digest). Holds ``sem``."""
         offset = (part_no - 1) * part_size
         length = min(part_size, size - offset)
+        buf = _take_buffer(sem, length)
+        view = memoryview(buf)[:length]
         last: Exception | None = None
-        for attempt in range(settings.retries + 1):
-            if cancelled is not None and cancelled():
-                raise UploadCancelled(f"upload of {path} cancelled")
-            data = await asyncio.to_thread(_pread, path, offset, length)
-            digest = await asyncio.to_thread(_md5, data)
-            body = fault(key, part_no, attempt, data) if fault is not None else data
-            try:
-                resp = await send_fn(body, base64.b64encode(digest).decode())
-                etag = resp.get("ETag", "").strip('"')
-                if etag and etag != digest.hex():
-                    raise UploadError(f"part {part_no} of {key}: server ETag {etag} != MD5 {digest.hex()} we sent")
-                if counter:
-                    counter.add(length)
-                return etag or digest.hex(), digest
-            except (UploadCancelled, asyncio.CancelledError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - every transport/server error is retried
-                last = exc
-                del data, body
-                await asyncio.sleep(min(8.0, 0.2 * 2**attempt))
+        try:
+            for attempt in range(settings.retries + 1):
+                if cancelled is not None and cancelled():
+                    raise UploadCancelled(f"upload of {path} cancelled")
+                # re-read on every attempt: what goes up is what is on disk now
+                digest = await asyncio.to_thread(_read_part, path, offset, view)
+                body: Any = PartBody(view) if fault is None else fault(key, part_no, attempt, bytes(view))
+                try:
+                    resp = await send_fn(body, base64.b64encode(digest).decode())
+                    etag = resp.get("ETag", "").strip('"')
+                    if etag and etag != digest.hex():
+                        raise UploadError(f"part {part_no} of {key}: server ETag {etag} != MD5 {digest.hex()} we sent")
+                    if counter:
+                        counter.add(length)
+                    # the request is complete (response read): nothing can still be sending from
+                    # the buffer, so the next part may reuse it. On any other exit it is dropped.
+                    view.release()
+                    _BUFFERS.setdefault(sem, []).append(buf)
+                    return etag or digest.hex(), digest
+                except (UploadCancelled, asyncio.CancelledError):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - every transport/server error is retried
+                    last = exc
+                    del body
+                    await asyncio.sleep(min(8.0, 0.2 * 2**attempt))
+        finally:
+            view.release()
         raise UploadError(f"{store.url}/{key}: part {part_no} failed after {settings.retries + 1} attempts: "
                           f"{store.error(last) if last and not isinstance(last, UploadError) else last}")
 
     if n_parts == 1 and not settings.always_multipart:
-        async def put(body: bytes, md5: str) -> Any:
+        async def put(body: Any, md5: str) -> Any:
             return await client.put_object(Bucket=store.bucket, Key=full_key, Body=body, ContentMD5=md5)
 
         async with sem:
@@ -205,7 +315,7 @@ async def upload_file(
         upload_id = created["UploadId"]
         try:
             async def one(part_no: int) -> tuple[int, str, bytes]:
-                async def up(body: bytes, md5: str) -> Any:
+                async def up(body: Any, md5: str) -> Any:
                     return await client.upload_part(Bucket=store.bucket, Key=full_key, UploadId=upload_id,
                                                     PartNumber=part_no, Body=body, ContentMD5=md5)
 
@@ -228,8 +338,8 @@ async def upload_file(
         except BaseException as exc:
             # shielded so a cancelled task still cleans up its parts
             await asyncio.shield(_abort(client, store.bucket, full_key, upload_id))
-            if isinstance(exc, LoadmasterError | asyncio.CancelledError | KeyboardInterrupt):
-                raise
+            if not isinstance(exc, Exception) or isinstance(exc, LoadmasterError):
+                raise  # cancellation, KeyboardInterrupt, or our own error
             raise store.error(exc) from None
         expected = hashlib.md5(b"".join(d for _, _, d in results), usedforsecurity=False).hexdigest() + f"-{n_parts}"
         parts = n_parts
@@ -245,7 +355,8 @@ async def upload_file(
 
 @contextlib.asynccontextmanager
 async def upload_client(store: S3Store, settings: UploadSettings) -> AsyncIterator[Any]:
-    """An S3 client for uploads: the store's settings, plus payload signing per ``settings``."""
+    """An S3 client for uploads: the store's settings, plus payload signing and botocore's own
+    checksum per ``settings`` (parts carry a Content-MD5 either way)."""
     p = store.profile
     s3cfg: dict[str, Any] = {"addressing_style": p.addressing_style if p else "auto"}
     if not settings.sign_payload:
@@ -255,7 +366,9 @@ async def upload_client(store: S3Store, settings: UploadSettings) -> AsyncIterat
             client = await stack.enter_async_context(store.botocore_session().create_client(
                 "s3", endpoint_url=p.endpoint_url if p else None,
                 region_name=p.region if p and p.region and p.region != "auto" else "us-east-1",
-                config=store.client_config(s3=s3cfg, max_pool_connections=max(64, settings.concurrency * 2)),
+                config=store.client_config(s3=s3cfg, max_pool_connections=max(64, settings.concurrency * 2),
+                                           **({} if settings.sdk_checksum else
+                                              {"request_checksum_calculation": "when_required"})),
             ))
         except Exception as exc:  # noqa: BLE001 - profile/credential problems name what to fix
             raise store.error(exc) from None
