@@ -152,7 +152,7 @@ async def session(config_path: Path, out: Path, size: tuple[int, int], theme: st
 
         # 6. Retention: the plan for the policy in the config.
         await switch(pilot, "4", "retention")
-        await pilot.press("u", "end", *"/checkpoints/llama-demo", "enter")
+        await pilot.press("o", "end", *"/checkpoints/llama-demo", "enter")
         await until(pilot, lambda: getattr(app.screen, "plan", None) is not None, "the retention plan")
         await pilot.pause(0.5)
         shot("06-retention-plan")

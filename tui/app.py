@@ -60,7 +60,8 @@ class LoadmasterCommands(Provider):
         out.append(("Quit", "Close the console (key q)", app.action_quit))
         for spec in SCREEN_SPECS:
             cls = app.screen_class(spec)
-            for title, help_text, action in getattr(cls, "PALETTE_COMMANDS", None) or ():
+            commands = getattr(cls, "palette_commands", None)
+            for title, help_text, action in (commands() if commands is not None else ()):
                 out.append((f"{spec.title}: {title}", help_text,
                             partial(app.run_screen_action, spec.mode, action)))
         return out

@@ -41,13 +41,25 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         assert [str(table.get_row_at(i)[1]) for i in range(2)] == ["incomplete", "full"]
         assert "by kind" in str(screen.query_one("#ckpt-summary", Static).render())
 
-        # inspect the full step: the DCP key list
+        # inspect the full step with enter (the detail key of every table): the DCP key list
+        table.focus()
         table.move_cursor(row=1)
-        screen.action_inspect_step()
+        await pilot.press("enter")
         tensors = screen.query_one("#ckpt-tensors", DataTable)
         await wait_until(pilot, lambda: tensors.row_count > 0)
         names = {str(tensors.get_row_at(i)[0]) for i in range(tensors.row_count)}
         assert "model.norm.weight" in names and any(n.startswith("optim.state") for n in names)
+        await pilot.press("escape")  # escape closes the key list
+        await pilot.pause()
+        assert not tensors.display and table.has_focus
+
+        # / filters the steps; the actions act on the row under the cursor, not on a row index
+        await pilot.press("slash", *"full", "enter")
+        await pilot.pause()
+        assert table.row_count == 1 and screen.selected().kind == "full"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert table.row_count == 2
 
         # the in-flight step cannot be stripped
         table.move_cursor(row=0)

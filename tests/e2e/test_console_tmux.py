@@ -160,7 +160,7 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     # -- Retention: compute the plan, apply it with the typed confirmation -------------------
     term.press("4")
     term.wait_for("Run folder", what="the Retention screen")
-    term.press("u")  # focus the run folder
+    term.press("o")  # focus the run folder
     term.send("End")
     _fill(term, "/checkpoints/llama-demo")
     term.send("Enter")
@@ -226,7 +226,7 @@ def test_readonly_console_refuses_and_errors_are_one_key_away(
     term.wait_for("Run folder", what="the Retention screen")
 
     # A failing background task: a notification, the console stays up, the detail behind e.
-    term.press("u")
+    term.press("o")
     term.send("Home")
     term.press("C-k")
     _fill(term, "s3://no-such-bucket-e2e/run")

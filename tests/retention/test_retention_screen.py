@@ -26,7 +26,7 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
     async with app.run_test(size=(160, 50), message_hook=rec) as pilot:
         screen = app.screen
         assert isinstance(screen, RetentionScreen)
-        await pilot.press("u")
+        await pilot.press("o")  # o edits the run folder, as on Checkpoints
         url_box = screen.query_one("#retention-url", Input)
         assert url_box.has_focus
         url_box.value = str(root)
@@ -114,3 +114,40 @@ async def test_readonly_console_refuses_to_apply(tmp_path: Path, local_services,
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmTyped)
     assert (root / "step-1000" / ".metadata").exists()
+
+
+async def test_filter_enter_detail_and_escape_steps_back(tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+    from tui.widgets.detail import DetailModal
+
+    root = dcp_run.copy_to(tmp_path / "run1")
+    app = LoadmasterApp(local_services, mode="retention")
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        screen.query_one("#retention-url", Input).value = str(root)
+        screen.action_reload()
+        await settle_workers(pilot)
+        table = screen.query_one("#retention-steps", DataTable)
+        assert table.has_focus and table.row_count == 14
+        # / filters the steps: only the planned deletes stay, and p/m act on the row shown.
+        await pilot.press("slash", *"delete")
+        await pilot.pause()
+        deletes = [a for a in screen.plan.actions if a.action == "delete"]
+        assert table.row_count == len(deletes) and 0 < len(deletes) < 14
+        assert "showing" in str(screen.query_one("#retention-summary", Static).render())
+        await pilot.press("enter")  # keep the filter, back to the table
+        await pilot.pause()
+        assert table.has_focus and table.row_count == len(deletes)
+        table.move_cursor(row=1)
+        await pilot.press("enter")  # enter on a row: its plan in full
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, DetailModal)
+        fields = dict(modal.fields)
+        assert fields["action"] == "delete" and fields["folder"].endswith(deletes[1].path)
+        await pilot.press("escape")  # closes the detail ...
+        await pilot.pause()
+        assert app.screen is screen and table.row_count == len(deletes)
+        await pilot.press("escape")  # ... then clears the filter
+        await pilot.pause()
+        assert table.row_count == 14 and screen.filter_text == ""
+        assert not screen.query_one("#screen-filter", Input).display

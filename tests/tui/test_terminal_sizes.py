@@ -17,7 +17,7 @@ import pytest
 from tests.tui.snapshot_services import frozen_clock, record_egress_month, snapshot_services
 from tui.app import LoadmasterApp
 
-SIZES = {"80x24": (80, 24), "120x34": (120, 34), "250x60": (250, 60)}
+SIZES = {"80x24": (80, 24), "100x30": (100, 30), "120x34": (120, 34), "150x40": (150, 40), "250x60": (250, 60)}
 
 #: screen -> column headers that must be on screen at every size
 IMPORTANT: dict[str, tuple[str, ...]] = {

@@ -7,6 +7,7 @@ screen are forwarded to the app's error log, so screens need no handler of their
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -19,6 +20,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import Worker, WorkerState
 
 from tui.widgets.mode_bar import ModeBar
+from tui.widgets.text_filter import text_matches
 
 if TYPE_CHECKING:
     from backend.services import Services
@@ -45,6 +47,17 @@ SCREEN_SPECS: tuple[ScreenSpec, ...] = (
     ScreenSpec("shards", "6", "Shards", "tui.screens.shards", "ShardsScreen"),
 )
 
+#: The ``/`` key of a screen that has a filter (it lists it in its BINDINGS and sets FILTER_HINT).
+FILTER_BINDING = Binding("slash", "filter", "Filter", key_display="/", show=False)
+
+#: The keys of a screen that lists a run folder (Checkpoints, Retention): reload it, edit it. In
+#: help; kept out of the footer so the screen's own keys fit 80 columns.
+RUN_FOLDER_BINDINGS = (
+    Binding("r", "reload", "Reload", show=False),
+    Binding("ctrl+r", "reload", "Reload", show=False),  # also while typing in a field
+    Binding("o", "focus_url", "Run folder", show=False),
+)
+
 #: A palette command a screen offers: (title, help, action name run on the screen).
 PaletteCommand = tuple[str, str, str]
 
@@ -54,11 +67,20 @@ class LoadmasterScreen(Screen[None]):
 
     Subclasses set ``SCREEN_TITLE``, may set ``PALETTE_COMMANDS`` and ``BINDINGS`` (listed by the
     help screen and the footer), and implement :meth:`compose_body`.
+
+    Keys every screen shares, so they mean the same everywhere: ``/`` filters the screen's main
+    table (screens that set ``FILTER_HINT`` and implement :meth:`apply_filter`), ``enter`` on a row
+    opens its detail, ``escape`` steps back one level (leave the filter or a text field, close a
+    form or a detail pane, clear the filter; then the app closes a pushed screen), ``r`` reloads,
+    ``n`` opens a "new" form, ``c`` cancels the selected job, ``o`` edits the run folder.
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "leave_input", "Leave field", show=False),
+        Binding("escape", "escape", "Back", show=False),
     ]
+
+    FILTER_HINT: ClassVar[str] = ""
+    """Placeholder of the ``/`` filter box; screens without one have no filter."""
 
     SCREEN_TITLE: ClassVar[str] = ""
     """Short name shown in the mode bar and the help screen."""
@@ -76,10 +98,25 @@ class LoadmasterScreen(Screen[None]):
     ) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.services = services
+        #: What the ``/`` filter box holds (stripped); screens show only rows matching it.
+        self.filter_text = ""
+
+    @classmethod
+    def palette_commands(cls) -> list[PaletteCommand]:
+        """The screen's palette commands, plus the shared filter commands where it has a filter."""
+        shared: list[PaletteCommand] = []
+        if cls.FILTER_HINT:
+            what = cls.SCREEN_TITLE or "rows"
+            shared = [(f"Filter {what.lower()}", f"Show only matching rows: {cls.FILTER_HINT} (key /)", "filter"),
+                      ("Clear filter", "Show every row again (key escape)", "clear_filter")]
+        return [*cls.PALETTE_COMMANDS, *shared]
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield ModeBar([(s.mode, s.key, s.title) for s in SCREEN_SPECS], id="mode-bar")
+        if self.FILTER_HINT:
+            yield Input(placeholder=f"filter: {self.FILTER_HINT} (enter keeps it, escape clears it)",
+                        id="screen-filter", compact=True)
         yield from self.compose_body()
         yield Footer()
 
@@ -91,18 +128,102 @@ class LoadmasterScreen(Screen[None]):
     COMPACT_FOOTER_BELOW: ClassVar[int] = 100
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "leave_input":
-            # Only while typing: otherwise escape goes on to the app (close a pushed screen).
-            return isinstance(self.focused, Input)
+        if action == "escape":
+            # Only when there is a step back on this screen: otherwise escape goes on to the app
+            # (which closes a pushed screen).
+            return self._escape_step() is not None
+        if action in ("filter", "clear_filter"):
+            return bool(self.FILTER_HINT)
         return True
 
+    # -- escape: one level back ------------------------------------------------------------------
+
+    def escape_hook(self) -> Callable[[], None] | None:
+        """A screen's own step back (close a form or a detail pane), or None. Runs after leaving
+        the filter box and before leaving a text field."""
+        return None
+
+    def _escape_step(self) -> Callable[[], None] | None:
+        box = self._filter_box()
+        focused = self.focused
+        if box is not None and focused is box:
+            return self.action_clear_filter
+        step = self.escape_hook()
+        if step is not None:
+            return step
+        if focused is not None and not isinstance(focused, DataTable):
+            return self.action_leave_input  # a text field, a select or a button of a form
+        if box is not None and (self.filter_text or box.display):
+            return self.action_clear_filter
+        return None
+
+    def action_escape(self) -> None:
+        """Step back one level (see the class docstring)."""
+        step = self._escape_step()
+        if step is not None:
+            step()
+
     def action_leave_input(self) -> None:
-        """Leave a text field so the screen keys (digits, /, ?) work again: focus the main table."""
-        tables = list(self.query(DataTable))
-        if tables:
-            tables[0].focus()
+        """Leave a form field so the screen keys (digits, /, ?) work again: focus the main table."""
+        table = self.main_table()
+        if table is not None:
+            table.focus()
         else:
             self.set_focus(None)
+
+    def main_table(self) -> DataTable[Any] | None:
+        """The table the screen's row keys act on: the first one, unless a screen says otherwise."""
+        tables = list(self.query(DataTable))
+        return tables[0] if tables else None
+
+    # -- the / filter ----------------------------------------------------------------------------
+
+    def _filter_box(self) -> Input | None:
+        if not self.FILTER_HINT:
+            return None
+        boxes = list(self.query("#screen-filter").results(Input))
+        return boxes[0] if boxes else None
+
+    def action_filter(self) -> None:
+        """Show the filter box and type into it."""
+        box = self._filter_box()
+        if box is not None:
+            box.display = True
+            box.focus()
+
+    def action_clear_filter(self) -> None:
+        """Empty and hide the filter box; every row shows again."""
+        box = self._filter_box()
+        if box is None:
+            return
+        box.value = ""
+        box.display = False
+        self._set_filter("")
+        self.action_leave_input()
+
+    def _set_filter(self, text: str) -> None:
+        if text != self.filter_text:
+            self.filter_text = text
+            self.apply_filter()
+
+    def apply_filter(self) -> None:
+        """Show only the rows matching :attr:`filter_text` (screens with a filter implement it)."""
+
+    def filter_matches(self, *hay: str) -> bool:
+        """Whether a row with these texts passes the filter."""
+        return text_matches(self.filter_text, *hay)
+
+    @on(Input.Changed, "#screen-filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self._set_filter(event.value.strip())
+
+    @on(Input.Submitted, "#screen-filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if not event.value.strip():
+            event.input.display = False
+        self.action_leave_input()
 
     def on_resize(self, event: Resize) -> None:
         for footer in self.query(Footer):

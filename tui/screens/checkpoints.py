@@ -8,6 +8,7 @@ results arrive as past-tense messages. Nothing here touches a store directly.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import humanize
@@ -22,7 +23,7 @@ from textual.widgets import DataTable, Input, Label, Select, Static
 from backend.checkpoints.catalog import fmt_age
 from backend.checkpoints.footprint import fmt_gb, footprint, upload_backlog
 from backend.errors import LoadmasterError
-from tui.screens.base import LoadmasterScreen
+from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmModal
 
 if TYPE_CHECKING:
@@ -68,26 +69,33 @@ class CheckpointsScreen(LoadmasterScreen):
     """Steps of a run prefix in any configured store, with strip / upload / inspect."""
 
     SCREEN_TITLE: ClassVar[str] = "Checkpoints"
+    AUTO_FOCUS = "#ckpt-steps"  # the screen keys work at once; o edits the run prefix
+    FILTER_HINT: ClassVar[str] = "step, kind or layout"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("ctrl+r", "reload", "Reload listing", show=True),
         Binding("i", "inspect_step", "Inspect", show=True),
-        Binding("s", "strip_step", "Strip to BF16…", show=True),
-        Binding("u", "upload_step", "Upload local step…", show=True),
+        Binding("s", "strip_step", "Strip…", show=True),
+        Binding("u", "upload_step", "Upload…", show=True),
+        *RUN_FOLDER_BINDINGS,
+        FILTER_BINDING,
     ]
     """
     | Key(s) | Description |
     | :- | :- |
-    | ctrl+r | List the run prefix again. |
-    | i | Show the selected step's tensors (safetensors headers / DCP metadata). |
+    | enter, i | Show the selected step's tensors (safetensors headers / DCP metadata). |
     | s | Strip the selected step to BF16 safetensors in its own folder (after confirmation). |
     | u | Upload the local step folder typed in "Local step" into the run prefix (after confirmation). |
+    | r, ctrl+r | List the run prefix again (ctrl+r also works while typing). |
+    | o | Edit the run prefix (enter lists it). |
+    | / | Filter steps by number, kind or layout. |
+    | escape | Close the tensor table / leave a field / clear the filter. |
     """
 
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
-        ("Reload checkpoints", "List the run prefix again", "reload"),
-        ("Strip checkpoint to BF16", "Write the selected step's weights as BF16 safetensors", "strip_step"),
-        ("Upload local checkpoint", "Upload the local step folder into the run prefix", "upload_step"),
-        ("Inspect checkpoint", "Show the selected step's tensors", "inspect_step"),
+        ("Reload checkpoints", "List the run prefix again (key r)", "reload"),
+        ("Edit the run prefix", "Type another run prefix; enter lists it (key o)", "focus_url"),
+        ("Strip checkpoint to BF16", "Write the selected step's weights as BF16 safetensors (key s)", "strip_step"),
+        ("Upload local checkpoint", "Upload the local step folder into the run prefix (key u)", "upload_step"),
+        ("Inspect checkpoint", "Show the selected step's tensors (key enter or i)", "inspect_step"),
     ]
 
     def __init__(self, services: Services, **kwargs: Any) -> None:
@@ -169,7 +177,30 @@ class CheckpointsScreen(LoadmasterScreen):
     def _url_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self.action_reload()
-        self.query_one(DataTable).focus()  # the step keys (i, s, digits) act on the table
+        self.main_table().focus()  # the step keys (i, s, digits) act on the table
+
+    def action_focus_url(self) -> None:
+        """Edit the run prefix (enter lists it)."""
+        self.query_one("#ckpt-url", Input).focus()
+
+    def main_table(self) -> DataTable[Any]:
+        return self.query_one("#ckpt-steps", DataTable)
+
+    def escape_hook(self) -> Callable[[], None] | None:
+        return self._close_tensors if self.query_one("#ckpt-tensors", DataTable).display else None
+
+    def _close_tensors(self) -> None:
+        self.query_one("#ckpt-tensors", DataTable).display = False
+        self.query_one("#ckpt-status", Static).update("")
+        self.main_table().focus()
+
+    def apply_filter(self) -> None:
+        self.render_catalog()
+
+    @on(DataTable.RowSelected, "#ckpt-steps")
+    def _step_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_inspect_step()
 
     def action_reload(self) -> None:
         url = self.query_one("#ckpt-url", Input).value.strip()
@@ -208,20 +239,24 @@ class CheckpointsScreen(LoadmasterScreen):
             return
         variables = getattr(self.app, "theme_variables", {}) or {}
         table = self.query_one("#ckpt-steps", DataTable)
-        cursor = table.cursor_row
+        selected = self.selected()
+        shown = [s for s in cat.steps if self.filter_matches(str(s.step) if s.step is not None else "", s.name,
+                                                             s.kind, s.layout)]
         with self.app.batch_update():
             table.clear()
-            for s in cat.steps:
+            for s in shown:
                 table.add_row(str(s.step) if s.step is not None else s.name,
                               Text(s.kind, style=variables.get(KIND_STYLE[s.kind], "")), s.layout,
                               _gb(s.total_bytes), str(s.object_count), fmt_age(s.mtime),
                               "yes" if s.has_bf16_export else "no", key=s.path)
-            if cat.steps:
-                table.move_cursor(row=min(max(cursor, 0), len(cat.steps) - 1))
+            paths = [s.path for s in shown]
+            if selected is not None and selected.path in paths:
+                table.move_cursor(row=paths.index(selected.path))
         by = cat.bytes_by_kind()
         kinds = "  ".join(f"{k} {_gb(by[k])}" for k in ("full", "weights", "incomplete", "unknown") if k in by)
+        matching = f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#ckpt-summary", Static).update(
-            f"{self.url}: {len(cat.steps)} steps, {_gb(sum(by.values()))}   by kind: {kinds or '-'}")
+            f"{self.url}: {len(cat.steps)} steps, {_gb(sum(by.values()))}   by kind: {kinds or '-'}{matching}")
         backlog = self.query_one("#ckpt-backlog", Static)
         backlog.display = bool(self.alerts)
         backlog.update("\n".join(f"ALERT {a.message}" for a in self.alerts))
@@ -229,10 +264,14 @@ class CheckpointsScreen(LoadmasterScreen):
 
     def selected(self) -> CheckpointStep | None:
         """The step under the table cursor."""
-        if self.catalog is None or not self.catalog.steps:
+        table = self.query_one("#ckpt-steps", DataTable)
+        if self.catalog is None or table.row_count == 0:
             return None
-        row = self.query_one("#ckpt-steps", DataTable).cursor_row
-        return self.catalog.steps[row] if 0 <= row < len(self.catalog.steps) else None
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:  # noqa: BLE001 - no cursor row
+            return None
+        return next((s for s in self.catalog.steps if s.path == key), None)
 
     # ----------------------------------------------------------------- inspect
 
@@ -271,6 +310,8 @@ class CheckpointsScreen(LoadmasterScreen):
     # ----------------------------------------------------------------- strip
 
     def action_strip_step(self) -> None:
+        if not self.require_writable("strip a checkpoint"):
+            return
         step = self.selected()
         if step is None:
             self.notify("List a run and select a step first.", severity="warning", markup=False)
@@ -281,8 +322,6 @@ class CheckpointsScreen(LoadmasterScreen):
             return
         if step.has_bf16_export:
             self.notify(f"{step.name} already has a BF16 export.", severity="warning", markup=False)
-            return
-        if not self.require_writable(f"strip {step.name}"):
             return
         node = self.query_one("#ckpt-node", Input).value.strip() or None
         body = (f"Read the model weights of {self.url}/{step.path} ({step.layout}, {_gb(step.total_bytes)}), cast "
@@ -323,12 +362,12 @@ class CheckpointsScreen(LoadmasterScreen):
     # ----------------------------------------------------------------- upload
 
     def action_upload_step(self) -> None:
+        if not self.require_writable("upload a checkpoint"):
+            return
         local = self.query_one("#ckpt-local", Input).value.strip()
         if not local or not self.url:
             self.notify("Type a local step folder in 'Local step' and list a run prefix first.",
                         severity="warning", markup=False)
-            return
-        if not self.require_writable(f"upload {local}"):
             return
         node = self.query_one("#ckpt-node", Input).value.strip() or None
         name = os.path.basename(local.rstrip("/"))

@@ -38,8 +38,9 @@ from backend.policy.egress import (
     parse_size_text,
 )
 from backend.policy.prices import PriceTable, price_table
-from tui.screens.base import LoadmasterScreen
+from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets import Gauge, Summary
+from tui.widgets.detail import DetailModal
 from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
@@ -109,19 +110,27 @@ class EgressScreen(LoadmasterScreen):
     """Month-to-date egress per route with budget gauges, and the egress cost calculator."""
 
     SCREEN_TITLE: ClassVar[str] = "Egress"
-    #: Below 100 columns the calculator goes under the month's routes; up to 160 it keeps a fixed
-    #: width beside them (themes/egress.tcss), so the routes table keeps room for USD and Projected.
+    AUTO_FOCUS = "#egress-routes"
+    #: Below 120 columns the calculator goes under the month's routes (beside them at 100 columns it
+    #: left the routes no room for Projected); up to 160 it keeps a fixed width beside them
+    #: (themes/egress.tcss), so the routes table keeps room for USD and Projected.
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
-        (0, "-narrow"), (100, "-medium"), (160, "-wide")]
+        (0, "-narrow"), (120, "-medium"), (160, "-wide")]
+    FILTER_HINT: ClassVar[str] = "route (store or site) or kind"
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
-        ("Refresh month-to-date", "Re-read the egress ledger", "refresh"),
-        ("Load the brief's scenario", "40 TB x 5 runs, aws:us-east-1 -> coreweave:us-east-04, 16 nodes",
+        ("Refresh month-to-date", "Re-read the egress ledger (key r)", "refresh"),
+        ("Load the brief's scenario", "40 TB x 5 runs, aws:us-east-1 -> coreweave:us-east-04, 16 nodes (key x)",
          "load_example"),
+        ("Toggle full sync / sharded", "Every node syncs the whole dataset vs disjoint shards (key f)",
+         "toggle_full"),
+        ("Show the selected route", "Account, sites, bytes, $ and projection of one route in full (key enter)",
+         "route_detail"),
     ]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "refresh", "Refresh"),
         Binding("x", "load_example", "Example"),
         Binding("f", "toggle_full", "Full/sharded"),
+        FILTER_BINDING,
     ]
     """
     | Key(s) | Description |
@@ -129,6 +138,8 @@ class EgressScreen(LoadmasterScreen):
     | r | Re-read the month-to-date spend from the ledger. |
     | x | Load the brief's scenario into the calculator. |
     | f | Toggle every-node-syncs-everything vs disjoint shards. |
+    | enter | The selected route in full: account, sites, bytes, $ and projection. |
+    | / | Filter routes by store, site or kind. |
     """
 
     class EstimateComputed(Message):
@@ -159,6 +170,7 @@ class EgressScreen(LoadmasterScreen):
         self.report: EgressReport | None = None
         self.errors: dict[str, str] = {}
         self.route_names: list[str] = []
+        self.shown_routes: list[tuple[Any, str]] = []
 
     # ------------------------------------------------------------------ layout
 
@@ -295,22 +307,54 @@ class EgressScreen(LoadmasterScreen):
             gauges.append(Static("no budget configured: set [egress] monthly_budget_usd or budgets",
                                  classes="egress-no-budget", markup=False))
         box.mount_all(gauges)
+        self._render_routes()
+
+    def _render_routes(self) -> None:
+        rep = self.report
+        if rep is None:
+            return
         table = self.query_one("#egress-routes", DataTable)
         table.clear()
-        self.route_names = [f"{r.store} -> {r.dest_site or '?'}" for r in rep.routes]
-        for r, route in zip(rep.routes, self.route_names, strict=True):
+        self.shown_routes = [(r, f"{r.store} -> {r.dest_site or '?'}") for r in rep.routes]
+        self.shown_routes = [(r, name) for r, name in self.shown_routes if self.filter_matches(name, r.kind)]
+        self.route_names = [name for _r, name in self.shown_routes]
+        for r, route in self.shown_routes:
             cells = {"route": short(route, ROUTE_WIDTH), "usd": fmt_usd(r.usd),
                      "projected": fmt_usd(r.projected_usd), "bytes": fmt_bytes(r.bytes),
                      "n": str(r.transfers), "kind": r.kind}
             table.add_row(*(cells[k] for k, _ in ROUTE_COLUMNS))
-        if not rep.routes:
-            table.add_row(*("no transfers recorded this month" if k == "route" else "" for k, _ in ROUTE_COLUMNS))
+        if not self.shown_routes:
+            empty = (f"no route matches {self.filter_text!r}" if rep.routes else "no transfers recorded this month")
+            table.add_row(*(empty if k == "route" else "" for k, _ in ROUTE_COLUMNS))
+
+    def apply_filter(self) -> None:
+        self._render_routes()
 
     @on(DataTable.RowHighlighted, "#egress-routes")
     def _route_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
         row = event.cursor_row
         event.data_table.tooltip = self.route_names[row] if 0 <= row < len(self.route_names) else None
+
+    @on(DataTable.RowSelected, "#egress-routes")
+    def _route_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_route_detail()
+
+    def action_route_detail(self) -> None:
+        """The selected route in full (the table cuts the route name to fit)."""
+        row = self.query_one("#egress-routes", DataTable).cursor_row
+        if not 0 <= row < len(self.shown_routes):
+            self.notify("No route selected: nothing was transferred this month yet.", severity="warning",
+                        markup=False)
+            return
+        r, name = self.shown_routes[row]
+        fields = [("route", name), ("store", r.store), ("account", r.account or "-"),
+                  ("from site", r.source_site or "unknown"), ("to site", r.dest_site or "unknown"),
+                  ("kind", r.kind), ("transfers", f"{r.transfers:,}"), ("moved", fmt_bytes(r.bytes)),
+                  ("spent", fmt_usd(r.usd)),
+                  ("projected", f"{fmt_usd(r.projected_usd)} / {fmt_bytes(r.projected_bytes)} by month end")]
+        self.app.push_screen(DetailModal(name, fields, hint="escape back"))
 
 
 class EgressOverrideModal(ModalScreen[str | None]):

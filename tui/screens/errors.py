@@ -65,7 +65,10 @@ class ErrorsScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.title = f"Errors ({len(self.errors)})"
-        table = self.query_one(DataTable)
+        tables = list(self.query(DataTable))
+        if not tables:  # opened while the console was closing: nothing was composed
+            return
+        table = tables[0]
         table.add_columns("time", "source", "error")
         for i, rec in enumerate(reversed(self.errors)):
             table.add_row(rec.when.strftime("%H:%M:%S"), rec.source, rec.summary, key=str(i))

@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import DataTable, Static
 
 from backend.telemetry.model import FleetSnapshot
 from tui.screens.base import LoadmasterScreen, PaletteCommand
@@ -42,16 +42,15 @@ class FleetScreen(LoadmasterScreen):
     """Nodes, GPUs, NICs, disks and alerts of the whole fleet."""
 
     SCREEN_TITLE: ClassVar[str] = "Fleet"
+    FILTER_HINT: ClassVar[str] = "node name, site or state (glob or substring)"
     PALETTE_COMMANDS: ClassVar[list[PaletteCommand]] = [
-        ("Filter nodes", "Show only nodes matching a name, site or glob (key /)", "filter"),
+        ("Open node detail", "Per-GPU rows and time series of the selected node (key enter)", "open_node"),
         ("Sort by next column", "Cycle the node table's sort column (key s)", "sort"),
-        ("Clear filter", "Show every node again", "clear_filter"),
     ]
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("enter", "open_node", "Node detail", show=True),
-        Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
     """
     | Key(s) | Description |
@@ -59,7 +58,7 @@ class FleetScreen(LoadmasterScreen):
     | / | Filter nodes by name, site or state (glob or substring). |
     | enter | Open the selected node's detail (per-GPU rows and time series). |
     | s / S | Sort by the next column / reverse (clicking a header also sorts). |
-    | escape | Clear the filter. |
+    | escape | Leave / clear the filter. |
     """
 
     def __init__(self, services: Any, **kwargs: Any) -> None:
@@ -78,8 +77,6 @@ class FleetScreen(LoadmasterScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(classes="screen-body", id="fleet-body"):
             yield Static("", id="fleet-summary", markup=False)
-            yield Input(placeholder="filter: name, site or glob (enter to keep, escape to clear)",
-                        id="fleet-filter", classes="-hidden")
             yield FleetTable(id="fleet-table")
             yield Static("Alerts", id="fleet-alerts-title", markup=False)
             yield AlertList(id="fleet-alerts")
@@ -142,41 +139,17 @@ class FleetScreen(LoadmasterScreen):
         except KeyError:
             return []
 
-    # -- filter --------------------------------------------------------------------------------
-
-    def action_filter(self) -> None:
-        """Show the filter box."""
-        box = self.query_one("#fleet-filter", Input)
-        box.remove_class("-hidden")
-        box.focus()
-
-    def action_clear_filter(self) -> None:
-        """Clear the filter and show every node."""
-        box = self.query_one("#fleet-filter", Input)
-        box.value = ""
-        box.add_class("-hidden")
-        self._set_filter("")
-        self.query_one(FleetTable).focus()
+    # -- filter and sort ------------------------------------------------------------------------
 
     def action_sort(self) -> None:
         """Sort by the next column."""
         self.query_one(FleetTable).action_cycle_sort()
 
-    @on(Input.Changed, "#fleet-filter")
-    def _filter_changed(self, event: Input.Changed) -> None:
-        self._set_filter(event.value.strip())
-
-    @on(Input.Submitted, "#fleet-filter")
-    def _filter_submitted(self, event: Input.Submitted) -> None:
-        if not event.value.strip():
-            event.input.add_class("-hidden")
-        self.query_one(FleetTable).focus()
-
-    def _set_filter(self, pattern: str) -> None:
+    def apply_filter(self) -> None:
         table = self.query_one(FleetTable)
-        if table.filter == pattern:
+        if table.filter == self.filter_text:
             return
-        table.filter = pattern
+        table.filter = self.filter_text
         if self.last_snapshot is not None:
             with self.app.batch_update():
                 table.show(self.last_snapshot.nodes, self._trend)

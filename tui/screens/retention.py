@@ -30,8 +30,9 @@ from backend.policy.retention import (
     plan_retention,
 )
 from backend.schema import parse_duration
-from tui.screens.base import LoadmasterScreen
+from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
+from tui.widgets.detail import DetailModal
 
 if TYPE_CHECKING:
     from backend.checkpoints.catalog import Catalog
@@ -86,28 +87,37 @@ class RetentionScreen(LoadmasterScreen):
     SCREEN_TITLE: ClassVar[str] = "Retention"
     # The table, not an input, has focus first so the shell's digit keys keep switching screens.
     AUTO_FOCUS = "#retention-steps"
+    FILTER_HINT: ClassVar[str] = "step, action or reason"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("u", "focus_url", "Run folder", show=False),  # in help; the footer keeps a, ?, q visible at 80 columns
-        Binding("ctrl+r", "reload", "Reload listing", show=False),
         Binding("p", "toggle_pin", "Pin", show=True, tooltip="Pin or unpin the selected step"),
         Binding("m", "toggle_milestone", "Milestone", show=True),
         Binding("d", "dry_run", "Dry run", show=True),
         Binding("a", "apply_plan", "Apply…", show=True),
+        *RUN_FOLDER_BINDINGS,
+        FILTER_BINDING,
     ]
     """
     | Key(s) | Description |
     | :- | :- |
-    | u | Edit the run folder (enter lists it). |
-    | ctrl+r | List the run folder again and recompute the plan. |
     | p | Pin (or unpin) the selected step: a pinned step is never touched. |
     | m | Mark (or unmark) the selected step as a milestone. |
     | d | Dry run: re-check the plan against a fresh listing, change nothing. |
     | a | Apply the plan after a typed confirmation. |
+    | enter | The selected step's planned action in full: sizes, reason, pin, milestone. |
+    | r, ctrl+r | List the run folder again and recompute the plan (ctrl+r also works while typing). |
+    | o | Edit the run folder (enter lists it). |
+    | / | Filter steps by number, action or reason. |
     """
 
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
-        ("Reload listing", "List the run folder again and recompute the plan", "reload"),
-        ("Apply retention plan", "Delete/strip as planned, after a typed confirmation", "apply_plan"),
+        ("Reload listing", "List the run folder again and recompute the plan (key r)", "reload"),
+        ("Edit the run folder", "Type another run folder; enter lists it (key o)", "focus_url"),
+        ("Pin or unpin the selected step", "A pinned step is never touched (key p)", "toggle_pin"),
+        ("Mark or unmark a milestone", "Milestones stay as weights at least (key m)", "toggle_milestone"),
+        ("Dry run the retention plan", "Re-check the plan against a fresh listing, change nothing (key d)",
+         "dry_run"),
+        ("Apply retention plan", "Delete/strip as planned, after a typed confirmation (key a)", "apply_plan"),
+        ("Show the selected step's plan", "Sizes, reason, pin and milestone in full (key enter)", "step_detail"),
     ]
 
     def __init__(self, services: Services, **kwargs: Any) -> None:
@@ -167,7 +177,15 @@ class RetentionScreen(LoadmasterScreen):
     # ----------------------------------------------------------------- loading
 
     def action_focus_url(self) -> None:
+        """Edit the run folder (enter lists it)."""
         self.query_one("#retention-url", Input).focus()
+
+    def main_table(self) -> DataTable[Any]:
+        return self.query_one("#retention-steps", DataTable)
+
+    def apply_filter(self) -> None:
+        if self.plan is not None:
+            self.render_plan(self.plan)
 
     @on(Input.Submitted, "#retention-url")
     def _url_submitted(self, event: Input.Submitted) -> None:
@@ -269,26 +287,26 @@ class RetentionScreen(LoadmasterScreen):
         """Show the plan: rows coloured by action, totals, and the storage bar."""
         variables = getattr(self.app, "theme_variables", {}) or {}
         table = self.query_one("#retention-steps", DataTable)
-        cursor = table.cursor_row
+        selected = self._selected()
+        shown = [a for a in plan.actions
+                 if self.filter_matches(str(a.step) if a.step is not None else "", a.path, a.action, a.reason)]
         with self.app.batch_update():
             table.clear()
-            for a in plan.actions:
+            for a in shown:
                 style = variables.get(ACTION_STYLE[a.action], "")
                 est = "~" if a.estimated else ""
                 table.add_row(
                     str(a.step) if a.step is not None else a.path, Text(a.action, style=style),
                     fmt_size(a.bytes_before), est + fmt_size(a.bytes_after), est + fmt_size(a.bytes_freed),
                     Text(a.reason), self.results.get(a.path, ""), key=a.path)
-            if plan.actions:
-                table.move_cursor(row=min(max(cursor, 0), len(plan.actions) - 1))
+            paths = [a.path for a in shown]
+            if selected is not None and selected.path in paths:
+                table.move_cursor(row=paths.index(selected.path))
             t = plan.totals
             money = (f"  ${t.usd_month_saved:,.2f}/month" if t.usd_month_saved is not None
                      else f"  ({plan.price_note})")
             counts = "  ".join(f"{plan.count(x)} {x}" for x in ("keep-full", "strip-to-weights", "keep-weights",
                                                                 "delete", "skip") if plan.count(x))
-            self.query_one("#retention-summary", Static).update(
-                f"{plan.url}   before {fmt_size(t.bytes_before)} → after {fmt_size(t.bytes_after)}   "
-                f"saves {fmt_size(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}")
             by = plan.bytes_by_action()
             sizes = [sum(by[x] for x in acts) if acts else by["freed"] for _c, _l, acts in BAR_SEGMENTS]
             total = sum(sizes) or 1
@@ -306,22 +324,50 @@ class RetentionScreen(LoadmasterScreen):
             self.query_one("#retention-summary", Static).update(
                 f"{plan.url}   before {fmt_size(t.bytes_before)} → after {fmt_size(t.bytes_after)}   "
                 f"saves {fmt_size(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}"
-                "\nstorage: " + " · ".join(f"{label} {fmt_size(n)}" for (_c, label, _a), n
+                + (f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else "")
+                + "\nstorage: " + " · ".join(f"{label} {fmt_size(n)}" for (_c, label, _a), n
                                            in zip(BAR_SEGMENTS, sizes, strict=True) if n))
 
     def _selected(self) -> Any:
-        if self.plan is None or not self.plan.actions:
+        table = self.query_one("#retention-steps", DataTable)
+        if self.plan is None or table.row_count == 0:
             return None
-        row = self.query_one("#retention-steps", DataTable).cursor_row
-        return self.plan.actions[row] if 0 <= row < len(self.plan.actions) else None
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:  # noqa: BLE001 - no cursor row
+            return None
+        return next((a for a in self.plan.actions if a.path == key), None)
+
+    @on(DataTable.RowSelected, "#retention-steps")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_step_detail()
+
+    def action_step_detail(self) -> None:
+        """The selected step's planned action in full (the table cuts long reasons at 80 columns)."""
+        a = self._selected()
+        if a is None:
+            self.notify("List a run folder and select a step first.", severity="warning", markup=False)
+            return
+        est = " (estimated: no BF16 export yet)" if a.estimated else ""
+        fields = [("folder", f"{self.url}/{a.path}"), ("layout", f"{a.layout} ({a.kind})"),
+                  ("action", a.action), ("reason", a.reason),
+                  ("before", f"{fmt_size(a.bytes_before)} in {a.object_count:,} objects"),
+                  ("after", fmt_size(a.bytes_after) + est), ("freed", fmt_size(a.bytes_freed) + est),
+                  ("pinned", a.pinned or "no"), ("milestone", "yes" if a.milestone else "no")]
+        if a.path in self.results:
+            fields.append(("result", self.results[a.path]))
+        self.app.push_screen(DetailModal(f"step {a.step}" if a.step is not None else a.path, fields,
+                                         hint="p pin/unpin · m milestone · escape back"))
 
     # ----------------------------------------------------------------- pins and milestones
 
     def action_toggle_pin(self) -> None:
+        if not self.require_writable("change pins"):
+            return
         a = self._selected()
         if a is None or a.step is None:
-            return
-        if not self.require_writable("change pins"):
+            self.notify("Select a numbered step to pin.", severity="warning", markup=False)
             return
         if a.step in self.pins:
             if a.step not in self.db_pins:
@@ -350,6 +396,7 @@ class RetentionScreen(LoadmasterScreen):
     def action_toggle_milestone(self) -> None:
         a = self._selected()
         if a is None or a.step is None:
+            self.notify("Select a numbered step to mark.", severity="warning", markup=False)
             return
         box = self.query_one("#milestones", Input)
         try:

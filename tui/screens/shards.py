@@ -35,8 +35,10 @@ from backend.shards.convert import (
     resolve_location,
 )
 from backend.shards.manifest import fmt_size, fmt_usd
-from tui.screens.base import LoadmasterScreen
+from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets import Summary
+from tui.widgets.confirm import ConfirmTyped
+from tui.widgets.detail import DetailModal
 from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
@@ -141,20 +143,31 @@ class ShardsScreen(LoadmasterScreen):
     #: width (themes/shards.tcss), so the table keeps room for State, Shards and the paths.
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
         (0, "-narrow"), (100, "-medium"), (160, "-wide")]
+    AUTO_FOCUS = "#shards-table"  # the screen keys (digits, n, /) work at once; n goes to the form
+    FILTER_HINT: ClassVar[str] = "state, source, destination or where it runs"
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
+        ("New conversion", "Fill in the conversion form, starting with its source (key n)", "new_conversion"),
         ("Preview the conversion", "Sample/shard counts and GET savings from the source listing", "preview"),
-        ("Start the conversion", "Convert the form's source into shards (asks nothing more)", "start"),
-        ("Cancel the selected conversion", "Stop it at the next sample; --resume continues it", "cancel"),
+        ("Start the conversion", "Convert the form's source into shards (asks nothing more) (key ctrl+s)", "start"),
+        ("Cancel the selected conversion", "Stop it at the next sample; --resume continues it (key c)", "cancel"),
+        ("Show the selected conversion", "Paths, progress and manifest summary in full (key enter)",
+         "conversion_detail"),
     ]
     BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("n", "new_conversion", "New"),
         Binding("ctrl+s", "start", "Start"),
-        Binding("ctrl+x", "cancel", "Cancel conversion"),
+        Binding("c", "cancel", "Cancel"),
+        FILTER_BINDING,
     ]
     """
     | Key(s) | Description |
     | :- | :- |
-    | ctrl+s | Start the conversion the form describes. |
-    | ctrl+x | Cancel the selected in-process conversion (completed shards stay; resume later). |
+    | n | Go to the form (its Source field); every change re-previews the conversion. |
+    | ctrl+s | Start the conversion the form describes (also works while typing in the form). |
+    | c | Cancel the selected conversion: in-process after a sample, a node job after a typed confirmation; completed shards stay for --resume. |
+    | enter | The selected conversion in full: paths, progress, manifest summary. |
+    | / | Filter conversions by state, source, destination or where they run. |
+    | escape | Leave the form / the filter. |
     """
 
     class PreviewComputed(Message):
@@ -405,19 +418,87 @@ class ShardsScreen(LoadmasterScreen):
             self.post_message(self.ConversionUpdated(conv))
             await _sleep(JOB_POLL_S)
 
+    def action_new_conversion(self) -> None:
+        """Go to the form's Source field."""
+        self.query_one("#shards-src", Input).focus()
+
     def action_cancel(self) -> None:
-        """Cancel the selected in-process conversion (node jobs: ``loadmaster job cancel``)."""
-        if self.selected is None:
-            return
+        """Cancel the selected conversion: in-process at its next sample, a node job after a typed
+        confirmation (its process group is stopped; completed shards stay for ``--resume``)."""
         if not self.require_writable("cancel a conversion"):
             return
-        conv = self.conversions[self.selected]
-        event = self._cancel_events.get(conv.key)
-        if event is None or conv.state != "running":
-            self.notify(f"nothing to cancel here for {conv.src} (node jobs: loadmaster job cancel)",
-                        severity="warning", markup=False)
+        conv = self.conversions.get(self.selected or "")
+        if conv is None:
+            self.notify("No conversion selected: start one first (n).", severity="warning", markup=False)
             return
-        event.set()
+        if conv.state != "running":
+            self.notify(f"The conversion of {conv.src} already ended ({conv.state}).", severity="warning",
+                        markup=False)
+            return
+        event = self._cancel_events.get(conv.key)
+        if event is not None:
+            event.set()
+            return
+        if conv.job_id is None:
+            self.notify("The job is still being launched; try again in a moment.", severity="warning", markup=False)
+            return
+        job_id = conv.job_id
+        body = (f"shard job {job_id} on {conv.where}\n{conv.src} -> {conv.dest}\n"
+                "Its process group is stopped; completed shards stay, and --resume continues from them.")
+
+        def answered(ok: bool | None) -> None:
+            if ok:
+                self._cancel_job(job_id)
+
+        self.app.push_screen(ConfirmTyped(title="Cancel this conversion?", phrase="cancel", body=body,
+                                          confirm_label="Cancel conversion"), answered)
+
+    @work(group="shards-cancel", exit_on_error=False)
+    async def _cancel_job(self, job_id: str) -> None:
+        rec = await self.services.jobs.cancel(job_id, reason="cancelled from the console")
+        self.notify(f"job {rec.id}: {rec.state}", markup=False)
+
+    def action_conversion_detail(self) -> None:
+        """The selected conversion in full (the table cuts the paths to fit)."""
+        conv = self.conversions.get(self.selected or "")
+        if conv is None:
+            self.notify("No conversion selected: start one first (n).", severity="warning", markup=False)
+            return
+        p = conv.progress
+        fields = [("source", conv.src), ("destination", conv.dest), ("runs on", conv.where), ("state", conv.state)]
+        if conv.job_id:
+            fields.append(("job", f"{conv.job_id} (loadmaster job show {conv.job_id})"))
+        if p is not None:
+            fields += [("samples", f"{p.samples_done:,}/{p.samples_total:,}"),
+                       ("shards", f"{p.shards_done}/{p.shards_total}"),
+                       ("bytes", f"{fmt_size(p.bytes_done)}/{fmt_size(p.bytes_total)}"),
+                       ("rate", f"{p.samples_per_s:,.0f} samples/s, {p.mb_per_s:,.1f} MB/s")]
+        if conv.detail:
+            fields.append(("detail", conv.detail))
+        if conv.summary:
+            fields += [("manifest", line) for line in conv.summary.splitlines()]
+        self.app.push_screen(DetailModal(f"conversion {conv.key}", fields, hint="c cancel · escape back"))
+
+    @on(DataTable.RowSelected, "#shards-table")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if event.row_key.value in self.conversions:
+            self.selected = event.row_key.value
+            self.action_conversion_detail()
+
+    def main_table(self) -> DataTable[Any]:
+        return self.query_one("#shards-table", DataTable)
+
+    def _visible(self, conv: Conversion) -> bool:
+        return self.filter_matches(conv.state, conv.src, conv.dest, conv.where, conv.job_id or "")
+
+    def apply_filter(self) -> None:
+        table = self.main_table()
+        with self.app.batch_update():
+            table.clear()
+            for conv in self.conversions.values():
+                if self._visible(conv):
+                    table.add_row(*self._cells(conv), key=conv.key)
 
     # ------------------------------------------------------------------ conversions list
 
@@ -433,6 +514,20 @@ class ShardsScreen(LoadmasterScreen):
         if self.selected is None or conv.state == "running" and old is None:
             self.selected = conv.key
         table = self.query_one("#shards-table", DataTable)
+        shown = conv.key in table.rows
+        if not self._visible(conv):
+            if shown:
+                table.remove_row(conv.key)
+        elif not shown:
+            table.add_row(*self._cells(conv), key=conv.key)
+        else:
+            for (key, _), cell in zip(RUN_COLUMNS, self._cells(conv), strict=True):
+                table.update_cell(conv.key, key, cell)
+        if conv.key == self.selected:
+            self._show_selected()
+
+    @staticmethod
+    def _cells(conv: Conversion) -> list[str]:
         p = conv.progress
         half = (ROUTE_WIDTH - 4) // 2  # both paths keep their ends; the full ones are under the table
         cells = {
@@ -440,13 +535,7 @@ class ShardsScreen(LoadmasterScreen):
             "route": f"{short(conv.src, half)} -> {short(conv.dest, half)}", "where": conv.where,
             "rate": f"{p.samples_per_s:,.0f}" if p else "", "mbps": f"{p.mb_per_s:,.1f}" if p else "",
         }
-        if old is None:
-            table.add_row(*(cells[k] for k, _ in RUN_COLUMNS), key=conv.key)
-        else:
-            for key, _ in RUN_COLUMNS:
-                table.update_cell(conv.key, key, cells[key])
-        if conv.key == self.selected:
-            self._show_selected()
+        return [cells[k] for k, _ in RUN_COLUMNS]
 
     @on(DataTable.RowHighlighted, "#shards-table")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -9,6 +9,7 @@ runs in workers through ``services.jobs`` and :mod:`backend.jobs.pull`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
@@ -16,12 +17,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Static
+from textual.widgets import Button, DataTable, Static
 
 from backend.errors import ConfigError, LoadmasterError
 from backend.jobs.fmt import describe_plan, fmt_bytes, fmt_eta
 from backend.jobs.manager import JobProgress, JobRecord, fleet_rollup
-from tui.screens.base import LoadmasterScreen
+from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.transfers_detail import TransferDetail
 from tui.widgets.transfers_form import PullForm, PullRequest
@@ -81,28 +82,38 @@ class TransfersScreen(LoadmasterScreen):
 
     SCREEN_TITLE: ClassVar[str] = "Transfers"
     AUTO_FOCUS = "#transfers-jobs"
+    FILTER_HINT: ClassVar[str] = "node, kind, state, source, destination or job id"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "new_pull", "New pull"),
         Binding("c", "cancel_job", "Cancel job"),
         Binding("r", "refresh_jobs", "Refresh"),
         Binding("d", "toggle_detail", "Detail"),
+        Binding("ctrl+s", "launch_pull", "Launch", show=False),
+        FILTER_BINDING,
     ]
     """
     | Key(s) | Description |
     | :- | :- |
-    | n | Show or hide the new-pull form. |
+    | n | Show or hide the new-pull form (enter in a field: estimate). |
+    | ctrl+s | Launch the estimated pull (the estimate must allow it). |
     | c | Cancel the selected job (typed confirmation). |
     | r | Re-read every node's jobs now. |
+    | enter | Show the selected job's detail: throughput plot and log tail. |
     | d | Show or hide the job detail pane (more room for the table). |
+    | / | Filter jobs by node, kind, state, source, destination or id. |
+    | escape | Close the form / leave the filter. |
     """
     #: Below 150 columns the detail pane goes under the table (themes/transfers.tcss): beside it,
     #: it would leave the table too narrow for State and Progress.
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-narrow"), (150, "-wide")]
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
-        ("New pull", "Copy s3:// objects to nodes with s5cmd (estimate first)", "new_pull"),
-        ("Cancel selected job", "Stop the selected job's process group and clean its partial output",
+        ("New pull", "Copy s3:// objects to nodes with s5cmd (estimate first) (key n)", "new_pull"),
+        ("Launch the estimated pull", "Start the pull the form describes, once its estimate allows it (key ctrl+s)",
+         "launch_pull"),
+        ("Cancel selected job", "Stop the selected job's process group and clean its partial output (key c)",
          "cancel_job"),
-        ("Refresh jobs", "Re-read every node's job directories now", "refresh_jobs"),
+        ("Refresh jobs", "Re-read every node's job directories now (key r)", "refresh_jobs"),
+        ("Show or hide the job detail", "Throughput plot and log tail of the selected job (key d)", "toggle_detail"),
     ]
 
     def __init__(self, services: Services, **kwargs: object) -> None:
@@ -138,20 +149,37 @@ class TransfersScreen(LoadmasterScreen):
     @on(JobsRefreshed)
     def _jobs_refreshed(self, event: JobsRefreshed) -> None:
         self.records = event.records
+        self._show_records()
+        selected = self.query_one(TransfersTable).selected_job_id
+        if selected:
+            self._load_detail(selected)
+
+    def _show_records(self) -> None:
+        """The jobs matching the filter in the table, and the fleet roll-up of all of them above it."""
         variables = getattr(self.app, "theme_variables", {}) or {}
-        table = self.query_one(TransfersTable)
-        table.update_records(event.records, variables)
-        active = [r for r in event.records if not r.terminal]
+        shown = [r for r in self.records
+                 if self.filter_matches(r.node, r.kind, r.state, r.source, r.destination, r.id, r.label or "")]
+        self.query_one(TransfersTable).update_records(shown, variables)
+        active = [r for r in self.records if not r.terminal]
         roll = fleet_rollup(active)
-        unreachable = sorted({r.node for r in event.records if r.note})
-        text = (f"{len(event.records)} job(s): {roll.running} running"
+        unreachable = sorted({r.node for r in self.records if r.note})
+        text = (f"{len(self.records)} job(s): {roll.running} running"
                 + (f" | active {fmt_bytes(roll.bytes_done)}/{fmt_bytes(roll.bytes_total)}, "
                    f"{roll.rate_bps * 8 / 1e9:.2f} Gbps, ETA {fmt_eta(roll.eta_s)}" if active else "")
                 + (f" | not answering: {', '.join(unreachable)}" if unreachable else ""))
+        if self.filter_text:
+            text += f" | showing {len(shown)} matching {self.filter_text!r} (escape shows all)"
         self.query_one("#transfers-summary", Static).update(text)
-        selected = table.selected_job_id
-        if selected:
-            self._load_detail(selected)
+
+    def apply_filter(self) -> None:
+        self._show_records()
+
+    @on(DataTable.RowSelected, "#transfers-jobs")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.query_one(TransferDetail).remove_class("-hidden")
+        if event.row_key.value is not None:
+            self._load_detail(str(event.row_key.value))
 
     @on(DataTable.RowHighlighted, "#transfers-jobs")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -190,6 +218,28 @@ class TransfersScreen(LoadmasterScreen):
         form.toggle_class("-hidden")
         if not form.has_class("-hidden"):
             self.query_one("#pull-src").focus()
+
+    def escape_hook(self) -> Callable[[], None] | None:
+        form = self.query_one(PullForm)
+        return None if form.has_class("-hidden") else self._close_form
+
+    def _close_form(self) -> None:
+        self.query_one(PullForm).add_class("-hidden")
+        self.query_one(TransfersTable).focus()
+
+    def action_launch_pull(self) -> None:
+        """Launch the pull the form describes (its Launch button), once the estimate allows it."""
+        form = self.query_one(PullForm)
+        if form.has_class("-hidden"):
+            self.notify("Open the new-pull form first (n), fill it in and press enter for the estimate.",
+                        severity="warning", markup=False)
+            return
+        button = form.query_one("#pull-launch", Button)
+        if button.disabled:
+            self.notify("Launch needs a fresh estimate that allows it: press enter in a field of the form.",
+                        severity="warning", markup=False)
+            return
+        button.press()
 
     def _pull_nodes(self, req: PullRequest) -> list[str]:
         if not req.nodes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -13,6 +12,7 @@ from textual.widgets.data_table import ColumnKey, RowKey
 
 from backend.telemetry.model import NodeSnapshot
 from tui.widgets.fleet_format import node_cells
+from tui.widgets.text_filter import text_matches
 
 #: (key, label, width) of each column, in display order.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -56,13 +56,7 @@ STATE_STYLE = {"up": "node-up", "stale": "node-stale", "unreachable": "node-down
 
 def matches(n: NodeSnapshot, pattern: str) -> bool:
     """Filter: a glob (``gpu-0*``) or a substring of the name, site or state."""
-    if not pattern:
-        return True
-    p = pattern.lower()
-    hay = (n.name.lower(), (n.site or "").lower(), n.state)
-    if any(c in p for c in "*?["):
-        return any(fnmatch.fnmatchcase(h, p) for h in hay)
-    return any(p in h for h in hay)
+    return text_matches(pattern, n.name, n.site or "", n.state)
 
 
 class FleetTable(DataTable[Any]):
