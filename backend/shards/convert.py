@@ -16,6 +16,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from backend.config import Config, StoreProfile
 from backend.errors import LoadmasterError
@@ -59,9 +60,6 @@ from backend.storage.multipart import MIN_PART_SIZE, UploadSettings
 IncompletePolicy = Literal["error", "skip", "keep"]
 PLAN_KEY = f"{STATE_DIR}/plan.json"
 JOURNAL_PREFIX = f"{STATE_DIR}/journal"
-WRITE_CHUNK = 4 << 20  # bytes gathered before one write(): large sequential writes
-BATCH_FILES = 64
-BATCH_BYTES = 8 << 20
 PROGRESS_EVERY = 0.25
 PART_CONCURRENCY = 4  # parts of one shard uploaded at once
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
@@ -304,73 +302,233 @@ async def preview(
 
 
 # -- reading ---------------------------------------------------------------------------------
+#
+# The tar stream is cut into chunks of whole members (never across shards). A local chunk is
+# filled -- headers, file data read straight into place, padding -- into one of a few reused
+# buffers, then written with one write() and hashed with one update() in the hash thread: no
+# per-file bytes objects, no per-file writes or hash calls, and no fresh memory to fault in.
 
-Submit = Callable[[list[SourceFile]], "concurrent.futures.Future[list[bytes]]"]
-
-
-def _read_local_batch(root: str, batch: list[SourceFile]) -> list[bytes]:
-    out = []
-    base = root.rstrip("/") + "/"  # plain concatenation: os.path.join costs per file
-    for f in batch:
-        path = base + f.rel
-        try:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                # Ask for one byte more than listed: on a regular file a short read means EOF,
-                # so one read() both fetches a small file and proves it did not grow.
-                data = os.read(fd, f.size + 1)
-                if 0 < len(data) < f.size:  # reads cap at ~2 GiB: gather the rest of a big file
-                    parts = [data]
-                    got = len(data)
-                    while got <= f.size:
-                        more = os.read(fd, f.size + 1 - got)
-                        if not more:
-                            break
-                        parts.append(more)
-                        got += len(more)
-                    data = b"".join(parts)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise ShardError(f"cannot read source file {path}: {exc.strerror or exc}") from None
-        if len(data) != f.size:
-            raise ShardError(f"source file {path} changed during the conversion (listed {f.size} bytes, "
-                             f"read {len(data)}); run again once the source is stable")
-        out.append(data)
-    return out
+#: Members filled into one buffer: small enough to stay in cache between filling and hashing.
+CHUNK_BYTES = 1 << 20
+Piece = bytes | bytearray | memoryview
+#: What a filled chunk hands the writer: the pieces to write in order, and what to call once
+#: they are written and hashed (gives a reused buffer back), if anything.
+Filled = tuple[list[Piece], Callable[[], None] | None]
+_ZEROS = bytes(CHUNK_BYTES)
 
 
-def _batches(files: Sequence[SourceFile]) -> Iterator[list[SourceFile]]:
-    batch: list[SourceFile] = []
-    nbytes = 0
-    for f in files:
-        batch.append(f)
-        nbytes += f.size
-        if len(batch) >= BATCH_FILES or nbytes >= BATCH_BYTES:
-            yield batch
-            batch, nbytes = [], 0
-    if batch:
-        yield batch
+class _Chunk(NamedTuple):
+    """Consecutive members of one shard: (header, relative path, size) each."""
+
+    members: list[tuple[bytes, str, int]]
+    nbytes: int  # headers + data + padding
+    samples: int  # samples whose last member is in this chunk (for progress)
+    big: bool = False  # one member larger than a buffer: the writer streams it
 
 
-def _ordered_reads(submit: Submit, files: Sequence[SourceFile], ahead: int) -> Iterator[bytes]:
-    """File contents in order, with up to ``ahead`` batches read ahead of the consumer."""
-    it = _batches(files)
-    pending: collections.deque[concurrent.futures.Future[list[bytes]]] = collections.deque()
+def _chunks(shard: PlannedShard, cap: int, max_files: int, stream_big: bool) -> Iterator[_Chunk]:
+    """The shard's members cut into chunks of at most ``cap`` bytes and ``max_files`` files."""
+    header = tarfmt.header
+    members: list[tuple[bytes, str, int]] = []
+    used = samples = 0
+    for sample in shard.samples:
+        key = sample.key
+        for ext, rel, size in sample.files:
+            head = header(f"{key}.{ext}", size)
+            nb = len(head) + size + (-size % tarfmt.BLOCK)
+            if members and (used + nb > cap or len(members) >= max_files):
+                yield _Chunk(members, used, samples)
+                members, used, samples = [], 0, 0
+            if stream_big and nb > cap:
+                yield _Chunk([(head, rel, size)], nb, 0, True)
+                continue
+            members.append((head, rel, size))
+            used += nb
+        samples += 1
+    if members or samples:
+        yield _Chunk(members, used, samples)
+
+
+def _read_source(path: str, size: int, read: Callable[..., int], *args: Any) -> None:
+    """Open ``path`` (listed at ``size`` bytes), let ``read(fd, *args)`` read it all, check the count.
+
+    ``read`` returns how many bytes it got, one more than it was asked for when the file grew.
+    """
     try:
-        for b in it:
-            pending.append(submit(b))
-            if len(pending) >= ahead:
-                break
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = read(fd, *args)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise ShardError(f"cannot read source file {path}: {exc.strerror or exc}") from None
+    if got != size:
+        raise ShardError(f"source file {path} changed during the conversion (listed {size} bytes, "
+                         f"read {got}); run again once the source is stable")
+
+
+def _readv_exact(fd: int, view: memoryview, spare: bytearray) -> int:
+    """Fill ``view`` from ``fd``; returns the bytes read (``len(view) + 1`` if there was more)."""
+    # One byte more than listed lands in ``spare``: on a regular file a short read means EOF, so
+    # one readv() both fetches a small file and proves it did not grow.
+    got = os.readv(fd, [view, spare])
+    size = len(view)
+    while 0 < got < size:  # reads cap at ~2 GiB, some filesystems return less: gather the rest
+        more = os.readv(fd, [view[got:], spare])
+        if not more:
+            break
+        got += more
+    return got
+
+
+class _Buffers:
+    """A fixed set of reused chunk buffers: bounds memory and is faulted in once."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for _ in range(count):
+            self.free.put(bytearray(size))
+
+    def get(self) -> bytearray:
+        return self.free.get()
+
+    def put(self, buf: bytearray) -> None:
+        self.free.put(buf)
+
+
+class _Source:
+    """Member data for the writer thread: chunks filled ahead of it, handed over in order."""
+
+    cap = CHUNK_BYTES
+    max_files = 1 << 30
+    stream_big = False
+    ahead = 2
+
+    def submit(self, chunk: _Chunk) -> concurrent.futures.Future[Filled]:
+        raise NotImplementedError
+
+    def stream(self, rel: str, size: int, emit: Callable[[list[Piece], Callable[[], None] | None], None]) -> None:
+        """Emit one big file's data in buffer-sized pieces (only when ``stream_big``)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop reading ahead (the conversion is over or failed)."""
+
+
+class _LocalSource(_Source):
+    """Local files, read into reused buffers by ``workers`` threads (0: by the writer thread)."""
+
+    stream_big = True
+
+    def __init__(self, root: str, workers: int) -> None:
+        self.base = root.rstrip("/") + "/"  # plain concatenation: os.path.join costs per file
+        self.pool = (concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="shard-read")
+                     if workers else None)
+        self.ahead = max(2, 2 * workers) if workers else 1
+        # Every chunk in flight holds a buffer; the rest are being written and hashed.
+        self.buffers = _Buffers(self.ahead + 3, self.cap)
+
+    def fill(self, chunk: _Chunk, buf: bytearray) -> Filled:
+        mv = memoryview(buf)
+        spare = bytearray(1)
+        base = self.base
+        pos = 0
+        for head, rel, size in chunk.members:
+            end = pos + len(head)
+            mv[pos:end] = head
+            _read_source(base + rel, size, _readv_exact, mv[end:end + size], spare)
+            pos = end + size
+            pad = -size % tarfmt.BLOCK
+            if pad:  # the buffer is reused: padding is written, not assumed
+                mv[pos:pos + pad] = _ZEROS[:pad]
+                pos += pad
+        return [mv[:pos]], functools.partial(self.buffers.put, buf)
+
+    def submit(self, chunk: _Chunk) -> concurrent.futures.Future[Filled]:
+        buf = self.buffers.get()
+        if self.pool is not None:
+            return self.pool.submit(self.fill, chunk, buf)
+        fut: concurrent.futures.Future[Filled] = concurrent.futures.Future()
+        fut.set_result(self.fill(chunk, buf))  # in the writer thread, one chunk at a time
+        return fut
+
+    def stream(self, rel: str, size: int, emit: Callable[[list[Piece], Callable[[], None] | None], None]) -> None:
+        def read(fd: int) -> int:
+            got = 0
+            while got < size:
+                buf = self.buffers.get()
+                mv = memoryview(buf)[:min(len(buf), size - got)]
+                n = os.readv(fd, [mv])
+                if not n:
+                    self.buffers.put(buf)
+                    break
+                got += n
+                emit([mv[:n]], functools.partial(self.buffers.put, buf))
+            return got + len(os.read(fd, 1)) if got == size else got
+
+        _read_source(self.base + rel, size, read)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _S3Source(_Source):
+    """Objects under an ``s3://`` prefix: bounded concurrent GETs on the event loop."""
+
+    cap = 8 << 20
+    max_files = 64
+
+    def __init__(self, store: S3Store, loop: asyncio.AbstractEventLoop, concurrency: int) -> None:
+        self.store = store
+        self.loop = loop
+        self.sem = asyncio.Semaphore(max(1, concurrency))
+        self.ahead = max(2, 2 * -(-max(1, concurrency) // self.max_files))
+
+    async def _fetch(self, rel: str, size: int) -> bytes:
+        async with self.sem:
+            data = await self.store.get_bytes(rel)
+        if len(data) != size:
+            raise ShardError(f"{self.store.url}/{rel} changed during the conversion (listed {size} "
+                             f"bytes, got {len(data)})")
+        return data
+
+    async def _fill(self, chunk: _Chunk) -> Filled:
+        datas = await asyncio.gather(*(self._fetch(rel, size) for _h, rel, size in chunk.members))
+        pieces: list[Piece] = []
+        for (head, _rel, size), data in zip(chunk.members, datas, strict=True):
+            pieces += (head, data)
+            if size % tarfmt.BLOCK:
+                pieces.append(_ZEROS[:-size % tarfmt.BLOCK])
+        return pieces, None
+
+    def submit(self, chunk: _Chunk) -> concurrent.futures.Future[Filled]:
+        return asyncio.run_coroutine_threadsafe(self._fill(chunk), self.loop)
+
+
+def _ordered(source: _Source, todo: Sequence[PlannedShard]) -> Iterator[tuple[PlannedShard, _Chunk, Any]]:
+    """(shard, chunk, future of its filling or None for a streamed one) in order, ``ahead`` submitted."""
+    chunks = ((shard, c) for shard in todo for c in _chunks(shard, source.cap, source.max_files, source.stream_big))
+    pending: collections.deque[tuple[PlannedShard, _Chunk, Any]] = collections.deque()
+
+    def push(item: tuple[PlannedShard, _Chunk] | None) -> bool:
+        if item is None:
+            return False
+        shard, chunk = item
+        pending.append((shard, chunk, None if chunk.big else source.submit(chunk)))
+        return True
+
+    try:
+        while len(pending) < source.ahead and push(next(chunks, None)):
+            pass
         while pending:
-            fut = pending.popleft()
-            nxt = next(it, None)
-            if nxt is not None:
-                pending.append(submit(nxt))
-            yield from fut.result()
+            item = pending.popleft()
+            push(next(chunks, None))
+            yield item
     finally:
-        for fut in pending:
-            fut.cancel()
+        for _s, _c, fut in pending:
+            if fut is not None:
+                fut.cancel()
 
 
 # -- writing ---------------------------------------------------------------------------------
@@ -533,7 +691,8 @@ class _Hasher:
     """sha256 of the shard stream in its own thread, so hashing overlaps reading and writing."""
 
     def __init__(self, *, threaded: bool = True) -> None:
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=16)  # bounds memory: 16 chunks
+        # Bounded: with reused buffers this rarely fills; with S3 data it bounds memory.
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=16)
         self.digest = hashlib.sha256()
         self.thread: threading.Thread | None = None
         if threaded:
@@ -549,17 +708,21 @@ class _Hasher:
                 item.set_result(self.digest.hexdigest())
                 self.digest = hashlib.sha256()
                 continue
-            update = self.digest.update
-            for piece in item:
-                update(piece)  # releases the GIL for pieces over 2 KB
+            self._update(*item)
 
-    def feed(self, pieces: list[bytes]) -> None:
+    def _update(self, pieces: list[Piece], release: Callable[[], None] | None) -> None:
+        update = self.digest.update
+        for piece in pieces:
+            update(piece)  # releases the GIL for pieces over 2 KB
+        if release is not None:
+            release()
+
+    def feed(self, pieces: list[Piece], release: Callable[[], None] | None = None) -> None:
+        """Hash ``pieces`` (already written), then call ``release``."""
         if self.thread is None:
-            update = self.digest.update
-            for piece in pieces:
-                update(piece)
+            self._update(pieces, release)
         else:
-            self.queue.put(pieces)
+            self.queue.put((pieces, release))
 
     def finish(self) -> str:
         """The hex digest of everything fed since the last finish."""
@@ -577,7 +740,7 @@ class _Hasher:
             self.thread.join()
 
 
-def _writev_all(fd: int, pieces: list[bytes]) -> int:
+def _writev_all(fd: int, pieces: list[Piece]) -> int:
     """Write every piece with as few syscalls as possible (no joining copy); returns bytes."""
     total = 0
     for i in range(0, len(pieces), _IOV_MAX):
@@ -599,28 +762,28 @@ def _writev_all(fd: int, pieces: list[bytes]) -> int:
 
 
 class _TarOut:
-    """One shard file being written: gathers members and writes them in large vectored writes."""
+    """One shard file being written: every piece is written, then handed to the hasher."""
 
-    def __init__(self, path: str, hasher: _Hasher) -> None:
+    def __init__(self, shard: PlannedShard, path: str, hasher: _Hasher) -> None:
+        self.shard = shard
+        self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.hasher = hasher
-        self.buf: list[bytes] = []
-        self.buffered = 0
         self.written = 0
+        self.files = 0
 
-    def flush(self) -> None:
-        pieces = self.buf
-        self.hasher.feed(pieces)
+    def emit(self, pieces: list[Piece], release: Callable[[], None] | None = None) -> None:
         self.written += _writev_all(self.fd, pieces)
-        self.buf, self.buffered = [], 0
+        self.hasher.feed(pieces, release)
 
     def finish(self) -> str:
-        self.buf.append(bytes(tarfmt.archive_end(self.written + sum(len(b) for b in self.buf))))
-        self.flush()
+        self.emit([bytes(tarfmt.archive_end(self.written))])
         return self.hasher.finish()
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd >= 0:  # once: a second close could hit a descriptor another thread reopened
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 def _check_cancel(cancelled: Callable[[], bool], written: int) -> None:
@@ -630,65 +793,69 @@ def _check_cancel(cancelled: Callable[[], bool], written: int) -> None:
 
 
 def _write_shards(
-    todo: Sequence[PlannedShard], submit: Submit, ahead: int, sink: _Sink, progress: _Progress,
+    todo: Sequence[PlannedShard], source: _Source, sink: _Sink, progress: _Progress,
     cancelled: Callable[[], bool] | None, *, threaded_hash: bool = True,
 ) -> list[ShardEntry]:
     """Write every shard in ``todo`` (runs in a thread); returns their journal entries."""
-    files = [SourceFile(rel, size) for shard in todo for s in shard.samples for _e, rel, size in s.files]
-    data = _ordered_reads(submit, files, ahead)
     entries: list[ShardEntry] = []
-    header = tarfmt.header
-    zeros = bytes(tarfmt.BLOCK)
     last_check = time.monotonic()
-    path: str | None = None
+    out: _TarOut | None = None
     hasher = _Hasher(threaded=threaded_hash)
+    bytes_before = progress.bytes_done
+
+    def finish() -> None:
+        nonlocal out
+        assert out is not None
+        try:
+            sha = out.finish()
+        finally:
+            out.close()
+        shard = out.shard
+        if out.written != shard.nbytes:
+            raise ShardError(f"internal error: {shard.name} is {out.written} bytes, planned {shard.nbytes}")
+        entry = ShardEntry(shard.name, out.written, len(shard.samples), out.files, sha)
+        sink.commit(entry, out.path)
+        out = None  # committed: no longer ours to remove on failure
+        entries.append(entry)
+        progress.shards_done += 1
+        progress.bytes_done = bytes_before + shard.nbytes  # members plus the end-of-archive
+        progress.tick(force=True)
+
     try:
-        for shard in todo:
-            if cancelled is not None:
-                _check_cancel(cancelled, len(entries))  # at every shard boundary, and every 0.2 s
-            path = sink.temp_path(shard.name)
-            out = _TarOut(path, hasher)
-            buf = out.buf
-            bytes_before = progress.bytes_done
-            try:
-                nfiles = 0
-                for sample in shard.samples:
-                    key = sample.key
-                    for ext, _rel, size in sample.files:
-                        buf.append(header(f"{key}.{ext}", size))
-                        buf.append(next(data))
-                        pad = -size % 512
-                        if pad:
-                            buf.append(zeros[:pad])
-                        out.buffered += 512 + size + pad
-                        nfiles += 1
-                    if out.buffered >= WRITE_CHUNK:
-                        out.flush()
-                        buf = out.buf
-                    progress.samples_done += 1
-                    progress.bytes_done = bytes_before + out.written + out.buffered
-                    progress.tick()
-                    now = time.monotonic()
-                    if cancelled is not None and now - last_check >= 0.2:
-                        last_check = now
-                        _check_cancel(cancelled, len(entries))
-                sha = out.finish()
-            finally:
-                out.close()
-            if out.written != shard.nbytes:
-                raise ShardError(f"internal error: {shard.name} is {out.written} bytes, planned {shard.nbytes}")
-            entry = ShardEntry(shard.name, out.written, len(shard.samples), nfiles, sha)
-            sink.commit(entry, path)
-            path = None
-            entries.append(entry)
-            progress.shards_done += 1
-            progress.bytes_done = bytes_before + shard.nbytes  # members plus the end-of-archive
-            progress.tick(force=True)
+        for shard, chunk, fut in _ordered(source, todo):
+            if out is None or out.shard is not shard:
+                if out is not None:
+                    finish()
+                if cancelled is not None:
+                    _check_cancel(cancelled, len(entries))  # at every shard boundary, and every 0.2 s
+                bytes_before = progress.bytes_done
+                out = _TarOut(shard, sink.temp_path(shard.name), hasher)
+            if fut is None:  # one member too big for a buffer: header, streamed data, padding
+                head, rel, size = chunk.members[0]
+                out.emit([head])
+                source.stream(rel, size, out.emit)
+                if size % tarfmt.BLOCK:
+                    out.emit([bytes(-size % tarfmt.BLOCK)])
+            else:
+                out.emit(*fut.result())
+            out.files += len(chunk.members)
+            progress.samples_done += chunk.samples
+            progress.bytes_done = bytes_before + out.written
+            progress.tick()
+            now = time.monotonic()
+            if cancelled is not None and now - last_check >= 0.2:
+                last_check = now
+                _check_cancel(cancelled, len(entries))
+        if out is not None:
+            finish()
         sink.finish()
     except BaseException:
-        sink.abandon(path)
+        if out is not None:
+            out.close()
+            sink.abandon(out.path)
         raise
     finally:
+        source.close()
         hasher.close()
     return entries
 
@@ -761,7 +928,6 @@ async def convert(
     log = on_log or (lambda _m: None)
     src = open_store(req.src, src_profile, credentials)
     dest = open_store(req.dest, dest_profile, credentials)
-    executor: concurrent.futures.ThreadPoolExecutor | None = None
     sink: _Sink | None = None
     try:
         plan: ShardPlan | None
@@ -809,44 +975,6 @@ async def convert(
         progress = _Progress(plan, [s for s in plan.shards if s.name in done], on_progress)
         progress.tick(force=True)
         loop = asyncio.get_running_loop()
-        if isinstance(src, LocalStore):
-            root = str(src.root)
-            if req.workers == 0:
-                # Everything in the writer thread: the least CPU, for busy or small machines.
-                def submit(batch: list[SourceFile]) -> concurrent.futures.Future[list[bytes]]:
-                    fut: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
-                    fut.set_result(_read_local_batch(root, batch))
-                    return fut
-
-                ahead = 1
-            else:
-                executor = concurrent.futures.ThreadPoolExecutor(req.workers, thread_name_prefix="shard-read")
-                pool = executor
-
-                def submit(batch: list[SourceFile]) -> concurrent.futures.Future[list[bytes]]:
-                    return pool.submit(_read_local_batch, root, batch)
-
-                ahead = max(2, 2 * req.workers)
-        else:
-            assert isinstance(src, S3Store)
-            s3src = src
-            sem = asyncio.Semaphore(max(1, req.fetch_concurrency))
-
-            async def fetch(f: SourceFile) -> bytes:
-                async with sem:
-                    data = await s3src.get_bytes(f.rel)
-                if len(data) != f.size:
-                    raise ShardError(f"{s3src.url}/{f.rel} changed during the conversion (listed {f.size} "
-                                     f"bytes, got {len(data)})")
-                return data
-
-            async def fetch_batch(batch: list[SourceFile]) -> list[bytes]:
-                return list(await asyncio.gather(*(fetch(f) for f in batch)))
-
-            def submit(batch: list[SourceFile]) -> concurrent.futures.Future[list[bytes]]:
-                return asyncio.run_coroutine_threadsafe(fetch_batch(batch), loop)
-
-            ahead = max(2, 2 * -(-req.fetch_concurrency // BATCH_FILES))
         if isinstance(dest, S3Store):
             sink = _S3Sink(dest, loop, req)
             await sink.open()
@@ -857,7 +985,10 @@ async def convert(
         else:
             assert isinstance(dest, LocalStore)
             sink = _LocalSink(dest, loop)
-        new_entries = await asyncio.to_thread(_write_shards, todo, submit, ahead, sink, progress, cancelled,
+        # Local files: read by req.workers threads (0: by the writer thread, which then hashes too).
+        source: _Source = (_LocalSource(str(src.root), req.workers) if isinstance(src, LocalStore)
+                           else _S3Source(src, loop, req.fetch_concurrency))  # type: ignore[arg-type]
+        new_entries = await asyncio.to_thread(_write_shards, todo, source, sink, progress, cancelled,
                                               threaded_hash=req.workers > 0)
         by_name = {**done, **{e.name: e for e in new_entries}}
         entries = tuple(by_name[s.name] for s in plan.shards)
@@ -879,8 +1010,6 @@ async def convert(
         return ConvertResult(manifest, req.dest, tuple(e.name for e in new_entries), tuple(sorted(done)),
                              time.monotonic() - started, tuple(warnings))
     finally:
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
         if isinstance(sink, _S3Sink):
             await sink.aclose()
         await src.close()
