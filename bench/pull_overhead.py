@@ -89,6 +89,7 @@ def main() -> int:
     ap.add_argument("--part-size", type=int, default=64)
     args = ap.parse_args()
     flags = (args.numworkers, args.concurrency, args.part_size)
+    load0 = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     root = Path(tempfile.mkdtemp(prefix="lm-bench-pull-"))
     lab = Lab(root / "lab", nodes=1).up()
     try:
@@ -118,6 +119,8 @@ def main() -> int:
                 shutil.rmtree(dest)
             rows.append((i + 1, times["bare"], times["lm"], times["lm"] / times["bare"], phases))
         total_gb = args.objects * size / 1e9
+        load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(f"\nload average at the end (1/5/15 min): {load}; at the start: {load0}")
         print(f"\n### pull overhead: {args.objects} x {args.object_mb} MiB ({total_gb:.2f} GB), "
               f"s5cmd --numworkers {flags[0]} cp --concurrency {flags[1]} --part-size {flags[2]}\n")
         print("| round | bare s5cmd (s) | loadmaster pull (s) | ratio | plan+launch | agent start | "

@@ -44,6 +44,8 @@ def test_no_two_modules_register_the_same_command() -> None:
     (["--config", "x.toml", "jobs"], "jobs"),
     (["--readonly", "--theme", "pull", "egress", "report"], "egress"),  # a value that looks like a command
     (["--config", "pull", "nodes"], "fleet"),
+    (["--conf", "pull", "nodes"], "fleet"),          # argparse's abbreviations take a value too
+    (["--config=x.toml", "top"], "top"),
     (["doctor"], "fleet"),
     ([], None),                       # the console
     (["--help"], None),

@@ -51,8 +51,8 @@ def command_module(argv: Sequence[str]) -> str | None:
     for word in argv:
         if skip:
             skip = False
-        elif word in _VALUE_OPTIONS:
-            skip = True
+        elif word.startswith("--") and len(word) > 2 and any(o.startswith(word) for o in _VALUE_OPTIONS):
+            skip = True  # also an abbreviation argparse accepts (--conf FILE)
         elif word == "--" or word in ("-h", "--help", "--version"):
             return None
         elif not word.startswith("-"):

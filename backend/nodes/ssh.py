@@ -26,8 +26,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import asyncssh
-import asyncssh.config
+from backend.nodes.libsearch import quick_library_search
+
+with quick_library_search():  # asyncssh probes for liboqs at import time
+    import asyncssh
+    import asyncssh.config
 
 from backend.config import Node
 from backend.errors import (
