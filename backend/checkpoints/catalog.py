@@ -14,6 +14,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from backend.checkpoints.dcp import (
@@ -25,7 +26,7 @@ from backend.checkpoints.dcp import (
     storage_bytes_by_fqn,
     weight_names,
 )
-from backend.storage import ObjectInfo, ObjectStore, join_key
+from backend.storage import ObjectInfo, ObjectStore, StoreError, join_key
 
 Layout = Literal["dcp", "hf-safetensors", "deepspeed", "torch-save", "unknown"]
 Kind = Literal["full", "weights", "incomplete", "unknown"]
@@ -213,6 +214,11 @@ def _sort_key(s: CheckpointStep) -> tuple[int, int, str]:
 async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
     """List and classify every step folder under ``prefix`` (concurrent, paginated)."""
     prefix = prefix.strip("/")
+    root = getattr(store, "root", None)
+    if isinstance(root, Path) and not (root / prefix).is_dir():
+        # A typo in a local run folder must not look like an empty run ("0 steps, nothing to do").
+        raise StoreError(f"{root / prefix}: no such directory (a run folder is s3://bucket/prefix, "
+                         "a configured store name (store/run) or an existing local directory)")
     dirs = await store.list_dirs(prefix)
     latest_tag = None
     latest = await store.stat(join_key(prefix, "latest"))

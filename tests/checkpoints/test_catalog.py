@@ -125,3 +125,14 @@ def s3_profile(s3):  # type: ignore[no-untyped-def]
 
     return StoreProfile(url="s3://x", endpoint_url=s3.endpoint, provider="aws", region=s3.region,
                         profile="lab", addressing_style="path")
+
+
+async def test_a_missing_local_run_folder_is_an_error_not_an_empty_run(tmp_path: Path) -> None:
+    import pytest
+
+    from backend.errors import StoreError
+
+    with pytest.raises(StoreError, match=r"checkpoints/llama-demo: no such directory"):
+        await list_checkpoints(LocalStore(tmp_path / "checkpoints" / "llama-demo"))
+    (tmp_path / "empty-run").mkdir()
+    assert (await list_checkpoints(LocalStore(tmp_path / "empty-run"))).steps == ()

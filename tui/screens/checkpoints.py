@@ -126,7 +126,7 @@ class CheckpointsScreen(LoadmasterScreen):
                 yield Input(placeholder="run here", id="ckpt-node", classes="ckpt-num")
             yield Static("", id="ckpt-footprint", markup=False)
             yield Static("", id="ckpt-backlog", markup=False)
-            yield Static("Pick a store or type a run prefix and press enter.", id="ckpt-summary", markup=False)
+            yield Static("Press o to type a run prefix (or pick a store), then enter to list it.", id="ckpt-summary", markup=False)
             yield DataTable(id="ckpt-steps", cursor_type="row", zebra_stripes=True)
             yield DataTable(id="ckpt-tensors", cursor_type="row", zebra_stripes=True)
             yield Static("", id="ckpt-status", markup=False)

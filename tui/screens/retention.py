@@ -157,7 +157,7 @@ class RetentionScreen(LoadmasterScreen):
                              allow_blank=False, id="others")
                 yield Label("min age", classes="retention-label")
                 yield Input(_age_text(p.min_age), placeholder="0", id="min-age", classes="retention-num")
-            yield Static("Enter a run folder and press enter to list it.", id="retention-summary", markup=False)
+            yield Static("Press o to type a run folder, then enter to list it.", id="retention-summary", markup=False)
             with Horizontal(id="retention-bar"):
                 for cls, label, _ in BAR_SEGMENTS:
                     yield Static(label, classes=f"retention-bar-seg {cls}", markup=False)
