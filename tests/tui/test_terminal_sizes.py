@@ -71,3 +71,6 @@ async def test_important_columns_visible(screen: str, size: str) -> None:
         text = screen_text(app.export_screenshot())
     missing = [h for h in IMPORTANT[screen] if h not in text]
     assert not missing, f"{screen} at {size}: {missing} not on screen:\n{text}"
+    # The footer keeps the way out and the way to every other key on screen at every size.
+    footer = text.rstrip().splitlines()[-1]
+    assert "? Help" in footer and "q Quit" in footer, f"{screen} at {size}: footer clipped: {footer!r}"

@@ -127,7 +127,7 @@ class EgressScreen(LoadmasterScreen):
          "route_detail"),
     ]
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("r", "refresh", "Refresh"),
+        Binding("r", "refresh", "Reload"),
         Binding("x", "load_example", "Example"),
         Binding("f", "toggle_full", "Full/sharded"),
         FILTER_BINDING,

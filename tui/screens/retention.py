@@ -358,7 +358,7 @@ class RetentionScreen(LoadmasterScreen):
         if a.path in self.results:
             fields.append(("result", self.results[a.path]))
         self.app.push_screen(DetailModal(f"step {a.step}" if a.step is not None else a.path, fields,
-                                         hint="p pin/unpin · m milestone · escape back"))
+                                         hint="escape: back to the table, where p pins or unpins it and m marks it a milestone"))
 
     # ----------------------------------------------------------------- pins and milestones
 

@@ -477,7 +477,7 @@ class ShardsScreen(LoadmasterScreen):
             fields.append(("detail", conv.detail))
         if conv.summary:
             fields += [("manifest", line) for line in conv.summary.splitlines()]
-        self.app.push_screen(DetailModal(f"conversion {conv.key}", fields, hint="c cancel · escape back"))
+        self.app.push_screen(DetailModal(f"conversion {conv.key}", fields, hint="escape: back to the table, where c cancels it"))
 
     @on(DataTable.RowSelected, "#shards-table")
     def _row_selected(self, event: DataTable.RowSelected) -> None:

@@ -84,11 +84,11 @@ class TransfersScreen(LoadmasterScreen):
     AUTO_FOCUS = "#transfers-jobs"
     FILTER_HINT: ClassVar[str] = "node, kind, state, source, destination or job id"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("n", "new_pull", "New pull"),
-        Binding("c", "cancel_job", "Cancel job"),
-        Binding("r", "refresh_jobs", "Refresh"),
+        Binding("n", "new_pull", "New"),
+        Binding("c", "cancel_job", "Cancel"),
+        Binding("r", "refresh_jobs", "Reload"),
         Binding("d", "toggle_detail", "Detail"),
-        Binding("ctrl+s", "launch_pull", "Launch", show=False),
+        Binding("ctrl+s", "launch_pull", "Launch"),
         FILTER_BINDING,
     ]
     """
