@@ -97,6 +97,12 @@ async def test_escape_closes_the_pull_form_and_ctrl_s_explains_itself(services: 
         await pilot.press("escape")  # straight out of the form, even from a text field
         await pilot.pause()
         assert form.has_class("-hidden") and isinstance(app.focused, DataTable)
+        await pilot.press("n")  # n toggles the form: the second n closes it and gives the keys back
+        await pilot.pause()
+        app.screen.query_one("#pull-launch").focus()
+        await pilot.press("n")
+        await pilot.pause()
+        assert form.has_class("-hidden") and isinstance(app.focused, DataTable)
         await pilot.press("3")
         await pilot.pause()
         assert app.current_mode == "checkpoints"

@@ -215,9 +215,11 @@ class TransfersScreen(LoadmasterScreen):
     def action_new_pull(self) -> None:
         """Show or hide the new-pull form."""
         form = self.query_one(PullForm)
-        form.toggle_class("-hidden")
         if not form.has_class("-hidden"):
-            self.query_one("#pull-src").focus()
+            self._close_form()
+            return
+        form.remove_class("-hidden")
+        self.query_one("#pull-src").focus()
 
     def escape_hook(self) -> Callable[[], None] | None:
         form = self.query_one(PullForm)
@@ -313,7 +315,7 @@ class TransfersScreen(LoadmasterScreen):
     def _pull_launched(self, event: PullLaunched) -> None:
         self.notify(f"started {len(event.records)} pull job(s): {', '.join(r.id for r in event.records)}",
                     markup=False)
-        self.query_one(PullForm).add_class("-hidden")
+        self._close_form()  # the keys (c, /, digits) act on the jobs again
         self._refresh_jobs()
 
     # -- cancel --------------------------------------------------------------------------------
