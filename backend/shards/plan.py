@@ -12,6 +12,7 @@ that is what makes conversions reproducible and resumable shard by shard.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -42,8 +43,15 @@ class ShardError(LoadmasterError):
 
 def split_key(path: str) -> tuple[str, str] | tuple[None, None]:
     """(key, extension) of a relative path as WebDataset splits it; (None, None) when it has none."""
-    # Deliberately the regex itself: it has corner cases (``d/.h.json`` -> key ``d/``) that a
-    # hand-written split would get "right" and so differently from the reader.
+    # The common case without the regex: a base name that starts with a non-dot and has a dot, in
+    # a path without a newline. There the regex's greedy first try (everything up to the last
+    # slash, then the base name up to its first dot) succeeds, so this is exactly its answer.
+    start = path.rfind("/") + 1
+    dot = path.find(".", start)
+    if dot > start and "\n" not in path:
+        return path[:dot], path[dot + 1:]
+    # Everything else through the regex itself: it has corner cases (``d/.h.json`` -> key ``d/``)
+    # that a hand-written split would get "right" and so differently from the reader.
     m = KEY_RE.match(path)
     return (m.group(1), m.group(2)) if m else (None, None)
 
@@ -56,10 +64,10 @@ class SourceFile(NamedTuple):
     size: int
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(NamedTuple):
     """One sample: a key and its files as (extension, relative path, size), sorted by extension."""
 
+    # A NamedTuple, not a dataclass: one is built per sample, and this is cheaper.
     key: str
     files: tuple[tuple[str, str, int], ...]
 
@@ -69,7 +77,12 @@ class Sample:
 
     def tar_bytes(self) -> int:
         """Bytes this sample takes in a shard."""
-        return sum(tarfmt.member_bytes(f"{self.key}.{ext}", size) for ext, _rel, size in self.files)
+        key = self.key
+        member_bytes = tarfmt.member_bytes
+        total = 0
+        for ext, _rel, size in self.files:
+            total += member_bytes(f"{key}.{ext}", size)
+        return total
 
 
 @dataclass(frozen=True)
@@ -121,11 +134,14 @@ class InputProblems:
         }
 
 
-def _read_permission() -> Callable[[os.stat_result], bool]:
-    """Whether this process may read a file, from its stat (no access() syscall per file)."""
+def _read_permission() -> Callable[[os.stat_result], bool] | None:
+    """Whether this process may read a file, from its stat (no access() syscall per file).
+
+    None when it may read everything (root): then there is nothing to check per file.
+    """
     euid = os.geteuid()
     if euid == 0:
-        return lambda st: True
+        return None
     groups = set(os.getgroups()) | {os.getegid()}
 
     def readable(st: os.stat_result) -> bool:
@@ -136,6 +152,37 @@ def _read_permission() -> Callable[[os.stat_result], bool]:
         return bool(st.st_mode & 0o004)
 
     return readable
+
+
+def _scan_dir(dfd: int, sub: str, files: list[SourceFile], unreadable: list[tuple[str, str]],
+              subdirs: list[str], readable: Callable[[os.stat_result], bool] | None) -> None:
+    """The entries of one directory (open as ``dfd``, at ``sub`` under the root) into the lists."""
+    prefix = f"{sub}/" if sub else ""
+    is_reg = stat.S_ISREG
+    try:
+        entries = list(os.scandir(dfd))
+    except OSError as exc:
+        unreadable.append((sub or ".", exc.strerror or str(exc)))
+        return
+    for e in entries:
+        name = e.name
+        if not sub and name == STATE_DIR:
+            continue
+        rel = prefix + name
+        try:
+            if e.is_dir(follow_symlinks=False):
+                subdirs.append(rel)
+                continue
+            st = e.stat()  # follows symlinks: a dangling link is unreadable
+        except OSError as exc:
+            unreadable.append((rel, exc.strerror or str(exc)))
+            continue
+        if not is_reg(st.st_mode):
+            unreadable.append((rel, "not a regular file"))
+        elif readable is not None and not readable(st):
+            unreadable.append((rel, "permission denied"))
+        else:
+            files.append(SourceFile(rel, st.st_size))
 
 
 def scan_local(root: str) -> tuple[list[SourceFile], list[tuple[str, str]]]:
@@ -149,30 +196,17 @@ def scan_local(root: str) -> tuple[list[SourceFile], list[tuple[str, str]]]:
     while stack:
         sub = stack.pop()
         try:
-            entries = list(os.scandir(os.path.join(root, sub) if sub else root))
+            # Listed through a directory descriptor: each entry's stat() is then an fstatat()
+            # relative to it, not a lookup of the whole path again.
+            dfd = os.open(os.path.join(root, sub) if sub else root, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             unreadable.append((sub or ".", exc.strerror or str(exc)))
             continue
-        for e in entries:
-            rel = f"{sub}/{e.name}" if sub else e.name
-            if not sub and e.name == STATE_DIR:
-                continue
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    stack.append(rel)
-                    continue
-                st = e.stat()  # follows symlinks: a dangling link is unreadable
-            except OSError as exc:
-                unreadable.append((rel, exc.strerror or str(exc)))
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                unreadable.append((rel, "not a regular file"))
-                continue
-            if not readable(st):
-                unreadable.append((rel, "permission denied"))
-                continue
-            files.append(SourceFile(rel, st.st_size))
-    files.sort(key=lambda f: f.rel)
+        try:
+            _scan_dir(dfd, sub, files, unreadable, stack, readable)
+        finally:
+            os.close(dfd)
+    files.sort()  # by path: paths are unique, so the sizes are never compared
     unreadable.sort()
     return files, unreadable
 
@@ -184,30 +218,30 @@ def group_samples(
     by_key: dict[str, dict[str, tuple[str, str, int]]] = {}
     unkeyed: list[str] = []
     collisions: list[tuple[str, ...]] = []
-    for f in files:
-        key, ext = split_key(f.rel)
+    for rel, size in files:
+        key, ext = split_key(rel)
         if key is None or ext is None:
-            unkeyed.append(f.rel)
+            unkeyed.append(rel)
             continue
-        exts = by_key.setdefault(key, {})
+        exts = by_key.get(key)
+        if exts is None:
+            exts = by_key[key] = {}
         low = ext.lower()
         if low in exts:
-            collisions.append((exts[low][1], f.rel))
+            collisions.append((exts[low][1], rel))
             continue
-        exts[low] = (ext, f.rel, f.size)
-    counts: Counter[str] = Counter()
-    for exts in by_key.values():
-        counts.update(exts.keys())
+        exts[low] = (ext, rel, size)
+    counts = Counter(itertools.chain.from_iterable(by_key.values()))
     n = len(by_key)
     expected = tuple(sorted(e for e, c in counts.items() if n and c / n > partner_share))
+    wanted = frozenset(expected)
     incomplete: list[tuple[str, tuple[str, ...]]] = []
     samples: list[Sample] = []
     for key in sorted(by_key):
         exts = by_key[key]
-        missing = tuple(e for e in expected if e not in exts)
-        if missing:
-            incomplete.append((key, missing))
-        samples.append(Sample(key, tuple(exts[e] for e in sorted(exts))))
+        if not exts.keys() >= wanted:
+            incomplete.append((key, tuple(e for e in expected if e not in exts)))
+        samples.append(Sample(key, tuple([exts[e] for e in sorted(exts)])))
     problems = InputProblems(
         unkeyed=tuple(unkeyed), collisions=tuple(collisions), incomplete=tuple(incomplete),
         expected_exts=expected,
@@ -293,25 +327,28 @@ def plan_shards(
         random.Random(seed).shuffle(order)
     shards: list[PlannedShard] = []
     current: list[Sample] = []
-    used = 0
-    digest = hashlib.sha256()
-    digest.update(json.dumps({"v": 1, "size": shard_size, "pattern": pattern, "seed": seed}).encode())
+    used = files = source_bytes = 0
+    archive_end = tarfmt.archive_end
+    # What the plan hash covers, joined and hashed once (the same bytes as hashing piece by piece).
+    fingerprint = [json.dumps({"v": 1, "size": shard_size, "pattern": pattern, "seed": seed})]
 
     def close() -> None:
         nonlocal current, used
         name = pattern % len(shards)
-        shards.append(PlannedShard(len(shards), name, tuple(current), used + tarfmt.archive_end(used)))
-        digest.update(f"#{name}\n".encode())
+        shards.append(PlannedShard(len(shards), name, tuple(current), used + archive_end(used)))
+        fingerprint.append(f"#{name}\n")
         current, used = [], 0
 
     for s in order:
         nb = s.tar_bytes()
-        if current and used + nb + tarfmt.archive_end(used + nb) > shard_size:
+        if current and used + nb + archive_end(used + nb) > shard_size:
             close()
         current.append(s)
         used += nb
+        files += len(s.files)
         for _ext, rel, size in s.files:
-            digest.update(f"{rel}\0{size}\n".encode())
+            fingerprint.append(f"{rel}\0{size}\n")
+            source_bytes += size
     if current:
         close()
     names = {s.name for s in shards}
@@ -319,6 +356,6 @@ def plan_shards(
         raise ShardError(f"shard pattern {pattern!r} gives duplicate names for {len(shards)} shards")
     return ShardPlan(
         shards=tuple(shards), shard_size=shard_size, pattern=pattern, seed=seed,
-        plan_hash=digest.hexdigest(), files=sum(len(s.files) for s in order), samples=len(order),
-        source_bytes=sum(s.nbytes for s in order), warnings=tuple(size_warnings(shard_size)),
+        plan_hash=hashlib.sha256("".join(fingerprint).encode()).hexdigest(), files=files, samples=len(order),
+        source_bytes=source_bytes, warnings=tuple(size_warnings(shard_size)),
     )

@@ -129,6 +129,18 @@ def test_byte_identical_twice_and_seeded_shuffle(dataset: tuple[Path, dict], tmp
     assert read_back(s1) == data
 
 
+def test_plan_hash_is_stable_across_versions() -> None:
+    # Resume compares this hash with the one a journal recorded, possibly by an older loadmaster:
+    # faster planning must not change it (values from the per-file-update implementation).
+    files = [SourceFile(f"d/{i:05d}.{e}", 1000 + 37 * i + len(e)) for i in range(500) for e in ("jpg", "json", "seg.png")]
+    samples, _ = group_samples(files)
+    plain = plan_shards(samples, shard_size=100_000, pattern="shard-%06d.tar")
+    shuffled = plan_shards(samples, shard_size=100_000, pattern="shard-%06d.tar", seed=5)
+    assert plain.plan_hash == "04f0902cd3b4fdfe37b876f8afc72729db9e10ef887cab1e7a9dc6115415f624"
+    assert shuffled.plan_hash == "9a1646e2bb5b612a1efdb62c4d5e1f770d4b32fb5b72f6451880ba29926d6dd1"
+    assert len(shuffled.shards) == 236 and (plain.files, plain.samples) == (1500, 500)
+
+
 def test_plan_depends_only_on_listing() -> None:
     files = [SourceFile(f"{i:04d}.{e}", 100 + i) for i in range(30) for e in ("jpg", "cls")]
     samples, problems = group_samples(files)
