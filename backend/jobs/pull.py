@@ -711,6 +711,7 @@ async def plan_pull(
         decision, note = egress_check(services, profile, [config.node(n) for n in nodes],
                                       sum(s for _, s in objects), len(objects), allow_over_budget, src)
         log.debug("plan: egress priced")
+        _ = services.jobs  # the launch needs the job manager: import and set it up while waiting too
         return objects, creds, decision, note
 
     listing = asyncio.ensure_future(list_and_price())
