@@ -26,10 +26,14 @@ def make_run(tmp_path: Path, src: Path) -> Path:
 
 
 async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tuple[Path, dict]) -> None:
+    from tests.helpers import Recorder
+    from tui.screens.checkpoints import ActionProgressed
+
     run = make_run(tmp_path, tiny_full_dcp[0])
     services = Services(config=default_config())
     app = LoadmasterApp(services, mode="checkpoints")
-    async with app.run_test(size=SIZE) as pilot:
+    rec = Recorder()
+    async with app.run_test(size=SIZE, message_hook=rec) as pilot:
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, CheckpointsScreen)
@@ -85,6 +89,10 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         await pilot.press("y")
         await wait_until(pilot, lambda: table.row_count == 3)
         assert str(table.get_row_at(2)[0]) == "20" and str(table.get_row_at(2)[1]) == "full"
+        # both ran with a progress bar (bytes done of total), hidden again when they ended
+        moves = rec.of(ActionProgressed)
+        assert moves and all(0 <= m.done <= m.total for m in moves) and any(m.done == m.total > 0 for m in moves)
+        assert not screen.query_one("#ckpt-progress").display
         assert [e.action for e in services.db.audit_entries()][:2] in (["ckpt.strip", "ckpt.upload"],
                                                                         ["ckpt.upload", "ckpt.strip"])
     await services.aclose()

@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Input, Label, Select, Static
+from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
 
 from backend.checkpoints.catalog import fmt_age
 from backend.checkpoints.footprint import fmt_gb, footprint, upload_backlog
@@ -55,6 +55,17 @@ class StepInspected(Message):
     def __init__(self, inspection: StepInspection) -> None:
         super().__init__()
         self.inspection = inspection
+
+
+class ActionProgressed(Message):
+    """A strip or upload running in this console moved on (bytes done of bytes total)."""
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__()
+        self.done, self.total = done, total
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ActionProgressed)  # only the latest matters
 
 
 class ActionFinished(Message):
@@ -130,6 +141,7 @@ class CheckpointsScreen(LoadmasterScreen):
             yield DataTable(id="ckpt-steps", cursor_type="row", zebra_stripes=True)
             yield DataTable(id="ckpt-tensors", cursor_type="row", zebra_stripes=True)
             yield Static("", id="ckpt-status", markup=False)
+            yield ProgressBar(id="ckpt-progress", show_eta=True)
 
     def on_mount(self) -> None:
         steps = self.query_one("#ckpt-steps", DataTable)
@@ -141,6 +153,7 @@ class CheckpointsScreen(LoadmasterScreen):
                            ("file", "File")):
             tensors.add_column(label, key=key)
         tensors.display = False
+        self.query_one("#ckpt-progress", ProgressBar).display = False
         self.query_one("#ckpt-backlog", Static).display = False
         self.render_footprint()
 
@@ -340,7 +353,8 @@ class CheckpointsScreen(LoadmasterScreen):
             if node:
                 rec = await launch_strip(self.services.jobs, node, store, path)
                 return f"strip of {path} launched on {node} as job {rec.id}"
-            res = await strip_step(store, path)
+            res = await strip_step(store, path, progress=lambda **kw: self.post_message(
+                ActionProgressed(int(kw.get("bytes_done") or 0), int(kw.get("bytes_total") or 0))))
             return (f"stripped {path}: {res.tensor_count} tensors, {_gb(res.weight_bytes)} BF16 in "
                     f"{len(res.shards)} shard(s), verified")
 
@@ -386,13 +400,21 @@ class CheckpointsScreen(LoadmasterScreen):
             if node:
                 rec = await launch_upload(self.services.jobs, node, store, local, name, step=step_number(name))
                 return f"upload of {name} launched on {node} as job {rec.id}"
-            res = await upload_dir(store, local, name)
+            res = await upload_dir(store, local, name, progress=lambda done, total, _f, _ft: self.post_message(
+                ActionProgressed(done, total)))
             return f"uploaded {name}: {len(res.objects)} objects, {_gb(res.bytes)}, {res.gbps:.2f} Gbps, verified"
 
         await self._run_action("upload", name, f"Uploading {local} …", run)
 
+    @on(ActionProgressed)
+    def _action_progressed(self, event: ActionProgressed) -> None:
+        bar = self.query_one("#ckpt-progress", ProgressBar)
+        bar.display = True
+        bar.update(total=max(event.total, 1), progress=event.done)
+
     @on(ActionFinished)
     def _action_finished(self, event: ActionFinished) -> None:
+        self.query_one("#ckpt-progress", ProgressBar).display = False
         self.query_one("#ckpt-status", Static).update(event.detail if event.ok else f"{event.what} failed: {event.detail}")
         if event.ok:
             self.notify(event.detail, markup=False)
