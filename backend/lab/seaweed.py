@@ -68,6 +68,8 @@ class SeaweedS3:
     base_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     region: str = "us-east-1"
+    #: Extra ``weed mini`` flags (benchmarks tune the server with these; tests use none).
+    extra_args: tuple[str, ...] = ()
 
     @property
     def s3_port(self) -> int:
@@ -117,6 +119,7 @@ class SeaweedS3:
             f"-admin.port.grpc={b + 9}", f"-debug.port={b + 10}", "-s3.port.iceberg=0",
             "-s3.port.lance=0", "-admin.ui=false", "-webdav=false",
             f"-s3.config={self.root / 's3.json'}", "-master.volumeSizeLimitMB=64",
+            *self.extra_args,
         ]
         log = open(self.root / "weed.log", "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
