@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import queue
+import resource
 import shutil
 import tempfile
 import threading
@@ -62,6 +63,8 @@ PLAN_KEY = f"{STATE_DIR}/plan.json"
 JOURNAL_PREFIX = f"{STATE_DIR}/journal"
 PROGRESS_EVERY = 0.25
 PART_CONCURRENCY = 4  # parts of one shard uploaded at once
+#: Per-thread resource usage (Linux): voluntary context switches tell reads that sleep.
+_RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
@@ -416,17 +419,35 @@ class _Source:
 
 
 class _LocalSource(_Source):
-    """Local files, read into reused buffers by ``workers`` threads (0: by the writer thread)."""
+    """Local files read into reused buffers: by the writer thread, or by ``workers`` threads once
+    reads turn out to wait for the device or the network.
+
+    Reader threads pay off only while reads block (a network filesystem, a cold disk): on files
+    the page cache already holds, a read is a memory copy and threads only fight over the GIL
+    (on 2 cores that cost a third more CPU than the whole read). So the writer thread reads
+    while its reads do not sleep, and hands reading to the pool for good once they do. With
+    ``workers`` 0 it always reads itself (and hashes too: see ``_write_shards``).
+    """
 
     stream_big = True
+    #: Chunks read by the writer thread in a row that must sleep (block on I/O) before the
+    #: reader threads start; a chunk sleeps when its reads switch out on at least a quarter of
+    #: its files (a page-cache hit never does).
+    BLOCKED_CHUNKS = 3
 
     def __init__(self, root: str, workers: int) -> None:
         self.base = root.rstrip("/") + "/"  # plain concatenation: os.path.join costs per file
-        self.pool = (concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="shard-read")
-                     if workers else None)
-        self.ahead = max(2, 2 * workers) if workers else 1
-        # Every chunk in flight holds a buffer; the rest are being written and hashed.
-        self.buffers = _Buffers(self.ahead + 3, self.cap)
+        self.workers = workers
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.ahead = 1
+        self.blocked = 0
+        # Every chunk in flight holds a buffer; the rest are being written and hashed. Pages of
+        # buffers never used are never touched.
+        self.buffers = _Buffers(max(2, 2 * workers) + 3, self.cap)
+
+    def start_pool(self) -> None:
+        self.pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="shard-read")
+        self.ahead = max(2, 2 * self.workers)
 
     def fill(self, chunk: _Chunk, buf: bytearray) -> Filled:
         mv = memoryview(buf)
@@ -449,7 +470,15 @@ class _LocalSource(_Source):
         if self.pool is not None:
             return self.pool.submit(self.fill, chunk, buf)
         fut: concurrent.futures.Future[Filled] = concurrent.futures.Future()
-        fut.set_result(self.fill(chunk, buf))  # in the writer thread, one chunk at a time
+        if not self.workers or _RUSAGE_THREAD is None:
+            fut.set_result(self.fill(chunk, buf))
+            return fut
+        before = resource.getrusage(_RUSAGE_THREAD).ru_nvcsw
+        fut.set_result(self.fill(chunk, buf))  # in the writer thread: see the class docstring
+        sleeps = resource.getrusage(_RUSAGE_THREAD).ru_nvcsw - before
+        self.blocked = self.blocked + 1 if sleeps * 4 >= max(4, len(chunk.members)) else 0
+        if self.blocked >= self.BLOCKED_CHUNKS:
+            self.start_pool()
         return fut
 
     def stream(self, rel: str, size: int, emit: Callable[[list[Piece], Callable[[], None] | None], None]) -> None:
@@ -519,12 +548,12 @@ def _ordered(source: _Source, todo: Sequence[PlannedShard]) -> Iterator[tuple[Pl
         return True
 
     try:
-        while len(pending) < source.ahead and push(next(chunks, None)):
-            pass
-        while pending:
-            item = pending.popleft()
-            push(next(chunks, None))
-            yield item
+        while True:
+            while len(pending) < source.ahead and push(next(chunks, None)):
+                pass  # ``ahead`` may grow on the way (reader threads started)
+            if not pending:
+                return
+            yield pending.popleft()
     finally:
         for _s, _c, fut in pending:
             if fut is not None:

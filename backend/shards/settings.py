@@ -17,8 +17,9 @@ class ShardSettings:
     shard_size: int = field(default=512 * MB, metadata={"parse": parse_size})
     #: Shard file name; one integer conversion (``%06d``) and a ``.tar`` suffix.
     pattern: str = "shard-%06d.tar"
-    #: Threads reading local source files (more helps on network filesystems; 0 reads and hashes
-    #: in the writer thread, the least CPU on a busy machine).
+    #: Threads reading local source files once reads are seen to wait for I/O (a network
+    #: filesystem, a cold disk); files already in the page cache are read by the writer thread,
+    #: where threads would only cost CPU. 0 always reads and hashes in the writer thread.
     workers: int = 4
     #: Concurrent GETs when the source is an ``s3://`` prefix.
     fetch_concurrency: int = 32

@@ -105,3 +105,46 @@ def test_a_file_removed_after_listing_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ShardError, match="cannot read source file .*0001.bin"):
         convert_sync(req, prepared=pv)
     assert not list(dest.glob(".*.partial"))
+
+
+def _convert_counting_pools(src: Path, dest: Path, monkeypatch: pytest.MonkeyPatch, **kw: object) -> list[int]:
+    from backend.shards import convert
+
+    started: list[int] = []
+    real = convert._LocalSource.start_pool
+
+    def start_pool(self: convert._LocalSource) -> None:
+        started.append(self.workers)
+        real(self)
+
+    monkeypatch.setattr(convert._LocalSource, "start_pool", start_pool)
+    convert_sync(ShardRequest(str(src), str(dest), shard_size=2 * MB, **kw))  # type: ignore[arg-type]
+    return started
+
+
+def test_reader_threads_start_only_when_reads_sleep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import time
+
+    from backend.shards import convert
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(400):
+        (src / f"{i:05d}.bin").write_bytes(bytes([i % 256]) * (20_000 + i))
+        (src / f"{i:05d}.json").write_bytes(b"{}")
+    # Files just written are in the page cache: reads never sleep, the writer thread reads them.
+    assert _convert_counting_pools(src, tmp_path / "cached", monkeypatch, workers=4) == []
+    # Reads that wait (a network filesystem, a cold disk) hand reading to the pool.
+    real_readv = os.readv
+
+    def slow_readv(fd: int, buffers: list) -> int:
+        time.sleep(0.0005)
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr(convert.os, "readv", slow_readv)
+    assert _convert_counting_pools(src, tmp_path / "slow", monkeypatch, workers=3) == [3]
+    assert _convert_counting_pools(src, tmp_path / "none", monkeypatch, workers=0) == []
+    want = {p.name: p.read_bytes() for p in (tmp_path / "cached").glob("*.tar")}
+    for d in ("slow", "none"):
+        assert {p.name: p.read_bytes() for p in (tmp_path / d).glob("*.tar")} == want
