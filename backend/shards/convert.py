@@ -352,6 +352,15 @@ def _chunks(shard: PlannedShard, cap: int, max_files: int, stream_big: bool) -> 
         yield _Chunk(members, used, samples)
 
 
+def _unreadable(path: str, exc: OSError) -> ShardError:
+    return ShardError(f"cannot read source file {path}: {exc.strerror or exc}")
+
+
+def _changed(path: str, size: int, got: int) -> ShardError:
+    return ShardError(f"source file {path} changed during the conversion (listed {size} bytes, "
+                      f"read {got}); run again once the source is stable")
+
+
 def _read_source(path: str, size: int, read: Callable[..., int], *args: Any) -> None:
     """Open ``path`` (listed at ``size`` bytes), let ``read(fd, *args)`` read it all, check the count.
 
@@ -364,10 +373,9 @@ def _read_source(path: str, size: int, read: Callable[..., int], *args: Any) -> 
         finally:
             os.close(fd)
     except OSError as exc:
-        raise ShardError(f"cannot read source file {path}: {exc.strerror or exc}") from None
+        raise _unreadable(path, exc) from None
     if got != size:
-        raise ShardError(f"source file {path} changed during the conversion (listed {size} bytes, "
-                         f"read {got}); run again once the source is stable")
+        raise _changed(path, size, got)
 
 
 def _readv_exact(fd: int, view: memoryview, spare: bytearray) -> int:
@@ -410,8 +418,8 @@ class _Source:
     def submit(self, chunk: _Chunk) -> concurrent.futures.Future[Filled]:
         raise NotImplementedError
 
-    def stream(self, rel: str, size: int, emit: Callable[[list[Piece], Callable[[], None] | None], None]) -> None:
-        """Emit one big file's data in buffer-sized pieces (only when ``stream_big``)."""
+    def stream(self, rel: str, size: int) -> Iterator[Filled]:
+        """One big file's data in buffer-sized pieces (only when ``stream_big``)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -481,21 +489,35 @@ class _LocalSource(_Source):
             self.start_pool()
         return fut
 
-    def stream(self, rel: str, size: int, emit: Callable[[list[Piece], Callable[[], None] | None], None]) -> None:
-        def read(fd: int) -> int:
-            got = 0
+    def stream(self, rel: str, size: int) -> Iterator[Filled]:
+        path = self.base + rel
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
+        got = 0
+        try:
             while got < size:
                 buf = self.buffers.get()
                 mv = memoryview(buf)[:min(len(buf), size - got)]
-                n = os.readv(fd, [mv])
+                try:
+                    n = os.readv(fd, [mv])
+                except OSError as exc:
+                    raise _unreadable(path, exc) from None
                 if not n:
                     self.buffers.put(buf)
                     break
                 got += n
-                emit([mv[:n]], functools.partial(self.buffers.put, buf))
-            return got + len(os.read(fd, 1)) if got == size else got
-
-        _read_source(self.base + rel, size, read)
+                yield [mv[:n]], functools.partial(self.buffers.put, buf)
+            if got == size:
+                try:
+                    got += len(os.read(fd, 1))  # proves the file did not grow
+                except OSError as exc:
+                    raise _unreadable(path, exc) from None
+        finally:
+            os.close(fd)
+        if got != size:
+            raise _changed(path, size, got)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -716,16 +738,22 @@ class _S3Sink(_Sink):
         shutil.rmtree(self.spool, ignore_errors=True)
 
 
-class _Hasher:
-    """sha256 of the shard stream in its own thread, so hashing overlaps reading and writing."""
+class _Output:
+    """Writes the shard stream and hashes it (sha256) in its own thread, overlapping the reads.
+
+    Each piece is written, then hashed while still in cache; a buffer goes back to its reader
+    only after both. A write error is kept and raised to the writer thread by the next ``feed``
+    or by ``finish``. ``threaded=False`` does both in the calling thread.
+    """
 
     def __init__(self, *, threaded: bool = True) -> None:
         # Bounded: with reused buffers this rarely fills; with S3 data it bounds memory.
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=16)
         self.digest = hashlib.sha256()
+        self.error: OSError | None = None
         self.thread: threading.Thread | None = None
         if threaded:
-            self.thread = threading.Thread(target=self._run, name="shard-hash", daemon=True)
+            self.thread = threading.Thread(target=self._run, name="shard-output", daemon=True)
             self.thread.start()
 
     def _run(self) -> None:
@@ -734,39 +762,56 @@ class _Hasher:
             if item is None:
                 return
             if isinstance(item, concurrent.futures.Future):
-                item.set_result(self.digest.hexdigest())
-                self.digest = hashlib.sha256()
+                if self.error is not None:
+                    item.set_exception(self.error)
+                else:
+                    item.set_result(self.digest.hexdigest())
+                self.digest, self.error = hashlib.sha256(), None
                 continue
-            self._update(*item)
+            self._put(*item)
 
-    def _update(self, pieces: list[Piece], release: Callable[[], None] | None) -> None:
-        update = self.digest.update
-        for piece in pieces:
-            update(piece)  # releases the GIL for pieces over 2 KB
-        if release is not None:
-            release()
+    def _put(self, fd: int, pieces: list[Piece], release: Callable[[], None] | None) -> None:
+        try:
+            if self.error is None:  # after a failed write only buffers are given back
+                _writev_all(fd, pieces)
+                update = self.digest.update
+                for piece in pieces:
+                    update(piece)  # releases the GIL for pieces over 2 KB
+        except OSError as exc:
+            self.error = exc
+        finally:
+            if release is not None:
+                release()
 
-    def feed(self, pieces: list[Piece], release: Callable[[], None] | None = None) -> None:
-        """Hash ``pieces`` (already written), then call ``release``."""
+    def feed(self, fd: int, pieces: list[Piece], release: Callable[[], None] | None = None) -> None:
+        """Write ``pieces`` to ``fd`` and hash them, then call ``release``."""
+        if self.error is not None:
+            raise self.error
         if self.thread is None:
-            self._update(pieces, release)
+            self._put(fd, pieces, release)
+            if self.error is not None:
+                raise self.error
         else:
-            self.queue.put((pieces, release))
+            self.queue.put((fd, pieces, release))
 
     def finish(self) -> str:
-        """The hex digest of everything fed since the last finish."""
+        """The hex digest of everything fed since the last finish, once it is all written."""
         if self.thread is None:
-            hexdigest = self.digest.hexdigest()
-            self.digest = hashlib.sha256()
+            error, hexdigest = self.error, self.digest.hexdigest()
+            self.digest, self.error = hashlib.sha256(), None
+            if error is not None:
+                raise error
             return hexdigest
         fut: concurrent.futures.Future[str] = concurrent.futures.Future()
         self.queue.put(fut)
         return fut.result()
 
     def close(self) -> None:
+        """Wait until everything fed is written (or dropped after an error), then stop."""
         if self.thread is not None:
             self.queue.put(None)
             self.thread.join()
+            self.thread = None
 
 
 def _writev_all(fd: int, pieces: list[Piece]) -> int:
@@ -791,23 +836,23 @@ def _writev_all(fd: int, pieces: list[Piece]) -> int:
 
 
 class _TarOut:
-    """One shard file being written: every piece is written, then handed to the hasher."""
+    """One shard file being written: pieces go to the output thread, which writes and hashes them."""
 
-    def __init__(self, shard: PlannedShard, path: str, hasher: _Hasher) -> None:
+    def __init__(self, shard: PlannedShard, path: str, output: _Output) -> None:
         self.shard = shard
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.hasher = hasher
+        self.output = output
         self.written = 0
         self.files = 0
 
     def emit(self, pieces: list[Piece], release: Callable[[], None] | None = None) -> None:
-        self.written += _writev_all(self.fd, pieces)
-        self.hasher.feed(pieces, release)
+        self.written += sum(len(p) for p in pieces)
+        self.output.feed(self.fd, pieces, release)
 
     def finish(self) -> str:
         self.emit([bytes(tarfmt.archive_end(self.written))])
-        return self.hasher.finish()
+        return self.output.finish()
 
     def close(self) -> None:
         if self.fd >= 0:  # once: a second close could hit a descriptor another thread reopened
@@ -823,13 +868,13 @@ def _check_cancel(cancelled: Callable[[], bool], written: int) -> None:
 
 def _write_shards(
     todo: Sequence[PlannedShard], source: _Source, sink: _Sink, progress: _Progress,
-    cancelled: Callable[[], bool] | None, *, threaded_hash: bool = True,
+    cancelled: Callable[[], bool] | None, *, threaded_output: bool = True,
 ) -> list[ShardEntry]:
     """Write every shard in ``todo`` (runs in a thread); returns their journal entries."""
     entries: list[ShardEntry] = []
     last_check = time.monotonic()
     out: _TarOut | None = None
-    hasher = _Hasher(threaded=threaded_hash)
+    output = _Output(threaded=threaded_output)
     bytes_before = progress.bytes_done
 
     def finish() -> None:
@@ -858,11 +903,12 @@ def _write_shards(
                 if cancelled is not None:
                     _check_cancel(cancelled, len(entries))  # at every shard boundary, and every 0.2 s
                 bytes_before = progress.bytes_done
-                out = _TarOut(shard, sink.temp_path(shard.name), hasher)
+                out = _TarOut(shard, sink.temp_path(shard.name), output)
             if fut is None:  # one member too big for a buffer: header, streamed data, padding
                 head, rel, size = chunk.members[0]
                 out.emit([head])
-                source.stream(rel, size, out.emit)
+                for piece in source.stream(rel, size):
+                    out.emit(*piece)
                 if size % tarfmt.BLOCK:
                     out.emit([bytes(-size % tarfmt.BLOCK)])
             else:
@@ -880,12 +926,13 @@ def _write_shards(
         sink.finish()
     except BaseException:
         if out is not None:
+            output.close()  # nothing may still be writing to the file as it is closed and removed
             out.close()
             sink.abandon(out.path)
         raise
     finally:
         source.close()
-        hasher.close()
+        output.close()
     return entries
 
 
@@ -1014,11 +1061,11 @@ async def convert(
         else:
             assert isinstance(dest, LocalStore)
             sink = _LocalSink(dest, loop)
-        # Local files: read by req.workers threads (0: by the writer thread, which then hashes too).
+        # Written and hashed in their own thread (--workers 0: in the writer thread, with the reads).
         source: _Source = (_LocalSource(str(src.root), req.workers) if isinstance(src, LocalStore)
                            else _S3Source(src, loop, req.fetch_concurrency))  # type: ignore[arg-type]
         new_entries = await asyncio.to_thread(_write_shards, todo, source, sink, progress, cancelled,
-                                              threaded_hash=req.workers > 0)
+                                              threaded_output=req.workers > 0)
         by_name = {**done, **{e.name: e for e in new_entries}}
         entries = tuple(by_name[s.name] for s in plan.shards)
         # Verify what landed: every shard present with the size the journal recorded.

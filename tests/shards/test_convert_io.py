@@ -148,3 +148,37 @@ def test_reader_threads_start_only_when_reads_sleep(tmp_path: Path, monkeypatch:
     want = {p.name: p.read_bytes() for p in (tmp_path / "cached").glob("*.tar")}
     for d in ("slow", "none"):
         assert {p.name: p.read_bytes() for p in (tmp_path / d).glob("*.tar")} == want
+
+
+@pytest.mark.parametrize("workers", [0, 4])
+def test_a_failed_write_stops_the_conversion_and_resume_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int,
+) -> None:
+    import errno
+    import os
+
+    from backend.shards import convert
+
+    src, dest = tmp_path / "src", tmp_path / "out"
+    data = odd_sized_source(src)
+    real_writev = os.writev
+    calls = []
+
+    def full_disk(fd: int, buffers: list) -> int:
+        calls.append(fd)
+        if len(calls) >= 9:  # the first shard is complete by then
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_writev(fd, buffers)
+
+    monkeypatch.setattr(convert.os, "writev", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        convert_sync(ShardRequest(str(src), str(dest), shard_size=3 * MB, workers=workers))
+    assert len(calls) == 9  # nothing written after the failure
+    assert not list(dest.glob(".*.partial")) and not (dest / MANIFEST_NAME).exists()
+    monkeypatch.setattr(convert.os, "writev", real_writev)
+    result = convert_sync(ShardRequest(str(src), str(dest), shard_size=3 * MB, workers=workers, resume=True))
+    assert len(result.resumed) >= 1
+    got = {}
+    for s in wds.WebDataset(sorted(str(p) for p in dest.glob("*.tar")), shardshuffle=False):
+        got[s["__key__"]] = {"bin": s["bin"], "json": s["json"]}
+    assert got == data
