@@ -219,10 +219,15 @@ def group_samples(
     unkeyed: list[str] = []
     collisions: list[tuple[str, ...]] = []
     for rel, size in files:
-        key, ext = split_key(rel)
-        if key is None or ext is None:
-            unkeyed.append(rel)
-            continue
+        start = rel.rfind("/") + 1
+        dot = rel.find(".", start)
+        if dot > start and "\n" not in rel:  # split_key's fast path, inlined: once per file
+            key, ext = rel[:dot], rel[dot + 1:]
+        else:
+            key, ext = split_key(rel)
+            if key is None or ext is None:
+                unkeyed.append(rel)
+                continue
         exts = by_key.get(key)
         if exts is None:
             exts = by_key[key] = {}

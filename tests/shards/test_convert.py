@@ -54,6 +54,12 @@ def test_keys_split_as_webdataset_does() -> None:
         got = split_key(path)
         want = base_plus_ext(path)
         assert got == want, path
+        # group_samples splits inline: the same answer
+        samples, problems = group_samples([SourceFile(path, 1)])
+        if want == (None, None):
+            assert problems.unkeyed == (path,) and not samples, path
+        else:
+            assert [(s.key, s.files) for s in samples] == [(want[0], ((want[1], path, 1),))], path
 
 
 def test_round_trip_every_sample_with_original_bytes(dataset: tuple[Path, dict], tmp_path: Path) -> None:
