@@ -95,6 +95,8 @@ class RequestArithmetic:
 
 def get_price(config: Config | None, *profiles: StoreProfile | None) -> tuple[float, str]:
     """GET price per 1,000 for the first priced store among ``profiles`` (the read side first)."""
+    if not any(p is not None and p.provider for p in profiles):
+        return DEFAULT_GET_PER_1000, "S3 Standard GET price"  # nothing to look up: skip the table
     try:
         from backend.policy import prices as price_mod
     except ImportError:  # the egress feature is optional
