@@ -9,6 +9,7 @@ table and the median loadmaster/s5cmd ratio (goal: <= 1.05).
 
     .venv/bin/python bench/pull_overhead.py                    # 2 GB in 16 objects, 3 rounds
     .venv/bin/python bench/pull_overhead.py --objects 16 --object-mb 32 --rounds 3   # lighter
+    .venv/bin/python bench/pull_overhead.py --trace   # also when the CLI listed, connected, launched
 """
 
 from __future__ import annotations
@@ -49,17 +50,30 @@ def _bare(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> float:
     return time.perf_counter() - t0
 
 
-def _loadmaster(lab: Lab, cfg: Path, src: str, dest: Path, flags: tuple[int, int, int]) -> tuple[float, dict[str, float]]:
+#: --trace: the CLI's own LOADMASTER_TRACE lines that mark the plan's steps (ms since the spawn).
+TRACE_MARKS = {"listed": "listed with", "ssh up": ": connected", "shell ready": "command server ready",
+               "launch sent": "pull: launching"}
+
+
+def _loadmaster(lab: Lab, cfg: Path, src: str, dest: Path, flags: tuple[int, int, int],
+                trace: bool = False) -> tuple[float, dict[str, float]]:
     nw, cc, ps = flags
     env = {**os.environ, **lab.env(), "LOADMASTER_CONFIG": str(cfg)}
     cmd = [str(Path(sys.executable).parent / "loadmaster"), "pull", src, str(dest), "--node", "node-01",
            "--numworkers", str(nw), "--concurrency", str(cc), "--part-size", str(ps), "--yes"]
+    if trace:
+        env.update(LOADMASTER_TRACE="1", LOADMASTER_TRACE_T0=repr(time.time()))
     t0 = time.perf_counter()
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     dt = time.perf_counter() - t0
     if res.returncode != 0:
         raise SystemExit(f"loadmaster pull failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-    return dt, _phases(lab, t0, dt)
+    phases = _phases(lab, t0, dt)
+    for line in res.stderr.splitlines() if trace else ():
+        for name, mark in TRACE_MARKS.items():
+            if mark in line and name not in phases and line.startswith("[trace"):
+                phases[name] = float(line.split()[1]) / 1000
+    return dt, phases
 
 
 def _phases(lab: Lab, t0: float, dt: float) -> dict[str, float]:
@@ -87,6 +101,8 @@ def main() -> int:
     ap.add_argument("--numworkers", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--part-size", type=int, default=64)
+    ap.add_argument("--trace", action="store_true", help="also show when the CLI listed, connected, had the "
+                    "node's shell ready and sent the launch (LOADMASTER_TRACE; seconds since the spawn)")
     args = ap.parse_args()
     flags = (args.numworkers, args.concurrency, args.part_size)
     load0 = " / ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -115,7 +131,7 @@ def main() -> int:
                 if which == "bare":
                     times[which] = _bare(lab, src, dest, flags)
                 else:
-                    times[which], phases = _loadmaster(lab, cfg, src, dest, flags)
+                    times[which], phases = _loadmaster(lab, cfg, src, dest, flags, args.trace)
                 shutil.rmtree(dest)
             rows.append((i + 1, times["bare"], times["lm"], times["lm"] / times["bare"], phases))
         total_gb = args.objects * size / 1e9
@@ -123,12 +139,14 @@ def main() -> int:
         print(f"\nload average at the end (1/5/15 min): {load}; at the start: {load0}")
         print(f"\n### pull overhead: {args.objects} x {args.object_mb} MiB ({total_gb:.2f} GB), "
               f"s5cmd --numworkers {flags[0]} cp --concurrency {flags[1]} --part-size {flags[2]}\n")
+        marks = list(TRACE_MARKS) if args.trace else []
         print("| round | bare s5cmd (s) | loadmaster pull (s) | ratio | plan+launch | agent start | "
-              "copy+verify in job | end seen -> exit |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "copy+verify in job | end seen -> exit |" + "".join(f" {m} |" for m in marks))
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(marks))
         for r, b, lm, ratio, ph in rows:
             print(f"| {r} | {b:.2f} | {lm:.2f} | {ratio:.3f} | {ph['plan']:.2f} | {ph['agent']:.2f} | "
-                  f"{ph['copy']:.2f} | {ph['tail']:.2f} |")
+                  f"{ph['copy']:.2f} | {ph['tail']:.2f} |" + "".join(
+                      f" {ph[m]:.2f} |" if m in ph else " - |" for m in marks))
         med = statistics.median(r[3] for r in rows)
         extra = statistics.median(r[2] - r[1] for r in rows)
         print(f"\nmedian ratio loadmaster/s5cmd: **{med:.3f}** (goal <= 1.05); median fixed overhead "

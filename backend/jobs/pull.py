@@ -321,8 +321,17 @@ def _copy(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[tuple[
                 with lock:
                     errors.append(err)
 
+    exited = threading.Event()
+
+    def reap() -> None:
+        # A blocking wait, so the loop below learns of the exit at once (Popen.wait with a timeout
+        # polls, with sleeps of up to 50 ms).
+        with contextlib.suppress(Exception):
+            proc.wait()
+        exited.set()
+
     readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
-    for r in readers:
+    for r in [*readers, threading.Thread(target=reap, daemon=True)]:
         r.start()
     window: collections.deque[tuple[float, int]] = collections.deque()
     n_items = len(expected)
@@ -345,12 +354,7 @@ def _copy(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[tuple[
 
     try:
         report()
-        while True:
-            try:
-                proc.wait(timeout=0.5)  # returns as soon as s5cmd exits: no polling delay at the end
-                break
-            except subprocess.TimeoutExpired:
-                pass
+        while not exited.wait(0.5):
             if ctx.cancelled and not terminated:
                 ctx.log("cancel requested: stopping s5cmd")
                 proc.terminate()
