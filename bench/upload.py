@@ -27,14 +27,18 @@ reach if the cores did nothing else, a number that other users' load does not mo
 
 Goal: loadmaster/s5cmd throughput >= 0.9 and loadmaster >= 1.5x aws cli.
 
-Server options, for this benchmark only (the test lab keeps its own settings):
-``--volume-size-mb`` (default 1024) is SeaweedFS's volume size limit. The test lab runs with
-64 MB volumes to stay small; with those, a 2 GB upload waits on ~32 volume roll-overs and every
-tool measured ~40% slower in wall time at the same CPU cost. A real store's volumes are far
-larger (SeaweedFS's own default is 30 GB), so 1024 is the operator-like setting; 64 reproduces the
-earlier numbers. ``--server-tmpfs`` keeps SeaweedFS's data on /dev/shm (measured: no change in
-server CPU per GB; its cost is MD5, not the disk). ``--weed-arg=-FLAG=VALUE`` passes any other
-``weed mini`` flag.
+Where the time goes here: SeaweedFS spends 8.5-12 CPU s per GB uploaded (about half of it in
+Go's crypto/md5.block by perf: it hashes every byte several times on its way to the volume
+server), the
+clients 2-3, on the same 2 cores. The server is the bottleneck for every tool, and the wall-time
+ratios move +-40% with other users' load, so read them next to the CPU columns.
+
+Server options, for experiments only (the test lab keeps its settings; the defaults here are the
+lab's): ``--server-tmpfs`` keeps SeaweedFS's data on /dev/shm; ``--weed-arg=-FLAG=VALUE`` passes
+any other ``weed mini`` flag. Measured (1-2 GB, 2-3 rounds each): neither tmpfs nor
+``-master.volumeSizeLimitMB=1024`` (instead of the lab's 64) changed the server's CPU per GB or
+the wall times beyond the noise.
+
 ``--ref GIT_REF`` also runs the uploader as of that commit (tool ``loadmaster@GIT_REF``).
 
 Usage: flock /tmp/loadmaster-bench.lock .venv/bin/python bench/upload.py [--size-gb 2] [--rounds 1]
@@ -164,9 +168,6 @@ def main() -> None:
     ap.add_argument("--tools", default="loadmaster,s5cmd,aws", help="comma-separated subset of the tools")
     ap.add_argument("--ref", action="append", default=[], metavar="GIT_REF",
                     help="also run the uploader as of this commit, as tool 'loadmaster@GIT_REF' (repeatable)")
-    ap.add_argument("--volume-size-mb", type=int, default=1024,
-                    help="SeaweedFS volume size limit (default 1024; the test lab's 64 MB makes a 2 GB "
-                         "upload wait for ~32 volume roll-overs)")
     ap.add_argument("--server-tmpfs", action="store_true",
                     help="keep SeaweedFS's data on tmpfs (/dev/shm) instead of the scratch disk")
     ap.add_argument("--weed-arg", action="append", default=[], metavar="FLAG",
@@ -176,7 +177,7 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="lm-bench-upload-"))
     weed_root = Path(tempfile.mkdtemp(prefix="lm-bench-weed-", dir="/dev/shm")) if args.server_tmpfs else work / "weed"
     # start() takes a free port block (TIME_WAIT ports count as free)
-    weed_args = (f"-master.volumeSizeLimitMB={args.volume_size_mb}", *args.weed_arg)
+    weed_args = tuple(args.weed_arg)
     s3 = SeaweedS3(weed_root, extra_args=weed_args)
     try:
         s3.start()
@@ -206,7 +207,7 @@ def main() -> None:
         med = {t: [statistics.median(x[i] for x in v) for i in range(3)] for t, v in runs.items()}
         print()
         print(f"Step folder: {gb:.2f} GB in {len(list(step.iterdir()))} files; SeaweedFS on loopback "
-              f"({'tmpfs' if args.server_tmpfs else 'disk'}, {' '.join(weed_args)}); "
+              f"({' '.join(('tmpfs' if args.server_tmpfs else 'disk', *weed_args))}); "
               f"{args.rounds} round(s), order rotating; wall time incl. process start-up; "
               f"load avg {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         print()
