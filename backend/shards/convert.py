@@ -440,7 +440,7 @@ class _LocalSource(_Source):
     stream_big = True
     #: Chunks read by the writer thread in a row that must sleep (block on I/O) before the
     #: reader threads start; a chunk sleeps when its reads switch out on at least a quarter of
-    #: its files (a page-cache hit never does).
+    #: its files and twice (a page-cache hit never does; a wait for the GIL now and then may).
     BLOCKED_CHUNKS = 3
 
     def __init__(self, root: str, workers: int) -> None:
@@ -484,7 +484,7 @@ class _LocalSource(_Source):
         before = resource.getrusage(_RUSAGE_THREAD).ru_nvcsw
         fut.set_result(self.fill(chunk, buf))  # in the writer thread: see the class docstring
         sleeps = resource.getrusage(_RUSAGE_THREAD).ru_nvcsw - before
-        self.blocked = self.blocked + 1 if sleeps * 4 >= max(4, len(chunk.members)) else 0
+        self.blocked = self.blocked + 1 if sleeps >= max(2, len(chunk.members) // 4) else 0
         if self.blocked >= self.BLOCKED_CHUNKS:
             self.start_pool()
         return fut
@@ -534,7 +534,8 @@ class _S3Source(_Source):
         self.store = store
         self.loop = loop
         self.sem = asyncio.Semaphore(max(1, concurrency))
-        self.ahead = max(2, 2 * -(-max(1, concurrency) // self.max_files))
+        # Chunks in flight while the writer waits on one: enough to keep every GET slot busy.
+        self.ahead = max(2, 2 * -(-max(1, concurrency) // self.max_files)) + 1
 
     async def _fetch(self, rel: str, size: int) -> bytes:
         async with self.sem:

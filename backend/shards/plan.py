@@ -224,10 +224,11 @@ def group_samples(
         if dot > start and "\n" not in rel:  # split_key's fast path, inlined: once per file
             key, ext = rel[:dot], rel[dot + 1:]
         else:
-            key, ext = split_key(rel)
-            if key is None or ext is None:
+            parts = split_key(rel)
+            if parts[0] is None or parts[1] is None:
                 unkeyed.append(rel)
                 continue
+            key, ext = parts[0], parts[1]
         exts = by_key.get(key)
         if exts is None:
             exts = by_key[key] = {}
