@@ -107,7 +107,7 @@ def coerce(value: Any, tp: Any, *, file: str | None, key: str) -> Any:
             raise ConfigError(f"expected a table, got {value!r}", file=file, key=key)
         _kt, vt = get_args(tp) or (str, Any)
         return {str(k): coerce(v, vt, file=file, key=f"{key}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(f"expected a table, got {value!r}", file=file, key=key)
         return parse_section(tp, value, file=file, key=key)

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from backend.agent.context import HEARTBEAT_FILE, PID_FILE, RESULT_FILE, SPEC_FILE, JobContext
 from backend.checkpoints.upload import (
@@ -127,7 +127,7 @@ def save_and_upload(
     staging = getattr(resp, "staging_completion", None)
     if staging is not None:
         staging.result()
-    write_done = getattr(resp, "upload_completion", resp)
+    write_done = cast("concurrent.futures.Future[Any]", getattr(resp, "upload_completion", resp))
     staged = time.monotonic() - t0
     rank0 = True
     try:
