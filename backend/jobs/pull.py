@@ -704,10 +704,8 @@ async def plan_pull(
     # exist yet has nothing present, so that first probe is its whole answer; the others (and any
     # node that failed) are probed again below with the object names, to count what is there.
     log.debug("plan: listing + connecting")
-    # The listing subprocess is spawned first, so it runs while this process imports the SSH
-    # stack and connects (both CPU-bound here).
-    # The egress quote needs only the listing's total, so it is priced while the nodes answer.
 
+    # The egress quote needs only the listing's total, so it is priced while the nodes answer.
     async def list_and_price() -> tuple[list[tuple[str, int]], Credentials | None, Any, str | None]:
         objects, creds = await list_source(pattern, profile, credentials=True)
         if not objects:
@@ -718,14 +716,17 @@ async def plan_pull(
         _ = services.jobs  # the launch needs the job manager: import and set it up while waiting too
         return objects, creds, decision, note
 
+    # The listing subprocess is spawned first, so it runs while this process imports the SSH
+    # stack and connects (both CPU-bound here).
     listing = asyncio.ensure_future(list_and_price())
     await asyncio.sleep(0)
     try:
-        first = await services.pool.fanout(early, nodes, timeout=120)
+        fanout = services.pool.fanout(early, nodes, timeout=120)
     except BaseException:
         listing.cancel()
         raise
-    objects, creds, decision, note = await listing
+    # A listing error (no such bucket, bad credentials) is raised at once, as before.
+    (objects, creds, decision, note), first = await asyncio.gather(listing, fanout)
     log.debug("plan: listed %d objects, connected", len(objects))
     if not objects:
         raise StoreError(f"no objects match {src}")
