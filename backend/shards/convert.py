@@ -771,10 +771,11 @@ class _Output:
                 continue
             self._put(*item)
 
-    def _put(self, fd: int, pieces: list[Piece], release: Callable[[], None] | None) -> None:
+    def _put(self, fd: int, offset: int | None, pieces: list[Piece], release: Callable[[], None] | None) -> None:
         try:
             if self.error is None:  # after a failed write only buffers are given back
-                _writev_all(fd, pieces)
+                if offset is not None:
+                    _pwrite_all(fd, pieces, offset)
                 update = self.digest.update
                 for piece in pieces:
                     update(piece)  # releases the GIL for pieces over 2 KB
@@ -784,16 +785,25 @@ class _Output:
             if release is not None:
                 release()
 
-    def feed(self, fd: int, pieces: list[Piece], release: Callable[[], None] | None = None) -> None:
-        """Write ``pieces`` to ``fd`` and hash them, then call ``release``."""
+    def check(self) -> None:
+        """Raise the error of a failed write, if any."""
         if self.error is not None:
             raise self.error
+
+    def backlog(self) -> int:
+        """Pieces waiting for the output thread."""
+        return self.queue.qsize() if self.thread is not None else 0
+
+    def feed(self, fd: int, offset: int | None, pieces: list[Piece],
+             release: Callable[[], None] | None = None) -> None:
+        """Write ``pieces`` to ``fd`` at ``offset`` (None: already written) and hash them, then
+        call ``release``."""
+        self.check()
         if self.thread is None:
-            self._put(fd, pieces, release)
-            if self.error is not None:
-                raise self.error
+            self._put(fd, offset, pieces, release)
+            self.check()
         else:
-            self.queue.put((fd, pieces, release))
+            self.queue.put((fd, offset, pieces, release))
 
     def finish(self) -> str:
         """The hex digest of everything fed since the last finish, once it is all written."""
@@ -815,15 +825,14 @@ class _Output:
             self.thread = None
 
 
-def _writev_all(fd: int, pieces: list[Piece]) -> int:
-    """Write every piece with as few syscalls as possible (no joining copy); returns bytes."""
-    total = 0
+def _pwrite_all(fd: int, pieces: list[Piece], offset: int) -> None:
+    """Write every piece at ``offset`` on with as few syscalls as possible (no joining copy)."""
     for i in range(0, len(pieces), _IOV_MAX):
         group = pieces[i:i + _IOV_MAX]
         want = sum(len(p) for p in group)
-        n = os.writev(fd, group)
+        n = os.pwritev(fd, group, offset)
         if n < want:  # a short write: finish this group piece by piece
-            skip = n
+            skip, pos = n, offset + n
             for piece in group:
                 if skip >= len(piece):
                     skip -= len(piece)
@@ -831,13 +840,19 @@ def _writev_all(fd: int, pieces: list[Piece]) -> int:
                 view = memoryview(piece)[skip:]
                 skip = 0
                 while view:
-                    view = view[os.write(fd, view):]
-        total += want
-    return total
+                    done = os.pwrite(fd, view, pos)
+                    pos += done
+                    view = view[done:]
+        offset += want
 
 
 class _TarOut:
-    """One shard file being written: pieces go to the output thread, which writes and hashes them."""
+    """One shard file being written: pieces go to the output thread, which writes and hashes them.
+
+    Each piece is written at its own offset, so when the output thread falls behind (hashing is
+    its larger half) the writer thread writes a piece itself and leaves it only the hashing: the
+    work balances itself over two cores.
+    """
 
     def __init__(self, shard: PlannedShard, path: str, output: _Output) -> None:
         self.shard = shard
@@ -848,8 +863,14 @@ class _TarOut:
         self.files = 0
 
     def emit(self, pieces: list[Piece], release: Callable[[], None] | None = None) -> None:
+        offset = self.written
         self.written += sum(len(p) for p in pieces)
-        self.output.feed(self.fd, pieces, release)
+        self.output.check()  # nothing more is written after a failed write
+        if self.output.backlog() >= 2:
+            _pwrite_all(self.fd, pieces, offset)
+            self.output.feed(self.fd, None, pieces, release)
+        else:
+            self.output.feed(self.fd, offset, pieces, release)
 
     def finish(self) -> str:
         self.emit([bytes(tarfmt.archive_end(self.written))])
