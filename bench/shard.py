@@ -9,6 +9,11 @@ The dataset is generated: 10,000 samples, each a ~50 KB ``.jpg`` of random bytes
 * GNU tar     -- ``tar -cf`` once per shard over the same file lists loadmaster planned (the
   near-physical limit: read small files, write sequentially).
 
+Imports are not timed for either Python tool (loadmaster's modules and ``webdataset`` are loaded
+before the first run); what is timed is the in-process call, listing and planning included for
+loadmaster (tar gets its file lists ready-made). The source files are in the page cache (written
+just before, or read by the previous repetition), as they are for tar and ShardWriter.
+
 Each repetition rotates the order of the tools (page-cache and writeback effects fall on each in
 turn) and ``sync``s before every timed run; the median of the repetitions is reported, with the
 ratios the goal is stated in: ShardWriter/loadmaster (want >= 2) and loadmaster/tar (want <= 1.25).
