@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
     p.add_argument("--pattern", help="shard file name pattern (default shard-%%06d.tar)")
     p.add_argument("--node", metavar="NAME", help="run the conversion as a durable job on this node")
     p.add_argument("--shuffle", type=int, metavar="SEED", help="shuffle sample order with this seed")
-    p.add_argument("--workers", type=int, metavar="N", help="threads reading local files (default 4; 0 reads and hashes in the writer thread)")
+    p.add_argument("--workers", type=int, metavar="N", help="threads reading local files once reads wait on I/O (default 4; 0 reads and hashes in the writer thread)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in DEST")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     p.add_argument("--incomplete", choices=("error", "skip", "keep"), default="error",
