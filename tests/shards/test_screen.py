@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from textual.notifications import Notify
-from textual.widgets import Button, Input, Static
+from textual.widgets import Button, DataTable, Input, Static
+from textual.widgets.data_table import ColumnKey
 
 from backend.config import default_config
 from backend.services import Services
@@ -59,6 +60,18 @@ async def test_form_previews_counts_and_get_reduction_then_converts(tmp_path: Pa
         assert len(list(dest.glob("shard-*.tar"))) == pv.shards
         updates = rec.of(ShardsScreen.ConversionUpdated)
         assert updates[-1].conversion.state == "succeeded"
+        # the conversions table has the focus and shows the whole state word; enter: the detail
+        table = screen.query_one("#shards-table", DataTable)
+        assert table.has_focus and str(table.get_row_at(0)[0]) == "succeeded"
+        assert table.columns[ColumnKey("state")].width >= len("succeeded")
+        await pilot.press("enter")
+        await pilot.pause()
+        from tui.widgets.detail import DetailModal
+
+        assert isinstance(app.screen, DetailModal) and dict(app.screen.fields)["destination"] == str(dest)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is screen
         # the same form again: the destination now holds shards, so the preview refuses it
         screen.action_preview()
         await settle(pilot, lambda: screen.preview is not None and not screen.preview.ok)

@@ -53,6 +53,9 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
 #: Source -> destination is cut to this width (each path in the middle); the full paths are shown
 #: under the table for the selected conversion.
 ROUTE_WIDTH = 36
+#: Fixed widths: the route is cut to fit; State fits its longest word ("succeeded", "cancelled")
+#: from the start, since a cell update does not widen its column.
+COLUMN_WIDTHS = {"route": ROUTE_WIDTH, "state": 9}
 JOB_POLL_S = 2.0
 
 
@@ -245,7 +248,7 @@ class ShardsScreen(LoadmasterScreen):
     def on_mount(self) -> None:
         table = self.query_one("#shards-table", DataTable)
         for key, label in RUN_COLUMNS:
-            table.add_column(label, key=key, width=ROUTE_WIDTH if key == "route" else None)
+            table.add_column(label, key=key, width=COLUMN_WIDTHS.get(key))
 
     # ------------------------------------------------------------------ form and preview
 
@@ -340,6 +343,7 @@ class ShardsScreen(LoadmasterScreen):
         where = "this machine" if form.node == LOCAL else form.node
         self._apply(Conversion(key, req.src, req.dest, where, detail="starting"))
         self.query_one("#shards-start", Button).disabled = True
+        self.main_table().focus()  # follow it: enter shows it in full, c cancels it
         # One worker group per conversion: several may run at once, and none cancels another.
         if form.node == LOCAL:
             cancel = threading.Event()
