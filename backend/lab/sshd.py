@@ -62,6 +62,21 @@ def wait_port(ip: str, port: int, timeout: float = 10.0) -> bool:
     return False
 
 
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    """Wait until every pid has exited (gone, or a zombie left for init to reap)."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                break
+            if state in ("Z", "X"):
+                break
+            time.sleep(0.01)
+
+
 def _children(pid: int) -> list[int]:
     """All descendants of ``pid`` (walks /proc)."""
     parents: dict[int, list[int]] = {}
@@ -206,11 +221,14 @@ class SshdNode:
         return len(kids)
 
     def stop(self) -> None:
-        """Take the node down: its sessions and its listener."""
+        """Take the node down: its sessions and its listener. Returns once they are all gone, so
+        a caller checking for strays (``lab down``, a failed ``lab up``) sees none in flight."""
         if self.proc is None:
             return
+        kids = _children(self.proc.pid)
         self.drop_connections()
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
         self.proc = None
+        _wait_gone(kids, timeout=10.0)
