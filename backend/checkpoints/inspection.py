@@ -62,6 +62,10 @@ async def inspect_step(store: ObjectStore, step_path: str) -> StepInspection:
                     rows.append(TensorRow(fqn, "bytes", (), 0, ""))
         except CheckpointError as exc:
             problems.append(str(exc))
+    elif step.layout == "dcp" and METADATA_FILE not in files:
+        problems.append(f"no {METADATA_FILE} yet: the step is incomplete (still being written or uploaded, "
+                        f"or abandoned); its keys are known only once {METADATA_FILE} is committed "
+                        f"({len(files)} object(s) so far)")
     for name, obj in sorted(files.items()):
         if name.endswith(".safetensors"):
             try:

@@ -60,6 +60,9 @@ def test_list_strip_inspect_local(tmp_path: Path, tiny_full_dcp: tuple[Path, dic
     names = {t["name"]: t for t in ins["tensors"]}
     assert names["norm.weight"]["dtype"] == "BF16" and names["model.norm.weight"]["dtype"] == "float32"
     assert any(n.startswith("optim.state.") for n in names)
+    # inspecting the in-flight step says why it has no keys yet, instead of an empty table
+    ins9 = run_json(capsys, ["ckpt", "inspect", str(run / "step-9")])
+    assert ins9["tensors"] == [] and any("no .metadata yet: the step is incomplete" in p for p in ins9["problems"])
     # refusing an in-flight step is one clear line, exit 2
     assert main(["ckpt", "strip", str(run / "step-9")]) == 2
     assert "incomplete" in capsys.readouterr().err
