@@ -33,6 +33,7 @@ from backend.cli.argtypes import duration_arg, size_arg
 from backend.errors import PolicyError
 from backend.services import Services
 from backend.storage import ObjectStore
+from backend.textfmt import align_columns
 
 
 def _params(text: str) -> float:
@@ -161,9 +162,7 @@ async def cmd_list(args: argparse.Namespace, services: Services) -> int:
     hdr = ("STEP", "FOLDER", "LAYOUT", "KIND", "SIZE (GB)", "OBJECTS", "AGE", "BF16 EXPORT")
     rows = [(str(s.step) if s.step is not None else "-", s.name, s.layout, s.kind, f"{s.total_bytes / GB:,.3f}",
              str(s.object_count), fmt_age(s.mtime), "yes" if s.has_bf16_export else "no") for s in cat.steps]
-    widths = [max(len(r[i]) for r in [hdr, *rows]) for i in range(len(hdr))]
-    for r in [hdr, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print("\n".join(align_columns([hdr, *rows])))
     totals = ", ".join(f"{k} {fmt_gb(v)}" for k, v in sorted(cat.bytes_by_kind().items()))
     print(f"\n{len(cat.steps)} steps; by kind: {totals}")
     return 0

@@ -26,6 +26,7 @@ from backend.policy.egress import (
 )
 from backend.policy.prices import price_table
 from backend.services import Services
+from backend.textfmt import align_columns
 
 
 def _arg(fn: Any, what: str, **kw: Any) -> Any:
@@ -149,8 +150,7 @@ def _report_lines(rep: EgressReport) -> list[str]:
         for r in rep.routes:
             rows.append([r.label, r.kind, str(r.transfers), fmt_bytes(r.bytes), fmt_usd(r.usd),
                          fmt_usd(r.projected_usd)])
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+        lines += align_columns(rows)
     lines.append(f"total: {fmt_bytes(rep.bytes)}, {fmt_usd(rep.usd)}; projected to month end: "
                  f"{fmt_bytes(rep.projected_bytes)}, {fmt_usd(rep.projected_usd)}")
     if rep.unpriced_bytes:

@@ -10,6 +10,7 @@ from typing import Any
 from backend.doctor import NodeReport, run_doctor
 from backend.nodes.ssh import effective_settings
 from backend.services import Services
+from backend.textfmt import align_columns
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -54,9 +55,7 @@ def cmd_nodes(args: argparse.Namespace, services: Services) -> int:
 
 
 def _print_table(rows: list[list[str]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print("\n".join(align_columns(rows)))
 
 
 def _bytes(n: int | None) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from backend.errors import ConfigError, JobError, LoadmasterError
 from backend.jobs.fmt import describe_plan, fmt_bytes, fmt_eta
 from backend.services import Services
+from backend.textfmt import align_columns
 
 # The job manager (and what it imports) is loaded when a command first uses it: a pull imports
 # it while it waits on the network, not before it starts connecting.
@@ -109,9 +110,7 @@ def progress_text(rec: JobRecord, line_rate_gbps: float | None = None) -> str:
 
 
 def _table(rows: list[list[str]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print("\n".join(align_columns(rows)))
 
 
 def _record_json(rec: JobRecord) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from backend.policy.retention import (
     parse_step_list,
 )
 from backend.schema import parse_duration
+from backend.textfmt import align_columns
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -109,8 +110,7 @@ def format_plan(plan: RetentionPlan) -> str:
         est = "~" if a.estimated else ""
         rows.append((str(a.step) if a.step is not None else a.path, a.action, fmt_size(a.bytes_before),
                      est + fmt_size(a.bytes_after), est + fmt_size(a.bytes_freed), a.reason))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows]
+    lines = align_columns(rows)
     t = plan.totals
     money = (f", ${t.usd_month_saved:,.2f}/month saved ({plan.price_note})" if t.usd_month_saved is not None
              else f" ({plan.price_note})" if plan.price_note else "")

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from backend.telemetry.model import FleetSnapshot, NodeSnapshot
+from backend.textfmt import align_columns
 
 
 def _r(v: float | None, nd: int = 2) -> float | None:
@@ -88,10 +89,7 @@ def fleet_table(snap: FleetSnapshot) -> str:
             _f(n.rx_gbps, "{:.2f}"), _f(n.rx_pct, "{:.0f}%"), _f(n.tx_gbps, "{:.2f}"),
             _f(n.disk_write_mbps, "{:.1f}"), alert,
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = [snap.summary_line()]
-    for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    lines = [snap.summary_line(), *align_columns(rows)]
     for a in snap.active_alerts:
         lines.append(f"! {a.message}")
     return "\n".join(lines)
