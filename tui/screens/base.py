@@ -132,8 +132,6 @@ class LoadmasterScreen(Screen[None]):
             # Only when there is a step back on this screen: otherwise escape goes on to the app
             # (which closes a pushed screen).
             return self._escape_step() is not None
-        if action in ("filter", "clear_filter"):
-            return bool(self.FILTER_HINT)
         return True
 
     # -- escape: one level back ------------------------------------------------------------------

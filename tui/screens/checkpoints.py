@@ -25,6 +25,7 @@ from backend.checkpoints.footprint import fmt_gb, footprint, upload_backlog
 from backend.errors import LoadmasterError
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmModal
+from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
     from backend.checkpoints.catalog import Catalog, CheckpointStep
@@ -277,13 +278,9 @@ class CheckpointsScreen(LoadmasterScreen):
 
     def selected(self) -> CheckpointStep | None:
         """The step under the table cursor."""
-        table = self.query_one("#ckpt-steps", DataTable)
-        if self.catalog is None or table.row_count == 0:
+        if self.catalog is None:
             return None
-        try:
-            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        except Exception:  # noqa: BLE001 - no cursor row
-            return None
+        key = cursor_row_key(self.main_table())
         return next((s for s in self.catalog.steps if s.path == key), None)
 
     # ----------------------------------------------------------------- inspect

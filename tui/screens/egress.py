@@ -169,7 +169,7 @@ class EgressScreen(LoadmasterScreen):
         self.estimate: EgressEstimate | None = None
         self.report: EgressReport | None = None
         self.errors: dict[str, str] = {}
-        self.route_names: list[str] = []
+        #: The routes in the table, in row order: (route spend, its full name).
         self.shown_routes: list[tuple[Any, str]] = []
 
     # ------------------------------------------------------------------ layout
@@ -315,9 +315,8 @@ class EgressScreen(LoadmasterScreen):
             return
         table = self.query_one("#egress-routes", DataTable)
         table.clear()
-        self.shown_routes = [(r, f"{r.store} -> {r.dest_site or '?'}") for r in rep.routes]
-        self.shown_routes = [(r, name) for r, name in self.shown_routes if self.filter_matches(name, r.kind)]
-        self.route_names = [name for _r, name in self.shown_routes]
+        named = [(r, f"{r.store} -> {r.dest_site or '?'}") for r in rep.routes]
+        self.shown_routes = [(r, name) for r, name in named if self.filter_matches(name, r.kind)]
         for r, route in self.shown_routes:
             cells = {"route": short(route, ROUTE_WIDTH), "usd": fmt_usd(r.usd),
                      "projected": fmt_usd(r.projected_usd), "bytes": fmt_bytes(r.bytes),
@@ -334,7 +333,7 @@ class EgressScreen(LoadmasterScreen):
     def _route_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
         row = event.cursor_row
-        event.data_table.tooltip = self.route_names[row] if 0 <= row < len(self.route_names) else None
+        event.data_table.tooltip = self.shown_routes[row][1] if 0 <= row < len(self.shown_routes) else None
 
     @on(DataTable.RowSelected, "#egress-routes")
     def _route_selected(self, event: DataTable.RowSelected) -> None:

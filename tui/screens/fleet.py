@@ -22,6 +22,7 @@ from backend.telemetry.model import FleetSnapshot
 from tui.screens.base import LoadmasterScreen, PaletteCommand
 from tui.widgets.fleet_alerts import AlertList
 from tui.widgets.fleet_table import TREND_WIDTH, FleetTable
+from tui.widgets.table_cursor import cursor_row_key
 
 STYLE_NAMES = ("node-up", "node-down", "node-stale", "alert")
 
@@ -158,12 +159,9 @@ class FleetScreen(LoadmasterScreen):
 
     def action_open_node(self) -> None:
         """Open the node under the cursor."""
-        table = self.query_one(FleetTable)
-        if table.row_count == 0:
-            return
-        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
-        if row_key.value is not None:
-            self.open_node(str(row_key.value))
+        name = cursor_row_key(self.query_one(FleetTable))
+        if name is not None:
+            self.open_node(name)
 
     @on(DataTable.RowSelected, "#fleet-table")
     def _row_selected(self, event: DataTable.RowSelected) -> None:

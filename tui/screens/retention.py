@@ -33,6 +33,7 @@ from backend.schema import parse_duration
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.detail import DetailModal
+from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
     from backend.checkpoints.catalog import Catalog
@@ -329,13 +330,9 @@ class RetentionScreen(LoadmasterScreen):
                                            in zip(BAR_SEGMENTS, sizes, strict=True) if n))
 
     def _selected(self) -> Any:
-        table = self.query_one("#retention-steps", DataTable)
-        if self.plan is None or table.row_count == 0:
+        if self.plan is None:
             return None
-        try:
-            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        except Exception:  # noqa: BLE001 - no cursor row
-            return None
+        key = cursor_row_key(self.query_one("#retention-steps", DataTable))
         return next((a for a in self.plan.actions if a.path == key), None)
 
     @on(DataTable.RowSelected, "#retention-steps")

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from backend.jobs.manager import JobRecord
+from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.transfers_format import bar, fmt_bytes, fmt_eta, short
 
 #: Theme variable per job state (cells are coloured by meaning, never by literal colour).
@@ -57,13 +58,7 @@ class TransfersTable(DataTable[Text]):
     @property
     def selected_job_id(self) -> str | None:
         """The job under the cursor, if any."""
-        if self.row_count == 0:
-            return None
-        try:
-            key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
-        except Exception:  # noqa: BLE001 - empty or shrinking table
-            return None
-        return None if key.value is None else str(key.value)
+        return cursor_row_key(self)
 
     @staticmethod
     def _cells(r: JobRecord, variables: Mapping[str, str]) -> list[Text]:
