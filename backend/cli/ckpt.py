@@ -168,6 +168,13 @@ async def cmd_list(args: argparse.Namespace, services: Services) -> int:
     return 0
 
 
+def _launched(services: Services, action: str, target: str, job_id: str, args: argparse.Namespace) -> int:
+    """Audit a strip/upload launched as a job on ``args.node`` and print its job id."""
+    services.db.record_audit(action, target, "launched", detail={"job": job_id, "node": args.node})
+    print(json.dumps({"job": job_id, "node": args.node}) if args.json else job_id)
+    return 0
+
+
 async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
     """Strip a step locally or as a node job."""
     _writable(services, "strip a checkpoint")
@@ -178,10 +185,7 @@ async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
             rec = await launch_strip(services.jobs, args.node, store, step, out_store=out_store,
                                      out_prefix=out_prefix, model_prefix=args.model_prefix,
                                      max_shard_bytes=args.max_shard_size)
-            services.db.record_audit("ckpt.strip", url_join(store.url, step), "launched",
-                                     detail={"job": rec.id, "node": args.node})
-            print(rec.id if not args.json else json.dumps({"job": rec.id, "node": args.node}))
-            return 0
+            return _launched(services, "ckpt.strip", url_join(store.url, step), rec.id, args)
         try:
             res = await strip_step(store, step, out_store=out_store, out_prefix=out_prefix,
                                    model_prefix=args.model_prefix, max_shard_bytes=args.max_shard_size)
@@ -241,10 +245,7 @@ async def cmd_upload(args: argparse.Namespace, services: Services) -> int:
         if args.node:
             rec = await launch_upload(services.jobs, args.node, store, args.local_dir, prefix, settings=settings,
                                       step=args.step)
-            services.db.record_audit("ckpt.upload", url_join(store.url, prefix), "launched",
-                                     detail={"job": rec.id, "node": args.node})
-            print(rec.id if not args.json else json.dumps({"job": rec.id, "node": args.node}))
-            return 0
+            return _launched(services, "ckpt.upload", url_join(store.url, prefix), rec.id, args)
         res = await upload_dir(store, args.local_dir, prefix, settings=settings)
     services.db.record_audit("ckpt.upload", url_join(store.url, prefix), "ok", detail=res.as_dict())
     if args.json:
