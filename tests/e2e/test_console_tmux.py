@@ -101,6 +101,18 @@ def _fill(term: Tmux, text: str) -> None:
     term.wait_for(text[-12:], timeout=30, what=f"{text!r} in the focused field")
 
 
+def _quit(term: Tmux) -> str:
+    """Press q and return the screen once the shell printed the console's exit status (0)."""
+    term.send("q")
+    term.wait_for(lambda s: s.rstrip().endswith(PROMPT.strip()), timeout=60,
+                  what="the shell prompt after q")
+    term.type("echo console-exit=$?")
+    term.send("Enter")
+    screen = term.wait_for("console-exit=", timeout=30)
+    assert "console-exit=0" in screen, screen
+    return screen
+
+
 def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) -> None:
     root, command, _env = sandbox
     bucket = json.loads((root / "lab.json").read_text())["bucket"]
@@ -193,13 +205,7 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     term.wait_for("Alerts:", what="the Fleet screen after closing help")
 
     # -- quit cleanly --------------------------------------------------------------------------
-    term.send("q")
-    term.wait_for(lambda s: s.rstrip().endswith(PROMPT.strip()), timeout=60,
-                  what="the shell prompt after q")
-    term.type("echo console-exit=$?")
-    term.send("Enter")
-    screen = term.wait_for("console-exit=", timeout=30)
-    assert "console-exit=0" in screen, screen
+    screen = _quit(term)
     assert "Traceback" not in screen, screen
 
 
@@ -241,10 +247,4 @@ def test_readonly_console_refuses_and_errors_are_one_key_away(
     term.press("Escape")
     term.wait_for("Run folder", what="back on the Retention screen")
 
-    term.send("q")
-    term.wait_for(lambda s: s.rstrip().endswith(PROMPT.strip()), timeout=60,
-                  what="the shell prompt after q")
-    term.type("echo console-exit=$?")
-    term.send("Enter")
-    screen = term.wait_for("console-exit=", timeout=30)
-    assert "console-exit=0" in screen, screen
+    _quit(term)
