@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -101,7 +102,7 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
     env = lab.env()
     cmd = " ".join(
         [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k != "LOADMASTER_CONFIG"]
-        + ["loadmaster", "--config", shlex.quote(str(lab.config_path))]
+        + [shlex.quote(_console_program()), "--config", shlex.quote(str(lab.config_path))]
     )
     for n in lab.nodes:
         print(f"  {n.name}  {n.ip}:{n.port}  {lab.node_options(n.name).pattern}", file=sys.stderr)
@@ -110,6 +111,16 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
     print("open the console on the sandbox with:", file=sys.stderr)
     print(cmd)
     return 0
+
+
+def _console_program() -> str:
+    """``loadmaster`` when that name on PATH is this installation, else this installation's full
+    path (a clean clone's ``.venv/bin`` is usually not on PATH)."""
+    beside = Path(sys.executable).parent / "loadmaster"
+    if not beside.exists():
+        return "loadmaster"
+    on_path = shutil.which("loadmaster")
+    return "loadmaster" if on_path and Path(on_path).resolve() == beside.resolve() else str(beside)
 
 
 def lab_down(args: argparse.Namespace, services: Services) -> int:

@@ -86,3 +86,15 @@ def test_down_without_a_lab_says_so(tmp_path: Path, capsys: pytest.CaptureFixtur
     rc = main(["lab", "down", "--dir", str(tmp_path / "nothing")])
     assert rc == 0
     assert "no lab is running in" in capsys.readouterr().err
+
+
+def test_the_printed_console_command_runs_without_the_venv_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from backend.cli.lab import _console_program
+
+    beside = Path(sys.executable).parent / "loadmaster"
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # a clean clone: .venv/bin is not on PATH
+    assert _console_program() == str(beside)
+    monkeypatch.setenv("PATH", f"{beside.parent}:/usr/bin:/bin")
+    assert _console_program() == "loadmaster"
