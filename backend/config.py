@@ -38,6 +38,7 @@ FEATURE_SECTIONS: dict[str, str] = {
     "egress": "backend.policy.egress:EgressSettings",
     "prices": "backend.policy.prices:PriceOverrides",
     "shards": "backend.shards.settings:ShardSettings",
+    "ssh": "backend.nodes.settings:SshSettings",
 }
 
 

@@ -26,6 +26,8 @@ class Services:
     config: Config
     readonly: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
+    #: Reach SSH nodes through the connection keeper (the command line; see backend.nodes.keeper).
+    keep_connections: bool = False
 
     @cached_property
     def db(self) -> StateDB:
@@ -35,7 +37,23 @@ class Services:
     def pool(self) -> NodePool:
         from backend.nodes.pool import NodePool
 
-        return NodePool(self.config.nodes)
+        return NodePool(self.config.nodes, keeper=self._keeper())
+
+    def _keeper(self) -> Any:
+        """The connection keeper client, where this front end uses one and it applies."""
+        if not self.keep_connections or self.config.source.startswith("<"):
+            return None
+        if not any(n.transport == "ssh" for n in self.config.nodes):
+            return None
+        from backend.nodes.keeper import KeeperClient, KeeperUnavailable, persist_seconds
+
+        persist = persist_seconds(self.config)
+        if persist <= 0:
+            return None
+        try:
+            return KeeperClient(self.config, persist)
+        except KeeperUnavailable:
+            return None
 
     @cached_property
     def stores(self) -> StoreRegistry:

@@ -37,7 +37,7 @@ ConsoleOpener = Callable[[Services, argparse.Namespace], int]
 #: what the modules' ``register`` functions add.
 COMMANDS: dict[str, str] = {
     "agent": "jobs", "audit": "retention", "ckpt": "ckpt", "doctor": "fleet", "egress": "egress",
-    "job": "jobs", "jobs": "jobs", "lab": "lab", "nodes": "fleet", "pull": "jobs", "retention": "retention",
+    "job": "jobs", "jobs": "jobs", "keeper": "keeper", "lab": "lab", "nodes": "fleet", "pull": "jobs", "retention": "retention",
     "shard": "shard", "top": "top", "upload": "ckpt",
 }
 
@@ -140,7 +140,10 @@ def main(argv: Sequence[str] | None = None, *, open_console: ConsoleOpener | Non
     try:
         config = load_config(args.config)
         log.debug("cli: config loaded")
-        services = Services(config=config, readonly=args.readonly)
+        # Commands reach SSH nodes through the connection keeper (connections kept between
+        # commands, [ssh] persist); the console holds its own, and `doctor` measures fresh ones.
+        services = Services(config=config, readonly=args.readonly,
+                            keep_connections=args.command is not None and not getattr(args, "direct_ssh", False))
         if args.command is None:
             if open_console is None:
                 parser.error("the console is not installed; run a COMMAND (see --help)")

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d.add_argument("--nodes", metavar="PATTERN", help="only nodes matching a hostlist or glob")
     d.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="per-node limit for the check command (default 60)")
-    d.set_defaults(func=cmd_doctor)
+    d.set_defaults(func=cmd_doctor, direct_ssh=True)  # fresh connections: it diagnoses them
 
 
 def _selected(args: argparse.Namespace, services: Services) -> list[Any]:

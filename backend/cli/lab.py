@@ -130,9 +130,12 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
         print(f"no lab is running in {root}", file=sys.stderr)
         return 0
     info = json.loads(state.read_text())
+    from backend.lab.fleet import stop_lab_keeper
     from backend.lab.sshd import _children
 
     stopped = 0
+    if stop_lab_keeper(root / "loadmaster.toml") is not None:
+        stopped += 1  # the connection keeper commands left running for the lab's nodes
     for node in info.get("nodes", []):
         pid = node.get("pid")
         if _pid_alive(pid):

@@ -29,6 +29,18 @@ class LabNodeOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def stop_lab_keeper(config_path: Path) -> int | None:
+    """Stop the connection keeper commands started for this lab's config (its pid, or None)."""
+    if not config_path.exists():
+        return None
+    from backend.nodes.keeper import stop_keeper
+
+    try:
+        return stop_keeper(load_config_file(config_path))
+    except Exception:  # noqa: BLE001 - stopping the lab goes on regardless
+        return None
+
+
 def _venv_bin() -> Path:
     return Path(sys.executable).parent
 
@@ -151,6 +163,7 @@ class Lab:
 
     def down(self) -> None:
         """Stop every part that was started (safe to call twice)."""
+        stop_lab_keeper(self.config_path)
         for node in self.nodes:
             try:
                 node.stop()

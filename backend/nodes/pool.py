@@ -4,22 +4,34 @@
 concurrent SSH handshakes across the fleet (sshd's MaxStartups), and keeps a frozen
 :class:`NodeStatus` per node so a dead node is shown as unreachable instead of failing the app.
 :meth:`NodePool.fanout` runs one coroutine per node concurrently and returns every node's result
-or exception.
+or exception. With a :class:`~backend.nodes.keeper.KeeperClient` (the command line's), SSH
+nodes are reached through the connection keeper, and the SSH stack is imported only where the
+keeper cannot be used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from backend.config import Node
 from backend.errors import CommandTimeout, ConfigError
-from backend.nodes.ssh import DEFAULT_BACKOFF, DEFAULT_CHANNELS, DEFAULT_KEEPALIVE, SshTransport
-from backend.nodes.transport import LocalTransport, Transport
+from backend.nodes.transport import (
+    DEFAULT_BACKOFF,
+    DEFAULT_CHANNELS,
+    DEFAULT_KEEPALIVE,
+    ExecTransport,
+    LocalTransport,
+    Transport,
+)
+
+if TYPE_CHECKING:
+    from backend.nodes.keeper import KeeperClient
 
 T = TypeVar("T")
 
@@ -57,6 +69,7 @@ class NodePool:
         backoff: tuple[float, float] = DEFAULT_BACKOFF,
         ssh_config: str | Path | None = None,
         command_server: bool = True,
+        keeper: KeeperClient | None = None,
     ) -> None:
         self.nodes: tuple[Node, ...] = tuple(nodes)
         self._by_name = {n.name: n for n in self.nodes}
@@ -66,6 +79,9 @@ class NodePool:
         self._backoff = backoff
         self._ssh_config = ssh_config
         self._command_server = command_server
+        self._keeper = keeper
+        #: Called with (node, state, error) when a node's state changes (the keeper logs them).
+        self.on_change: Callable[[str, str, str | None], None] | None = None
         self._handshakes: asyncio.Semaphore | None = None
         self._transports: dict[str, Transport] = {}
         now = time.time()
@@ -95,21 +111,30 @@ class NodePool:
             node = self.node(name)
             if node.transport == "local":
                 t = LocalTransport(node)
+            elif self._keeper is not None:
+                from backend.nodes.keeper import KeptTransport
+
+                t = KeptTransport(node, self._keeper, functools.partial(self._ssh, node), on_state=self._record)
             else:
-                if self._handshakes is None:
-                    self._handshakes = asyncio.Semaphore(self._max_handshakes)
-                t = SshTransport(
-                    node,
-                    channels=self._channels,
-                    handshakes=self._handshakes,
-                    keepalive_interval=self._keepalive,
-                    backoff=self._backoff,
-                    ssh_config=self._ssh_config,
-                    on_state=self._record,
-                    command_server=self._command_server,
-                )
+                t = self._ssh(node)
             self._transports[name] = t
         return t
+
+    def _ssh(self, node: Node) -> ExecTransport:
+        from backend.nodes.ssh import SshTransport  # the SSH stack only where it is used
+
+        if self._handshakes is None:
+            self._handshakes = asyncio.Semaphore(self._max_handshakes)
+        return SshTransport(
+            node,
+            channels=self._channels,
+            handshakes=self._handshakes,
+            keepalive_interval=self._keepalive,
+            backoff=self._backoff,
+            ssh_config=self._ssh_config,
+            on_state=self._record,
+            command_server=self._command_server,
+        )
 
     def _record(self, name: str, state: str, latency_ms: float | None, error: str | None) -> None:
         prev = self._status.get(name)
@@ -117,6 +142,8 @@ class NodePool:
         if latency_ms is None and prev is not None and state == prev.state:
             latency_ms = prev.latency_ms
         self._status[name] = NodeStatus(name, state, latency_ms, error, since)  # type: ignore[arg-type]
+        if self.on_change is not None and (prev is None or prev.state != state or prev.last_error != error):
+            self.on_change(name, state, error)
 
     def status(self, name: str) -> NodeStatus:
         """The node's current connection status (a frozen snapshot)."""
@@ -129,10 +156,10 @@ class NodePool:
 
     async def connect(self, name: str) -> NodeStatus:
         """Connect ``name`` now (SSH only) and return its status; errors are kept in the status."""
-        t = self.transport(name)
-        if isinstance(t, SshTransport):
+        connect = getattr(self.transport(name), "connect", None)  # SSH and kept transports
+        if connect is not None:
             try:
-                await t.connect()
+                await connect()
             except Exception:  # noqa: BLE001 - recorded in the status by the transport
                 pass
         return self.status(name)
@@ -166,3 +193,5 @@ class NodePool:
         transports = list(self._transports.values())
         self._transports.clear()
         await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
+        if self._keeper is not None:
+            await self._keeper.close()

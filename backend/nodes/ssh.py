@@ -34,7 +34,6 @@ with quick_library_search():  # asyncssh probes for liboqs at import time
 
 from backend.config import Node
 from backend.errors import (
-    CommandFailed,
     CommandTimeout,
     ConfigError,
     HostKeyRefused,
@@ -42,15 +41,16 @@ from backend.errors import (
     NodeUnreachable,
 )
 from backend.nodes.hostkeys import VerifyingClient, known_hosts_path, load_known_hosts
-from backend.nodes.transport import RunResult, Transport
+from backend.nodes.transport import (
+    DEFAULT_BACKOFF,
+    DEFAULT_CHANNELS,
+    DEFAULT_KEEPALIVE,
+    ExecTransport,
+    ssh_config_paths,
+)
 
-#: sshd's default MaxSessions is 10; one spare for OpenSSH's own needs (agent, control).
-DEFAULT_CHANNELS = 9
-DEFAULT_KEEPALIVE = 15.0
 #: Attempts to open a channel that sshd refuses while it is still freeing closed sessions.
 CHANNEL_OPEN_TRIES = 6
-#: Backoff after a failed connect: first delay and ceiling, in seconds.
-DEFAULT_BACKOFF = (1.0, 30.0)
 
 #: Environment variable that marks every process a command starts (see kill_tree_command).
 RUN_ENV = "LOADMASTER_RUN"
@@ -58,14 +58,6 @@ RUN_ENV = "LOADMASTER_RUN"
 log = logging.getLogger(__name__)
 
 StateHook = Callable[[str, str, "float | None", "str | None"], None]
-
-
-def ssh_config_paths(explicit: str | Path | None = None) -> list[str]:
-    """The OpenSSH client config files that apply: ``explicit`` or ``~/.ssh/config`` if readable."""
-    if explicit is not None:
-        return [str(explicit)] if str(explicit) else []
-    default = Path(os.path.expanduser("~/.ssh/config"))
-    return [str(default)] if os.access(default, os.R_OK) else []
 
 
 def load_ssh_config(node: Node, paths: list[str]) -> asyncssh.config.SSHConfig:
@@ -140,7 +132,7 @@ def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
     return (user or None), host, port
 
 
-class SshTransport(Transport):
+class SshTransport(ExecTransport):
     """A node reached over SSH with asyncssh: lazy connect, channel queueing, reconnect."""
 
     def __init__(
@@ -426,9 +418,10 @@ class SshTransport(Transport):
             self._server = server
             return server
 
-    async def _exec(
+    async def exec_bytes(
         self, command: str, input: bytes | None, timeout: float | None  # noqa: ASYNC109
     ) -> tuple[int | None, bytes, bytes, float]:
+        """Run ``command`` with binary stdin; (exit status, stdout, stderr, seconds) as they were."""
         if self._use_server:
             server = await self._command_server()
             if server is not None:
@@ -466,26 +459,14 @@ class SshTransport(Transport):
                 raise self._lost_error(command)
             return code, out or b"", err or b"", time.monotonic() - start
 
-    async def run(
-        self,
-        command: str,
-        *,
-        input: str | bytes | None = None,
-        check: bool = False,
-        timeout: float | None = None,  # noqa: ASYNC109 - the Transport contract
-    ) -> RunResult:
-        data = input.encode() if isinstance(input, str) else input
-        code, out, err, elapsed = await self._exec(command, data, timeout)
-        result = RunResult(
-            self.name, command, code, out.decode(errors="replace"), err.decode(errors="replace"), elapsed
-        )
-        if check and not result.ok:
-            raise CommandFailed(self.name, command, result.exit_status, result.stderr)
-        return result
+    def forget_failure(self) -> None:
+        """Drop the backoff after a failed connect: the next command tries to connect at once.
 
-    async def _run_bytes(self, command: str, *, input: bytes | None = None) -> tuple[int | None, bytes, bytes]:
-        code, out, err, _ = await self._exec(command, input, None)
-        return code, out, err
+        The connection keeper calls this when a new command arrives, so an operator who fixed a
+        node (started sshd, corrected known_hosts) is not told to wait for a retry it set earlier.
+        """
+        self._failures = 0
+        self._retry_at = 0.0
 
     async def stream(self, command: str, *, input: str | bytes | None = None) -> AsyncIterator[str]:
         token = secrets.token_hex(8)

@@ -20,6 +20,21 @@ from pathlib import Path
 from backend.config import Node
 from backend.errors import CommandFailed, CommandTimeout, NodeUnreachable
 
+#: sshd's default MaxSessions is 10; one spare for OpenSSH's own needs (agent, control).
+DEFAULT_CHANNELS = 9
+#: Seconds between SSH keepalives (a dead node is noticed after three missed).
+DEFAULT_KEEPALIVE = 15.0
+#: Backoff after a failed connect: first delay and ceiling, in seconds.
+DEFAULT_BACKOFF = (1.0, 30.0)
+
+
+def ssh_config_paths(explicit: str | Path | None = None) -> list[str]:
+    """The OpenSSH client config files that apply: ``explicit`` or ``~/.ssh/config`` if readable."""
+    if explicit is not None:
+        return [str(explicit)] if str(explicit) else []
+    default = Path(os.path.expanduser("~/.ssh/config"))
+    return [str(default)] if os.access(default, os.R_OK) else []
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -111,6 +126,37 @@ class Transport(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for local
         """Release the connection (a no-op for local)."""
+
+
+class ExecTransport(Transport):
+    """A transport built on one primitive, :meth:`exec_bytes`: SSH, and SSH through the keeper."""
+
+    @abstractmethod
+    async def exec_bytes(
+        self, command: str, input: bytes | None, timeout: float | None  # noqa: ASYNC109
+    ) -> tuple[int | None, bytes, bytes, float]:
+        """Run ``command`` with binary stdin; (exit status, stdout, stderr, seconds)."""
+
+    async def run(
+        self,
+        command: str,
+        *,
+        input: str | bytes | None = None,
+        check: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - the Transport contract
+    ) -> RunResult:
+        data = input.encode() if isinstance(input, str) else input
+        code, out, err, elapsed = await self.exec_bytes(command, data, timeout)
+        result = RunResult(
+            self.name, command, code, out.decode(errors="replace"), err.decode(errors="replace"), elapsed
+        )
+        if check and not result.ok:
+            raise CommandFailed(self.name, command, result.exit_status, result.stderr)
+        return result
+
+    async def _run_bytes(self, command: str, *, input: bytes | None = None) -> tuple[int | None, bytes, bytes]:
+        code, out, err, _ = await self.exec_bytes(command, input, None)
+        return code, out, err
 
 
 class LocalTransport(Transport):
