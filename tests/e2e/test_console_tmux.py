@@ -44,6 +44,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
         "PYTHONFAULTHANDLER": "1",
     })
     env.pop("LOADMASTER_CONFIG", None)
+    env.pop("LOADMASTER_SSH_PERSIST", None)  # as an operator has it: commands keep connections
     env.pop("TMUX", None)
     # The printed command must carry its own credentials; do not leak the test lab's.
     env.pop("AWS_SHARED_CREDENTIALS_FILE", None)
@@ -78,6 +79,14 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
         deadline_poll(lambda: not lab_processes(root), timeout=30,
                       what="every lab process to stop after 'lab down'",
                       describe=lambda: f"still running: {lab_processes(root)}")
+        # The connection keeper the command line started for the lab's config is stopped too.
+        deadline_poll(lambda: not _keepers(root), timeout=30, what="the lab's keeper to stop",
+                      describe=lambda: f"still running: {_keepers(root)}")
+
+
+def _keepers(root: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "backend.nodes.keeper_server"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(root) in line]
 
 
 @pytest.fixture
@@ -207,6 +216,19 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     # -- quit cleanly --------------------------------------------------------------------------
     screen = _quit(term)
     assert "Traceback" not in screen, screen
+
+    # -- the same jobs from the command line, which keeps its connections (the default) -------
+    term.type("clear; " + command + " jobs; echo jobs-exit=$?")
+    term.send("Enter")
+    # (the typed line itself says "jobs-exit=$?": wait for the printed status)
+    screen = term.wait_for(lambda s: re.search(r"jobs-exit=\d", s), timeout=SCREEN_TIMEOUT,
+                           what="loadmaster jobs")
+    assert "jobs-exit=0" in screen and re.search(r"\bpull\s+node-01\s+succeeded", screen), screen
+    term.type("clear; " + command + " keeper status; echo keeper-exit=$?")
+    term.send("Enter")
+    screen = term.wait_for(lambda s: re.search(r"keeper-exit=\d", s), timeout=SCREEN_TIMEOUT,
+                           what="loadmaster keeper status")
+    assert "keeper-exit=0" in screen and re.search(r"node-01\s+up\s+yes", screen), screen
 
 
 def test_readonly_console_refuses_and_errors_are_one_key_away(
