@@ -361,3 +361,17 @@ def test_a_pull_through_the_keeper_never_loads_the_ssh_stack(lab: Lab, kept: Con
     kept_modules = modules("30")
     assert "asyncssh" not in kept_modules and "backend.nodes.ssh" not in kept_modules
     assert "backend.nodes.keeper" in kept_modules
+
+
+def test_commands_started_together_share_the_one_keeper_they_start(lab: Lab, kept: Config,
+                                                                   jobs_config_path: Path) -> None:
+    procs = [subprocess.Popen([LOADMASTER, "--config", str(jobs_config_path), "jobs", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
+    assert all("keeper not used" not in err for _out, err in outs), outs  # nobody fell back
+    assert len({out for out, _err in outs}) == 1
+    running = [ln for ln in _node_procs("backend.nodes.keeper_server") if str(socket_path(kept)) in ln]
+    assert len(running) == 1, running
+    report = keeper_status(kept)
+    assert report is not None and report["requests"] == 4 * len(kept.nodes)
