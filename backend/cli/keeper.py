@@ -35,14 +35,16 @@ def cmd_status(args: argparse.Namespace, services: Services) -> int:
         print(f"no connection keeper running for {services.config.source} ({state})")
         return 1
     up = time.time() - report["started"]
-    print(f"keeper pid {report['pid']} for {report['config']}: up {up:.0f}s, {report['requests']} requests, "
-          f"idle {report['idle_s']:.0f}s of {report['persist']:g}s, {report['clients']} client(s) now")
+    others = report["clients"]
+    print(f"keeper pid {report['pid']}: up {up:.0f}s, {report['requests']} requests, idle {report['idle_s']:.0f}s "
+          f"of {report['persist']:g}s, {others or 'no'} other command{'' if others == 1 else 's'} connected")
     rows = [["NODE", "STATE", "CONNECTED", "HANDSHAKE", "ERROR"]]
     for name, n in report["nodes"].items():
         hs = f"{n['handshake_ms']:.0f} ms" if n.get("handshake_ms") is not None else "-"
         rows.append([name, n["state"] if n["connected"] or n["state"] != "up" else "closed",
                      "yes" if n["connected"] else "no", hs, n.get("error") or "-"])
     print("\n".join(align_columns(rows)))
+    print(f"config {report['config']}")
     print(f"socket {report['socket']}")
     return 0
 
