@@ -31,7 +31,8 @@ def _isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOADMASTER_CONFIG_DIR", str(tmp_path / "lm-config"))
     monkeypatch.delenv("LOADMASTER_CONFIG", raising=False)
     # No connection keeper outlives a test's command (tests/jobs/test_keeper.py turns it on).
-    monkeypatch.setenv("LOADMASTER_SSH_PERSIST", "0")
+    # LOADMASTER_TEST_SSH_PERSIST=2s runs every command of the suite through short-lived keepers.
+    monkeypatch.setenv("LOADMASTER_SSH_PERSIST", os.environ.get("LOADMASTER_TEST_SSH_PERSIST", "0"))
 
 
 @pytest.fixture(scope="session")

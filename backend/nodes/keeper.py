@@ -12,8 +12,8 @@ What keeps this safe:
 - The socket sits in a directory only the user can enter (0700, owned by them, checked), and
   the keeper refuses any peer whose uid is not its own (``SO_PEERCRED``).
 - One keeper per set of connection facts: the resolved nodes (host, port, user, identity,
-  known_hosts, jump...), the OpenSSH client config's text, loadmaster's version and the Python
-  that runs it. A changed config gets a new keeper; the old one ends at its idle limit.
+  known_hosts, jump...), the OpenSSH client config's text, loadmaster's version, the Python
+  that runs it and this host's name (a state dir on a shared home serves each host apart). A changed config gets a new keeper; the old one ends at its idle limit.
 - Host keys are checked by the same :class:`~backend.nodes.ssh.SshTransport` code inside the
   keeper, on every (re)connect; a failed connect is retried at once by the next command.
 - A command's stdin (where secrets travel) crosses only the socket; the keeper logs no command
@@ -100,7 +100,9 @@ def keeper_key(config: Config) -> str:
     ssh_nodes = [n for n in config.nodes if n.transport == "ssh"]
     # The environment (venv) and interpreter, however they were named (python or python3).
     python = f"{sys.prefix}:{os.path.realpath(sys.executable)}"
-    for part in (__version__, python, str(os.geteuid()), repr(ssh_nodes)):
+    # The host too: a state dir on a shared (NFS) home must not send one host's commands to
+    # another host's keeper socket, which only its own host can reach.
+    for part in (__version__, python, socket.gethostname(), str(os.geteuid()), repr(ssh_nodes)):
         h.update(part.encode() + b"\0")
     for path in ssh_config_paths():
         h.update(path.encode() + b"\0")

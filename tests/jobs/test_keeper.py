@@ -375,3 +375,24 @@ def test_commands_started_together_share_the_one_keeper_they_start(lab: Lab, kep
     assert len(running) == 1, running
     report = keeper_status(kept)
     assert report is not None and report["requests"] == 4 * len(kept.nodes)
+
+
+def test_socket_path_fits_the_unix_limit_and_differs_per_host(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket as socketmod
+
+    from backend.config import load_config
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    cfg = tmp_path / "deep.toml"
+    cfg.write_text(f'[[nodes]]\nname = "gpu-01"\n\n[state]\ndir = "{deep}"\n')
+    config = load_config(str(cfg))
+    path = socket_path(config)
+    assert len(os.fsencode(str(path))) <= 107
+    assert path.parent == Path(tempfile.gettempdir()) / f"loadmaster-{os.geteuid()}"
+    short = tmp_path / "short.toml"
+    short.write_text(f'[[nodes]]\nname = "gpu-01"\n\n[state]\ndir = "{tmp_path / "s"}"\n')
+    here = socket_path(load_config(str(short)))
+    assert here.parent == tmp_path / "s" / "run"
+    monkeypatch.setattr(socketmod, "gethostname", lambda: "other-login-node")
+    assert socket_path(load_config(str(short))) != here
