@@ -201,16 +201,16 @@ class LoadmasterApp(App[int]):
         cls = self.screen_class(spec)
         if cls is not None:
             try:
-                return cls(self.services)
+                return cls(self.services)  # type: ignore[call-arg,arg-type]  # feature screens take Services
             except Exception as exc:  # noqa: BLE001 - see screen_class
                 self.report_error(f"{spec.title} screen failed to open", exc)
                 return UnavailableScreen(self.services, title=spec.title, reason=_one_line(exc))
-        exc = self._screen_import_errors[spec.mode]
-        if isinstance(exc, ModuleNotFoundError) and exc.name == spec.module:
+        err = self._screen_import_errors[spec.mode]
+        if isinstance(err, ModuleNotFoundError) and err.name == spec.module:
             return UnavailableScreen(self.services, title=spec.title,
                                      reason="this feature is not installed yet")
-        self.report_error(f"{spec.title} screen failed to load", exc)
-        return UnavailableScreen(self.services, title=spec.title, reason=_one_line(exc))
+        self.report_error(f"{spec.title} screen failed to load", err)
+        return UnavailableScreen(self.services, title=spec.title, reason=_one_line(err))
 
     async def run_screen_action(self, mode: str, action: str) -> None:
         """Switch to ``mode`` and run ``action`` on its screen (palette commands use this)."""
@@ -257,7 +257,7 @@ class LoadmasterApp(App[int]):
         if not isinstance(self.screen, ErrorsScreen):
             self.push_screen(ErrorsScreen(self.errors))
 
-    def action_back(self) -> None:
+    async def action_back(self) -> None:
         """Close the top pushed screen (never the screen of a mode)."""
         if len(self.screen_stack) > 1:
             self.pop_screen()

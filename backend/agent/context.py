@@ -12,8 +12,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
+from typing import Any, TypeVar
+
+PP = TypeVar("PP", bound=PurePath)
 
 #: File names inside a job directory (shared with backend.jobs, which reads them remotely).
 SPEC_FILE = "spec.json"
@@ -27,7 +29,7 @@ CANCEL_FILE = "cancel"
 
 
 
-def done_fifo(job_dir: Path) -> Path:
+def done_fifo(job_dir: PP) -> PP:
     """The FIFO the runner opens after writing its result, so a waiting follower wakes at once.
 
     A hidden sibling of the job directory (``jobs/.ID.done``), not inside it: a job directory

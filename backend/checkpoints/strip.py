@@ -40,7 +40,7 @@ from backend.checkpoints.safetensors_check import (
 from backend.storage import LocalStore, ObjectStore, join_key
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
-Progress = Callable[..., None]
+Progress = Callable[..., object]  # its return value is ignored
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ async def upload_dir(
     prefix: str,
     *,
     settings: UploadSettings | None = None,
-    progress: Callable[[int, int, int, int], None] | None = None,
+    progress: Callable[[int, int, int, int], object] | None = None,
     cancelled: Callable[[], bool] | None = None,
     fault: PartFault | None = None,
 ) -> UploadResult:

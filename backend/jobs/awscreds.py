@@ -56,7 +56,7 @@ def static_credentials(profile: str | None) -> Credentials | None:
             if not (key and secret):
                 return None  # botocore raises PartialCredentialsError: let it say so
             return Credentials(key, secret, env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN") or None)
-        chosen = {env.get("AWS_DEFAULT_PROFILE"), env.get("AWS_PROFILE")} - {None, ""}
+        chosen = {p for p in (env.get("AWS_DEFAULT_PROFILE"), env.get("AWS_PROFILE")) if p}
         if len(chosen) > 1:
             return None
         profile = chosen.pop() if chosen else "default"

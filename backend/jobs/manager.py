@@ -823,4 +823,4 @@ def default_manager_for_tests(config: Config, db_path: str | os.PathLike[str]) -
     """A JobManager over a fresh pool and state DB (tests and benchmarks)."""
     from backend.nodes.pool import NodePool
 
-    return JobManager(NodePool(config.nodes), StateDB(db_path), config)
+    return JobManager(NodePool(config.nodes), StateDB(Path(db_path)), config)

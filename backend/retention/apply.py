@@ -67,7 +67,7 @@ APPLY_CONCURRENCY = 8
 _COMMIT_MARKERS = frozenset({".metadata", "model.safetensors.index.json", "latest"})
 
 FaultHook = Callable[[str, PlannedAction], None]
-ProgressHook = Callable[["ActionOutcome"], None]
+ProgressHook = Callable[["ActionOutcome"], object]  # its return value is ignored
 
 
 # -- pins and journal -------------------------------------------------------------------------

@@ -206,7 +206,7 @@ def _register_part_payload() -> None:
 class ProgressCounter:
     """Bytes and files done of a total, reported to ``on_progress(done, total, files_done, files)``."""
 
-    def __init__(self, total: int, on_progress: Callable[..., None] | None, files: int = 0) -> None:
+    def __init__(self, total: int, on_progress: Callable[..., object] | None, files: int = 0) -> None:
         self.done = 0
         self.total = total
         self.files_done = 0

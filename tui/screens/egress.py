@@ -114,7 +114,7 @@ class EgressScreen(LoadmasterScreen):
     #: Below 120 columns the calculator goes under the month's routes (beside them at 100 columns it
     #: left the routes no room for Projected); up to 160 it keeps a fixed width beside them
     #: (themes/egress.tcss), so the routes table keeps room for USD and Projected.
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
+    HORIZONTAL_BREAKPOINTS: list[tuple[int, str]] | None = [
         (0, "-narrow"), (120, "-medium"), (160, "-wide")]
     FILTER_HINT: ClassVar[str] = "route (store or site) or kind"
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [

@@ -110,7 +110,7 @@ class FleetScreen(LoadmasterScreen):
     def _apply_theme(self) -> None:
         variables = getattr(self.app, "theme_variables", {}) or {}
         styles = {k: variables[k] for k in STYLE_NAMES if variables.get(k)}
-        self.query_one(FleetTable).set_styles(styles)
+        self.query_one(FleetTable).set_theme_styles(styles)
         self.query_one(AlertList).set_style(styles.get("alert"))
         self._theme_name = self.app.theme
 

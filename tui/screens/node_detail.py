@@ -9,6 +9,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Static
 
 from backend.telemetry.model import FleetSnapshot, NodeSnapshot
@@ -152,7 +153,7 @@ class NodeDetailScreen(LoadmasterScreen):
             for r, (old, new) in enumerate(zip(self._gpu_rows, rows, strict=True)):
                 for c, (a, b) in enumerate(zip(old, new, strict=True)):
                     if a != b:
-                        table.update_cell_at((r, c), b)
+                        table.update_cell_at(Coordinate(r, c), b)
         self._gpu_rows = rows
 
     def _io(self, n: NodeSnapshot) -> None:

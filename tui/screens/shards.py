@@ -144,7 +144,7 @@ class ShardsScreen(LoadmasterScreen):
     SCREEN_TITLE: ClassVar[str] = "Shards"
     #: Below 100 columns the conversions go under the form; up to 160 they get three fifths of the
     #: width (themes/shards.tcss), so the table keeps room for State, Shards and the paths.
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
+    HORIZONTAL_BREAKPOINTS: list[tuple[int, str]] | None = [
         (0, "-narrow"), (100, "-medium"), (160, "-wide")]
     AUTO_FOCUS = "#shards-table"  # the screen keys (digits, n, /) work at once; n goes to the form
     FILTER_HINT: ClassVar[str] = "state, source, destination or where it runs"

@@ -105,7 +105,7 @@ class TransfersScreen(LoadmasterScreen):
     """
     #: Below 150 columns the detail pane goes under the table (themes/transfers.tcss): beside it,
     #: it would leave the table too narrow for State and Progress.
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-narrow"), (150, "-wide")]
+    HORIZONTAL_BREAKPOINTS: list[tuple[int, str]] | None = [(0, "-narrow"), (150, "-wide")]
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
         ("New pull", "Copy s3:// objects to nodes with s5cmd (estimate first) (key n)", "new_pull"),
         ("Launch the estimated pull", "Start the pull the form describes, once its estimate allows it (key ctrl+s)",

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.text import Text
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 from backend.telemetry.model import Alert
@@ -43,7 +44,7 @@ class AlertList(DataTable[Any]):
             for r, (old, new) in enumerate(zip(self._shown_rows, rows, strict=True)):
                 for c, (a, b) in enumerate(zip(old, new, strict=True)):
                     if a != b:
-                        self.update_cell_at((r, c), self._cell(new, b))
+                        self.update_cell_at(Coordinate(r, c), self._cell(new, b))
         else:
             self.clear()
             for row in rows:

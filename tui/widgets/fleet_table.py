@@ -94,7 +94,7 @@ class FleetTable(DataTable[Any]):
         self._column_keys = [self.add_column(label, key=key, width=width)
                              for key, label, width in COLUMNS]
 
-    def set_styles(self, styles: dict[str, str]) -> None:
+    def set_theme_styles(self, styles: dict[str, str]) -> None:
         """Theme colours by semantic name (node-up, node-down, node-stale, alert)."""
         self._theme_styles = styles
         # The rows stay in the table (re-adding them would collide on their keys): mark every
