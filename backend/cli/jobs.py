@@ -283,6 +283,7 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
     # job a node has ever run.
     last_print = 0.0
     current = recs
+    started = time.monotonic()
     try:
         while True:
             current = list(await asyncio.gather(*(jobs.refresh_job(r.id, max_wait=2.0) for r in recs)))
@@ -293,11 +294,13 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
             if now - last_print >= 2.0 or done:
                 last_print = now
                 pct = f"{roll.fraction * 100:.0f}%" if roll.fraction is not None else "?"
-                g = roll.rate_bps * 8 / 1e9
+                # At the end nothing is running: show the whole pull's average instead of 0.
+                g = (roll.bytes_done * 8 / 1e9 / max(now - started, 1e-3) if done else roll.rate_bps * 8 / 1e9)
                 line_pct = f" ({g / (rate * len(ids)) * 100:.0f}% of line)" if rate else ""
+                when = "average" if done else f"ETA {fmt_eta(roll.eta_s)}"
                 print(f"{pct} {fmt_bytes(roll.bytes_done)}/{fmt_bytes(roll.bytes_total)} "
                       f"{roll.items_done}/{roll.items_total} obj {g:.2f} Gbps{line_pct} "
-                      f"ETA {fmt_eta(roll.eta_s)}  [{roll.running} running, {roll.succeeded} ok, "
+                      f"{when}  [{roll.running} running, {roll.succeeded} ok, "
                       f"{roll.failed} failed]", file=sys.stderr)
             if done:
                 break

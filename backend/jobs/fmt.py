@@ -16,9 +16,11 @@ def fmt_bytes(n: float | None) -> str:
 
 
 def fmt_eta(s: float | None) -> str:
-    """``1h02m`` / ``3m05s`` / ``12s``; ``-`` when unknown."""
+    """``1h02m`` / ``3m05s`` / ``12s`` / ``<1s``; ``-`` when unknown."""
     if s is None:
         return "-"
+    if 0 < s < 0.5:
+        return "<1s"  # a fast pull's estimate is not "0s"
     s = int(round(s))
     if s >= 3600:
         return f"{s // 3600}h{(s % 3600) // 60:02d}m"

@@ -496,9 +496,14 @@ def parse_site_text(text: str, *, what: str) -> str:
         raise ValueError(str(exc)) from None
 
 
+def _tier_gb(gb: float) -> str:
+    """Whole GB at tier scale (9,900), three significant digits below 100 GB (3.6, not 4)."""
+    return f"{gb:,.0f}" if gb >= 100 else f"{gb:.3g}"
+
+
 def tier_lines(tiers: tuple[TierSlice, ...]) -> list[str]:
     """``9,900 GB x $0.0900 = $891.00`` per tier touched."""
-    return [f"{s.gb:,.0f} GB x ${s.usd_per_gb:.4f} = {fmt_usd(s.usd)}"
+    return [f"{_tier_gb(s.gb)} GB x ${s.usd_per_gb:.4f} = {fmt_usd(s.usd)}"
             + ("" if s.confirmed else " (unconfirmed rate)") for s in tiers]
 
 

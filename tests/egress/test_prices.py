@@ -180,3 +180,14 @@ def test_bad_overrides_name_the_key(prices: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")) as exc:
         parse_config({"nodes": [{"name": "n1", "transport": "local"}], "prices": prices}, file="lm.toml")
     assert "lm.toml" in str(exc.value)
+
+
+def test_tier_lines_keep_small_amounts_readable() -> None:
+    from backend.policy.egress import tier_lines
+    from backend.policy.prices import TierSlice
+
+    lines = tier_lines((TierSlice(0, 3.6, 3.6, 0.09, 0.324), TierSlice(100, 10000, 9900, 0.09, 891.0),
+                        TierSlice(0, 0.0012, 0.0012, 0.09, 0.0001, confirmed=False)))
+    assert lines[0].startswith("3.6 GB x $0.0900")  # not "4 GB": the pull moved 3.6 GB
+    assert lines[1] == "9,900 GB x $0.0900 = $891.00"
+    assert lines[2].startswith("0.0012 GB x") and lines[2].endswith("(unconfirmed rate)")

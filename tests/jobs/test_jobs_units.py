@@ -170,6 +170,7 @@ def test_job_settings_defaults_and_strict_parsing() -> None:
 def test_formatting() -> None:
     assert fmt_bytes(12_600_000_000) == "12.6 GB" and fmt_bytes(None) == "?" and fmt_bytes(12) == "12 B"
     assert fmt_eta(3725) == "1h02m" and fmt_eta(185) == "3m05s" and fmt_eta(None) == "-"
+    assert fmt_eta(0.14) == "<1s" and fmt_eta(0) == "0s" and fmt_eta(0.6) == "1s"
 
 
 def test_context_zero_sized_or_repeated_final_points_are_coalesced() -> None:
