@@ -41,9 +41,7 @@ class Services:
 
     def _keeper(self) -> Any:
         """The connection keeper client, where this front end uses one and it applies."""
-        if not self.keep_connections or self.config.source.startswith("<"):
-            return None
-        if not any(n.transport == "ssh" for n in self.config.nodes):
+        if not self.keep_connections or not any(n.transport == "ssh" for n in self.config.nodes):
             return None
         from backend.nodes.keeper import KeeperClient, KeeperUnavailable, persist_seconds
 

@@ -32,6 +32,16 @@ def write_lab_config(lab: Lab, path: Path, state_dir: Path, extra: str = "") -> 
     return path
 
 
+def lab_bucket_store(lab: Lab, s3: Any, prefix: str) -> Any:
+    """An S3Store on a fresh bucket of the lab's SeaweedFS, with the lab store's profile."""
+    import dataclasses
+
+    from backend.storage import S3Store
+
+    bucket = s3.new_bucket(prefix)
+    return S3Store(f"s3://{bucket}", dataclasses.replace(lab.config.stores["lab"], url=f"s3://{bucket}"))
+
+
 class Recorder:
     """A run_test message hook keeping every message the app's nodes processed."""
 

@@ -201,16 +201,15 @@ class Keeper:
         try:
             try:
                 t = self.pool.transport(name)
+                data = unb64(req["in"]) if req.get("in") is not None else None
                 if req["op"] == "connect":
                     await t.connect()  # type: ignore[attr-defined]
                     reply: dict[str, Any] = {"id": rid, "ok": True}
                 elif req["op"] == "run":
-                    data = unb64(req["in"]) if req.get("in") is not None else None
                     code, out, err, elapsed = await t.exec_bytes(  # type: ignore[attr-defined]
                         str(req["cmd"]), data, req.get("timeout"))
                     reply = {"id": rid, "rc": code, "out": b64(out), "err": b64(err), "elapsed": elapsed}
                 else:
-                    data = unb64(req["in"]) if req.get("in") is not None else None
                     agen = t.stream(str(req["cmd"]), input=data)
                     try:
                         async for line in agen:

@@ -29,6 +29,7 @@ from backend.checkpoints.upload import (
     upload_params,
 )
 from backend.storage import S3Store
+from tests.helpers import lab_bucket_store
 
 PART = 5 * MiB
 SMALL = UploadSettings(part_size=PART, concurrency=4, retries=2)
@@ -36,9 +37,7 @@ SMALL = UploadSettings(part_size=PART, concurrency=4, retries=2)
 
 @pytest.fixture
 def bucket_store(lab, s3):  # type: ignore[no-untyped-def]
-    profile = lab.config.stores["lab"]
-    bucket = s3.new_bucket("ckpt")
-    return S3Store(f"s3://{bucket}", dataclasses.replace(profile, url=f"s3://{bucket}"))
+    return lab_bucket_store(lab, s3, "ckpt")
 
 
 @pytest.fixture

@@ -100,15 +100,20 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
     assert not (root / "step-13000" / ".metadata").exists() and (root / "step-13000").exists()
 
 
+async def _list_run(pilot, screen, root: Path) -> None:  # type: ignore[no-untyped-def]
+    """Type the run folder into the screen, list it and wait for the plan."""
+    screen.query_one("#retention-url", Input).value = str(root)
+    screen.action_reload()
+    await settle_workers(pilot)
+
+
 async def test_readonly_console_refuses_to_apply(tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
     root = dcp_run.copy_to(tmp_path / "run1")
     local_services.readonly = True
     app = LoadmasterApp(local_services, mode="retention")
     async with app.run_test(size=(160, 50)) as pilot:
         screen = app.screen
-        screen.query_one("#retention-url", Input).value = str(root)
-        screen.action_reload()
-        await settle_workers(pilot)
+        await _list_run(pilot, screen, root)
         assert screen.plan is not None and screen.plan.destructive_actions
         screen.action_apply_plan()
         await pilot.pause()
@@ -123,9 +128,7 @@ async def test_filter_enter_detail_and_escape_steps_back(tmp_path: Path, local_s
     app = LoadmasterApp(local_services, mode="retention")
     async with app.run_test(size=(120, 40)) as pilot:
         screen = app.screen
-        screen.query_one("#retention-url", Input).value = str(root)
-        screen.action_reload()
-        await settle_workers(pilot)
+        await _list_run(pilot, screen, root)
         table = screen.query_one("#retention-steps", DataTable)
         assert table.has_focus and table.row_count == 14
         # / filters the steps: only the planned deletes stay, and p/m act on the row shown.

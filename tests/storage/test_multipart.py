@@ -21,15 +21,14 @@ from backend.storage.multipart import (
     upload_client,
     upload_file,
 )
+from tests.helpers import lab_bucket_store
 
 PART = 5 * MiB
 
 
 @pytest.fixture
 def store(lab, s3):  # type: ignore[no-untyped-def]
-    profile = lab.config.stores["lab"]
-    bucket = s3.new_bucket("mp")
-    return S3Store(f"s3://{bucket}", dataclasses.replace(profile, url=f"s3://{bucket}"))
+    return lab_bucket_store(lab, s3, "mp")
 
 
 @pytest.fixture
