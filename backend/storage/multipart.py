@@ -284,8 +284,8 @@ async def upload_file(
                     if counter:
                         counter.add(length)
                     # the request is complete (response read): nothing can still be sending from
-                    # the buffer, so the next part may reuse it. On any other exit it is dropped.
-                    view.release()
+                    # the buffer, so the next part may reuse it (the view is released below, before
+                    # any other part can run). On any other exit it is dropped.
                     _BUFFERS.setdefault(sem, []).append(buf)
                     return etag or digest.hex(), digest
                 except (UploadCancelled, asyncio.CancelledError):
