@@ -35,39 +35,76 @@ class CheckpointError(LoadmasterError):
     """A checkpoint is malformed, incomplete or in a layout this operation cannot handle."""
 
 
-_ALLOWED_MODULES = {
-    "torch.distributed.checkpoint.metadata",
-    "torch.distributed.checkpoint.filesystem",
-    "torch.distributed.checkpoint.planner",
-    "torch.distributed.checkpoint._extension",
-}
-_ALLOWED_NAMES = {
-    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"), ("builtins", "set"),
+#: The exact (module, name) pairs a DCP ``.metadata`` pickle may name (torch 2.4 .. 2.13). No
+#: whole modules: pickle's own ``find_class`` follows dotted names (``metadata.os.system`` under
+#: protocol 4), so every name is looked up here, undotted, in an explicit table.
+_ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset({
+    *(("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "MetadataIndex", "ChunkStorageMetadata", "TensorStorageMetadata",
+        "BytesStorageMetadata", "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.planner", "WriteItemType"),
+    ("torch.distributed.checkpoint.planner", "LoadItemType"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict"), ("builtins", "set"),
     ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "complex"),
-}
+})
+
+
+def _allowed_global(module: str, name: str) -> Any:
+    """The object for an allowed (module, name) pair; None for anything else."""
+    import importlib
+
+    import torch
+
+    if "." in name or name.startswith("__"):
+        return None
+    if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+        return getattr(torch, name)
+    if (module, name) not in _ALLOWED_GLOBALS:
+        return None
+    obj = getattr(importlib.import_module(module), name, None)
+    return obj if isinstance(obj, type) or callable(obj) else None
 
 
 class _SafeMetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        import torch
-
-        if module in _ALLOWED_MODULES or (module, name) in _ALLOWED_NAMES:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}")
+        obj = _allowed_global(module, name)
+        if obj is None:
+            raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name} (not a DCP metadata class)")
+        return obj
 
 
 def load_metadata(raw: bytes, *, where: str = ".metadata") -> Any:
     """Parse a DCP ``.metadata`` pickle with an allow-list of classes (never arbitrary code)."""
     try:
         md = _SafeMetadataUnpickler(io.BytesIO(raw)).load()
+    except RecursionError:
+        raise CheckpointError(f"{where}: not a readable DCP metadata file (nested too deeply)") from None
     except Exception as exc:  # noqa: BLE001 - any parse failure is the same operator problem
         raise CheckpointError(f"{where}: not a readable DCP metadata file ({exc})") from None
     if not hasattr(md, "state_dict_metadata") or not hasattr(md, "storage_data"):
         raise CheckpointError(f"{where}: not a DCP Metadata object")
+    if not isinstance(md.state_dict_metadata, dict) or not isinstance(md.storage_data, dict):
+        raise CheckpointError(f"{where}: not a DCP Metadata object (malformed tables)")
+    for info in md.storage_data.values():
+        rel = getattr(info, "relative_path", None)
+        off, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not isinstance(rel, str) or not rel or "/" in rel or "\\" in rel or rel.startswith("."):
+            raise CheckpointError(f"{where}: names an unsafe or malformed storage file {rel!r}")
+        if not isinstance(off, int) or not isinstance(length, int) or off < 0 or length < 0:
+            raise CheckpointError(f"{where}: a storage range of {rel} is malformed ({off!r}, {length!r})")
     return md
+
+
+def files_needed(md: Any) -> dict[str, int]:
+    """Each storage file a DCP checkpoint names, with the smallest size that holds its ranges."""
+    out: dict[str, int] = {}
+    for info in md.storage_data.values():
+        end = int(info.offset) + int(info.length)
+        out[str(info.relative_path)] = max(out.get(str(info.relative_path), 0), end)
+    return out
 
 
 @dataclass(frozen=True)
@@ -80,6 +117,7 @@ class ChunkRef:
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     transformed: bool
+    raw: bool = False  # the range holds the bare tensor bytes (safetensors serialization)
 
 
 @dataclass(frozen=True)
@@ -121,6 +159,68 @@ def tensor_entries(md: Any) -> list[TensorEntry]:
     return out
 
 
+#: torch's DCP safetensors serialization writes this key into the embedded header's metadata.
+_DCP_SHARDING_KEY = "DCP_SHARDING_INFO"
+MAX_EMBEDDED_HEADER = 100 * 1024 * 1024  # the safetensors reference implementation's header cap
+
+
+async def locate_chunks(entries: list[TensorEntry], read: Any, *, where: str) -> list[TensorEntry]:
+    """The same entries with every chunk pointing at its tensor's real bytes.
+
+    ``FileSystemWriter(serialization_format=SAFETENSORS)`` records, for every tensor of a file,
+    the offset where the file's safetensors blob *starts* (all tensors share it) and the tensor's
+    length; the tensor itself sits where that blob's own header says. Each such file's header is
+    read (bounded) and the ranges rewritten; a torch.save record (a zip, ``PK``) is left as it is.
+    ``read(file, offset, n)`` returns bytes.
+    """
+    import json
+    import struct as _struct
+
+    by_file: dict[str, int] = {}
+    for e in entries:
+        for c in e.chunks:
+            by_file.setdefault(c.file, c.offset)
+    headers: dict[str, tuple[int, dict[str, Any]]] = {}
+    for file, off in by_file.items():
+        probe = bytes(await read(file, off, 9))
+        if probe[:2] == b"PK" or len(probe) < 9:
+            continue
+        (n,) = _struct.unpack("<Q", probe[:8])
+        if probe[8:9] != b"{" or n > MAX_EMBEDDED_HEADER:
+            raise CheckpointError(f"{where}: {file} holds neither torch.save records nor a safetensors blob "
+                                  f"at offset {off}")
+        try:
+            hdr = json.loads(bytes(await read(file, off + 8, n)))
+        except (ValueError, RecursionError):
+            raise CheckpointError(f"{where}: {file}: the embedded safetensors header is not valid JSON") from None
+        meta = hdr.get("__metadata__") if isinstance(hdr, dict) else None
+        if not isinstance(meta, dict) or _DCP_SHARDING_KEY not in meta:
+            raise CheckpointError(f"{where}: {file}: an embedded safetensors blob without DCP sharding info")
+        headers[file] = (off + 8 + n, hdr)
+    if not headers:
+        return entries
+    out = []
+    for e in entries:
+        chunks = []
+        for c in e.chunks:
+            if c.file not in headers:
+                chunks.append(c)
+                continue
+            base, hdr = headers[c.file]
+            t = hdr.get(e.fqn)
+            offs = t.get("data_offsets") if isinstance(t, dict) else None
+            if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(x, int) for x in offs)
+                    and 0 <= offs[0] <= offs[1]):
+                raise CheckpointError(f"{where}: {c.file}: no tensor {e.fqn} in its safetensors header")
+            if tuple(t.get("shape", ())) != c.sizes:
+                raise CheckpointError(f"{where}: {c.file}: {e.fqn} has shape {t.get('shape')} in the file, "
+                                      f"{list(c.sizes)} in .metadata")
+            chunks.append(ChunkRef(c.file, base + offs[0], offs[1] - offs[0], c.offsets, c.sizes,
+                                   c.transformed, raw=True))
+        out.append(TensorEntry(e.fqn, e.dtype, e.shape, tuple(chunks)))
+    return out
+
+
 def storage_bytes_by_fqn(md: Any) -> dict[str, int]:
     """Bytes on disk per fully-qualified name (tensors and pickled objects alike)."""
     out: dict[str, int] = {}
@@ -129,16 +229,32 @@ def storage_bytes_by_fqn(md: Any) -> dict[str, int]:
     return out
 
 
-def weight_names(fqns: list[str], model_prefix: str = "model") -> dict[str, str]:
+def weight_names(fqns: list[str], model_prefix: str = "auto") -> dict[str, str]:
     """Map source FQN -> output tensor name for the model weights among ``fqns``.
 
-    Keys under ``model_prefix.`` when any exist (prefix dropped); otherwise torchtitan's flat
-    layout: every key not under an optimizer/lr-scheduler/dataloader/train-state root.
+    ``auto`` finds the model by structure: keys under ``model.`` (the DCP recipe and FSDP2's
+    ``get_state_dict``), under one ``<name>.model.`` (a Stateful ``AppState`` saved as
+    ``{"app": ...}``), under ``module.`` (DeepSpeed), else torchtitan's flat layout (every key
+    that is not optimizer state nor under an lr-scheduler/dataloader/train-state root). An
+    explicit prefix takes the keys under it. Optimizer keys never count as weights.
     """
-    pre = model_prefix.rstrip(".") + "." if model_prefix else ""
-    if pre and any(f.startswith(pre) for f in fqns):
-        return {f: f[len(pre):] for f in fqns if f.startswith(pre)}
-    return {f: f for f in fqns if f.split(".", 1)[0] not in NON_WEIGHT_ROOTS}
+    from backend.checkpoints.torchfile import key_paths_optimizer
+
+    optim = set(key_paths_optimizer(fqns))
+    plain = [f for f in fqns if f not in optim]
+    if model_prefix != "auto":
+        pre = model_prefix.rstrip(".") + "." if model_prefix else ""
+        if pre:
+            return {f: f[len(pre):] for f in plain if f.startswith(pre)}
+        return {f: f for f in plain if f.split(".", 1)[0] not in NON_WEIGHT_ROOTS}
+    for pre in ("model.", "module."):
+        if any(f.startswith(pre) for f in plain):
+            return {f: f[len(pre):] for f in plain if f.startswith(pre)}
+    nested = {f.split(".", 2)[0] for f in plain if f.count(".") >= 2 and f.split(".", 2)[1] == "model"}
+    if len(nested) == 1:
+        pre = f"{nested.pop()}.model."
+        return {f: f[len(pre):] for f in plain if f.startswith(pre)}
+    return {f: f for f in plain if f.split(".", 1)[0] not in NON_WEIGHT_ROOTS}
 
 
 # -- reading one chunk --------------------------------------------------------------------------
@@ -227,14 +343,15 @@ class _MemFile(io.RawIOBase):
         return len(data)
 
 
-def chunk_tensor(blob: bytes | bytearray | memoryview, dtype: Any, sizes: tuple[int, ...], *, where: str) -> Any:
-    """A tensor view over one chunk's bytes (torch.save zip or raw), without copying the data."""
+def chunk_tensor(blob: bytes | bytearray | memoryview, dtype: Any, sizes: tuple[int, ...], *, where: str,
+                 raw: bool = False) -> Any:
+    """A tensor view over one chunk's bytes (torch.save zip, or raw), without copying the data."""
     import torch
 
     numel = 1
     for s in sizes:
         numel *= s
-    if bytes(blob[:2]) != b"PK":
+    if raw or bytes(blob[:2]) != b"PK":
         # safetensors serialization format: the chunk is the raw little-endian tensor data
         if len(blob) != numel * dtype.itemsize:
             raise CheckpointError(f"{where}: chunk is {len(blob)} bytes, expected {numel * dtype.itemsize}")

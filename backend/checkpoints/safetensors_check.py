@@ -92,6 +92,8 @@ def parse_header(header: bytes, file_size: int, *, where: str) -> SafetensorsHea
         raise SafetensorsError(f"{where}: {exc}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise SafetensorsError(f"{where}: header is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise SafetensorsError(f"{where}: header nests too deeply (corrupt or hostile file)") from None
     if not isinstance(doc, dict):
         raise SafetensorsError(f"{where}: header is not a JSON object")
     meta = doc.pop("__metadata__", None) or {}

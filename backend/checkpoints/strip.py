@@ -318,7 +318,7 @@ async def strip_step(
     *,
     out_store: ObjectStore | None = None,
     out_prefix: str | None = None,
-    model_prefix: str = "model",
+    model_prefix: str = "auto",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: Progress | None = None,
     overwrite: bool = False,
@@ -495,7 +495,7 @@ async def verify_export(store: ObjectStore, step_path: str, *,
 
 
 def strip_params(store: ObjectStore, step_path: str, *, out_store: ObjectStore | None = None,
-                 out_prefix: str | None = None, model_prefix: str = "model",
+                 out_prefix: str | None = None, model_prefix: str = "auto",
                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict[str, Any]:
     """The params of a "strip" job (what ``services.jobs.launch`` sends to the node)."""
     from backend.checkpoints.upload import store_params, url_join
@@ -509,7 +509,7 @@ def strip_params(store: ObjectStore, step_path: str, *, out_store: ObjectStore |
 
 async def launch_strip(jobs: Any, node: str, store: ObjectStore, step_path: str, *,
                        out_store: ObjectStore | None = None, out_prefix: str | None = None,
-                       model_prefix: str = "model", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Any:
+                       model_prefix: str = "auto", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Any:
     """Launch a "strip" job of ``step_path`` in ``store`` on ``node``; returns its job record."""
     from backend.checkpoints.upload import store_secrets
 
@@ -545,7 +545,7 @@ def run_strip_job(ctx: Any) -> dict[str, Any]:
         try:
             res = await strip_step(
                 src, p["step_path"], out_store=out, out_prefix=p.get("out_prefix"),
-                model_prefix=p.get("model_prefix", "model"),
+                model_prefix=p.get("model_prefix", "auto"),
                 max_shard_bytes=int(p.get("max_shard_bytes", DEFAULT_MAX_SHARD_BYTES)),
                 progress=lambda **kw: ctx.progress(**kw), cancelled=lambda: ctx.cancelled,
                 overwrite=bool(p.get("overwrite", False)))

@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     st = cs.add_parser("strip", help="write a step's model weights as BF16 safetensors shards (+ index), verified")
     st.add_argument("src", metavar="SRC", help="the step folder (store/run/step-N, s3://..., or a directory)")
     st.add_argument("--out", metavar="DEST", help="output folder (default: into the step folder itself)")
-    st.add_argument("--model-prefix", default="model", help="state-dict key prefix of the weights (default model)")
+    st.add_argument("--model-prefix", default="auto", help="state-dict key prefix of the weights (default auto: found by structure, e.g. model., app.model., module., or torchtitan's flat keys)")
     st.add_argument("--max-shard-size", type=size_arg, default=DEFAULT_MAX_SHARD_BYTES, metavar="SIZE",
                     help="largest shard (default 5GB)")
     st.add_argument("--node", metavar="NAME", help="run as a durable job on this node instead of here")

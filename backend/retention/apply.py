@@ -470,7 +470,7 @@ async def _expected_shapes(store: ObjectStore, step: CheckpointStep) -> dict[str
         return None  # other layouts were checked against their source by strip_step itself
     key = f"{step.path}/{METADATA_FILE}"
     entries = tensor_entries(load_metadata(await store.get_bytes(key), where=f"{store.url}/{key}"))
-    names = weight_names([e.fqn for e in entries], "model")
+    names = weight_names([e.fqn for e in entries], "auto")
     return {names[e.fqn]: e.shape for e in entries if e.fqn in names}
 
 

@@ -34,7 +34,7 @@ def build_run(root: Path, full_dcp: Path) -> None:
     wm = {k: "model-00001-of-00002.safetensors" if i < 3 else "model-00002-of-00002.safetensors"
           for i, k in enumerate(names)}
     (hf / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
-    # HF export with a shard missing -> incomplete
+    # HF export whose index names a missing shard -> corrupt (committed, files do not match)
     shutil.copytree(hf, run / "step-300")
     (run / "step-300" / "model-00002-of-00002.safetensors").unlink()
     # DeepSpeed, plus the `latest` file
@@ -48,7 +48,7 @@ def build_run(root: Path, full_dcp: Path) -> None:
     ts = run / "step-600"
     ts.mkdir()
     torch.save(model.state_dict(), ts / "model.pt")
-    torch.save({"state": {0: torch.zeros(128)}}, ts / "optimizer.pt")
+    torch.save(trained(seed=1)[1].state_dict(), ts / "optimizer.pt")
     ts2 = run / "step-700"
     ts2.mkdir()
     torch.save(model.state_dict(), ts2 / "model.pt")
@@ -70,7 +70,7 @@ async def test_catalog_classifies_each_layout(tmp_path: Path, tiny_full_dcp: tup
         "step-10": ("dcp", "full"),
         "step-100": ("dcp", "weights"),
         "step-200": ("hf-safetensors", "weights"),
-        "step-300": ("hf-safetensors", "incomplete"),
+        "step-300": ("hf-safetensors", "corrupt"),  # its index names a shard that is missing
         "global_step400": ("deepspeed", "full"),
         "global_step500": ("deepspeed", "incomplete"),  # newer than `latest`: still being written
         "step-600": ("torch-save", "full"),

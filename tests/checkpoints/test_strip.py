@@ -182,4 +182,5 @@ async def test_strip_rejects_hostile_dcp_metadata(tmp_path: Path, tiny_full_dcp:
         await strip_step(LocalStore(tmp_path), "step-1")
     assert not marker.exists()
     cat = await list_checkpoints(LocalStore(tmp_path))
-    assert cat.steps[0].kind == "unknown"
+    # committed (it has .metadata) but unreadable: corrupt, shown red, never touched
+    assert cat.steps[0].kind == "corrupt" and "refusing to unpickle posix.system" in cat.steps[0].note
