@@ -11,12 +11,16 @@ Per step exactly one action:
   export BF16 safetensors into the step folder, verify, then remove the optimizer/training state.
 * ``keep-weights``     -- already weights-only and still wanted.
 * ``delete``           -- neither recent, milestone nor pinned (``others = "delete"``).
-* ``skip``             -- never touched: in flight, unknown layout, too young, or refused.
+* ``skip``             -- never touched: in flight, corrupt, unknown, too young, or refused.
 
 Safety rails live here, so they hold for the CLI, the console and re-checks alike: only complete
-checkpoints count toward the latest N; in-flight steps (no commit marker, or named by a running
-job) are never counted and never touched; unknown folders and layouts are never touched; steps
-sort numerically; a DeepSpeed checkpoint without a BF16 export is refused rather than stripped.
+``full`` checkpoints older than ``min_age`` count toward the latest N; in-flight steps (no commit
+marker, or named by a running job) are never counted and never touched; corrupt and unknown steps
+are never touched; the newest artifact of the run (of any kind) and its last resumable step are
+never deleted; the HF Trainer's best checkpoint is kept like a pin; steps sort numerically; a
+layout without a BF16 export that strip cannot write one for is refused rather than stripped. And
+when a step the plan keeps full fails the deep "resumable" check (``proofs``), the plan deletes
+and strips nothing at all.
 """
 
 from __future__ import annotations
@@ -37,14 +41,17 @@ Action = Literal["keep-full", "strip-to-weights", "delete", "keep-weights", "ski
 ACTIONS: tuple[str, ...] = ("keep-full", "strip-to-weights", "delete", "keep-weights", "skip")
 #: Actions that change the store.
 DESTRUCTIVE: frozenset[str] = frozenset({"strip-to-weights", "delete"})
-PLAN_SCHEMA = 1
+PLAN_SCHEMA = 2
 GB = 10**9
 
 #: Files a BF16 export consists of (written by ``backend.checkpoints.strip``).
 _EXPORT_RE = re.compile(r"^(?:model-\d{5}-of-\d{5}\.safetensors|model\.safetensors|model\.safetensors\.index\.json)$")
 #: Layouts whose full-precision state ``strip_step`` can turn into a BF16 export itself.
 STRIPPABLE_LAYOUTS: frozenset[str] = frozenset({"dcp", "torch-save"})
-KNOWN_LAYOUTS: frozenset[str] = frozenset({"dcp", "hf-safetensors", "deepspeed", "torch-save"})
+KNOWN_LAYOUTS: frozenset[str] = frozenset({"dcp", "hf-safetensors", "deepspeed", "torch-save", "hf-trainer",
+                                           "accelerate", "lightning", "megatron"})
+#: What ``proofs`` says of a step that passed the deep check.
+VERIFIED = "verified"
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,9 @@ class PlannedAction:
     estimated: bool = False
     milestone: bool = False
     pinned: str | None = None
+    resumable: str | None = None  # kept full steps: "verified", or the problem the deep check found
+    export: str = ""  # fingerprint of the BF16 export files (a new export after the plan stops it)
+    note: str = ""  # the catalog's reason for the kind
 
     @property
     def bytes_freed(self) -> int:
@@ -342,6 +352,13 @@ def step_fingerprint(step: Any) -> str:
     return content_hash(items)[:16]
 
 
+def export_fingerprint(step: Any) -> str:
+    """A hash of the BF16 export files in the step folder ("" when there are none)."""
+    items = sorted((rel_name(step, o.key), int(o.size)) for o in step.objects
+                   if is_export_file(rel_name(step, o.key)))
+    return content_hash(items)[:16] if items else ""
+
+
 def export_bytes(step: Any) -> int:
     """Bytes of the BF16 export files already in the step folder."""
     return sum(o.size for o in step.objects if is_export_file(rel_name(step, o.key)))
@@ -376,22 +393,35 @@ def plan_retention(
     prefix: str = "",
     usd_per_gb_month: float | None = None,
     price_note: str = "",
+    proofs: Mapping[str, str] | None = None,
 ) -> RetentionPlan:
     """The retention plan for ``steps`` (CheckpointStep-like) under ``policy`` at time ``now``.
 
-    ``in_flight`` holds step paths that running upload/save jobs are still writing.
+    ``in_flight`` holds step paths that running upload/save jobs are still writing. ``proofs``
+    maps step paths to ``"verified"`` or the problem the deep resumable check found; a kept full
+    step whose proof failed stops every destructive action of the plan.
     """
     flying = {p.rstrip("/") for p in in_flight}
     ordered = sorted(steps, key=_sort_key)
+    proofs = proofs or {}
 
     def is_in_flight(s: Any) -> bool:
         return s.kind == "incomplete" or s.path.rstrip("/") in flying
 
     def is_known(s: Any) -> bool:
-        return s.step is not None and s.layout in KNOWN_LAYOUTS and s.kind in ("full", "weights", "incomplete")
+        return s.step is not None and s.layout in KNOWN_LAYOUTS and s.kind in ("full", "weights")
 
-    complete_full = [s for s in ordered if is_known(s) and not is_in_flight(s) and s.kind == "full"]
+    def too_young(s: Any) -> bool:
+        return bool(policy.min_age) and now - s.mtime < policy.min_age
+
+    complete_full = [s for s in ordered if is_known(s) and not is_in_flight(s) and s.kind == "full"
+                     and not too_young(s)]
     latest = {s.path for s in complete_full[-policy.keep_full_latest:]} if policy.keep_full_latest else set()
+    # A run never loses its last resumable step, whatever keep_full_latest says.
+    last_resumable = complete_full[-1].path if complete_full else None
+    # Step numbers order a run (object mtimes tie at the store's 1 s granularity and change on copy).
+    numbered = [s for s in ordered if s.step is not None]
+    newest = {numbered[-1].path} if numbered else set()
 
     actions: list[PlannedAction] = []
     for s in ordered:
@@ -403,30 +433,44 @@ def plan_retention(
                 step=s.step, path=s.path, action=action, reason=reason, layout=s.layout, kind=s.kind,
                 bytes_before=s.total_bytes, bytes_after=s.total_bytes if after is None else after,
                 object_count=s.object_count, fingerprint=fp, estimated=estimated, milestone=milestone,
-                pinned=pinned,
+                pinned=pinned, resumable=proofs.get(s.path) if action == "keep-full" else None,
+                export=export_fingerprint(s), note=str(getattr(s, "note", "") or ""),
             ))
 
+        note = getattr(s, "note", "") or ""
         if s.step is None:
             act("skip", "no step number in the folder name: never touched")
             continue
+        if s.kind == "corrupt":
+            act("skip", f"corrupt ({note or 'files do not match the commit marker'}): never counted, never touched")
+            continue
         if s.layout not in KNOWN_LAYOUTS or s.kind == "unknown":
-            act("skip", f"unknown layout ({s.layout}, {s.kind}): never touched")
+            act("skip", f"unknown ({s.layout}{': ' + note if note else ''}): never touched")
             continue
         if is_in_flight(s):
-            why = "no commit marker yet" if s.kind == "incomplete" else "a running job is writing it"
+            why = (note or "no commit marker yet") if s.kind == "incomplete" else "a running job is writing it"
             act("skip", f"in flight ({why}): never counted, never touched")
             continue
         pin = policy.pin_reason(s.step)
         milestone_why = _milestone_reason(s, policy)
+        keep = "keep-full" if s.kind == "full" else "keep-weights"
         if pin is not None:
-            act("keep-full" if s.kind == "full" else "keep-weights",
-                f"pinned: {pin}" if pin else "pinned", milestone=milestone_why is not None, pinned=pin)
+            act(keep, f"pinned: {pin}" if pin else "pinned", milestone=milestone_why is not None, pinned=pin)
+            continue
+        if getattr(s, "best", False):
+            act(keep, "the Trainer's best_model_checkpoint (kept like a pin)", milestone=milestone_why is not None)
             continue
         if s.path in latest:
             act("keep-full", f"latest {policy.keep_full_latest} complete", milestone=milestone_why is not None)
             continue
-        age = now - s.mtime
-        if policy.min_age and age < policy.min_age:
+        if s.path == last_resumable:
+            act("keep-full", "the run's last resumable step", milestone=milestone_why is not None)
+            continue
+        if s.path in newest:
+            act(keep, "the newest artifact of the run: never deleted", milestone=milestone_why is not None)
+            continue
+        if too_young(s):
+            age = now - s.mtime
             act("skip", f"younger than the minimum age ({_fmt_age(age)} < {_fmt_age(policy.min_age)})",
                 milestone=milestone_why is not None)
             continue
@@ -443,12 +487,22 @@ def plan_retention(
                 _strip_or_refuse(s, policy, act, "older step (others = keep-weights)", milestone=False)
             continue
         act("delete", "neither recent, milestone nor pinned", after=0)
+    failed = [a for a in actions if a.action == "keep-full" and a.resumable not in (None, VERIFIED)]
+    if failed:
+        f = failed[0]
+        why = f"not resumable-proven: kept step {f.path} failed the deep check ({f.resumable}); nothing is deleted"
+        actions = [replace(a, action="skip", reason=f"{a.reason}; {why}", bytes_after=a.bytes_before,
+                           estimated=False) if a.destructive else a for a in actions]
     return RetentionPlan(url=url, prefix=prefix, created=now, policy=policy, actions=tuple(actions),
                          in_flight=tuple(sorted(flying)), usd_per_gb_month=usd_per_gb_month,
                          price_note=price_note)
 
 
 def _strip_or_refuse(s: Any, policy: RetentionPolicy, act: Any, why: str, *, milestone: bool) -> None:
+    if not s.has_bf16_export and "zero3-placeholders" in tuple(getattr(s, "flags", ())):
+        act("skip", f"{why}: refused, a ZeRO-3 checkpoint keeps its only weights in the optimizer partitions; "
+            "consolidate it (DeepSpeed's zero_to_fp32.py) and export BF16 first", milestone=milestone)
+        return
     if not s.has_bf16_export and s.layout not in STRIPPABLE_LAYOUTS:
         act("skip", f"{why}: refused, a {s.layout} checkpoint without a BF16 export would lose its only "
             "full-precision weights; export it first", milestone=milestone)
@@ -503,10 +557,12 @@ def recheck_plan(
 ) -> Recheck:
     """Compare ``plan`` with ``fresh`` (the same policy recomputed on a new listing).
 
-    An action still runs only if the fresh listing yields the same action on the same objects.
-    ``done`` paths finished in an earlier, interrupted apply and are not compared. ``resumed``
-    maps step paths whose action was started before to ``"ok"`` when the step's remaining
-    objects are consistent with that partial progress (checked by the executor).
+    An action still runs only if the fresh listing yields the same action on the same objects
+    and the same BF16 export. ``done`` paths finished in an earlier, interrupted apply and are not
+    compared. ``resumed`` maps step paths whose action was started before to ``"ok"`` when the
+    step's remaining objects are consistent with that partial progress (checked by the
+    executor); a resumed action is still stopped by everything that protects a step now: a pin,
+    the Trainer's best checkpoint, the latest N, the newest artifact, ``min_age``, a running job.
     """
     resumed = resumed or {}
     done_set = set(done)
@@ -520,12 +576,17 @@ def recheck_plan(
     for a in plan.actions:
         if a.path in done_set:
             continue
+        f = fresh_by_path.get(a.path)
         if a.path in resumed:
             if resumed[a.path] != "ok":
-                stopped[a.path] = resumed[a.path]
-                changes.append(f"{a.path}: {resumed[a.path]}")
+                why = resumed[a.path]
+            elif a.destructive and f is not None and (p := _protected(f, fresh.policy)) is not None:
+                why = f"an interrupted {a.action} resumed, but the step is now protected: {p}"
+            else:
+                continue
+            stopped[a.path] = why
+            changes.append(f"{a.path}: {why}")
             continue
-        f = fresh_by_path.get(a.path)
         if f is None:
             if a.action == "delete":
                 continue  # already gone: the goal is reached
@@ -533,6 +594,8 @@ def recheck_plan(
         elif f.fingerprint != a.fingerprint:
             why = f"its objects changed since the plan ({a.object_count} -> {f.object_count} objects, " \
                   f"{a.bytes_before} -> {f.bytes_before} bytes)"
+        elif f.export != a.export:
+            why = "a BF16 export was written or changed after the plan was made"
         elif f.pinned is not None and a.pinned is None:
             why = f"it was pinned after the plan was made ({f.pinned or 'no reason given'})"
         elif f.action != a.action:
@@ -542,3 +605,16 @@ def recheck_plan(
         stopped[a.path] = why
         changes.append(f"{a.path}: {why}")
     return Recheck(tuple(changes), stopped)
+
+
+def _protected(fresh_action: PlannedAction, policy: RetentionPolicy) -> str | None:
+    """Why a step may not be deleted or stripped now (from its freshly planned action), or None."""
+    if fresh_action.pinned is not None or policy.pin_reason(fresh_action.step) is not None:
+        return "pinned"
+    if fresh_action.action in ("keep-full", "keep-weights"):
+        return fresh_action.reason
+    if fresh_action.action == "skip" and fresh_action.kind not in ("incomplete", "corrupt", "unknown"):
+        return fresh_action.reason  # too young, running job, refused
+    if fresh_action.action == "skip" and "a running job is writing it" in fresh_action.reason:
+        return fresh_action.reason
+    return None

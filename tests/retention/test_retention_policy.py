@@ -110,10 +110,16 @@ def test_pins_keep_a_step_untouched_with_its_reason() -> None:
     assert a.bytes_freed == 0
 
 
-def test_min_age_protects_young_steps() -> None:
+def test_min_age_protects_young_steps_from_being_counted_or_touched() -> None:
+    # Young steps are neither touched nor counted toward the latest N: the two newest *old*
+    # full steps stay full, so the run still resumes if the young ones turn out bad.
+    steps = [step(n * 1000, age=3 * DAY) for n in range(1, 5)] + [step(5000, age=600), step(6000, age=60)]
+    got = actions(plan_retention(steps, RetentionPolicy(min_age=7200), now=NOW))
+    assert got == {1000: "delete", 2000: "delete", 3000: "keep-full", 4000: "keep-full", 5000: "skip",
+                   6000: "keep-full"}  # 6000: the newest artifact of the run is never deleted
     steps = [step(1000, age=3 * DAY), step(2000, age=600), step(3000, age=60), step(4000, age=30)]
     got = actions(plan_retention(steps, RetentionPolicy(min_age=7200), now=NOW))
-    assert got == {1000: "delete", 2000: "skip", 3000: "keep-full", 4000: "keep-full"}
+    assert got == {1000: "keep-full", 2000: "skip", 3000: "skip", 4000: "keep-full"}
 
 
 def test_deepspeed_without_export_is_refused_with_export_is_stripped() -> None:
@@ -128,16 +134,19 @@ def test_deepspeed_without_export_is_refused_with_export_is_stripped() -> None:
 
 def test_70b_run_saves_857_percent_per_stripped_step() -> None:
     gb = 10**9
-    s = CheckpointStep(step=48000, path="llama70b/step-48000", layout="dcp", kind="full",
-                       total_bytes=980 * gb, object_count=1, mtime=NOW - DAY, has_bf16_export=False,
-                       objects=(ObjectInfo("llama70b/step-48000/.metadata", 980 * gb, NOW - DAY),),
-                       optimizer_bytes=840 * gb)
-    plan = plan_retention([s], RetentionPolicy(keep_full_latest=0, milestones=(48000,)), now=NOW,
-                          usd_per_gb_month=0.023)
-    (a,) = plan.actions
+    def full(n: int) -> CheckpointStep:
+        return CheckpointStep(step=n, path=f"llama70b/step-{n}", layout="dcp", kind="full",
+                              total_bytes=980 * gb, object_count=1, mtime=NOW - DAY, has_bf16_export=False,
+                              objects=(ObjectInfo(f"llama70b/step-{n}/.metadata", 980 * gb, NOW - DAY),),
+                              optimizer_bytes=840 * gb)
+
+    # a historical milestone, with the 2 rolling recovery steps after it
+    plan = plan_retention([full(48000), full(50000), full(52000)],
+                          RetentionPolicy(keep_full_latest=2, milestones=(48000,)), now=NOW, usd_per_gb_month=0.023)
+    a = plan.actions[0]
     assert a.action == "strip-to-weights"
     assert (a.bytes_before, a.bytes_after) == (980 * gb, 140 * gb)
-    assert round(plan.totals.percent_saved, 1) == 85.7
+    assert round(saving_percent(a.bytes_before, a.bytes_after), 1) == 85.7
     assert round(saving_percent(980, 140), 1) == 85.7
     assert plan.totals.usd_month_saved == pytest.approx(840 * 0.023)
 
