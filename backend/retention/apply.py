@@ -56,6 +56,13 @@ CREATE TABLE IF NOT EXISTS retention_pins (
     ts REAL NOT NULL,
     PRIMARY KEY (url, step)
 );
+CREATE TABLE IF NOT EXISTS retention_milestones (
+    url TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    who TEXT NOT NULL DEFAULT '',
+    ts REAL NOT NULL,
+    PRIMARY KEY (url, step)
+);
 """
 
 #: Files in a step folder that describe the run rather than hold its state: kept by a strip.
@@ -74,16 +81,28 @@ ProgressHook = Callable[["ActionOutcome"], object]  # its return value is ignore
 
 
 class PinStore:
-    """Operator pins per store URL, in the state DB (so a pin made after a plan stops it)."""
+    """Operator pins per run, in the state DB (so a pin made after a plan stops it).
+
+    ``url`` is a run's canonical URL (:func:`backend.retention.runs.run_url`); reads also find
+    pins recorded under another spelling of the same run when ``keys`` are given.
+    """
+
+    table = "retention_pins"
+    what = "pin"
 
     def __init__(self, db: StateDB) -> None:
         self.db = db
         db.ensure(_DDL)
 
-    def pins(self, url: str) -> tuple[Pin, ...]:
-        """The pins recorded for ``url``."""
-        rows = self.db.query("SELECT step, reason FROM retention_pins WHERE url = ? ORDER BY step", (_norm(url),))
-        return tuple(Pin(int(r["step"]), r["reason"]) for r in rows)
+    def _keys(self, url: str, keys: Iterable[str] = ()) -> list[str]:
+        return list(dict.fromkeys([_norm(url), *(_norm(k) for k in keys)]))
+
+    def pins(self, url: str, keys: Iterable[str] = ()) -> tuple[Pin, ...]:
+        """The pins recorded for the run ``url`` (and its other spellings ``keys``)."""
+        ks = self._keys(url, keys)
+        rows = self.db.query(f"SELECT step, reason FROM retention_pins WHERE url IN ({','.join('?' * len(ks))}) "
+                             "ORDER BY step", ks)
+        return tuple({int(r["step"]): Pin(int(r["step"]), r["reason"]) for r in rows}.values())
 
     def pin(self, url: str, step: int, reason: str = "") -> None:
         """Pin ``step`` under ``url`` (audited)."""
@@ -93,12 +112,39 @@ class PinStore:
                         (_norm(url), step, reason, actor(), time.time()))
         self.db.record_audit("retention.pin", f"{_norm(url)}#{step}", "ok", reason=reason or None)
 
-    def unpin(self, url: str, step: int) -> bool:
+    def unpin(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
         """Remove a pin (audited); False when there was none."""
-        cur = self.db.execute("DELETE FROM retention_pins WHERE url = ? AND step = ?", (_norm(url), step))
+        return self._remove("retention_pins", "retention.unpin", url, step, keys)
+
+    def _remove(self, table: str, action: str, url: str, step: int, keys: Iterable[str]) -> bool:
+        ks = self._keys(url, keys)
+        cur = self.db.execute(f"DELETE FROM {table} WHERE step = ? AND url IN ({','.join('?' * len(ks))})",
+                              [step, *ks])
         if cur.rowcount:
-            self.db.record_audit("retention.unpin", f"{_norm(url)}#{step}", "ok")
+            self.db.record_audit(action, f"{_norm(url)}#{step}", "ok")
         return bool(cur.rowcount)
+
+
+class MilestoneStore(PinStore):
+    """Milestones an operator marked (console ``m`` or ``retention milestone``), per run."""
+
+    def milestones(self, url: str, keys: Iterable[str] = ()) -> tuple[int, ...]:
+        """The steps marked as milestones for the run ``url``."""
+        ks = self._keys(url, keys)
+        rows = self.db.query(f"SELECT step FROM retention_milestones WHERE url IN ({','.join('?' * len(ks))})", ks)
+        return tuple(sorted({int(r["step"]) for r in rows}))
+
+    def mark(self, url: str, step: int) -> None:
+        """Mark ``step`` a milestone (audited)."""
+        from backend.state import actor
+
+        self.db.execute("INSERT OR REPLACE INTO retention_milestones (url, step, who, ts) VALUES (?, ?, ?, ?)",
+                        (_norm(url), step, actor(), time.time()))
+        self.db.record_audit("retention.milestone", f"{_norm(url)}#{step}", "ok")
+
+    def unmark(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
+        """Remove a milestone mark (audited); False when there was none."""
+        return self._remove("retention_milestones", "retention.unmilestone", url, step, keys)
 
 
 class Journal:
@@ -144,9 +190,68 @@ def storage_price(services: Services, url: str) -> tuple[float | None, str]:
     return prices.storage_gb_month, f"{prices.name} storage ${prices.storage_gb_month}/GB-month ({prices.source})"
 
 
+def canonical_run(services: Services, ref: str) -> tuple[str, tuple[str, ...]]:
+    """The run's canonical URL and every spelling its records may be stored under."""
+    from backend.retention.runs import run_keys, run_url
+
+    return run_url(services.config, ref), run_keys(services.config, ref)
+
+
 def effective_policy(services: Services, policy: RetentionPolicy, url: str) -> RetentionPolicy:
-    """``policy`` plus the pins recorded in the state DB for ``url``."""
-    return policy.with_pins(PinStore(services.db).pins(url))
+    """``policy`` plus the pins and milestones recorded in the state DB for the run ``url``."""
+    from dataclasses import replace
+
+    url, keys = canonical_run(services, url)
+    marked = MilestoneStore(services.db).milestones(url, keys)
+    pol = policy.with_pins(PinStore(services.db).pins(url, keys))
+    return replace(pol, milestones=tuple(sorted(set(pol.milestones) | set(marked)))) if marked else pol
+
+
+async def prove_kept(services: Services | None, store: ObjectStore, catalog: Catalog, plan: RetentionPlan,
+                     url: str) -> dict[str, str]:
+    """The deep resumable check of every step ``plan`` keeps full: ``"verified"`` or the problem.
+
+    A step loadmaster uploaded must also have a succeeded (verified) upload job on record.
+    """
+    from backend.checkpoints.catalog import prove_resumable
+
+    by_path = {s.path: s for s in catalog.steps}
+    kept = [a.path for a in plan.actions if a.action == "keep-full" and a.path in by_path]
+    uploads = _upload_records(services, url)
+    sem = asyncio.Semaphore(APPLY_CONCURRENCY)
+
+    async def one(path: str) -> tuple[str, str]:
+        rec = uploads.get(path)
+        if rec is not None and rec[0] != "succeeded":
+            return path, f"its upload (job {rec[1]}) is {rec[0]}, not verified"
+        async with sem:
+            try:
+                return path, await prove_resumable(store, by_path[path])
+            except (StoreError, PolicyError) as exc:
+                return path, str(exc)
+            except Exception as exc:  # noqa: BLE001 - a hostile file fails the proof, never the command
+                return path, f"{type(exc).__name__}: {exc}"
+
+    return dict(await asyncio.gather(*(one(p) for p in kept)))
+
+
+def _upload_records(services: Services | None, url: str) -> dict[str, tuple[str, str]]:
+    """Step path -> (state, job id) of the newest upload job that wrote into the run ``url``."""
+    if services is None:
+        return {}
+    try:
+        records = services.jobs.records()
+    except Exception:  # noqa: BLE001 - no job manager / nodes unreachable: the file check still runs
+        return {}
+    base = _norm(url) + "/"
+    out: dict[str, tuple[str, str, float]] = {}
+    for r in records:
+        if r.kind != "upload" or not r.destination.rstrip("/").startswith(base):
+            continue
+        step = r.destination.rstrip("/")[len(base):].split("/", 1)[0]
+        if step not in out or r.created > out[step][2]:
+            out[step] = (r.state, r.id, r.created)
+    return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 def in_flight_from_jobs(services: Services, url: str) -> set[str]:
@@ -188,15 +293,20 @@ async def compute_plan(
     now: float | None = None,
     catalog: Catalog | None = None,
 ) -> RetentionPlan:
-    """List ``url`` afresh and plan it under ``policy`` (plus DB pins and running jobs)."""
+    """List ``url`` afresh and plan it under ``policy`` (plus DB pins, milestones and running
+    jobs); every step the plan keeps full is deep-checked, and a failure stops every delete."""
+    url, _ = canonical_run(services, url)
     flying = set(in_flight) | in_flight_from_jobs(services, url)
     price, note = storage_price(services, url)
-    if catalog is None:
-        async with services.stores.open(url) as store:
+    pol = effective_policy(services, policy, url)
+    when = time.time() if now is None else now
+    async with services.stores.open(url) as store:
+        if catalog is None:
             catalog = await fetch_catalog(store)
-    return plan_retention(catalog.steps, effective_policy(services, policy, url),
-                          now=time.time() if now is None else now, in_flight=flying, url=_norm(url),
-                          prefix=catalog.prefix, usd_per_gb_month=price, price_note=note)
+        first = plan_retention(catalog.steps, pol, now=when, in_flight=flying, url=url, prefix=catalog.prefix)
+        proofs = await prove_kept(services, store, catalog, first, url)
+    return plan_retention(catalog.steps, pol, now=when, in_flight=flying, url=url, prefix=catalog.prefix,
+                          usd_per_gb_month=price, price_note=note, proofs=proofs)
 
 
 # -- applying ---------------------------------------------------------------------------------
@@ -326,6 +436,23 @@ async def apply_plan(
         raise PolicyError("read-only mode: cannot apply a retention plan (drop --readonly)")
     owned = store is None
     st = store or services.stores.open(plan.url)
+    try:
+        if dry_run:
+            return await _apply_locked(services, plan, st, dry_run=True, in_flight=in_flight, progress=progress,
+                                       fault=fault)
+        from backend.retention.runs import ApplyLock
+
+        async with ApplyLock(st, plan.prefix, run=plan.url, plan=plan.hash):
+            return await _apply_locked(services, plan, st, dry_run=False, in_flight=in_flight,
+                                       progress=progress, fault=fault)
+    finally:
+        if owned:
+            await st.close()
+
+
+async def _apply_locked(services: Services, plan: RetentionPlan, st: ObjectStore, *, dry_run: bool,
+                        in_flight: Iterable[str], progress: ProgressHook | None,
+                        fault: FaultHook | None) -> ApplyReport:
     journal = Journal(services.db, plan.hash)
     outcomes: list[ActionOutcome] = []
     changes: tuple[str, ...] = ()
@@ -342,10 +469,13 @@ async def apply_plan(
             if state in ("started", "failed") and any(a.path == p for a in plan.actions)
         }
         flying = set(in_flight) | in_flight_from_jobs(services, plan.url)
-        policy = plan.policy.with_pins(PinStore(services.db).pins(plan.url)).with_pins(
+        policy = effective_policy(services, plan.policy, plan.url).with_pins(
             services.config.section("retention").pins)
-        fresh = plan_retention(catalog.steps, policy, now=time.time(), in_flight=flying, url=plan.url,
-                               prefix=plan.prefix)
+        now = time.time()
+        first = plan_retention(catalog.steps, policy, now=now, in_flight=flying, url=plan.url, prefix=plan.prefix)
+        proofs = await prove_kept(services, st, catalog, first, plan.url)
+        fresh = plan_retention(catalog.steps, policy, now=now, in_flight=flying, url=plan.url,
+                               prefix=plan.prefix, proofs=proofs)
         check = recheck_plan(plan, fresh, resumed=resumed, done=done)
         changes = check.changes
         total = len(plan.actions)
@@ -421,8 +551,6 @@ async def apply_plan(
                 detail={"actions": [o.as_dict() for o in outcomes], "changes": list(changes),
                         "planned": len(plan.actions), "bytes_freed": report.bytes_freed},
             )
-        if owned:
-            await st.close()
     return ApplyReport(plan.hash, plan.url, dry_run, tuple(outcomes), changes, audit_id)
 
 

@@ -1,0 +1,184 @@
+"""One identity per run folder, and the lock that lets one retention apply run on it at a time.
+
+``s3://bucket/run``, ``store/run`` (a configured store name), a relative path and an absolute
+path of the same folder are the same run: pins, milestones, plans, locks and in-flight lists
+all key on :func:`run_url`.
+
+The apply lock lives in the run folder itself (``.loadmaster-apply.lock``), so every operator's
+commands see it whatever their state DB: it names who holds it, is refreshed while the apply
+runs, and is taken over only when its holder is provably gone (same host, dead pid) or silent
+for longer than ``LOCK_STALE_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from backend.errors import PolicyError
+
+if TYPE_CHECKING:
+    from backend.config import Config
+    from backend.storage import ObjectStore
+
+LOCK_KEY = ".loadmaster-apply.lock"
+#: A lock not refreshed for this long belongs to an apply that died (it refreshes every 30 s).
+LOCK_STALE_S = 600.0
+LOCK_REFRESH_S = 30.0
+#: How long a new holder waits before reading its lock back (two writers: the last one wins).
+_SETTLE_S = 0.3
+
+
+def run_url(config: Config, ref: str) -> str:
+    """The canonical URL of a run folder given as ``s3://...``, ``store/run`` or a local path."""
+    from backend.checkpoints.upload import url_join
+
+    ref = ref.strip()
+    if not ref:
+        raise PolicyError("no run folder given (expected s3://bucket/run, store/run or a local directory)")
+    if "://" in ref:
+        if not ref.startswith("s3://"):
+            raise PolicyError(f"unsupported URL {ref!r}: use s3://bucket/run, store/run or a local directory")
+        return ref.rstrip("/")
+    name, _, rest = ref.partition("/")
+    if name in config.stores:
+        return url_join(config.stores[name].url, rest.strip("/")).rstrip("/")
+    return os.path.realpath(os.path.expanduser(ref)).rstrip("/") or "/"
+
+
+def run_keys(config: Config, ref: str) -> tuple[str, ...]:
+    """Every spelling of a run under which older records may have been stored (for reading)."""
+    url = run_url(config, ref)
+    keys = [url, ref.rstrip("/")]
+    for name, store in config.stores.items():
+        base = store.url.rstrip("/")
+        if url == base or url.startswith(base + "/"):
+            keys.append(f"{name}{url[len(base):]}")
+    return tuple(dict.fromkeys(keys))
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """Who holds a run's apply lock."""
+
+    holder: str
+    host: str
+    pid: int
+    plan: str
+    started: float
+    refreshed: float
+    token: str
+
+    def describe(self) -> str:
+        since = datetime.fromtimestamp(self.started).strftime("%Y-%m-%d %H:%M:%S")
+        return f"{self.holder} on {self.host} (pid {self.pid}, plan {self.plan[:12]}, since {since})"
+
+    def stale(self, now: float) -> bool:
+        if now - self.refreshed > LOCK_STALE_S:
+            return True
+        if self.host == socket.gethostname() and self.pid > 0:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return True  # its process is gone from this very host
+            except PermissionError:
+                return False
+        return False
+
+
+def _parse_lock(raw: bytes) -> LockInfo | None:
+    try:
+        d = json.loads(raw[:65536])
+        return LockInfo(str(d["holder"]), str(d["host"]), int(d["pid"]), str(d.get("plan", "")),
+                        float(d["started"]), float(d["refreshed"]), str(d["token"]))
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+
+
+async def read_lock(store: ObjectStore, prefix: str = "") -> LockInfo | None:
+    """The lock on the run at ``prefix`` of ``store``, if any (an unreadable lock counts as none)."""
+    from backend.storage import join_key
+
+    key = join_key(prefix, LOCK_KEY)
+    info = await store.stat(key)
+    if info is None:
+        return None
+    return _parse_lock(await store.get_bytes(key))
+
+
+class ApplyLock:
+    """``async with ApplyLock(store, prefix, run=..., plan=...)``: one apply per run at a time."""
+
+    def __init__(self, store: ObjectStore, prefix: str, *, run: str, plan: str) -> None:
+        from backend.state import actor
+        from backend.storage import join_key
+
+        self.store, self.key, self.run = store, join_key(prefix, LOCK_KEY), run
+        self.info = LockInfo(actor(), socket.gethostname(), os.getpid(), plan, time.time(), time.time(),
+                             secrets.token_hex(8))
+        self._task: asyncio.Task[None] | None = None
+        self.took_over: LockInfo | None = None
+
+    def _body(self) -> bytes:
+        i = self.info
+        return json.dumps({"holder": i.holder, "host": i.host, "pid": i.pid, "plan": i.plan, "started": i.started,
+                           "refreshed": time.time(), "token": i.token}).encode()
+
+    async def __aenter__(self) -> ApplyLock:
+        info = await self.store.stat(self.key)
+        if info is not None:
+            held = _parse_lock(await self.store.get_bytes(self.key))
+            if held is not None and not held.stale(time.time()):
+                raise PolicyError(
+                    f"a retention apply of {self.run} is already running: {held.describe()}; wait for it to "
+                    f"finish, or if it died, 'loadmaster retention unlock {self.run}' (a lock is also taken "
+                    f"over once it is {LOCK_STALE_S / 60:.0f} minutes without a heartbeat)")
+            self.took_over = held
+        await self.store.put_bytes(self.key, self._body())
+        await asyncio.sleep(_SETTLE_S)
+        mine = _parse_lock(await self.store.get_bytes(self.key))
+        if mine is None or mine.token != self.info.token:
+            other = mine.describe() if mine else "another apply"
+            raise PolicyError(f"a retention apply of {self.run} started at the same moment by {other}: "
+                              "this one stopped before touching anything")
+        self._task = asyncio.create_task(self._refresh())
+        return self
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(LOCK_REFRESH_S)
+            try:
+                await self.store.put_bytes(self.key, self._body())
+            except Exception:  # noqa: BLE001,S112 - a missed heartbeat is retried; staleness takes 10 min
+                continue
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            held = await read_lock_key(self.store, self.key)
+            if held is not None and held.token == self.info.token:
+                await self.store.delete_many([self.key])
+        except Exception:  # noqa: BLE001,S110 - the lock then goes stale; never mask the apply's own error
+            pass
+
+
+async def read_lock_key(store: ObjectStore, key: str) -> LockInfo | None:
+    info = await store.stat(key)
+    return None if info is None else _parse_lock(await store.get_bytes(key))
+
+
+def lock_summary(info: LockInfo | None) -> dict[str, Any] | None:
+    """JSON-ready view of a lock (no token)."""
+    if info is None:
+        return None
+    return {"holder": info.holder, "host": info.host, "pid": info.pid, "plan": info.plan, "started": info.started,
+            "refreshed": info.refreshed}
