@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     rs = ret.add_subparsers(dest="retention_command", metavar="ACTION", required=True)
 
     p = rs.add_parser("plan", help="compute a retention plan from a fresh listing of a run folder")
-    p.add_argument("url", metavar="URL", help="run folder: s3://bucket/run, a configured store name, or a directory")
+    p.add_argument("url", metavar="URL", help="run folder: s3://bucket/run, STORE/run (a configured store), "
+                                                 "or a local directory (relative or absolute)")
     _policy_flags(p)
     p.add_argument("--in-flight", action="append", default=[], metavar="STEP_PATH",
                    help="a step folder a running job is still writing (never touched); repeatable")
@@ -55,6 +56,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     unpin.add_argument("url", metavar="URL")
     unpin.add_argument("step", type=int, metavar="STEP")
     unpin.set_defaults(func=cmd_unpin)
+    ms = rs.add_parser("milestone", help="mark a step a milestone (kept as BF16 weights at least; recorded, audited)")
+    ms.add_argument("url", metavar="URL")
+    ms.add_argument("step", type=int, metavar="STEP")
+    ms.add_argument("--remove", action="store_true", help="remove the mark instead")
+    ms.set_defaults(func=cmd_milestone)
+    lk = rs.add_parser("unlock", help="remove the apply lock an apply that died left on a run (audited)")
+    lk.add_argument("url", metavar="URL")
+    lk.set_defaults(func=cmd_unlock)
 
     au = sub.add_parser("audit", help="show the audit log (every destructive or guarded action)")
     au.add_argument("--json", action="store_true", help="print entries as JSON (newest first)")
@@ -105,11 +114,13 @@ def policy_from_args(base: RetentionPolicy, args: argparse.Namespace) -> Retenti
 
 def format_plan(plan: RetentionPlan) -> str:
     """The plan as an operator reads it: one line per step, then the totals."""
-    rows = [("STEP", "ACTION", "BEFORE", "AFTER", "FREED", "REASON")]
+    rows = [("STEP", "KIND", "ACTION", "BEFORE", "AFTER", "FREED", "RESUMABLE", "REASON")]
     for a in plan.actions:
         est = "~" if a.estimated else ""
-        rows.append((str(a.step) if a.step is not None else a.path, a.action, fmt_size(a.bytes_before),
-                     est + fmt_size(a.bytes_after), est + fmt_size(a.bytes_freed), a.reason))
+        proof = "" if a.resumable is None else ("verified" if a.resumable == "verified" else "FAILED")
+        reason = a.reason if a.resumable in (None, "verified") else f"{a.reason}; deep check: {a.resumable}"
+        rows.append((str(a.step) if a.step is not None else a.path, a.kind, a.action, fmt_size(a.bytes_before),
+                     est + fmt_size(a.bytes_after), est + fmt_size(a.bytes_freed), proof, reason))
     lines = align_columns(rows)
     t = plan.totals
     money = (f", ${t.usd_month_saved:,.2f}/month saved ({plan.price_note})" if t.usd_month_saved is not None
@@ -192,6 +203,12 @@ async def cmd_apply(args: argparse.Namespace, services: Any) -> int:
     return 0 if report.ok else 1
 
 
+def _run(services: Any, ref: str) -> tuple[str, tuple[str, ...]]:
+    from backend.retention.apply import canonical_run
+
+    return canonical_run(services, ref)
+
+
 def cmd_pin(args: argparse.Namespace, services: Any) -> int:
     """Record a pin for a step."""
     from backend.retention import PinStore
@@ -199,8 +216,9 @@ def cmd_pin(args: argparse.Namespace, services: Any) -> int:
     if services.readonly:
         raise PolicyError("read-only mode: cannot change pins")
     p = parse_pin(args.pin)
-    PinStore(services.db).pin(args.url, p.step, p.reason)
-    print(f"pinned step {p.step} under {args.url}" + (f" ({p.reason})" if p.reason else ""))
+    url, _ = _run(services, args.url)
+    PinStore(services.db).pin(url, p.step, p.reason)
+    print(f"pinned step {p.step} under {url}" + (f" ({p.reason})" if p.reason else ""))
     return 0
 
 
@@ -210,9 +228,49 @@ def cmd_unpin(args: argparse.Namespace, services: Any) -> int:
 
     if services.readonly:
         raise PolicyError("read-only mode: cannot change pins")
-    if not PinStore(services.db).unpin(args.url, args.step):
-        raise PolicyError(f"step {args.step} is not pinned under {args.url}")
-    print(f"unpinned step {args.step} under {args.url}")
+    url, keys = _run(services, args.url)
+    if not PinStore(services.db).unpin(url, args.step, keys):
+        raise PolicyError(f"step {args.step} is not pinned under {url}")
+    print(f"unpinned step {args.step} under {url}")
+    return 0
+
+
+def cmd_milestone(args: argparse.Namespace, services: Any) -> int:
+    """Mark (or with --remove unmark) a step as a milestone."""
+    from backend.retention.apply import MilestoneStore
+
+    if services.readonly:
+        raise PolicyError("read-only mode: cannot change milestones")
+    url, keys = _run(services, args.url)
+    store = MilestoneStore(services.db)
+    if args.remove:
+        if not store.unmark(url, args.step, keys):
+            raise PolicyError(f"step {args.step} is not marked a milestone under {url}")
+        print(f"step {args.step} under {url} is no longer a milestone")
+    else:
+        store.mark(url, args.step)
+        print(f"step {args.step} under {url} is a milestone: plans keep it as BF16 weights at least")
+    return 0
+
+
+async def cmd_unlock(args: argparse.Namespace, services: Any) -> int:
+    """Remove a run's apply lock (after checking who held it)."""
+    from backend.retention.runs import LOCK_KEY, read_lock
+
+    if services.readonly:
+        raise PolicyError("read-only mode: cannot remove an apply lock")
+    url, _ = _run(services, args.url)
+    async with services.stores.open(url) as store:
+        held = await read_lock(store)
+        if held is None and await store.stat(LOCK_KEY) is None:
+            print(f"{url} has no apply lock")
+            return 0
+        res = await store.delete_many([LOCK_KEY])
+        if not res.ok:
+            raise PolicyError(f"could not remove {url}/{LOCK_KEY}: {'; '.join(res.errors.values())}")
+    who = held.describe() if held else "an unreadable lock"
+    services.db.record_audit("retention.unlock", url, "ok", detail={"held_by": who})
+    print(f"removed the apply lock on {url} (held by {who})")
     return 0
 
 

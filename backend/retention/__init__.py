@@ -7,10 +7,11 @@ from backend.retention.apply import (
     ActionOutcome,
     ApplyReport,
     Journal,
+    MilestoneStore,
     PinStore,
     apply_plan,
     compute_plan,
     storage_price,
 )
 
-__all__ = ["ActionOutcome", "ApplyReport", "Journal", "PinStore", "apply_plan", "compute_plan", "storage_price"]
+__all__ = ["ActionOutcome", "ApplyReport", "Journal", "MilestoneStore", "PinStore", "apply_plan", "compute_plan", "storage_price"]

@@ -213,10 +213,18 @@ async def prove_kept(services: Services | None, store: ObjectStore, catalog: Cat
 
     A step loadmaster uploaded must also have a succeeded (verified) upload job on record.
     """
+    by_path = {s.path: s for s in catalog.steps}
+    kept = [a.path for a in plan.actions if a.action == "keep-full" and a.path in by_path]
+    return await prove_steps(services, store, catalog, url, kept)
+
+
+async def prove_steps(services: Services | None, store: ObjectStore, catalog: Catalog, url: str,
+                      paths: Iterable[str]) -> dict[str, str]:
+    """The deep resumable check of the steps at ``paths`` (bounded concurrency)."""
     from backend.checkpoints.catalog import prove_resumable
 
     by_path = {s.path: s for s in catalog.steps}
-    kept = [a.path for a in plan.actions if a.action == "keep-full" and a.path in by_path]
+    kept = [p for p in paths if p in by_path]
     uploads = _upload_records(services, url)
     sem = asyncio.Semaphore(APPLY_CONCURRENCY)
 

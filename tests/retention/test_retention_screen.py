@@ -60,7 +60,14 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
         acts = {a.step: a for a in screen.plan.actions}
         assert acts[2000].action == "keep-full" and acts[2000].pinned == "pinned in the console"
         assert acts[4000].action == "strip-to-weights"
-        assert screen.query_one("#milestones", Input).value == "4000"
+        # the milestone is recorded (and audited) like a pin: the next plan, CLI or console, honours it
+        from backend.retention import MilestoneStore
+
+        assert MilestoneStore(local_services.db).milestones(str(root)) == (4000,)
+        (mark,) = local_services.db.audit_entries(action="retention.milestone")
+        assert mark.target == f"{root}#4000"
+        # kept full steps show the deep resumable check
+        assert acts[12000].resumable == "verified"
 
         # a dry run re-checks and changes nothing
         table.focus()

@@ -48,14 +48,30 @@ BAR_SEGMENTS = (("-keep", "full", ("keep-full",)), ("-strip", "weights", ("strip
                 ("-skip", "untouched", ("skip",)), ("-delete", "freed", ()))
 
 
+#: Full steps deep-checked when a run is listed (newest first; a plan keeps only a few full).
+PROVE_AT_MOST = 32
+
+
+def _reason_text(a: Any) -> str:
+    """The reason, with the deep resumable check of a kept full step."""
+    if a.resumable is None:
+        return str(a.reason)
+    if a.resumable == "verified":
+        return f"{a.reason} · verified resumable"
+    return f"{a.reason} · NOT resumable: {a.resumable}"
+
+
 class CatalogLoaded(Message):
-    """A fresh listing of the run arrived (with the DB pins, running jobs and the price)."""
+    """A fresh listing of the run arrived (with the DB pins and milestones, running jobs, the
+    price, and the deep resumable check of every full step)."""
 
     def __init__(self, url: str, catalog: Catalog, pins: tuple[Pin, ...], in_flight: set[str],
-                 price: float | None, price_note: str) -> None:
+                 price: float | None, price_note: str, milestones: tuple[int, ...] = (),
+                 proofs: dict[str, str] | None = None) -> None:
         super().__init__()
         self.url, self.catalog, self.pins, self.in_flight = url, catalog, pins, in_flight
         self.price, self.price_note = price, price_note
+        self.milestones, self.proofs = milestones, dict(proofs or {})
 
 
 class PlanComputed(Message):
@@ -129,6 +145,8 @@ class RetentionScreen(LoadmasterScreen):
         self.base_policy: RetentionPolicy = services.config.section("retention")
         self.pins: dict[int, str] = {p.step: p.reason for p in self.base_policy.pins}
         self.db_pins: set[int] = set()
+        self.db_milestones: set[int] = set()
+        self.proofs: dict[str, str] = {}
         self.in_flight: set[str] = set()
         self.price: float | None = None
         self.price_note = ""
@@ -205,29 +223,38 @@ class RetentionScreen(LoadmasterScreen):
     @work(exclusive=True, group="retention-load", exit_on_error=False)
     async def _load_catalog(self, url: str) -> None:
         from backend.retention.apply import (
+            MilestoneStore,
             PinStore,
+            canonical_run,
             fetch_catalog,
             in_flight_from_jobs,
+            prove_steps,
             storage_price,
         )
 
         try:
+            url, keys = canonical_run(self.services, url)
             async with self.services.stores.open(url) as store:
                 catalog = await fetch_catalog(store)
-            pins = PinStore(self.services.db).pins(url)
+                full = [s.path for s in catalog.steps if s.kind == "full"][-PROVE_AT_MOST:]
+                proofs = await prove_steps(self.services, store, catalog, url, full)
+            pins = PinStore(self.services.db).pins(url, keys)
+            milestones = MilestoneStore(self.services.db).milestones(url, keys)
             flying = in_flight_from_jobs(self.services, url)
             price, note = storage_price(self.services, url)
         except LoadmasterError as exc:
             self.report_error(f"Listing {url}", exc)
             self.query_one("#retention-summary", Static).update(f"Could not list {url}: {exc}")
             return
-        self.post_message(CatalogLoaded(url, catalog, pins, flying, price, note))
+        self.post_message(CatalogLoaded(url, catalog, pins, flying, price, note, milestones, proofs))
 
     @on(CatalogLoaded)
     def _catalog_loaded(self, event: CatalogLoaded) -> None:
         self.url, self.catalog = event.url.rstrip("/"), event.catalog
         self.in_flight, self.price, self.price_note = event.in_flight, event.price, event.price_note
         self.db_pins = {p.step for p in event.pins}
+        self.db_milestones = set(event.milestones)
+        self.proofs = event.proofs
         for p in event.pins:
             self.pins.setdefault(p.step, p.reason)
         self.results = {}
@@ -257,7 +284,8 @@ class RetentionScreen(LoadmasterScreen):
             return dataclasses.replace(
                 self.base_policy, keep_full_latest=num("keep-full", "keep full"),
                 milestone_every=num("milestone-every", "milestone every"),
-                milestones=parse_step_list(self.query_one("#milestones", Input).value),
+                milestones=tuple(sorted(set(parse_step_list(self.query_one("#milestones", Input).value))
+                                        | self.db_milestones)),
                 others=others if others in ("delete", "keep-weights") else "delete",  # type: ignore[arg-type]
                 min_age=min_age, pins=tuple(Pin(s, r) for s, r in self.pins.items()))
         except ValueError as exc:
@@ -279,7 +307,8 @@ class RetentionScreen(LoadmasterScreen):
             self.query_one("#retention-summary", Static).update(f"Policy: {exc}")
             return
         plan = plan_retention(self.catalog.steps, policy, now=time.time(), in_flight=self.in_flight, url=self.url,
-                              prefix=self.catalog.prefix, usd_per_gb_month=self.price, price_note=self.price_note)
+                              prefix=self.catalog.prefix, usd_per_gb_month=self.price, price_note=self.price_note,
+                              proofs=self.proofs)
         self.plan = plan
         self.render_plan(plan)
         self.post_message(PlanComputed(plan))
@@ -299,7 +328,7 @@ class RetentionScreen(LoadmasterScreen):
                 table.add_row(
                     str(a.step) if a.step is not None else a.path, Text(a.action, style=style),
                     fmt_size(a.bytes_before), est + fmt_size(a.bytes_after), est + fmt_size(a.bytes_freed),
-                    Text(a.reason), self.results.get(a.path, ""), key=a.path)
+                    Text(_reason_text(a)), self.results.get(a.path, ""), key=a.path)
             paths = [a.path for a in shown]
             if selected is not None and selected.path in paths:
                 table.move_cursor(row=paths.index(selected.path))
@@ -352,6 +381,11 @@ class RetentionScreen(LoadmasterScreen):
                   ("before", f"{fmt_size(a.bytes_before)} in {a.object_count:,} objects"),
                   ("after", fmt_size(a.bytes_after) + est), ("freed", fmt_size(a.bytes_freed) + est),
                   ("pinned", a.pinned or "no"), ("milestone", "yes" if a.milestone else "no")]
+        if a.note:
+            fields.append(("contents", a.note))
+        if a.resumable is not None:
+            fields.append(("resumable", "verified (deep check passed)" if a.resumable == "verified"
+                           else f"NOT proven: {a.resumable}"))
         if a.path in self.results:
             fields.append(("result", self.results[a.path]))
         self.app.push_screen(DetailModal(f"step {a.step}" if a.step is not None else a.path, fields,
@@ -391,18 +425,39 @@ class RetentionScreen(LoadmasterScreen):
             store.pin(self.url, step, reason)
 
     def action_toggle_milestone(self) -> None:
+        if not self.require_writable("change milestones"):
+            return
         a = self._selected()
         if a is None or a.step is None:
             self.notify("Select a numbered step to mark.", severity="warning", markup=False)
             return
         box = self.query_one("#milestones", Input)
         try:
-            current = list(parse_step_list(box.value))
+            typed = list(parse_step_list(box.value))
         except LoadmasterError as exc:
             self.notify(str(exc), severity="warning", markup=False)
             return
-        current = [s for s in current if s != a.step] if a.step in current else sorted([*current, a.step])
-        box.value = ",".join(map(str, current))  # Input.Changed recomputes the plan
+        if a.step in typed:  # typed into the policy form: unmark it there
+            box.value = ",".join(str(s) for s in typed if s != a.step)  # Input.Changed recomputes
+            return
+        # Recorded in the state DB (audited) like a pin, so the next plan honours it, CLI or console.
+        if a.step in self.db_milestones:
+            self.db_milestones.discard(a.step)
+            self._save_milestone(a.step, False)
+        else:
+            self.db_milestones.add(a.step)
+            self._save_milestone(a.step, True)
+        self.recompute()
+
+    @work(group="retention-pins", exit_on_error=False)
+    async def _save_milestone(self, step: int, marked: bool) -> None:
+        from backend.retention.apply import MilestoneStore
+
+        store = MilestoneStore(self.services.db)
+        if marked:
+            store.mark(self.url, step)
+        else:
+            store.unmark(self.url, step)
 
     # ----------------------------------------------------------------- applying
 
