@@ -356,7 +356,7 @@ async def test_falls_back_to_channels_without_command_server(
     lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A node where the server cannot start (here: it exits at once, as with no usable python3).
-    monkeypatch.setattr(ssh_module, "command_server_command", lambda: "echo no python3 here >&2; exit 127")
+    monkeypatch.setattr(ssh_module, "command_server_command", lambda *_limit: "echo no python3 here >&2; exit 127")
     t = SshTransport(lab.config.node("node-04"))
     try:
         assert (await t.run("echo $LOADMASTER_NODE")).stdout == "node-04\n"

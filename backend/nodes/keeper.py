@@ -58,6 +58,7 @@ from backend.errors import (
 )
 from backend.nodes.settings import PERSIST_ENV, SshSettings, _persist
 from backend.nodes.transport import ExecTransport, ssh_config_paths
+from backend.nodes.untrusted import OutputTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +105,53 @@ def keeper_key(config: Config) -> str:
     # another host's keeper socket, which only its own host can reach.
     for part in (__version__, python, socket.gethostname(), str(os.geteuid()), repr(ssh_nodes)):
         h.update(part.encode() + b"\0")
-    for path in ssh_config_paths():
-        h.update(path.encode() + b"\0")
+    # The [ssh] section too: keepalive settings shape the keeper's connections.
+    h.update(repr(config.section("ssh")).encode() + b"\0")
+    for path in ssh_config_files(ssh_config_paths()):
+        h.update(str(path).encode() + b"\0")
         with contextlib.suppress(OSError):
-            h.update(Path(path).read_bytes())
+            h.update(path.read_bytes())
     return h.hexdigest()
+
+
+#: OpenSSH's limit on nested Include directives.
+_INCLUDE_DEPTH = 16
+
+
+def ssh_config_files(paths: list[str]) -> list[Path]:
+    """The OpenSSH client config files ``paths`` name, with every file they ``Include`` (globs
+    relative to ~/.ssh, as ssh_config(5) says), in reading order: an edit to any of them matters."""
+    out: list[Path] = []
+    seen: set[Path] = set()
+
+    def visit(path: Path, depth: int) -> None:
+        if path in seen or depth > _INCLUDE_DEPTH:
+            return
+        seen.add(path)
+        out.append(path)
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return
+        for line in text.splitlines():
+            words = line.strip().replace("=", " ", 1).split()
+            if len(words) < 2 or words[0].lower() != "include":
+                continue
+            for pattern in words[1:]:
+                pat = Path(os.path.expanduser(pattern))
+                if not pat.is_absolute():
+                    pat = Path(os.path.expanduser("~/.ssh")) / pat
+                try:
+                    matches = sorted(Path(pat.anchor).glob(str(pat.relative_to(pat.anchor))))
+                except (OSError, ValueError):
+                    continue  # not a pattern ssh could read either
+                for match in matches:
+                    if match.is_file():
+                        visit(match, depth + 1)
+
+    for p in paths:
+        visit(Path(p), 0)
+    return out
 
 
 def private_dir(path: Path) -> Path:
@@ -173,6 +216,8 @@ def error_from(d: dict[str, Any], node: str) -> Exception:
         return CommandFailed(name, str(d.get("command", "")), d.get("exit_status"), str(d.get("stderr", "")))
     if kind in ("NodeUnreachable", "CommandTimeout", "NodeError"):
         return getattr(errors, kind)(name, detail)  # type: ignore[no-any-return]
+    if kind == "OutputTooLarge":
+        return OutputTooLarge(name, detail)
     if kind == "ConfigError":
         return ConfigError(message)
     cls = getattr(errors, kind, None)

@@ -50,7 +50,7 @@ class Keeper:
         self.sock = sock
         self.key = key
         self.persist = persist
-        self.pool = NodePool(config.nodes)
+        self.pool = NodePool.from_config(config)
         self.pool.on_change = self._changed
         self.clients = 0
         self.running = 0

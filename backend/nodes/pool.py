@@ -19,16 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from backend.config import Node
-from backend.errors import CommandTimeout, ConfigError
+from backend.config import Config, Node
+from backend.errors import CommandTimeout, ConfigError, NodeError
 from backend.nodes.transport import (
     DEFAULT_BACKOFF,
     DEFAULT_CHANNELS,
     DEFAULT_KEEPALIVE,
+    DEFAULT_KEEPALIVE_COUNT,
     ExecTransport,
     LocalTransport,
     Transport,
 )
+from backend.nodes.untrusted import clean_text
 
 if TYPE_CHECKING:
     from backend.nodes.keeper import KeeperClient
@@ -39,6 +41,11 @@ T = TypeVar("T")
 DEFAULT_HANDSHAKES = 10
 
 NodeState = Literal["connecting", "up", "unreachable"]
+
+#: Exit status of a command whose view is partial: some nodes could not be read (named on stderr).
+PARTIAL_EXIT = 4
+#: A node's failure as shown next to its name: one printable line of at most this many characters.
+FAILURE_TEXT_LIMIT = 200
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class NodePool:
         max_handshakes: int = DEFAULT_HANDSHAKES,
         channels_per_connection: int = DEFAULT_CHANNELS,
         keepalive_interval: float = DEFAULT_KEEPALIVE,
+        keepalive_count: int = DEFAULT_KEEPALIVE_COUNT,
         backoff: tuple[float, float] = DEFAULT_BACKOFF,
         ssh_config: str | Path | None = None,
         command_server: bool = True,
@@ -76,6 +84,7 @@ class NodePool:
         self._max_handshakes = max_handshakes
         self._channels = channels_per_connection
         self._keepalive = keepalive_interval
+        self._keepalive_count = keepalive_count
         self._backoff = backoff
         self._ssh_config = ssh_config
         self._command_server = command_server
@@ -84,12 +93,26 @@ class NodePool:
         self.on_change: Callable[[str, str, str | None], None] | None = None
         self._handshakes: asyncio.Semaphore | None = None
         self._transports: dict[str, Transport] = {}
+        #: node -> why its latest fan-out failed (removed when one succeeds): what a view is missing.
+        self._unread: dict[str, str] = {}
         now = time.time()
         self._status: dict[str, NodeStatus] = {
             n.name: NodeStatus(n.name, "up" if n.transport == "local" else "connecting", 0.0 if
                                n.transport == "local" else None, None, now)
             for n in self.nodes
         }
+
+    @classmethod
+    def from_config(cls, config: Config, *, keeper: KeeperClient | None = None, **options: object) -> NodePool:
+        """The pool for ``config``'s nodes with its ``[ssh]`` keepalive settings."""
+        from backend.nodes.settings import SshSettings
+
+        ssh = config.section("ssh")
+        if not isinstance(ssh, SshSettings):
+            ssh = SshSettings()
+        options.setdefault("keepalive_interval", ssh.keepalive_interval)
+        options.setdefault("keepalive_count", ssh.keepalive_count)
+        return cls(config.nodes, keeper=keeper, **options)  # type: ignore[arg-type]
 
     @property
     def names(self) -> list[str]:
@@ -130,6 +153,7 @@ class NodePool:
             channels=self._channels,
             handshakes=self._handshakes,
             keepalive_interval=self._keepalive,
+            keepalive_count=self._keepalive_count,
             backoff=self._backoff,
             ssh_config=self._ssh_config,
             on_state=self._record,
@@ -185,8 +209,18 @@ class NodePool:
             except Exception as exc:  # noqa: BLE001 - a node's failure is its result
                 return exc
 
-        results = await asyncio.gather(*(one(n) for n in names))
-        return dict(zip(names, results, strict=True))
+        results = dict(zip(names, await asyncio.gather(*(one(n) for n in names)), strict=True))
+        for name, res in results.items():
+            if isinstance(res, Exception):
+                self._unread[name] = failure_text(res)
+            else:
+                self._unread.pop(name, None)
+        return results
+
+    def unread(self, nodes: Iterable[str] | None = None) -> dict[str, str]:
+        """Nodes (of ``nodes``, default all) whose latest fan-out failed, with why: what a view lacks."""
+        names = self.names if nodes is None else list(nodes)
+        return {n: self._unread[n] for n in names if n in self._unread}
 
     async def close(self) -> None:
         """Close every connection."""
@@ -195,3 +229,15 @@ class NodePool:
         await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
         if self._keeper is not None:
             await self._keeper.close()
+
+
+def failure_text(exc: BaseException) -> str:
+    """Why a node could not be read, as one short printable line (without the node's name)."""
+    text = exc.detail if isinstance(exc, NodeError) else (str(exc) or type(exc).__name__)
+    return clean_text(text, FAILURE_TEXT_LIMIT)
+
+
+def unread_line(unread: dict[str, str], total: int, what: str = "read") -> str:
+    """``could not read 2 of 16 nodes: gpu-03 (reason), gpu-07 (reason)`` for stderr."""
+    parts = ", ".join(f"{name} ({why})" for name, why in unread.items())
+    return f"could not {what} {len(unread)} of {total} node(s): {parts}"

@@ -19,9 +19,11 @@ import itertools
 import json
 import logging
 import os
+import random
 import secrets
 import shlex
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -45,12 +47,28 @@ from backend.nodes.transport import (
     DEFAULT_BACKOFF,
     DEFAULT_CHANNELS,
     DEFAULT_KEEPALIVE,
+    DEFAULT_KEEPALIVE_COUNT,
     ExecTransport,
     ssh_config_paths,
+)
+from backend.nodes.untrusted import (
+    CUT_LINE,
+    MAX_OUTPUT_BYTES,
+    OutputTooLarge,
+    bounded_lines,
+    clean_text,
+    read_capped,
 )
 
 #: Attempts to open a channel that sshd refuses while it is still freeing closed sessions.
 CHANNEL_OPEN_TRIES = 6
+#: Attempts at a fresh connection that sshd drops before it answers: beyond MaxStartups' first
+#: number (10) of unauthenticated connections it closes new ones at random ("connection lost" or
+#: "reset"), so a storm of fresh connections retries with jittered exponential backoff.
+CONNECT_TRIES = 8
+CONNECT_RETRY_BASE = 0.1
+#: A message from sshd (disconnect reason, banner) shown to the operator: one printable line.
+REASON_LIMIT = 300
 
 #: Environment variable that marks every process a command starts (see kill_tree_command).
 RUN_ENV = "LOADMASTER_RUN"
@@ -114,6 +132,19 @@ def kill_tree_command(token: str) -> str:
     )
 
 
+class _Dropped(Exception):
+    """sshd closed a fresh connection before the handshake (worth another try)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _reason(exc: BaseException) -> str:
+    """An asyncssh error's reason (text the node may have chosen) as one printable line."""
+    return clean_text(str(getattr(exc, "reason", None) or exc), REASON_LIMIT)
+
+
 def _where(host: str, port: int | None, user: str | None) -> str:
     u = f"{user}@" if user else ""
     return f"{u}{host}:{port}" if port else f"{u}{host}"
@@ -142,6 +173,7 @@ class SshTransport(ExecTransport):
         channels: int = DEFAULT_CHANNELS,
         handshakes: asyncio.Semaphore | None = None,
         keepalive_interval: float = DEFAULT_KEEPALIVE,
+        keepalive_count: int = DEFAULT_KEEPALIVE_COUNT,
         backoff: tuple[float, float] = DEFAULT_BACKOFF,
         ssh_config: str | Path | None = None,
         on_state: StateHook | None = None,
@@ -159,6 +191,7 @@ class SshTransport(ExecTransport):
         self._channels = asyncio.Semaphore(max(1, channels - 1) if command_server else channels)
         self._handshakes = handshakes
         self._keepalive = keepalive_interval
+        self._keepalive_count = keepalive_count
         self._backoff = backoff
         self._ssh_config = ssh_config
         self._on_state = on_state
@@ -247,7 +280,7 @@ class SshTransport(ExecTransport):
             "known_hosts": known,
             "connect_timeout": node.connect_timeout,
             "keepalive_interval": self._keepalive,
-            "keepalive_count_max": 3,
+            "keepalive_count_max": self._keepalive_count,
         }
         if port:
             opts["port"] = port
@@ -299,35 +332,54 @@ class SshTransport(ExecTransport):
         tunnel: asyncssh.SSHClientConnection | None,
         via: str | None,
     ) -> asyncssh.SSHClientConnection:
-        client, factory = self._client_factory(node)
+        where = via or _where(host, port, user)
         opts = self._options(node, host, port, user)
         # Never let asyncssh open ~/.ssh/config's ProxyJump itself: _open did it, strictly.
         opts["tunnel"] = tunnel
-        where = via or _where(host, port, user)
+        for attempt in range(CONNECT_TRIES):
+            try:
+                return await self._connect_attempt(node, host, opts, via is None, where)
+            except _Dropped as exc:
+                if attempt + 1 == CONNECT_TRIES:
+                    raise NodeUnreachable(
+                        node.name, f"{where}: {exc.reason} before the SSH handshake, {CONNECT_TRIES} "
+                        "times (sshd's MaxStartups refusing new connections?)") from None
+                # Full jitter: a storm of connections must not come back in step.
+                await asyncio.sleep(random.uniform(0.5, 1.0) * CONNECT_RETRY_BASE * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def _connect_attempt(
+        self, node: Node, host: str, opts: dict[str, object], final_hop: bool, where: str
+    ) -> asyncssh.SSHClientConnection:
+        client, factory = self._client_factory(node)
         try:
             conn = await asyncssh.connect(host, client_factory=factory, **opts)  # type: ignore[arg-type]
         except asyncssh.HostKeyNotVerifiable as exc:
             if client.refusal is not None:
                 raise client.refusal.error(node.name) from None
-            raise NodeUnreachable(node.name, f"{where}: host key not verifiable: {exc.reason}") from None
+            raise NodeUnreachable(node.name, f"{where}: host key not verifiable: {_reason(exc)}") from None
         except asyncssh.PermissionDenied:
             keys = ", ".join(node.identity) or "default keys and ssh-agent"
             raise NodeUnreachable(
                 node.name, f"{where}: authentication refused (tried {keys}; check 'user' and 'identity')"
             ) from None
         except asyncssh.KeyImportError as exc:
-            raise NodeUnreachable(node.name, f"cannot load identity key: {exc}") from None
+            raise NodeUnreachable(node.name, f"cannot load identity key: {_reason(exc)}") from None
+        except asyncssh.ConnectionLost as exc:
+            raise _Dropped(_reason(exc) or "connection lost") from None
         except asyncssh.Error as exc:
-            raise NodeUnreachable(node.name, f"{where}: {exc.reason}") from None
+            raise NodeUnreachable(node.name, f"{where}: {_reason(exc)}") from None
         except TimeoutError:
             raise NodeUnreachable(
                 node.name, f"{where}: no SSH answer within {node.connect_timeout:g}s"
             ) from None
         except ConnectionRefusedError:
             raise NodeUnreachable(node.name, f"{where}: connection refused (is sshd running?)") from None
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise _Dropped(exc.strerror or "connection reset") from None
         except OSError as exc:
             raise NodeUnreachable(node.name, f"{where}: {exc.strerror or exc}") from None
-        if via is None:
+        if final_hop:
             self._client = client
             client.on_lost = self._lost
         return conn
@@ -335,8 +387,8 @@ class SshTransport(ExecTransport):
     def _lost(self, exc: Exception | None) -> None:
         if self._closing:
             return
-        reason = getattr(exc, "reason", None) or (str(exc) if exc else "closed by the node")
-        self._state("unreachable", None, f"connection lost: {reason}")
+        reason = _reason(exc) if exc else "closed by the node"
+        self._state("unreachable", None, f"connection lost: {reason or 'closed by the node'}")
 
     async def _drop(self) -> None:
         if self._server is not None:
@@ -353,7 +405,7 @@ class SshTransport(ExecTransport):
 
     def _lost_error(self, command: str) -> NodeUnreachable:
         lost = self._client.lost if self._client else None
-        reason = getattr(lost, "reason", None) or (str(lost) if lost else "connection closed")
+        reason = (_reason(lost) if lost else "") or "connection closed"
         return NodeUnreachable(self.name, f"connection lost while running {command!r}: {reason}")
 
     # -- commands ------------------------------------------------------------------------------
@@ -403,7 +455,7 @@ class SshTransport(ExecTransport):
             if self._server_failed:
                 return None
             # The server lives on the channel reserved for it in __init__.
-            proc = await self._open_process(conn, command_server_command(), secrets.token_hex(8))
+            proc = await self._open_process(conn, command_server_command(self.output_limit), secrets.token_hex(8))
             server = _CommandServer(self, conn, proc)
             why = await server.wait_ready(SERVER_START_TIMEOUT)
             if why is not None:
@@ -439,7 +491,11 @@ class SshTransport(ExecTransport):
                 if input:
                     proc.stdin.write(input)
                 proc.stdin.write_eof()
-                out, err = await asyncio.wait_for(proc.communicate(), timeout)
+                out, err = await asyncio.wait_for(self._collect(proc, command), timeout)
+            except OutputTooLarge:
+                _stop(proc)
+                await self._kill_tree(conn, token)
+                raise
             except TimeoutError:
                 _stop(proc)
                 # Still holding our channel permit (our own channel is closed): no deadlock.
@@ -458,6 +514,16 @@ class SshTransport(ExecTransport):
             if code is None and not self.connected:
                 raise self._lost_error(command)
             return code, out or b"", err or b"", time.monotonic() - start
+
+    async def _collect(self, proc: asyncssh.SSHClientProcess[bytes], command: str) -> tuple[bytes, bytes]:
+        """stdout and stderr to their end, each bounded (communicate() would take any amount)."""
+        what = f"command {command!r}"
+        out, err = await asyncio.gather(
+            read_capped(proc.stdout, self.output_limit, node=self.name, what=what),
+            read_capped(proc.stderr, self.output_limit, node=self.name, what=f"{what} (stderr)"),
+        )
+        await proc.wait_closed()
+        return out, err
 
     def forget_failure(self) -> None:
         """Drop the backoff after a failed connect: the next command tries to connect at once.
@@ -478,17 +544,13 @@ class SshTransport(ExecTransport):
                 if input is not None:
                     proc.stdin.write(input.encode() if isinstance(input, str) else input)
                 proc.stdin.write_eof()
-                buf = b""
                 try:
-                    async for chunk in proc.stdout:
-                        buf += chunk
-                        while b"\n" in buf:
-                            line, _, buf = buf.partition(b"\n")
-                            yield line.decode(errors="replace")
+                    # Bounded lines, found in linear time: a node printing 200 MB without a
+                    # newline costs one line's memory, not 200 MB (and not quadratic copying).
+                    async for line in bounded_lines(proc.stdout):
+                        yield line.decode(errors="replace")
                 except (asyncssh.Error, OSError):
                     raise self._lost_error(command) from None
-                if buf:
-                    yield buf.decode(errors="replace")
                 with contextlib.suppress(Exception):
                     # stdout is at EOF: the exit status follows at once unless children kept running.
                     await asyncio.wait_for(proc.wait(), 5)
@@ -521,6 +583,11 @@ def _stop(proc: asyncssh.SSHClientProcess[bytes]) -> None:
 #: Seconds to wait for the command server's ready line (python3 start-up, once per connection).
 SERVER_START_TIMEOUT = 20.0
 
+
+def reply_limit(output_limit: int) -> int:
+    """The longest reply line the command server can send: stdout and stderr at their limit, base64."""
+    return 2 * (output_limit * 4 // 3 + 4) + 4096
+
 #: A persistent per-connection command runner (stdlib python3, 3.6+). Each command still runs in
 #: its own ``/bin/sh -c`` and process group, but without a new SSH channel and login shell: sshd
 #: starts the login shell (and its rc files, e.g. a slow ``pyenv init``/``conda init``) once per
@@ -545,6 +612,16 @@ def kill(p):
         os.killpg(p.pid, signal.SIGKILL)
     except OSError:
         pass
+LIMIT = @LIMIT@
+def grab(p, f, box, i):
+    # At most LIMIT bytes of each stream: a command that floods is stopped, not buffered whole.
+    data = f.read(LIMIT + 1)
+    if len(data) > LIMIT:
+        box[2] = True
+        kill(p)
+        data = data[:LIMIT]
+    box[i] = data
+    f.close()
 def run(rid, cmd, data):
     try:
         p = subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.DEVNULL if data is None else subprocess.PIPE,
@@ -557,11 +634,30 @@ def run(rid, cmd, data):
         doomed = rid in killed
     if doomed:
         kill(p)
-    o, e = p.communicate(data)
+    box = [b"", b"", False]
+    readers = [threading.Thread(target=grab, args=(p, f, box, i), daemon=True)
+               for i, f in enumerate((p.stdout, p.stderr))]
+    for t in readers:
+        t.start()
+    if data is not None:
+        try:
+            p.stdin.write(data)
+        except OSError:
+            pass
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+    for t in readers:
+        t.join()
+    p.wait()
     with lock:
         procs.pop(rid, None)
         killed.discard(rid)
-    send({"id": rid, "rc": p.returncode, "out": b64(o), "err": b64(e)})
+    if box[2]:
+        send({"id": rid, "rc": p.returncode, "cut": True})
+    else:
+        send({"id": rid, "rc": p.returncode, "out": b64(box[0]), "err": b64(box[1])})
 send({"ready": 1, "pid": os.getpid()})
 for line in sys.stdin.buffer:
     req = json.loads(line)
@@ -582,11 +678,11 @@ for p in running:
 """
 
 
-def command_server_command() -> str:
+def command_server_command(output_limit: int = MAX_OUTPUT_BYTES) -> str:
     """Shell text that starts the command server: the system python3 when there is one."""
     # /usr/bin/python3 first: a pyenv/conda shim on PATH costs a shell and a lookup per start,
     # and the server needs only the standard library (-S skips site-packages: faster start).
-    code = shlex.quote(COMMAND_SERVER)
+    code = shlex.quote(COMMAND_SERVER.replace("@LIMIT@", str(int(output_limit))))
     return (
         f"if [ -x /usr/bin/python3 ]; then exec /usr/bin/python3 -S -u -c {code}; "
         f"else exec python3 -S -u -c {code}; fi"
@@ -610,7 +706,7 @@ class _CommandServer:
         self._pending: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[str | None] = loop.create_future()
-        self._noise: list[bytes] = []
+        self._noise: deque[bytes] = deque(maxlen=20)
         self._reader = loop.create_task(self._read())
 
     async def wait_ready(self, limit: float) -> str | None:
@@ -621,34 +717,42 @@ class _CommandServer:
             return f"command server did not start within {limit:g}s"
         if why is not None:
             with contextlib.suppress(Exception):
-                err = (await asyncio.wait_for(self.proc.stderr.read(), 2)).decode(errors="replace")
+                err = (await asyncio.wait_for(self.proc.stderr.read(65536), 2)).decode(errors="replace")
                 if err.strip():
-                    why = f"{why}: {err.strip().splitlines()[-1]}"
+                    why = f"{why}: {clean_text(err.strip().splitlines()[-1], REASON_LIMIT)}"
         return why
 
     async def _read(self) -> None:
         lost = False
         try:
-            async for line in self.proc.stdout:
+            async for line in bounded_lines(self.proc.stdout, reply_limit(self.transport.output_limit)):
                 if not self._ready.done():
                     if line.startswith(b'{"ready"'):
                         self._ready.set_result(None)
-                    else:
+                    elif line != CUT_LINE.encode():
                         self._noise.append(line)  # rc-file chatter before the server starts
                     continue
+                if line == CUT_LINE.encode():
+                    break  # a reply larger than the server ever sends: not our server talking
                 msg = json.loads(line)
-                entry = self._pending.pop(msg.get("id"), None)
+                if not isinstance(msg, dict):
+                    break
+                rid = msg.get("id")
+                entry = self._pending.pop(rid, None) if isinstance(rid, int) else None
                 if entry is not None and not entry[1].done():
                     entry[1].set_result(msg)
         except (asyncssh.Error, OSError):
             lost = True
-        except ValueError:
+        except (ValueError, RecursionError):
             pass  # a garbled reply: treat as the server going away
         finally:
             self.alive = False
+            with contextlib.suppress(Exception):
+                self.proc.close()  # its channel is free for the next server
             if not self._ready.done():
-                err = b"".join(self._noise).decode(errors="replace").strip().splitlines()
-                self._ready.set_result("command server did not start" + (f": {err[-1]}" if err else ""))
+                err = b"\n".join(self._noise).decode(errors="replace").strip().splitlines()
+                last = clean_text(err[-1], REASON_LIMIT) if err else ""
+                self._ready.set_result("command server did not start" + (f": {last}" if last else ""))
             for command, fut in self._pending.values():
                 if fut.done():
                     continue
@@ -690,6 +794,9 @@ class _CommandServer:
             raise self.transport._lost_error(command) from None
         finally:
             self._pending.pop(rid, None)
+        if msg.get("cut"):
+            raise OutputTooLarge(self.transport.name, f"command {command!r} printed more than "
+                                 f"{self.transport.output_limit:,} bytes; stopped it")
         rc = msg.get("rc")
         return rc, base64.b64decode(msg.get("out", "")), base64.b64decode(msg.get("err", ""))
 

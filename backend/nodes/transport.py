@@ -19,11 +19,20 @@ from pathlib import Path
 
 from backend.config import Node
 from backend.errors import CommandFailed, CommandTimeout, NodeUnreachable
+from backend.nodes.untrusted import (
+    MAX_OUTPUT_BYTES,
+    OutputTooLarge,
+    bounded_lines,
+    clean_block,
+    read_capped,
+)
 
 #: sshd's default MaxSessions is 10; one spare for OpenSSH's own needs (agent, control).
 DEFAULT_CHANNELS = 9
-#: Seconds between SSH keepalives (a dead node is noticed after three missed).
-DEFAULT_KEEPALIVE = 15.0
+#: Seconds between SSH keepalives, and how many may go unanswered: a node that stops answering
+#: (a black-holed link) is declared unreachable after interval x count seconds, 15 by default.
+DEFAULT_KEEPALIVE = 5.0
+DEFAULT_KEEPALIVE_COUNT = 3
 #: Backoff after a failed connect: first delay and ceiling, in seconds.
 DEFAULT_BACKOFF = (1.0, 30.0)
 
@@ -69,6 +78,8 @@ class Transport(ABC):
 
     def __init__(self, node: Node) -> None:
         self.node = node
+        #: Most bytes one command may print on stdout (and on stderr) before it is stopped.
+        self.output_limit = MAX_OUTPUT_BYTES
 
     @property
     def name(self) -> str:
@@ -151,12 +162,41 @@ class ExecTransport(Transport):
             self.name, command, code, out.decode(errors="replace"), err.decode(errors="replace"), elapsed
         )
         if check and not result.ok:
-            raise CommandFailed(self.name, command, result.exit_status, result.stderr)
+            raise _failed(result)
         return result
 
     async def _run_bytes(self, command: str, *, input: bytes | None = None) -> tuple[int | None, bytes, bytes]:
         code, out, err, _ = await self.exec_bytes(command, input, None)
         return code, out, err
+
+
+def _failed(result: RunResult) -> CommandFailed:
+    # The node's stderr ends up in a message on the operator's terminal: printable text only.
+    return CommandFailed(result.node, result.command, result.exit_status, clean_block(result.stderr))
+
+
+async def communicate_capped(proc: asyncio.subprocess.Process, data: bytes | None, node: str,
+                             command: str, limit: int = MAX_OUTPUT_BYTES) -> tuple[bytes, bytes]:
+    """A subprocess's stdout and stderr, each bounded by ``limit`` bytes (OutputTooLarge beyond)."""
+    async def feed() -> None:
+        if proc.stdin is None:
+            return
+        try:
+            if data:
+                proc.stdin.write(data)
+                await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the command exited without reading its input
+
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err, _ = await asyncio.gather(
+        read_capped(proc.stdout, limit, node=node, what=f"command {command!r}"),
+        read_capped(proc.stderr, limit, node=node, what=f"command {command!r} (stderr)"),
+        feed(),
+    )
+    await proc.wait()
+    return out, err
 
 
 class LocalTransport(Transport):
@@ -186,11 +226,15 @@ class LocalTransport(Transport):
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
             # lands as the command finishes, leaving the caller running after stop().
             async with asyncio.timeout(timeout):
-                out, err = await proc.communicate(data)
+                out, err = await communicate_capped(proc, data, self.name, command, self.output_limit)
         except TimeoutError:
             _kill_group(proc.pid)
             await proc.wait()
             raise CommandTimeout(self.name, f"command {command!r} did not finish within {timeout:g}s") from None
+        except OutputTooLarge:
+            _kill_group(proc.pid)
+            await proc.wait()
+            raise
         except asyncio.CancelledError:
             _kill_group(proc.pid)
             raise
@@ -199,7 +243,7 @@ class LocalTransport(Transport):
             time.monotonic() - start,
         )
         if check and not result.ok:
-            raise CommandFailed(self.name, command, result.exit_status, result.stderr)
+            raise _failed(result)
         return result
 
     async def stream(self, command: str, *, input: str | bytes | None = None) -> AsyncIterator[str]:
@@ -216,8 +260,9 @@ class LocalTransport(Transport):
                 await proc.stdin.drain()
                 proc.stdin.close()
             assert proc.stdout is not None
-            async for raw in proc.stdout:
-                yield raw.decode(errors="replace").rstrip("\n")
+            # Bounded lines: a node printing 200 MB without a newline costs one line's memory.
+            async for raw in bounded_lines(proc.stdout):
+                yield raw.decode(errors="replace")
         finally:
             if proc.returncode is None:
                 _kill_group(proc.pid)
