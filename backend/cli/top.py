@@ -1,7 +1,9 @@
 """``loadmaster top``: the fleet's GPUs, NICs and disks live, like nvidia-smi for a whole fleet.
 
 One long-lived sampling stream per node over its existing connection (see
-:mod:`backend.telemetry.sampler`); ``--json`` prints one object per sample tick.
+:mod:`backend.telemetry.sampler`); ``--json`` prints one object per sample tick. When it stops
+(``--once``, ``--count``), nodes it could not read (unreachable, stale, never sampled, or a
+malformed sample) are named on stderr and the exit status is 4 (``PARTIAL_EXIT``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from backend.cli.argtypes import duration_arg
 from backend.errors import ConfigError
+from backend.nodes.pool import PARTIAL_EXIT, unread_line
 from backend.services import Services
 from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.report import fleet_dict, fleet_table
@@ -49,6 +52,17 @@ def _settings(services: Services, interval: float | None) -> TelemetrySettings:
         raise ConfigError(str(exc), key="--interval") from None
 
 
+def unread_nodes(snap: Any) -> dict[str, str]:
+    """Nodes of ``snap`` whose figures are missing or partial, with why (for stderr and a footer)."""
+    out: dict[str, str] = {}
+    for n in snap.nodes:
+        if n.state != "up":
+            out[n.name] = n.state + (f": {n.error}" if n.error else "")
+        elif n.error and n.error.startswith("malformed"):
+            out[n.name] = n.error
+    return out
+
+
 def _ready(snap: Any) -> bool:
     """Every node has two samples (rates known), or is unreachable."""
     return all(n.state == "unreachable" or n.samples >= 2 for n in snap.nodes)
@@ -63,6 +77,7 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
     hub = TelemetryHub(services.pool, settings, nodes=[n.name for n in nodes])
     tty = sys.stdout.isatty() and not args.json
     ticks = 0
+    last: Any = None
     await hub.start()
     try:
         updates = hub.updates()
@@ -73,6 +88,7 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
             if args.once and not _ready(snap) and time.monotonic() < deadline:
                 continue
             ticks += 1
+            last = snap
             if args.json:
                 print(json.dumps(fleet_dict(snap, wall_time=time.time())), flush=True)
             else:
@@ -86,5 +102,9 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
         await updates.aclose()
     finally:
         await hub.stop()
+    unread = unread_nodes(last) if last is not None else {}
+    if unread:
+        print(f"loadmaster: {unread_line(unread, len(last.nodes))}", file=sys.stderr)
+        return PARTIAL_EXIT
     return 0
 

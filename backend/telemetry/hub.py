@@ -20,10 +20,11 @@ from typing import Any
 
 from backend.config import Node
 from backend.errors import NodeUnreachable
+from backend.nodes.untrusted import clean_text
 from backend.telemetry.history import NodeHistory
 from backend.telemetry.model import Alert, FleetSnapshot, NodeSnapshot, NodeState
-from backend.telemetry.parse import RawSample, compute_rates, parse_block
-from backend.telemetry.sampler import BEGIN, END, MAX_BLOCK_LINES, sampler_script
+from backend.telemetry.parse import MESSAGE_LIMIT, RawSample, compute_rates, parse_block
+from backend.telemetry.sampler import BEGIN, END, MAX_BLOCK_BYTES, MAX_BLOCK_LINES, sampler_script
 from backend.telemetry.settings import TelemetrySettings
 from backend.telemetry.starvation import StarvationDetector
 
@@ -185,9 +186,13 @@ class TelemetryHub:
                 dt = t - st.prev_t
         nics, disks = compute_rates(st.prev, raw, dt)
         st.prev, st.prev_t, st.last_t = raw, t, t
-        st.state, st.error = "up", None
+        # A malformed part (a flood from nvidia-smi) is reported beside the node; the rest counts.
+        error = "; ".join(raw.malformed) if raw.malformed else None
+        if error is not None and error != st.error:
+            log.warning("telemetry: malformed sample from %s: %s", node, error)
+        st.state, st.error = "up", error
         snap = NodeSnapshot(
-            name=node, site=st.node.site, state="up", error=None,
+            name=node, site=st.node.site, state="up", error=error,
             latency_ms=st.latency_ms, gpus=raw.gpus, gpu_status=raw.gpu_status, nics=nics,
             disks=disks, scratch=st.node.scratch, scratch_free_bytes=raw.scratch_free_bytes,
             scratch_total_bytes=raw.scratch_total_bytes, scratch_error=raw.scratch_error,
@@ -216,6 +221,7 @@ class TelemetryHub:
         """The transport says ``node`` cannot be reached: show it, clear its alert."""
         st = self._nodes[node]
         t = self.clock() if t is None else t
+        error = clean_text(error, MESSAGE_LIMIT)  # reasons can carry text the node chose
         cleared = st.detector.reset(t)
         if cleared is not None:
             self._recent.appendleft(cleared)
@@ -228,6 +234,7 @@ class TelemetryHub:
     def note_error(self, node: str, error: str) -> None:
         """Remember a non-fatal sampler error (shown beside the state)."""
         st = self._nodes[node]
+        error = clean_text(error, MESSAGE_LIMIT)
         if st.error != error:
             st.error = error
             st.snap = replace(st.snap, error=error)
@@ -325,18 +332,30 @@ class TelemetryHub:
                 async with contextlib.aclosing(transport.stream(script)) as stream, \
                         asyncio.timeout(silence) as deadline:
                     lines: list[str] | None = None
+                    size = 0
+                    flood: str | None = None  # why the block in progress is malformed
                     async for line in stream:
                         if line == BEGIN:
-                            lines = []
+                            lines, size, flood = [], 0, None
                         elif line == END:
                             if lines is not None:
-                                self.ingest(name, "\n".join(lines))
+                                if flood is None:
+                                    self.ingest(name, "\n".join(lines))
+                                else:
+                                    self.note_error(name, flood)
                                 got_block = True
                                 backoff = s.backoff_initial
                                 deadline.reschedule(loop.time() + silence)
                             lines = None
-                        elif lines is not None and len(lines) < MAX_BLOCK_LINES:
-                            lines.append(line)
+                        elif lines is not None and flood is None:
+                            size += len(line) + 1
+                            if len(lines) >= MAX_BLOCK_LINES or size > MAX_BLOCK_BYTES:
+                                # Bounded memory: the block is dropped, not kept in part.
+                                flood = (f"malformed sample: more than {MAX_BLOCK_LINES:,} lines or "
+                                         f"{MAX_BLOCK_BYTES // (1 << 20)} MiB in one block; dropped")
+                                lines = []
+                            else:
+                                lines.append(line)
                 self.note_error(name, "sampler stream ended" if got_block else
                                 "sampler stream ended before the first sample")
             except asyncio.CancelledError:

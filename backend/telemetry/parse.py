@@ -2,6 +2,11 @@
 
 Everything here is a function of its text arguments, so tests feed recorded output and the
 benchmark injects synthetic samples exactly where real ones enter, after the transport.
+
+The text comes from a node and is not trusted: every string kept (GPU names, error lines,
+interface and device names) is cleaned of control characters and escape sequences and cut to a
+bounded length, and a section the transport had to cut (a line over its limit) or that lost its
+end marker is a *malformed* part of the sample: reported, never parsed.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import csv
 import re
 from dataclasses import dataclass, field
 
+from backend.nodes.untrusted import CUT_LINE, MAX_LINE_BYTES, clean_text
 from backend.telemetry.model import NO_GPU, DiskRate, GpuSample, NicKind, NicRate
 
 _VIRTUAL_PREFIXES = (
@@ -27,6 +33,22 @@ MAX_NIC_BPS_UNKNOWN = 1.6e12
 MAX_DISK_BPS = 100e9
 _WRAP32 = 2**32
 _WRAP64 = 2**64
+#: Longest name (GPU model, interface, device) and message kept from a node's output.
+NAME_LIMIT = 128
+MESSAGE_LIMIT = 200
+#: What the sampler names each section, for messages about a malformed one.
+_SECTION_SOURCE = {"gpu": "nvidia-smi", "netdev": "/proc/net/dev", "nic": "/sys/class/net",
+                   "diskstats": "/proc/diskstats", "block": "/sys/block", "df": "df"}
+#: gpu_status of a sample whose nvidia-smi output was malformed starts with this.
+MALFORMED = "malformed"
+
+
+def _name(text: str) -> str:
+    return clean_text(text, NAME_LIMIT)
+
+
+def _message(text: str) -> str:
+    return clean_text(text, MESSAGE_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -55,6 +77,8 @@ class RawSample:
     scratch_free_bytes: int | None = None
     scratch_total_bytes: int | None = None
     scratch_error: str | None = None
+    #: One line per malformed part of the block (a line over the limit, output cut on the node).
+    malformed: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,11 +120,11 @@ def parse_gpu_csv(text: str, rc: str | None = "0") -> tuple[tuple[GpuSample, ...
         lost = _LOST_LINE.search(ln) if "GPU is lost" in ln and "," not in ln else None
         if lost:
             bus = lost.group(1) or ""
-            gpus.append(GpuSample(index=len(gpus), uuid=bus.rstrip(":."), lost=True,
+            gpus.append(GpuSample(index=len(gpus), uuid=_name(bus.rstrip(":.")), lost=True,
                                   error="GPU is lost"))
             continue
         if "," not in ln:
-            errors.append(ln.strip())
+            errors.append(_message(ln.strip()))
             continue
         # nvidia-smi's CSV never quotes (no GPU name or UUID holds a comma), so a plain split
         # is exact and several times cheaper than the csv module at fleet scale.
@@ -112,15 +136,15 @@ def parse_gpu_csv(text: str, rc: str | None = "0") -> tuple[tuple[GpuSample, ...
         if "GPU is lost" in ln:
             idx = _value(cells[0])
             gpus.append(GpuSample(index=int(idx) if idx is not None else len(gpus),
-                                  uuid=cells[1].strip() if not cells[1].startswith("[") else "",
+                                  uuid=_name(cells[1].strip()) if not cells[1].startswith("[") else "",
                                   lost=True, error="GPU is lost"))
             continue
         idx = _value(cells[0])
         gpus.append(
             GpuSample(
                 index=int(idx) if idx is not None else len(gpus),
-                uuid=cells[1],
-                name=cells[2],
+                uuid=_name(cells[1]),
+                name=_name(cells[2]),
                 util_pct=_value(cells[3]),
                 mem_util_pct=_value(cells[4]),
                 mem_used_mib=_value(cells[5]),
@@ -152,7 +176,7 @@ def parse_netdev(text: str) -> dict[str, tuple[int, int]]:
         if len(fields) < 9:
             continue
         try:
-            out[name.strip()] = (int(fields[0]), int(fields[8]))
+            out[_name(name.strip())] = (int(fields[0]), int(fields[8]))
         except ValueError:
             continue
     return out
@@ -185,7 +209,7 @@ def parse_nic_info(text: str) -> dict[str, NicInfo]:
         parts = ln.split()
         if len(parts) < 2:
             continue
-        name, speed_s = parts[0], parts[1]
+        name, speed_s = _name(parts[0]), parts[1]
         flags = parts[2] if len(parts) > 2 else "-"
         try:
             speed: int | None = int(speed_s)
@@ -207,7 +231,7 @@ def parse_block_list(text: str) -> dict[str, bool]:
     for ln in text.splitlines():
         parts = ln.split()
         if parts:
-            out[parts[0]] = len(parts) > 1 and parts[1] == "d"
+            out[_name(parts[0])] = len(parts) > 1 and parts[1] == "d"
     return out
 
 
@@ -222,7 +246,7 @@ def parse_diskstats(text: str, whole: dict[str, bool] | None = None) -> dict[str
         f = ln.split()
         if len(f) < 10:
             continue
-        name = f[2]
+        name = _name(f[2])
         if whole is not None:
             if name not in whole:
                 continue
@@ -249,7 +273,7 @@ def parse_df(text: str, rc: str | None) -> tuple[int | None, int | None, str | N
         if m:
             return int(m.group(4)) * 1024, int(m.group(2)) * 1024, None
     msg = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return None, None, msg or f"df exited {rc}"
+    return None, None, _message(msg) if msg else f"df exited {_message(str(rc))}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,9 +302,29 @@ def split_sections(block: str) -> dict[str, tuple[str, str | None]]:
     return {k: ("\n".join(v), rcs.get(k)) for k, v in sections.items()}
 
 
+def malformed_sections(sections: dict[str, tuple[str, str | None]]) -> dict[str, str]:
+    """{section: why} for the sections of a block that must not be parsed.
+
+    A section holding a line the transport cut (over ``MAX_LINE_BYTES``), or a GPU section
+    without its ``@@gpu-rc`` end line (the sampler cuts nvidia-smi's output on the node past
+    ``MAX_GPU_BYTES``, and the marker goes with it), is malformed.
+    """
+    out: dict[str, str] = {}
+    for name, (body, rc) in sections.items():
+        source = _SECTION_SOURCE.get(name, name)
+        if CUT_LINE in body:
+            out[name] = f"{source} printed a line over {MAX_LINE_BYTES // 1024} KiB"
+        elif name == "gpu" and rc is None:
+            out[name] = f"{source} output was cut (too long) or did not finish"
+    return out
+
+
 def parse_block(block: str) -> RawSample:
     """One sampler block (the lines between ``@@lm-begin`` and ``@@lm-end``) -> RawSample."""
     s = split_sections(block)
+    bad = malformed_sections(s) if CUT_LINE in block or ("gpu" in s and s["gpu"][1] is None) else {}
+    for name in bad:
+        s[name] = ("", "0")  # reported below, never parsed
     uptime = None
     up_text = s.get("uptime", ("", None))[0].split()
     if up_text:
@@ -288,8 +332,11 @@ def parse_block(block: str) -> RawSample:
             uptime = float(up_text[0])
         except ValueError:
             uptime = None
-    boot = s.get("boot", ("", None))[0].strip() or None
-    if "gpu" in s:
+    boot = _name(s.get("boot", ("", None))[0].strip()) or None
+    gpus: tuple[GpuSample, ...]
+    if "gpu" in bad:
+        gpus, gstatus = (), f"{MALFORMED} sample: {bad['gpu']}"
+    elif "gpu" in s:
         gtext, grc = s["gpu"]
         gpus, gstatus = parse_gpu_csv(gtext, grc)
     else:
@@ -299,6 +346,8 @@ def parse_block(block: str) -> RawSample:
     serr: str | None = None
     if "df" in s:
         free, total, serr = parse_df(*s["df"])
+        if "df" in bad:
+            free, total, serr = None, None, f"{MALFORMED} sample: {bad['df']}"
     return RawSample(
         uptime=uptime,
         boot_id=boot,
@@ -311,6 +360,7 @@ def parse_block(block: str) -> RawSample:
         scratch_free_bytes=free,
         scratch_total_bytes=total,
         scratch_error=serr,
+        malformed=tuple(bad.values()),
     )
 
 

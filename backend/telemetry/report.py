@@ -77,7 +77,7 @@ def fleet_table(snap: FleetSnapshot) -> str:
         if n.sampled_at is None:
             gpus = "-"
         elif n.gpu_status != "ok":
-            gpus = n.gpu_status
+            gpus = n.gpu_status[:48]
         else:
             lost = sum(1 for g in n.gpus if g.lost)
             gpus = f"{len(n.gpus) - lost}/{len(n.gpus)}" if lost else str(len(n.gpus))

@@ -19,8 +19,14 @@ GPU_FIELDS = (
     "temperature.gpu,power.draw,power.limit"
 )
 
-#: Blocks longer than this are cut (a runaway command must not grow the console's memory).
+#: A block with more lines or bytes than this is a malformed sample: reported and dropped (a
+#: runaway command on a node must not grow the console's memory). A real block is a few KB.
 MAX_BLOCK_LINES = 20000
+MAX_BLOCK_BYTES = 4 * 1024 * 1024
+#: nvidia-smi's output is cut on the node past this many bytes (8 GPUs print about 1.5 KB), so a
+#: driver printing 200 MB costs neither the link nor the console; the cut output lacks its
+#: ``@@gpu-rc`` line, which marks the sample's GPU part malformed.
+MAX_GPU_BYTES = 256 * 1024
 
 _SCRIPT = r"""
 i={interval}; cs={centis}; smi={smi}; scratch={scratch}
@@ -31,7 +37,8 @@ while :; do
   echo "@@boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
   echo '@@gpu'
   if command -v "$smi" >/dev/null 2>&1; then
-    "$smi" --query-gpu={fields} --format=csv,noheader,nounits 2>&1; echo "@@gpu-rc $?"
+    {{ "$smi" --query-gpu={fields} --format=csv,noheader,nounits 2>&1; echo "@@gpu-rc $?"; }} | head -c {gpu_bytes}
+    echo
   else
     echo '@@gpu-rc absent'
   fi
@@ -77,6 +84,7 @@ def sampler_script(*, interval: float, scratch: str, nvidia_smi: str = "nvidia-s
         smi=shlex.quote(nvidia_smi),
         scratch=shlex.quote(scratch),
         fields=GPU_FIELDS,
+        gpu_bytes=MAX_GPU_BYTES,
     )
     # Run by an explicit sh so the node's login shell (bash, zsh, fish) does not matter.
     return f"exec sh -c {shlex.quote(body)}"
