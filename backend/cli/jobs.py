@@ -1,4 +1,9 @@
-"""``loadmaster jobs``, ``job show|logs|cancel``, ``pull`` and the node-side ``agent run``."""
+"""``loadmaster jobs``, ``job show|logs|cancel``, ``pull`` and the node-side ``agent run``.
+
+Job records hold text nodes and buckets chose (labels, object keys, errors, logs): it is printed
+without control characters or escape sequences. ``jobs`` names the nodes it could not read on
+stderr and exits 4 (``PARTIAL_EXIT``): the list is then partial.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import ConfigError, JobError, LoadmasterError
 from backend.jobs.fmt import describe_plan, fmt_bytes, fmt_eta
+from backend.nodes.pool import PARTIAL_EXIT, unread_line
+from backend.nodes.untrusted import clean_block, clean_text
 from backend.services import Services
 from backend.textfmt import align_columns
 
@@ -109,8 +116,17 @@ def progress_text(rec: JobRecord, line_rate_gbps: float | None = None) -> str:
     return " ".join(parts)
 
 
+#: Longest cell of a job table (a source URL, an error) before it is cut.
+CELL_LIMIT = 300
+
+
+def _t(value: Any) -> str:
+    """A value from a job record as printable text (records hold what nodes wrote)."""
+    return clean_text(str(value), CELL_LIMIT)
+
+
 def _table(rows: list[list[str]]) -> None:
-    print("\n".join(align_columns(rows)))
+    print("\n".join(align_columns([[_t(c) for c in row] for row in rows])))
 
 
 def _record_json(rec: JobRecord) -> dict[str, Any]:
@@ -124,18 +140,26 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
     """List jobs: local records merged with a fresh read of every node's job directories."""
     recs = services.jobs.records(limit=args.limit) if args.local else await services.jobs.refresh()
     recs = recs[: args.limit]
+    # The nodes whose job directories could not be read just now: their jobs are missing or old.
+    names = [n.name for n in services.config.nodes]
+    unread = {} if args.local else services.pool.unread(names)
     if args.json:
+        # json.dumps escapes every control character (ensure_ascii): safe on a terminal as is.
         print(json.dumps([_record_json(r) for r in recs], indent=2, default=str))
-        return 0
-    if not recs:
+    elif not recs:
         print("no jobs")
-        return 0
-    rows = [["ID", "KIND", "NODE", "STATE", "PROGRESS", "SOURCE -> DEST", "STARTED"]]
-    for r in recs:
-        what = f"{r.source} -> {r.destination}" if r.source else r.label
-        state = r.state + (f" ({r.note.split(':', 1)[0]})" if r.note else "")
-        rows.append([r.id, r.kind, r.node, state, progress_text(r), what, fmt_when(r.created)])
-    _table(rows)
+    else:
+        rows = [["ID", "KIND", "NODE", "STATE", "PROGRESS", "SOURCE -> DEST", "STARTED"]]
+        for r in recs:
+            what = f"{r.source} -> {r.destination}" if r.source else r.label
+            state = r.state + (f" ({r.note.split(':', 1)[0]})" if r.note else "")
+            rows.append([r.id, r.kind, r.node, state, progress_text(r), what, fmt_when(r.created)])
+        _table(rows)
+    if unread:
+        sys.stdout.flush()
+        print(f"loadmaster: {unread_line(unread, len(names))}; their jobs may be missing or out of date",
+              file=sys.stderr)
+        return PARTIAL_EXIT
     return 0
 
 
@@ -167,7 +191,7 @@ async def cmd_show(args: argparse.Namespace, services: Services) -> int:
         lines.append(f"error     {rec.error}")
     if rec.result:
         lines.append("result    " + json.dumps(rec.result, default=str))
-    print("\n".join(lines))
+    print("\n".join(clean_text(line) for line in lines))
     return 0 if rec.state != "failed" else 1
 
 
@@ -177,15 +201,15 @@ async def cmd_logs(args: argparse.Namespace, services: Services) -> int:
     if args.follow:
         try:
             async for chunk in jobs.follow_log(args.id):
-                sys.stdout.write(chunk)
+                sys.stdout.write(clean_block(chunk))
                 sys.stdout.flush()
         except (KeyboardInterrupt, asyncio.CancelledError):
             return 130
         rec = jobs.get(args.id)
-        print(f"-- job {rec.id} {rec.state}" + (f": {rec.error}" if rec.error else ""), file=sys.stderr)
+        print(_t(f"-- job {rec.id} {rec.state}" + (f": {rec.error}" if rec.error else "")), file=sys.stderr)
         return 0
     text, _ = await jobs.read_log(args.id, tail_lines=args.tail)
-    sys.stdout.write(text)
+    sys.stdout.write(clean_block(text))
     return 0
 
 
@@ -208,12 +232,12 @@ async def cmd_cancel(args: argparse.Namespace, services: Services) -> int:
     if rec.terminal:
         raise JobError(f"job {rec.id} already ended ({rec.state}); nothing to cancel")
     grace = jobs.settings.cancel_grace
-    print(f"cancel {rec.kind} job {rec.id} on {rec.node} ({progress_text(rec)}):\n"
+    print(f"cancel {_t(rec.kind)} job {rec.id} on {rec.node} ({_t(progress_text(rec))}):\n"
           f"  SIGTERM to its process group, SIGKILL after {grace:g}s, then remove its partial output",
           file=sys.stderr)
     _confirm("cancel it?", args.yes)
     final = await jobs.cancel(rec.id, reason=args.reason)
-    print(f"job {final.id}: {final.state}" + (f" ({final.error})" if final.error else ""))
+    print(_t(f"job {final.id}: {final.state}" + (f" ({final.error})" if final.error else "")))
     return 0 if final.state == "cancelled" else 1
 
 
@@ -318,7 +342,7 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
                    f"{r.result.get('gbps')} Gbps)"
         if r.error:
             msg += f": {r.error}"
-        print(msg, file=sys.stderr if as_json else sys.stdout)
+        print(_t(msg), file=sys.stderr if as_json else sys.stdout)
     if as_json:
         print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in current]}, indent=2,
                          default=str))
