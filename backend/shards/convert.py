@@ -16,6 +16,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
 import functools
 import hashlib
 import json
@@ -33,8 +34,10 @@ from typing import Any, Literal, NamedTuple
 
 from backend.config import Config, StoreProfile
 from backend.errors import LoadmasterError
+from backend.nodes.untrusted import loads_bounded
 from backend.shards import tarfmt
 from backend.shards.manifest import (
+    JOURNAL_MAX_BYTES,
     MANIFEST_NAME,
     Manifest,
     RequestArithmetic,
@@ -50,6 +53,7 @@ from backend.shards.plan import (
     ShardPlan,
     SourceFile,
     group_samples,
+    inside,
     pattern_regex,
     plan_shards,
     scan_local,
@@ -356,18 +360,49 @@ def _unreadable(path: str, exc: OSError) -> ShardError:
     return ShardError(f"cannot read source file {path}: {exc.strerror or exc}")
 
 
+def _write_error(path: str, exc: OSError) -> ShardError:
+    """A failed write (a full disk, a quota) as one line naming the file and what to do."""
+    hint = ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = ": free space there, then rerun with --resume (completed shards are kept)"
+    return ShardError(f"cannot write {exc.filename or path}: {exc.strerror or exc}{hint}")
+
+
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def _open_source(path: str, root_real: str) -> int:
+    """Open a source file for reading, refusing one that resolves outside the source.
+
+    The check is made on the open descriptor (``/proc/self/fd``), so a file swapped for a
+    symbolic link after the listing cannot smuggle another file in; O_NONBLOCK keeps a FIFO
+    swapped in from blocking the conversion (its read fails instead).
+    """
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        real = os.path.realpath(path)  # no /proc: the path as it resolves now
+    if not inside(real, root_real):
+        os.close(fd)
+        raise ShardError(f"source file {path} resolves to {real}, outside the source "
+                         f"{root_real}: refused (a symbolic link out of SRC is never followed)")
+    return fd
+
+
 def _changed(path: str, size: int, got: int) -> ShardError:
     return ShardError(f"source file {path} changed during the conversion (listed {size} bytes, "
                       f"read {got}); run again once the source is stable")
 
 
-def _read_source(path: str, size: int, read: Callable[..., int], *args: Any) -> None:
-    """Open ``path`` (listed at ``size`` bytes), let ``read(fd, *args)`` read it all, check the count.
+def _read_source(path: str, size: int, root_real: str, read: Callable[..., int], *args: Any) -> None:
+    """Open ``path`` (listed at ``size`` bytes, under ``root_real``), let ``read(fd, *args)`` read
+    it all, check the count.
 
     ``read`` returns how many bytes it got, one more than it was asked for when the file grew.
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_source(path, root_real)
         try:
             got = read(fd, *args)
         finally:
@@ -445,6 +480,7 @@ class _LocalSource(_Source):
 
     def __init__(self, root: str, workers: int) -> None:
         self.base = root.rstrip("/") + "/"  # plain concatenation: os.path.join costs per file
+        self.root_real = os.path.realpath(root)
         self.workers = workers
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.ahead = 1
@@ -465,7 +501,7 @@ class _LocalSource(_Source):
         for head, rel, size in chunk.members:
             end = pos + len(head)
             mv[pos:end] = head
-            _read_source(base + rel, size, _readv_exact, mv[end:end + size], spare)
+            _read_source(base + rel, size, self.root_real, _readv_exact, mv[end:end + size], spare)
             pos = end + size
             pad = -size % tarfmt.BLOCK
             if pad:  # the buffer is reused: padding is written, not assumed
@@ -492,7 +528,7 @@ class _LocalSource(_Source):
     def stream(self, rel: str, size: int) -> Iterator[Filled]:
         path = self.base + rel
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = _open_source(path, self.root_real)
         except OSError as exc:
             raise _unreadable(path, exc) from None
         got = 0
@@ -946,11 +982,14 @@ def _write_shards(
         if out is not None:
             finish()
         sink.finish()
-    except BaseException:
+    except BaseException as exc:
+        path = out.path if out is not None else ""
         if out is not None:
             output.close()  # nothing may still be writing to the file as it is closed and removed
             out.close()
             sink.abandon(out.path)
+        if isinstance(exc, OSError):  # reads raise ShardError: this is a write (ENOSPC, EIO)
+            raise _write_error(path, exc) from None
         raise
     finally:
         source.close()
@@ -990,15 +1029,19 @@ async def _read_journal(dest: ObjectStore) -> tuple[dict[str, ShardEntry], str |
     entries: dict[str, ShardEntry] = {}
     plan_hash = None
     for obj in await dest.list(STATE_DIR):
+        if obj.size > JOURNAL_MAX_BYTES:
+            continue  # not an entry loadmaster wrote: that shard is redone, the file is not read
         raw = await dest.get_bytes(obj.key)
         try:
-            doc = json.loads(raw)
+            doc = loads_bounded(raw, what=obj.key, max_bytes=JOURNAL_MAX_BYTES)
+            if not isinstance(doc, dict):
+                continue
             if obj.key == PLAN_KEY:
                 plan_hash = doc.get("plan_hash")
             elif obj.key.startswith(JOURNAL_PREFIX + "/") and obj.key.endswith(".json"):
                 e = ShardEntry.from_dict(doc)
                 entries[e.name] = e
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             continue  # a torn journal line only means that shard is redone
     return entries, plan_hash
 
@@ -1107,6 +1150,8 @@ async def convert(
         progress.tick(final=True)
         return ConvertResult(manifest, req.dest, tuple(e.name for e in new_entries), tuple(sorted(done)),
                              time.monotonic() - started, tuple(warnings))
+    except OSError as exc:  # the destination's own files (plan, journal, manifest): a full disk
+        raise _write_error(req.dest, exc) from None
     finally:
         if isinstance(sink, _S3Sink):
             await sink.aclose()

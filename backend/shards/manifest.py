@@ -13,9 +13,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backend.config import Config, StoreProfile
+from backend.nodes.untrusted import loads_bounded
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "loadmaster-shards/1"
+#: A manifest is read back from a destination someone else may write: its size and nesting are
+#: bounded (one shard is ~150 bytes: 256 MiB holds well over a million shards).
+MANIFEST_MAX_BYTES = 256 * 1024 * 1024
+#: A journal entry (one shard) is ~200 bytes.
+JOURNAL_MAX_BYTES = 64 * 1024
+_Bytes = bytes  # Manifest has a ``bytes`` property: the builtin under another name for its annotations
 #: S3 Standard GET price, USD per 1,000 requests (https://aws.amazon.com/s3/pricing/).
 DEFAULT_GET_PER_1000 = 0.0004
 
@@ -51,6 +58,9 @@ class ShardEntry:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardEntry:
+        """An entry from its JSON object; ValueError/KeyError/TypeError when it is not one."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a shard entry must be an object, got {type(d).__name__}")
         return cls(name=str(d["name"]), bytes=int(d["bytes"]), samples=int(d["samples"]),
                    files=int(d.get("files", 0)), sha256=str(d["sha256"]))
 
@@ -166,10 +176,15 @@ class Manifest:
         return json.dumps(doc, indent=1) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, *, where: str = MANIFEST_NAME) -> Manifest:
-        """Parse a manifest; ValueError naming what is wrong."""
+    def from_json(cls, text: str | _Bytes, *, where: str = MANIFEST_NAME) -> Manifest:
+        """Parse a manifest; ValueError naming what is wrong (too large and too deep included)."""
         try:
-            doc = json.loads(text)
+            doc = loads_bounded(text, what=where, max_bytes=MANIFEST_MAX_BYTES)
+        except ValueError as exc:
+            raise ValueError(f"{where}: not a loadmaster shard manifest ({exc})") from None
+        try:
+            if not isinstance(doc, dict):
+                raise TypeError(f"expected a JSON object, got {type(doc).__name__}")
             if doc.get("format") != FORMAT:
                 raise ValueError(f"unknown manifest format {doc.get('format')!r}")
             req = doc["requests"]
@@ -182,8 +197,9 @@ class Manifest:
                 problems=doc.get("input_problems", {}),
                 incomplete_policy=doc.get("incomplete_policy", "error"),
             )
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{where}: not a loadmaster shard manifest ({exc})") from None
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise ValueError(f"{where}: not a loadmaster shard manifest ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
 
     def summary(self) -> str:
         """Two lines for the CLI and the console."""

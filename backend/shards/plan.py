@@ -154,8 +154,20 @@ def _read_permission() -> Callable[[os.stat_result], bool] | None:
     return readable
 
 
+def inside(path: str, root_real: str) -> bool:
+    """Whether the resolved ``path`` is ``root_real`` (a resolved directory) or below it."""
+    return path == root_real or path.startswith(root_real.rstrip("/") + "/")
+
+
+def _escapes(root: str, rel: str, root_real: str) -> str | None:
+    """Where the symbolic link at ``rel`` leads when that is outside the source, else None."""
+    target = os.path.realpath(os.path.join(root, rel))
+    return None if inside(target, root_real) else target
+
+
 def _scan_dir(dfd: int, sub: str, files: list[SourceFile], unreadable: list[tuple[str, str]],
-              subdirs: list[str], readable: Callable[[os.stat_result], bool] | None) -> None:
+              subdirs: list[str], readable: Callable[[os.stat_result], bool] | None,
+              root: str = "", root_real: str = "") -> None:
     """The entries of one directory (open as ``dfd``, at ``sub`` under the root) into the lists."""
     prefix = f"{sub}/" if sub else ""
     is_reg = stat.S_ISREG
@@ -173,6 +185,13 @@ def _scan_dir(dfd: int, sub: str, files: list[SourceFile], unreadable: list[tupl
             if e.is_dir(follow_symlinks=False):
                 subdirs.append(rel)
                 continue
+            if e.is_symlink() and root_real:
+                # A link out of the source (``000003.jpg -> ~/.aws/credentials``) would ship
+                # that file inside a shard: refused, naming it. Links within the source are data.
+                target = _escapes(root, rel, root_real)
+                if target is not None:
+                    unreadable.append((rel, f"symbolic link to {target}, outside the source: refused"))
+                    continue
             st = e.stat()  # follows symlinks: a dangling link is unreadable
         except OSError as exc:
             unreadable.append((rel, exc.strerror or str(exc)))
@@ -192,6 +211,7 @@ def scan_local(root: str) -> tuple[list[SourceFile], list[tuple[str, str]]]:
     files: list[SourceFile] = []
     unreadable: list[tuple[str, str]] = []
     readable = _read_permission()
+    root_real = os.path.realpath(root)
     stack = [""]
     while stack:
         sub = stack.pop()
@@ -203,7 +223,7 @@ def scan_local(root: str) -> tuple[list[SourceFile], list[tuple[str, str]]]:
             unreadable.append((sub or ".", exc.strerror or str(exc)))
             continue
         try:
-            _scan_dir(dfd, sub, files, unreadable, stack, readable)
+            _scan_dir(dfd, sub, files, unreadable, stack, readable, root, root_real)
         finally:
             os.close(dfd)
     files.sort()  # by path: paths are unique, so the sizes are never compared

@@ -171,7 +171,9 @@ def test_a_failed_write_stops_the_conversion_and_resume_finishes(
         return real_pwritev(fd, buffers, offset)
 
     monkeypatch.setattr(convert.os, "pwritev", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    # One line naming the shard being written and what to do (ShardError: printed, no traceback).
+    with pytest.raises(ShardError, match=r"cannot write .*/out/\.shard-\d+\.tar\.partial: No space left "
+                                         r"on device: free space there, then rerun with --resume"):
         convert_sync(ShardRequest(str(src), str(dest), shard_size=3 * MB, workers=workers))
     # Nothing is written after the failure (the writer thread may have started one more write
     # while the output thread's failure was on its way: that one fails too).
