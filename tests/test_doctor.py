@@ -19,7 +19,7 @@ REPORT_KEYS = {
     "name", "host", "transport", "reachable", "ready", "error", "problems", "ssh_latency_ms", "command_ms",
     "os", "kernel", "arch", "cpus", "mem_total_bytes", "mem_available_bytes", "python3", "s5cmd",
     "nvidia_smi", "gpu_count", "gpu_models", "driver", "nics", "scratch", "scratch_exists",
-    "scratch_writable", "scratch_free_bytes", "scratch_total_bytes",
+    "scratch_writable", "scratch_free_bytes", "scratch_total_bytes", "gpu_ready", "gpu_problems",
 }
 
 
@@ -31,7 +31,7 @@ async def test_ready_node_and_node_without_tools(lab: Lab) -> None:
         await pool.close()
     ok = reports["node-01"]
     assert ok.reachable and ok.ready, ok.problems
-    assert ok.problems == ()
+    assert ok.problems == () and ok.gpu_problems == () and ok.gpu_ready
     assert ok.gpu_count == 8
     assert ok.gpu_models == ("NVIDIA H100 80GB HBM3",)
     assert ok.driver == "550.54.15"
@@ -50,7 +50,9 @@ async def test_ready_node_and_node_without_tools(lab: Lab) -> None:
     assert bare.reachable and not bare.ready
     assert bare.s5cmd is None and not bare.nvidia_smi and bare.gpu_count == 0
     assert any("s5cmd not found" in p for p in bare.problems)
-    assert any("nvidia-smi not found" in p for p in bare.problems)
+    # No nvidia-smi: a CPU machine, not a fault, and not what keeps it from data jobs.
+    assert not bare.gpu_ready and bare.gpu_problems == ()
+    assert not any("nvidia-smi" in p for p in bare.problems)
     assert bare.python3 is not None
 
 
@@ -64,7 +66,8 @@ async def test_missing_scratch_and_down_node(lab: Lab, lab_node_down) -> None:  
     finally:
         await pool.close()
     assert r4.reachable and not r4.ready and not r4.scratch_exists
-    assert r4.problems == ("scratch directory /nonexistent/lm-scratch does not exist (set 'scratch' for this node)",)
+    assert r4.problems == ("scratch directory /nonexistent/lm-scratch does not exist: create it on the node "
+                           "(mkdir -p /nonexistent/lm-scratch) or set 'scratch' for this node",)
     assert not r2.reachable and not r2.ready
     assert r2.error and "connection refused" in r2.error
     assert r2.as_dict().keys() == REPORT_KEYS
@@ -129,18 +132,20 @@ def test_parse_real_gpu_node_output() -> None:
 
 def test_parse_driver_trouble() -> None:
     r = parse_report("g", "g", "ssh", "/s", canned("No devices were found\n@@rc 6"))
-    assert not r.ready and r.nvidia_smi and r.gpu_count == 0
-    assert r.problems == ("nvidia-smi found no usable GPU: No devices were found",)
+    # Ready for data jobs (tools and scratch are fine), but a GPU fault.
+    assert r.ready and not r.gpu_ready and r.nvidia_smi and r.gpu_count == 0
+    assert r.problems == ()
+    assert r.gpu_problems == ("nvidia-smi found no usable GPU: No devices were found",)
     hung = parse_report("g", "g", "ssh", "/s", canned("@@rc 124"))
-    assert hung.problems == ("nvidia-smi did not answer within 20s (wedged driver or GPU?)",)
+    assert hung.gpu_problems == ("nvidia-smi did not answer within 20s (wedged driver or GPU?)",)
     cut = parse_report("g", "g", "ssh", "/s", canned("@@missing").replace("@@lm:end\n", ""))
     assert "the check script did not finish (output cut short)" in cut.problems
 
 
 def test_doctor_is_one_command() -> None:
-    cmd = doctor_command("/mnt/it's here")
-    # One shell invocation: the scratch path is quoted and every section is in the one script.
-    assert cmd.startswith("LM_SCRATCH='/mnt/it'\"'\"'s here' exec /bin/sh -c ")
+    cmd = doctor_command("/mnt/it's here", "/opt/my tools/s5cmd")
+    # One shell invocation: the paths are quoted and every section is in the one script.
+    assert cmd.startswith("LM_SCRATCH='/mnt/it'\"'\"'s here' LM_S5CMD='/opt/my tools/s5cmd' exec /bin/sh -c ")
     for section in ("uname", "os", "cpus", "mem", "python3", "s5cmd", "nvidia", "nics", "scratch", "end"):
         assert f"@@lm:{section}" in cmd
     assert isinstance(parse_report("n", "h", "ssh", "/s", ""), NodeReport)

@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d.add_argument("--nodes", metavar="PATTERN", help="only nodes matching a hostlist or glob")
     d.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="per-node limit for the check command (default 60)")
+    d.add_argument("--require-gpus", action="store_true",
+                   help="also exit 1 when a node has no usable GPU (a GPU fleet)")
     d.set_defaults(func=cmd_doctor, direct_ssh=True)  # fresh connections: it diagnoses them
 
 
@@ -73,10 +75,19 @@ def _speed(mbps: int | None) -> str:
     return f"{mbps // 1000} Gb/s" if mbps >= 1000 and mbps % 1000 == 0 else f"{mbps} Mb/s"
 
 
+def _state(r: NodeReport) -> str:
+    if not r.reachable:
+        return "UNREACHABLE"
+    if r.gpu_ready:
+        gpus = f"{r.gpu_count} GPU(s)"
+    else:
+        gpus = "GPU FAULT" if r.gpu_problems else "no GPUs"
+    return f"{'ready for data jobs' if r.ready else 'NOT READY for data jobs'}, {gpus}"
+
+
 def format_report(r: NodeReport) -> list[str]:
     """Human-readable lines for one node's doctor report."""
-    state = "ready" if r.ready else ("NOT READY" if r.reachable else "UNREACHABLE")
-    lines = [f"{r.name} ({r.host})  {state}"]
+    lines = [f"{r.name} ({r.host})  {_state(r)}"]
     if not r.reachable:
         lines.append(f"  why       {r.error}")
         return lines
@@ -89,7 +100,7 @@ def format_report(r: NodeReport) -> list[str]:
     lines.append(f"  python3   {r.python3 or 'MISSING'}")
     lines.append(f"  s5cmd     {r.s5cmd or 'MISSING'}")
     if not r.nvidia_smi:
-        gpu = "nvidia-smi MISSING"
+        gpu = "none (no nvidia-smi on PATH: a CPU machine)"
     elif r.gpu_count:
         gpu = f"{r.gpu_count} x {', '.join(r.gpu_models)}, driver {r.driver}"
     else:
@@ -102,20 +113,30 @@ def format_report(r: NodeReport) -> list[str]:
                      f"{_bytes(r.scratch_total_bytes)}")
     else:
         lines.append(f"  scratch   {r.scratch}: MISSING")
-    for p in r.problems:
+    for p in (*r.problems, *r.gpu_problems):
         lines.append(f"  problem   {p}")
     return lines
+
+
+def doctor_exit_code(reports: list[NodeReport], *, require_gpus: bool = False) -> int:
+    """0 when every node is ready for data jobs and no GPU is faulty (and, with
+    ``require_gpus``, every node has one); 1 otherwise."""
+    bad = any(not r.ready or r.gpu_problems or (require_gpus and not r.gpu_ready) for r in reports)
+    return 1 if bad else 0
 
 
 async def cmd_doctor(args: argparse.Namespace, services: Services) -> int:
     """Check every node; exit 1 when any node is not ready."""
     names = [n.name for n in _selected(args, services)]
-    reports = await run_doctor(services.pool, names, limit=args.timeout)
+    s5cmd = services.config.section("jobs").s5cmd
+    reports = await run_doctor(services.pool, names, limit=args.timeout, s5cmd=s5cmd)
     if args.json:
         print(json.dumps([r.as_dict() for r in reports], indent=2))
     else:
         for r in reports:
             print("\n".join(format_report(r)))
         ready = sum(r.ready for r in reports)
-        print(f"{ready} of {len(reports)} node(s) ready", file=sys.stdout)
-    return 0 if all(r.ready for r in reports) else 1
+        gpus = sum(r.gpu_ready for r in reports)
+        print(f"{ready} of {len(reports)} node(s) ready for data jobs; {gpus} of {len(reports)} with GPUs",
+              file=sys.stdout)
+    return doctor_exit_code(reports, require_gpus=args.require_gpus)
