@@ -98,7 +98,8 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
             print(json.dumps({"job": rec.id, "node": args.node, "src": src, "dest": dest}))
         else:
             print(f"started shard job {rec.id} on {args.node}: {src} -> {dest}\n"
-                  f"  follow it with: loadmaster job log {rec.id}")
+                  f"  follow it with: loadmaster job logs {rec.id} --follow\n"
+                  f"  its state:      loadmaster job show {rec.id}")
         return 0
     pv = await preview(req, config=services.config, src_profile=sprof, dest_profile=dprof)
     print(f"{src} -> {dest}: {pv.files:,} files, {pv.samples:,} samples, "
