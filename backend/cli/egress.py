@@ -122,6 +122,11 @@ def cmd_quote(args: argparse.Namespace, services: Services) -> int:
     config = services.config
     store = config.store(args.store)
     dest = args.dest
+    if dest:
+        try:  # a typed site the table does not know is an error, never a price
+            parse_site_text(dest, what="destination", table=price_table(config.section("prices")))
+        except ValueError as exc:
+            raise PolicyError(str(exc)) from None
     if args.node:
         # A node without a site is priced as internet egress (the quote says so), never as free.
         dest = config.node(args.node).site
@@ -183,8 +188,12 @@ def cmd_prices(args: argparse.Namespace, services: Services) -> int:
             d["internet_tiers"] = [t.__dict__ for t in p.internet_tiers]
             d["aliases"] = list(p.aliases)
             d["unconfirmed"] = list(p.unconfirmed)
+            d["known_regions"] = list(p.known_regions)
             out[k] = d
-        print(json.dumps({"units": {"GB": 10**9, "currency": "USD"}, "providers": out}, indent=2))
+        sites = {k: {"name": c.name, "aliases": list(c.aliases), "known_regions": list(c.known_regions)}
+                 for k, c in table.sites.items()}
+        print(json.dumps({"units": {"GB": 10**9, "currency": "USD"}, "providers": out, "sites": sites},
+                         indent=2))
         return 0
     print("GB = 10^9 bytes; tiers are cumulative over the month's volume from one account")
     for k, p in table.providers.items():
@@ -203,4 +212,8 @@ def cmd_prices(args: argparse.Namespace, services: Services) -> int:
               f"storage ${p.storage_gb_month:g}/GB-month")
         if p.unconfirmed:
             print(f"  unconfirmed: {', '.join(p.unconfirmed)}")
+        print(f"  regions: {', '.join(p.known_regions) if p.known_regions else 'any'}")
+    names = ", ".join(f"{k} ({c.name}{': ' + ' '.join(c.known_regions) if c.known_regions else ''})"
+                      for k, c in table.sites.items())
+    print(f"where nodes run (storage not priced; any region unless listed): {names}")
     return 0

@@ -389,8 +389,10 @@ def estimate(
         raise ValueError(f"objects must not be negative, got {objects}")
     if per_node not in ("full", "sharded"):
         raise ValueError(f"per-node must be 'full' or 'sharded', got {per_node!r}")
-    parse_site(source, what="source")
-    parse_site(dest, what="destination")
+    for label, what in ((source, "source"), (dest, "destination")):
+        problem = table.site_problem(label, what=what)  # a typo is an error, never a price
+        if problem:
+            raise ValueError(problem)
     copies = nodes if per_node == "full" else 1
     reads = runs * copies
 
@@ -486,14 +488,16 @@ def parse_count_text(text: str, *, what: str, minimum: int = 0) -> int:
     return int(value)
 
 
-def parse_site_text(text: str, *, what: str) -> str:
-    """A ``provider:region`` label, validated; ValueError naming the expected form otherwise."""
+def parse_site_text(text: str, *, what: str, table: PriceTable | None = None) -> str:
+    """A ``provider:region`` label, validated (against ``table`` too: a provider or region it
+    does not know); ValueError naming the expected form, or the known ones, otherwise."""
     from backend.errors import ConfigError
 
     try:
-        return parse_site(text, what=what).label
+        site = table.check_site(text, what=what) if table is not None else parse_site(text, what=what)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
+    return site.label
 
 
 def _tier_gb(gb: float) -> str:

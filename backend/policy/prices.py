@@ -15,11 +15,19 @@ Sites are ``provider:region`` labels (``aws:us-east-1``, ``cloudflare-r2:auto``,
 ``coreweave:us-east-04``). Providers have aliases (``s3`` -> ``aws``, ``r2`` ->
 ``cloudflare-r2``, ``gcs`` -> ``gcp``, ``b2`` -> ``backblaze-b2``). A ``local`` store or a provider
 missing from the table is *unpriced*: :func:`price_transfer` says so, never a silent $0.
+
+Sites are checked against the table, so a typo is never priced as something else: a provider
+must be a priced one or a known *compute site* (``[sites.*]``: GPU clouds that host nodes but
+whose storage is not priced), and where a provider lists ``known_regions`` the region must be one
+of them. :meth:`PriceTable.check_site` raises for typed input (it lists the known ones);
+:func:`price_transfer` turns the same finding into an unpriced quote, which the guard decides
+under ``[egress] unpriced_action``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import tomllib
@@ -80,6 +88,8 @@ class ProviderPrices:
     unconfirmed: tuple[str, ...] = ()
     note: str = ""
     regions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: The provider's region names; empty: any region is accepted.
+    known_regions: tuple[str, ...] = ()
 
     def for_region(self, region: str | None) -> ProviderPrices:
         """These prices with the region's overrides applied (itself when it has none)."""
@@ -100,11 +110,23 @@ class ProviderPrices:
 
 
 @dataclass(frozen=True)
+class ComputeSite:
+    """A provider that hosts nodes (a GPU cloud, a datacentre) but whose storage is not priced."""
+
+    key: str
+    name: str
+    aliases: tuple[str, ...] = ()
+    #: Its region names; empty: any region (an internet route's price does not depend on it).
+    known_regions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class PriceTable:
-    """Every priced provider, looked up by key or alias."""
+    """Every priced provider, looked up by key or alias, and the known compute sites."""
 
     providers: Mapping[str, ProviderPrices]
     aliases: Mapping[str, str]
+    sites: Mapping[str, ComputeSite] = field(default_factory=dict)
 
     def canonical(self, provider: str | None) -> str | None:
         """The table key for a provider name or alias; None when not priced."""
@@ -118,6 +140,42 @@ class PriceTable:
         key = self.canonical(provider)
         return self.providers[key].for_region(region) if key else None
 
+    def compute_site(self, provider: str) -> ComputeSite | None:
+        """The compute site a provider name or alias names, or None."""
+        p = provider.strip().lower()
+        return next((c for c in self.sites.values() if p == c.key or p in c.aliases), None)
+
+    def known_providers(self) -> list[str]:
+        """Every provider a site may name: priced, compute sites and local."""
+        return sorted({*self.providers, *self.sites, "local"})
+
+    def site_problem(self, label: str, *, what: str = "site") -> str | None:
+        """Why ``label`` is not a site this table knows (unknown provider or region), or None."""
+        site = parse_site(label, what=what)
+        if site.provider in LOCAL_PROVIDERS:
+            return None
+        key = self.canonical(site.provider)
+        compute = None if key else self.compute_site(site.provider)
+        if key is None and compute is None:
+            return (f"{what} {label!r}: unknown provider {site.provider!r} (known: "
+                    f"{', '.join(self.known_providers())}); add it under [prices.providers] "
+                    "(priced storage) or [prices.sites] (where nodes run)")
+        regions = self.providers[key].known_regions if key else compute.known_regions  # type: ignore[union-attr]
+        if site.region is None or not regions or site.region in regions:
+            return None
+        owner = f"providers.{key}" if key else f"sites.{compute.key}"  # type: ignore[union-attr]
+        close = difflib.get_close_matches(site.region, regions, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return (f"{what} {label!r}: unknown region {site.region!r} for {key or site.provider} ({hint}known: "
+                f"{', '.join(regions)}); a newer region goes in [prices.{owner}] known_regions")
+
+    def check_site(self, label: str, *, what: str = "site") -> Site:
+        """``label`` parsed, or ConfigError naming the unknown provider or region and the known ones."""
+        problem = self.site_problem(label, what=what)
+        if problem:
+            raise ConfigError(problem)
+        return parse_site(label, what=what)
+
 
 @dataclass(frozen=True)
 class PriceOverrides:
@@ -130,10 +188,12 @@ class PriceOverrides:
 
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
+    #: Compute sites to add or patch, e.g. ``[prices.sites.onprem] known_regions = ["dc1"]``.
+    sites: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Validate now so a bad override is a config error at load time, naming the key.
-        if self.providers or self.aliases:
+        if self.providers or self.aliases or self.sites:
             try:
                 apply_overrides(default_price_table(), self)
             except ConfigError as exc:
@@ -178,7 +238,8 @@ _REQUIRED = (
     "internet_tiers", "inter_region_per_gb", "same_region_per_gb", "get_per_1000",
     "put_per_1000", "storage_gb_month",
 )
-_OPTIONAL = ("name", "aliases", "source", "checked", "confirmed", "unconfirmed", "note", "regions")
+_OPTIONAL = ("name", "aliases", "source", "checked", "confirmed", "unconfirmed", "note", "regions",
+             "known_regions")
 _RATE_FIELDS = ("inter_region_per_gb", "same_region_per_gb", "get_per_1000", "put_per_1000",
                 "storage_gb_month")
 
@@ -250,10 +311,8 @@ def _fields(raw: Mapping[str, Any], where: str, *, partial: bool) -> dict[str, A
             out[k] = _tiers(v, w)
         elif k in _RATE_FIELDS:
             out[k] = _number(v, w)
-        elif k in ("aliases", "unconfirmed"):
-            if not isinstance(v, list | tuple) or not all(isinstance(x, str) for x in v):
-                raise ConfigError("expected a list of strings", key=w)
-            out[k] = tuple(x.lower() if k == "aliases" else x for x in v)
+        elif k in ("aliases", "unconfirmed", "known_regions"):
+            out[k] = _strings(v, w, lower=k == "aliases")
         elif k == "confirmed":
             if not isinstance(v, bool):
                 raise ConfigError("expected true or false", key=w)
@@ -262,7 +321,7 @@ def _fields(raw: Mapping[str, Any], where: str, *, partial: bool) -> dict[str, A
             if not isinstance(v, Mapping) or not all(isinstance(x, Mapping) for x in v.values()):
                 raise ConfigError("expected tables like [providers.aws.regions.ap-south-1]", key=w)
             for region, patch in v.items():
-                bad = sorted(set(patch) - set(_REQUIRED) - {"confirmed", "unconfirmed", "note"})
+                bad = sorted(set(patch) - set(_REQUIRED) - {"confirmed", "unconfirmed", "note", "known_regions"})
                 if bad:
                     raise ConfigError("unknown key for a region", key=f"{w}.{region}.{bad[0]}")
                 _fields(patch, f"{w}.{region}", partial=True)
@@ -272,6 +331,28 @@ def _fields(raw: Mapping[str, Any], where: str, *, partial: bool) -> dict[str, A
                 raise ConfigError("expected a string", key=w)
             out[k] = v
     return out
+
+
+def _strings(value: Any, where: str, *, lower: bool = False) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):
+        raise ConfigError("expected a list of strings", key=where)
+    return tuple(x.lower() if lower else x for x in value)
+
+
+def _compute_site(key: str, raw: Any, where: str, base: ComputeSite | None = None) -> ComputeSite:
+    if not isinstance(raw, Mapping):
+        raise ConfigError("expected a table", key=where)
+    unknown = sorted(set(raw) - {"name", "aliases", "known_regions"})
+    if unknown:
+        raise ConfigError("unknown key (allowed: aliases, known_regions, name)", key=f"{where}.{unknown[0]}")
+    name = raw.get("name", base.name if base else key)
+    if not isinstance(name, str):
+        raise ConfigError("expected a string", key=f"{where}.name")
+    aliases = _strings(raw["aliases"], f"{where}.aliases", lower=True) if "aliases" in raw else (
+        base.aliases if base else (key,))
+    regions = _strings(raw["known_regions"], f"{where}.known_regions") if "known_regions" in raw else (
+        base.known_regions if base else ())
+    return ComputeSite(key, name, aliases, regions)
 
 
 def _apply(base: ProviderPrices, patch: Mapping[str, Any], *, where: str) -> ProviderPrices:
@@ -296,6 +377,7 @@ def _new_provider(key: str, raw: Mapping[str, Any], where: str) -> ProviderPrice
         unconfirmed=f.get("unconfirmed", ()),
         note=f.get("note", ""),
         regions=f.get("regions", {}),
+        known_regions=f.get("known_regions", ()),
     )
 
 
@@ -326,7 +408,11 @@ def parse_price_table(raw: Mapping[str, Any], *, file: str = "prices.toml") -> P
             str(k).lower(): _new_provider(str(k).lower(), v, f"providers.{k}")
             for k, v in providers_raw.items()
         }
-        return PriceTable(providers, _alias_map(providers, {}, "providers"))
+        sites_raw = raw.get("sites", {})
+        if not isinstance(sites_raw, Mapping):
+            raise ConfigError("expected [sites.<name>] tables", key="sites")
+        sites = {str(k).lower(): _compute_site(str(k).lower(), v, f"sites.{k}") for k, v in sites_raw.items()}
+        return PriceTable(providers, _alias_map(providers, {}, "providers"), sites)
     except ConfigError as exc:
         raise ConfigError(str(exc), file=file) from None
 
@@ -340,7 +426,7 @@ def default_price_table() -> PriceTable:
 
 def apply_overrides(table: PriceTable, overrides: PriceOverrides | None) -> PriceTable:
     """``table`` with the user's ``[prices]`` patches applied."""
-    if overrides is None or (not overrides.providers and not overrides.aliases):
+    if overrides is None or (not overrides.providers and not overrides.aliases and not overrides.sites):
         return table
     providers = dict(table.providers)
     for name, patch in overrides.providers.items():
@@ -354,7 +440,11 @@ def apply_overrides(table: PriceTable, overrides: PriceOverrides | None) -> Pric
             providers[key] = _apply(providers[key], patch, where=where)
         else:
             providers[name.lower()] = _new_provider(name.lower(), patch, where)
-    return PriceTable(providers, _alias_map(providers, overrides.aliases, "prices.providers"))
+    sites = dict(table.sites)
+    for name, patch in overrides.sites.items():
+        key = name.lower()
+        sites[key] = _compute_site(key, patch, f"prices.sites.{name}", sites.get(key))
+    return PriceTable(providers, _alias_map(providers, overrides.aliases, "prices.providers"), sites)
 
 
 def price_table(overrides: PriceOverrides | None = None) -> PriceTable:
@@ -422,6 +512,12 @@ def price_transfer(
     if src.provider in LOCAL_PROVIDERS:
         return TransferPrice(source, dest, "unpriced", nbytes, None, (), mtd_gb, False,
                              "unpriced: a local store has no provider egress charge")
+    # A typo in a site (aws:us-east1, mars:olympus-1) is never priced as something else.
+    for label, what in ((source, "source"), (dest, "destination")):
+        problem = table.site_problem(label, what=what) if label else None
+        if problem:
+            return TransferPrice(source, dest, "unpriced", nbytes, None, (), mtd_gb, False,
+                                 f"unpriced: {problem}")
     prices = table.provider(src.provider, src.region)
     if prices is None:
         known = ", ".join(sorted(table.providers))

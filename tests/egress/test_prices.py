@@ -63,9 +63,13 @@ PART_USED = [
 ]
 
 
+#: A real region of each provider (a made-up one leaves the transfer unpriced).
+REGION = {"aws": "us-east-1", "gcs": "us-east1", "azure": "eastus", "r2": "auto", "b2": "us-west-004"}
+
+
 @pytest.mark.parametrize(("provider", "usd"), PART_USED)
 def test_month_already_part_used(provider: str, usd: float) -> None:
-    p = price_transfer(default_price_table(), f"{provider}:region-1", "coreweave:us-east-04", 100 * GB,
+    p = price_transfer(default_price_table(), f"{provider}:{REGION[provider]}", "coreweave:us-east-04", 100 * GB,
                        month_to_date_bytes=9_950 * GB)
     assert p.kind == "internet" and p.priced
     assert p.usd == pytest.approx(usd)
@@ -164,8 +168,8 @@ def test_overrides_from_config() -> None:
         },
     }, file="lm.toml")
     t = price_table(cfg.section("prices"))
-    assert price_transfer(t, "corp-s3:us-east-1", "x:y", 1_100 * GB).usd == pytest.approx(50.0)
-    assert price_transfer(t, "wasabi:us-east-1", "x:y", TB).usd == 0.0
+    assert price_transfer(t, "corp-s3:us-east-1", "lambda:us-west-1", 1_100 * GB).usd == pytest.approx(50.0)
+    assert price_transfer(t, "wasabi:us-east-1", "lambda:us-west-1", TB).usd == 0.0
     assert price_table(PriceOverrides()).provider("aws") == default_price_table().provider("aws")
 
 

@@ -81,8 +81,12 @@ _FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def read_inputs(values: CalculatorInputs) -> tuple[dict[str, Any], dict[str, str]]:
-    """Parse the calculator's text fields: (estimate keyword arguments, errors by field)."""
+def read_inputs(values: CalculatorInputs, table: PriceTable | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Parse the calculator's text fields: (estimate keyword arguments, errors by field).
+
+    With ``table``, a site it does not know (``aws:us-east1``, ``mars:olympus-1``) is the field's
+    error, never a price.
+    """
     parsed: dict[str, Any] = {}
     errors: dict[str, str] = {}
 
@@ -95,8 +99,8 @@ def read_inputs(values: CalculatorInputs) -> tuple[dict[str, Any], dict[str, str
     take("size", lambda t: parse_size_text(t, what="size"))
     take("runs", lambda t: parse_count_text(t, what="runs", minimum=1))
     take("nodes", lambda t: parse_count_text(t, what="nodes", minimum=1))
-    take("source", lambda t: parse_site_text(t, what="source"))
-    take("dest", lambda t: parse_site_text(t, what="destination"))
+    take("source", lambda t: parse_site_text(t, what="source", table=table))
+    take("dest", lambda t: parse_site_text(t, what="destination", table=table))
     take("objects", lambda t: parse_count_text(t or "0", what="objects"))
     kwargs = {
         "dataset_bytes": parsed.get("size"), "runs": parsed.get("runs"), "nodes": parsed.get("nodes"),
@@ -219,7 +223,7 @@ class EgressScreen(LoadmasterScreen):
 
     def recompute(self) -> None:
         """Validate the inputs and show the quote and alternatives (pure arithmetic, no I/O)."""
-        kwargs, errors = read_inputs(self.inputs())
+        kwargs, errors = read_inputs(self.inputs(), self.prices)
         for key, _, _ in _FIELDS:
             self.query_one(f"#calc-{key}", Input).set_class(key in errors, "-invalid")
         error_box = self.query_one("#egress-calc-error", Static)
