@@ -368,7 +368,7 @@ async def _dcp_facts(store: ObjectStore, step_path: str, name: str, files: dict[
         layout = "megatron"
     f = _Facts(layout=layout, marker=join_key(name, METADATA_FILE))
     if METADATA_FILE not in names:
-        f.kind, f.note = "incomplete", f"no {METADATA_FILE} yet (DCP writes it last)"
+        f.kind, f.note = "incomplete", f"no {METADATA_FILE} yet: DCP writes it last"
         return f
     if layout == "megatron" and (why := _megatron_uncommitted(name, markers)):
         f.kind, f.note, f.marker = "incomplete", why, MEGATRON_LATEST
@@ -518,7 +518,7 @@ async def _trainer_facts(store: ObjectStore, step_path: str, files: dict[str, Ob
     names = set(files)
     f = _Facts(layout=layout, marker=join_key(step_path.rsplit("/", 1)[-1], marker))
     if marker not in names:
-        f.kind, f.note = "incomplete", f"no {marker} yet (written last)"
+        f.kind, f.note = "incomplete", f"no {marker} yet: it is written last"
         return f
     problem = await _model_files_problem(store, step_path, files)
     if problem:
@@ -586,7 +586,7 @@ async def _safetensors_facts(store: ObjectStore, step_path: str, files: dict[str
     shard_files = sorted(n for n in names if n.endswith(".safetensors") and "/" not in n)
     if INDEX_FILE not in names and len(shard_files) > 1 or any(re.search(r"-\d{5}-of-\d{5}\.", n)
                                                                for n in shard_files) and INDEX_FILE not in names:
-        f.kind, f.note = "incomplete", f"shards without {INDEX_FILE} yet (the index is written last)"
+        f.kind, f.note = "incomplete", f"shards without {INDEX_FILE} yet: the index is written last"
         return f
     problem = await _model_files_problem(store, step_path, files)
     if problem:

@@ -46,11 +46,13 @@ async def inspect_step(store: ObjectStore, step_path: str) -> StepInspection:
     """Read only headers / metadata of a step and list its tensors."""
     step = await step_catalog(store, step_path)
     if not step.objects:
-        raise CheckpointError(f"{store.url}/{step_path}: no such checkpoint (empty or missing folder)")
+        from backend.checkpoints.strip import explain_missing_step
+
+        raise await explain_missing_step(store, step_path)
     rows: list[TensorRow] = []
-    problems: list[str] = []
+    problems: list[str] = [f"{step.kind}: {step.note}"] if step.kind in ("corrupt", "unknown") and step.note else []
     cut = len(step.path) + 1 if step.path else 0
-    files = {o.key[cut:]: o for o in step.objects}
+    files = {step.name: step.objects[0]} if step.is_file else {o.key[cut:]: o for o in step.objects}
     if step.layout == "dcp" and METADATA_FILE in files and files[METADATA_FILE].size <= MAX_METADATA_BYTES:
         try:
             md = load_metadata(await store.get_bytes(join_key(step.path, METADATA_FILE)))

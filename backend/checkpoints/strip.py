@@ -10,6 +10,7 @@ and a reader never sees an index without its shards. The result is verified befo
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -21,13 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.checkpoints.catalog import INDEX_FILE, MAX_INDEX_BYTES, MODEL_FILES, step_catalog
+from backend.checkpoints.catalog import (
+    INDEX_FILE,
+    MAX_INDEX_BYTES,
+    MODEL_FILES,
+    TRAINING_STATE_FILES,
+    step_catalog,
+)
 from backend.checkpoints.dcp import (
     MAX_METADATA_BYTES,
     METADATA_FILE,
     CheckpointError,
     chunk_tensor,
     load_metadata,
+    locate_chunks,
     tensor_entries,
     weight_names,
 )
@@ -186,7 +194,11 @@ async def _dcp_weights(store: ObjectStore, step_path: str, files: dict[str, Any]
         raise CheckpointError(f"{step_path}/.metadata is {meta.size} bytes, over the {MAX_METADATA_BYTES} limit")
     md = load_metadata(await store.get_bytes(join_key(step_path, METADATA_FILE)),
                        where=f"{store.url}/{join_key(step_path, METADATA_FILE)}")
-    entries = tensor_entries(md)
+    async def read(file: str, offset: int, n: int) -> bytes | bytearray | memoryview:
+        return await _read_range(store, join_key(step_path, file), offset, n)
+
+    # safetensors-serialized DCP records the blob's start for every tensor: find the real ranges
+    entries = await locate_chunks(tensor_entries(md), read, where=f"{store.url}/{step_path}")
     names = weight_names([e.fqn for e in entries], model_prefix)
     if not names:
         sample = ", ".join(e.fqn for e in entries[:3])
@@ -209,7 +221,7 @@ async def _dcp_weights(store: ObjectStore, step_path: str, files: dict[str, Any]
             for c in e.chunks:
                 blob = await _read_range(store, join_key(step_path, c.file), c.offset, c.length, bufs)
                 idx = tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes, strict=True))
-                await asyncio.to_thread(_cast_chunk_into, dst, idx, blob, e.dtype, c.sizes, where)
+                await asyncio.to_thread(_cast_chunk_into, dst, idx, blob, e.dtype, c.sizes, where, c.raw)
                 del blob
             return dst
 
@@ -218,20 +230,50 @@ async def _dcp_weights(store: ObjectStore, step_path: str, files: dict[str, Any]
 
 
 def _cast_chunk_into(dst: Any, idx: tuple[slice, ...], blob: Any, dtype: Any, sizes: tuple[int, ...],
-                     where: str) -> None:
+                     where: str, raw: bool = False) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # frombuffer on read-only bytes: we never write
-        part = chunk_tensor(blob, dtype, sizes, where=where)
+        part = chunk_tensor(blob, dtype, sizes, where=where, raw=raw)
     if idx and all(sl.start == 0 and sl.stop == n for sl, n in zip(idx, dst.shape, strict=True)):
         dst.copy_(part)
     else:
         dst[idx].copy_(part)
 
 
-def _write_tensor(f: Any, t: Any) -> None:
+def _bytes_of(t: Any) -> memoryview:
     import torch
 
-    f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _write_tensor(f: Any, t: Any) -> str:
+    """Write a tensor's bytes; returns their blake2b digest (what verification re-reads)."""
+    view = _bytes_of(t)
+    f.write(view)
+    return hashlib.blake2b(view, digest_size=16).hexdigest()
+
+
+async def _source_weights(store: ObjectStore, step: Any, model_prefix: str, tmp: Path) -> list[_Weight]:
+    files = {o.key[len(step.path) + 1:]: o for o in step.objects}
+    if step.layout == "dcp":
+        return await _dcp_weights(store, step.path, files, model_prefix)
+    return await _torch_save_weights(store, step.path, files, model_prefix, step.layout, tmp)
+
+
+async def source_digests(store: ObjectStore, step_path: str, *, model_prefix: str = "auto") -> dict[str, str]:
+    """Tensor name -> blake2b of the BF16 bytes an export of this step must hold, computed by
+    streaming the source one tensor at a time (the strip's memory bound); nothing is written."""
+    step = await strippable_step(store, step_path.strip("/"))
+    tmp = Path(tempfile.mkdtemp(prefix="lm-digest-"))
+    try:
+        bufs = _Buffers()
+        out = {}
+        for w in await _source_weights(store, step, model_prefix, tmp):
+            t = await w.load(bufs, 0)
+            out[w.name] = await asyncio.to_thread(lambda t=t: hashlib.blake2b(_bytes_of(t), digest_size=16).hexdigest())
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -254,6 +296,9 @@ async def _torch_save_weights(store: ObjectStore, step_path: str, files: dict[st
         cands = sorted(n for n in files if n.endswith("model_states.pt"))
     else:
         cands = sorted(n for n in files if MODEL_FILES.match(n))
+        if not cands:  # one torch.save file holding {"model": ..., "optimizer": ..., "step": N}
+            cands = [n for n in files if n.endswith((".pt", ".pth", ".bin", ".ckpt"))
+                     and not TRAINING_STATE_FILES.match(n)]
     if len(cands) != 1:
         raise CheckpointError(f"{step_path}: expected one model file, found {cands or 'none'} "
                               "(tensor-parallel shards are not merged by strip)")
@@ -272,6 +317,13 @@ async def _torch_save_weights(store: ObjectStore, step_path: str, files: dict[st
         raise CheckpointError(f"{store.url}/{key}: cannot be loaded with weights_only=True ({exc}); "
                               "refusing to unpickle arbitrary objects") from None
     flat = _flatten(sd)
+    if layout == "deepspeed":
+        module = [t for k, t in flat.items() if k.startswith("module.")]
+        if module and all(t.numel() == 0 for t in module):
+            raise CheckpointError(
+                f"{store.url}/{key}: a ZeRO-3 checkpoint: its model_states holds empty placeholders and the "
+                "weights live only in the optimizer partitions; consolidate it first (DeepSpeed's "
+                "zero_to_fp32.py) or keep it full. Nothing was written.")
     prefix = model_prefix
     if layout == "deepspeed" and model_prefix == "model" and not any(k.startswith("model.") for k in flat):
         prefix = "module"
@@ -312,6 +364,48 @@ def shard_name(i: int, n: int) -> str:
     return f"model-{i:05d}-of-{n:05d}.safetensors"
 
 
+async def explain_missing_step(store: ObjectStore, step_path: str) -> CheckpointError:
+    """The error for a path that holds no step: a run folder (name its steps), or nothing."""
+    from backend.checkpoints.catalog import list_checkpoints
+
+    where = f"{store.url}/{step_path}".rstrip("/")
+    subdirs = await store.list_dirs(step_path)
+    if subdirs:
+        cat = await list_checkpoints(store, step_path)
+        steps = [s for s in cat.steps if s.step is not None]
+        if steps:
+            names = ", ".join(s.name for s in steps[-3:])
+            return CheckpointError(f"{where} is a run folder ({len(steps)} steps: ... {names}); give one step, "
+                                   f"e.g. {where}/{steps[-1].name}")
+    return CheckpointError(f"{where}: no such checkpoint (nothing there: check the path)")
+
+
+async def strippable_step(store: ObjectStore, step_path: str) -> Any:
+    """The step at ``step_path`` if a strip may read it; a CheckpointError saying why not."""
+    step = await step_catalog(store, step_path)
+    where = f"{store.url}/{step_path}"
+    if not step.objects or step.layout == "unknown" and (await store.list_dirs(step_path)):
+        raise await explain_missing_step(store, step_path)
+    if step.kind == "unknown" or step.layout == "unknown":
+        raise CheckpointError(f"{where}: not a checkpoint strip can read ({step.note or step.layout}); "
+                              "not touching it")
+    if step.kind == "corrupt":
+        raise CheckpointError(f"{where}: corrupt ({step.note}); not touching it")
+    if step.kind == "incomplete":
+        raise CheckpointError(f"{where}: still being written ({step.note or step.layout}); "
+                              "wait for it to finish or pick another step")
+    if step.layout == "hf-safetensors":
+        raise CheckpointError(f"{where}: already a safetensors export (weights only)")
+    if "zero3-placeholders" in step.flags:
+        raise CheckpointError(f"{where}: a ZeRO-3 checkpoint: its model_states holds empty placeholders and the "
+                              "weights live only in the optimizer partitions; consolidate it first (DeepSpeed's "
+                              "zero_to_fp32.py) or keep it full. Nothing was written.")
+    if step.layout not in ("dcp", "torch-save", "deepspeed"):
+        raise CheckpointError(f"{where}: strip reads DCP, DeepSpeed ZeRO-1/2 and torch.save checkpoints, not "
+                              f"{step.layout}; export its weights with the framework's own tool first")
+    return step
+
+
 async def strip_step(
     store: ObjectStore,
     step_path: str,
@@ -329,30 +423,17 @@ async def strip_step(
     step_path = step_path.strip("/")
     out_store = out_store or store
     out_prefix = (step_path if out_prefix is None else out_prefix).strip("/")
-    step = await step_catalog(store, step_path)
-    if not step.objects:
-        raise CheckpointError(f"{store.url}/{step_path}: no such checkpoint (empty or missing folder)")
-    if step.layout == "unknown":
-        raise CheckpointError(f"{store.url}/{step_path}: not a recognised checkpoint layout; not touching it")
-    if step.kind == "incomplete":
-        raise CheckpointError(f"{store.url}/{step_path}: checkpoint is incomplete ({step.layout}); "
-                              "wait for it to finish or pick another step")
-    if step.layout == "hf-safetensors":
-        raise CheckpointError(f"{store.url}/{step_path}: already a safetensors export (weights only)")
+    step = await strippable_step(store, step_path)
     if max_shard_bytes < 1:
         raise CheckpointError("max_shard_bytes must be positive")
     existing = await out_store.stat(join_key(out_prefix, INDEX_FILE))
     if existing is not None and not overwrite:
         raise CheckpointError(f"{out_store.url}/{join_key(out_prefix, INDEX_FILE)} already exists "
                               "(the step already has an export)")
-    files = {o.key[len(step_path) + 1:]: o for o in step.objects}
     local_dir = out_store.local_path(out_prefix) if isinstance(out_store, LocalStore) else None
     tmp = Path(tempfile.mkdtemp(prefix="lm-strip-"))
     try:
-        if step.layout == "dcp":
-            weights = await _dcp_weights(store, step_path, files, model_prefix)
-        else:
-            weights = await _torch_save_weights(store, step_path, files, model_prefix, step.layout, tmp)
+        weights = await _source_weights(store, step, model_prefix, tmp)
         seen: set[str] = set()
         for w in weights:
             if w.name in seen:
@@ -363,6 +444,7 @@ async def strip_step(
         names = [shard_name(i + 1, len(shards)) for i in range(len(shards))]
         done_bytes = done_items = src_read = 0
         weight_map: dict[str, str] = {}
+        digests: dict[str, str] = {}
         bufs = _Buffers()
         slot = 0
         for name, shard in zip(names, shards, strict=True):
@@ -375,6 +457,7 @@ async def strip_step(
             with open(part, "wb") as f:  # noqa: ASYNC230 - writes go through to_thread below
                 f.write(header)
                 pending: asyncio.Future[Any] | None = None
+                pending_name = ""
                 try:
                     for w in shard:
                         if cancelled is not None and cancelled():
@@ -384,9 +467,10 @@ async def strip_step(
                             raise CheckpointError(f"{step_path}: {w.name} loaded as {tuple(t.shape)}, "
                                                   f"expected {w.shape}")
                         if pending is not None:
-                            await pending
+                            digests[pending_name] = await pending
                         # the write of this tensor overlaps the read and cast of the next one
                         pending = asyncio.ensure_future(asyncio.to_thread(_write_tensor, f, t))
+                        pending_name = w.name
                         slot ^= 1
                         src_read += w.src_bytes
                         done_bytes += w.out_bytes
@@ -397,7 +481,7 @@ async def strip_step(
                             progress(bytes_done=done_bytes, bytes_total=total_out, items_done=done_items,
                                      items_total=len(weights), shard=name)
                     if pending is not None:
-                        await pending
+                        digests[pending_name] = await pending
                         pending = None
                 finally:
                     if pending is not None:
@@ -421,7 +505,13 @@ async def strip_step(
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    check = await verify_export(out_store, out_prefix, expected={w.name: w.shape for w in weights})
+    zero = sorted(w.name for w in weights if w.out_bytes == 0 and w.src_bytes > 0)
+    if zero or total_out == 0:
+        raise CheckpointError(f"export at {out_store.url}/{out_prefix} holds no weights: "
+                              + (f"{len(zero)} zero-element tensors (e.g. {zero[0]})" if zero else "total_size 0")
+                              + " where the source has parameters")
+    check = await verify_export(out_store, out_prefix, expected={w.name: w.shape for w in weights},
+                                digests=digests)
     if not check.ok:
         raise CheckpointError(f"export at {out_store.url}/{out_prefix} failed verification: "
                               + "; ".join(check.problems[:5]))
@@ -432,8 +522,11 @@ async def strip_step(
 
 
 async def verify_export(store: ObjectStore, step_path: str, *,
-                        expected: dict[str, tuple[int, ...]] | None = None) -> ExportCheck:
-    """Check a safetensors export: headers parse, offsets sane, BF16, index covers every shard."""
+                        expected: dict[str, tuple[int, ...]] | None = None,
+                        digests: dict[str, str] | None = None) -> ExportCheck:
+    """Check a safetensors export: headers parse, offsets sane, BF16, index covers every shard,
+    no empty export; with ``digests`` (name -> blake2b of the BF16 bytes computed from the
+    source), every tensor's bytes are read back, one tensor at a time, and compared."""
     step_path = step_path.strip("/")
     problems: list[str] = []
     idx_key = join_key(step_path, INDEX_FILE)
@@ -481,6 +574,14 @@ async def verify_export(store: ObjectStore, step_path: str, *,
     declared = index.get("metadata", {}).get("total_size") if isinstance(index.get("metadata"), dict) else None
     if declared is not None and declared != total and not problems:
         problems.append(f"index total_size {declared} != {total} bytes in the shards")
+    if not problems and total == 0:
+        problems.append("the export holds no tensor bytes (total_size 0)")
+    if expected is not None:
+        empty = sorted(n for n, shp in shapes.items() if 0 in shp and n in expected and 0 not in expected[n])
+        if empty:
+            problems.append(f"{len(empty)} tensors are empty in the export but not in the source (e.g. {empty[0]})")
+    if digests is not None and not problems:
+        problems.extend(await _compare_digests(store, step_path, listing, shards, digests))
     if expected is not None:
         missing = sorted(set(expected) - set(shapes))
         extra = sorted(set(shapes) - set(expected))
@@ -492,6 +593,32 @@ async def verify_export(store: ObjectStore, step_path: str, *,
             if name in shapes and tuple(shapes[name]) != tuple(shape):
                 problems.append(f"{name}: shape {shapes[name]} != source {tuple(shape)}")
     return ExportCheck(not problems, shards, len(shapes), total, tuple(problems), shapes)
+
+
+async def _compare_digests(store: ObjectStore, step_path: str, listing: dict[str, Any], shards: tuple[str, ...],
+                           digests: dict[str, str]) -> list[str]:
+    """Re-read every exported tensor (one at a time) and compare it with the source's digest."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for shard in shards:
+        key = join_key(step_path, shard)
+        hdr = await read_header(store, key, listing[shard].size)
+        for t in hdr.tensors:
+            seen.add(t.name)
+            want = digests.get(t.name)
+            if want is None:
+                continue
+            data = await _read_range(store, key, t.start, t.nbytes) if t.nbytes else b""
+            got = hashlib.blake2b(data, digest_size=16).hexdigest()
+            del data
+            if got != want:
+                problems.append(f"{shard}: {t.name} does not hold the source's values (checksum differs)")
+                if len(problems) >= 5:
+                    return problems
+    missing = sorted(set(digests) - seen)
+    if missing:
+        problems.append(f"{len(missing)} source tensors were not found when reading the export back (e.g. {missing[0]})")
+    return problems
 
 
 def strip_params(store: ObjectStore, step_path: str, *, out_store: ObjectStore | None = None,

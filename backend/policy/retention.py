@@ -50,6 +50,15 @@ _EXPORT_RE = re.compile(r"^(?:model-\d{5}-of-\d{5}\.safetensors|model\.safetenso
 STRIPPABLE_LAYOUTS: frozenset[str] = frozenset({"dcp", "torch-save"})
 KNOWN_LAYOUTS: frozenset[str] = frozenset({"dcp", "hf-safetensors", "deepspeed", "torch-save", "hf-trainer",
                                            "accelerate", "lightning", "megatron"})
+MAX_PLAN_BYTES = 64 * 1024 * 1024
+
+
+def _list(v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise TypeError("'actions' must be a list")
+    return v
+
+
 #: What ``proofs`` says of a step that passed the deep check.
 VERIFIED = "verified"
 
@@ -194,8 +203,16 @@ class PlannedAction:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> PlannedAction:
+        if not isinstance(raw, Mapping):
+            raise TypeError("an action must be a JSON object")
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in names})
+        a = cls(**{k: v for k, v in raw.items() if k in names})
+        ints = (a.bytes_before, a.bytes_after, a.object_count)
+        if (a.action not in ACTIONS or not isinstance(a.path, str) or not isinstance(a.fingerprint, str)
+                or not all(type(n) is int and n >= 0 for n in ints)
+                or not (a.step is None or type(a.step) is int)):
+            raise ValueError(f"action for {a.path!r} has a field of the wrong type or an unknown action {a.action!r}")
+        return a
 
 
 @dataclass(frozen=True)
@@ -288,21 +305,25 @@ class RetentionPlan:
     @classmethod
     def from_json(cls, text: str, *, source: str = "plan") -> RetentionPlan:
         """Load a plan file; a PolicyError when it is not one or its content was edited."""
+        if len(text) > MAX_PLAN_BYTES:
+            raise PolicyError(f"{source}: {len(text)} bytes is over the {MAX_PLAN_BYTES}-byte limit for a plan file")
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
             raise PolicyError(f"{source}: not a retention plan (invalid JSON: {exc})") from None
+        except RecursionError:
+            raise PolicyError(f"{source}: not a retention plan (nested too deeply)") from None
         if not isinstance(raw, dict) or raw.get("schema") != PLAN_SCHEMA or "actions" not in raw:
             raise PolicyError(f"{source}: not a retention plan (write one with 'loadmaster retention plan --out')")
         try:
             plan = cls(
                 url=raw["url"], prefix=raw.get("prefix", ""), created=float(raw["created"]),
                 policy=RetentionPolicy.from_dict(raw["policy"]),
-                actions=tuple(PlannedAction.from_dict(a) for a in raw["actions"]),
+                actions=tuple(PlannedAction.from_dict(a) for a in _list(raw["actions"])),
                 in_flight=tuple(raw.get("in_flight", ())),
                 usd_per_gb_month=raw.get("usd_per_gb_month"), price_note=raw.get("price_note", ""),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PolicyError(f"{source}: malformed retention plan ({exc!r})") from None
         if raw.get("hash") != plan.hash:
             raise PolicyError(

@@ -577,8 +577,16 @@ async def _strip(store: ObjectStore, step: CheckpointStep, a: PlannedAction, pol
                  fault: FaultHook | None) -> tuple[int, dict[str, str]] | str:
     """Export (when needed), verify, then delete the training state; a string says why it refused."""
     from backend.checkpoints.catalog import step_catalog
-    from backend.checkpoints.strip import strip_step, verify_export
+    from backend.checkpoints.strip import source_digests, strip_step, verify_export
 
+    digests: dict[str, str] | None = None
+    if step.has_bf16_export and step.layout in STRIPPABLE_LAYOUTS:
+        # an export written before this apply: prove its values against the source before the
+        # source goes (strip_step proves the exports it writes itself)
+        try:
+            digests = await source_digests(store, step.path)
+        except Exception as exc:  # noqa: BLE001 - an unreadable source leaves everything in place
+            return f"could not read the source to check the existing export, nothing deleted: {exc}"
     if not step.has_bf16_export:
         if step.layout not in STRIPPABLE_LAYOUTS:
             return (f"refused: a {step.layout} checkpoint without a BF16 export would lose its only "
@@ -591,7 +599,7 @@ async def _strip(store: ObjectStore, step: CheckpointStep, a: PlannedAction, pol
             return f"BF16 export failed, nothing deleted: {exc}"
     if fault:
         fault("exported", a)
-    check = await verify_export(store, step.path, expected=await _expected_shapes(store, step))
+    check = await verify_export(store, step.path, expected=await _expected_shapes(store, step), digests=digests)
     if not _check_ok(check):
         return f"BF16 export did not verify, nothing deleted: {_check_problems(check)}"
     step = await step_catalog(store, step.path)  # the listing now includes the export

@@ -65,7 +65,15 @@ def test_list_strip_inspect_local(tmp_path: Path, tiny_full_dcp: tuple[Path, dic
     assert ins9["tensors"] == [] and any("no .metadata yet: the step is incomplete" in p for p in ins9["problems"])
     # refusing an in-flight step is one clear line, exit 2
     assert main(["ckpt", "strip", str(run / "step-9")]) == 2
-    assert "incomplete" in capsys.readouterr().err
+    assert capsys.readouterr().err == (f"loadmaster: error: {run}/step-9: still being written (no .metadata yet: "
+                                       "DCP writes it last); wait for it to finish or pick another step\n")
+    # a run folder given where a step is expected names its steps (it said "incomplete" before)
+    assert main(["ckpt", "strip", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"loadmaster: error: {run} is a run folder (") and f"e.g. {run}/step-10" in err
+    # inspecting one file of a step reads that file
+    ins_file = run_json(capsys, ["ckpt", "inspect", str(run / "step-10" / r["shards"][0])])
+    assert ins_file["tensors"] and all(t["dtype"] == "BF16" for t in ins_file["tensors"])
     assert main(["--readonly", "ckpt", "strip", str(run / "step-10")]) == 2
     assert "read-only" in capsys.readouterr().err
 

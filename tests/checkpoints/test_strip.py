@@ -72,11 +72,11 @@ async def test_strip_to_other_store_and_flat_layout(tmp_path: Path) -> None:
 
 
 async def test_strip_torch_save_weights_only(tmp_path: Path) -> None:
-    model, _ = trained(seed=4)
+    model, opt = trained(seed=4)
     d = tmp_path / "step-7"
     d.mkdir()
     torch.save({"model": model.state_dict()}, d / "model.pt")
-    torch.save({"state": {}}, d / "optimizer.pt")
+    torch.save(opt.state_dict(), d / "optimizer.pt")
     await strip_step(LocalStore(tmp_path), "step-7")
     got = load_export(d)
     assert all(torch.equal(got[k], v.to(torch.bfloat16)) for k, v in model.state_dict().items())
