@@ -39,3 +39,21 @@ def resolve(kind: str) -> tuple[Callable[..., dict[str, Any]], Callable[..., Non
         raise JobError(f"job kind {kind!r}: {module_name} has no {attr}()") from None
     cleanup = getattr(module, "cleanup", None)
     return run, cleanup if callable(cleanup) else None
+
+
+#: Kinds whose cleanup needs the job's secrets again (its runner deleted them at start):
+#: kind -> ``"module:function"`` of ``async def (config, params) -> dict[str, str]``, resolved
+#: on the console the way the launch resolved them.
+CLEANUP_SECRETS: dict[str, str] = {
+    "upload": "backend.checkpoints.upload:cleanup_secrets",
+}
+
+
+def cleanup_secrets_for(kind: str) -> Callable[..., Any] | None:
+    """The console-side function that supplies ``kind``'s cleanup with secrets, or None."""
+    target = CLEANUP_SECRETS.get(kind)
+    if target is None:
+        return None
+    module_name, _, attr = target.partition(":")
+    fn = getattr(importlib.import_module(module_name), attr, None)
+    return fn if callable(fn) else None

@@ -46,6 +46,38 @@ def write_atomic(path: Path, data: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
+def _proc_starttime(pid: int | str = "self") -> int | None:
+    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()  # the command name may hold spaces and ")"
+    try:
+        return int(fields[19])  # fields[0] is field 3 (state)
+    except (IndexError, ValueError):
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def process_identity(job_id: str) -> dict[str, Any]:
+    """What proves later that a process group is this job's: pid, group, start time, boot, job id.
+
+    The console signals the group only when its leader still has this start time in this boot,
+    or a member still carries ``LOADMASTER_JOB_ID`` = this job's id in its environment (set by
+    the launch for the runner and everything it starts); after a reboot or pid reuse it is
+    left alone.
+    """
+    return {"pid": os.getpid(), "pgid": os.getpgid(0), "started": time.time(), "job_id": job_id,
+            "starttime": _proc_starttime(), "boot_id": _boot_id()}
+
+
 def _make_done_fifo(path: Path) -> None:
     try:
         os.mkfifo(path, 0o600)
@@ -90,8 +122,9 @@ def run_job(job_dir: Path, *, heartbeat_interval: float = HEARTBEAT_INTERVAL) ->
     if (job_dir / RESULT_FILE).exists():
         raise LoadmasterError(f"{job_dir}: this job already finished (result.json exists)")
     ctx = JobContext.from_job_dir(job_dir)
-    write_atomic(job_dir / PID_FILE, json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0),
-                                                  "started": time.time()}) + "\n")
+    # Everything the job starts carries its id: the proof, later, that a process group is its own.
+    os.environ["LOADMASTER_JOB_ID"] = ctx.job_id
+    write_atomic(job_dir / PID_FILE, json.dumps(process_identity(ctx.job_id)) + "\n")
     _make_done_fifo(done_fifo(job_dir))
     # Secrets are read (and their file deleted) first thing, so they do not linger on disk.
     ctx.secret_env()

@@ -144,9 +144,69 @@ S=
 cat > "$D/.spec.json.tmp" && mv -f "$D/.spec.json.tmp" "$D/spec.json" || exit 1
 cd "$D" || exit 1
 export D
+# The runner and everything it starts carry the job id: the proof, before any signal, that a
+# process group is this job's (see PROVE_SCRIPT).
+LOADMASTER_JOB_ID="$ID"; export LOADMASTER_JOB_ID
 umask "$U"  # the job (and the files it pulls) runs with the node's own umask
 setsid sh -c @INNER@ </dev/null >>"$D/log" 2>&1 &
 echo "@@PID $!"
+"""
+
+
+#: Defines ``lm_ours``: true only when process group $G is job $JID's. Either its leader still
+#: runs with the start time the runner recorded ($ST, field 22 of /proc/PID/stat) in the boot it
+#: recorded ($BOOT), or a member of the group still carries LOADMASTER_JOB_ID=$JID in its
+#: environment. After a reboot (another boot id) nothing is ours; a recycled pid or group id
+#: proves nothing. Every signal to a job's group is sent only after this check.
+PROVE_SCRIPT = r"""
+lm_ours() {
+  case "$G" in ''|*[!0-9]*) return 1;; esac
+  [ "$G" -gt 1 ] || return 1
+  if [ -n "$BOOT" ] && [ -r /proc/sys/kernel/random/boot_id ]; then
+    [ "$(cat /proc/sys/kernel/random/boot_id)" = "$BOOT" ] || return 1
+  fi
+  if [ -n "$ST" ] && read -r lm_s 2>/dev/null < "/proc/$G/stat"; then
+    set -- ${lm_s##*) }
+    [ "${20}" = "$ST" ] && return 0
+  fi
+  for lm_p in /proc/[0-9]*; do
+    read -r lm_s 2>/dev/null < "$lm_p/stat" || continue
+    set -- ${lm_s##*) }
+    [ "$3" = "$G" ] || continue
+    tr '\0' '\n' 2>/dev/null < "$lm_p/environ" | grep -qxF "LOADMASTER_JOB_ID=$JID" && return 0
+  done
+  return 1
+}
+"""
+
+
+def prove_vars(job_id: str, pidinfo: dict[str, Any] | None, fallback_pgid: int | None = None) -> str:
+    """Shell assignments of G, ST, BOOT and JID for :data:`PROVE_SCRIPT` from a job's pid file."""
+    info = pidinfo or {}
+    pgid = info.get("pgid") or fallback_pgid or 0
+    try:
+        pgid = int(pgid)
+    except (TypeError, ValueError):
+        pgid = 0
+    st = info.get("starttime")
+    st_text = str(int(st)) if isinstance(st, int | float) or (isinstance(st, str) and st.isdigit()) else ""
+    return (f"G={pgid}; ST={shlex.quote(st_text)}; BOOT={shlex.quote(str(info.get('boot_id') or ''))}; "
+            f"JID={shlex.quote(job_id)}; ")
+
+
+#: Writes a secrets line from stdin into the job directory $1 (0600, builtins only: never an
+#: argv), runs the kind's cleanup there (@AGENT@: the node's agent command), and removes the file
+#: again whatever happened.
+CLEANUP_SCRIPT = r"""
+D="$1"
+umask 077
+IFS= read -r S
+if [ -n "$S" ]; then printf '%s\n' "$S" > "$D/secrets.json"; fi
+S=
+@AGENT@ agent cleanup "$D" >>"$D/log" 2>&1
+rc=$?
+rm -f "$D/secrets.json"
+exit $rc
 """
 
 
@@ -682,27 +742,59 @@ class JobManager:
                "node rebooted)"
 
     async def _mark_lost(self, node: str, rj: _RemoteJob, age: float) -> None:
-        """Write the lost result on the node, kill leftovers of its process group, clean up."""
+        """Write the lost result on the node, kill leftovers of its process group (only once that
+        group is proven to be the job's), and run the kind's cleanup with what it needs."""
         t = self.pool.transport(node)
         job_dir = f"{self._homes.get(node, '')}/{rj.id}"
         result = {"id": rj.id, "kind": rj.spec.get("kind"), "state": "lost", "error": self._lost_message(rj, age),
                   "finished": time.time()}
         if rj.progress:
             result["progress"] = rj.progress[-1]
-        pgid = (rj.pidinfo or {}).get("pgid")
-        q = shlex.quote(job_dir)
-        # Leftover children (s5cmd) share the dead runner's process group; a live process whose
-        # pid equals the pgid would mean the id was recycled, so the group is left alone then.
-        kill = (f"if [ ! -d /proc/{int(pgid)} ]; then kill -KILL -{int(pgid)} 2>/dev/null; fi; "
-                if pgid else "")
+        # Leftover children (s5cmd) share the dead runner's process group. The group is signalled
+        # only when it is proven to be this job's: after a reboot or pid reuse, a group with the
+        # same number belongs to someone else and is left alone.
+        kill = ""
+        if (rj.pidinfo or {}).get("pgid"):
+            kill = (f"{prove_vars(rj.id, rj.pidinfo)}{PROVE_SCRIPT}\n"
+                    "if lm_ours; then kill -KILL -$G 2>/dev/null; echo '@@SIGNALLED'; else echo '@@LEFT'; fi\n")
         try:
             await t.write_file(f"{job_dir}/{RESULT_FILE}", json.dumps(result), mode=0o644)
-            await t.run(f"{kill}rm -f {q}/{SECRETS_FILE} {shlex.quote(str(done_fifo(PurePosixPath(job_dir))))}; "
-                        f"{self.agent_command(node)} agent cleanup {q}"
-                        f" >>{q}/{LOG_FILE} 2>&1", timeout=120)
+            res = await self._run_cleanup(node, rj.id, job_dir, str(rj.spec.get("kind", "")),
+                                          rj.spec.get("params") or {}, pre=kill)
+            if "@@LEFT" in res.stdout:
+                self._event(rj.id, "group-left-alone",
+                            f"process group {(rj.pidinfo or {}).get('pgid')} is not proven to be this job's "
+                            "(rebooted, or the id was reused): not signalled")
         except LoadmasterError:
             pass  # recorded locally as lost; the node is re-checked on the next refresh
         self._event(rj.id, "lost-cleanup", node)
+
+    async def _cleanup_secrets(self, job_id: str, kind: str, params: dict[str, Any]) -> dict[str, str]:
+        """The secrets the kind's cleanup needs, resolved again here as for the launch (the runner
+        deleted its copy at start); empty when the kind needs none or they cannot be had."""
+        from backend.agent.kinds import cleanup_secrets_for
+
+        fn = cleanup_secrets_for(kind)
+        if fn is None:
+            return {}
+        try:
+            return dict(await fn(self.config, params))
+        except Exception as exc:  # noqa: BLE001 - cleanup still runs; the log and the event say what it lacked
+            msg = str(exc) if isinstance(exc, LoadmasterError) else f"{type(exc).__name__}: {exc}"
+            self._event(job_id, "cleanup-without-credentials", msg)
+            return {}
+
+    async def _run_cleanup(self, node: str, job_id: str, job_dir: str, kind: str, params: dict[str, Any], *,
+                           pre: str = "") -> Any:
+        """Run ``agent cleanup`` for a job whose runner cannot (dead or killed), after ``pre``;
+        credentials travel on stdin into a 0600 file the cleanup reads and deletes."""
+        t = self.pool.transport(node)
+        secrets = await self._cleanup_secrets(job_id, kind, params)
+        fifo = shlex.quote(str(done_fifo(PurePosixPath(job_dir))))
+        script = (f"{pre}rm -f \"$1/{SECRETS_FILE}\" {fifo}\n"
+                  + CLEANUP_SCRIPT.replace("@AGENT@", self.agent_command(node)))
+        return await t.run(f"sh -c {shlex.quote(script)} cleanup {shlex.quote(job_dir)}",
+                           input=(json.dumps(secrets) if secrets else "") + "\n", timeout=300)
 
     # -- following -----------------------------------------------------------------------------
 
@@ -778,7 +870,11 @@ class JobManager:
     # -- cancelling ----------------------------------------------------------------------------
 
     async def cancel(self, job_id: str, *, reason: str | None = None) -> JobRecord:
-        """Stop the job's process group (SIGTERM, then SIGKILL after the grace period) and record it."""
+        """Stop the job's process group (SIGTERM, then SIGKILL after the grace period) and record it.
+
+        The group is signalled only once it is proven to be the job's (:data:`PROVE_SCRIPT`);
+        otherwise only the cancel file is written, which a live runner also obeys.
+        """
         rec = await self.refresh_job(job_id)
         if rec.note:
             raise JobError(f"cannot cancel {rec.id}: {rec.note}")
@@ -787,35 +883,35 @@ class JobManager:
         t = self.pool.transport(rec.node)
         rows = self.db.query("SELECT pid FROM jobs WHERE id = ?", (rec.id,))
         _home, _now, remote = await self._scan(rec.node, rec.id, tail=1)
-        pgid = None
-        if remote and remote[0].pidinfo:
-            pgid = remote[0].pidinfo.get("pgid")
-        pgid = int(pgid or rows[0]["pid"] or 0)
+        pidinfo = remote[0].pidinfo if remote else None
         d = shlex.quote(rec.job_dir or "")
         steps = max(1, int(self.settings.cancel_grace / 0.2))
         self._update(rec.id, state="cancelling")
         script = (
-            f"touch {d}/{CANCEL_FILE}; G={pgid}; "
-            '[ "$G" -gt 1 ] || exit 0; '
-            "kill -TERM -$G 2>/dev/null; n=0; "
-            f"while [ $n -lt {steps} ] && kill -0 -$G 2>/dev/null; do sleep 0.2; n=$((n+1)); done; "
-            "if kill -0 -$G 2>/dev/null; then kill -KILL -$G; echo KILLED; fi"
+            f"touch {d}/{CANCEL_FILE}; {prove_vars(rec.id, pidinfo, rows[0]['pid'])}{PROVE_SCRIPT}\n"
+            "lm_ours || { echo NOTOURS; exit 0; }\n"
+            "kill -TERM -$G 2>/dev/null; n=0\n"
+            f"while [ $n -lt {steps} ] && kill -0 -$G 2>/dev/null; do sleep 0.2; n=$((n+1)); done\n"
+            "if kill -0 -$G 2>/dev/null && lm_ours; then kill -KILL -$G; echo KILLED; fi\n"
         )
         res = await t.run(script, timeout=self.settings.cancel_grace + 60)
         killed = "KILLED" in res.stdout
+        if "NOTOURS" in res.stdout:
+            self._event(rec.id, "group-left-alone", "process group not proven to be this job's: only the "
+                                                    "cancel file was written")
         _home, now, remote = await self._scan(rec.node, rec.id, tail=6)
-        if remote and remote[0].result is None:
-            # Killed before it could write its own result: record "cancelled" and clean up for it.
+        if remote and remote[0].result is None and not remote[0].alive:
+            # Gone (killed) before it could write its own result: record "cancelled" and clean up
+            # for it. A runner still alive (its group not proven ours) obeys the cancel file.
             result = {"id": rec.id, "kind": rec.kind, "state": "cancelled", "finished": time.time(),
                       "error": "cancelled by request (killed after the grace period)" if killed
                       else "cancelled by request"}
             await t.write_file(f"{rec.job_dir}/{RESULT_FILE}", json.dumps(result), mode=0o644)
-            fifo = shlex.quote(str(done_fifo(PurePosixPath(rec.job_dir or ""))))
-            await t.run(f"rm -f {d}/{SECRETS_FILE} {fifo}; {self.agent_command(rec.node)} agent cleanup {d}"
-                        f" >>{d}/{LOG_FILE} 2>&1", timeout=120)
+            await self._run_cleanup(rec.node, rec.id, rec.job_dir or "", rec.kind, rec.params)
         final = await self.refresh_job(rec.id)
         self.db.record_audit("job.cancel", f"{rec.node}:{rec.id}", final.state,
-                             detail={"kind": rec.kind, "killed": killed, "label": rec.label}, reason=reason)
+                             detail={"kind": rec.kind, "killed": killed, "label": rec.label,
+                                     "group_proven": "NOTOURS" not in res.stdout}, reason=reason)
         return final
 
 

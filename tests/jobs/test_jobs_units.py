@@ -20,7 +20,15 @@ from backend.jobs.manager import (
     parse_scan,
     progress_from_lines,
 )
-from backend.jobs.pull import NodeEstimate, _error_text, _temp_files, node_dest, parse_source
+from backend.jobs.pull import (
+    NodeEstimate,
+    PulledObject,
+    TempTracker,
+    _error_text,
+    is_s5cmd_temp_name,
+    node_dest,
+    parse_source,
+)
 from backend.jobs.settings import JobSettings
 from backend.schema import parse_section
 
@@ -140,13 +148,28 @@ def test_s5cmd_error_lines_count_even_with_exit_zero() -> None:
     assert _error_text("") is None
 
 
-def test_temp_files_are_name_plus_digits_only(tmp_path: Path) -> None:
+def test_temp_names_follow_go_createtemp(tmp_path: Path) -> None:
+    # os.CreateTemp(dir, name): name + decimal uint32 without leading zeros (the last "*" is
+    # replaced instead when the name has one).
+    assert is_s5cmd_temp_name("obj-1.bin2482161410", "obj-1.bin")
+    assert is_s5cmd_temp_name("obj-1.bin0", "obj-1.bin")
+    assert not is_s5cmd_temp_name("obj-1.bin02", "obj-1.bin")          # a leading zero: never Go's
+    assert not is_s5cmd_temp_name("obj-1.bin4294967296", "obj-1.bin")  # above uint32
+    assert is_s5cmd_temp_name("a-77.tar", "a-*.tar") and not is_s5cmd_temp_name("a-x.tar", "a-*.tar")
+
+
+def test_only_look_alikes_created_after_the_snapshot_are_the_jobs(tmp_path: Path) -> None:
+    objects = [PulledObject("obj-1.bin", 1), PulledObject("obj-12.bin", 1)]
     (tmp_path / "obj-1.bin").write_bytes(b"x")
-    (tmp_path / "obj-1.bin2482161410").write_bytes(b"partial")
-    (tmp_path / "obj-12.bin").write_bytes(b"x")  # another object, not a temp of obj-1.bin
+    (tmp_path / "obj-1.bin5").write_bytes(b"the operator's")  # fits the scheme, but was there first
     (tmp_path / "unrelated123").write_bytes(b"x")
-    found = _temp_files(tmp_path, [("obj-1.bin", 1), ("obj-12.bin", 1)])
-    assert [p.name for p in found] == ["obj-1.bin2482161410"]
+    tracker = TempTracker.snapshot(tmp_path, objects, tmp_path)
+    (tmp_path / "obj-1.bin2482161410").write_bytes(b"partial")
+    (tmp_path / "obj-12.bin").write_bytes(b"x")  # another object, never a temp of obj-1.bin
+    assert [p.name for p in tracker.ours()] == ["obj-1.bin2482161410"]
+    # A later cleanup (another process) reads the same snapshot from the job directory.
+    assert [p.name for p in TempTracker.load(tmp_path, objects, tmp_path).ours()] == ["obj-1.bin2482161410"]
+    assert TempTracker.load(tmp_path, objects, tmp_path / "no-such-job").ours() == []  # no record: nothing
 
 
 def test_node_estimate_fit_and_problem() -> None:

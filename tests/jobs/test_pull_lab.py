@@ -41,16 +41,16 @@ def _assert_pulled(dest: Path, source: SourceData) -> None:
 
 
 def _procs_with(needle: str) -> list[int]:
-    """Pids whose command line mentions ``needle`` (our own job dirs / destinations only)."""
+    """Pids whose command line or environment mentions ``needle`` (a job id, a destination)."""
     out = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes() + b"\0" + Path(f"/proc/{entry}/environ").read_bytes()
         except OSError:
             continue
-        if needle in cmd and int(entry) != os.getpid():
+        if needle.encode() in cmd.replace(b"\0", b" "):
             out.append(int(entry))
     return out
 
@@ -147,7 +147,7 @@ async def test_drop_connections_job_continues_and_console_reattaches(
     with contextlib.ExitStack() as stack:
         rec, job_dir, pgid = await _launch_stalled(services, lab, source, "node-02", dest_rel, stack)
         # Credentials never in s5cmd's argv: read the live command lines of the job's processes.
-        s5 = [p for p in _procs_with(str(lab.node("node-02").scratch / dest_rel)) if p != pgid]
+        s5 = [p for p in _procs_with(f"LOADMASTER_JOB_ID={rec.id}") if p != pgid]
         assert s5, "s5cmd is not running"
         assert lab.s3 is not None
         for pid in [*s5, pgid]:
@@ -184,14 +184,14 @@ async def test_kill_runner_becomes_lost_without_strays(lab: Lab, source: SourceD
     dest = lab.node("node-01").scratch / dest_rel
     with contextlib.ExitStack() as stack:
         rec, job_dir, pgid = await _launch_stalled(services, lab, source, "node-01", dest_rel, stack)
-        assert _procs_with(str(dest)), "s5cmd is not running"
+        assert [p for p in _procs_with(f"LOADMASTER_JOB_ID={rec.id}") if p != pgid], "s5cmd is not running"
         os.kill(pgid, signal.SIGKILL)  # the runner only; s5cmd must die with it (PDEATHSIG)
         final = await services.jobs.wait(rec.id, timeout=120)
     assert final.state == "lost"
     assert "no result" in (final.error or "")
     result = json.loads((job_dir / "result.json").read_text())  # noqa: ASYNC240
     assert result["state"] == "lost"
-    assert _procs_with(str(dest)) == []
+    assert _procs_with(f"LOADMASTER_JOB_ID={rec.id}") == []
     assert not _group_alive(pgid)
     _assert_no_partials(dest, source)
     assert not (job_dir / "aws-credentials").exists()
@@ -228,7 +228,7 @@ async def test_cancel_stops_the_job_cleans_partials_and_audits(lab: Lab, source:
         final = await services.jobs.cancel(rec.id, reason="test cancel")
     assert final.state == "cancelled"
     assert not _group_alive(pgid)
-    assert _procs_with(str(dest)) == []
+    assert _procs_with(f"LOADMASTER_JOB_ID={rec.id}") == []
     _assert_no_partials(dest, source)
     log = (job_dir / "log").read_text()  # noqa: ASYNC240
     assert "cancel" in log
@@ -392,6 +392,6 @@ async def test_s5cmd_listing_matches_the_s3_client_listing(services: Services, s
         # The reference: the S3 client path (no credentials asked: it never takes the s5cmd path).
         slow, _ = await list_source(pattern, profile)
         assert objects == sorted(slow), url
-    everything = dict((await _list_with_s5cmd(parse_source(source.url), resolve_store(
-        services.config, source.url, None), s5cmd) or ([], None))[0])
+    everything = {o.rel: o.size for o in (await _list_with_s5cmd(parse_source(source.url), resolve_store(
+        services.config, source.url, None), s5cmd) or ([], None))[0]}
     assert everything == {name: len(body) for name, body in source.objects.items()}
