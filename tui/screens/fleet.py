@@ -78,7 +78,8 @@ class FleetScreen(LoadmasterScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(classes="screen-body", id="fleet-body"):
             yield Static("", id="fleet-summary", markup=False)
-            yield FleetTable(id="fleet-table")
+            local = frozenset(n.name for n in self.services.config.nodes if n.transport == "local")
+            yield FleetTable(local_nodes=local, id="fleet-table")
             yield Static("Alerts", id="fleet-alerts-title", markup=False)
             yield AlertList(id="fleet-alerts")
 

@@ -121,7 +121,8 @@ class NodeDetailScreen(LoadmasterScreen):
 
     def _header(self, n: NodeSnapshot) -> None:
         state = state_cell(n) + (f": {error_cell(n)}" if error_cell(n) else "")
-        parts = [n.name, n.site or "no site", state, f"SSH {num(n.latency_ms, '{:.0f} ms')}"]
+        link = "local, no SSH" if self._is_local() else f"SSH {num(n.latency_ms, '{:.0f} ms')}"
+        parts = [n.name, n.site or "no site", state, link]
         if n.gpu_status != "ok":
             parts.append(n.gpu_status)
         if n.scratch_error:
@@ -131,6 +132,11 @@ class NodeDetailScreen(LoadmasterScreen):
         if n.alerts:
             parts.append(n.alerts[0].message)
         self.query_one("#node-header", Static).update(" · ".join(parts))
+
+    def _is_local(self) -> bool:
+        """The node is this machine over the local transport (it has no SSH latency)."""
+        return any(c.name == self.node_name and c.transport == "local"
+                   for c in self.services.config.nodes)
 
     def _gpus(self, n: NodeSnapshot) -> None:
         table = self.query_one("#node-gpus", DataTable)

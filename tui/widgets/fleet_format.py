@@ -75,8 +75,17 @@ def alert_cell(n: NodeSnapshot) -> str:
     return f"STARVED {a.hint}"
 
 
-def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int) -> tuple[str, ...]:
-    """The Fleet table's cells for one node (plain strings; styling is the table's job)."""
+def link_cell(n: NodeSnapshot, local: bool) -> str:
+    """How the console reaches the node: SSH round trip, or ``local`` (no SSH at all)."""
+    return "local" if local else num(n.latency_ms, "{:.0f} ms")
+
+
+def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int, *,
+               local: bool = False) -> tuple[str, ...]:
+    """The Fleet table's cells for one node (plain strings; styling is the table's job).
+
+    ``local``: the node is this machine over the local transport (no SSH latency to show).
+    """
     util = "-" if n.util_mean is None else f"{n.util_mean:.0f}% / {n.util_min:.0f}%"
     mem = n.mem_used_mib
     total = n.mem_total_mib
@@ -93,7 +102,7 @@ def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int) -> tup
         spark(trend, trend_width),
         num(n.disk_write_mbps),
         mem_s,
-        num(n.latency_ms, "{:.0f} ms"),
+        link_cell(n, local),
         n.site or "",
         error_cell(n),
     )

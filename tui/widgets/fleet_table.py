@@ -20,18 +20,21 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("node", "Node", 12),
     ("state", "State", 11),
     ("gpus", "GPUs", 13),
-    ("util", "Util avg/min", 12),
-    ("rx", "RX Gbps (%)", 11),
-    ("tx", "TX Gbps (%)", 11),
+    # Each width leaves room for the sort arrow after the label (" ▲").
+    ("util", "Util avg/min", 14),
+    ("rx", "RX Gbps (%)", 13),
+    ("tx", "TX Gbps (%)", 13),
     ("alerts", "Alerts", 21),
     ("trend", "Util trend", 20),
-    ("disk", "Disk W MB/s", 11),
+    ("disk", "Disk W MB/s", 13),
     ("mem", "GPU mem", 13),
     ("ssh", "SSH", 7),
     ("site", "Site", 20),
     ("error", "Last error", 40),
 )
 COLUMN_KEYS = tuple(c[0] for c in COLUMNS)
+#: Marks the sorted column's header: ascending, descending.
+SORT_ARROWS = ("▲", "▼")
 TREND_WIDTH = 20
 
 #: Sort keys per column: raw values, not the formatted text (None sorts last).
@@ -76,9 +79,11 @@ class FleetTable(DataTable[Any]):
     | S | Reverse the sort order. |
     """
 
-    def __init__(self, *, name: str | None = None, id: str | None = None,
-                 classes: str | None = None) -> None:
+    def __init__(self, *, local_nodes: frozenset[str] = frozenset(), name: str | None = None,
+                 id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes, cursor_type="row", zebra_stripes=True)
+        #: Nodes reached over the local transport: their SSH column says ``local``.
+        self.local_nodes = local_nodes
         self.sort_column = "node"
         self.sort_reverse = False
         self.filter = ""
@@ -93,6 +98,22 @@ class FleetTable(DataTable[Any]):
     def on_mount(self) -> None:
         self._column_keys = [self.add_column(label, key=key, width=width)
                              for key, label, width in COLUMNS]
+        self._mark_sorted_column()
+
+    def header_label(self, key: str) -> str:
+        """A column's header as shown: the sorted column carries the direction arrow."""
+        label = COLUMNS[COLUMN_KEYS.index(key)][1]
+        if key != self.sort_column:
+            return label
+        return f"{label} {SORT_ARROWS[self.sort_reverse]}"
+
+    def _mark_sorted_column(self) -> None:
+        for ckey in self._column_keys:
+            column = self.columns.get(ckey)
+            if column is not None:
+                column.label = Text(self.header_label(str(ckey.value)))
+        self._update_count += 1  # the header row is cached per update count
+        self.refresh()
 
     def set_theme_styles(self, styles: dict[str, str]) -> None:
         """Theme colours by semantic name (node-up, node-down, node-stale, alert)."""
@@ -126,7 +147,7 @@ class FleetTable(DataTable[Any]):
             self._pending.pop(gone, None)
         for n in visible:
             if n.name not in self._row_cells:
-                cells = node_cells(n, trend(n.name), TREND_WIDTH)
+                cells = node_cells(n, trend(n.name), TREND_WIDTH, local=n.name in self.local_nodes)
                 self.add_row(*self._style_row(n, cells), key=n.name)
                 self._row_cells[n.name] = cells
                 self._snaps[n.name] = n
@@ -156,7 +177,7 @@ class FleetTable(DataTable[Any]):
             n = self._pending.pop(name, None)
             if n is None:
                 continue
-            cells = node_cells(n, self._trend(name), TREND_WIDTH)
+            cells = node_cells(n, self._trend(name), TREND_WIDTH, local=name in self.local_nodes)
             old = self._row_cells[name]
             row = self._data.get(RowKey(name))
             for i, (a, b) in enumerate(zip(old, cells, strict=True)):
@@ -227,6 +248,7 @@ class FleetTable(DataTable[Any]):
             self.sort_reverse = reverse
         self.sort_column = column
         self._row_order = []
+        self._mark_sorted_column()
         if self._row_cells:
             self._resort()
 

@@ -56,22 +56,42 @@ class PullForm(Vertical):
         self.stores = stores
 
     def compose(self) -> ComposeResult:
+        # One line per row, a label before each field (as on the Shards and Egress screens): the
+        # whole form fits an 80x24 terminal with every value in full, the source on its own row.
+        # Focus (Tab) order: source, destination, nodes, store, preset, the three knobs, reason,
+        # Estimate, Launch.
         yield Label("New pull", classes="transfers-caption")
-        with Horizontal(classes="pull-row"):
-            yield Input(placeholder="s3://bucket/prefix/", id="pull-src")
-            yield Input(placeholder="destination dir (relative: under scratch)", id="pull-dest")
-            yield Input(placeholder="nodes: gpu-[01-04] or one name", id="pull-nodes")
-        with Horizontal(classes="pull-row"):
+        with Horizontal(classes="pull-field"):
+            yield Label("Source", classes="pull-label")
+            yield Input(placeholder="s3://bucket/prefix/", id="pull-src", compact=True)
+        with Horizontal(classes="pull-field"):
+            yield Label("Destination", classes="pull-label")
+            yield Input(placeholder="dir (relative: under scratch)", id="pull-dest", compact=True)
+            yield Label("Nodes", classes="pull-label-inner")
+            yield Input(placeholder="gpu-[01-04] or one name", id="pull-nodes", compact=True)
+        with Horizontal(classes="pull-field"):
+            yield Label("Store", classes="pull-label")
             yield Select([(s, s) for s in [AUTO_STORE, *self.stores]], value=AUTO_STORE, allow_blank=False,
-                         id="pull-store")
-            yield Select([(f"preset: {k}", k) for k in PRESETS], value="tuned", allow_blank=False, id="pull-preset")
-            yield Input(str(PRESETS["tuned"][0]), id="pull-numworkers", type="integer", tooltip="--numworkers")
-            yield Input(str(PRESETS["tuned"][1]), id="pull-concurrency", type="integer", tooltip="--concurrency")
-            yield Input(str(PRESETS["tuned"][2]), id="pull-part-size", type="integer", tooltip="--part-size MiB")
-        with Horizontal(classes="pull-row"):
-            yield Input(placeholder="over-budget reason (only if the egress guard asks)", id="pull-reason")
-            yield Button("Estimate", id="pull-estimate", variant="primary")
-            yield Button("Launch", id="pull-launch", variant="warning", disabled=True)
+                         id="pull-store", compact=True)
+            yield Label("Preset", classes="pull-label-inner")
+            yield Select([(k, k) for k in PRESETS], value="tuned", allow_blank=False, id="pull-preset",
+                         compact=True)
+        with Horizontal(classes="pull-field"):
+            yield Label("Workers", classes="pull-label")
+            yield Input(str(PRESETS["tuned"][0]), id="pull-numworkers", type="integer", compact=True,
+                        tooltip="s5cmd --numworkers: objects copied in parallel")
+            yield Label("Concurrency", classes="pull-label-inner")
+            yield Input(str(PRESETS["tuned"][1]), id="pull-concurrency", type="integer", compact=True,
+                        tooltip="s5cmd cp --concurrency: parts of one object in parallel")
+            yield Label("Part MiB", classes="pull-label-inner")
+            yield Input(str(PRESETS["tuned"][2]), id="pull-part-size", type="integer", compact=True,
+                        tooltip="s5cmd cp --part-size in MiB")
+        with Horizontal(classes="pull-field"):
+            yield Label("Reason", classes="pull-label")
+            yield Input(placeholder="over budget? why (only if the egress guard asks)", id="pull-reason",
+                        compact=True)
+            yield Button("Estimate", id="pull-estimate", variant="primary", compact=True)
+            yield Button("Launch", id="pull-launch", variant="warning", disabled=True, compact=True)
         yield Static("", id="pull-estimate-text", markup=False)
 
     @on(Select.Changed, "#pull-preset")
