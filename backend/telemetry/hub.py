@@ -23,7 +23,7 @@ from backend.errors import NodeUnreachable
 from backend.nodes.untrusted import clean_text
 from backend.telemetry.history import NodeHistory
 from backend.telemetry.model import Alert, FleetSnapshot, NodeSnapshot, NodeState
-from backend.telemetry.parse import MESSAGE_LIMIT, RawSample, compute_rates, parse_block
+from backend.telemetry.parse import MALFORMED, MESSAGE_LIMIT, RawSample, compute_rates, parse_block
 from backend.telemetry.sampler import BEGIN, END, MAX_BLOCK_BYTES, MAX_BLOCK_LINES, sampler_script
 from backend.telemetry.settings import TelemetrySettings
 from backend.telemetry.starvation import StarvationDetector
@@ -187,7 +187,7 @@ class TelemetryHub:
         nics, disks = compute_rates(st.prev, raw, dt)
         st.prev, st.prev_t, st.last_t = raw, t, t
         # A malformed part (a flood from nvidia-smi) is reported beside the node; the rest counts.
-        error = "; ".join(raw.malformed) if raw.malformed else None
+        error = f"{MALFORMED} sample: {'; '.join(raw.malformed)}" if raw.malformed else None
         if error is not None and error != st.error:
             log.warning("telemetry: malformed sample from %s: %s", node, error)
         st.state, st.error = "up", error
