@@ -20,7 +20,7 @@ from backend.errors import ConfigError
 from backend.nodes.pool import PARTIAL_EXIT, unread_line
 from backend.services import Services
 from backend.telemetry.hub import TelemetryHub
-from backend.telemetry.report import fleet_dict, fleet_table
+from backend.telemetry.report import fleet_dict, fleet_table, unread_nodes
 from backend.telemetry.settings import TelemetrySettings
 
 
@@ -50,17 +50,6 @@ def _settings(services: Services, interval: float | None) -> TelemetrySettings:
         return dataclasses.replace(settings, interval=interval)
     except ValueError as exc:
         raise ConfigError(str(exc), key="--interval") from None
-
-
-def unread_nodes(snap: Any) -> dict[str, str]:
-    """Nodes of ``snap`` whose figures are missing or partial, with why (for stderr and a footer)."""
-    out: dict[str, str] = {}
-    for n in snap.nodes:
-        if n.state != "up":
-            out[n.name] = n.state + (f": {n.error}" if n.error else "")
-        elif n.error and n.error.startswith("malformed"):
-            out[n.name] = n.error
-    return out
 
 
 def _ready(snap: Any) -> bool:

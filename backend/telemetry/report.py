@@ -61,6 +61,18 @@ def fleet_dict(snap: FleetSnapshot, *, wall_time: float) -> dict[str, Any]:
     }
 
 
+def unread_nodes(snap: FleetSnapshot) -> dict[str, str]:
+    """Nodes of ``snap`` whose figures are missing or partial (not up, or a malformed sample),
+    with why: what ``top`` names on stderr and a console footer says is missing."""
+    out: dict[str, str] = {}
+    for n in snap.nodes:
+        if n.state != "up":
+            out[n.name] = n.state + (f": {n.error}" if n.error else "")
+        elif n.error and n.error.startswith("malformed"):
+            out[n.name] = n.error
+    return out
+
+
 COLUMNS = ("NODE", "STATE", "SSH", "GPUS", "UTIL", "MIN", "MEM GiB", "RX Gbps", "RX%",
            "TX Gbps", "DISK W MB/s", "ALERT")
 
