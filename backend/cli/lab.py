@@ -14,6 +14,7 @@ from pathlib import Path
 from backend.config import data_dir
 from backend.errors import LoadmasterError
 from backend.lab.fleet import Lab, LabNodeOptions
+from backend.lab.seed import CHECKPOINT_RUN, DATASET_PREFIX
 from backend.services import Services
 
 
@@ -81,6 +82,7 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
     lab = Lab(root, nodes=args.nodes, options=sandbox_options(args.nodes))
     print(f"starting {args.nodes} sshd nodes and SeaweedFS S3 in {root} ...", file=sys.stderr)
     lab.up()
+    seeded: list[str] = []
     try:
         if not args.no_seed:
             assert lab.s3 is not None and lab.bucket is not None
@@ -88,12 +90,14 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
 
             client = lab.s3.client()
             print("uploading a sample dataset and real DCP checkpoints ...", file=sys.stderr)
-            seed.seed_dataset(client, lab.bucket)
+            dataset = seed.seed_dataset(client, lab.bucket)
+            steps = None
             try:
-                seed.seed_checkpoints(client, lab.bucket)
+                steps = seed.seed_checkpoints(client, lab.bucket)
             except ImportError:
                 print("torch is not installed: skipped sample checkpoints "
                       "(pip install 'loadmaster[node]')", file=sys.stderr)
+            seeded = seed.seeded_lines(lab.bucket, dataset, steps)
         lab.write_config(SANDBOX_EXTRA)
         lab.save_state()
     except BaseException:
@@ -107,7 +111,11 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
     for n in lab.nodes:
         print(f"  {n.name}  {n.ip}:{n.port}  {lab.node_options(n.name).pattern}", file=sys.stderr)
     if lab.s3:
-        print(f"  s3      {lab.s3.endpoint}  bucket {lab.bucket}", file=sys.stderr)
+        print(f"  s3      {lab.s3.endpoint}  bucket {lab.bucket}  (store 'lab')", file=sys.stderr)
+    if seeded:
+        print("sample data: pull or shard the dataset (Transfers, Shards), prune the run (Checkpoints, "
+              "Retention):", file=sys.stderr)
+        print("\n".join(seeded), file=sys.stderr)
     print("open the console on the sandbox with:", file=sys.stderr)
     print(cmd)
     return 0
@@ -177,6 +185,8 @@ def lab_status(args: argparse.Namespace, services: Services) -> int:
     info = json.loads(state.read_text())
     for n in info["nodes"]:
         print(f"{n['name']:10} {n['ip']}:{n['port']:<6} {'up' if _pid_alive(n['pid']) else 'down'}")
-    print(f"s3         {info['s3']['endpoint']} {'up' if _pid_alive(info['s3']['pid']) else 'down'}")
+    print(f"s3         {info['s3']['endpoint']} {'up' if _pid_alive(info['s3']['pid']) else 'down'}"
+          + (f"  bucket {info['bucket']} (s3://{info['bucket']}/{DATASET_PREFIX}/, "
+             f"s3://{info['bucket']}/{CHECKPOINT_RUN}/)" if info.get("bucket") else ""))
     print(f"config     {info['config']}")
     return 0

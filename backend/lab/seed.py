@@ -25,6 +25,7 @@ def seed_dataset(client: Any, bucket: str, *, samples: int = 120, shards: int = 
     """Raw jpg+json sample files and a few tar shards (what a pull or a conversion reads)."""
     rng = random.Random(rng_seed)
     raw = 0
+    shard_total = 0
     for i in range(samples):
         key = f"{i:06d}"
         jpg = rng.randbytes(rng.randint(8_000, 24_000))
@@ -40,7 +41,8 @@ def seed_dataset(client: Any, bucket: str, *, samples: int = 120, shards: int = 
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))
         _put(client, bucket, f"{DATASET_PREFIX}/shards/shard-{s:06d}.tar", buf.getvalue())
-    return {"raw_objects": samples * 2, "raw_bytes": raw, "shards": shards}
+        shard_total += len(buf.getvalue())
+    return {"raw_objects": samples * 2, "raw_bytes": raw, "shards": shards, "shard_bytes": shard_total}
 
 
 def seed_checkpoints(client: Any, bucket: str, *, steps: range = range(1000, 12001, 1000),
@@ -76,3 +78,23 @@ def seed_checkpoints(client: Any, bucket: str, *, steps: range = range(1000, 120
             done.append(step)
     os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
     return done
+
+
+def seeded_lines(bucket: str, dataset: dict[str, int] | None, steps: list[int] | None,
+                 *, in_flight: int | None = 12000) -> list[str]:
+    """What the sandbox holds, one line per place with its ``s3://`` URL (``lab up`` prints it)."""
+    from backend.policy.egress import fmt_bytes
+    from backend.textfmt import align_columns
+
+    rows: list[list[str]] = []
+    if dataset:
+        rows.append([f"s3://{bucket}/{DATASET_PREFIX}/raw/",
+                     f"{dataset['raw_objects'] // 2} samples (.jpg + .json: {dataset['raw_objects']} files, "
+                     f"{fmt_bytes(dataset['raw_bytes'])})"])
+        rows.append([f"s3://{bucket}/{DATASET_PREFIX}/shards/",
+                     f"{dataset['shards']} tar shards, {fmt_bytes(dataset['shard_bytes'])}"])
+    if steps:
+        flight = f" ({in_flight} still uploading)" if in_flight in steps else ""
+        rows.append([f"s3://{bucket}/{CHECKPOINT_RUN}/",
+                     f"{len(steps)} DCP checkpoints, steps {steps[0]}-{steps[-1]}{flight}"])
+    return ["  " + line for line in align_columns(rows)]
