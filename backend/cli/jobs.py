@@ -143,6 +143,9 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
     # The nodes whose job directories could not be read just now: their jobs are missing or old.
     names = [n.name for n in services.config.nodes]
     unread = {} if args.local else services.pool.unread(names)
+    for r in recs:  # a record the refresh could not bring up to date says so itself
+        if r.note and not args.local:
+            unread.setdefault(r.node, clean_text(r.note, CELL_LIMIT))
     if args.json:
         # json.dumps escapes every control character (ensure_ascii): safe on a terminal as is.
         print(json.dumps([_record_json(r) for r in recs], indent=2, default=str))
