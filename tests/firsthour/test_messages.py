@@ -1,7 +1,8 @@
 """Messages that sent a new operator the wrong way, asserted as they must read now.
 
 - a bucket no configured store covers says so (was: "no credentials found; set 'profile' ...");
-- ``shard --node`` prints a follow-up command that works (was: ``job log ID``, no such command).
+- ``shard --node`` prints a follow-up command that works (was: ``job log ID``, no such command);
+- the README's pre-launch listing claim: which s5cmd lists, which copies.
 """
 
 from __future__ import annotations
@@ -89,3 +90,33 @@ def test_shard_on_a_node_prints_a_follow_up_that_works(lab: Any, s3: Any, tmp_pa
         assert argv[0] == "loadmaster"
         assert main(["--config", cfg, *argv[1:]]) == 0, line
         capsys.readouterr()
+
+
+@pytest.mark.lab
+def test_jobs_s5cmd_is_the_nodes_copy_tool_and_the_listing_runs_the_consoles(
+        lab: Any, s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's claim: the pre-launch listing runs the s5cmd beside loadmaster on this machine;
+    ``[jobs] s5cmd`` (a wrapper here) runs only on the node, for the copy."""
+    import shutil
+    import sys
+
+    real = shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd")
+    log = tmp_path / "wrapper.log"
+    wrapper = tmp_path / "s5cmd-wrapper"
+    wrapper.write_text(f'#!/bin/sh\necho "$LOADMASTER_HOME $*" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    cfg = str(write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state", extra=f's5cmd = "{wrapper}"\n'))
+    prefix = f"fh-wrap-{secrets.token_hex(3)}"
+    client = s3.client()
+    for i in range(3):
+        client.put_object(Bucket=lab.bucket, Key=f"{prefix}/{i}.bin", Body=bytes([i]) * 1000)
+    rc = main(["--config", cfg, "pull", f"s3://{lab.bucket}/{prefix}/", f"fh-wrap-{prefix}",
+               "--nodes", "node-01", "--yes"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    calls = log.read_text().splitlines()
+    assert calls, "the job did not run the configured s5cmd"
+    home = str(lab.node("node-01").home)
+    assert all(c.startswith(f"{home} ") for c in calls), calls  # only ever on the node
+    # The copy (s5cmd run with the job's cp lines) went through it; the pre-launch listing did not.
+    assert any(c.endswith(" run") for c in calls), calls
