@@ -113,8 +113,9 @@ def test_the_calculator_refuses_a_typo_too() -> None:
 
 
 async def test_the_console_calculator_marks_the_field() -> None:
-    from tests.tui.snapshot_services import snapshot_services
     from textual.widgets import Input, Static
+
+    from tests.tui.snapshot_services import snapshot_services
     from tui.app import LoadmasterApp
 
     app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="egress")
