@@ -3,6 +3,10 @@
 Each file goes up through :func:`backend.storage.multipart.upload_file` (parallel parts, per-part
 Content-MD5, retries, ETag and size verified, aborted on failure or cancel). Commit markers (DCP
 ``.metadata``, the safetensors index, DeepSpeed ``latest``) go up LAST so a reader never sees a complete-looking partial checkpoint.
+A destination that already holds objects is refused unless ``overwrite=True``. Every multipart
+upload id is journalled as it is created; a rerun with the same journal, or a lost job's
+cleanup, aborts those and only those (other people's uploads under the prefix are counted and
+left alone).
 """
 
 from __future__ import annotations
@@ -24,17 +28,21 @@ from backend.storage.multipart import (
     DEFAULT_PART_SIZE,
     DEFAULT_RETRIES,
     MiB,
+    MultipartJournal,
     PartFault,
     ProgressCounter,
     UploadCancelled,  # noqa: F401 - re-exported: callers catch it from here
     UploadedObject,
     UploadError,
     UploadSettings,
-    abort_stale,
-    list_multipart,  # noqa: F401 - re-exported
+    abort_recorded,
+    list_multipart,
     upload_client,
     upload_file,
 )
+
+#: The job directory's record of the multipart uploads an upload job started.
+JOURNAL_FILE = "multipart.jsonl"
 
 COMMIT_MARKERS = (".metadata", "model.safetensors.index.json", "latest")
 
@@ -48,7 +56,12 @@ class UploadResult:
     objects: tuple[UploadedObject, ...]
     bytes: int
     seconds: float
+    #: Multipart uploads this upload's journal had left open (a killed earlier run), now aborted.
     aborted_stale: int = 0
+    aborted_ids: tuple[str, ...] = ()
+    #: Multipart uploads in progress under the destination that this upload did not start: left alone.
+    others_in_progress: int = 0
+    overwrote: int = 0
 
     @property
     def gbps(self) -> float:
@@ -58,7 +71,21 @@ class UploadResult:
         """JSON-ready summary."""
         return {"url": self.url, "prefix": self.prefix, "objects": len(self.objects), "bytes": self.bytes,
                 "seconds": round(self.seconds, 3), "gbps": round(self.gbps, 3),
-                "aborted_stale": self.aborted_stale}
+                "aborted_stale": self.aborted_stale, "aborted_ids": list(self.aborted_ids),
+                "others_in_progress": self.others_in_progress, "overwrote": self.overwrote}
+
+    def notes(self) -> list[str]:
+        """What the upload did beside uploading, in words (for logs and the CLI)."""
+        out = []
+        if self.aborted_stale:
+            out.append(f"aborted {self.aborted_stale} multipart upload(s) an earlier run of this upload left "
+                       f"open ({', '.join(self.aborted_ids)})")
+        if self.others_in_progress:
+            out.append(f"left {self.others_in_progress} multipart upload(s) under the destination alone: "
+                       "not started by this upload")
+        if self.overwrote:
+            out.append(f"overwrote a destination that held {self.overwrote} object(s) (overwrite was given)")
+        return out
 
 
 
@@ -78,6 +105,16 @@ def upload_order(files: list[str]) -> list[str]:
     return sorted(files, key=lambda f: (f.rsplit("/", 1)[-1] in COMMIT_MARKERS, f))
 
 
+async def check_destination(store: ObjectStore, prefix: str, *, overwrite: bool) -> int:
+    """Refuse a destination that already holds objects unless ``overwrite``; returns their number."""
+    found = await store.list(prefix)
+    if found and not overwrite:
+        example = found[0].key
+        raise UploadError(f"{url_join(store.url, prefix)} already holds {len(found)} object(s) (e.g. {example}); "
+                          "refusing to overwrite: pass --overwrite to replace them")
+    return len(found)
+
+
 async def upload_dir(
     store: ObjectStore,
     local_dir: str | Path,
@@ -87,9 +124,14 @@ async def upload_dir(
     progress: Callable[[int, int, int, int], object] | None = None,
     cancelled: Callable[[], bool] | None = None,
     fault: PartFault | None = None,
+    overwrite: bool = False,
+    journal: MultipartJournal | None = None,
 ) -> UploadResult:
     """Upload every file of ``local_dir`` under ``prefix``; markers last; every object verified.
 
+    A ``prefix`` that already holds objects is refused (:class:`UploadError` naming it and
+    ``--overwrite``) unless ``overwrite=True``. ``journal`` records every multipart upload id as
+    it is created; open ids it holds from an earlier, killed run are aborted first.
     ``progress(bytes_done, bytes_total, files_done, files_total)`` is called as parts complete.
     """
     settings = (settings or UploadSettings()).check()
@@ -97,8 +139,10 @@ async def upload_dir(
     sizes = await asyncio.to_thread(local_files, root)
     files = list(sizes)
     t0 = time.monotonic()
-    # a previous run of this upload that was killed leaves multipart uploads behind: sweep them
-    stale = await abort_stale(store, prefix, before=time.time())
+    journal = journal if journal is not None else MultipartJournal()
+    # What an earlier, killed run of this same upload left behind: its own ids, nobody else's.
+    aborted = await abort_recorded(store, journal)
+    present = await check_destination(store, prefix, overwrite=overwrite)
     counter = ProgressCounter(sum(sizes.values()), progress, len(sizes))
     parts_sem = asyncio.Semaphore(settings.concurrency)
     files_sem = asyncio.Semaphore(settings.files_in_flight)
@@ -114,7 +158,7 @@ async def upload_dir(
             async with files_sem:
                 obj = await upload_file(store, root / f, join_key(prefix, f), settings=settings,
                                         parts_sem=parts_sem, counter=counter, cancelled=cancelled, fault=fault,
-                                        client=client)
+                                        client=client, journal=journal)
                 counter.file_done()
                 return obj
 
@@ -129,7 +173,9 @@ async def upload_dir(
             raise
         for f in markers:  # only after every data file is complete and verified
             done.append(await one(f))
-    return UploadResult(store.url, prefix, tuple(done), counter.total, time.monotonic() - t0, stale)
+    others = [uid for _key, uid, _t in await list_multipart(store, prefix)]
+    return UploadResult(store.url, prefix, tuple(done), counter.total, time.monotonic() - t0, len(aborted),
+                        tuple(uid for _k, uid in aborted), len(others), present)
 
 
 async def download_file(store: ObjectStore, key: str, dest: Path, *, chunk: int = 64 * MiB) -> None:
@@ -185,20 +231,30 @@ async def store_secrets(store: ObjectStore) -> dict[str, str]:
 
 
 def upload_params(local_dir: str, store: ObjectStore, prefix: str, *, settings: UploadSettings | None = None,
-                  step: int | None = None) -> dict[str, Any]:
+                  step: int | None = None, overwrite: bool = False) -> dict[str, Any]:
     """The params of an "upload" job (what ``services.jobs.launch`` sends to the node)."""
     s = settings or UploadSettings()
     return {"src": local_dir, "dest": url_join(store.url, prefix),
             "store": store_params(store), "prefix": prefix, "part_size": s.part_size,
-            "concurrency": s.concurrency, "retries": s.retries, "step": step}
+            "concurrency": s.concurrency, "retries": s.retries, "step": step, "overwrite": bool(overwrite)}
 
 
 async def launch_upload(jobs: Any, node: str, store: ObjectStore, local_dir: str, prefix: str, *,
-                        settings: UploadSettings | None = None, step: int | None = None) -> Any:
-    """Launch an "upload" job of ``local_dir`` (on ``node``) to ``prefix`` of ``store``; returns its job record."""
-    params = upload_params(local_dir, store, prefix, settings=settings, step=step)
+                        settings: UploadSettings | None = None, step: int | None = None,
+                        overwrite: bool = False) -> Any:
+    """Launch an "upload" job of ``local_dir`` (on ``node``) to ``prefix`` of ``store``; returns its job record.
+
+    A destination that already holds objects is refused here, before launch, unless
+    ``overwrite=True`` (and again by the job on the node, right before it uploads).
+    """
+    await check_destination(store, prefix, overwrite=overwrite)
+    params = upload_params(local_dir, store, prefix, settings=settings, step=step, overwrite=overwrite)
     return await jobs.launch(node, "upload", params, secrets=await store_secrets(store),
                              label=f"upload {os.path.basename(local_dir.rstrip('/'))}")
+
+
+def _journal(ctx: Any) -> MultipartJournal:
+    return MultipartJournal(ctx.job_dir / JOURNAL_FILE if ctx.job_dir is not None else None)
 
 
 def run_upload_job(ctx: Any) -> dict[str, Any]:
@@ -218,27 +274,58 @@ def run_upload_job(ctx: Any) -> dict[str, Any]:
                 store, p["src"], p.get("prefix", ""), settings=settings,
                 progress=lambda done, total, files, nfiles: ctx.progress(
                     bytes_done=done, bytes_total=total, items_done=files, items_total=nfiles, **extra),
-                cancelled=lambda: ctx.cancelled)
+                cancelled=lambda: ctx.cancelled, overwrite=bool(p.get("overwrite")), journal=_journal(ctx))
         finally:
             await store.close()
+        for note in res.notes():
+            ctx.log(note)
         ctx.log(f"uploaded {len(res.objects)} objects, {res.bytes} bytes, {res.gbps:.2f} Gbps, verified")
         return res.as_dict()
 
     return asyncio.run(main())
 
 
+async def cleanup_secrets(config: Any, params: dict[str, Any]) -> dict[str, str]:
+    """The credentials a lost or killed upload job's cleanup needs, resolved on the console as at launch."""
+    sp = params.get("store") or {}
+    url = str(sp.get("url") or "")
+    if not url.startswith("s3://"):
+        return {}
+    profile = config.stores.get(sp.get("name") or "") or config.store_for_url(url)
+    store = S3Store(url, profile)
+    try:
+        return await store_secrets(store)
+    finally:
+        await store.close()
+
+
 def cleanup(ctx: Any) -> None:
-    """Abort multipart uploads a cancelled or lost upload job left under its destination."""
+    """Abort the multipart uploads this upload job started and never finished (its journal's ids
+    only: anyone else's uploads under the destination are left alone)."""
     p = ctx.params
-    if "store" not in p:
+    if "store" not in p or ctx.job_dir is None:
+        return
+    journal = _journal(ctx)
+    pending = journal.open_uploads()
+    if not pending:
+        ctx.log("no multipart upload of this job is left open")
+        return
+    env = ctx.secret_env()
+    if not env and str(p["store"].get("url", "")).startswith("s3://"):
+        ctx.log(f"cannot abort {len(pending)} multipart upload(s) of this job: no credentials reached the "
+                f"cleanup; ids: {', '.join(uid for _b, _k, uid in pending)}")
         return
 
-    async def main() -> None:
-        store = open_store_params(p["store"], ctx.secret_env())
+    async def main() -> list[tuple[str, str]]:
+        store = open_store_params(p["store"], env)
         try:
-            await abort_stale(store, p.get("prefix", ""))
+            return await abort_recorded(store, journal)
         finally:
             await store.close()
 
-    asyncio.run(main())
-
+    aborted = asyncio.run(main())
+    ctx.log(f"aborted {len(aborted)} multipart upload(s) this job had started"
+            + (f": {', '.join(uid for _k, uid in aborted)}" if aborted else ""))
+    left = journal.open_uploads()
+    if left:
+        ctx.log(f"could not abort {len(left)}: {', '.join(uid for _b, _k, uid in left)}")

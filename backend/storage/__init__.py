@@ -9,8 +9,10 @@ an operator can fix (missing bucket, rejected credentials, unreachable endpoint)
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import contextlib
+import hashlib
 import os
 import shutil
 from abc import ABC, abstractmethod
@@ -205,6 +207,22 @@ class LocalStore(ObjectStore):
         await asyncio.to_thread(shutil.copyfile, src, dest)
 
 
+def md5_instead_of_crc32(params: dict[str, Any], **_: Any) -> None:
+    """botocore hook (``before-call.s3``): a request that must carry a checksum (DeleteObjects)
+    gets the Content-MD5 every S3 store accepts instead of botocore's default CRC32 header.
+
+    Registered for profiles with ``checksum = "when_required"``: the stores that reject
+    ``x-amz-checksum-*`` headers (R2 and older S3-compatible stores), where botocore >= 1.36
+    would otherwise send CRC32 on DeleteObjects even under "when_required".
+    """
+    checksum = params.get("context", {}).get("checksum", {})
+    body = params.get("body")
+    if checksum.get("request_algorithm") and isinstance(body, bytes | bytearray):
+        checksum.pop("request_algorithm", None)
+        checksum.pop("request_algorithm_header", None)
+        params["headers"]["Content-MD5"] = base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
+
+
 def _client_error(exc: Exception, store: str, bucket: str, profile: str | None) -> StoreError:
     """Translate botocore errors into messages that name what to fix."""
     from botocore.exceptions import (
@@ -283,6 +301,13 @@ class S3Store(ObjectStore):
         kwargs.update(overrides)
         return BotoConfig(**kwargs)
 
+    def prepare_client(self, client: Any) -> Any:
+        """Register what every client of this store needs (the MD5 fallback for stores that
+        reject botocore's CRC32 headers); returns ``client``."""
+        if self.profile is not None and self.profile.checksum == "when_required":
+            client.meta.events.register("before-call.s3", md5_instead_of_crc32)
+        return client
+
     async def client(self) -> Any:
         """The shared aiobotocore client (created on first use)."""
         async with self._lock:
@@ -298,6 +323,7 @@ class S3Store(ObjectStore):
                             config=self.client_config(),
                         )
                     )
+                    self.prepare_client(self._client)
                 except Exception as exc:  # noqa: BLE001
                     await stack.aclose()
                     raise self.error(exc) from None

@@ -5,7 +5,9 @@ parts in flight, each part read from disk with ``os.preadv`` (never the whole fi
 Content-MD5 and retried on failure or on an ETag that does not match what we sent. After
 completion the object is HEADed: its size and its composite ETag (MD5 of the part MD5s, "-N")
 must match what we computed from the bytes on disk. Any failure or cancel aborts the multipart
-upload, so no orphaned parts are left; :func:`abort_stale` sweeps those a killed process left.
+upload, so no orphaned parts are left. Every upload id is recorded in a
+:class:`MultipartJournal` as soon as S3 hands it out, so what a killed process left behind is
+aborted later by id (:func:`abort_recorded`): never a multipart upload someone else started.
 
 Cost per byte (the uploader shares a node's CPUs with training and the store's own gateway):
 each part is read into a buffer reused from part to part (no fresh pages for the kernel to
@@ -21,6 +23,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import json
 import os
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -81,6 +84,47 @@ class UploadSettings:
         if self.concurrency < 1 or self.retries < 0 or self.files_in_flight < 1:
             raise UploadError("concurrency and files_in_flight must be >= 1, retries >= 0")
         return self
+
+
+class MultipartJournal:
+    """The multipart uploads one upload started (bucket, key, upload id), kept in a JSON-lines file
+    when given a path, so that a later run or a lost job's cleanup aborts exactly those."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._open: dict[str, tuple[str, str]] = {}
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    d = json.loads(line)
+                    if d["op"] == "start":
+                        self._open[str(d["upload_id"])] = (str(d["bucket"]), str(d["key"]))
+                    elif d["op"] == "end":
+                        self._open.pop(str(d["upload_id"]), None)
+                except (ValueError, KeyError, TypeError):
+                    continue  # a torn last line (killed mid-write): the id before it is still read
+
+    def _append(self, record: dict[str, str]) -> None:
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def started(self, bucket: str, key: str, upload_id: str) -> None:
+        """Record an upload id the moment S3 returns it (before any part is sent)."""
+        self._append({"op": "start", "bucket": bucket, "key": key, "upload_id": upload_id})
+        self._open[upload_id] = (bucket, key)
+
+    def ended(self, upload_id: str) -> None:
+        """The upload was completed or aborted: nothing of it is left to clean up."""
+        if self._open.pop(upload_id, None) is not None:
+            self._append({"op": "end", "upload_id": upload_id})
+
+    def open_uploads(self) -> list[tuple[str, str, str]]:
+        """(bucket, key, upload id) started and not yet completed or aborted."""
+        return [(b, k, uid) for uid, (b, k) in self._open.items()]
+
+    def ids(self) -> set[str]:
+        return set(self._open)
 
 
 @dataclass(frozen=True)
@@ -237,8 +281,10 @@ async def upload_file(
     cancelled: Callable[[], bool] | None = None,
     fault: PartFault | None = None,
     client: Any = None,
+    journal: MultipartJournal | None = None,
 ) -> UploadedObject:
-    """Upload one local file to ``key`` and verify its size and checksum after completion."""
+    """Upload one local file to ``key`` and verify its size and checksum after completion
+    (a multipart upload's id goes into ``journal`` before any part is sent)."""
     settings = (settings or UploadSettings()).check()
     path = Path(path)
     size = path.stat().st_size
@@ -255,7 +301,7 @@ async def upload_file(
     if client is None:
         async with upload_client(store, settings) as own:
             return await upload_file(store, path, key, settings=settings, parts_sem=parts_sem, counter=counter,
-                                     cancelled=cancelled, fault=fault, client=own)
+                                     cancelled=cancelled, fault=fault, client=own, journal=journal)
     _register_part_payload()
     full_key = join_key(store.prefix, key)
     sem = parts_sem or asyncio.Semaphore(settings.concurrency)
@@ -314,6 +360,8 @@ async def upload_file(
             raise store.error(exc) from None
         upload_id = created["UploadId"]
         try:
+            if journal is not None:
+                journal.started(store.bucket, full_key, upload_id)
             async def one(part_no: int) -> tuple[int, str, bytes]:
                 async def up(body: Any, md5: str) -> Any:
                     return await client.upload_part(Bucket=store.bucket, Key=full_key, UploadId=upload_id,
@@ -335,9 +383,12 @@ async def upload_file(
             await client.complete_multipart_upload(
                 Bucket=store.bucket, Key=full_key, UploadId=upload_id,
                 MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e, _ in results]})
+            if journal is not None:
+                journal.ended(upload_id)
         except BaseException as exc:
             # shielded so a cancelled task still cleans up its parts
-            await asyncio.shield(_abort(client, store.bucket, full_key, upload_id))
+            if await asyncio.shield(_abort(client, store.bucket, full_key, upload_id)) and journal is not None:
+                journal.ended(upload_id)
             if not isinstance(exc, Exception) or isinstance(exc, LoadmasterError):
                 raise  # cancellation, KeyboardInterrupt, or our own error
             raise store.error(exc) from None
@@ -372,14 +423,17 @@ async def upload_client(store: S3Store, settings: UploadSettings) -> AsyncIterat
             ))
         except Exception as exc:  # noqa: BLE001 - profile/credential problems name what to fix
             raise store.error(exc) from None
-        yield client
+        yield store.prepare_client(client)
 
 
-async def _abort(client: Any, bucket: str, key: str, upload_id: str) -> None:
+async def _abort(client: Any, bucket: str, key: str, upload_id: str) -> bool:
+    """Abort one multipart upload by id; True when it is gone (aborted now or already)."""
     try:
         await client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-    except Exception:  # noqa: BLE001,S110 - best effort; abort_stale() sweeps anything left
-        pass
+    except Exception as exc:  # noqa: BLE001 - best effort; the journal keeps the id for the next try
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        return code in ("NoSuchUpload", "404")
+    return True
 
 
 async def list_multipart(store: ObjectStore, prefix: str = "") -> list[tuple[str, str, float]]:
@@ -399,9 +453,27 @@ async def list_multipart(store: ObjectStore, prefix: str = "") -> list[tuple[str
     return out
 
 
+async def abort_recorded(store: ObjectStore, journal: MultipartJournal) -> list[tuple[str, str]]:
+    """Abort the multipart uploads ``journal`` recorded and never saw end: (key, upload id) of each
+    one gone now. Uploads anyone else started are never touched."""
+    if not isinstance(store, S3Store) or not journal.open_uploads():
+        return []
+    client = await store.client()
+    out = []
+    for bucket, key, uid in journal.open_uploads():
+        if bucket == store.bucket and await _abort(client, bucket, key, uid):
+            journal.ended(uid)
+            out.append((key, uid))
+    return out
+
+
 async def abort_stale(store: ObjectStore, prefix: str, *, before: float | None = None,
                       match: Callable[[str], bool] | None = None) -> int:
-    """Abort multipart uploads under ``prefix`` (started before ``before``, keys ``match`` accepts), e.g. left by a killed upload."""
+    """Abort EVERY multipart upload under ``prefix`` (started before ``before``, keys ``match`` accepts).
+
+    It cannot tell whose they are: only for a caller that owns the whole prefix. Uploads of
+    checkpoints record their ids instead and use :func:`abort_recorded`.
+    """
     if not isinstance(store, S3Store):
         return 0
     client = await store.client()

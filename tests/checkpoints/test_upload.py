@@ -19,6 +19,7 @@ from backend.agent.context import JobContext
 from backend.checkpoints.catalog import list_checkpoints
 from backend.checkpoints.upload import (
     MiB,
+    MultipartJournal,
     UploadCancelled,
     UploadError,
     UploadSettings,
@@ -127,7 +128,8 @@ async def test_cancel_aborts_multipart(bucket_store: S3Store, step_dir: Path) ->
 
 KILLED = """
 import asyncio, json, sys, time
-from backend.checkpoints.upload import UploadSettings, open_store_params, upload_dir
+from pathlib import Path
+from backend.checkpoints.upload import MultipartJournal, UploadSettings, open_store_params, upload_dir
 params = json.loads(sys.argv[1])
 def slow(key, part, attempt, data):
     if part >= 2:
@@ -136,17 +138,18 @@ def slow(key, part, attempt, data):
     return data
 async def main():
     store = open_store_params(params)
-    await upload_dir(store, sys.argv[2], "k/step-10", settings=UploadSettings(part_size=5 << 20, concurrency=1),
-                     fault=slow)
+    await upload_dir(store, sys.argv[2], sys.argv[4], settings=UploadSettings(part_size=5 << 20, concurrency=1),
+                     fault=slow, journal=MultipartJournal(Path(sys.argv[3])))
 asyncio.run(main())
 """
 
 
-def kill_mid_upload(s3, store: S3Store, step_dir: Path) -> None:  # type: ignore[no-untyped-def]
-    """Run an upload in a child process and SIGKILL it once part 1 of the big file is up."""
+def kill_mid_upload(s3, store: S3Store, step_dir: Path, journal: Path,  # type: ignore[no-untyped-def]
+                    prefix: str = "k/step-10") -> None:
+    """Run an upload (journalled) in a child process and SIGKILL it once part 1 of the big file is up."""
     env = dict(os.environ, AWS_ACCESS_KEY_ID=s3.access_key, AWS_SECRET_ACCESS_KEY=s3.secret_key)
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, json.dumps(store_params(store)), str(step_dir)],
-                            stdout=subprocess.PIPE, cwd=Path(__file__).parents[2], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, json.dumps(store_params(store)), str(step_dir),
+                             str(journal), prefix], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2], env=env)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith(b"PART 2")  # part 1 is up, the upload is mid-flight
@@ -155,15 +158,20 @@ def kill_mid_upload(s3, store: S3Store, step_dir: Path) -> None:  # type: ignore
         proc.wait()
 
 
-async def test_killed_upload_leaves_no_orphans_after_rerun(s3, bucket_store: S3Store, step_dir: Path) -> None:  # type: ignore[no-untyped-def]
-    kill_mid_upload(s3, bucket_store, step_dir)
+async def test_killed_upload_leaves_no_orphans_after_rerun(s3, bucket_store: S3Store, step_dir: Path,  # type: ignore[no-untyped-def]
+                                                           tmp_path: Path) -> None:
+    journal = tmp_path / "multipart.jsonl"
+    kill_mid_upload(s3, bucket_store, step_dir, journal)
     async with bucket_store as store:
+        # Someone else's upload in progress under the same prefix: never ours to abort.
+        foreign = s3.client().create_multipart_upload(Bucket=store.bucket, Key="k/step-10/theirs.bin")["UploadId"]
         orphans = await list_multipart(store)
-        assert [k for k, _, _ in orphans] == ["k/step-10/__1_0.distcp"]
-        await asyncio.sleep(1.1)  # multipart 'Initiated' has one-second resolution
-        res = await upload_dir(store, step_dir, "k/step-10", settings=SMALL)
-        assert res.aborted_stale == 1
-        assert await list_multipart(store) == []
+        assert sorted(k for k, _, _ in orphans) == ["k/step-10/__1_0.distcp", "k/step-10/theirs.bin"]
+        res = await upload_dir(store, step_dir, "k/step-10", settings=SMALL, overwrite=True,
+                               journal=MultipartJournal(journal))
+        assert res.aborted_stale == 1 and res.others_in_progress == 1
+        assert any("left 1 multipart upload(s) under the destination alone" in n for n in res.notes())
+        assert [uid for _, uid, _ in await list_multipart(store)] == [foreign]
         await assert_same(store, step_dir, "k/step-10")
 
 

