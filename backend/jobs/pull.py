@@ -303,9 +303,7 @@ class TempTracker:
         """Record the look-alikes present now (in the job directory, for a later cleanup)."""
         before = {(rel, ino) for rel, ino, _uid in _temp_candidates(dest, objects)}
         if job_dir is not None:
-            tmp = job_dir / f".{SNAPSHOT_FILE}.tmp"
-            tmp.write_text(json.dumps(sorted(before)))
-            os.replace(tmp, job_dir / SNAPSHOT_FILE)
+            _write_job_file(job_dir / SNAPSHOT_FILE, json.dumps(sorted(before)))
         return cls(dest, objects, before)
 
     @classmethod
@@ -443,7 +441,7 @@ def _list_on_node(ctx: JobContext, src: SourcePattern, env: dict[str, str]) -> l
     return _parse_s5cmd_listing(src, res.stdout)
 
 
-def _nospace_error(exc_or_text: str, dest: Path, objects: list[PulledObject]) -> JobError:
+def _nospace_error(dest: Path, objects: list[PulledObject]) -> JobError:
     """One line naming the destination, what is still needed and what is free."""
     present = 0
     for o in objects:
@@ -488,7 +486,7 @@ def run_pull_job(ctx: JobContext) -> dict[str, Any]:
         except StoreError as exc:
             raise JobError(str(exc)) from None
         if p.get("expected") is None and ctx.job_dir is not None:
-            _write_job_file(ctx.job_dir / EXPECTED_FILE, json.dumps(expected), dest, expected)
+            _write_job_file(ctx.job_dir / EXPECTED_FILE, json.dumps(expected))
         if not expected:
             raise JobError(f"no objects match {src.url}")
         escaped = outside_dest(dest, expected)
@@ -506,7 +504,8 @@ def run_pull_job(ctx: JobContext) -> dict[str, Any]:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _write_job_file(path: Path, text: str, dest: Path, objects: list[PulledObject]) -> None:
+def _write_job_file(path: Path, text: str) -> None:
+    """Write a file of the job directory by rename; a full disk is one line naming it."""
     try:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
@@ -653,7 +652,7 @@ def _copy(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[Pulled
         for e in errors[:20]:
             ctx.log(f"s5cmd: {e}")
         if any(_is_nospace(e) for e in errors):
-            raise _nospace_error(errors[0], dest, expected)
+            raise _nospace_error(dest, expected)
         more = f" (+{len(errors) - 1} more errors)" if len(errors) > 1 else ""
         first = errors[0] if errors else "no error output"
         raise JobError(f"s5cmd exited {proc.returncode}: {first}{more}")
