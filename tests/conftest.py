@@ -80,3 +80,15 @@ def lab_node_down(lab: Lab) -> Iterator[object]:
     yield stop
     for name in stopped:
         lab.node(name).start()
+
+
+@pytest.fixture
+def local_services(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Services for a machine-local config (stores are plain directories)."""
+    from backend.config import parse_config
+    from backend.services import Services
+
+    config = parse_config({"nodes": [{"name": "here", "transport": "local"}]}, file="test.toml", base=tmp_path)
+    services = Services(config)
+    yield services
+    services.db.close()

@@ -64,6 +64,8 @@ MAX_TORCH_FILES_READ = 8
 DEEPSPEED_LATEST = "latest"
 MEGATRON_LATEST = "latest_checkpointed_iteration.txt"
 TRAINER_STATE = "trainer_state.json"
+LIGHTNING_META = "meta.pt"
+MEGATRON_META = "metadata.json"
 
 #: torch.save file names that are training state (what a strip frees), HF Trainer and plain.
 TRAINING_STATE_FILES = re.compile(
@@ -307,6 +309,10 @@ async def _facts(store: ObjectStore, step_path: str, name: str, files: dict[str,
     torch_names = sorted(n for n in names if n.endswith(_TORCH_SUFFIXES))
     if torch_names:
         return await _torch_save_facts(store, step_path, files, torch_names)
+    partial = sorted(n for n in names if re.search(r"\.(pt|pth|bin|ckpt)\.(tmp|part)$", n))
+    if partial:
+        return _Facts(layout="torch-save", kind="incomplete",
+                      note=f"only {partial[0]} so far: the save has not been moved into place")
     return _Facts(note="no checkpoint files in this folder")
 
 
@@ -366,9 +372,15 @@ async def _dcp_facts(store: ObjectStore, step_path: str, name: str, files: dict[
         layout = "lightning"
     elif "common.pt" in names or re.match(r"^iter_\d+$", name) or "metadata.json" in names:
         layout = "megatron"
-    f = _Facts(layout=layout, marker=join_key(name, METADATA_FILE))
+    # The commit marker each writes last: DCP's .metadata; Lightning's FSDP strategy writes meta.pt
+    # after dcp.save; Megatron's torch_dist writes metadata.json after the DCP files.
+    last = {"lightning": LIGHTNING_META, "megatron": MEGATRON_META}.get(layout, METADATA_FILE)
+    f = _Facts(layout=layout, marker=join_key(name, last))
     if METADATA_FILE not in names:
         f.kind, f.note = "incomplete", f"no {METADATA_FILE} yet: DCP writes it last"
+        return f
+    if last not in names:
+        f.kind, f.note = "incomplete", f"no {last} yet: {layout} writes it after the DCP files"
         return f
     if layout == "megatron" and (why := _megatron_uncommitted(name, markers)):
         f.kind, f.note, f.marker = "incomplete", why, MEGATRON_LATEST
@@ -400,6 +412,10 @@ async def _dcp_facts(store: ObjectStore, step_path: str, name: str, files: dict[
             f.kind, f.note = "corrupt", (f"{file}: {have.size} bytes, shorter than the range {METADATA_FILE} "
                                          f"assigns to it (needs {need})")
             return f
+    problem = await _embedded_blob_problem(store, step_path, files, md)
+    if problem:
+        f.kind, f.note = "corrupt", problem
+        return f
     keys = list(md.state_dict_metadata)
     optim = key_paths_optimizer(keys)
     per = storage_bytes_by_fqn(md)
@@ -415,6 +431,38 @@ async def _dcp_facts(store: ObjectStore, step_path: str, name: str, files: dict[
     else:
         f.note = f"{METADATA_FILE} lists no tensors"
     return f
+
+
+async def _embedded_blob_problem(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo],
+                                 md: Any) -> str | None:
+    """For safetensors-serialized DCP files (every tensor of a file shares one offset), whether the
+    embedded safetensors blob's own ranges fit the file. Other files cost no read."""
+    from backend.checkpoints.dcp import locate_chunks, tensor_entries
+
+    shared: dict[str, set[int]] = {}
+    count: dict[str, int] = {}
+    for e in tensor_entries(md):
+        for c in e.chunks:
+            shared.setdefault(c.file, set()).add(c.offset)
+            count[c.file] = count.get(c.file, 0) + 1
+    suspects = {f for f, offs in shared.items() if len(offs) == 1 and count[f] > 1}
+    if not suspects:
+        return None
+
+    async def read(file: str, offset: int, n: int) -> bytes:
+        return await store.get_range(join_key(step_path, file), offset, n)
+
+    entries = [e for e in tensor_entries(md) if any(c.file in suspects for c in e.chunks)]
+    try:
+        located = await locate_chunks(entries, read, where=step_path)
+    except CheckpointError as exc:
+        return str(exc)
+    for e in located:
+        for c in e.chunks:
+            if c.file in files and c.offset + c.length > files[c.file].size:
+                return (f"{c.file}: {files[c.file].size} bytes, shorter than its embedded safetensors header "
+                        f"says ({e.fqn} ends at byte {c.offset + c.length})")
+    return None
 
 
 def _megatron_uncommitted(name: str, markers: RunMarkers) -> str | None:
@@ -615,7 +663,9 @@ async def _safetensors_facts(store: ObjectStore, step_path: str, files: dict[str
 
 async def _torch_save_facts(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo],
                             torch_names: list[str]) -> _Facts:
-    f = _Facts(layout="torch-save", marker=None)
+    step_name = step_path.rsplit("/", 1)[-1]
+    # a torch.save file is written whole, then renamed: the file itself is the commit marker
+    f = _Facts(layout="torch-save", marker=join_key(step_name, torch_names[0]) if len(torch_names) == 1 else None)
     bad = _zero_byte(files, torch_names)
     if bad:
         f.kind, f.note = "corrupt", f"{bad}: empty file (0 bytes)"

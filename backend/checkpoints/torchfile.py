@@ -252,7 +252,8 @@ def _parse(f: Any, where: str) -> TorchFile:
     try:
         zf = zipfile.ZipFile(f)
     except zipfile.BadZipFile:
-        raise TorchFileError(f"{where}: truncated or not a torch.save file (no zip end record)") from None
+        # it starts like a zip (checked by the callers), so a missing end record means cut short
+        raise TorchFileError(f"{where}: truncated (no zip end record: a torch.save cut short)") from None
     infos = zf.infolist()
     pkl = next((i for i in infos if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"), None)
     if pkl is None:
@@ -339,10 +340,10 @@ def _is_optimizer_state_dict(v: Any) -> bool:
     return isinstance(v, dict) and "state" in v and "param_groups" in v
 
 
-def _non_empty(v: Any) -> bool:
-    if isinstance(v, (dict, list, tuple)):
-        return len(v) > 0
-    return v is not None
+def _holds_state(v: Any) -> bool:
+    """An optimizer entry holds state when tensors or a ``{state, param_groups}`` dict sit under
+    it (Lightning's ``loops...optim_progress.optimizer`` is a dict of step counters: no state)."""
+    return any(isinstance(x, TensorStub) or _is_optimizer_state_dict(x) for _, x in walk(v))
 
 
 def optimizer_paths(obj: Any) -> list[str]:
@@ -353,7 +354,7 @@ def optimizer_paths(obj: Any) -> list[str]:
         leaf = path.rsplit(".", 1)[-1]
         if _is_optimizer_state_dict(v):
             out.append(path or "<root>")
-        elif leaf in OPTIMIZER_ENTRIES and _non_empty(v):
+        elif leaf in OPTIMIZER_ENTRIES and _holds_state(v):
             out.append(path)
         elif leaf in OPTIMIZER_LEAVES:
             out.append(path)
