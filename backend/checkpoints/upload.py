@@ -131,15 +131,28 @@ async def upload_dir(
 
     A ``prefix`` that already holds objects is refused (:class:`UploadError` naming it and
     ``--overwrite``) unless ``overwrite=True``. ``journal`` records every multipart upload id as
-    it is created; open ids it holds from an earlier, killed run are aborted first.
+    it is created (by default this machine's journal for the destination); open ids it holds
+    from an earlier, killed run are aborted first, and nothing anyone else started is touched.
     ``progress(bytes_done, bytes_total, files_done, files_total)`` is called as parts complete.
     """
     settings = (settings or UploadSettings()).check()
     root = Path(local_dir)
     sizes = await asyncio.to_thread(local_files, root)
+    dest = url_join(store.url, prefix)
+    own = journal is None
+    if journal is None:
+        journal = MultipartJournal.for_destination(dest) if isinstance(store, S3Store) else MultipartJournal()
+    with journal.locked(dest, tidy=own):
+        return await _upload_locked(store, root, prefix, sizes, settings, progress, cancelled, fault, overwrite,
+                                    journal)
+
+
+async def _upload_locked(store: ObjectStore, root: Path, prefix: str, sizes: dict[str, int],
+                         settings: UploadSettings, progress: Callable[[int, int, int, int], object] | None,
+                         cancelled: Callable[[], bool] | None, fault: PartFault | None, overwrite: bool,
+                         journal: MultipartJournal) -> UploadResult:
     files = list(sizes)
     t0 = time.monotonic()
-    journal = journal if journal is not None else MultipartJournal()
     # What an earlier, killed run of this same upload left behind: its own ids, nobody else's.
     aborted = await abort_recorded(store, journal)
     present = await check_destination(store, prefix, overwrite=overwrite)
@@ -253,8 +266,9 @@ async def launch_upload(jobs: Any, node: str, store: ObjectStore, local_dir: str
                              label=f"upload {os.path.basename(local_dir.rstrip('/'))}")
 
 
-def _journal(ctx: Any) -> MultipartJournal:
-    return MultipartJournal(ctx.job_dir / JOURNAL_FILE if ctx.job_dir is not None else None)
+def _journal(ctx: Any) -> MultipartJournal | None:
+    """The job directory's journal; None (this machine's journal for the destination) in-process."""
+    return MultipartJournal(ctx.job_dir / JOURNAL_FILE) if ctx.job_dir is not None else None
 
 
 def run_upload_job(ctx: Any) -> dict[str, Any]:
@@ -305,25 +319,26 @@ def cleanup(ctx: Any) -> None:
     p = ctx.params
     if "store" not in p or ctx.job_dir is None:
         return
-    journal = _journal(ctx)
-    pending = journal.open_uploads()
-    if not pending:
-        ctx.log("no multipart upload of this job is left open")
-        return
+    journal = MultipartJournal(ctx.job_dir / JOURNAL_FILE)
     env = ctx.secret_env()
-    if not env and str(p["store"].get("url", "")).startswith("s3://"):
-        ctx.log(f"cannot abort {len(pending)} multipart upload(s) of this job: no credentials reached the "
-                f"cleanup; ids: {', '.join(uid for _b, _k, uid in pending)}")
-        return
+    with journal.locked(str(p.get("dest", ""))):  # refused while the job's own upload still runs
+        pending = journal.open_uploads()
+        if not pending:
+            ctx.log("no multipart upload of this job is left open")
+            return
+        if not env and str(p["store"].get("url", "")).startswith("s3://"):
+            ctx.log(f"cannot abort {len(pending)} multipart upload(s) of this job: no credentials reached the "
+                    f"cleanup; ids: {', '.join(uid for _b, _k, uid in pending)}")
+            return
 
-    async def main() -> list[tuple[str, str]]:
-        store = open_store_params(p["store"], env)
-        try:
-            return await abort_recorded(store, journal)
-        finally:
-            await store.close()
+        async def main() -> list[tuple[str, str]]:
+            store = open_store_params(p["store"], env)
+            try:
+                return await abort_recorded(store, journal)
+            finally:
+                await store.close()
 
-    aborted = asyncio.run(main())
+        aborted = asyncio.run(main())
     ctx.log(f"aborted {len(aborted)} multipart upload(s) this job had started"
             + (f": {', '.join(uid for _k, uid in aborted)}" if aborted else ""))
     left = journal.open_uploads()

@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,21 +88,69 @@ class UploadSettings:
 
 class MultipartJournal:
     """The multipart uploads one upload started (bucket, key, upload id), kept in a JSON-lines file
-    when given a path, so that a later run or a lost job's cleanup aborts exactly those."""
+    when given a path, so that a later run or a lost job's cleanup aborts exactly those.
+
+    While an upload runs it holds an exclusive lock on its journal (:meth:`locked`): a second
+    upload to the same destination on this machine is refused instead of aborting the first
+    one's parts, and entries found under the lock are those of a run that is gone.
+    """
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self._open: dict[str, tuple[str, str]] = {}
-        if path is not None and path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    d = json.loads(line)
-                    if d["op"] == "start":
-                        self._open[str(d["upload_id"])] = (str(d["bucket"]), str(d["key"]))
-                    elif d["op"] == "end":
-                        self._open.pop(str(d["upload_id"]), None)
-                except (ValueError, KeyError, TypeError):
-                    continue  # a torn last line (killed mid-write): the id before it is still read
+        self._lock_fd: int | None = None
+        self._load()
+
+    @classmethod
+    def for_destination(cls, url: str) -> MultipartJournal:
+        """The journal of uploads to ``url`` made in-process on this machine (CLI, console, training
+        scripts): under the data dir, keyed by the destination."""
+        from backend.config import data_dir
+
+        d = data_dir() / "uploads"
+        d.mkdir(parents=True, exist_ok=True)
+        return cls(d / f"{hashlib.sha256(url.encode()).hexdigest()[:24]}.jsonl")
+
+    def _load(self) -> None:
+        self._open.clear()
+        if self.path is None or not self.path.exists():
+            return
+        for line in self.path.read_text().splitlines():
+            try:
+                d = json.loads(line)
+                if d["op"] == "start":
+                    self._open[str(d["upload_id"])] = (str(d["bucket"]), str(d["key"]))
+                elif d["op"] == "end":
+                    self._open.pop(str(d["upload_id"]), None)
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line (killed mid-write): the id before it is still read
+
+    @contextlib.contextmanager
+    def locked(self, dest: str, *, tidy: bool = False) -> Iterator[MultipartJournal]:
+        """Hold the journal for one upload to ``dest`` (re-read under the lock); with ``tidy``, a
+        journal left with nothing open is removed afterwards."""
+        if self.path is None:
+            yield self
+            return
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UploadError(f"another upload to {dest} is running on this machine (its journal {self.path} "
+                              "is locked); wait for it or cancel it") from None
+        self._lock_fd = fd
+        try:
+            self._load()
+            yield self
+        finally:
+            if tidy and not self._open:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+            self._lock_fd = None
+            os.close(fd)
 
     def _append(self, record: dict[str, str]) -> None:
         if self.path is not None:
@@ -122,9 +170,6 @@ class MultipartJournal:
     def open_uploads(self) -> list[tuple[str, str, str]]:
         """(bucket, key, upload id) started and not yet completed or aborted."""
         return [(b, k, uid) for uid, (b, k) in self._open.items()]
-
-    def ids(self) -> set[str]:
-        return set(self._open)
 
 
 @dataclass(frozen=True)

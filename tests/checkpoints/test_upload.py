@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -11,15 +12,16 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from backend.agent.context import JobContext
 from backend.checkpoints.catalog import list_checkpoints
+from backend.config import data_dir
 from backend.checkpoints.upload import (
     MiB,
-    MultipartJournal,
     UploadCancelled,
     UploadError,
     UploadSettings,
@@ -139,40 +141,54 @@ def slow(key, part, attempt, data):
 async def main():
     store = open_store_params(params)
     await upload_dir(store, sys.argv[2], sys.argv[4], settings=UploadSettings(part_size=5 << 20, concurrency=1),
-                     fault=slow, journal=MultipartJournal(Path(sys.argv[3])))
+                     fault=slow, journal=MultipartJournal(Path(sys.argv[3])) if sys.argv[3] else None)
 asyncio.run(main())
 """
 
 
-def kill_mid_upload(s3, store: S3Store, step_dir: Path, journal: Path,  # type: ignore[no-untyped-def]
-                    prefix: str = "k/step-10") -> None:
-    """Run an upload (journalled) in a child process and SIGKILL it once part 1 of the big file is up."""
+@contextlib.contextmanager
+def hung_upload(s3, store: S3Store, step_dir: Path, journal: Path | None = None,  # type: ignore[no-untyped-def]
+                prefix: str = "k/step-10") -> Iterator[None]:
+    """An upload in a child process (journalled: ``journal``, else this machine's default for the
+    destination), hung once part 1 of the big file is up; SIGKILLed when the block ends."""
     env = dict(os.environ, AWS_ACCESS_KEY_ID=s3.access_key, AWS_SECRET_ACCESS_KEY=s3.secret_key)
     proc = subprocess.Popen([sys.executable, "-c", KILLED, json.dumps(store_params(store)), str(step_dir),
-                             str(journal), prefix], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2], env=env)
+                             str(journal or ""), prefix], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2],
+                            env=env)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith(b"PART 2")  # part 1 is up, the upload is mid-flight
+        yield
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
-async def test_killed_upload_leaves_no_orphans_after_rerun(s3, bucket_store: S3Store, step_dir: Path,  # type: ignore[no-untyped-def]
-                                                           tmp_path: Path) -> None:
-    journal = tmp_path / "multipart.jsonl"
-    kill_mid_upload(s3, bucket_store, step_dir, journal)
+def kill_mid_upload(s3, store: S3Store, step_dir: Path, journal: Path | None = None,  # type: ignore[no-untyped-def]
+                    prefix: str = "k/step-10") -> None:
+    """Run an upload in a child process and SIGKILL it once part 1 of the big file is up."""
+    with hung_upload(s3, store, step_dir, journal, prefix):
+        pass
+
+
+async def test_killed_upload_leaves_no_orphans_after_rerun(s3, bucket_store: S3Store, step_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    # No journal named: the CLI's and the console's case (this machine's journal for the destination).
+    with hung_upload(s3, bucket_store, step_dir):
+        async with bucket_store as store:
+            # While it runs, a second upload to the same destination is refused, not let loose on its parts.
+            with pytest.raises(UploadError, match="another upload to .* is running on this machine"):
+                await upload_dir(store, step_dir, "k/step-10", settings=SMALL, overwrite=True)
     async with bucket_store as store:
         # Someone else's upload in progress under the same prefix: never ours to abort.
         foreign = s3.client().create_multipart_upload(Bucket=store.bucket, Key="k/step-10/theirs.bin")["UploadId"]
         orphans = await list_multipart(store)
         assert sorted(k for k, _, _ in orphans) == ["k/step-10/__1_0.distcp", "k/step-10/theirs.bin"]
-        res = await upload_dir(store, step_dir, "k/step-10", settings=SMALL, overwrite=True,
-                               journal=MultipartJournal(journal))
+        res = await upload_dir(store, step_dir, "k/step-10", settings=SMALL, overwrite=True)
         assert res.aborted_stale == 1 and res.others_in_progress == 1
         assert any("left 1 multipart upload(s) under the destination alone" in n for n in res.notes())
         assert [uid for _, uid, _ in await list_multipart(store)] == [foreign]
         await assert_same(store, step_dir, "k/step-10")
+    assert list((data_dir() / "uploads").iterdir()) == []  # a journal with nothing open is removed
 
 
 def test_upload_job_runner_with_explicit_credentials(lab, s3, bucket_store: S3Store, step_dir: Path) -> None:  # type: ignore[no-untyped-def]
