@@ -715,14 +715,14 @@ async def _root_files(store: ObjectStore, prefix: str) -> list[ObjectInfo]:
             return out
 
         return await asyncio.to_thread(scan)
-    iter_pages = getattr(store, "iter_pages", None)
-    if iter_pages is None:
+    from backend.storage import S3Store
+
+    if not isinstance(store, S3Store):
         return []
     out: list[ObjectInfo] = []
-    rel = getattr(store, "_rel")
-    async for page in iter_pages(prefix, delimiter="/"):
+    async for page in store.iter_pages(prefix, delimiter="/"):
         for obj in page.get("Contents", []):
-            out.append(ObjectInfo(rel(obj["Key"]), int(obj["Size"]), obj["LastModified"].timestamp(),
+            out.append(ObjectInfo(store._rel(obj["Key"]), int(obj["Size"]), obj["LastModified"].timestamp(),
                                   obj.get("ETag", "").strip('"')))
     return out
 

@@ -92,6 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up.add_argument("--part-size", type=size_arg, default=DEFAULT_PART_SIZE, metavar="SIZE", help="default 32MiB")
     up.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="parts in flight")
     up.add_argument("--step", type=int, metavar="N", help="step number shown in progress")
+    up.add_argument("--overwrite", action="store_true",
+                    help="replace what the destination already holds (refused without it; audited)")
     up.add_argument("--json", action="store_true", help="machine-readable output")
     up.set_defaults(func=cmd_upload)
 
@@ -170,7 +172,8 @@ async def cmd_list(args: argparse.Namespace, services: Services) -> int:
 
 def _launched(services: Services, action: str, target: str, job_id: str, args: argparse.Namespace) -> int:
     """Audit a strip/upload launched as a job on ``args.node`` and print its job id."""
-    services.db.record_audit(action, target, "launched", detail={"job": job_id, "node": args.node})
+    services.db.record_audit(action, target, "launched", detail={"job": job_id, "node": args.node,
+                                                                "overwrite": bool(getattr(args, "overwrite", False))})
     print(json.dumps({"job": job_id, "node": args.node}) if args.json else job_id)
     return 0
 
@@ -244,10 +247,11 @@ async def cmd_upload(args: argparse.Namespace, services: Services) -> int:
     async with store:
         if args.node:
             rec = await launch_upload(services.jobs, args.node, store, args.local_dir, prefix, settings=settings,
-                                      step=args.step)
+                                      step=args.step, overwrite=args.overwrite)
             return _launched(services, "ckpt.upload", url_join(store.url, prefix), rec.id, args)
-        res = await upload_dir(store, args.local_dir, prefix, settings=settings)
-    services.db.record_audit("ckpt.upload", url_join(store.url, prefix), "ok", detail=res.as_dict())
+        res = await upload_dir(store, args.local_dir, prefix, settings=settings, overwrite=args.overwrite)
+    services.db.record_audit("ckpt.upload", url_join(store.url, prefix), "ok",
+                             detail={**res.as_dict(), "overwrite": bool(args.overwrite)})
     if args.json:
         _print_json(res.as_dict())
     else:

@@ -155,8 +155,8 @@ async def test_safetensors_serialized_dcp_strips_to_the_right_values(tmp_path: P
 
 async def test_zero3_strip_is_refused_and_its_partitions_survive(tmp_path: Path, local_services) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("deepspeed")
-    from backend.checkpoints.strip import strip_step
     from backend.checkpoints.dcp import CheckpointError
+    from backend.checkpoints.strip import strip_step
 
     run = build("deepspeed-zero3", tmp_path / "run", (1, 2, 3, 4))
     s1 = run.spec(1).name

@@ -12,7 +12,7 @@ from backend.services import Services
 from tests.helpers import wait_until
 from tui.app import LoadmasterApp
 from tui.screens.checkpoints import CheckpointsScreen
-from tui.widgets.confirm import ConfirmModal
+from tui.widgets.confirm import ConfirmModal, ConfirmTyped
 
 SIZE = (140, 40)
 
@@ -95,6 +95,22 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         assert not screen.query_one("#ckpt-progress").display
         assert [e.action for e in services.db.audit_entries()][:2] in (["ckpt.strip", "ckpt.upload"],
                                                                         ["ckpt.upload", "ckpt.strip"])
+
+        # uploading onto an existing complete step asks for the step's name typed, never a y
+        before = (run / "step-20" / ".metadata").read_bytes()
+        (local / "extra.txt").write_text("a newer file")
+        screen.action_upload_step()
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmTyped))
+        assert "already holds" in app.screen.question  # type: ignore[attr-defined]
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.screen is screen)
+        assert not (run / "step-20" / "extra.txt").exists() and (run / "step-20" / ".metadata").read_bytes() == before
+        screen.action_upload_step()
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmTyped))
+        await pilot.press(*"step-20", "enter")
+        await wait_until(pilot, lambda: (run / "step-20" / "extra.txt").exists())
+        await wait_until(pilot, lambda: services.db.audit_entries()[0].action == "ckpt.upload"
+                         and services.db.audit_entries()[0].detail.get("overwrite") is True)
     await services.aclose()
 
 

@@ -24,7 +24,7 @@ from backend.checkpoints.catalog import fmt_age
 from backend.checkpoints.footprint import fmt_gb, footprint, upload_backlog
 from backend.errors import LoadmasterError
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
-from tui.widgets.confirm import ConfirmModal
+from tui.widgets.confirm import ConfirmModal, ConfirmTyped
 from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
@@ -357,14 +357,17 @@ class CheckpointsScreen(LoadmasterScreen):
 
         await self._run_action("strip", path, f"Stripping {path} …", run)
 
-    async def _run_action(self, what: str, target: str, status: str, run: Any) -> None:
+    async def _run_action(self, what: str, target: str, status: str, run: Any, **audit: Any) -> None:
         """Run ``run(store)`` on the listed store, audit it and post :class:`ActionFinished` (``what`` = strip|upload)."""
         self.query_one("#ckpt-status", Static).update(status)
         try:
             async with self.services.stores.open(self.url) as store:
                 detail = await run(store)
-            self.services.db.record_audit(f"ckpt.{what}", f"{self.url}/{target}", "ok", detail={"detail": detail})
+            self.services.db.record_audit(f"ckpt.{what}", f"{self.url}/{target}", "ok",
+                                          detail={"detail": detail, **audit})
         except LoadmasterError as exc:
+            self.services.db.record_audit(f"ckpt.{what}", f"{self.url}/{target}", "failed",
+                                          detail={"error": str(exc), **audit})
             self.report_error(f"{what.capitalize()} {target}", exc)
             self.post_message(ActionFinished(what, False, str(exc)))
             return
@@ -388,20 +391,40 @@ class CheckpointsScreen(LoadmasterScreen):
 
     @work(group="checkpoints-action", exit_on_error=False)
     async def _confirm_upload(self, local: str, name: str, node: str | None, body: str) -> None:
-        if not await self.app.push_screen_wait(ConfirmModal(title=f"Upload {name}?", body=body, yes_label="Upload")):
-            return
         from backend.checkpoints.catalog import step_number
-        from backend.checkpoints.upload import launch_upload, upload_dir
+        from backend.checkpoints.upload import check_destination, launch_upload, upload_dir
+
+        try:
+            async with self.services.stores.open(self.url) as store:
+                present = await check_destination(store, name, overwrite=True)
+        except LoadmasterError as exc:
+            self.report_error(f"Upload {name}", exc)
+            return
+        overwrite = False
+        if present:
+            # A complete step must never be replaced by a keypress: the step's name is typed.
+            overwrite = bool(await self.app.push_screen_wait(ConfirmTyped(
+                title=f"{self.url}/{name} already holds {present} object(s)",
+                body=f"{body}\n\nUploading there replaces what it holds. Type the step's name to overwrite it.",
+                phrase=name, confirm_label="Overwrite")))
+            if not overwrite:
+                self.notify(f"Nothing uploaded: {name} already exists in {self.url}.", markup=False)
+                return
+        elif not await self.app.push_screen_wait(ConfirmModal(title=f"Upload {name}?", body=body,
+                                                             yes_label="Upload")):
+            return
 
         async def run(store: Any) -> str:
             if node:
-                rec = await launch_upload(self.services.jobs, node, store, local, name, step=step_number(name))
+                rec = await launch_upload(self.services.jobs, node, store, local, name, step=step_number(name),
+                                          overwrite=overwrite)
                 return f"upload of {name} launched on {node} as job {rec.id}"
-            res = await upload_dir(store, local, name, progress=lambda done, total, _f, _ft: self.post_message(
-                ActionProgressed(done, total)))
-            return f"uploaded {name}: {len(res.objects)} objects, {_gb(res.bytes)}, {res.gbps:.2f} Gbps, verified"
+            res = await upload_dir(store, local, name, overwrite=overwrite,
+                                   progress=lambda done, total, _f, _ft: self.post_message(ActionProgressed(done, total)))
+            verb = "overwrote" if overwrite else "uploaded"
+            return f"{verb} {name}: {len(res.objects)} objects, {_gb(res.bytes)}, {res.gbps:.2f} Gbps, verified"
 
-        await self._run_action("upload", name, f"Uploading {local} …", run)
+        await self._run_action("upload", name, f"Uploading {local} …", run, overwrite=overwrite)
 
     @on(ActionProgressed)
     def _action_progressed(self, event: ActionProgressed) -> None:
