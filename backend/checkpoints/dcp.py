@@ -209,8 +209,8 @@ async def locate_chunks(entries: list[TensorEntry], read: Any, *, where: str) ->
             base, hdr = headers[c.file]
             t = hdr.get(e.fqn)
             offs = t.get("data_offsets") if isinstance(t, dict) else None
-            if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(x, int) for x in offs)
-                    and 0 <= offs[0] <= offs[1]):
+            if not (isinstance(t, dict) and isinstance(offs, list) and len(offs) == 2
+                    and all(isinstance(x, int) for x in offs) and 0 <= offs[0] <= offs[1]):
                 raise CheckpointError(f"{where}: {c.file}: no tensor {e.fqn} in its safetensors header")
             if tuple(t.get("shape", ())) != c.sizes:
                 raise CheckpointError(f"{where}: {c.file}: {e.fqn} has shape {t.get('shape')} in the file, "

@@ -23,6 +23,8 @@ from typing import Any, cast
 
 from backend.agent.context import HEARTBEAT_FILE, PID_FILE, RESULT_FILE, SPEC_FILE, JobContext
 from backend.checkpoints.upload import (
+    JOURNAL_FILE,
+    MultipartJournal,
     UploadResult,
     UploadSettings,
     store_params,
@@ -110,11 +112,13 @@ def save_and_upload(
     process_group: Any = None,
     jobs_home: str | Path | None = None,
     step_name: str = "step-{step}",
+    overwrite: bool = False,
 ) -> SaveHandle:
     """DCP async_save ``state_dict`` to ``local_dir/step-N`` and upload it to ``store_url/step-N``.
 
     Returns once DCP has staged the tensors (the training loop may continue); ``handle.future``
-    completes with the verified :class:`UploadResult`.
+    completes with the verified :class:`UploadResult`. A destination step that already holds
+    objects fails the upload unless ``overwrite`` (a re-run of a step never replaces it silently).
     """
     import torch.distributed.checkpoint as dcp
 
@@ -174,8 +178,10 @@ def save_and_upload(
 
             async def go() -> UploadResult:
                 try:
+                    # the job directory's journal lets a lost job's cleanup abort exactly its uploads
+                    journal = MultipartJournal(job_dir / JOURNAL_FILE) if job_dir is not None else None
                     return await upload_dir(store, local, "", settings=settings, progress=on_progress,
-                                            cancelled=lambda: ctx.cancelled)
+                                            cancelled=lambda: ctx.cancelled, overwrite=overwrite, journal=journal)
                 finally:
                     await store.close()
 

@@ -246,6 +246,10 @@ def _bytes_of(t: Any) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
+def _digest_of(t: Any) -> str:
+    return hashlib.blake2b(_bytes_of(t), digest_size=16).hexdigest()
+
+
 def _write_tensor(f: Any, t: Any) -> str:
     """Write a tensor's bytes; returns their blake2b digest (what verification re-reads)."""
     view = _bytes_of(t)
@@ -270,7 +274,7 @@ async def source_digests(store: ObjectStore, step_path: str, *, model_prefix: st
         out = {}
         for w in await _source_weights(store, step, model_prefix, tmp):
             t = await w.load(bufs, 0)
-            out[w.name] = await asyncio.to_thread(lambda t=t: hashlib.blake2b(_bytes_of(t), digest_size=16).hexdigest())
+            out[w.name] = await asyncio.to_thread(_digest_of, t)
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from backend.checkpoints.catalog import fmt_age, list_checkpoints
 from backend.checkpoints.dcp import CheckpointError
-from backend.checkpoints.footprint import GB, fmt_gb, footprint, footprint_table, upload_backlog
+from backend.checkpoints.footprint import fmt_gb, footprint, footprint_table, upload_backlog
 from backend.checkpoints.inspection import inspect_step
 from backend.checkpoints.strip import (
     DEFAULT_MAX_SHARD_BYTES,
@@ -31,6 +31,7 @@ from backend.checkpoints.upload import (
 )
 from backend.cli.argtypes import duration_arg, size_arg
 from backend.errors import PolicyError
+from backend.policy.retention import fmt_size
 from backend.services import Services
 from backend.storage import ObjectStore
 from backend.textfmt import align_columns
@@ -161,10 +162,11 @@ async def cmd_list(args: argparse.Namespace, services: Services) -> int:
     if not cat.steps:
         print(f"no step folders under {args.url}")
         return 0
-    hdr = ("STEP", "FOLDER", "LAYOUT", "KIND", "SIZE (GB)", "OBJECTS", "AGE", "BF16 EXPORT")
-    rows = [(str(s.step) if s.step is not None else "-", s.name, s.layout, s.kind, f"{s.total_bytes / GB:,.3f}",
-             str(s.object_count), fmt_age(s.mtime), "yes" if s.has_bf16_export else "no") for s in cat.steps]
-    print("\n".join(align_columns([hdr, *rows])))
+    hdr = ("STEP", "FOLDER", "LAYOUT", "KIND", "SIZE", "OBJECTS", "AGE", "BF16 EXPORT", "WHY")
+    rows = [(str(s.step) if s.step is not None else "-", s.name, s.layout, s.kind, fmt_size(s.total_bytes),
+             str(s.object_count), fmt_age(s.mtime), "yes" if s.has_bf16_export else "no",
+             s.note if s.kind in ("corrupt", "unknown", "incomplete") else "") for s in cat.steps]
+    print("\n".join(line.rstrip() for line in align_columns([hdr, *rows])))
     totals = ", ".join(f"{k} {fmt_gb(v)}" for k, v in sorted(cat.bytes_by_kind().items()))
     print(f"\n{len(cat.steps)} steps; by kind: {totals}")
     return 0

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from backend.services import Services
 
 #: Theme variable per kind (cells coloured by meaning, never by literal colour).
-KIND_STYLE = {"full": "action-keep", "weights": "action-strip", "incomplete": "job-running", "unknown": "action-skip"}
+KIND_STYLE = {"full": "action-keep", "weights": "action-strip", "incomplete": "job-running", "corrupt": "action-delete",
+              "unknown": "action-skip"}
 
 
 def _gb(n: int) -> str:
@@ -267,7 +268,11 @@ class CheckpointsScreen(LoadmasterScreen):
             if selected is not None and selected.path in paths:
                 table.move_cursor(row=paths.index(selected.path))
         by = cat.bytes_by_kind()
-        kinds = "  ".join(f"{k} {_gb(by[k])}" for k in ("full", "weights", "incomplete", "unknown") if k in by)
+        kinds = "  ".join(f"{k} {_gb(by[k])}" for k in KIND_STYLE if k in by)
+        bad = [s for s in cat.steps if s.kind == "corrupt"]
+        if bad:  # red in the table; say which file is at fault, since the table has no room for it
+            kinds += f"\ncorrupt (never counted or deleted): {bad[0].name}: {bad[0].note}" + (
+                f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
         matching = f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#ckpt-summary", Static).update(
             f"{self.url}: {len(cat.steps)} steps, {_gb(sum(by.values()))}   by kind: {kinds or '-'}{matching}")
@@ -327,7 +332,8 @@ class CheckpointsScreen(LoadmasterScreen):
             self.notify("List a run and select a step first.", severity="warning", markup=False)
             return
         if step.kind not in ("full", "weights") or step.layout in ("hf-safetensors", "unknown"):
-            self.notify(f"{step.name} is {step.kind} ({step.layout}); only complete checkpoints can be stripped.",
+            why = f": {step.note}" if step.note else ""
+            self.notify(f"{step.name} is {step.kind} ({step.layout}{why}); only complete checkpoints can be stripped.",
                         severity="warning", markup=False)
             return
         if step.has_bf16_export:
@@ -403,7 +409,7 @@ class CheckpointsScreen(LoadmasterScreen):
         overwrite = False
         if present:
             # A complete step must never be replaced by a keypress: the step's name is typed.
-            overwrite = bool(await self.app.push_screen_wait(ConfirmTyped(
+            overwrite = bool(await self.app.push_screen_wait(ConfirmTyped(  # type: ignore[arg-type]
                 title=f"{self.url}/{name} already holds {present} object(s)",
                 body=f"{body}\n\nUploading there replaces what it holds. Type the step's name to overwrite it.",
                 phrase=name, confirm_label="Overwrite")))
