@@ -123,6 +123,8 @@ def main() -> int:
         "gnu-tar": lambda d: run_tar(src, d, lists),
     }
     names = list(tools)
+    # Other work on the machine moves the wall-clock ratio: record the load before and after.
+    load_before = os.getloadavg()
     times: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     shards: dict[str, int] = {}
@@ -148,7 +150,7 @@ def main() -> int:
     result = {
         "files": 2 * args.samples, "samples": args.samples, "bytes": nbytes, "shard_size": shard_size,
         "shards": shards, "reps": args.reps, "median_s": med, "median_cpu_s": med_cpu,
-        "load_average": os.getloadavg(), "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(), "load_average_before": load_before, "cpus": os.cpu_count(),
         "mb_per_s": {n: nbytes / t / 1e6 for n, t in med.items()},
         "shardwriter_over_loadmaster": med["shardwriter"] / med["loadmaster"],
         "loadmaster_over_tar": med["loadmaster"] / med["gnu-tar"],
@@ -161,7 +163,8 @@ def main() -> int:
     else:
         print(f"{2 * args.samples:,} files, {nbytes / 1e6:,.0f} MB -> shards of {shard_size / 1e6:g} MB "
               f"({shards}); median of {args.reps}")
-        print(f"  load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(f"  load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after, "
+              f"on {os.cpu_count()} CPUs")
         for n in names:
             print(f"  {n:12s} {med[n]:7.2f} s wall {result['mb_per_s'][n]:8.1f} MB/s   {med_cpu[n]:6.2f} s CPU")
         print(f"  ShardWriter / loadmaster = {result['shardwriter_over_loadmaster']:.2f}x wall, "
