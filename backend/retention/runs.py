@@ -182,3 +182,41 @@ def lock_summary(info: LockInfo | None) -> dict[str, Any] | None:
         return None
     return {"holder": info.holder, "host": info.host, "pid": info.pid, "plan": info.plan, "started": info.started,
             "refreshed": info.refreshed}
+
+
+def opening_run(config: Config, prefs: dict[str, Any]) -> tuple[str, bool]:
+    """The run folder a Checkpoints or Retention screen opens on, and whether to list it at once:
+    the last run listed with this config, else the sandbox lab's demo run, else the first
+    store's root (typed in, not listed: a bucket root is rarely one run)."""
+    from backend.checkpoints.upload import url_join
+    from backend.lab.seed import CHECKPOINT_RUN
+
+    last = prefs.get("last_run")
+    remembered = last.get(config.source or "") if isinstance(last, dict) else None
+    if isinstance(remembered, str) and remembered:
+        return remembered, True
+    lab = config.stores.get("lab")
+    if lab is not None and lab.is_s3:
+        return url_join(lab.url, CHECKPOINT_RUN), True
+    first = next(iter(config.stores.values()), None)
+    return (first.url if first else ""), False
+
+
+def remembered_runs(config: Config, prefs: dict[str, Any], url: str) -> dict[str, str]:
+    """The ``last_run`` preference with ``url`` as this config's last listed run."""
+    last = prefs.get("last_run")
+    out = {k: v for k, v in last.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(last, dict) else {}
+    out[config.source or ""] = url
+    return out
+
+
+def remember_run(config: Config, url: str) -> None:
+    """Remember ``url`` as the run the screens open on next time (best effort: the preference
+    file is a convenience, and an unwritable one must not fail a listing)."""
+    from backend.errors import ConfigError
+    from backend.ui_prefs import load_ui_prefs, update_ui_prefs
+
+    try:
+        update_ui_prefs(last_run=remembered_runs(config, load_ui_prefs(), url))
+    except ConfigError:
+        pass

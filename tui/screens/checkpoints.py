@@ -120,13 +120,17 @@ class CheckpointsScreen(LoadmasterScreen):
     # ----------------------------------------------------------------- layout
 
     def compose_body(self) -> ComposeResult:
+        from backend.retention.runs import opening_run
+        from backend.ui_prefs import load_ui_prefs
+
         stores = list(self.services.config.stores.items())
-        first = stores[0][1].url if stores else ""
+        first, self._list_on_mount = opening_run(self.services.config, load_ui_prefs())
         with Vertical(classes="screen-body", id="ckpt-body"):
             with Horizontal(classes="ckpt-row"):
                 yield Label("Store", classes="ckpt-label")
+                urls = {p.url for _, p in stores}
                 yield Select([(n, p.url) for n, p in stores], prompt="store", id="ckpt-store",
-                             value=first if first else Select.BLANK)
+                             value=first if first in urls else Select.NULL)
                 yield Label("Run prefix", classes="ckpt-label")
                 yield Input(value=first, placeholder="s3://bucket/run, a store name/run or a directory",
                             id="ckpt-url")
@@ -158,6 +162,8 @@ class CheckpointsScreen(LoadmasterScreen):
         self.query_one("#ckpt-progress", ProgressBar).display = False
         self.query_one("#ckpt-backlog", Static).display = False
         self.render_footprint()
+        if self._list_on_mount:  # the last run listed here, or the lab's demo run: open on it
+            self.action_reload()
 
     # ----------------------------------------------------------------- footprint
 
@@ -244,7 +250,10 @@ class CheckpointsScreen(LoadmasterScreen):
 
     @on(CatalogListed)
     def _listed(self, event: CatalogListed) -> None:
+        from backend.retention.runs import remember_run
+
         self.url, self.catalog, self.alerts = event.url, event.catalog, event.alerts
+        remember_run(self.services.config, event.url)
         self.render_catalog()
 
     def render_catalog(self) -> None:

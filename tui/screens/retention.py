@@ -156,12 +156,15 @@ class RetentionScreen(LoadmasterScreen):
     # ----------------------------------------------------------------- layout
 
     def compose_body(self) -> ComposeResult:
+        from backend.retention.runs import opening_run
+        from backend.ui_prefs import load_ui_prefs
+
         p = self.base_policy
-        first = next(iter(self.services.config.stores.values()), None)
+        first, self._list_on_mount = opening_run(self.services.config, load_ui_prefs())
         with Vertical(classes="screen-body", id="retention-body"):
             with Horizontal(id="retention-source", classes="retention-row"):
                 yield Label("Run folder", classes="retention-label")
-                yield Input(value=first.url if first else "", placeholder="s3://bucket/run, a store name or a directory",
+                yield Input(value=first, placeholder="s3://bucket/run, a store name or a directory",
                             id="retention-url")
             with Horizontal(id="retention-policy", classes="retention-row"):
                 yield Label("keep full", classes="retention-label")
@@ -192,6 +195,8 @@ class RetentionScreen(LoadmasterScreen):
         self.query_one("#retention-progress", ProgressBar).display = False
         for seg in self.query(".retention-bar-seg"):
             seg.display = False
+        if self._list_on_mount:  # the last run listed here, or the lab's demo run: open on it
+            self.action_reload()
 
     # ----------------------------------------------------------------- loading
 
@@ -250,7 +255,10 @@ class RetentionScreen(LoadmasterScreen):
 
     @on(CatalogLoaded)
     def _catalog_loaded(self, event: CatalogLoaded) -> None:
+        from backend.retention.runs import remember_run
+
         self.url, self.catalog = event.url.rstrip("/"), event.catalog
+        remember_run(self.services.config, self.url)
         self.in_flight, self.price, self.price_note = event.in_flight, event.price, event.price_note
         self.db_pins = {p.step for p in event.pins}
         self.db_milestones = set(event.milestones)
