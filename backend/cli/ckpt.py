@@ -167,7 +167,7 @@ async def cmd_list(args: argparse.Namespace, services: Services) -> int:
              str(s.object_count), fmt_age(s.mtime), "yes" if s.has_bf16_export else "no",
              s.note if s.kind in ("corrupt", "unknown", "incomplete") else "") for s in cat.steps]
     print("\n".join(line.rstrip() for line in align_columns([hdr, *rows])))
-    totals = ", ".join(f"{k} {fmt_gb(v)}" for k, v in sorted(cat.bytes_by_kind().items()))
+    totals = ", ".join(f"{k} {fmt_size(v)}" for k, v in sorted(cat.bytes_by_kind().items()))
     print(f"\n{len(cat.steps)} steps; by kind: {totals}")
     return 0
 
