@@ -724,11 +724,14 @@ class _CommandServer:
 
     async def _read(self) -> None:
         lost = False
+        # Before the ready line, only a login shell's chatter: short lines. Replies can be long.
+        lines = bounded_lines(self.proc.stdout)
         try:
-            async for line in bounded_lines(self.proc.stdout, reply_limit(self.transport.output_limit)):
+            async for line in lines:
                 if not self._ready.done():
                     if line.startswith(b'{"ready"'):
                         self._ready.set_result(None)
+                        lines.max_line = reply_limit(self.transport.output_limit)
                     elif line != CUT_LINE.encode():
                         self._noise.append(line)  # rc-file chatter before the server starts
                     continue

@@ -9,6 +9,7 @@ command: pass them as ``input`` (stdin) or write them with :meth:`Transport.writ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import time
@@ -177,7 +178,11 @@ def _failed(result: RunResult) -> CommandFailed:
 
 async def communicate_capped(proc: asyncio.subprocess.Process, data: bytes | None, node: str,
                              command: str, limit: int = MAX_OUTPUT_BYTES) -> tuple[bytes, bytes]:
-    """A subprocess's stdout and stderr, each bounded by ``limit`` bytes (OutputTooLarge beyond)."""
+    """A subprocess's stdout and stderr, each bounded by ``limit`` bytes (OutputTooLarge beyond).
+
+    On any failure the readers are stopped before it propagates: the caller kills the process
+    and reaps it with :func:`reap` (nothing else may be reading its pipes then).
+    """
     async def feed() -> None:
         if proc.stdin is None:
             return
@@ -190,13 +195,31 @@ async def communicate_capped(proc: asyncio.subprocess.Process, data: bytes | Non
             pass  # the command exited without reading its input
 
     assert proc.stdout is not None and proc.stderr is not None
-    out, err, _ = await asyncio.gather(
-        read_capped(proc.stdout, limit, node=node, what=f"command {command!r}"),
-        read_capped(proc.stderr, limit, node=node, what=f"command {command!r} (stderr)"),
-        feed(),
-    )
+    tasks = [
+        asyncio.ensure_future(read_capped(proc.stdout, limit, node=node, what=f"command {command!r}")),
+        asyncio.ensure_future(read_capped(proc.stderr, limit, node=node, what=f"command {command!r} (stderr)")),
+        asyncio.ensure_future(feed()),
+    ]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     await proc.wait()
-    return out, err
+    return tasks[0].result() or b"", tasks[1].result() or b""
+
+
+async def reap(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a killed subprocess: its pipes are read to their end first (asyncio's wait()
+    returns only once every pipe closed, and a pipe nobody reads stays paused, unclosed)."""
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(Exception):
+                while await pipe.read(1 << 16):
+                    pass
+    await proc.wait()
 
 
 class LocalTransport(Transport):
@@ -229,11 +252,11 @@ class LocalTransport(Transport):
                 out, err = await communicate_capped(proc, data, self.name, command, self.output_limit)
         except TimeoutError:
             _kill_group(proc.pid)
-            await proc.wait()
+            await reap(proc)
             raise CommandTimeout(self.name, f"command {command!r} did not finish within {timeout:g}s") from None
         except OutputTooLarge:
             _kill_group(proc.pid)
-            await proc.wait()
+            await reap(proc)
             raise
         except asyncio.CancelledError:
             _kill_group(proc.pid)

@@ -73,40 +73,47 @@ async def read_capped(reader: _Reader, limit: int, *, node: str, what: str) -> b
             raise OutputTooLarge(node, f"{what} printed more than {limit:,} bytes; stopped it")
 
 
-async def bounded_lines(reader: _Reader, max_line: int = MAX_LINE_BYTES) -> AsyncIterator[bytes]:
+class bounded_lines:  # noqa: N801 - used like the generator function it replaced
     """Lines (without the newline) read from ``reader``; a line over ``max_line`` bytes is yielded
     as ``CUT_LINE`` (encoded) and its bytes are skipped, so memory stays within ``max_line`` plus
-    one read, and the work is linear in the bytes read."""
-    buf = bytearray()
-    skipping = False
-    cut = CUT_LINE.encode()
-    while True:
-        chunk = await reader.read(_READ_CHUNK)
-        if not chunk:
-            if buf and not skipping:
-                yield bytes(buf)
-            return
-        start = 0
+    one read, and the work is linear in the bytes read. ``max_line`` may be changed between lines
+    (a reply channel allows long lines only once its server is known to be talking)."""
+
+    def __init__(self, reader: _Reader, max_line: int = MAX_LINE_BYTES) -> None:
+        self.reader = reader
+        self.max_line = max_line
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[bytes]:
+        buf = bytearray()
+        skipping = False
+        cut = CUT_LINE.encode()
         while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                if not skipping:
-                    buf += chunk[start:]
-                    if len(buf) > max_line:
-                        buf.clear()
-                        skipping = True
-                        yield cut
-                break
-            if skipping:
-                skipping = False
-            else:
-                buf += chunk[start:nl]
-                if len(buf) > max_line:
-                    yield cut
-                else:
+            chunk = await self.reader.read(_READ_CHUNK)
+            if not chunk:
+                if buf and not skipping:
                     yield bytes(buf)
-            buf.clear()
-            start = nl + 1
+                return
+            start = 0
+            while True:
+                nl = chunk.find(b"\n", start)
+                if nl < 0:
+                    if not skipping:
+                        buf += chunk[start:]
+                        if len(buf) > self.max_line:
+                            buf.clear()
+                            skipping = True
+                            yield cut
+                    break
+                if skipping:
+                    skipping = False
+                else:
+                    buf += chunk[start:nl]
+                    yield cut if len(buf) > self.max_line else bytes(buf)
+                buf.clear()
+                start = nl + 1
 
 
 def loads_bounded(data: str | bytes, *, what: str, max_bytes: int = MAX_JSON_BYTES,
