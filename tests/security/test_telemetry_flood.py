@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backend.config import Node
 from backend.lab import Lab, LabNodeOptions
@@ -173,3 +175,43 @@ def _sh_quote(text: str) -> str:
 
     return shlex.quote(text)
 
+
+
+def _strings(raw: Any) -> list[str]:
+    """Every text a RawSample keeps (what can reach a screen)."""
+    out = [raw.gpu_status, raw.boot_id or "", raw.scratch_error or "", *raw.malformed]
+    for g in raw.gpus:
+        out += [g.name, g.uuid, g.error or ""]
+    out += list(raw.netdev) + list(raw.nics) + list(raw.diskstats) + list(raw.disk_physical)
+    return out
+
+
+_SECTIONS = ["@@uptime 12.5 3", "@@boot x", "@@gpu", "@@gpu-rc 0", "@@netdev", "@@nic", "@@diskstats",
+             "@@block", "@@df", "@@df-rc 0"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_SECTIONS) | st.text(max_size=120), max_size=40))
+def test_any_block_parses_to_printable_bounded_text(lines: list[str]) -> None:
+    from backend.telemetry.parse import MESSAGE_LIMIT, parse_block
+
+    raw = parse_block("\n".join(lines))
+    for text in _strings(raw):
+        assert not ESCAPES.search(text) and len(text) <= MESSAGE_LIMIT + 40
+
+
+def test_a_cut_line_or_a_missing_end_marker_is_a_malformed_part() -> None:
+    from backend.nodes.untrusted import CUT_LINE
+    from backend.telemetry.parse import parse_block
+
+    gpu = "0, GPU-1, NVIDIA H100, 97, 48, 70000, 81559, 71, 640.0, 700.0"
+    netdev = "  eth0: 100 1 0 0 0 0 0 0 200 2 0 0 0 0 0 0"
+    ok = parse_block(f"@@gpu\n{gpu}\n@@gpu-rc 0\n@@netdev\n{netdev}")
+    assert ok.gpu_status == "ok" and len(ok.gpus) == 1 and not ok.malformed
+    cut = parse_block(f"@@gpu\n{gpu}\n{CUT_LINE}\n@@gpu-rc 0\n@@netdev\n{netdev}")
+    assert cut.gpus == () and cut.gpu_status == "malformed sample: nvidia-smi printed a line over 64 KiB"
+    assert cut.netdev == {"eth0": (100, 200)}  # the rest of the sample still counts
+    unended = parse_block(f"@@gpu\n{gpu}\n{gpu}\n@@netdev\n{netdev}")
+    assert unended.gpus == () and unended.malformed == ("nvidia-smi output was cut (too long) or did not finish",)
+    net_cut = parse_block(f"@@gpu\n{gpu}\n@@gpu-rc 0\n@@netdev\n{CUT_LINE}")
+    assert net_cut.netdev == {} and net_cut.malformed == ("/proc/net/dev printed a line over 64 KiB",)
