@@ -4,18 +4,13 @@ the command server and over plain channels) and local subprocesses."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.config import Node
 from backend.errors import CommandFailed
-from backend.lab import Lab
-from backend.nodes.ssh import SshTransport
-from backend.nodes.transport import LocalTransport, Transport
+from backend.nodes.transport import Transport
 from backend.nodes.untrusted import (
     CUT_LINE,
     MAX_LINE_BYTES,
@@ -23,21 +18,12 @@ from backend.nodes.untrusted import (
     clean_block,
     clean_text,
 )
+from tests import test_transports
+
+# The transport contract's own fixture: real sshd (command server, plain channels) and local.
+transport = test_transports.transport
 
 CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-@pytest.fixture(params=["ssh", "ssh-channels", "local"])
-async def transport(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Transport]:
-    if request.param.startswith("ssh"):
-        lab: Lab = request.getfixturevalue("lab")
-        t: Transport = SshTransport(lab.config.node("node-01"), command_server=request.param == "ssh")
-    else:
-        t = LocalTransport(Node(name="local", host="localhost", transport="local", scratch=str(tmp_path)))
-    try:
-        yield t
-    finally:
-        await t.close()
 
 
 async def test_a_line_without_newline_is_cut_and_the_stream_goes_on(transport: Transport) -> None:
