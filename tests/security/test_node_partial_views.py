@@ -15,7 +15,7 @@ from tests.helpers import write_lab_config
 
 @pytest.fixture
 def config(lab: Lab, tmp_path: Path) -> Path:
-    return write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state", "\n[telemetry]\ninterval = 0.5\n")
+    return write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state", "\n[telemetry]\ninterval = 1\n")
 
 
 def _run(capsys: pytest.CaptureFixture[str], config: Path, *argv: str) -> tuple[int, str, str]:
