@@ -40,7 +40,7 @@ def describe_plan(plan: Any) -> list[str]:
     ]
     for n in plan.nodes:
         if n.error:
-            lines.append(f"  {n.node}: {n.error}")
+            lines.append(f"  {n.node}: {n.error.removeprefix(f'{n.node}: ')}")  # the name once
             continue
         rate = f"{n.line_rate_gbps:g} Gbps" + ("" if n.line_rate_known else " assumed")
         fits = n.fits(plan.total_bytes)

@@ -40,7 +40,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from backend.agent.context import JobContext
 from backend.credentials import Credentials
-from backend.errors import ConfigError, JobError, LoadmasterError, PolicyError, StoreError
+from backend.errors import (
+    ConfigError,
+    JobError,
+    LoadmasterError,
+    NodeUnreachable,
+    PolicyError,
+    StoreError,
+)
 
 # The node-side runner imports this module on every job start: what only the console needs
 # (asyncio, the S3 client) is imported where it is used.
@@ -1041,7 +1048,7 @@ async def plan_pull(
 
     async def early(t: Any) -> NodeEstimate:
         n = config.node(t.name)
-        est = await probe_node(t, node_dest(dest, n.scratch), [], settings.s5cmd)
+        est = await probe_node(t, node_dest(dest, n.scratch), [], node_s5cmd(n, settings.s5cmd))
         log.debug("plan: %s connected and probed", t.name)
         return est
 
@@ -1080,10 +1087,12 @@ async def plan_pull(
 
     async def probe(t: Any) -> NodeEstimate:
         n = config.node(t.name)
-        return await probe_node(t, node_dest(dest, n.scratch), rels, settings.s5cmd)
+        return await probe_node(t, node_dest(dest, n.scratch), rels, node_s5cmd(n, settings.s5cmd))
 
-    again = [n for n in nodes if isinstance(first[n], BaseException) or first[n].error
-             or (first[n].dest_exists and rels)]
+    # A node that could not be reached at all is not probed again: in a one-shot command the
+    # second try only meets the connection backoff ("next retry in 0.9s") and says nothing new.
+    again = [n for n in nodes if not isinstance(first[n], NodeUnreachable)
+             and (isinstance(first[n], BaseException) or first[n].error or (first[n].dest_exists and rels))]
     probes = {**first, **(await services.pool.fanout(probe, again, timeout=120) if again else {})}
     log.debug("plan: probed (%d again)", len(again))
     ests = []
@@ -1207,12 +1216,23 @@ async def launch_pull(services: Any, plan: PullPlan, *, label: str = "") -> list
         params = {
             "src": plan.src, "dest": est.dest, "store": plan.store, "endpoint_url": plan.endpoint_url,
             "region": plan.region, "numworkers": plan.numworkers, "concurrency": plan.concurrency,
-            "part_size_mib": plan.part_size_mib, "s5cmd": settings.s5cmd, "bytes_total": plan.total_bytes,
+            "part_size_mib": plan.part_size_mib, "s5cmd": node_s5cmd(services.config.node(est.node), settings.s5cmd),
+            "bytes_total": plan.total_bytes,
             "objects_total": len(plan.objects), "expected": expected,
         }
         out.append(await manager.launch(est.node, "pull", params, secrets=secrets,
                                         label=label or f"pull {plan.src} -> {est.dest}"))
     return out
+
+
+def node_s5cmd(node: Any, configured: str) -> str:
+    """The s5cmd a node's job runs: as configured, except that this machine (a local node) with
+    the default ``s5cmd`` not on PATH runs the one installed beside loadmaster."""
+    if getattr(node, "transport", None) == "local" and configured == "s5cmd":
+        from backend.config import installed_s5cmd
+
+        return installed_s5cmd()
+    return configured
 
 
 def pull_time_estimate(total: int, gbps: float | None) -> float | None:

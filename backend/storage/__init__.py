@@ -223,7 +223,7 @@ def md5_instead_of_crc32(params: dict[str, Any], **_: Any) -> None:
         params["headers"]["Content-MD5"] = base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
 
 
-def _client_error(exc: Exception, store: str, bucket: str, profile: str | None) -> StoreError:
+def _client_error(exc: Exception, store: str, bucket: str, profile: str | None, *, covered: bool = True) -> StoreError:
     """Translate botocore errors into messages that name what to fix."""
     from botocore.exceptions import (
         ClientError,
@@ -246,8 +246,12 @@ def _client_error(exc: Exception, store: str, bucket: str, profile: str | None) 
             return StoreError(f"{store}: access denied to bucket {bucket!r} ({msg or code})")
         return StoreError(f"{store}: {code or 'error'}: {msg}")
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
-        return StoreError(f"{store}: no credentials found; set 'profile' on the store or the "
-                          "AWS_* environment variables")
+        if not covered:
+            return StoreError(f"{store}: no configured store covers bucket {bucket!r} and the default AWS "
+                              "credential chain found no credentials; add a [stores.NAME] for it or set AWS_PROFILE")
+        who = f"profile {profile!r}" if profile else "the default AWS credential chain (the store sets no 'profile')"
+        return StoreError(f"{store}: no credentials found for {who}; set 'profile' on the store, add them to your "
+                          "AWS credentials file, or set the AWS_* environment variables")
     if isinstance(exc, ProfileNotFound):
         return StoreError(f"{store}: AWS profile {profile!r} not found in your AWS config/credentials files")
     if isinstance(exc, EndpointConnectionError):
@@ -331,7 +335,8 @@ class S3Store(ObjectStore):
             return self._client
 
     def error(self, exc: Exception) -> StoreError:
-        return _client_error(exc, self.label, self.bucket, self.profile.profile if self.profile else None)
+        return _client_error(exc, self.label, self.bucket, self.profile.profile if self.profile else None,
+                             covered=self.profile is not None)
 
     async def credentials(self) -> Credentials:
         """Resolve this store's credentials (for handing to s5cmd on a node via a 0600 file)."""

@@ -120,3 +120,32 @@ def test_jobs_s5cmd_is_the_nodes_copy_tool_and_the_listing_runs_the_consoles(
     assert all(c.startswith(f"{home} ") for c in calls), calls  # only ever on the node
     # The copy (s5cmd run with the job's cp lines) went through it; the pre-launch listing did not.
     assert any(c.endswith(" run") for c in calls), calls
+
+
+def test_a_pull_to_an_unresolvable_node_names_it_once_and_promises_no_retry(
+        lab: Any, s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s3.client().put_object(Bucket=lab.bucket, Key="fh-unres/a.bin", Body=b"x" * 1000)
+    cfg = write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state")
+    with open(cfg, "a") as f:
+        f.write("\n[[nodes]]\nname = \"node-x\"\nhost = \"node-x.invalid\"\n")
+    rc = main(["--config", str(cfg), "pull", f"s3://{lab.bucket}/fh-unres/", "fh-unres",
+               "--nodes", "node-x", "--yes"])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert rc != 0
+    line = next(ln for ln in text.splitlines() if "node-x" in ln and "invalid" in ln)
+    assert line.count("node-x:") == 1, line
+    assert "next retry" not in text
+
+
+def test_a_local_node_runs_the_s5cmd_installed_beside_loadmaster(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from backend.jobs.pull import node_s5cmd
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # a venv whose bin is not on PATH
+    local, remote = Node(name="here", host="", transport="local"), Node(name="n", host="n")
+    own = str(Path(sys.executable).parent / "s5cmd")
+    assert node_s5cmd(local, "s5cmd") == own and Path(own).exists()
+    assert node_s5cmd(remote, "s5cmd") == "s5cmd"  # a node's own PATH decides there
+    assert node_s5cmd(local, "/opt/wrap/s5cmd") == "/opt/wrap/s5cmd"  # what the operator set, as set
