@@ -37,7 +37,7 @@ class Services:
     def pool(self) -> NodePool:
         from backend.nodes.pool import NodePool
 
-        return NodePool(self.config.nodes, keeper=self._keeper())
+        return NodePool.from_config(self.config, keeper=self._keeper())
 
     def _keeper(self) -> Any:
         """The connection keeper client, where this front end uses one and it applies."""

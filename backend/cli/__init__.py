@@ -38,7 +38,7 @@ ConsoleOpener = Callable[[Services, argparse.Namespace], int]
 COMMANDS: dict[str, str] = {
     "agent": "jobs", "audit": "retention", "ckpt": "ckpt", "doctor": "fleet", "egress": "egress",
     "job": "jobs", "jobs": "jobs", "keeper": "keeper", "lab": "lab", "nodes": "fleet", "pull": "jobs", "retention": "retention",
-    "shard": "shard", "top": "top", "upload": "ckpt",
+    "shard": "shard", "state": "state", "top": "top", "upload": "ckpt",
 }
 
 #: Top-level options that take a value (the word after them is not the command).
@@ -150,7 +150,11 @@ def main(argv: Sequence[str] | None = None, *, open_console: ConsoleOpener | Non
             return open_console(services, args)
         return _run_command(args.func, args, services, exit_fast=exit_fast and getattr(args, "exit_fast", False))
     except LoadmasterError as exc:
-        print(f"loadmaster: error: {exc}", file=sys.stderr)
+        from backend.nodes.untrusted import clean_text
+
+        # an error can carry a node's stderr: no escape sequence reaches the operator's terminal
+        text = "\n".join(clean_text(line) for line in str(exc).splitlines())
+        print(f"loadmaster: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("loadmaster: interrupted", file=sys.stderr)

@@ -367,8 +367,31 @@ class _RemoteJob:
     progress: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _obj(rest: str, what: str) -> dict[str, Any]:
+    """One JSON object from a node's scan line: bounded in size and depth, strings cleaned of
+    escape sequences (they reach the operator's terminal and the console); ValueError otherwise."""
+    from backend.nodes.untrusted import clean_text, loads_bounded
+
+    v = loads_bounded(rest, what=what)
+    if not isinstance(v, dict):
+        raise ValueError(f"{what}: not a JSON object")
+
+    def clean(x: Any, depth: int = 0) -> Any:
+        if isinstance(x, str):
+            return clean_text(x)
+        if depth < 32 and isinstance(x, dict):
+            return {clean_text(str(k)): clean(val, depth + 1) for k, val in x.items()}
+        if depth < 32 and isinstance(x, list):
+            return [clean(val, depth + 1) for val in x]
+        return x
+
+    out: dict[str, Any] = clean(v)
+    return out
+
+
 def parse_scan(text: str) -> tuple[str | None, float | None, list[_RemoteJob]]:
-    """Parse :data:`SCAN_SCRIPT` output into (jobs dir, node clock, jobs)."""
+    """Parse :data:`SCAN_SCRIPT` output into (jobs dir, node clock, jobs); what a node prints is
+    untrusted: a malformed, oversized or deeply nested line is skipped, never a crash."""
     home: str | None = None
     now: float | None = None
     jobs: list[_RemoteJob] = []
@@ -386,19 +409,19 @@ def parse_scan(text: str) -> tuple[str | None, float | None, list[_RemoteJob]]:
             elif cur is None:
                 continue
             elif tag == "@@SPEC":
-                cur.spec = json.loads(rest)
+                cur.spec = _obj(rest, "job spec")
             elif tag == "@@PID":
-                cur.pidinfo = json.loads(rest)
+                cur.pidinfo = _obj(rest, "job pid file")
             elif tag == "@@ALIVE":
                 cur.alive = rest.strip() == "1"
             elif tag == "@@RESULT":
-                cur.result = json.loads(rest)
+                cur.result = _obj(rest, "job result")
             elif tag == "@@BEAT":
                 cur.beat = float(rest)
             elif tag == "@@CANCEL":
                 cur.cancel_requested = True
             elif tag == "@@PROG":
-                cur.progress.append(json.loads(rest))
+                cur.progress.append(_obj(rest, "progress line"))
         except (ValueError, TypeError):
             continue  # a half-written line (the runner is appending): read it next time
     return home, now, [j for j in jobs if j.spec]
