@@ -722,11 +722,16 @@ class _S3Sink(_Sink):
         self.spool = tempfile.mkdtemp(prefix="lm-shard-spool-", dir=base)
         self.pending: collections.deque[concurrent.futures.Future[None]] = collections.deque()
         self.client: Any = None
+        self.uploads: multipart.MultipartJournal | None = None  # this conversion's multipart upload ids
         self._stack = contextlib.AsyncExitStack()
         self._running: set[asyncio.Task[Any]] = set()
 
     async def open(self) -> None:
-        """Create the upload client (on the event loop the uploads run on)."""
+        """Create the upload client (on the event loop the uploads run on) and hold this
+        destination's multipart journal: every upload id this conversion starts is recorded, and
+        only those are ever aborted (another conversion's parts under the same prefix are not)."""
+        journal = multipart.MultipartJournal.for_destination(self.s3.url)
+        self.uploads = self._stack.enter_context(journal.locked(self.s3.url, tidy=True))
         self.client = await self._stack.enter_async_context(multipart.upload_client(self.s3, self.settings))
 
     def temp_path(self, name: str) -> str:
@@ -737,7 +742,8 @@ class _S3Sink(_Sink):
         assert task is not None
         self._running.add(task)  # so aclose() can wait for a cancelled upload's abort
         try:
-            await multipart.upload_file(self.s3, path, entry.name, settings=self.settings, client=self.client)
+            await multipart.upload_file(self.s3, path, entry.name, settings=self.settings, client=self.client,
+                                        journal=self.uploads)
         except LoadmasterError as exc:
             raise ShardError(f"uploading {entry.name} to {self.s3.url} failed: {exc}") from None
         finally:
@@ -749,9 +755,11 @@ class _S3Sink(_Sink):
         await self.s3.put_bytes(f"{JOURNAL_PREFIX}/{entry.name}.json", json.dumps(entry.as_dict()).encode())
 
     async def abort_stale(self, pattern: str) -> int:
-        """Abort multipart uploads of shards left behind by a killed run (they cost storage)."""
-        rx = pattern_regex(pattern)
-        return await multipart.abort_stale(self.s3, "", match=lambda rel: "/" not in rel and bool(rx.match(rel)))
+        """Abort the multipart uploads an earlier, killed run of this conversion recorded (they
+        cost storage); uploads anyone else started are left alone."""
+        if self.uploads is None:
+            return 0
+        return len(await multipart.abort_recorded(self.s3, self.uploads))
 
     def commit(self, entry: ShardEntry, path: str) -> None:
         self.pending.append(asyncio.run_coroutine_threadsafe(self._upload(entry, path), self.loop))

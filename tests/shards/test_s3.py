@@ -80,15 +80,22 @@ def test_s3_to_s3_round_trip_and_verify(lab: Any, s3: Any, tmp_path: Path) -> No
     # a second run into the same prefix is refused; --resume finds every shard done
     with pytest.raises(ShardError, match="already has"):
         asyncio.run(convert(req, src_profile=sprof, dest_profile=dprof))
-    # a killed run can leave an unfinished multipart upload behind: --resume aborts it
-    client.create_multipart_upload(Bucket=dest_bucket, Key=f"shards/{names[-1]}")
-    assert client.list_multipart_uploads(Bucket=dest_bucket, Prefix="shards/").get("Uploads")
+    # a killed run can leave an unfinished multipart upload behind (its id in the destination's
+    # journal): --resume aborts it, and leaves alone the upload someone else has in progress there
+    from backend.storage.multipart import MultipartJournal
+
+    killed = client.create_multipart_upload(Bucket=dest_bucket, Key=f"shards/{names[-1]}")["UploadId"]
+    MultipartJournal.for_destination(f"s3://{dest_bucket}/shards").started(dest_bucket, f"shards/{names[-1]}",
+                                                                            killed)
+    theirs = client.create_multipart_upload(Bucket=dest_bucket, Key=f"shards/{names[0]}")["UploadId"]
     logs: list[str] = []
     again = asyncio.run(convert(dataclasses.replace(req, resume=True), src_profile=sprof, dest_profile=dprof,
                                 on_log=logs.append))
     assert again.written == () and len(again.resumed) == len(names)
-    assert not client.list_multipart_uploads(Bucket=dest_bucket, Prefix="shards/").get("Uploads")
+    left = client.list_multipart_uploads(Bucket=dest_bucket, Prefix="shards/").get("Uploads", [])
+    assert [u["UploadId"] for u in left] == [theirs]
     assert any("aborted 1 unfinished multipart upload" in m for m in logs)
+    client.abort_multipart_upload(Bucket=dest_bucket, Key=f"shards/{names[0]}", UploadId=theirs)
 
     # tamper with one shard in the bucket: verify catches it
     client.put_object(Bucket=dest_bucket, Key=f"shards/{names[0]}", Body=io.BytesIO(b"x" * 1024).read())
