@@ -19,6 +19,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from backend.telemetry.model import FleetSnapshot
+from backend.telemetry.report import unread_nodes
 from tui.screens.base import LoadmasterScreen, PaletteCommand
 from tui.widgets.fleet_alerts import AlertList
 from tui.widgets.fleet_table import TREND_WIDTH, FleetTable
@@ -122,7 +123,10 @@ class FleetScreen(LoadmasterScreen):
             self._apply_theme()
         table = self.query_one(FleetTable)
         with self.app.batch_update():
-            self.query_one("#fleet-summary", Static).update(snapshot.summary_line())
+            unread = unread_nodes(snapshot)
+            # A partial view says so, naming the nodes whose figures are missing from the totals.
+            partial = ("   partial view: " + ", ".join(f"{n} ({why})" for n, why in unread.items())) if unread else ""
+            self.query_one("#fleet-summary", Static).update(snapshot.summary_line() + partial)
             table.show(snapshot.nodes, self._trend)
             alerts = self.query_one(AlertList)
             alerts.show(snapshot.alerts)

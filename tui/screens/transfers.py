@@ -36,9 +36,10 @@ if TYPE_CHECKING:
 class JobsRefreshed(Message):
     """A fresh read of every node's jobs arrived."""
 
-    def __init__(self, records: tuple[JobRecord, ...]) -> None:
+    def __init__(self, records: tuple[JobRecord, ...], unread: dict[str, str] | None = None) -> None:
         super().__init__()
         self.records = records
+        self.unread = dict(unread or {})  # nodes whose jobs could not be read just now, with why
 
 
 class JobDetailLoaded(Message):
@@ -119,6 +120,7 @@ class TransfersScreen(LoadmasterScreen):
     def __init__(self, services: Services, **kwargs: object) -> None:
         super().__init__(services, **kwargs)  # type: ignore[arg-type]
         self.records: tuple[JobRecord, ...] = ()
+        self.unread: dict[str, str] = {}
         self.plan: PullPlan | None = None
 
     def compose_body(self) -> ComposeResult:
@@ -144,11 +146,12 @@ class TransfersScreen(LoadmasterScreen):
     @work(exclusive=True, group="transfers-refresh", exit_on_error=False)
     async def _refresh_jobs(self) -> None:
         records = await self.services.jobs.refresh()
-        self.post_message(JobsRefreshed(tuple(records)))
+        self.post_message(JobsRefreshed(tuple(records), self.services.pool.unread()))
 
     @on(JobsRefreshed)
     def _jobs_refreshed(self, event: JobsRefreshed) -> None:
         self.records = event.records
+        self.unread = event.unread
         self._show_records()
         selected = self.query_one(TransfersTable).selected_job_id
         if selected:
@@ -162,8 +165,11 @@ class TransfersScreen(LoadmasterScreen):
         self.query_one(TransfersTable).update_records(shown, variables)
         active = [r for r in self.records if not r.terminal]
         roll = fleet_rollup(active)
-        unreachable = sorted({r.node for r in self.records if r.note})
-        text = (f"{len(self.records)} job(s): {roll.running} running"
+        unreachable = sorted({r.node for r in self.records if r.note} | set(self.unread))
+        total = len(self.services.config.nodes)
+        # A partial view says so: the count is of the nodes that answered, not of the fleet.
+        scope = f" on {total - len(unreachable)} of {total} nodes (partial view)" if unreachable else ""
+        text = (f"{len(self.records)} job(s){scope}: {roll.running} running"
                 + (f" | active {fmt_bytes(roll.bytes_done)}/{fmt_bytes(roll.bytes_total)}, "
                    f"{roll.rate_bps * 8 / 1e9:.2f} Gbps, ETA {fmt_eta(roll.eta_s)}" if active else "")
                 + (f" | not answering: {', '.join(unreachable)}" if unreachable else ""))
