@@ -62,6 +62,7 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
     if args.count is not None and args.count < 1:
         raise ConfigError(f"must be at least 1, got {args.count}", key="--count")
     nodes = services.config.select(args.nodes) if args.nodes else list(services.config.nodes)
+    local = frozenset(n.name for n in nodes if n.transport == "local")
     settings = _settings(services, args.interval)
     hub = TelemetryHub(services.pool, settings, nodes=[n.name for n in nodes])
     tty = sys.stdout.isatty() and not args.json
@@ -83,7 +84,7 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
             else:
                 if tty and not args.once:
                     sys.stdout.write("\x1b[H\x1b[2J")  # redraw in place, like top
-                print(fleet_table(snap), flush=True)
+                print(fleet_table(snap, local=local), flush=True)
                 if not args.once and not tty:
                     print(flush=True)
             if args.once or (args.count is not None and ticks >= args.count):

@@ -81,8 +81,9 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def fleet_table(snap: FleetSnapshot) -> str:
-    """The fleet as an aligned text table with a summary line (like nvidia-smi for a fleet)."""
+def fleet_table(snap: FleetSnapshot, *, local: frozenset[str] = frozenset()) -> str:
+    """The fleet as an aligned text table with a summary line (like nvidia-smi for a fleet);
+    nodes named in ``local`` are this machine (no SSH: their link shows ``local``)."""
     rows = [COLUMNS]
     for n in snap.nodes:
         state = n.state if not n.error or n.state == "up" else f"{n.state} ({n.error})"
@@ -95,7 +96,7 @@ def fleet_table(snap: FleetSnapshot) -> str:
             gpus = f"{len(n.gpus) - lost}/{len(n.gpus)}" if lost else str(len(n.gpus))
         alert = f"GPU starved {n.alerts[0].duration:.0f}s: {n.alerts[0].hint}" if n.alerts else ""
         rows.append((
-            n.name, state[:48], _f(n.latency_ms, "{:.0f}ms"), gpus, _f(n.util_mean, "{:.0f}%"),
+            n.name, state[:48], "local" if n.name in local else _f(n.latency_ms, "{:.0f}ms"), gpus, _f(n.util_mean, "{:.0f}%"),
             _f(n.util_min, "{:.0f}%"), _f(None if n.mem_used_mib is None else n.mem_used_mib / 1024,
                                           "{:.0f}"),
             _f(n.rx_gbps, "{:.2f}"), _f(n.rx_pct, "{:.0f}%"), _f(n.tx_gbps, "{:.2f}"),

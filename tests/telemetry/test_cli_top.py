@@ -37,6 +37,7 @@ def test_top_once_prints_the_fleet_table(config, capsys):
     header, row = out[1].split(), out[2].split()
     assert header[:4] == ["NODE", "STATE", "SSH", "GPUS"]
     assert row[0] == "gpu-local" and row[1] == "up" and row[3] == "8"
+    assert row[2] == "local"  # this machine, no SSH: no latency to show (it said 3ms)
     assert int(row[4].rstrip("%")) >= 90
 
 
