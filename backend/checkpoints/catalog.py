@@ -399,7 +399,8 @@ async def _dcp_facts(store: ObjectStore, step_path: str, name: str, files: dict[
         f.note = "torch is not installed here: DCP metadata cannot be read (pip install 'loadmaster[node]')"
         return f
     try:
-        md = load_metadata(raw, where=join_key(step_path, METADATA_FILE))
+        # unpickling a 405B model's .metadata takes a while: off the event loop (the console stays live)
+        md = await asyncio.to_thread(load_metadata, raw, where=join_key(step_path, METADATA_FILE))
     except CheckpointError as exc:
         f.kind, f.note = "corrupt", str(exc)
         return f
@@ -828,8 +829,8 @@ async def prove_resumable(store: ObjectStore, step: CheckpointStep) -> str:
         return f"{step.path} now lists as {fresh.kind}" + (f" ({fresh.note})" if fresh.note else "")
     files = {fresh.name: fresh.objects[0]} if fresh.is_file else _rel(fresh.objects, fresh.path)
     if METADATA_FILE in files:
-        md = load_metadata(await store.get_bytes(join_key(fresh.path, METADATA_FILE)),
-                           where=join_key(fresh.path, METADATA_FILE))
+        md = await asyncio.to_thread(load_metadata, await store.get_bytes(join_key(fresh.path, METADATA_FILE)),
+                                     where=join_key(fresh.path, METADATA_FILE))
 
         async def read(file: str, offset: int, n: int) -> bytes:
             return await store.get_range(join_key(fresh.path, file), offset, n)

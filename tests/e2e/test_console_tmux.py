@@ -179,14 +179,13 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     assert len(rows) == 1 and "100%" in rows[0] and "fail" not in rows[0], screen
 
     # -- Retention: compute the plan, apply it with the typed confirmation -------------------
+    # It opens on the lab's demo run, already listed: nothing to type for a first look.
     term.press("4")
     term.wait_for("Run folder", what="the Retention screen")
-    term.press("o")  # focus the run folder
-    term.send("End")
-    _fill(term, "/checkpoints/llama-demo")
-    term.send("Enter")
     screen = term.wait_for(lambda s: re.search(r"plan [0-9a-f]{12}", s), timeout=SCREEN_TIMEOUT,
                            what="the retention plan")
+    assert f"s3://{bucket}/checkpoints/llama-demo" in screen, screen
+    assert "verified resumable" in screen, screen
     # 12 steps, keep 2 full, milestones every 4000 stripped, 12000 still uploading.
     assert "2 keep-full  2 strip-to-weights  7 delete  1 skip" in screen, screen
     assert re.search(r"12000\s+skip", screen), screen
@@ -245,7 +244,11 @@ def test_readonly_console_refuses_and_errors_are_one_key_away(
     term.wait_for("job(s):", what="the Transfers screen")
     term.press("c")
     term.wait_for("Read-only mode: cannot cancel a job", what="the refusal to cancel")
-    # The same refusal through the command palette (it switches to the screen and runs the action).
+    # The same refusal through the command palette (it switches to the screen and runs the action),
+    # once Retention has listed the run it opens on (the refusal's toast must not expire unseen
+    # while the listing keeps a loaded machine busy).
+    term.press("4")
+    term.wait_for(lambda s: re.search(r"plan [0-9a-f]{12}", s), timeout=SCREEN_TIMEOUT, what="the retention plan")
     term.press("C-p")
     _fill(term, "apply retention")
     term.wait_for("Retention: Apply retention plan", what="the palette's apply command")
