@@ -10,6 +10,7 @@ and a reader never sees an index without its shards. The result is verified befo
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -21,6 +22,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import humanize
 
 from backend.checkpoints.catalog import (
     INDEX_FILE,
@@ -436,6 +439,7 @@ async def strip_step(
                               "(the step already has an export)")
     local_dir = out_store.local_path(out_prefix) if isinstance(out_store, LocalStore) else None
     tmp = Path(tempfile.mkdtemp(prefix="lm-strip-"))
+    weights: list[_Weight] = []
     try:
         weights = await _source_weights(store, step, model_prefix, tmp)
         seen: set[str] = set()
@@ -502,10 +506,16 @@ async def strip_step(
                  "weight_map": dict(sorted(weight_map.items()))}
         # the index is the export's commit marker: written after every shard
         await out_store.put_bytes(join_key(out_prefix, INDEX_FILE), json.dumps(index, indent=2).encode())
-    except BaseException:
+    except BaseException as exc:
         if local_dir is not None:
             for p in local_dir.glob("model-*.safetensors.tmp-lm"):
                 p.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = local_dir if local_dir is not None else tmp
+            need = humanize.naturalsize(sum(w.out_bytes for w in weights))
+            raise CheckpointError(f"no space left on the device of {where}: the BF16 export needs {need}; free "
+                                  "space there or give --out on another disk (nothing was deleted, the partial "
+                                  "export was removed)") from None
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
