@@ -3,19 +3,18 @@ and it leaves no partial shard behind (on a real, full tmpfs)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from backend.cli import main
-from tests.checkpoints.conftest import tiny_full_dcp  # noqa: F401 - the session fixture, used here too
+from tests.checkpoints.conftest import save_dcp, trained
 
 
-def test_strip_onto_a_full_disk_is_one_line(small_fs: Path, tmp_path: Path, tiny_full_dcp: tuple[Path, dict],
+def test_strip_onto_a_full_disk_is_one_line(small_fs: Path, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
-    shutil.copytree(tiny_full_dcp[0], run / "step-10")
+    save_dcp(run / "step-10", *trained())
     (small_fs / "filler").write_bytes(b"\0" * (1024 * 1024 - 16 * 1024))  # leave 16 KiB free
     out = small_fs / "exports" / "step-10"
     assert main(["ckpt", "strip", str(run / "step-10"), "--out", str(out)]) == 2
