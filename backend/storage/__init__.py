@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -171,9 +172,16 @@ class LocalStore(ObjectStore):
         def write() -> None:
             p = self._path(key)
             p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(p.name + ".tmp-lm")
-            tmp.write_bytes(data)
-            os.replace(tmp, p)
+            # a temporary name of its own: two writers of one key (two applies taking a run's
+            # lock at once) must each end in a whole file, never in each other's rename
+            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp-lm")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, p)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
 
         await asyncio.to_thread(write)
 
