@@ -332,17 +332,24 @@ async def _lightning_file(store: ObjectStore, files: dict[str, ObjectInfo]) -> _
     if obj.size == 0:
         f.kind, f.note = "corrupt", f"{fname}: empty file (0 bytes)"
         return f
+    tf = await _read_whole(store, obj, f)
+    return f if tf is None else _kind_from_torch({fname: tf}, files, f)
+
+
+async def _read_whole(store: ObjectStore, obj: ObjectInfo, f: _Facts) -> TorchFile | None:
+    """A torch.save file's structure, proven whole; None with ``f`` saying why (corrupt when cut
+    short or its records are short, unknown when it is no torch.save zip at all)."""
     try:
         tf = await torch_file(store, obj.key, obj.size)
     except TorchFileError as exc:
         f.kind = "unknown" if "legacy" in str(exc) or "not a torch.save" in str(exc) else "corrupt"
         f.note = str(exc)
-        return f
+        return None
     problem = tf.check_records()
     if problem:
         f.kind, f.note = "corrupt", problem
-        return f
-    return _kind_from_torch({fname: tf}, files, f)
+        return None
+    return tf
 
 
 def _kind_from_torch(tfs: dict[str, TorchFile], files: dict[str, ObjectInfo], f: _Facts) -> _Facts:
@@ -676,16 +683,8 @@ async def _torch_save_facts(store: ObjectStore, step_path: str, files: dict[str,
         return f
     tfs: dict[str, TorchFile] = {}
     for n in torch_names:
-        o = files[n]
-        try:
-            tf = await torch_file(store, o.key, o.size)
-        except TorchFileError as exc:
-            f.kind = "unknown" if ("legacy" in str(exc) or "not a torch.save" in str(exc)) else "corrupt"
-            f.note = str(exc)
-            return f
-        problem = tf.check_records()
-        if problem:
-            f.kind, f.note = "corrupt", problem
+        tf = await _read_whole(store, files[n], f)
+        if tf is None:
             return f
         tfs[n] = tf
     f = _kind_from_torch(tfs, files, f)
