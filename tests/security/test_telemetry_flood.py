@@ -35,8 +35,12 @@ HOSTILE_NAME = "\x1b]0;owned\x07\x1b[2J\x1b[31mNVIDIA H100\x1b[0m\u202e"
 ESCAPES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]")
 
 #: Runs the CLI and reports its own peak memory on stderr (the figure the flood used to blow up).
-RSS_PROBE = ("import resource, sys\nfrom backend.cli import main\nrc = main(sys.argv[1:])\n"
-             "sys.stderr.write(f'\\nmaxrss_kib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n')\n"
+#: VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child forked
+#: from a big pytest process (torch and DeepSpeed loaded by earlier tests) reported the parent's
+#: 800-900 MB as its own. VmHWM belongs to the child's own address space.
+RSS_PROBE = ("import re, sys\nfrom backend.cli import main\nrc = main(sys.argv[1:])\n"
+             "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+             "sys.stderr.write(f'\\nmaxrss_kib={hwm}\\n')\n"
              "sys.exit(rc)\n")
 #: The command's peak RSS without a flood is ~100 MB; the unbounded reader used > 1 GB.
 RSS_BOUND_KIB = 400 * 1024
