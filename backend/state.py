@@ -202,7 +202,7 @@ class StateDB:
         params.append(limit)
         return [
             AuditEntry(r["id"], r["ts"], r["actor"], r["action"], r["target"], r["outcome"],
-                       r["plan_hash"], r["reason"], json.loads(r["detail"]))
+                       r["plan_hash"], r["reason"], _detail(r["detail"]))
             for r in self.query(sql, params)
         ]
 
@@ -375,3 +375,11 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) -> 
     if why is not None:
         take(f"SELECT rowid, * FROM {q} ORDER BY rowid DESC")
     return copied, why
+
+
+def _detail(raw: Any) -> Any:
+    """An audit record's detail; a damaged one (a scribbled page) reads as such, never a crash."""
+    try:
+        return json.loads(raw) if raw else {}
+    except (ValueError, TypeError, RecursionError):
+        return {"unreadable_detail": True}
