@@ -210,7 +210,9 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     screen = term.wait_for("Keys", what="the help screen")
     assert "Filter" in screen and "Quit" in screen, screen
     term.press("Escape")
-    term.wait_for("Alerts:", what="the Fleet screen after closing help")
+    # the Fleet's alerts show beside the help panel too: wait for the panel itself to go
+    term.wait_for(lambda s: "Alerts:" in s and "Keys  (escape closes)" not in s, timeout=SCREEN_TIMEOUT,
+                  what="the Fleet screen after closing help")
 
     # -- quit cleanly --------------------------------------------------------------------------
     screen = _quit(term)
