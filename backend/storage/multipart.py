@@ -399,8 +399,16 @@ async def upload_file(
         expected = digest.hex()
         parts = 0
     else:
+        # A cancel that lands while the create is in flight must not orphan the upload the store
+        # has already made: the create finishes (shielded), its id is aborted, then we stop.
+        create = asyncio.ensure_future(client.create_multipart_upload(Bucket=store.bucket, Key=full_key))
         try:
-            created = await client.create_multipart_upload(Bucket=store.bucket, Key=full_key)
+            created = await asyncio.shield(create)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                made = await create
+                await _abort(client, store.bucket, full_key, made["UploadId"])
+            raise
         except Exception as exc:  # noqa: BLE001
             raise store.error(exc) from None
         upload_id = created["UploadId"]
