@@ -319,6 +319,18 @@ def _fsdp2_rank(rank: int, store: str, out: str, steps: tuple[int, ...]) -> None
 
 
 def _write_fsdp2(out: Path, steps: tuple[int, ...], _weights: frozenset[int]) -> None:
+    # A gloo rank has been seen to abort (std::terminate) while another process was importing
+    # torch on the same 2 cores; such a crash is retried once, with the first one's log printed.
+    try:
+        _write_fsdp2_once(out, steps)
+    except RuntimeError as exc:
+        print(f"FSDP2 builder: first attempt failed, retrying once: {exc}", file=sys.stderr)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        _write_fsdp2_once(out, steps)
+
+
+def _write_fsdp2_once(out: Path, steps: tuple[int, ...]) -> None:
     # Two fresh interpreters, as torchrun starts them (multiprocessing's spawn would re-import
     # whatever __main__ the caller runs under).
     repo = Path(__file__).resolve().parents[3]
