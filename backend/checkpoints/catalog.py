@@ -240,9 +240,10 @@ class _Facts:
 
 
 def _zero_byte(files: dict[str, ObjectInfo], names: Iterable[str]) -> str | None:
+    """The note for the first empty file among ``names`` (a corrupt step), None when none is."""
     for n in sorted(names):
         if n in files and files[n].size == 0:
-            return n
+            return f"{n}: empty file (0 bytes)"
     return None
 
 
@@ -497,7 +498,7 @@ async def _deepspeed_facts(store: ObjectStore, step_path: str, name: str, files:
         return f
     bad = _zero_byte(files, models + optims)
     if bad:
-        f.kind, f.note = "corrupt", f"{bad}: empty file (0 bytes)"
+        f.kind, f.note = "corrupt", bad
         return f
     tfs, problem = await _torch_facts(store, step_path, files, models[:1] + optims[:1] + optims[-1:])
     if problem:
@@ -543,7 +544,7 @@ async def _megatron_legacy_facts(store: ObjectStore, step_path: str, name: str, 
     rank_files = sorted(n for n in files if _MEGATRON_RANK_FILE.match(n))
     bad = _zero_byte(files, rank_files)
     if bad:
-        f.kind, f.note = "corrupt", f"{bad}: empty file (0 bytes)"
+        f.kind, f.note = "corrupt", bad
         return f
     ranks = sorted({n.split("/", 1)[0] for n in rank_files})
     dist = [r for r in ranks if f"{r}/distrib_optim.pt" in files]
@@ -589,7 +590,7 @@ async def _trainer_facts(store: ObjectStore, step_path: str, files: dict[str, Ob
     optim_files = sorted(n for n in names if _OPTIM_FILE.search(n))
     bad = _zero_byte(files, optim_files)
     if bad:
-        f.kind, f.note = "corrupt", f"{bad}: empty file (0 bytes)"
+        f.kind, f.note = "corrupt", bad
         return f
     read = [n for n in optim_files if n.endswith((".pt", ".bin"))]
     tfs, problem = await _torch_facts(store, step_path, files, read)
@@ -599,8 +600,8 @@ async def _trainer_facts(store: ObjectStore, step_path: str, files: dict[str, Ob
     opt = [(n, p) for n, tf in tfs.items() if (p := optimizer_paths(tf.obj))]
     if opt:
         f.kind, f.note = "full", _optimizer_note(opt[0][1], opt[0][0])
-        f.opt_bytes = sum(o.size for n, o in files.items() if TRAINING_STATE_FILES.match(n)
-                          and not n.endswith(".json") or _OPTIM_FILE.search(n))
+        f.opt_bytes = sum(o.size for n, o in files.items() if (TRAINING_STATE_FILES.match(n)
+                          and not n.endswith(".json")) or _OPTIM_FILE.search(n))
         return f
     if optim_files:
         f.note = f"{optim_files[0]} holds no optimizer state the catalog recognises"
@@ -622,7 +623,7 @@ async def _model_files_problem(store: ObjectStore, step_path: str, files: dict[s
     model = sorted(n for n in files if _HF_SHARD.match(n))
     bad = _zero_byte(files, model)
     if bad:
-        return f"{bad}: empty file (0 bytes)"
+        return bad
     from backend.checkpoints.safetensors_check import SafetensorsError, read_header
 
     for n in model:
@@ -676,7 +677,7 @@ async def _torch_save_facts(store: ObjectStore, step_path: str, files: dict[str,
     f = _Facts(layout="torch-save", marker=join_key(step_name, torch_names[0]) if len(torch_names) == 1 else None)
     bad = _zero_byte(files, torch_names)
     if bad:
-        f.kind, f.note = "corrupt", f"{bad}: empty file (0 bytes)"
+        f.kind, f.note = "corrupt", bad
         return f
     if len(torch_names) > MAX_TORCH_FILES_READ:
         f.note = f"{len(torch_names)} torch files: more than the {MAX_TORCH_FILES_READ} the catalog reads per step"

@@ -106,11 +106,7 @@ async def read_lock(store: ObjectStore, prefix: str = "") -> LockInfo | None:
     """The lock on the run at ``prefix`` of ``store``, if any (an unreadable lock counts as none)."""
     from backend.storage import join_key
 
-    key = join_key(prefix, LOCK_KEY)
-    info = await store.stat(key)
-    if info is None:
-        return None
-    return _parse_lock(await store.get_bytes(key))
+    return await read_lock_key(store, join_key(prefix, LOCK_KEY))
 
 
 class ApplyLock:
@@ -172,6 +168,7 @@ class ApplyLock:
 
 
 async def read_lock_key(store: ObjectStore, key: str) -> LockInfo | None:
+    """The lock stored at ``key``, if any (an unreadable lock counts as none)."""
     info = await store.stat(key)
     return None if info is None else _parse_lock(await store.get_bytes(key))
 
