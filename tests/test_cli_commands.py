@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import cli
+from tui import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _registered(module: str) -> set[str]:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    register = getattr(importlib.import_module(f"backend.cli.{module}"), "register", None)
+    register = getattr(importlib.import_module(f"tui.cli.{module}"), "register", None)
     if register is not None:
         register(sub)
     return set(sub.choices)
@@ -68,13 +68,13 @@ def test_single_module_parser_knows_the_command(command: str) -> None:
 def test_running_a_command_imports_only_its_module() -> None:
     code = (
         "import json, sys\n"
-        "from backend import cli\n"
+        "from tui import cli\n"
         "argv = ['--config', '/nonexistent.toml', 'jobs', '--local']\n"
         "cli.build_parser(cli.command_module(argv)).parse_args(argv)\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('backend.cli.'))))\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('tui.cli.'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert json.loads(out) == ["backend.cli.jobs"]
+    assert json.loads(out) == ["tui.cli.jobs"]
 
 
 def test_unknown_command_still_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:

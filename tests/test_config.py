@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.config import load_config_file
 from backend.errors import ConfigError
 

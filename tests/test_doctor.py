@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.config import Node
 from backend.doctor import NodeReport, check_node, doctor_command, parse_report, run_doctor
 from backend.lab import Lab

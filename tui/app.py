@@ -323,3 +323,10 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text and not isinstance(exc, LoadmasterError) else (
         text[0] if text else type(exc).__name__
     )
+
+
+def run_console(services: Services, *, theme: str | None = None) -> int:
+    """Open the console on ``services`` until the operator quits; its exit code."""
+    app = LoadmasterApp(services, theme=theme)
+    app.run()
+    return int(app.return_code or 0)

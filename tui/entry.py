@@ -3,21 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the node-side fast path below must not pay for the CLI's imports
-    import argparse
-
-    from backend.services import Services
-
-
-def _open_console(services: Services, args: argparse.Namespace) -> int:
-    from tui.app import LoadmasterApp
-
-    app = LoadmasterApp(services, theme=args.theme)
-    app.run()
-    return int(app.return_code or 0)
-
 
 def _agent_fast_path(argv: list[str]) -> int | None:
     """``loadmaster agent run|cleanup JOBDIR`` on a node: skip the CLI, config and console imports.
@@ -46,15 +31,25 @@ def main() -> int:
     import os
 
     if os.environ.get("LOADMASTER_TRACE"):
-        from backend.cli._trace import enable_trace
+        from tui.cli._trace import enable_trace
 
         enable_trace()
     fast = _agent_fast_path(argv)
     if fast is not None:
         return fast
-    from backend.cli import main as cli_main
+    from tui import cli
 
-    return cli_main(argv, open_console=_open_console, exit_fast=True)
+    args = cli.parse(argv)
+
+    def body() -> int:
+        services = cli.services_for(args)
+        if args.command is None:
+            from tui.app import run_console
+
+            return run_console(services, theme=args.theme)
+        return cli.run(args, services, exit_fast=True)
+
+    return cli.guarded(body)
 
 
 if __name__ == "__main__":

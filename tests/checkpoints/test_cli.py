@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from backend.checkpoints.footprint import footprint, upload_backlog
-from backend.cli import main
+from tui.cli import main
 from backend.config import load_config_file
 from backend.lab import Lab
 from backend.services import Services

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.lab import seaweed, sshd
 from backend.lab.sshd import lab_processes
 
@@ -91,7 +91,7 @@ def test_down_without_a_lab_says_so(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_the_printed_console_command_runs_without_the_venv_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from backend.cli.lab import _console_program
+    from tui.cli.lab import _console_program
 
     beside = Path(sys.executable).parent / "loadmaster"
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # a clean clone: .venv/bin is not on PATH

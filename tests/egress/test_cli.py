@@ -1,4 +1,4 @@
-"""``loadmaster egress`` end to end through backend.cli.main, with a real state DB under tmp_path."""
+"""``loadmaster egress`` end to end through tui.cli.main, with a real state DB under tmp_path."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.config import load_config
 from backend.ledger import EgressGuard
 from backend.state import StateDB

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backend.cli import main
+from tui.cli import main
 from backend.config import parse_config
 from backend.errors import ConfigError
 from backend.policy.egress import estimate

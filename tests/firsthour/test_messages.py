@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.config import Config, Node, StoreProfile, parse_config
 from backend.errors import ConfigError
 from tests.helpers import write_lab_config

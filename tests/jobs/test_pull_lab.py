@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main as cli_main
+from tui.cli import main as cli_main
 from backend.config import Config
 from backend.errors import JobError, StoreError
 from backend.jobs.pull import launch_pull, plan_pull

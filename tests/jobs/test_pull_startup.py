@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main as cli_main
+from tui.cli import main as cli_main
 from backend.lab import Lab
 from tests.jobs.conftest import SourceData
 
@@ -25,7 +25,7 @@ FORBIDDEN = ("textual", "tui", "torch", "aiobotocore", "aiohttp", "boto3", "boto
 
 _PROBE = """
 import json, sys
-from backend.cli import main
+from tui.cli import main
 rc = main(sys.argv[1:])
 print("@@MODULES " + json.dumps(sorted(sys.modules)))
 sys.exit(rc)
@@ -44,7 +44,7 @@ def test_pull_imports_only_its_own_stack(source: SourceData, jobs_config_path: P
     loaded = json.loads(line.removeprefix("@@MODULES "))
     leaked = sorted(m for m in loaded if any(m == f or m.startswith(f + ".") for f in FORBIDDEN))
     assert leaked == []
-    assert [m for m in loaded if m.startswith("backend.cli.") and m != "backend.cli._trace"] == ["backend.cli.jobs"]
+    assert [m for m in loaded if m.startswith("tui.cli.") and m != "tui.cli._trace"] == ["tui.cli.jobs"]
 
 
 def test_executable_exits_quickly_without_losing_output_or_records(

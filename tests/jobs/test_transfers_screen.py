@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import Button, Input, Static
 
-from backend.cli import main as cli_main
+from tui.cli import main as cli_main
 from backend.config import Config
 from backend.lab import Lab
 from tests.helpers import Recorder, wait_until

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from retention_helpers import DcpRun  # type: ignore[import-not-found]
 
-from backend.cli import main
+from tui.cli import main
 
 
 @pytest.fixture

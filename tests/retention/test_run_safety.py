@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from retention_helpers import DcpRun  # type: ignore[import-not-found]
 
-from backend.cli import main
+from tui.cli import main
 from backend.errors import PolicyError
 from backend.policy.retention import RetentionPolicy
 from backend.retention import PinStore, apply_plan, compute_plan

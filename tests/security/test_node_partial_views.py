@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.lab import Lab
 from backend.nodes.pool import PARTIAL_EXIT
 from tests.helpers import write_lab_config

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from backend.cli import main
+from tui.cli import main
 from backend.shards.convert import ShardRequest, convert_sync
 from backend.shards.plan import ShardError
 from tests.shards.conftest import make_dataset

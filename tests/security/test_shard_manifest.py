@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.cli import main
+from tui.cli import main
 from backend.nodes.untrusted import MAX_JSON_DEPTH, loads_bounded
 from backend.shards.convert import JOURNAL_PREFIX, ShardRequest, convert_sync
 from backend.shards.manifest import JOURNAL_MAX_BYTES, MANIFEST_NAME, Manifest

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.shards.convert import ShardPreview, ShardRequest, convert_sync, preview
 from backend.shards.plan import ShardError
 from tests.shards.conftest import make_dataset

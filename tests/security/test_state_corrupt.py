@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.cli import main
+from tui.cli import main
 from backend.jobs.manager import JOBS_DDL
 from backend.state import StateCorrupt, StateDB, StateError, check_state, repair_state
 

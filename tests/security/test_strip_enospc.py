@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from tests.checkpoints.conftest import save_dcp, trained
 
 

@@ -38,7 +38,7 @@ ESCAPES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]")
 #: VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child forked
 #: from a big pytest process (torch and DeepSpeed loaded by earlier tests) reported the parent's
 #: 800-900 MB as its own. VmHWM belongs to the child's own address space.
-RSS_PROBE = ("import re, sys\nfrom backend.cli import main\nrc = main(sys.argv[1:])\n"
+RSS_PROBE = ("import re, sys\nfrom tui.cli import main\nrc = main(sys.argv[1:])\n"
              "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
              "sys.stderr.write(f'\\nmaxrss_kib={hwm}\\n')\n"
              "sys.exit(rc)\n")
@@ -160,7 +160,7 @@ async def test_a_line_flood_outside_the_sampler_is_cut_by_the_transport(tmp_path
 ])
 def test_escape_sequences_from_nvidia_smi_never_reach_the_table(tmp_path: Path, output: str,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    from backend.cli import main
+    from tui.cli import main
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\nprintf '%s\\n' {_sh_quote(output)}\nexit 9\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.shards.manifest import MANIFEST_NAME
 from tests.shards.conftest import make_dataset
 

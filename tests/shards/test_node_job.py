@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.config import load_config_file
 from backend.services import Services
 from backend.shards.verify import verify

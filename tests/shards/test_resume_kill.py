@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.shards.convert import JOURNAL_PREFIX, ShardRequest, convert_sync
 from backend.shards.manifest import MANIFEST_NAME
 from tests.shards.conftest import make_dataset

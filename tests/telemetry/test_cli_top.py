@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
+from tui.cli import main
 from backend.lab import fake_nvidia_smi
 from backend.lab.fake_nvidia_smi import write_scenario
 

@@ -114,7 +114,7 @@ def test_top_once_json_over_the_lab(lab, capsys):
     """``loadmaster top --once --json`` over real SSH: one object, every node sampled."""
     import json
 
-    from backend.cli import main
+    from tui.cli import main
 
     assert main(["--config", str(lab.config_path), "top", "--once", "--json",
                  "--interval", "0.5", "--nodes", "node-[01-03]"]) == 0

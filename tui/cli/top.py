@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from backend.cli.argtypes import duration_arg
+from tui.cli.argtypes import duration_arg
 from backend.errors import ConfigError
 from backend.nodes.pool import PARTIAL_EXIT, unread_line
 from backend.services import Services

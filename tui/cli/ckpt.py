@@ -29,7 +29,7 @@ from backend.checkpoints.upload import (
     upload_dir,
     url_join,
 )
-from backend.cli.argtypes import duration_arg, size_arg
+from tui.cli.argtypes import duration_arg, size_arg
 from backend.errors import PolicyError
 from backend.policy.retention import fmt_size
 from backend.services import Services

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from backend.cli.argtypes import size_arg
+from tui.cli.argtypes import size_arg
 from backend.config import StoreProfile
 from backend.errors import ConfigError, JobError
 from backend.services import Services

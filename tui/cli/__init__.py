@@ -1,6 +1,6 @@
 """The ``loadmaster`` command line: subcommands are discovered from the modules of this package.
 
-Each module ``backend/cli/<feature>.py`` defines ``register(subparsers)`` adding its commands;
+Each module ``tui/cli/<feature>.py`` defines ``register(subparsers)`` adding its commands;
 each command sets ``func(args, services) -> int`` (sync or async). User errors
 (:class:`LoadmasterError`) print one clear line to stderr and exit 2; never a traceback.
 
@@ -27,9 +27,6 @@ from backend.errors import LoadmasterError
 from backend.services import Services
 
 log = logging.getLogger(__name__)
-
-ConsoleOpener = Callable[[Services, argparse.Namespace], int]
-
 
 #: Which module registers each top-level command, so running one imports only its module (each
 #: feature module pulls in its own stack: S3 clients, SSH, telemetry). A command missing here
@@ -125,30 +122,35 @@ def _run_command(func: Callable[..., Any], args: argparse.Namespace, services: S
             services.db.close()
 
 
-def main(argv: Sequence[str] | None = None, *, open_console: ConsoleOpener | None = None,
-         exit_fast: bool = False) -> int:
-    """Entry point. ``open_console`` is supplied by the console package (tui.entry).
-
-    With ``exit_fast`` (the ``loadmaster`` executable, never in-process callers), a command that
-    sets ``exit_fast`` in its defaults ends the process as soon as it returns (see :func:`_exit_now`).
-    """
-    log.debug("cli: imported")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(command_module(argv))
-    args = parser.parse_args(argv)
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The parsed command line (argparse exits with its usage message on a malformed one)."""
+    argv = list(argv)
+    args = build_parser(command_module(argv)).parse_args(argv)
     log.debug("cli: parsed")
+    return args
+
+
+def services_for(args: argparse.Namespace) -> Services:
+    """The services a command line asks for: its config, read-only flag and SSH connection mode."""
+    config = load_config(args.config)
+    log.debug("cli: config loaded")
+    # Commands reach SSH nodes through the connection keeper (connections kept between commands,
+    # [ssh] persist); the console holds its own, and `doctor` measures fresh ones.
+    return Services(config=config, readonly=args.readonly,
+                    keep_connections=args.command is not None and not getattr(args, "direct_ssh", False))
+
+
+def run(args: argparse.Namespace, services: Services, *, exit_fast: bool = False) -> int:
+    """Run the parsed COMMAND. With ``exit_fast`` (the ``loadmaster`` executable, never in-process
+    callers), a command that sets ``exit_fast`` in its defaults ends the process as soon as it
+    returns (see :func:`_exit_now`)."""
+    return _run_command(args.func, args, services, exit_fast=exit_fast and getattr(args, "exit_fast", False))
+
+
+def guarded(body: Callable[[], int]) -> int:
+    """Run ``body``: a user error (:class:`LoadmasterError`) prints one clean line and gives 2."""
     try:
-        config = load_config(args.config)
-        log.debug("cli: config loaded")
-        # Commands reach SSH nodes through the connection keeper (connections kept between
-        # commands, [ssh] persist); the console holds its own, and `doctor` measures fresh ones.
-        services = Services(config=config, readonly=args.readonly,
-                            keep_connections=args.command is not None and not getattr(args, "direct_ssh", False))
-        if args.command is None:
-            if open_console is None:
-                parser.error("the console is not installed; run a COMMAND (see --help)")
-            return open_console(services, args)
-        return _run_command(args.func, args, services, exit_fast=exit_fast and getattr(args, "exit_fast", False))
+        return body()
     except LoadmasterError as exc:
         from backend.nodes.untrusted import clean_text
 
@@ -159,3 +161,14 @@ def main(argv: Sequence[str] | None = None, *, open_console: ConsoleOpener | Non
     except KeyboardInterrupt:
         print("loadmaster: interrupted", file=sys.stderr)
         return 130
+
+
+def main(argv: Sequence[str] | None = None, *, exit_fast: bool = False) -> int:
+    """Run one COMMAND from ``argv`` (the console, opened without one, is tui.entry's to start)."""
+    log.debug("cli: imported")
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.command is None:
+        build_parser().print_help(sys.stderr)
+        return 2
+
+    return guarded(lambda: run(args, services_for(args), exit_fast=exit_fast))
