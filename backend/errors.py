@@ -76,3 +76,7 @@ class JobError(LoadmasterError):
 
 class PolicyError(LoadmasterError):
     """A policy refused an action, or a plan no longer matches the facts."""
+
+
+class ReadOnlyRefused(PolicyError):
+    """An operation that changes something was asked of read-only services (``--readonly``)."""

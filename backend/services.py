@@ -7,16 +7,21 @@ it touches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.config import Config
 from backend.state import StateDB
 
 if TYPE_CHECKING:
+    from backend.jobs.manager import JobManager
+    from backend.ledger import EgressGuard
+    from backend.nodes.keeper import KeeperClient
     from backend.nodes.pool import NodePool
+    from backend.ops import Operations
     from backend.storage import StoreRegistry
+    from backend.telemetry.hub import TelemetryHub
 
 
 @dataclass
@@ -25,7 +30,6 @@ class Services:
 
     config: Config
     readonly: bool = False
-    extras: dict[str, Any] = field(default_factory=dict)
     #: Reach SSH nodes through the connection keeper (the command line; see backend.nodes.keeper).
     keep_connections: bool = False
 
@@ -39,7 +43,7 @@ class Services:
 
         return NodePool.from_config(self.config, keeper=self._keeper())
 
-    def _keeper(self) -> Any:
+    def _keeper(self) -> KeeperClient | None:
         """The connection keeper client, where this front end uses one and it applies."""
         if not self.keep_connections or not any(n.transport == "ssh" for n in self.config.nodes):
             return None
@@ -60,22 +64,29 @@ class Services:
         return StoreRegistry(self.config)
 
     @cached_property
-    def telemetry(self) -> Any:
+    def telemetry(self) -> TelemetryHub:
         from backend.telemetry.hub import TelemetryHub
 
         return TelemetryHub(self.pool, self.config.section("telemetry"))
 
     @cached_property
-    def jobs(self) -> Any:
+    def jobs(self) -> JobManager:
         from backend.jobs.manager import JobManager
 
         return JobManager(self.pool, self.db, self.config)
 
     @cached_property
-    def egress(self) -> Any:
+    def egress(self) -> EgressGuard:
         from backend.ledger import EgressGuard
 
         return EgressGuard(self.config, self.db)
+
+    @cached_property
+    def ops(self) -> Operations:
+        """Every action, with its read-only refusal, checks and audit record (backend.ops)."""
+        from backend.ops import Operations
+
+        return Operations(self)
 
     async def aclose(self) -> None:
         """Stop background work and close connections."""

@@ -44,7 +44,6 @@ def s3_services(lab, s3, tmp_path: Path):  # type: ignore[no-untyped-def]
     config = dataclasses.replace(lab.config, stores={"ckpt": profile},
                                  state=StateSettings(dir=str(tmp_path / "state")))
     services = Services(config)
-    services.extras["bucket"] = bucket
     yield services
     services.db.close()
 

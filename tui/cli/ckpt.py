@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -16,25 +15,20 @@ from backend.checkpoints.catalog import fmt_age, list_checkpoints
 from backend.checkpoints.dcp import CheckpointError
 from backend.checkpoints.footprint import fmt_gb, footprint, footprint_table, upload_backlog
 from backend.checkpoints.inspection import inspect_step
-from backend.checkpoints.strip import (
-    DEFAULT_MAX_SHARD_BYTES,
-    launch_strip,
-    strip_step,
-)
+from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, StripResult
 from backend.checkpoints.upload import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PART_SIZE,
+    UploadResult,
     UploadSettings,
-    launch_upload,
-    upload_dir,
     url_join,
 )
-from tui.cli.argtypes import duration_arg, size_arg
-from backend.errors import PolicyError
+from backend.ops import StripRequest, UploadRequest
+from backend.ops.checkpoints import Done, open_prefix, open_step
 from backend.policy.retention import fmt_size
 from backend.services import Services
-from backend.storage import ObjectStore
 from backend.textfmt import align_columns
+from tui.cli.argtypes import duration_arg, size_arg
 
 
 def _params(text: str) -> float:
@@ -101,39 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 # -- resolving names ------------------------------------------------------------------------------
 
-def resolve_url(services: Services, ref: str) -> str:
-    """Expand ``storename/sub/path`` to the store's URL + path; absolutise local paths."""
-    if "://" not in ref:
-        name, _, rest = ref.partition("/")
-        if name in services.config.stores:
-            return url_join(services.config.stores[name].url, rest)
-        return os.path.abspath(os.path.expanduser(ref))
-    return ref.rstrip("/")
-
-
-def open_prefix(services: Services, ref: str) -> tuple[ObjectStore, str]:
-    """A store and a prefix inside it for ``ref`` (store settings come from the longest match)."""
-    return services.stores.open(resolve_url(services, ref)), ""
-
-
-def open_step(services: Services, ref: str) -> tuple[ObjectStore, str]:
-    """The store holding a step folder (rooted at its parent) and the folder's name."""
-    url = resolve_url(services, ref)
-    parent, _, leaf = url.rstrip("/").rpartition("/")
-    if not leaf or parent in ("s3:/", "s3:", ""):
-        raise CheckpointError(f"{ref!r} does not name a step folder (expected .../run/step-N)")
-    if parent == "":
-        parent = "/"
-    return services.stores.open(parent), leaf
-
-
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
-
-
-def _writable(services: Services, what: str) -> None:
-    if services.readonly:
-        raise PolicyError(f"read-only mode: cannot {what} (drop --readonly)")
 
 
 # -- commands --------------------------------------------------------------------------------------
@@ -152,9 +115,8 @@ def cmd_size(args: argparse.Namespace, services: Services) -> int:
 
 async def cmd_list(args: argparse.Namespace, services: Services) -> int:
     """List steps of a run prefix."""
-    store, prefix = open_prefix(services, args.url)
-    async with store:
-        cat = await list_checkpoints(store, prefix)
+    async with open_prefix(services, args.url) as store:
+        cat = await list_checkpoints(store, "")
     if args.json:
         _print_json({"url": cat.url, "prefix": cat.prefix, "bytes_by_kind": cat.bytes_by_kind(),
                      "steps": [s.as_dict() for s in cat.steps]})
@@ -172,36 +134,22 @@ async def cmd_list(args: argparse.Namespace, services: Services) -> int:
     return 0
 
 
-def _launched(services: Services, action: str, target: str, job_id: str, args: argparse.Namespace) -> int:
-    """Audit a strip/upload launched as a job on ``args.node`` and print its job id."""
-    services.db.record_audit(action, target, "launched", detail={"job": job_id, "node": args.node,
-                                                                "overwrite": bool(getattr(args, "overwrite", False))})
-    print(json.dumps({"job": job_id, "node": args.node}) if args.json else job_id)
-    return 0
+def _print_done(done: Done, args: argparse.Namespace) -> None:
+    """A node job launched: its id (the audit record is the operation's)."""
+    assert done.job is not None
+    print(json.dumps({"job": done.job.id, "node": done.job.node}) if args.json else done.job.id)
 
 
 async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
     """Strip a step locally or as a node job."""
-    _writable(services, "strip a checkpoint")
-    store, step = open_step(services, args.src)
-    out_store, out_prefix = (open_prefix(services, args.out) if args.out else (None, None))
-    try:
-        if args.node:
-            rec = await launch_strip(services.jobs, args.node, store, step, out_store=out_store,
-                                     out_prefix=out_prefix, model_prefix=args.model_prefix,
-                                     max_shard_bytes=args.max_shard_size)
-            return _launched(services, "ckpt.strip", url_join(store.url, step), rec.id, args)
-        try:
-            res = await strip_step(store, step, out_store=out_store, out_prefix=out_prefix,
-                                   model_prefix=args.model_prefix, max_shard_bytes=args.max_shard_size)
-        except Exception as exc:
-            services.db.record_audit("ckpt.strip", url_join(store.url, step), "failed", detail={"error": str(exc)})
-            raise
-        services.db.record_audit("ckpt.strip", res.source, "ok", detail=res.as_dict())
-    finally:
-        await store.close()
-        if out_store is not None:
-            await out_store.close()
+    done = await services.ops.checkpoints.strip(StripRequest(
+        src=args.src, node=args.node, out=args.out, model_prefix=args.model_prefix,
+        max_shard_bytes=args.max_shard_size))
+    if done.job is not None:
+        _print_done(done, args)
+        return 0
+    res = done.result
+    assert isinstance(res, StripResult)
     if args.json:
         _print_json(res.as_dict())
     else:
@@ -243,17 +191,15 @@ async def cmd_backlog(args: argparse.Namespace, services: Services) -> int:
 
 async def cmd_upload(args: argparse.Namespace, services: Services) -> int:
     """Upload a step folder here or as a node job."""
-    _writable(services, "upload")
-    settings = UploadSettings(part_size=args.part_size, concurrency=args.concurrency).check()
-    store, prefix = open_prefix(services, args.url)
-    async with store:
-        if args.node:
-            rec = await launch_upload(services.jobs, args.node, store, args.local_dir, prefix, settings=settings,
-                                      step=args.step, overwrite=args.overwrite)
-            return _launched(services, "ckpt.upload", url_join(store.url, prefix), rec.id, args)
-        res = await upload_dir(store, args.local_dir, prefix, settings=settings, overwrite=args.overwrite)
-    services.db.record_audit("ckpt.upload", url_join(store.url, prefix), "ok",
-                             detail={**res.as_dict(), "overwrite": bool(args.overwrite)})
+    settings = UploadSettings(part_size=args.part_size, concurrency=args.concurrency)
+    done = await services.ops.checkpoints.upload(UploadRequest(
+        local_dir=args.local_dir, dest=args.url, node=args.node, step=args.step, overwrite=args.overwrite,
+        settings=settings))
+    if done.job is not None:
+        _print_done(done, args)
+        return 0
+    res = done.result
+    assert isinstance(res, UploadResult)
     if args.json:
         _print_json(res.as_dict())
     else:

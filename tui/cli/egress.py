@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from backend.errors import PolicyError
-from backend.ledger import EgressGuard, EgressReport
+from backend.ledger import EgressReport
 from backend.policy.egress import (
     break_even_month,
     decision_lines,
@@ -119,29 +119,15 @@ def cmd_estimate(args: argparse.Namespace, services: Services) -> int:
 
 def cmd_quote(args: argparse.Namespace, services: Services) -> int:
     """Quote one transfer and show the guard's decision; exit 3 when it would not start."""
-    config = services.config
-    store = config.store(args.store)
-    dest = args.dest
-    if dest:
-        try:  # a typed site the table does not know is an error, never a price
-            parse_site_text(dest, what="destination", table=price_table(config.section("prices")))
-        except ValueError as exc:
-            raise PolicyError(str(exc)) from None
-    if args.node:
-        # A node without a site is priced as internet egress (the quote says so), never as free.
-        dest = config.node(args.node).site
-    guard = EgressGuard(config, services.db)
-    quote = guard.quote_transfer(store, dest, args.bytes, objects=args.objects)
-    decision = guard.check(quote, allow_over_budget_reason=args.allow_over_budget)
-    audit_id = None
-    if decision.override_reason:
-        audit_id = guard.record_override(decision, decision.override_reason)
+    q = services.ops.egress.quote(args.store, args.bytes, objects=args.objects, node=args.node, site=args.dest,
+                                  reason=args.allow_over_budget)
+    decision = q.decision
     if args.json:
-        print(json.dumps({**decision.as_dict(), "audit_id": audit_id}, indent=2, default=str))
+        print(json.dumps({**decision.as_dict(), "audit_id": q.audit_id}, indent=2, default=str))
     else:
         print("\n".join(decision_lines(decision)))
-        if audit_id:
-            print(f"override recorded in the audit log (#{audit_id})")
+        if q.audit_id:
+            print(f"override recorded in the audit log (#{q.audit_id})")
     return 0 if decision.may_start else 3
 
 
@@ -168,7 +154,7 @@ def _report_lines(rep: EgressReport) -> list[str]:
 
 def cmd_report(args: argparse.Namespace, services: Services) -> int:
     """Print the month's egress per route from the ledger."""
-    rep = EgressGuard(services.config, services.db).report(args.month)
+    rep = services.egress.report(args.month)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=2))
     else:

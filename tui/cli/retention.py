@@ -168,16 +168,11 @@ def _load_plan(path: str) -> RetentionPlan:
 
 async def cmd_apply(args: argparse.Namespace, services: Any) -> int:
     """Apply a plan file (only with --yes), or show what it would do (--dry-run)."""
-    from backend.retention import apply_plan
-
     plan = _load_plan(args.plan)
     if not args.yes and not args.dry_run:
         print(format_plan(plan))
         raise PolicyError(f"nothing changed: add --yes to apply plan {plan.hash[:12]} "
                           f"({len(plan.destructive_actions)} destructive actions), or --dry-run to re-check it")
-    if services.readonly and not args.dry_run:
-        raise PolicyError("read-only mode: cannot apply a retention plan (drop --readonly)")
-
     finished = 0
 
     def show(o: Any) -> None:
@@ -187,7 +182,7 @@ async def cmd_apply(args: argparse.Namespace, services: Any) -> int:
             print(f"[{finished}/{o.total}] {o.path}: {o.action} -> {o.outcome}"
                   + (f" ({o.detail})" if o.detail else ""))
 
-    report = await apply_plan(services, plan, dry_run=args.dry_run, in_flight=args.in_flight, progress=show)
+    report = await services.ops.retention.apply(plan, dry_run=args.dry_run, in_flight=args.in_flight, progress=show)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
@@ -203,74 +198,39 @@ async def cmd_apply(args: argparse.Namespace, services: Any) -> int:
     return 0 if report.ok else 1
 
 
-def _run(services: Any, ref: str) -> tuple[str, tuple[str, ...]]:
-    from backend.retention.apply import canonical_run
-
-    return canonical_run(services, ref)
-
-
 def cmd_pin(args: argparse.Namespace, services: Any) -> int:
     """Record a pin for a step."""
-    from backend.retention import PinStore
-
-    if services.readonly:
-        raise PolicyError("read-only mode: cannot change pins")
     p = parse_pin(args.pin)
-    url, _ = _run(services, args.url)
-    PinStore(services.db).pin(url, p.step, p.reason)
+    url = services.ops.retention.pin(args.url, p.step, p.reason)
     print(f"pinned step {p.step} under {url}" + (f" ({p.reason})" if p.reason else ""))
     return 0
 
 
 def cmd_unpin(args: argparse.Namespace, services: Any) -> int:
     """Remove a pin."""
-    from backend.retention import PinStore
-
-    if services.readonly:
-        raise PolicyError("read-only mode: cannot change pins")
-    url, keys = _run(services, args.url)
-    if not PinStore(services.db).unpin(url, args.step, keys):
-        raise PolicyError(f"step {args.step} is not pinned under {url}")
+    url = services.ops.retention.unpin(args.url, args.step)
     print(f"unpinned step {args.step} under {url}")
     return 0
 
 
 def cmd_milestone(args: argparse.Namespace, services: Any) -> int:
     """Mark (or with --remove unmark) a step as a milestone."""
-    from backend.retention.apply import MilestoneStore
-
-    if services.readonly:
-        raise PolicyError("read-only mode: cannot change milestones")
-    url, keys = _run(services, args.url)
-    store = MilestoneStore(services.db)
     if args.remove:
-        if not store.unmark(url, args.step, keys):
-            raise PolicyError(f"step {args.step} is not marked a milestone under {url}")
+        url = services.ops.retention.unmark_milestone(args.url, args.step)
         print(f"step {args.step} under {url} is no longer a milestone")
     else:
-        store.mark(url, args.step)
+        url = services.ops.retention.mark_milestone(args.url, args.step)
         print(f"step {args.step} under {url} is a milestone: plans keep it as BF16 weights at least")
     return 0
 
 
 async def cmd_unlock(args: argparse.Namespace, services: Any) -> int:
     """Remove a run's apply lock (after checking who held it)."""
-    from backend.retention.runs import LOCK_KEY, read_lock
-
-    if services.readonly:
-        raise PolicyError("read-only mode: cannot remove an apply lock")
-    url, _ = _run(services, args.url)
-    async with services.stores.open(url) as store:
-        held = await read_lock(store)
-        if held is None and await store.stat(LOCK_KEY) is None:
-            print(f"{url} has no apply lock")
-            return 0
-        res = await store.delete_many([LOCK_KEY])
-        if not res.ok:
-            raise PolicyError(f"could not remove {url}/{LOCK_KEY}: {'; '.join(res.errors.values())}")
-    who = held.describe() if held else "an unreadable lock"
-    services.db.record_audit("retention.unlock", url, "ok", detail={"held_by": who})
-    print(f"removed the apply lock on {url} (held by {who})")
+    done = await services.ops.retention.unlock(args.url)
+    if done.held_by is None:
+        print(f"{done.url} has no apply lock")
+    else:
+        print(f"removed the apply lock on {done.url} (held by {done.held_by})")
     return 0
 
 

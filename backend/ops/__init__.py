@@ -1,0 +1,75 @@
+"""The operation layer: every action an operator takes is one call here, and both front ends use it.
+
+The command line (``tui/cli``) and the console (``tui/app.py``, ``tui/screens``) only collect
+input, call an operation, and render its progress and result. The safety promises live here, in
+one order, whichever front end asked:
+
+1. **read-only refusal** (:class:`backend.errors.ReadOnlyRefused`) for anything that changes state;
+2. **validation** of the request (one clear line naming what to fix);
+3. **a fresh plan or quote**: a pull lists again unless the plan the operator saw is a minute or
+   two old, and prices the egress afresh either way; a retention apply re-lists every step;
+4. **the egress gate** (block, or confirm without a reason, stops it here);
+5. **the action**;
+6. **the audit record** (the same record from either front end);
+7. **the result object** the front end renders.
+
+``services.ops`` is the :class:`Operations` of a :class:`backend.services.Services`.
+
+| operation | call |
+| :- | :- |
+| pull, fan-out pull (a node pattern) | ``ops.pulls.plan(req)``, ``ops.pulls.start(req, shown=preview)`` |
+| upload, strip | ``ops.checkpoints.upload(req)``, ``ops.checkpoints.strip(req)`` |
+| shard | ``ops.shards.preview(req)``, ``ops.shards.convert_here(req)``, ``ops.shards.start_on_node(node, req)`` |
+| cancel | ``ops.jobs.cancel(job_id, reason=)`` |
+| retention apply, pin, unpin, milestone, unlock | ``ops.retention.apply(plan)``, ``.pin``, ``.unpin``, ``.mark_milestone``, ``.unmark_milestone``, ``.unlock`` |
+| egress override | ``ops.egress.quote(store, nbytes, node=, reason=)`` |
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from backend.ops.checkpoints import Checkpoints, StripRequest, UploadRequest
+from backend.ops.egress import Egress
+from backend.ops.jobs import Jobs
+from backend.ops.pull import PullPreview, PullRequest, Pulls, PullStarted
+from backend.ops.retention import Retention
+from backend.ops.shards import Shards
+
+if TYPE_CHECKING:
+    from backend.services import Services
+
+
+class Operations:
+    """Every operation, on one set of services."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    @cached_property
+    def pulls(self) -> Pulls:
+        return Pulls(self.services)
+
+    @cached_property
+    def checkpoints(self) -> Checkpoints:
+        return Checkpoints(self.services)
+
+    @cached_property
+    def shards(self) -> Shards:
+        return Shards(self.services)
+
+    @cached_property
+    def jobs(self) -> Jobs:
+        return Jobs(self.services)
+
+    @cached_property
+    def retention(self) -> Retention:
+        return Retention(self.services)
+
+    @cached_property
+    def egress(self) -> Egress:
+        return Egress(self.services)
+
+
+__all__ = ["Operations", "PullPreview", "PullRequest", "PullStarted", "StripRequest", "UploadRequest"]

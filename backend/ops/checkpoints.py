@@ -1,0 +1,153 @@
+"""Checkpoint actions: strip a step to BF16 weights and upload a step folder, here or as a node job.
+
+A reference names a store location: ``s3://bucket/run/step-N``, a local path, or
+``STORE/sub/path`` for a configured store. Both front ends pass the step's full reference, so
+the audit record names the same target whichever one acted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from backend.checkpoints.dcp import CheckpointError
+from backend.checkpoints.upload import url_join
+from backend.errors import ConfigError, LoadmasterError
+from backend.ops.base import Operation
+
+if TYPE_CHECKING:
+    from backend.checkpoints.strip import StripResult
+    from backend.checkpoints.upload import UploadResult, UploadSettings
+    from backend.jobs.manager import JobRecord
+    from backend.storage import ObjectStore
+
+
+def resolve_url(services: Any, ref: str) -> str:
+    """Expand ``storename/sub/path`` to the store's URL + path; absolutise local paths."""
+    if "://" not in ref:
+        name, _, rest = ref.partition("/")
+        if name in services.config.stores:
+            return url_join(services.config.stores[name].url, rest)
+        return os.path.abspath(os.path.expanduser(ref))
+    return ref.rstrip("/")
+
+
+def open_prefix(services: Any, ref: str) -> ObjectStore:
+    """The store rooted at ``ref`` (store settings come from the longest configured match)."""
+    return services.stores.open(resolve_url(services, ref))
+
+
+def open_step(services: Any, ref: str) -> tuple[ObjectStore, str]:
+    """The store holding a step folder (rooted at its parent) and the folder's name."""
+    url = resolve_url(services, ref)
+    parent, _, leaf = url.rstrip("/").rpartition("/")
+    if not leaf or parent in ("s3:/", "s3:"):
+        raise CheckpointError(f"{ref!r} does not name a step folder (expected .../run/step-N)")
+    return services.stores.open(parent or "/"), leaf
+
+
+@dataclass(frozen=True)
+class StripRequest:
+    """Strip the step at ``src`` (export beside it, or under ``out``), here or on ``node``."""
+
+    src: str
+    node: str | None = None
+    out: str | None = None
+    model_prefix: str = "auto"
+    max_shard_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class UploadRequest:
+    """Upload the local folder ``local_dir`` to the step location ``dest``, here or on ``node``."""
+
+    local_dir: str
+    dest: str
+    node: str | None = None
+    step: int | None = None
+    overwrite: bool = False
+    settings: UploadSettings | None = None
+
+
+@dataclass(frozen=True)
+class Done:
+    """A checkpoint action's outcome: run here (``result``) or launched as a node job (``job``)."""
+
+    target: str
+    audit_id: int
+    result: StripResult | UploadResult | None = None
+    job: JobRecord | None = None
+
+
+class Checkpoints(Operation):
+    """``ckpt strip|upload`` and the Checkpoints screen's strip and upload keys."""
+
+    async def strip(self, req: StripRequest, *, progress: Callable[..., Any] | None = None) -> Done:
+        """Strip one step; a failure here is audited too, then raised."""
+        from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, launch_strip, strip_step
+
+        self.refuse_if_readonly("strip a checkpoint")
+        if req.node:
+            self.services.config.node(req.node)
+        store, step = open_step(self.services, req.src)
+        out_store = open_prefix(self.services, req.out) if req.out else None
+        target = url_join(store.url, step)
+        shard = req.max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
+        try:
+            if req.node:
+                rec = await launch_strip(self.services.jobs, req.node, store, step, out_store=out_store,
+                                         out_prefix="" if out_store else None, model_prefix=req.model_prefix,
+                                         max_shard_bytes=shard)
+                return Done(target, self._launched("ckpt.strip", target, rec, overwrite=False), job=rec)
+            try:
+                res = await strip_step(store, step, out_store=out_store, out_prefix="" if out_store else None,
+                                       model_prefix=req.model_prefix, max_shard_bytes=shard, progress=progress)
+            except LoadmasterError as exc:
+                self.audit("ckpt.strip", target, "failed", detail={"error": str(exc)})
+                raise
+            return Done(target, self.audit("ckpt.strip", target, "ok", detail=res.as_dict()), result=res)
+        finally:
+            await store.close()
+            if out_store is not None:
+                await out_store.close()
+
+    async def upload(self, req: UploadRequest, *, progress: Callable[..., Any] | None = None) -> Done:
+        """Upload one step folder; a destination holding objects is refused unless ``overwrite``."""
+        from backend.checkpoints.catalog import step_number
+        from backend.checkpoints.upload import check_destination, launch_upload, upload_dir
+
+        self.refuse_if_readonly("upload a checkpoint")
+        if not req.local_dir.strip():
+            raise ConfigError("choose the local step folder to upload")
+        if req.node:
+            self.services.config.node(req.node)
+        settings = req.settings.check() if req.settings is not None else None
+        store = open_prefix(self.services, req.dest)
+        target = store.url
+        async with store:
+            if req.node:
+                rec = await launch_upload(self.services.jobs, req.node, store, req.local_dir, "", settings=settings,
+                                          step=req.step if req.step is not None else step_number(target.rsplit("/", 1)[-1]),
+                                          overwrite=req.overwrite)
+                return Done(target, self._launched("ckpt.upload", target, rec, overwrite=req.overwrite), job=rec)
+            await check_destination(store, "", overwrite=req.overwrite)
+            try:
+                res = await upload_dir(store, req.local_dir, "", settings=settings, overwrite=req.overwrite,
+                                       progress=progress)
+            except LoadmasterError as exc:
+                self.audit("ckpt.upload", target, "failed", detail={"error": str(exc), "overwrite": req.overwrite})
+                raise
+        audit_id = self.audit("ckpt.upload", target, "ok", detail={**res.as_dict(), "overwrite": req.overwrite})
+        return Done(target, audit_id, result=res)
+
+    async def present(self, dest: str) -> int:
+        """How many objects the step location ``dest`` holds already (the console asks before overwriting)."""
+        from backend.checkpoints.upload import check_destination
+
+        async with open_prefix(self.services, dest) as store:
+            return await check_destination(store, "", overwrite=True)
+
+    def _launched(self, action: str, target: str, rec: JobRecord, *, overwrite: bool) -> int:
+        return self.audit(action, target, "launched", detail={"job": rec.id, "node": rec.node, "overwrite": overwrite})

@@ -1,0 +1,152 @@
+"""Pulls: plan (listing, free space, ETA, egress quote), then start one durable job per node.
+
+A fan-out pull is the same operation with a node pattern (``gpu-[01-16]``): every matching node
+receives the whole source, each priced in the egress quote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from backend.errors import ConfigError, JobError, PolicyError
+from backend.ops.base import Operation
+
+if TYPE_CHECKING:
+    from backend.jobs.manager import JobRecord
+    from backend.jobs.pull import PullPlan
+
+#: How long a plan the operator was shown stands for its listing and free space. Older, the
+#: start lists the source and probes the nodes again; the egress quote is always made afresh.
+PLAN_FRESH_S = 120.0
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """What an operator asks for: the same fields from the CLI flags and the console's form."""
+
+    src: str
+    dest: str
+    #: A node name, hostlist (``gpu-[01-04]``) or glob: one job per matching node.
+    nodes: str
+    store: str | None = None
+    numworkers: int | None = None
+    concurrency: int | None = None
+    part_size_mib: int | None = None
+    #: The operator's reason to start over the egress budget (audited), if any.
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class PullPreview:
+    """A plan as shown before the start, with whether it may start and, if not, why."""
+
+    request: PullRequest
+    plan: PullPlan
+    planned_at: float
+    #: Why it cannot start as asked (problems on nodes, the egress guard), one line each.
+    blockers: tuple[str, ...]
+    #: Said with the plan but not blocking (the guard's warn).
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def startable(self) -> bool:
+        return not self.blockers
+
+    def lines(self) -> list[str]:
+        """The plan as the operator reads it, then what stops it."""
+        from backend.jobs.fmt import describe_plan
+
+        return describe_plan(self.plan) + [f"not startable: {b}" for b in self.blockers]
+
+
+@dataclass(frozen=True)
+class PullStarted:
+    """The jobs a start launched (one per node), under the plan they run and its audit record."""
+
+    plan: PullPlan
+    records: tuple[JobRecord, ...]
+    audit_id: int
+    warnings: tuple[str, ...] = field(default=())
+
+
+class Pulls(Operation):
+    """``pull`` from the CLI and the Transfers screen's form."""
+
+    def validate(self, req: PullRequest) -> list[str]:
+        """Step 2: the request's own faults, and the node names it selects."""
+        if not req.src.startswith("s3://"):
+            raise ConfigError(f"the source must be an s3:// URL, got {req.src!r}")
+        if not req.dest.strip():
+            raise ConfigError("choose a destination directory")
+        if not req.nodes.strip():
+            raise ConfigError("choose the destination node(s): a name, a hostlist or a glob")
+        for name, v in (("numworkers", req.numworkers), ("concurrency", req.concurrency),
+                        ("part size", req.part_size_mib)):
+            if v is not None and v < 1:
+                raise ConfigError(f"{name} must be at least 1, got {v}")
+        pattern = req.nodes.strip()
+        if not any(c in pattern for c in "*?[],"):
+            return [self.services.config.node(pattern).name]  # one name: "unknown node" names the known ones
+        return [n.name for n in self.services.config.select(pattern)]
+
+    async def plan(self, req: PullRequest) -> PullPreview:
+        """List the source, probe each node and quote the egress (read-only services may plan)."""
+        from backend.jobs.pull import plan_pull
+
+        nodes = self.validate(req)
+        plan = await plan_pull(self.services, req.src, req.dest, nodes, store=req.store,
+                               numworkers=req.numworkers, concurrency=req.concurrency,
+                               part_size_mib=req.part_size_mib, allow_over_budget=req.reason)
+        return self._preview(req, plan, time.time())
+
+    def _preview(self, req: PullRequest, plan: PullPlan, at: float) -> PullPreview:
+        blockers = list(plan.problems)
+        warnings: list[str] = []
+        dec = plan.egress
+        if dec is not None and dec.action == "block":
+            blockers.append(f"the egress guard blocks this pull: {dec.message}")
+        elif dec is not None and dec.action == "confirm" and not dec.override_reason:
+            blockers.append(f"the egress guard needs a reason to go over budget: {dec.message}")
+        elif dec is not None and dec.action == "warn":
+            warnings.append(dec.message)
+        return PullPreview(req, plan, at, tuple(blockers), tuple(warnings))
+
+    async def _fresh(self, req: PullRequest, shown: PullPreview | None) -> PullPreview:
+        """Step 3: the plan to act on. The listing of a plan just shown stands; the quote never does."""
+        if shown is None or shown.request != req or time.time() - shown.planned_at > PLAN_FRESH_S:
+            return await self.plan(req)
+        from backend.jobs.pull import egress_check, resolve_store
+
+        self.validate(req)
+        plan = shown.plan
+        profile = resolve_store(self.services.config, plan.src, plan.store)
+        nodes = [self.services.config.node(n.node) for n in plan.nodes]
+        decision, note = egress_check(self.services, profile, nodes, plan.total_bytes, len(plan.objects),
+                                      req.reason, src=plan.src)
+        plan = dataclasses.replace(plan, egress=decision, egress_note=note or plan.egress_note)
+        return self._preview(req, plan, shown.planned_at)
+
+    async def start(self, req: PullRequest, *, shown: PullPreview | None = None, label: str = "") -> PullStarted:
+        """Start the pull: refuse in read-only mode, re-check, gate on egress, launch, audit."""
+        from backend.jobs.pull import launch_pull
+
+        self.refuse_if_readonly("launch a pull")
+        preview = await self._fresh(req, shown)
+        plan = preview.plan
+        if plan.problems:
+            raise JobError("not started: " + "; ".join(plan.problems))
+        if not preview.startable:
+            raise PolicyError("not started: " + "; ".join(preview.blockers)
+                              + ("" if req.reason else "; give a reason to go over budget (--allow-over-budget)"))
+        dec = plan.egress
+        if dec is not None and dec.override_reason:
+            self.services.egress.record_override(dec, dec.override_reason)
+        records = tuple(await launch_pull(self.services, plan, label=label))
+        audit_id = self.audit("pull.launch", plan.src, "started", reason=req.reason, detail={
+            "dest": plan.dest, "nodes": [r.node for r in records], "jobs": [r.id for r in records],
+            "bytes": plan.total_bytes, "objects": len(plan.objects)})
+        return PullStarted(plan, records, audit_id, preview.warnings)
+

@@ -1,0 +1,98 @@
+"""Retention actions: apply a plan, pin and unpin steps, mark milestones, remove a dead apply's lock.
+
+Pins and milestones are recorded under the run's canonical URL (:func:`canonical_run`), so a pin
+made from the console and one made from the CLI for the same run are the same record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from backend.errors import PolicyError
+from backend.ops.base import Operation
+
+if TYPE_CHECKING:
+    from backend.policy.retention import RetentionPlan
+    from backend.retention.apply import ApplyReport
+
+
+@dataclass(frozen=True)
+class Unlocked:
+    """A removed apply lock: the run and who held it (``None``: there was no lock)."""
+
+    url: str
+    held_by: str | None
+    audit_id: int | None = None
+
+
+class Retention(Operation):
+    """``retention apply|pin|unpin|milestone|unlock`` and the Retention screen's keys."""
+
+    async def apply(self, plan: RetentionPlan, *, dry_run: bool = False, in_flight: Any = None,
+                    progress: Callable[[Any], None] | None = None) -> ApplyReport:
+        """Re-check the plan against a fresh listing and act on what still holds (or only re-check)."""
+        from backend.retention.apply import apply_plan
+
+        if not dry_run:
+            self.refuse_if_readonly("apply a retention plan")
+        return await apply_plan(self.services, plan, dry_run=dry_run, in_flight=in_flight, progress=progress)
+
+    def run(self, ref: str) -> tuple[str, tuple[str, ...]]:
+        """The run's canonical URL and the other spellings its records may be under."""
+        from backend.retention.apply import canonical_run
+
+        return canonical_run(self.services, ref)
+
+    def pin(self, ref: str, step: int, reason: str = "") -> str:
+        """Pin ``step`` of the run ``ref`` (no plan touches it); the run's canonical URL."""
+        from backend.retention.apply import PinStore
+
+        self.refuse_if_readonly("change pins")
+        url, _ = self.run(ref)
+        PinStore(self.services.db).pin(url, step, reason)
+        return url
+
+    def unpin(self, ref: str, step: int) -> str:
+        from backend.retention.apply import PinStore
+
+        self.refuse_if_readonly("change pins")
+        url, keys = self.run(ref)
+        if not PinStore(self.services.db).unpin(url, step, keys):
+            raise PolicyError(f"step {step} is not pinned under {url}")
+        return url
+
+    def mark_milestone(self, ref: str, step: int) -> str:
+        """Mark ``step`` a milestone: plans keep it as BF16 weights at least."""
+        from backend.retention.apply import MilestoneStore
+
+        self.refuse_if_readonly("change milestones")
+        url, _ = self.run(ref)
+        MilestoneStore(self.services.db).mark(url, step)
+        return url
+
+    def unmark_milestone(self, ref: str, step: int) -> str:
+        from backend.retention.apply import MilestoneStore
+
+        self.refuse_if_readonly("change milestones")
+        url, keys = self.run(ref)
+        if not MilestoneStore(self.services.db).unmark(url, step, keys):
+            raise PolicyError(f"step {step} is not marked a milestone under {url}")
+        return url
+
+    async def unlock(self, ref: str) -> Unlocked:
+        """Remove the apply lock an apply that died left on a run (who held it is audited)."""
+        from backend.retention.runs import LOCK_KEY, read_lock
+
+        self.refuse_if_readonly("remove an apply lock")
+        url, _ = self.run(ref)
+        async with self.services.stores.open(url) as store:
+            held = await read_lock(store)
+            if held is None and await store.stat(LOCK_KEY) is None:
+                return Unlocked(url, None)
+            res = await store.delete_many([LOCK_KEY])
+            if not res.ok:
+                raise PolicyError(f"could not remove {url}/{LOCK_KEY}: {'; '.join(res.errors.values())}")
+        who = held.describe() if held else "an unreadable lock"
+        return Unlocked(url, who, self.audit("retention.unlock", url, "ok", detail={"held_by": who}))

@@ -1,0 +1,64 @@
+"""Shard conversions (WebDataset tars): preview, then convert here or start a node job."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from backend.errors import JobError, LoadmasterError
+from backend.ops.base import Operation
+
+if TYPE_CHECKING:
+    from backend.config import StoreProfile
+    from backend.jobs.manager import JobRecord
+    from backend.shards.model import ConvertResult, ShardPreview, ShardProgress, ShardRequest
+
+
+class Shards(Operation):
+    """``shard SRC DEST`` and the Shards screen's form."""
+
+    def _profiles(self, req: ShardRequest) -> tuple[StoreProfile | None, StoreProfile | None]:
+        from backend.shards.locations import resolve_location
+
+        return resolve_location(self.services.config, req.src)[1], resolve_location(self.services.config, req.dest)[1]
+
+    async def preview(self, req: ShardRequest) -> ShardPreview:
+        """List the source and check the destination; nothing is written (read-only services may)."""
+        from backend.shards.convert import preview
+
+        sprof, dprof = self._profiles(req)
+        return await preview(req, config=self.services.config, src_profile=sprof, dest_profile=dprof)
+
+    async def convert_here(self, req: ShardRequest, *, shown: ShardPreview | None = None,
+                           on_progress: Callable[[ShardProgress], None] | None = None,
+                           cancelled: Callable[[], bool] | None = None) -> ConvertResult:
+        """Convert in this process. ``shown`` is the preview the operator saw: what runs is exactly it."""
+        from backend.shards.convert import convert
+
+        self.refuse_if_readonly("start a conversion")
+        req.validate()
+        pv = shown if shown is not None and (shown.src, shown.dest) == (req.src, req.dest) else await self.preview(req)
+        if not pv.ok:
+            raise JobError(f"cannot shard {req.src}: " + "; ".join(pv.errors))
+        sprof, dprof = self._profiles(req)
+        detail: dict[str, Any] = {"src": req.src, "overwrite": req.overwrite, "resume": req.resume}
+        if req.overwrite:  # what the destination held is about to be replaced: on record first
+            self.audit("shard.overwrite", req.dest, "started", detail=detail)
+        try:
+            result = await convert(req, config=self.services.config, src_profile=sprof, dest_profile=dprof,
+                                   on_progress=on_progress, on_log=lambda _m: None, cancelled=cancelled, prepared=pv)
+        except LoadmasterError as exc:
+            outcome = "cancelled" if cancelled is not None and cancelled() else "failed"
+            self.audit("shard.convert", req.dest, outcome, detail={**detail, "error": str(exc)})
+            raise
+        self.audit("shard.convert", req.dest, "ok", detail={**detail, **result.as_dict()})
+        return result
+
+    async def start_on_node(self, node: str, req: ShardRequest) -> JobRecord:
+        """Start the conversion as a durable ``shard`` job on ``node`` (audited ``shard.launch``)."""
+        from backend.shards.job import launch_on_node
+
+        self.refuse_if_readonly("start a conversion")
+        self.services.config.node(node)
+        sprof, dprof = self._profiles(req)
+        return await launch_on_node(self.services, node, req, sprof, dprof)
