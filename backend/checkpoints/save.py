@@ -146,7 +146,7 @@ def save_and_upload(
     params = {"src": str(local), "dest": dest_url, "store": store_params(store), "prefix": "", "step": step,
               "staged_seconds": round(staged, 3)}
     if rank0:
-        from backend.jobs.manager import new_job_id
+        from backend.jobs.records import new_job_id
 
         job_id = new_job_id()
         job_dir = _jobs_home(jobs_home) / job_id

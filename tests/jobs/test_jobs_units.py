@@ -13,13 +13,6 @@ from backend.agent.context import JobContext
 from backend.agent.kinds import KINDS, resolve
 from backend.errors import JobError, StoreError
 from backend.jobs.fmt import fmt_bytes, fmt_eta
-from backend.jobs.manager import (
-    JobProgress,
-    JobRecord,
-    fleet_rollup,
-    parse_scan,
-    progress_from_lines,
-)
 from backend.jobs.pull import (
     NodeEstimate,
     PulledObject,
@@ -29,6 +22,8 @@ from backend.jobs.pull import (
     node_dest,
     parse_source,
 )
+from backend.jobs.records import JobProgress, JobRecord, fleet_rollup, progress_from_lines
+from backend.jobs.remote import parse_scan
 from backend.jobs.settings import JobSettings
 from backend.schema import parse_section
 
@@ -214,7 +209,7 @@ def test_runner_wakes_a_follower_blocked_on_the_done_fifo(tmp_path: Path) -> Non
 
     from backend.agent.context import done_fifo
     from backend.agent.runner import _make_done_fifo, _wake_followers
-    from backend.jobs.manager import SCAN_SCRIPT
+    from backend.jobs.remote import SCAN_SCRIPT
 
     home = tmp_path / "home"
     job = home / "jobs" / "j1"

@@ -21,7 +21,7 @@ import pytest
 
 from backend.agent.runner import _boot_id, _proc_starttime, process_identity
 from backend.config import load_config_file
-from backend.jobs.manager import new_job_id
+from backend.jobs.records import new_job_id
 from backend.lab import Lab
 from backend.services import Services
 from tests.helpers import write_lab_config

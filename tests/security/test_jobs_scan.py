@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from backend.jobs.manager import parse_scan
+from backend.jobs.remote import parse_scan
 
 
 def test_hostile_scan_lines_are_skipped_or_cleaned() -> None:

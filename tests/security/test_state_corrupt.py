@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tui.cli import main
-from backend.jobs.manager import JOBS_DDL
+from backend.jobs.store import JOBS_DDL
 from backend.state import StateCorrupt, StateDB, StateError, check_state, repair_state
 
 AUDITS = 3000

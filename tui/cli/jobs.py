@@ -26,7 +26,7 @@ from backend.textfmt import align_columns
 # The job manager (and what it imports) is loaded when a command first uses it: a pull imports
 # it while it waits on the network, not before it starts connecting.
 if TYPE_CHECKING:
-    from backend.jobs.manager import JobRecord
+    from backend.jobs.records import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
 
 
 async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, as_json: bool) -> int:
-    from backend.jobs.manager import fleet_rollup
+    from backend.jobs.records import fleet_rollup
 
     jobs = services.jobs
     ids = {r.id for r in recs}

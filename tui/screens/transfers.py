@@ -21,7 +21,7 @@ from textual.widgets import Button, DataTable, Static
 
 from backend.errors import ConfigError, LoadmasterError
 from backend.jobs.fmt import describe_plan, fmt_bytes, fmt_eta
-from backend.jobs.manager import JobProgress, JobRecord, fleet_rollup
+from backend.jobs.records import JobProgress, JobRecord, fleet_rollup
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.transfers_detail import TransferDetail

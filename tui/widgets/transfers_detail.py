@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Sparkline, Static
 
-from backend.jobs.manager import JobProgress, JobRecord
+from backend.jobs.records import JobProgress, JobRecord
 from tui.widgets.transfers_format import bar, fmt_bytes, fmt_eta
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from rich.text import Text
 from textual.widgets import DataTable
 
-from backend.jobs.manager import JobRecord
+from backend.jobs.records import JobRecord
 from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.transfers_format import bar, fmt_bytes, fmt_eta, short
 

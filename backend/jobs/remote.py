@@ -1,0 +1,219 @@
+"""The shell scripts the console runs on a node for its jobs, and the parsing of what they print.
+
+Each script is one ``sh -c`` round trip: :data:`SCAN_SCRIPT` lists job directories,
+:data:`LAUNCH_SCRIPT` starts a job, :data:`PROVE_SCRIPT` proves a process group is a job's before
+any signal, :data:`CLEANUP_SCRIPT` runs a kind's cleanup with its secrets on stdin. What a node
+prints is untrusted: :func:`parse_scan` bounds, cleans and skips, never crashes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Lists every job directory of a node (or those matching $1) in one command. Liveness is checked
+#: against /proc/<pid>/cmdline naming the job directory, so a recycled pid never looks alive.
+SCAN_SCRIPT = r"""
+H="${LOADMASTER_HOME:-$HOME/.loadmaster}/jobs"
+PAT="$1"; TAIL="$2"; WAIT="$3"; shift 3
+# Optionally wait (up to WAIT tenths of a second) until the named jobs have results, so a follower
+# sees the end at once without polling the whole scan. The runner opens its FIFO (.ID.done) right after
+# writing the result, which ends a blocked read of it at once; where that cannot work (no FIFO,
+# no timeout(1)) a sleep per tenth costs almost nothing.
+command -v timeout >/dev/null 2>&1 && HAVE_TIMEOUT=1 || HAVE_TIMEOUT=0
+n=0
+while [ "$n" -lt "$WAIT" ]; do
+  pending=
+  for id in "$@"; do [ -f "$H/$id/result.json" ] || { pending=$id; break; }; done
+  [ -z "$pending" ] && break
+  if [ "$HAVE_TIMEOUT" = 1 ] && [ -p "$H/.$pending.done" ] && [ $((WAIT - n)) -ge 5 ]; then
+    # The result may land between the check above and this open: then the read waits out its
+    # half second (the bound), never longer.
+    timeout 0.5 cat "$H/.$pending.done" >/dev/null 2>&1
+    [ $? = 124 ] && n=$((n+5)) || n=$((n+1))
+  else
+    sleep 0.1; n=$((n+1))
+  fi
+done
+echo "@@HOME $H"
+echo "@@NOW $(date +%s.%N 2>/dev/null || date +%s)"
+[ -d "$H" ] || exit 0
+for d in "$H"/$PAT; do
+  [ -f "$d/spec.json" ] || continue
+  echo "@@JOB ${d##*/}"
+  printf '@@SPEC '; tr -d '\n' < "$d/spec.json"; echo
+  if [ -f "$d/pid" ]; then
+    printf '@@PID '; tr -d '\n' < "$d/pid"; echo
+  fi
+  # A finished job's liveness does not matter (its result decides): skip the /proc checks.
+  if [ -f "$d/pid" ] && [ ! -f "$d/result.json" ]; then
+    pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$d/pid")
+    if [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ]; then
+      if tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF "$d"; then echo "@@ALIVE 1"; else echo "@@ALIVE 0"; fi
+    elif [ -n "$pid" ] && [ ! -d /proc ] && kill -0 "$pid" 2>/dev/null; then echo "@@ALIVE 1"
+    else echo "@@ALIVE 0"; fi
+  fi
+  if [ -f "$d/result.json" ]; then printf '@@RESULT '; tr -d '\n' < "$d/result.json"; echo
+  else
+    [ -f "$d/heartbeat" ] && { printf '@@BEAT '; head -n 1 "$d/heartbeat"; }
+    [ -f "$d/cancel" ] && echo "@@CANCEL 1"
+    [ -f "$d/progress.jsonl" ] && tail -n "$TAIL" "$d/progress.jsonl" | sed 's/^/@@PROG /'
+  fi
+done
+exit 0
+"""
+
+
+#: Starts a job in one command: $1 is the job id; stdin is the secrets JSON (one line, maybe
+#: empty) then the spec. The spec lands by rename, so a scan never reads half of it.
+LAUNCH_SCRIPT = r"""
+H="${LOADMASTER_HOME:-$HOME/.loadmaster}/jobs"; ID="$1"; D="$H/$ID"
+U=$(umask)
+umask 077
+mkdir -p "$H" && mkdir "$D" || exit 1
+echo "@@HOME $H"
+IFS= read -r S || exit 1
+if [ -n "$S" ]; then printf '%s\n' "$S" > "$D/secrets.json" || exit 1; fi
+S=
+cat > "$D/.spec.json.tmp" && mv -f "$D/.spec.json.tmp" "$D/spec.json" || exit 1
+cd "$D" || exit 1
+export D
+# The runner and everything it starts carry the job id: the proof, before any signal, that a
+# process group is this job's (see PROVE_SCRIPT).
+LOADMASTER_JOB_ID="$ID"; export LOADMASTER_JOB_ID
+umask "$U"  # the job (and the files it pulls) runs with the node's own umask
+setsid sh -c @INNER@ </dev/null >>"$D/log" 2>&1 &
+echo "@@PID $!"
+"""
+
+
+#: Defines ``lm_ours``: true only when process group $G is job $JID's. Either its leader still
+#: runs with the start time the runner recorded ($ST, field 22 of /proc/PID/stat) in the boot it
+#: recorded ($BOOT), or a member of the group still carries LOADMASTER_JOB_ID=$JID in its
+#: environment. After a reboot (another boot id) nothing is ours; a recycled pid or group id
+#: proves nothing. Every signal to a job's group is sent only after this check.
+PROVE_SCRIPT = r"""
+lm_ours() {
+  case "$G" in ''|*[!0-9]*) return 1;; esac
+  [ "$G" -gt 1 ] || return 1
+  if [ -n "$BOOT" ] && [ -r /proc/sys/kernel/random/boot_id ]; then
+    [ "$(cat /proc/sys/kernel/random/boot_id)" = "$BOOT" ] || return 1
+  fi
+  if [ -n "$ST" ] && read -r lm_s 2>/dev/null < "/proc/$G/stat"; then
+    set -- ${lm_s##*) }
+    [ "${20}" = "$ST" ] && return 0
+  fi
+  for lm_p in /proc/[0-9]*; do
+    read -r lm_s 2>/dev/null < "$lm_p/stat" || continue
+    set -- ${lm_s##*) }
+    [ "$3" = "$G" ] || continue
+    tr '\0' '\n' 2>/dev/null < "$lm_p/environ" | grep -qxF "LOADMASTER_JOB_ID=$JID" && return 0
+  done
+  return 1
+}
+"""
+
+
+def prove_vars(job_id: str, pidinfo: dict[str, Any] | None, fallback_pgid: int | None = None) -> str:
+    """Shell assignments of G, ST, BOOT and JID for :data:`PROVE_SCRIPT` from a job's pid file."""
+    info = pidinfo or {}
+    pgid = info.get("pgid") or fallback_pgid or 0
+    try:
+        pgid = int(pgid)
+    except (TypeError, ValueError):
+        pgid = 0
+    st = info.get("starttime")
+    st_text = str(int(st)) if isinstance(st, int | float) or (isinstance(st, str) and st.isdigit()) else ""
+    return (f"G={pgid}; ST={shlex.quote(st_text)}; BOOT={shlex.quote(str(info.get('boot_id') or ''))}; "
+            f"JID={shlex.quote(job_id)}; ")
+
+
+#: Writes a secrets line from stdin into the job directory $1 (0600, builtins only: never an
+#: argv), runs the kind's cleanup there (@AGENT@: the node's agent command), and removes the file
+#: again whatever happened.
+CLEANUP_SCRIPT = r"""
+D="$1"
+umask 077
+IFS= read -r S
+if [ -n "$S" ]; then printf '%s\n' "$S" > "$D/secrets.json"; fi
+S=
+@AGENT@ agent cleanup "$D" >>"$D/log" 2>&1
+rc=$?
+rm -f "$D/secrets.json"
+exit $rc
+"""
+
+
+@dataclass
+class RemoteJob:
+    """One job directory as :data:`SCAN_SCRIPT` reported it (untrusted: cleaned and bounded)."""
+
+    id: str
+    spec: dict[str, Any] = field(default_factory=dict)
+    pidinfo: dict[str, Any] | None = None
+    alive: bool | None = None
+    result: dict[str, Any] | None = None
+    beat: float | None = None
+    cancel_requested: bool = False
+    progress: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _obj(rest: str, what: str) -> dict[str, Any]:
+    """One JSON object from a node's scan line: bounded in size and depth, strings cleaned of
+    escape sequences (they reach the operator's terminal and the console); ValueError otherwise."""
+    from backend.nodes.untrusted import clean_text, loads_bounded
+
+    v = loads_bounded(rest, what=what)
+    if not isinstance(v, dict):
+        raise ValueError(f"{what}: not a JSON object")
+
+    def clean(x: Any, depth: int = 0) -> Any:
+        if isinstance(x, str):
+            return clean_text(x)
+        if depth < 32 and isinstance(x, dict):
+            return {clean_text(str(k)): clean(val, depth + 1) for k, val in x.items()}
+        if depth < 32 and isinstance(x, list):
+            return [clean(val, depth + 1) for val in x]
+        return x
+
+    out: dict[str, Any] = clean(v)
+    return out
+
+
+def parse_scan(text: str) -> tuple[str | None, float | None, list[RemoteJob]]:
+    """Parse :data:`SCAN_SCRIPT` output into (jobs dir, node clock, jobs); what a node prints is
+    untrusted: a malformed, oversized or deeply nested line is skipped, never a crash."""
+    home: str | None = None
+    now: float | None = None
+    jobs: list[RemoteJob] = []
+    cur: RemoteJob | None = None
+    for line in text.splitlines():
+        tag, _, rest = line.partition(" ")
+        try:
+            if tag == "@@HOME":
+                home = rest
+            elif tag == "@@NOW":
+                now = float(rest)
+            elif tag == "@@JOB":
+                cur = RemoteJob(rest)
+                jobs.append(cur)
+            elif cur is None:
+                continue
+            elif tag == "@@SPEC":
+                cur.spec = _obj(rest, "job spec")
+            elif tag == "@@PID":
+                cur.pidinfo = _obj(rest, "job pid file")
+            elif tag == "@@ALIVE":
+                cur.alive = rest.strip() == "1"
+            elif tag == "@@RESULT":
+                cur.result = _obj(rest, "job result")
+            elif tag == "@@BEAT":
+                cur.beat = float(rest)
+            elif tag == "@@CANCEL":
+                cur.cancel_requested = True
+            elif tag == "@@PROG":
+                cur.progress.append(_obj(rest, "progress line"))
+        except (ValueError, TypeError):
+            continue  # a half-written line (the runner is appending): read it next time
+    return home, now, [j for j in jobs if j.spec]

@@ -1,0 +1,150 @@
+"""The console's local record of jobs: who launched what, when and from where, and what happened.
+
+Two tables of the state DB: ``jobs`` (one row per job, updated as its directory is re-read) and
+``job_events`` (launch, adoption, state changes, cleanup notes). No remote reads here: the
+:class:`~backend.jobs.manager.JobManager` merges what nodes say into these rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from backend.errors import JobError
+from backend.jobs.records import JobProgress, JobRecord
+from backend.state import StateDB
+
+JOBS_DDL = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    label TEXT NOT NULL DEFAULT '',
+    params TEXT NOT NULL DEFAULT '{}',
+    state TEXT NOT NULL,
+    created REAL NOT NULL,
+    launched_by TEXT NOT NULL,
+    launched_from TEXT NOT NULL,
+    job_dir TEXT,
+    pid INTEGER,
+    started REAL,
+    finished REAL,
+    error TEXT,
+    result TEXT,
+    progress TEXT,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created);
+CREATE TABLE IF NOT EXISTS job_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL,
+    ts REAL NOT NULL,
+    event TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS job_events_job ON job_events(job_id);
+"""
+
+
+class JobStore:
+    """The ``jobs`` and ``job_events`` tables of one state DB."""
+
+    def __init__(self, db: StateDB) -> None:
+        self.db = db
+        db.ensure(JOBS_DDL)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def insert(self, spec: dict[str, Any], job_dir: str | None) -> None:
+        """Record a job this console is about to start (state ``starting``)."""
+        self.db.execute(
+            "INSERT INTO jobs (id, node, kind, label, params, state, created, launched_by, launched_from, job_dir,"
+            " updated) VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?)",
+            (spec["id"], spec["node"], spec["kind"], spec["label"], json.dumps(spec["params"]), spec["created"],
+             spec["launched_by"], spec["launched_from"], job_dir, spec["created"]),
+        )
+
+    def adopt(self, job_id: str, node: str, spec: dict[str, Any], job_dir: str, now: float) -> None:
+        """Record a job found on ``node`` that another console (or the CLI elsewhere) launched."""
+        self.db.execute(
+            "INSERT OR IGNORE INTO jobs (id, node, kind, label, params, state, created, launched_by,"
+            " launched_from, job_dir, updated) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+            (job_id, node, spec.get("kind", "?"), spec.get("label", ""), json.dumps(spec.get("params", {})),
+             float(spec.get("created", now)), spec.get("launched_by", "?"), spec.get("launched_from", "?"),
+             job_dir, time.time()),
+        )
+
+    def event(self, job_id: str, event: str, detail: str = "") -> None:
+        self.db.execute("INSERT INTO job_events (job_id, ts, event, detail) VALUES (?, ?, ?, ?)",
+                        (job_id, time.time(), event, detail))
+
+    def update(self, job_id: str, **cols: Any) -> None:
+        """Set columns of a job's row; a state change is also an event (with the error, if any)."""
+        if not cols:
+            return
+        old = self.db.query("SELECT state FROM jobs WHERE id = ?", (job_id,))
+        cols["updated"] = time.time()
+        for k in ("result", "progress"):
+            if k in cols and not isinstance(cols[k], str | None):
+                cols[k] = json.dumps(cols[k], default=str)
+        sets = ", ".join(f"{k} = ?" for k in cols)
+        self.db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*cols.values(), job_id))
+        if "state" in cols and old and old[0]["state"] != cols["state"]:
+            self.event(job_id, cols["state"], cols.get("error") or "")
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def state_of(self, job_id: str) -> str | None:
+        """The recorded state of the job with exactly this id; None when there is no such row."""
+        rows = self.db.query("SELECT state FROM jobs WHERE id = ?", (job_id,))
+        return str(rows[0]["state"]) if rows else None
+
+    def pid_of(self, job_id: str) -> int | None:
+        rows = self.db.query("SELECT pid FROM jobs WHERE id = ?", (job_id,))
+        return rows[0]["pid"] if rows else None
+
+    def nodes_of(self, job_ids: Iterable[str]) -> dict[str, list[str]]:
+        """node -> the recorded ids among ``job_ids`` that run there."""
+        ids = tuple(job_ids)
+        by_node: dict[str, list[str]] = {}
+        if ids:
+            for row in self.db.query(f"SELECT id, node FROM jobs WHERE id IN ({','.join('?' * len(ids))})", ids):
+                by_node.setdefault(row["node"], []).append(row["id"])
+        return by_node
+
+    @staticmethod
+    def _row_record(row: Any) -> JobRecord:
+        prog = json.loads(row["progress"]) if row["progress"] else None
+        return JobRecord(
+            id=row["id"], node=row["node"], kind=row["kind"], state=row["state"], created=row["created"],
+            launched_by=row["launched_by"], launched_from=row["launched_from"], label=row["label"],
+            params=json.loads(row["params"] or "{}"), job_dir=row["job_dir"], pid=row["pid"],
+            started=row["started"], finished=row["finished"], error=row["error"],
+            result=json.loads(row["result"]) if row["result"] else None,
+            progress=JobProgress(**prog) if prog else None,
+        )
+
+    def resolve_id(self, job_id: str) -> str:
+        """The full id of a job given its id or a unique prefix of it."""
+        rows = self.db.query("SELECT id FROM jobs WHERE id = ?", (job_id,))
+        if rows:
+            return str(rows[0]["id"])
+        rows = self.db.query("SELECT id FROM jobs WHERE id LIKE ? ORDER BY created DESC LIMIT 5",
+                             (job_id.replace("%", "") + "%",))
+        if len(rows) == 1:
+            return str(rows[0]["id"])
+        if not rows:
+            raise JobError(f"no job {job_id!r} (see 'loadmaster jobs')")
+        raise JobError(f"job id {job_id!r} is ambiguous: {', '.join(r['id'] for r in rows)}")
+
+    def get(self, job_id: str) -> JobRecord:
+        """The job's last known record (its id or a unique prefix)."""
+        jid = self.resolve_id(job_id)
+        return self._row_record(self.db.query("SELECT * FROM jobs WHERE id = ?", (jid,))[0])
+
+    def records(self, *, limit: int = 500) -> list[JobRecord]:
+        """Every recorded job, newest first."""
+        rows = self.db.query("SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (limit,))
+        return [self._row_record(r) for r in rows]
