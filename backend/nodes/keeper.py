@@ -57,7 +57,8 @@ from backend.errors import (
     NodeUnreachable,
 )
 from backend.nodes.settings import PERSIST_ENV, SshSettings, _persist
-from backend.nodes.transport import ExecTransport, ssh_config_paths
+from backend.nodes.ssh_config import ssh_config_files, ssh_config_paths
+from backend.nodes.transport import ExecTransport
 from backend.nodes.untrusted import OutputTooLarge
 
 log = logging.getLogger(__name__)
@@ -112,46 +113,6 @@ def keeper_key(config: Config) -> str:
         with contextlib.suppress(OSError):
             h.update(path.read_bytes())
     return h.hexdigest()
-
-
-#: OpenSSH's limit on nested Include directives.
-_INCLUDE_DEPTH = 16
-
-
-def ssh_config_files(paths: list[str]) -> list[Path]:
-    """The OpenSSH client config files ``paths`` name, with every file they ``Include`` (globs
-    relative to ~/.ssh, as ssh_config(5) says), in reading order: an edit to any of them matters."""
-    out: list[Path] = []
-    seen: set[Path] = set()
-
-    def visit(path: Path, depth: int) -> None:
-        if path in seen or depth > _INCLUDE_DEPTH:
-            return
-        seen.add(path)
-        out.append(path)
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            return
-        for line in text.splitlines():
-            words = line.strip().replace("=", " ", 1).split()
-            if len(words) < 2 or words[0].lower() != "include":
-                continue
-            for pattern in words[1:]:
-                pat = Path(os.path.expanduser(pattern))
-                if not pat.is_absolute():
-                    pat = Path(os.path.expanduser("~/.ssh")) / pat
-                try:
-                    matches = sorted(Path(pat.anchor).glob(str(pat.relative_to(pat.anchor))))
-                except (OSError, ValueError):
-                    continue  # not a pattern ssh could read either
-                for match in matches:
-                    if match.is_file():
-                        visit(match, depth + 1)
-
-    for p in paths:
-        visit(Path(p), 0)
-    return out
 
 
 def private_dir(path: Path) -> Path:

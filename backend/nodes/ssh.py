@@ -1,7 +1,9 @@
 """The SSH transport: one asyncssh connection per node, many channels over it.
 
-asyncssh applies ``~/.ssh/config`` (HostName, User, Port, IdentityFile, ProxyJump) and uses the
-ssh-agent and default key files; fields set in loadmaster's config override it. Host keys are
+asyncssh applies ``~/.ssh/config`` (HostName, User, Port, IdentityFile, ProxyJump; see
+:mod:`backend.nodes.ssh_config`) and uses the ssh-agent and default key files; fields set in
+loadmaster's config override it. Commands go through the connection's command server
+(:mod:`backend.nodes.command_server`), or one SSH channel each where it cannot start. Host keys are
 checked strictly against the node's known_hosts (see :mod:`backend.nodes.hostkeys`); nothing
 here ever turns host-key checking off. Channels per connection stay under sshd's MaxSessions
 (10) by queueing on a semaphore; handshakes across the fleet are bounded by the pool's
@@ -12,18 +14,12 @@ with :class:`NodeUnreachable`; the next call reconnects, after a backoff when co
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import getpass
-import itertools
-import json
 import logging
 import os
 import random
 import secrets
-import shlex
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +28,6 @@ from backend.nodes.libsearch import quick_library_search
 
 with quick_library_search():  # asyncssh probes for liboqs at import time
     import asyncssh
-    import asyncssh.config
 
 from backend.config import Node
 from backend.errors import (
@@ -42,18 +37,18 @@ from backend.errors import (
     NodeError,
     NodeUnreachable,
 )
+from backend.nodes.command_server import SERVER_START_TIMEOUT, CommandServer, command_server_command
 from backend.nodes.hostkeys import VerifyingClient, known_hosts_path, load_known_hosts
+from backend.nodes.ssh_config import config_value, parse_jump, ssh_config_paths
 from backend.nodes.transport import (
     DEFAULT_BACKOFF,
     DEFAULT_CHANNELS,
     DEFAULT_KEEPALIVE,
     DEFAULT_KEEPALIVE_COUNT,
     ExecTransport,
-    ssh_config_paths,
 )
 from backend.nodes.untrusted import (
-    CUT_LINE,
-    MAX_OUTPUT_BYTES,
+    REASON_LIMIT,
     OutputTooLarge,
     bounded_lines,
     clean_text,
@@ -67,61 +62,12 @@ CHANNEL_OPEN_TRIES = 6
 #: "reset"), so a storm of fresh connections retries with jittered exponential backoff.
 CONNECT_TRIES = 8
 CONNECT_RETRY_BASE = 0.1
-#: A message from sshd (disconnect reason, banner) shown to the operator: one printable line.
-REASON_LIMIT = 300
-
 #: Environment variable that marks every process a command starts (see kill_tree_command).
 RUN_ENV = "LOADMASTER_RUN"
 
 log = logging.getLogger(__name__)
 
 StateHook = Callable[[str, str, "float | None", "str | None"], None]
-
-
-def load_ssh_config(node: Node, paths: list[str]) -> asyncssh.config.SSHConfig:
-    """asyncssh's own parse of the OpenSSH client config for this node's host."""
-    try:
-        return asyncssh.config.SSHClientConfig.load(
-            None, paths, False, False, False, getpass.getuser(),
-            node.user if node.user else (), node.host, node.port if node.port else (),
-        )
-    except (OSError, asyncssh.Error, ValueError) as exc:
-        raise ConfigError(f"cannot parse OpenSSH config: {exc}", file=", ".join(paths) or None) from None
-
-
-def _config_value(paths: list[str], node: Node, option: str) -> Any:
-    if not paths:
-        return None
-    return load_ssh_config(node, paths).get(option)
-
-
-def effective_settings(node: Node, ssh_config: str | Path | None = None) -> dict[str, Any]:
-    """How loadmaster will reach ``node``: loadmaster's fields over ``~/.ssh/config``'s."""
-    if node.transport == "local":
-        return {"name": node.name, "transport": "local", "hostname": node.host, "user": getpass.getuser(),
-                "port": None, "identity": [], "proxy_jump": None, "known_hosts": None,
-                "trust_on_first_use": False, "scratch": node.scratch, "site": node.site,
-                "tags": list(node.tags), "slots": node.slots}
-    paths = ssh_config_paths(ssh_config)
-    cfg = load_ssh_config(node, paths)
-    from_config: list[str] = cfg.get("IdentityFile") or []  # type: ignore[assignment]
-    identity = list(node.identity) or [str(p) for p in from_config]
-    return {
-        "name": node.name,
-        "transport": "ssh",
-        "hostname": str(cfg.get("Hostname", node.host)),
-        "user": node.user or cfg.get("User") or getpass.getuser(),
-        "port": node.port or cfg.get("Port") or 22,
-        "identity": [os.path.expanduser(p) for p in identity],
-        "proxy_jump": node.jump or cfg.get("ProxyJump"),
-        "known_hosts": str(known_hosts_path(node)),
-        "trust_on_first_use": node.trust_on_first_use,
-        "scratch": node.scratch,
-        "site": node.site,
-        "tags": list(node.tags),
-        "slots": node.slots,
-        "ssh_config": paths[0] if paths else None,
-    }
 
 
 def kill_tree_command(token: str) -> str:
@@ -150,19 +96,6 @@ def _where(host: str, port: int | None, user: str | None) -> str:
     return f"{u}{host}:{port}" if port else f"{u}{host}"
 
 
-def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
-    """``user@host:port`` (user and port optional) -> (user, host, port)."""
-    user, _, rest = spec.rpartition("@")
-    host, port = rest, None
-    if rest.startswith("["):
-        host, _, tail = rest[1:].partition("]")
-        port = int(tail[1:]) if tail.startswith(":") else None
-    elif rest.count(":") == 1:
-        host, p = rest.split(":")
-        port = int(p)
-    return (user or None), host, port
-
-
 class SshTransport(ExecTransport):
     """A node reached over SSH with asyncssh: lazy connect, channel queueing, reconnect."""
 
@@ -181,7 +114,7 @@ class SshTransport(ExecTransport):
     ) -> None:
         super().__init__(node)
         self._use_server = command_server
-        self._server: _CommandServer | None = None
+        self._server: CommandServer | None = None
         self._server_lock = asyncio.Lock()
         self._server_failed = False
         #: Why the command server is not used on this connection (None while it is, or untried).
@@ -300,7 +233,7 @@ class SshTransport(ExecTransport):
         node = self.node
         # ProxyJump (ours or ~/.ssh/config's) is opened here, hop by hop, so every hop's host key
         # is checked by the same strict policy as the node's own.
-        jump = node.jump or _config_value(self._config_paths(), node, "ProxyJump")
+        jump = node.jump or config_value(self._config_paths(), node, "ProxyJump")
         tunnel: asyncssh.SSHClientConnection | None = None
         hops: list[asyncssh.SSHClientConnection] = []
         try:
@@ -403,7 +336,7 @@ class SshTransport(ExecTransport):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(c.wait_closed(), 2)
 
-    def _lost_error(self, command: str) -> NodeUnreachable:
+    def lost_error(self, command: str) -> NodeUnreachable:
         lost = self._client.lost if self._client else None
         reason = (_reason(lost) if lost else "") or "connection closed"
         return NodeUnreachable(self.name, f"connection lost while running {command!r}: {reason}")
@@ -419,7 +352,7 @@ class SshTransport(ExecTransport):
                 return await conn.create_process(f"export {RUN_ENV}={token}; {command}", encoding=None, **kw)
             except asyncssh.ChannelOpenError as exc:
                 if not self.connected:
-                    raise self._lost_error(command) from None
+                    raise self.lost_error(command) from None
                 if attempt + 1 == CHANNEL_OPEN_TRIES:
                     raise NodeError(self.name, f"cannot open an SSH channel: {exc.reason}") from None
                 # sshd frees a closed session only in a later pass of its main loop, so an open
@@ -427,7 +360,7 @@ class SshTransport(ExecTransport):
                 await asyncio.sleep(0.02 * 2**attempt)
             except (asyncssh.Error, OSError) as exc:
                 if not self.connected:
-                    raise self._lost_error(command) from None
+                    raise self.lost_error(command) from None
                 raise NodeError(self.name, f"cannot start {command!r}: {exc}") from None
         raise AssertionError("unreachable")
 
@@ -441,7 +374,7 @@ class SshTransport(ExecTransport):
         self._reapers.add(task)
         task.add_done_callback(self._reapers.discard)
 
-    async def _command_server(self) -> _CommandServer | None:
+    async def _command_server(self) -> CommandServer | None:
         """This connection's command server, started on first use; None where it cannot run."""
         conn = await self.connect()
         server = self._server
@@ -456,12 +389,12 @@ class SshTransport(ExecTransport):
                 return None
             # The server lives on the channel reserved for it in __init__.
             proc = await self._open_process(conn, command_server_command(self.output_limit), secrets.token_hex(8))
-            server = _CommandServer(self, conn, proc)
+            server = CommandServer(self, conn, proc)
             why = await server.wait_ready(SERVER_START_TIMEOUT)
             if why is not None:
                 server.close()
                 if not self.connected:
-                    raise self._lost_error("command server start")
+                    raise self.lost_error("command server start")
                 self._server_failed = True
                 self.command_server_unavailable = why
                 return None
@@ -509,10 +442,10 @@ class SshTransport(ExecTransport):
                 raise
             except (asyncssh.Error, OSError):
                 _stop(proc)
-                raise self._lost_error(command) from None
+                raise self.lost_error(command) from None
             code = proc.returncode
             if code is None and not self.connected:
-                raise self._lost_error(command)
+                raise self.lost_error(command)
             return code, out or b"", err or b"", time.monotonic() - start
 
     async def _collect(self, proc: asyncssh.SSHClientProcess[bytes], command: str) -> tuple[bytes, bytes]:
@@ -550,13 +483,13 @@ class SshTransport(ExecTransport):
                     async for line in bounded_lines(proc.stdout):
                         yield line.decode(errors="replace")
                 except (asyncssh.Error, OSError):
-                    raise self._lost_error(command) from None
+                    raise self.lost_error(command) from None
                 with contextlib.suppress(Exception):
                     # stdout is at EOF: the exit status follows at once unless children kept running.
                     await asyncio.wait_for(proc.wait(), 5)
                 finished = proc.returncode is not None
                 if not finished and not self.connected:
-                    raise self._lost_error(command)
+                    raise self.lost_error(command)
             finally:
                 if not finished:
                     _stop(proc)
@@ -578,238 +511,3 @@ def _stop(proc: asyncssh.SSHClientProcess[bytes]) -> None:
         proc.kill()
     with contextlib.suppress(Exception):
         proc.close()
-
-
-#: Seconds to wait for the command server's ready line (python3 start-up, once per connection).
-SERVER_START_TIMEOUT = 20.0
-
-
-def reply_limit(output_limit: int) -> int:
-    """The longest reply line the command server can send: stdout and stderr at their limit, base64."""
-    return 2 * (output_limit * 4 // 3 + 4) + 4096
-
-#: A persistent per-connection command runner (stdlib python3, 3.6+). Each command still runs in
-#: its own ``/bin/sh -c`` and process group, but without a new SSH channel and login shell: sshd
-#: starts the login shell (and its rc files, e.g. a slow ``pyenv init``/``conda init``) once per
-#: connection instead of once per command. Requests and replies are JSON lines on the channel;
-#: stdin travels inside the request, so secrets still never reach an argv.
-COMMAND_SERVER = r"""
-import base64, json, os, signal, subprocess, sys, threading
-os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # nobody reads this channel's stderr
-out = sys.stdout.buffer
-lock = threading.Lock()
-procs = {}
-killed = set()
-def send(obj):
-    data = (json.dumps(obj) + "\n").encode()
-    with lock:
-        out.write(data)
-        out.flush()
-def b64(b):
-    return base64.b64encode(b).decode()
-def kill(p):
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except OSError:
-        pass
-LIMIT = @LIMIT@
-def grab(p, f, box, i):
-    # At most LIMIT bytes of each stream: a command that floods is stopped, not buffered whole.
-    data = f.read(LIMIT + 1)
-    if len(data) > LIMIT:
-        box[2] = True
-        kill(p)
-        data = data[:LIMIT]
-    box[i] = data
-    f.close()
-def run(rid, cmd, data):
-    try:
-        p = subprocess.Popen(["/bin/sh", "-c", cmd], stdin=subprocess.DEVNULL if data is None else subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    except Exception as exc:
-        send({"id": rid, "rc": 127, "out": "", "err": b64(str(exc).encode())})
-        return
-    with lock:
-        procs[rid] = p
-        doomed = rid in killed
-    if doomed:
-        kill(p)
-    box = [b"", b"", False]
-    readers = [threading.Thread(target=grab, args=(p, f, box, i), daemon=True)
-               for i, f in enumerate((p.stdout, p.stderr))]
-    for t in readers:
-        t.start()
-    if data is not None:
-        try:
-            p.stdin.write(data)
-        except OSError:
-            pass
-        try:
-            p.stdin.close()
-        except OSError:
-            pass
-    for t in readers:
-        t.join()
-    p.wait()
-    with lock:
-        procs.pop(rid, None)
-        killed.discard(rid)
-    if box[2]:
-        send({"id": rid, "rc": p.returncode, "cut": True})
-    else:
-        send({"id": rid, "rc": p.returncode, "out": b64(box[0]), "err": b64(box[1])})
-send({"ready": 1, "pid": os.getpid()})
-for line in sys.stdin.buffer:
-    req = json.loads(line)
-    if "kill" in req:
-        with lock:
-            p = procs.get(req["kill"])
-            if p is None:
-                killed.add(req["kill"])
-        if p is not None:
-            kill(p)
-        continue
-    data = None if req.get("in") is None else base64.b64decode(req["in"])
-    threading.Thread(target=run, args=(req["id"], req["cmd"], data), daemon=True).start()
-with lock:
-    running = list(procs.values())
-for p in running:
-    kill(p)
-"""
-
-
-def command_server_command(output_limit: int = MAX_OUTPUT_BYTES) -> str:
-    """Shell text that starts the command server: the system python3 when there is one."""
-    # /usr/bin/python3 first: a pyenv/conda shim on PATH costs a shell and a lookup per start,
-    # and the server needs only the standard library (-S skips site-packages: faster start).
-    code = shlex.quote(COMMAND_SERVER.replace("@LIMIT@", str(int(output_limit))))
-    return (
-        f"if [ -x /usr/bin/python3 ]; then exec /usr/bin/python3 -S -u -c {code}; "
-        f"else exec python3 -S -u -c {code}; fi"
-    )
-
-
-class _CommandServer:
-    """Client side of :data:`COMMAND_SERVER`: many concurrent commands over one channel."""
-
-    def __init__(
-        self,
-        transport: SshTransport,
-        conn: asyncssh.SSHClientConnection,
-        proc: asyncssh.SSHClientProcess[bytes],
-    ) -> None:
-        self.transport = transport
-        self.conn = conn
-        self.proc = proc
-        self.alive = True
-        self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
-        loop = asyncio.get_running_loop()
-        self._ready: asyncio.Future[str | None] = loop.create_future()
-        self._noise: deque[bytes] = deque(maxlen=20)
-        self._reader = loop.create_task(self._read())
-
-    async def wait_ready(self, limit: float) -> str | None:
-        """None once the server runs; otherwise why it did not start."""
-        try:
-            why = await asyncio.wait_for(asyncio.shield(self._ready), limit)
-        except TimeoutError:
-            return f"command server did not start within {limit:g}s"
-        if why is not None:
-            with contextlib.suppress(Exception):
-                err = (await asyncio.wait_for(self.proc.stderr.read(65536), 2)).decode(errors="replace")
-                if err.strip():
-                    why = f"{why}: {clean_text(err.strip().splitlines()[-1], REASON_LIMIT)}"
-        return why
-
-    async def _read(self) -> None:
-        lost = False
-        # Before the ready line, only a login shell's chatter: short lines. Replies can be long.
-        lines = bounded_lines(self.proc.stdout)
-        try:
-            async for line in lines:
-                if not self._ready.done():
-                    if line.startswith(b'{"ready"'):
-                        self._ready.set_result(None)
-                        lines.max_line = reply_limit(self.transport.output_limit)
-                    elif line != CUT_LINE.encode():
-                        self._noise.append(line)  # rc-file chatter before the server starts
-                    continue
-                if line == CUT_LINE.encode():
-                    break  # a reply larger than the server ever sends: not our server talking
-                msg = json.loads(line)
-                if not isinstance(msg, dict):
-                    break
-                rid = msg.get("id")
-                entry = self._pending.pop(rid, None) if isinstance(rid, int) else None
-                if entry is not None and not entry[1].done():
-                    entry[1].set_result(msg)
-        except (asyncssh.Error, OSError):
-            lost = True
-        except (ValueError, RecursionError):
-            pass  # a garbled reply: treat as the server going away
-        finally:
-            self.alive = False
-            with contextlib.suppress(Exception):
-                self.proc.close()  # its channel is free for the next server
-            if not self._ready.done():
-                err = b"\n".join(self._noise).decode(errors="replace").strip().splitlines()
-                last = clean_text(err[-1], REASON_LIMIT) if err else ""
-                self._ready.set_result("command server did not start" + (f": {last}" if last else ""))
-            for command, fut in self._pending.values():
-                if fut.done():
-                    continue
-                if lost or not self.transport.connected:
-                    fut.set_exception(self.transport._lost_error(command))
-                else:
-                    fut.set_exception(NodeError(self.transport.name,
-                                                f"command server exited while running {command!r}"))
-            self._pending.clear()
-
-    def _send(self, obj: dict[str, Any]) -> None:
-        self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
-
-    async def run(
-        self, command: str, data: bytes | None, limit: float | None
-    ) -> tuple[int | None, bytes, bytes]:
-        if not self.alive:
-            raise self.transport._lost_error(command)
-        rid = next(self._ids)
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = (command, fut)
-        req: dict[str, Any] = {"id": rid, "cmd": command}
-        if data is not None:
-            req["in"] = base64.b64encode(data).decode()
-        try:
-            self._send(req)
-            msg = await asyncio.wait_for(asyncio.shield(fut), limit)
-        except TimeoutError:
-            self._kill(rid)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(fut, 10)  # the reply comes once the process group is dead
-            raise CommandTimeout(
-                self.transport.name, f"command {command!r} did not finish within {limit:g}s"
-            ) from None
-        except asyncio.CancelledError:
-            self._kill(rid)
-            raise
-        except (asyncssh.Error, OSError):
-            raise self.transport._lost_error(command) from None
-        finally:
-            self._pending.pop(rid, None)
-        if msg.get("cut"):
-            raise OutputTooLarge(self.transport.name, f"command {command!r} printed more than "
-                                 f"{self.transport.output_limit:,} bytes; stopped it")
-        rc = msg.get("rc")
-        return rc, base64.b64decode(msg.get("out", "")), base64.b64decode(msg.get("err", ""))
-
-    def _kill(self, rid: int) -> None:
-        with contextlib.suppress(Exception):
-            self._send({"kill": rid})
-
-    def close(self) -> None:
-        self.alive = False
-        with contextlib.suppress(Exception):
-            self.proc.stdin.write_eof()
-        with contextlib.suppress(Exception):
-            self.proc.close()

@@ -38,14 +38,6 @@ DEFAULT_KEEPALIVE_COUNT = 3
 DEFAULT_BACKOFF = (1.0, 30.0)
 
 
-def ssh_config_paths(explicit: str | Path | None = None) -> list[str]:
-    """The OpenSSH client config files that apply: ``explicit`` or ``~/.ssh/config`` if readable."""
-    if explicit is not None:
-        return [str(explicit)] if str(explicit) else []
-    default = Path(os.path.expanduser("~/.ssh/config"))
-    return [str(default)] if os.access(default, os.R_OK) else []
-
-
 @dataclass(frozen=True)
 class RunResult:
     """What one command did on one node."""

@@ -23,6 +23,9 @@ MAX_LINE_BYTES = 64 * 1024
 MAX_OUTPUT_BYTES = 256 * 1024 * 1024
 #: What a stream yields instead of a line over its limit (a node printing this only flags itself).
 CUT_LINE = "\x00lm-line-cut\x00"
+#: A message from a node shown to the operator (sshd's disconnect reason or banner, the command
+#: server's last words): one printable line of at most this many characters.
+REASON_LIMIT = 300
 #: Largest JSON document a decoder here accepts by default, and its deepest nesting.
 MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_JSON_DEPTH = 64

@@ -10,8 +10,9 @@ import pytest
 
 from backend.config import Node
 from backend.lab import Lab
-from backend.nodes.keeper import keeper_key, ssh_config_files
-from backend.nodes.ssh import SshTransport, effective_settings
+from backend.nodes.keeper import keeper_key
+from backend.nodes.ssh import SshTransport
+from backend.nodes.ssh_config import effective_settings, ssh_config_files
 
 
 async def test_fifty_fresh_connections_to_one_node_all_succeed(lab: Lab) -> None:

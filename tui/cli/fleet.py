@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from backend.doctor import NodeReport, run_doctor
-from backend.nodes.ssh import effective_settings
+from backend.nodes.ssh_config import effective_settings
 from backend.services import Services
 from backend.textfmt import align_columns
 
