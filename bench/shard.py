@@ -39,7 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.schema import parse_size  # noqa: E402
-from backend.shards.convert import ShardRequest, convert_sync  # noqa: E402
+from backend.shards.convert import convert_sync  # noqa: E402
+from backend.shards.model import ShardRequest  # noqa: E402
 from backend.shards.plan import group_samples, plan_shards, scan_local  # noqa: E402
 
 

@@ -17,7 +17,7 @@ KINDS: dict[str, str] = {
     "pull": "backend.jobs.pull:run_pull_job",
     "upload": "backend.checkpoints.upload:run_upload_job",
     "strip": "backend.checkpoints.strip:run_strip_job",
-    "shard": "backend.shards.convert:run_shard_job",
+    "shard": "backend.shards.job:run_shard_job",
 }
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.config import StoreProfile
-from backend.shards.convert import open_store
+from backend.shards.locations import open_store
 from backend.shards.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from backend.shards.plan import ShardError, pattern_regex
 from backend.storage import LocalStore, ObjectStore, S3Store

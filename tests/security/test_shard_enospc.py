@@ -10,7 +10,8 @@ import pytest
 import webdataset as wds
 
 from tui.cli import main
-from backend.shards.convert import ShardRequest, convert_sync
+from backend.shards.convert import convert_sync
+from backend.shards.model import ShardRequest
 from backend.shards.plan import ShardError
 from tests.shards.conftest import make_dataset
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tui.cli import main
-from backend.shards.convert import ShardPreview, ShardRequest, convert_sync, preview
+from backend.shards.convert import convert_sync, preview
+from backend.shards.model import ShardPreview, ShardRequest
 from backend.shards.plan import ShardError
 from tests.shards.conftest import make_dataset
 
@@ -105,7 +106,7 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_refused(
 
 def test_a_big_file_swapped_for_a_link_is_refused_too(tmp_path: Path, credentials: Path) -> None:
     """Files larger than a read buffer are streamed by another path: it checks the same way."""
-    from backend.shards.convert import CHUNK_BYTES
+    from backend.shards.sources import CHUNK_BYTES
 
     src, dest = tmp_path / "src", tmp_path / "out"
     src.mkdir()

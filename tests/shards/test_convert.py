@@ -13,8 +13,10 @@ import webdataset as wds
 
 from backend.agent.context import JobContext
 from backend.shards import tarfmt
-from backend.shards.convert import ShardProgress, ShardRequest, convert_sync, run_shard_job
+from backend.shards.convert import convert_sync
+from backend.shards.job import run_shard_job
 from backend.shards.manifest import MANIFEST_NAME, Manifest
+from backend.shards.model import ShardProgress, ShardRequest
 from backend.shards.plan import Sample, SourceFile, group_samples, plan_shards, split_key
 from tests.shards.conftest import make_dataset
 
@@ -187,7 +189,7 @@ def test_in_process_job_context_gets_progress_and_result(dataset: tuple[Path, di
 
 
 def test_cancel_keeps_completed_shards_and_resume_finishes(dataset: tuple[Path, dict], tmp_path: Path) -> None:
-    from backend.shards.convert import ShardCancelled
+    from backend.shards.model import ShardCancelled
 
     src, data = dataset
     dest = tmp_path / "out"

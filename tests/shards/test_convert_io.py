@@ -15,9 +15,11 @@ import pytest
 import webdataset as wds
 
 from backend.shards import tarfmt
-from backend.shards.convert import CHUNK_BYTES, ShardRequest, convert_sync, preview
+from backend.shards.convert import convert_sync, preview
 from backend.shards.manifest import MANIFEST_NAME, Manifest
+from backend.shards.model import ShardRequest
 from backend.shards.plan import ShardError
+from backend.shards.sources import CHUNK_BYTES
 
 MB = 10**6
 
@@ -108,16 +110,16 @@ def test_a_file_removed_after_listing_is_refused(tmp_path: Path) -> None:
 
 
 def _convert_counting_pools(src: Path, dest: Path, monkeypatch: pytest.MonkeyPatch, **kw: object) -> list[int]:
-    from backend.shards import convert
+    from backend.shards import sources
 
     started: list[int] = []
-    real = convert._LocalSource.start_pool
+    real = sources.LocalSource.start_pool
 
-    def start_pool(self: convert._LocalSource) -> None:
+    def start_pool(self: sources.LocalSource) -> None:
         started.append(self.workers)
         real(self)
 
-    monkeypatch.setattr(convert._LocalSource, "start_pool", start_pool)
+    monkeypatch.setattr(sources.LocalSource, "start_pool", start_pool)
     convert_sync(ShardRequest(str(src), str(dest), shard_size=2 * MB, **kw))  # type: ignore[arg-type]
     return started
 
@@ -126,7 +128,7 @@ def test_reader_threads_start_only_when_reads_sleep(tmp_path: Path, monkeypatch:
     import os
     import time
 
-    from backend.shards import convert
+    from backend.shards import sources
 
     src = tmp_path / "src"
     src.mkdir()
@@ -142,7 +144,7 @@ def test_reader_threads_start_only_when_reads_sleep(tmp_path: Path, monkeypatch:
         time.sleep(0.0005)
         return real_readv(fd, buffers)
 
-    monkeypatch.setattr(convert.os, "readv", slow_readv)
+    monkeypatch.setattr(sources.os, "readv", slow_readv)
     assert _convert_counting_pools(src, tmp_path / "slow", monkeypatch, workers=3) == [3]
     assert _convert_counting_pools(src, tmp_path / "none", monkeypatch, workers=0) == []
     want = {p.name: p.read_bytes() for p in (tmp_path / "cached").glob("*.tar")}
@@ -157,7 +159,7 @@ def test_a_failed_write_stops_the_conversion_and_resume_finishes(
     import errno
     import os
 
-    from backend.shards import convert
+    from backend.shards import sinks
 
     src, dest = tmp_path / "src", tmp_path / "out"
     data = odd_sized_source(src)
@@ -170,7 +172,7 @@ def test_a_failed_write_stops_the_conversion_and_resume_finishes(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_pwritev(fd, buffers, offset)
 
-    monkeypatch.setattr(convert.os, "pwritev", full_disk)
+    monkeypatch.setattr(sinks.os, "pwritev", full_disk)
     # One line naming the shard being written and what to do (ShardError: printed, no traceback).
     with pytest.raises(ShardError, match=r"cannot write .*/out/\.shard-\d+\.tar\.partial: No space left "
                                          r"on device: free space there, then rerun with --resume"):
@@ -179,7 +181,7 @@ def test_a_failed_write_stops_the_conversion_and_resume_finishes(
     # while the output thread's failure was on its way: that one fails too).
     assert 9 <= len(calls) <= 10
     assert not list(dest.glob(".*.partial")) and not (dest / MANIFEST_NAME).exists()
-    monkeypatch.setattr(convert.os, "pwritev", real_pwritev)
+    monkeypatch.setattr(sinks.os, "pwritev", real_pwritev)
     result = convert_sync(ShardRequest(str(src), str(dest), shard_size=3 * MB, workers=workers, resume=True))
     assert len(result.resumed) >= 1
     got = {}
@@ -192,14 +194,14 @@ def test_a_failed_write_stops_the_conversion_and_resume_finishes(
 def test_writes_by_either_thread_give_the_same_shards(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backlog: int,
 ) -> None:
-    from backend.shards import convert
+    from backend.shards import sinks
 
     src = tmp_path / "src"
     data = odd_sized_source(src)
     ref = tmp_path / "ref"
     convert_sync(ShardRequest(str(src), str(ref), shard_size=3 * MB))
     # 0: the output thread writes every piece; 5: it seems behind, the writer thread writes them all
-    monkeypatch.setattr(convert._Output, "backlog", lambda self: backlog)
+    monkeypatch.setattr(sinks.Output, "backlog", lambda self: backlog)
     dest = tmp_path / "out"
     result = convert_sync(ShardRequest(str(src), str(dest), shard_size=3 * MB))
     for entry in result.manifest.shards:

@@ -14,7 +14,8 @@ import pytest
 import webdataset as wds
 
 from backend.errors import LoadmasterError
-from backend.shards.convert import ShardRequest, convert, preview
+from backend.shards.convert import convert, preview
+from backend.shards.model import ShardRequest
 from backend.shards.plan import ShardError
 from backend.shards.verify import verify
 
@@ -137,8 +138,8 @@ def test_closing_the_sink_aborts_an_upload_in_flight(lab: Any, s3: Any, tmp_path
     import errno
     import os
 
-    from backend.shards.convert import _S3Sink
     from backend.shards.manifest import ShardEntry
+    from backend.shards.sinks import S3Sink
     from backend.storage import S3Store
 
     bucket = s3.new_bucket("shcancel")
@@ -160,7 +161,7 @@ def test_closing_the_sink_aborts_an_upload_in_flight(lab: Any, s3: Any, tmp_path
 
     async def main() -> None:
         store = S3Store(f"s3://{bucket}/x", prof)
-        sink = _S3Sink(store, asyncio.get_running_loop(), req)
+        sink = S3Sink(store, asyncio.get_running_loop(), req)
         await sink.open()
         # A FIFO as the spooled shard: reading its part blocks until a writer opens it, so the
         # multipart upload is certainly created and unfinished when the sink is closed.

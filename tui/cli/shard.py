@@ -12,15 +12,11 @@ from tui.cli.argtypes import size_arg
 from backend.config import StoreProfile
 from backend.errors import ConfigError, JobError
 from backend.services import Services
-from backend.shards.convert import (
-    ShardProgress,
-    ShardRequest,
-    convert,
-    launch_on_node,
-    preview,
-    resolve_location,
-)
+from backend.shards.convert import convert, preview
+from backend.shards.job import launch_on_node
+from backend.shards.locations import resolve_location
 from backend.shards.manifest import fmt_size
+from backend.shards.model import ShardProgress, ShardRequest
 from backend.shards.verify import verify
 
 USAGE = ("loadmaster shard SRC DEST [--shard-size 512MB] [--pattern shard-%06d.tar] [--node NAME] "

@@ -24,17 +24,11 @@ from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Select
 
 from backend.errors import LoadmasterError
 from backend.schema import parse_size
-from backend.shards.convert import (
-    ConvertResult,
-    ShardPreview,
-    ShardProgress,
-    ShardRequest,
-    convert,
-    launch_on_node,
-    preview,
-    resolve_location,
-)
+from backend.shards.convert import convert, preview
+from backend.shards.job import launch_on_node
+from backend.shards.locations import resolve_location
 from backend.shards.manifest import fmt_size, fmt_usd
+from backend.shards.model import ConvertResult, ShardPreview, ShardProgress, ShardRequest
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets import Summary
 from tui.widgets.confirm import ConfirmTyped

@@ -1,0 +1,99 @@
+"""A shard conversion as a durable ``shard`` job: started from the console or CLI, run on a node.
+
+:func:`launch_on_node` (console side) starts the job with the store settings as params and the
+credentials as job secrets, and writes the ``shard.launch`` audit record. On the node the agent
+runs :func:`run_shard_job` (``backend.agent.kinds``) and, after a cancel or a lost run,
+:func:`cleanup`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from backend.config import StoreProfile
+from backend.shards.convert import convert_sync
+from backend.shards.model import ShardProgress, ShardRequest
+from backend.storage import Credentials, S3Store
+
+
+async def job_secrets(*locations: tuple[str, StoreProfile | None]) -> dict[str, str]:
+    """Credentials a node needs for the first ``s3://`` location, as env vars for the job's 0600 file."""
+    for url, prof in locations:
+        if url.startswith("s3://"):
+            return (await S3Store(url, prof).credentials()).as_env()
+    return {}
+
+
+async def launch_on_node(
+    services: Any, node: str, req: ShardRequest, src_profile: StoreProfile | None,
+    dest_profile: StoreProfile | None,
+) -> Any:
+    """Start the conversion as a durable ``shard`` job on ``node`` (audited); returns its JobRecord."""
+    node_cfg = services.config.node(node)
+    req.validate()
+    if req.spool_dir is None and req.dest.startswith("s3://"):
+        # Spool shards awaiting upload on the node's scratch disk, not its (often small) /tmp.
+        req = dataclasses.replace(req, spool_dir=f"{node_cfg.scratch.rstrip('/')}/.loadmaster-shard-spool")
+    # The destination's credentials first: it is the side written.
+    secrets = await job_secrets((req.dest, dest_profile), (req.src, src_profile))
+    rec = await services.jobs.launch(node, "shard", job_params(req, src_profile, dest_profile),
+                                     secrets=secrets, label=f"shard {req.src} -> {req.dest}")
+    services.db.record_audit("shard.launch", req.dest, "started",
+                             detail={"src": req.src, "node": node, "job": rec.id,
+                                     "overwrite": req.overwrite, "resume": req.resume})
+    return rec
+
+
+
+def job_params(req: ShardRequest, src_profile: StoreProfile | None, dest_profile: StoreProfile | None) -> dict[str, Any]:
+    """Params of a ``shard`` job: the request plus the store settings (never credentials)."""
+    params = req.as_params()
+    params["src_profile"] = dataclasses.asdict(src_profile) if src_profile else None
+    params["dest_profile"] = dataclasses.asdict(dest_profile) if dest_profile else None
+    return params
+
+
+def _profile(d: dict[str, Any] | None, has_env_creds: bool) -> StoreProfile | None:
+    if not d:
+        return None
+    p = StoreProfile(**d)
+    # Credentials delivered as job secrets (env) must win over a profile the node may not have.
+    return dataclasses.replace(p, profile=None) if has_env_creds else p
+
+
+def run_shard_job(ctx: Any) -> dict[str, Any]:
+    """Job runner for kind ``shard``: convert, verify every shard landed, return the totals."""
+    # The job's secrets go to the stores directly: never into os.environ (children would inherit them).
+    creds = Credentials.from_env(ctx.secret_env())
+    has_creds = creds is not None
+    req = ShardRequest.from_params(ctx.params)
+
+    def report(p: ShardProgress) -> None:
+        ctx.progress(bytes_done=p.bytes_done, bytes_total=p.bytes_total, items_done=p.samples_done,
+                     items_total=p.samples_total, shards_done=p.shards_done, shards_total=p.shards_total,
+                     samples_per_s=round(p.samples_per_s, 1), mb_per_s=round(p.mb_per_s, 2),
+                     phase=p.phase, final=p.final)
+
+    result = convert_sync(
+        req, src_profile=_profile(ctx.params.get("src_profile"), has_creds),
+        dest_profile=_profile(ctx.params.get("dest_profile"), has_creds),
+        on_progress=report, on_log=ctx.log, cancelled=lambda: bool(ctx.cancelled), credentials=creds,
+    )
+    ctx.log(result.manifest.summary())
+    return result.as_dict()
+
+
+def cleanup(ctx: Any) -> None:
+    """After a cancel or a lost run: remove half-written local shards (completed ones stay)."""
+    dest = str(ctx.params.get("dest", ""))
+    ctx.log("completed shards are kept: continue with 'loadmaster shard SRC DEST --resume'")
+    if not dest or dest.startswith("s3://") or not os.path.isdir(dest):
+        return
+    for name in os.listdir(dest):
+        if name.startswith(".") and name.endswith(".partial"):
+            try:
+                os.unlink(os.path.join(dest, name))
+            except OSError:
+                pass
