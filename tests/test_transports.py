@@ -128,22 +128,6 @@ async def test_files_round_trip_with_mode(transport: Transport) -> None:
 
 
 # -- SSH specifics ------------------------------------------------------------------------------
-async def test_detached_job_survives_closing_the_connection(lab: Lab, tmp_path: Path) -> None:
-    node = lab.config.node("node-01")
-    t = SshTransport(node)
-    log = f"{node.scratch}/detached-{uuid.uuid4().hex[:6]}.log"
-    pid = await t.start_detached("echo started; sleep 60", log_path=log)
-    await t.close()
-    assert not t.connected
-    t2 = SshTransport(node)
-    try:
-        assert await pid_alive(t2, pid)
-        assert (await t2.read_file(log)).decode().strip() == "started"
-    finally:
-        await t2.run(f"kill {pid}; rm -f {log}")
-        await t2.close()
-
-
 async def test_changed_host_key_refused_with_both_fingerprints(lab: Lab, tmp_path: Path) -> None:
     # A known_hosts copy where node-01's line carries node-02's key: a "changed" host key.
     kh = tmp_path / "known_hosts"

@@ -54,18 +54,6 @@ class RunResult:
         return self.exit_status == 0
 
 
-def detached_command(command: str, *, cwd: str | None = None, log_path: str | None = None) -> str:
-    """Shell text that starts ``command`` in its own session, detached, and prints its pid.
-
-    The outer shell exits at once, so the job is reparented to init and survives the caller,
-    the SSH channel and the connection; no zombie is left for a pid-alive check to mistake.
-    """
-    log = shlex.quote(log_path) if log_path else "/dev/null"
-    inner = f"exec {command}" if not any(c in command for c in ";&|\n") else command
-    cd = f"cd {shlex.quote(cwd)} && " if cwd else ""
-    return f"{cd}setsid sh -c {shlex.quote(inner)} </dev/null >>{log} 2>&1 & echo $!"
-
-
 class Transport(ABC):
     """Run commands and move small files on one node."""
 
@@ -92,14 +80,6 @@ class Transport(ABC):
     @abstractmethod
     def stream(self, command: str, *, input: str | bytes | None = None) -> AsyncIterator[str]:
         """Yield ``command``'s stdout line by line; closing the iterator stops the command."""
-
-    async def start_detached(self, command: str, *, cwd: str | None = None, log_path: str | None = None) -> int:
-        """Start ``command`` in its own session so it outlives this connection; return its pid."""
-        res = await self.run(detached_command(command, cwd=cwd, log_path=log_path), check=True, timeout=30)
-        try:
-            return int(res.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise CommandFailed(self.name, command, res.exit_status, f"no pid printed: {res.stdout!r}") from None
 
     async def read_file(self, path: str) -> bytes:
         """The bytes of a file on the node (FileNotFoundError when absent)."""
