@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from backend.checkpoints.dcp import CheckpointError
-from backend.checkpoints.upload import url_join
 from backend.errors import ConfigError, LoadmasterError
 from backend.ops.base import Operation
 
@@ -22,6 +20,13 @@ if TYPE_CHECKING:
     from backend.checkpoints.upload import UploadResult, UploadSettings
     from backend.jobs.manager import JobRecord
     from backend.storage import ObjectStore
+
+
+def url_join(url: str, sub: str) -> str:
+    """``url`` + ``/sub`` (either may be empty)."""
+    from backend.checkpoints.upload import url_join
+
+    return url_join(url, sub)
 
 
 def resolve_url(services: Any, ref: str) -> str:
@@ -44,6 +49,8 @@ def open_step(services: Any, ref: str) -> tuple[ObjectStore, str]:
     url = resolve_url(services, ref)
     parent, _, leaf = url.rstrip("/").rpartition("/")
     if not leaf or parent in ("s3:/", "s3:"):
+        from backend.checkpoints.dcp import CheckpointError
+
         raise CheckpointError(f"{ref!r} does not name a step folder (expected .../run/step-N)")
     return services.stores.open(parent or "/"), leaf
 

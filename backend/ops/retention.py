@@ -6,7 +6,7 @@ made from the console and one made from the CLI for the same run are the same re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ class Unlocked:
 class Retention(Operation):
     """``retention apply|pin|unpin|milestone|unlock`` and the Retention screen's keys."""
 
-    async def apply(self, plan: RetentionPlan, *, dry_run: bool = False, in_flight: Any = None,
+    async def apply(self, plan: RetentionPlan, *, dry_run: bool = False, in_flight: Iterable[str] = (),
                     progress: Callable[[Any], None] | None = None) -> ApplyReport:
         """Re-check the plan against a fresh listing and act on what still holds (or only re-check)."""
         from backend.retention.apply import apply_plan

@@ -440,8 +440,6 @@ async def apply_plan(
     tests). ``fault(stage, action)`` is called at ``before``/``exported``/``after`` of each
     destructive action, so a test can crash an apply part-way.
     """
-    if services.readonly and not dry_run:
-        raise PolicyError("read-only mode: cannot apply a retention plan (drop --readonly)")
     owned = store is None
     st = store or services.stores.open(plan.url)
     try:

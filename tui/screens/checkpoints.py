@@ -8,7 +8,7 @@ results arrive as past-tense messages. Nothing here touches a store directly.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import humanize
@@ -22,7 +22,10 @@ from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
 
 from backend.checkpoints.catalog import fmt_age
 from backend.checkpoints.footprint import fmt_gb, footprint, upload_backlog
+from backend.checkpoints.strip import StripResult
+from backend.checkpoints.upload import UploadResult
 from backend.errors import LoadmasterError
+from backend.ops import StripRequest, UploadRequest
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmModal, ConfirmTyped
 from tui.widgets.table_cursor import cursor_row_key
@@ -359,30 +362,26 @@ class CheckpointsScreen(LoadmasterScreen):
         if not await self.app.push_screen_wait(ConfirmModal(title=f"Strip {path} to BF16?", body=body,
                                                             yes_label="Strip")):
             return
-        from backend.checkpoints.strip import launch_strip, strip_step
+        req = StripRequest(src=f"{self.url}/{path}", node=node)
 
-        async def run(store: Any) -> str:
-            if node:
-                rec = await launch_strip(self.services.jobs, node, store, path)
-                return f"strip of {path} launched on {node} as job {rec.id}"
-            res = await strip_step(store, path, progress=lambda **kw: self.post_message(
+        async def run() -> str:
+            done = await self.services.ops.checkpoints.strip(req, progress=lambda **kw: self.post_message(
                 ActionProgressed(int(kw.get("bytes_done") or 0), int(kw.get("bytes_total") or 0))))
+            if done.job is not None:
+                return f"strip of {path} launched on {node} as job {done.job.id}"
+            res = done.result
+            assert isinstance(res, StripResult)
             return (f"stripped {path}: {res.tensor_count} tensors, {_gb(res.weight_bytes)} BF16 in "
                     f"{len(res.shards)} shard(s), verified")
 
         await self._run_action("strip", path, f"Stripping {path} …", run)
 
-    async def _run_action(self, what: str, target: str, status: str, run: Any, **audit: Any) -> None:
-        """Run ``run(store)`` on the listed store, audit it and post :class:`ActionFinished` (``what`` = strip|upload)."""
+    async def _run_action(self, what: str, target: str, status: str, run: Callable[[], Awaitable[str]]) -> None:
+        """Run the operation ``run`` (it audits) and post :class:`ActionFinished` (``what`` = strip|upload)."""
         self.query_one("#ckpt-status", Static).update(status)
         try:
-            async with self.services.stores.open(self.url) as store:
-                detail = await run(store)
-            self.services.db.record_audit(f"ckpt.{what}", f"{self.url}/{target}", "ok",
-                                          detail={"detail": detail, **audit})
+            detail = await run()
         except LoadmasterError as exc:
-            self.services.db.record_audit(f"ckpt.{what}", f"{self.url}/{target}", "failed",
-                                          detail={"error": str(exc), **audit})
             self.report_error(f"{what.capitalize()} {target}", exc)
             self.post_message(ActionFinished(what, False, str(exc)))
             return
@@ -406,12 +405,9 @@ class CheckpointsScreen(LoadmasterScreen):
 
     @work(group="checkpoints-action", exit_on_error=False)
     async def _confirm_upload(self, local: str, name: str, node: str | None, body: str) -> None:
-        from backend.checkpoints.catalog import step_number
-        from backend.checkpoints.upload import check_destination, launch_upload, upload_dir
-
+        dest = f"{self.url}/{name}"
         try:
-            async with self.services.stores.open(self.url) as store:
-                present = await check_destination(store, name, overwrite=True)
+            present = await self.services.ops.checkpoints.present(dest)
         except LoadmasterError as exc:
             self.report_error(f"Upload {name}", exc)
             return
@@ -419,7 +415,7 @@ class CheckpointsScreen(LoadmasterScreen):
         if present:
             # A complete step must never be replaced by a keypress: the step's name is typed.
             overwrite = bool(await self.app.push_screen_wait(ConfirmTyped(  # type: ignore[arg-type]
-                title=f"{self.url}/{name} already holds {present} object(s)",
+                title=f"{dest} already holds {present} object(s)",
                 body=f"{body}\n\nUploading there replaces what it holds. Type the step's name to overwrite it.",
                 phrase=name, confirm_label="Overwrite")))
             if not overwrite:
@@ -428,18 +424,19 @@ class CheckpointsScreen(LoadmasterScreen):
         elif not await self.app.push_screen_wait(ConfirmModal(title=f"Upload {name}?", body=body,
                                                              yes_label="Upload")):
             return
+        req = UploadRequest(local_dir=local, dest=dest, node=node, overwrite=overwrite)
 
-        async def run(store: Any) -> str:
-            if node:
-                rec = await launch_upload(self.services.jobs, node, store, local, name, step=step_number(name),
-                                          overwrite=overwrite)
-                return f"upload of {name} launched on {node} as job {rec.id}"
-            res = await upload_dir(store, local, name, overwrite=overwrite,
-                                   progress=lambda done, total, _f, _ft: self.post_message(ActionProgressed(done, total)))
+        async def run() -> str:
+            done = await self.services.ops.checkpoints.upload(
+                req, progress=lambda done, total, _f, _ft: self.post_message(ActionProgressed(done, total)))
+            if done.job is not None:
+                return f"upload of {name} launched on {node} as job {done.job.id}"
+            res = done.result
+            assert isinstance(res, UploadResult)
             verb = "overwrote" if overwrite else "uploaded"
             return f"{verb} {name}: {len(res.objects)} objects, {_gb(res.bytes)}, {res.gbps:.2f} Gbps, verified"
 
-        await self._run_action("upload", name, f"Uploading {local} …", run, overwrite=overwrite)
+        await self._run_action("upload", name, f"Uploading {local} …", run)
 
     @on(ActionProgressed)
     def _action_progressed(self, event: ActionProgressed) -> None:

@@ -424,13 +424,14 @@ class RetentionScreen(LoadmasterScreen):
 
     @work(group="retention-pins", exit_on_error=False)
     async def _save_pin(self, step: int, reason: str | None) -> None:
-        from backend.retention.apply import PinStore
-
-        store = PinStore(self.services.db)
-        if reason is None:
-            store.unpin(self.url, step)
-        else:
-            store.pin(self.url, step, reason)
+        ops = self.services.ops.retention
+        try:
+            if reason is None:
+                ops.unpin(self.url, step)
+            else:
+                ops.pin(self.url, step, reason)
+        except LoadmasterError as exc:
+            self.report_error(f"{'Unpinning' if reason is None else 'Pinning'} step {step}", exc)
 
     def action_toggle_milestone(self) -> None:
         if not self.require_writable("change milestones"):
@@ -459,13 +460,14 @@ class RetentionScreen(LoadmasterScreen):
 
     @work(group="retention-pins", exit_on_error=False)
     async def _save_milestone(self, step: int, marked: bool) -> None:
-        from backend.retention.apply import MilestoneStore
-
-        store = MilestoneStore(self.services.db)
-        if marked:
-            store.mark(self.url, step)
-        else:
-            store.unmark(self.url, step)
+        ops = self.services.ops.retention
+        try:
+            if marked:
+                ops.mark_milestone(self.url, step)
+            else:
+                ops.unmark_milestone(self.url, step)
+        except LoadmasterError as exc:
+            self.report_error(f"{'Marking' if marked else 'Unmarking'} milestone {step}", exc)
 
     # ----------------------------------------------------------------- applying
 
@@ -510,15 +512,13 @@ class RetentionScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="retention-apply", exit_on_error=False)
     async def _apply(self, plan: RetentionPlan, *, dry_run: bool = False) -> None:
-        from backend.retention.apply import apply_plan
-
         self.applying = True
         bar = self.query_one("#retention-progress", ProgressBar)
         bar.display = True
         bar.update(total=len(plan.actions), progress=0)
         try:
-            report = await apply_plan(self.services, plan, dry_run=dry_run,
-                                      progress=lambda o: self.post_message(ActionProgressed(o)))
+            report = await self.services.ops.retention.apply(
+                plan, dry_run=dry_run, progress=lambda o: self.post_message(ActionProgressed(o)))
         except LoadmasterError as exc:
             self.report_error("Applying the retention plan", exc)
             return
