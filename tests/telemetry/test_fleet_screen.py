@@ -19,7 +19,8 @@ from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.settings import TelemetrySettings
 from backend.telemetry.synthetic import SyntheticNode, SyntheticPool, synthetic_fleet
 from tui.app import LoadmasterApp
-from tui.screens.fleet import FleetSampled, FleetScreen
+from tui.messages import FleetSampled
+from tui.screens.fleet import FleetScreen
 from tui.screens.node_detail import NodeDetailScreen
 from tui.widgets.fleet_alerts import COLUMNS as ALERT_COLUMNS
 from tui.widgets.fleet_alerts import AlertList

@@ -15,29 +15,18 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
-from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from backend.telemetry.model import FleetSnapshot
 from backend.telemetry.report import unread_nodes
+from tui.messages import FleetSampled
 from tui.screens.base import LoadmasterScreen, PaletteCommand
+from tui.screens.node_detail import NodeDetailScreen
 from tui.widgets.fleet_alerts import AlertList
 from tui.widgets.fleet_table import TREND_WIDTH, FleetTable
 from tui.widgets.table_cursor import cursor_row_key
 
 STYLE_NAMES = ("node-up", "node-down", "node-stale", "alert")
-
-
-class FleetSampled(Message):
-    """A new FleetSnapshot was published by the telemetry hub."""
-
-    def __init__(self, snapshot: FleetSnapshot) -> None:
-        self.snapshot = snapshot
-        super().__init__()
-
-    def can_replace(self, message: Message) -> bool:
-        # A newer tick supersedes an older one still queued: render only the latest.
-        return isinstance(message, FleetSampled)
 
 
 class FleetScreen(LoadmasterScreen):
@@ -176,6 +165,4 @@ class FleetScreen(LoadmasterScreen):
 
     def open_node(self, name: str) -> None:
         """Push the detail screen of node ``name``."""
-        from tui.screens.node_detail import NodeDetailScreen
-
         self.app.push_screen(NodeDetailScreen(self.services, name))

@@ -13,8 +13,8 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Static
 
 from backend.telemetry.model import FleetSnapshot, NodeSnapshot
+from tui.messages import FleetSampled
 from tui.screens.base import LoadmasterScreen
-from tui.screens.fleet import FleetSampled
 from tui.widgets.fleet_format import bar, error_cell, num, rate_pct, spark, state_cell
 from tui.widgets.fleet_plot import TimeSeriesPlot
 
