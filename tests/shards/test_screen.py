@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import secrets
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.notifications import Notify
-from textual.widgets import Button, DataTable, Input, Static
+from textual.widgets import Button, DataTable, Input, Select, Static
 from textual.widgets.data_table import ColumnKey
 
 from backend.config import default_config
@@ -115,3 +117,40 @@ async def test_read_only_console_refuses_to_start(tmp_path: Path) -> None:
         notes = [n.notification.message for n in rec.of(Notify)]
         assert any("cannot start a conversion" in m for m in notes)
         assert not screen.conversions and not (tmp_path / "o").exists()
+
+
+@pytest.mark.lab
+async def test_a_node_job_started_from_the_form_is_followed_to_its_manifest(lab: Any, s3: Any, tmp_path: Path) -> None:
+    """A node-local source cannot be previewed here but starts on the node; JobManager.wait follows it."""
+    from backend.config import load_config_file
+    from tests.helpers import write_lab_config
+
+    config = load_config_file(write_lab_config(lab, tmp_path / "loadmaster.toml", tmp_path / "state"))
+    src = lab.node("node-02").scratch / f"raw-{secrets.token_hex(3)}"
+    make_dataset(src, n=20)
+    dest = f"s3://{lab.bucket}/screen-shards-{secrets.token_hex(3)}"
+    services = Services(config=config)
+    app = LoadmasterApp(services, mode="shards")
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, ShardsScreen)
+            screen.query_one("#shards-node", Select).value = "node-02"
+            await fill(pilot, screen, src=str(src), dest=dest, **{"shard-size": "8KB"})
+            start = screen.query_one("#shards-start", Button)
+            await settle(pilot, lambda: not start.disabled)
+            assert "is read on node-02" in str(screen.query_one("#shards-errors", Static).render())
+            await pilot.click("#shards-start")
+            await wait_until(pilot, lambda: any(c.state != "running" for c in screen.conversions.values()),
+                             rounds=1800, delay=0.1)
+            (conv,) = screen.conversions.values()
+            assert conv.state == "succeeded", conv.detail
+            assert conv.job_id and conv.where == "node-02" and conv.detail == f"job {conv.job_id}"
+            assert conv.progress is not None and conv.progress.samples_done == 20
+            assert conv.progress.shards_done == conv.progress.shards_total > 1
+            manifest_text = str(screen.query_one("#shards-manifest", Static).render())
+            assert f"{conv.progress.shards_total:,} shards, 20 samples" in manifest_text
+            assert "GETs per epoch 40 ->" in manifest_text
+    finally:
+        await services.aclose()

@@ -1,135 +1,44 @@
 """Shards screen: start a WebDataset shard conversion and follow it to its manifest.
 
-Left: a form (source, destination, shard size, node, shuffle seed, incomplete-sample policy).
-Every change re-previews the conversion from the source listing alone (sample count, shard count,
-GETs per epoch before and after, warnings and refusals), so the operator sees what will happen
-before anything runs. Right: the conversions started from this console, live progress of the
-selected one, and its manifest summary when it ends. Conversions run in-process (this machine) or
-as durable ``shard`` jobs on a node; all the work is in ``backend.shards``.
+Left: the form (:class:`~tui.widgets.shard_form.ShardForm`: source, destination, shard size, node,
+shuffle seed, incomplete-sample policy). Every change re-previews the conversion from the source
+listing alone (sample count, shard count, GETs per epoch before and after, warnings and refusals),
+so the operator sees what will happen before anything runs. Right: the conversions started from
+this console (:class:`~tui.widgets.shard_runs.ShardRuns`), live progress of the selected one, and
+its manifest summary when it ends. Conversions run in-process (this machine) or as durable
+``shard`` jobs on a node, followed with ``JobManager.wait``; all the work is in ``backend.shards``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal
 from textual.message import Message
-from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Select, Static
+from textual.widgets import DataTable
 
 from backend.errors import LoadmasterError
-from backend.schema import parse_size
 from backend.shards.convert import convert, preview
 from backend.shards.job import launch_on_node
-from backend.shards.locations import resolve_location
-from backend.shards.manifest import fmt_size, fmt_usd
 from backend.shards.model import ConvertResult, ShardPreview, ShardProgress, ShardRequest
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
-from tui.widgets import Summary
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.detail import DetailModal
-from tui.widgets.transfers_format import short
+from tui.widgets.shard_form import LOCAL, ShardForm, ShardFormValues, form_request
+from tui.widgets.shard_runs import Conversion, ShardRuns, from_job_record, progress_fields
 
 if TYPE_CHECKING:
+    from backend.jobs.records import JobRecord
     from backend.services import Services
 
-LOCAL = "__local__"
-#: The conversions table's columns, the decisive ones first (key, header): on a narrow terminal
-#: the columns that scroll off are the rates, never the state.
-RUN_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("state", "State"), ("shards", "Shards"), ("route", "Source -> destination"), ("where", "Where"),
-    ("rate", "smp/s"), ("mbps", "MB/s"))
-#: Source -> destination is cut to this width (each path in the middle); the full paths are shown
-#: under the table for the selected conversion.
-ROUTE_WIDTH = 36
-#: Fixed widths: the route is cut to fit; State fits its longest word ("succeeded", "cancelled")
-#: from the start, since a cell update does not widen its column.
-COLUMN_WIDTHS = {"route": ROUTE_WIDTH, "state": 9}
+#: How often a node job's conversion is re-read (``JobManager.wait``'s poll).
 JOB_POLL_S = 2.0
-
-
-@dataclass(frozen=True)
-class ShardForm:
-    """What the operator typed, as text."""
-
-    src: str = ""
-    dest: str = ""
-    shard_size: str = "512MB"
-    node: str = LOCAL
-    seed: str = ""
-    incomplete: str = "error"
-
-
-@dataclass(frozen=True)
-class Conversion:
-    """One conversion started from this console (a snapshot the table renders)."""
-
-    key: str
-    src: str
-    dest: str
-    where: str
-    state: str = "running"  # running | succeeded | failed | cancelled
-    progress: ShardProgress | None = None
-    fraction: float | None = None
-    detail: str = ""
-    summary: str = ""
-    job_id: str | None = None
-    started: float = field(default_factory=time.time)
-
-
-def form_request(services: Services, form: ShardForm) -> tuple[ShardRequest | None, dict[str, str], Any, Any]:
-    """Validate the form: (request, errors by field, source profile, destination profile)."""
-    errors: dict[str, str] = {}
-    settings = services.config.section("shards")
-    size = seed = None
-    sprof = dprof = None
-    src = dest = ""
-    try:
-        size = parse_size(form.shard_size) if form.shard_size.strip() else settings.shard_size
-    except ValueError as exc:
-        errors["shard-size"] = str(exc)
-    if form.seed.strip():
-        try:
-            seed = int(form.seed)
-        except ValueError:
-            errors["seed"] = f"the shuffle seed must be a whole number, got {form.seed!r}"
-    for name, text in (("src", form.src), ("dest", form.dest)):
-        try:
-            url, prof = resolve_location(services.config, text)
-        except LoadmasterError as exc:
-            errors[name] = str(exc)
-            continue
-        if name == "src":
-            src, sprof = url, prof
-        else:
-            dest, dprof = url, prof
-    if errors:
-        return None, errors, sprof, dprof
-    req = ShardRequest.from_settings(settings, src, dest, shard_size=size, seed=seed,
-                                     incomplete=form.incomplete)
-    try:
-        req.validate()
-    except LoadmasterError as exc:
-        return None, {"form": str(exc)}, sprof, dprof
-    return req, {}, sprof, dprof
-
-
-def preview_lines(pv: ShardPreview) -> list[str]:
-    """The preview as the form shows it."""
-    r = pv.requests
-    lines = [
-        f"{pv.samples:,} samples ({pv.files:,} files, {fmt_size(pv.source_bytes)}) -> {pv.shards:,} shard(s)",
-        f"GETs per epoch {r.gets_before:,} -> {r.gets_after:,}  ({r.reduction:,.0f}x fewer)",
-        f"{fmt_usd(r.usd_per_epoch_before)} -> {fmt_usd(r.usd_per_epoch_after)} per epoch ({r.price_source})",
-    ]
-    lines += [f"warning: {w}" for w in pv.warnings]
-    lines += [f"refused: {e}" for e in pv.errors]
-    return lines
 
 
 class ShardsScreen(LoadmasterScreen):
@@ -170,7 +79,7 @@ class ShardsScreen(LoadmasterScreen):
     class PreviewComputed(Message):
         """The form's conversion was previewed from the source listing."""
 
-        def __init__(self, form: ShardForm, preview: ShardPreview) -> None:
+        def __init__(self, form: ShardFormValues, preview: ShardPreview) -> None:
             self.form = form
             self.preview = preview
             super().__init__()
@@ -178,7 +87,7 @@ class ShardsScreen(LoadmasterScreen):
     class PreviewFailed(Message):
         """The form could not be previewed (bad field, unreachable store, ...)."""
 
-        def __init__(self, form: ShardForm, errors: dict[str, str]) -> None:
+        def __init__(self, form: ShardFormValues, errors: dict[str, str]) -> None:
             self.form = form
             self.errors = errors
             super().__init__()
@@ -207,72 +116,32 @@ class ShardsScreen(LoadmasterScreen):
 
     def compose_body(self) -> ComposeResult:
         settings = self.services.config.section("shards")
-        nodes = [("this machine", LOCAL)] + [(n.name, n.name) for n in self.services.config.nodes]
         with Horizontal(id="shards-main", classes="screen-body"):
-            with VerticalScroll(id="shards-form"):
-                yield Static("New conversion", id="shards-form-title", markup=False)
-                for key, label, hint, value in (
-                    ("src", "Source", "directory or s3://bucket/prefix of small files", ""),
-                    ("dest", "Destination", "directory or s3://bucket/prefix for shards", ""),
-                    ("shard-size", "Shard size", "256MB - 1GB", f"{settings.shard_size / 1e6:g}MB"),
-                    ("seed", "Shuffle seed", "blank: sorted by key", ""),
-                ):
-                    with Horizontal(classes="shards-field"):
-                        yield Label(label, classes="shards-label")
-                        yield Input(value, placeholder=hint, id=f"shards-{key}", compact=True)
-                with Horizontal(classes="shards-field"):
-                    yield Label("Node", classes="shards-label")
-                    yield Select(nodes, value=LOCAL, allow_blank=False, id="shards-node", compact=True)
-                with Horizontal(classes="shards-field"):
-                    yield Label("Incomplete", classes="shards-label")
-                    yield Select([("refuse (report them)", "error"), ("leave them out", "skip"),
-                                  ("shard as they are", "keep")], value="error", allow_blank=False,
-                                 id="shards-incomplete", compact=True)
-                yield Static("", id="shards-errors", markup=False)
-                yield Static("Type a source and a destination to preview.", id="shards-preview", markup=False)
-                with Horizontal(id="shards-buttons"):
-                    yield Button("Start conversion", id="shards-start", variant="primary", disabled=True)
-            with Vertical(id="shards-runs"):
-                yield Static("Conversions", id="shards-runs-title", markup=False)
-                yield DataTable(id="shards-table", cursor_type="row", zebra_stripes=True)
-                yield ProgressBar(id="shards-progress", total=1.0, show_eta=False)
-                yield Summary(id="shards-run-summary")
-                yield Static("", id="shards-manifest", markup=False)
+            yield ShardForm(shard_size=settings.shard_size, nodes=[n.name for n in self.services.config.nodes],
+                            id="shards-form")
+            yield ShardRuns(id="shards-runs")
 
-    def on_mount(self) -> None:
-        table = self.query_one("#shards-table", DataTable)
-        for key, label in RUN_COLUMNS:
-            table.add_column(label, key=key, width=COLUMN_WIDTHS.get(key))
+    def form(self) -> ShardFormValues:
+        """The form's current values."""
+        return self.query_one(ShardForm).values()
 
     # ------------------------------------------------------------------ form and preview
 
-    def form(self) -> ShardForm:
-        """The form's current values."""
-        def text(key: str) -> str:
-            return self.query_one(f"#shards-{key}", Input).value
-
-        return ShardForm(
-            src=text("src"), dest=text("dest"), shard_size=text("shard-size"), seed=text("seed"),
-            node=str(self.query_one("#shards-node", Select).value),
-            incomplete=str(self.query_one("#shards-incomplete", Select).value),
-        )
-
-    @on(Input.Changed, "#shards-form Input")
-    @on(Select.Changed, "#shards-form Select")
-    def _form_changed(self, event: Message) -> None:
+    @on(ShardForm.Changed)
+    def _form_changed(self, event: ShardForm.Changed) -> None:
         event.stop()
         self.action_preview()
 
     def action_preview(self) -> None:
         """Re-preview the form (debounced by the exclusive worker)."""
         form = self.form()
-        self.query_one("#shards-start", Button).disabled = True
+        self.query_one(ShardForm).set_startable(False)
         if not form.src.strip() or not form.dest.strip():
             return
         self._preview_form(form)
 
     @work(exclusive=True, group="shards-preview", exit_on_error=False)
-    async def _preview_form(self, form: ShardForm) -> None:
+    async def _preview_form(self, form: ShardFormValues) -> None:
         req, errors, sprof, dprof = form_request(self.services, form)
         if req is None:
             self.post_message(self.PreviewFailed(form, errors))
@@ -293,33 +162,22 @@ class ShardsScreen(LoadmasterScreen):
         if event.form != self.form():
             return  # typed on since: a newer preview is coming
         self.preview = event.preview
-        self._show_errors({})
-        box = self.query_one("#shards-preview", Static)
-        box.update("\n".join(preview_lines(event.preview)))
-        box.set_class(not event.preview.ok, "-refused")
-        box.set_class(bool(event.preview.warnings), "-warned")
-        self.query_one("#shards-start", Button).disabled = not event.preview.ok
+        self.query_one(ShardForm).show_preview(event.preview)
 
     @on(PreviewFailed)
     def _preview_failed(self, event: PreviewFailed) -> None:
         if event.form != self.form():
             return
         self.preview = None
-        self._show_errors(event.errors)
+        form = self.query_one(ShardForm)
+        form.show_errors(event.errors)
         # A node-local source cannot be previewed here, but may still be started on the node.
-        self.query_one("#shards-start", Button).disabled = set(event.errors) != {"preview"} or event.form.node == LOCAL
-
-    def _show_errors(self, errors: dict[str, str]) -> None:
-        for key in ("src", "dest", "shard-size", "seed"):
-            self.query_one(f"#shards-{key}", Input).set_class(key in errors, "-invalid")
-        box = self.query_one("#shards-errors", Static)
-        box.update("\n".join(errors.values()))
-        box.set_class(bool(errors), "-active")
+        form.set_startable(set(event.errors) == {"preview"} and event.form.node != LOCAL)
 
     # ------------------------------------------------------------------ starting
 
-    @on(Button.Pressed, "#shards-start")
-    def _start_pressed(self, event: Button.Pressed) -> None:
+    @on(ShardForm.StartPressed)
+    def _start_pressed(self, event: ShardForm.StartPressed) -> None:
         event.stop()
         self.action_start()
 
@@ -330,13 +188,13 @@ class ShardsScreen(LoadmasterScreen):
         form = self.form()
         req, errors, sprof, dprof = form_request(self.services, form)
         if req is None:
-            self._show_errors(errors)
+            self.query_one(ShardForm).show_errors(errors)
             return
         self._seq += 1
         key = f"c{self._seq}"
         where = "this machine" if form.node == LOCAL else form.node
         self._apply(Conversion(key, req.src, req.dest, where, detail="starting"))
-        self.query_one("#shards-start", Button).disabled = True
+        self.query_one(ShardForm).set_startable(False)
         self.main_table().focus()  # follow it: enter shows it in full, c cancels it
         # One worker group per conversion: several may run at once, and none cancels another.
         if form.node == LOCAL:
@@ -385,40 +243,27 @@ class ShardsScreen(LoadmasterScreen):
         except LoadmasterError as exc:
             self.post_message(self.ConversionUpdated(replace(base, state="failed", detail=str(exc))))
             return
-        conv = replace(base, job_id=rec.id, detail=f"job {rec.id}")
+        job_id = rec.id
+        conv = replace(base, job_id=job_id, detail=f"job {job_id}")
         self.post_message(self.ConversionUpdated(conv))
-        while True:
-            try:
-                rec = await self.services.jobs.refresh_job(rec.id)
-            except LoadmasterError as exc:
-                conv = replace(conv, detail=f"job {rec.id}: {exc}")
-                self.post_message(self.ConversionUpdated(conv))
-                await _sleep(JOB_POLL_S)
-                continue
-            prog = rec.progress
-            if prog is not None:
-                ex = prog.extra
-                conv = replace(conv, fraction=prog.fraction, progress=ShardProgress(
-                    prog.items_done, prog.items_total or 0, prog.bytes_done, prog.bytes_total or 0,
-                    int(ex.get("shards_done", 0)), int(ex.get("shards_total", 0)), 0.0,
-                    float(ex.get("samples_per_s", 0.0)), float(ex.get("mb_per_s", 0.0))))
-            if rec.terminal:
-                res = rec.result or {}
-                summary = ""
-                if rec.state == "succeeded" and res:
-                    r = res.get("requests", {})
-                    summary = (f"{res.get('shards', 0):,} shards, {res.get('samples', 0):,} samples, "
-                               f"{fmt_size(res.get('bytes', 0))}\nGETs per epoch {r.get('gets_before', 0):,} -> "
-                               f"{r.get('gets_after', 0):,} ({r.get('reduction', 0):,.0f}x fewer)")
-                self.post_message(self.ConversionUpdated(replace(
-                    conv, state=rec.state, detail=rec.error or f"job {rec.id}", summary=summary)))
-                return
+
+        def on_update(rec: JobRecord) -> None:
+            nonlocal conv
+            conv = from_job_record(conv, rec)
             self.post_message(self.ConversionUpdated(conv))
-            await _sleep(JOB_POLL_S)
+
+        while True:  # an error reading the job is shown, and following it goes on
+            try:
+                await self.services.jobs.wait(job_id, poll=JOB_POLL_S, on_update=on_update)
+                return
+            except LoadmasterError as exc:
+                conv = replace(conv, detail=f"job {job_id}: {exc}")
+                self.post_message(self.ConversionUpdated(conv))
+                await asyncio.sleep(JOB_POLL_S)
 
     def action_new_conversion(self) -> None:
         """Go to the form's Source field."""
-        self.query_one("#shards-src", Input).focus()
+        self.query_one(ShardForm).focus_source()
 
     def action_cancel(self) -> None:
         """Cancel the selected conversion: in-process at its next sample, a node job after a typed
@@ -467,10 +312,7 @@ class ShardsScreen(LoadmasterScreen):
         if conv.job_id:
             fields.append(("job", f"{conv.job_id} (loadmaster job show {conv.job_id})"))
         if p is not None:
-            fields += [("samples", f"{p.samples_done:,}/{p.samples_total:,}"),
-                       ("shards", f"{p.shards_done}/{p.shards_total}"),
-                       ("bytes", f"{fmt_size(p.bytes_done)}/{fmt_size(p.bytes_total)}"),
-                       ("rate", f"{p.samples_per_s:,.0f} samples/s, {p.mb_per_s:,.1f} MB/s")]
+            fields += [*progress_fields(p), ("rate", f"{p.samples_per_s:,.0f} samples/s, {p.mb_per_s:,.1f} MB/s")]
         if conv.detail:
             fields.append(("detail", conv.detail))
         if conv.summary:
@@ -485,18 +327,13 @@ class ShardsScreen(LoadmasterScreen):
             self.action_conversion_detail()
 
     def main_table(self) -> DataTable[Any]:
-        return self.query_one("#shards-table", DataTable)
+        return self.query_one(ShardRuns).table
 
     def _visible(self, conv: Conversion) -> bool:
         return self.filter_matches(conv.state, conv.src, conv.dest, conv.where, conv.job_id or "")
 
     def apply_filter(self) -> None:
-        table = self.main_table()
-        with self.app.batch_update():
-            table.clear()
-            for conv in self.conversions.values():
-                if self._visible(conv):
-                    table.add_row(*self._cells(conv), key=conv.key)
+        self.query_one(ShardRuns).show_rows(c for c in self.conversions.values() if self._visible(c))
 
     # ------------------------------------------------------------------ conversions list
 
@@ -511,29 +348,9 @@ class ShardsScreen(LoadmasterScreen):
         self.conversions[conv.key] = conv
         if self.selected is None or conv.state == "running" and old is None:
             self.selected = conv.key
-        table = self.query_one("#shards-table", DataTable)
-        shown = conv.key in table.rows
-        if not self._visible(conv):
-            if shown:
-                table.remove_row(conv.key)
-        elif not shown:
-            table.add_row(*self._cells(conv), key=conv.key)
-        else:
-            for (key, _), cell in zip(RUN_COLUMNS, self._cells(conv), strict=True):
-                table.update_cell(conv.key, key, cell)
+        self.query_one(ShardRuns).show_row(conv, visible=self._visible(conv))
         if conv.key == self.selected:
             self._show_selected()
-
-    @staticmethod
-    def _cells(conv: Conversion) -> list[str]:
-        p = conv.progress
-        half = (ROUTE_WIDTH - 4) // 2  # both paths keep their ends; the full ones are under the table
-        cells = {
-            "state": conv.state, "shards": f"{p.shards_done}/{p.shards_total}" if p else "",
-            "route": f"{short(conv.src, half)} -> {short(conv.dest, half)}", "where": conv.where,
-            "rate": f"{p.samples_per_s:,.0f}" if p else "", "mbps": f"{p.mb_per_s:,.1f}" if p else "",
-        }
-        return [cells[k] for k, _ in RUN_COLUMNS]
 
     @on(DataTable.RowHighlighted, "#shards-table")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -544,25 +361,5 @@ class ShardsScreen(LoadmasterScreen):
 
     def _show_selected(self) -> None:
         conv = self.conversions.get(self.selected or "")
-        if conv is None:
-            return
-        bar = self.query_one("#shards-progress", ProgressBar)
-        bar.update(total=1.0, progress=conv.fraction or (1.0 if conv.state == "succeeded" else 0.0))
-        p = conv.progress
-        items: list[tuple[str, object]] = [("state", conv.state)]
-        if p is not None:
-            items += [("samples", f"{p.samples_done:,}/{p.samples_total:,}"),
-                      ("shards", f"{p.shards_done}/{p.shards_total}"),
-                      ("bytes", f"{fmt_size(p.bytes_done)}/{fmt_size(p.bytes_total)}"),
-                      ("samples/s", f"{p.samples_per_s:,.0f}"), ("MB/s", f"{p.mb_per_s:,.1f}")]
-        self.query_one("#shards-run-summary", Summary).set_items(items)
-        box = self.query_one("#shards-manifest", Static)
-        box.update("\n".join(x for x in (f"{conv.src} -> {conv.dest}", conv.detail, conv.summary) if x))
-        box.set_class(conv.state == "failed", "-failed")
-        box.set_class(conv.state == "succeeded", "-succeeded")
-
-
-async def _sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)
+        if conv is not None:
+            self.query_one(ShardRuns).show_selected(conv)
