@@ -1,16 +1,14 @@
 """The egress ledger (SQLite, in the state DB) and the guard every pull passes before bytes move.
 
-API for the code that launches transfers (pulls, jobs reading a store into a node)::
+The guard's steps, as the operation layer runs them (``backend.ops.pull``; front ends call the
+operation, never these; ``services.egress`` is the one guard)::
 
-    from backend.ledger import EgressGuard
-
-    guard = EgressGuard(services.config, services.db)
+    guard = services.egress
     quote = guard.quote_transfer(store, node.site, listed_bytes, objects=listed_objects)
     decision = guard.check(quote, allow_over_budget_reason=args.allow_over_budget)
     # show the quote with the verdict: backend.policy.egress.decision_lines(decision)
     if decision.action == "block":       raise PolicyError(decision.message)  # do not start
-    if decision.action == "confirm":     ask the operator (TUI dialog); on yes with a reason:
-                                         guard.record_override(decision, reason)
+    if decision.action == "confirm":     refuse unless the operator gave a reason
     if decision.override_reason:         guard.record_override(decision, decision.override_reason)
     ... transfer runs ...
     guard.record_transfer(store, node.site, bytes_moved, job_id=job.id)   # when it finished
@@ -25,8 +23,8 @@ API for the code that launches transfers (pulls, jobs reading a store into a nod
 * ``dest_site`` None (a node without ``site``) is priced as internet egress and the quote says so;
   a store without provider/region, or of an unpriced provider, gives ``priced=False`` with a note
   (``[egress] unpriced_action`` decides), a local directory store gives route kind ``local``.
-* In the console, ``tui.screens.egress.EgressOverrideModal(decision)`` is the confirm dialog: it
-  dismisses with the operator's reason (then call ``record_override``) or None.
+* Front ends do not call these steps themselves: ``backend.ops`` does (``ops.pulls.start``,
+  ``ops.egress.quote``), in one order, with the audit record.
 
 :class:`EgressLedger` reads the month back per route (``loadmaster egress report``).
 """

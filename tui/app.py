@@ -206,9 +206,6 @@ class LoadmasterApp(App[int]):
                 self.report_error(f"{spec.title} screen failed to open", exc)
                 return UnavailableScreen(self.services, title=spec.title, reason=_one_line(exc))
         err = self._screen_import_errors[spec.mode]
-        if isinstance(err, ModuleNotFoundError) and err.name == spec.module:
-            return UnavailableScreen(self.services, title=spec.title,
-                                     reason="this feature is not installed yet")
         self.report_error(f"{spec.title} screen failed to load", err)
         return UnavailableScreen(self.services, title=spec.title, reason=_one_line(err))
 

@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from textual.app import App
 from textual.widgets import DataTable, Input, Select, Static
 
 from backend.config import parse_config
@@ -14,7 +13,7 @@ from backend.ledger import EgressGuard
 from backend.services import Services
 from tests.helpers import Recorder, wait_until
 from tui.app import LoadmasterApp
-from tui.screens.egress import EgressOverrideModal, EgressScreen
+from tui.screens.egress import EgressScreen
 from tui.widgets import Gauge
 
 SIZE = (160, 50)
@@ -102,24 +101,3 @@ async def test_month_to_date_routes_and_budget_gauge(services: Services) -> None
         assert gauge.has_class("-warn")  # 89% of the budget, warn_at 0.8
 
 
-async def test_override_dialog_needs_a_reason(services: Services) -> None:
-    guard = EgressGuard(services.config, services.db)
-    decision = guard.check(guard.quote_transfer(services.config.store("datasets"), "coreweave:us-east-04", 20 * TB))
-    assert decision.action == "confirm"
-    answers: list[str | None] = []
-
-    class Host(App[None]):
-        def on_mount(self) -> None:
-            self.push_screen(EgressOverrideModal(decision), answers.append)
-
-    app = Host()
-    async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        await pilot.press("enter")  # no reason yet: nothing happens
-        await pilot.pause()
-        assert answers == []
-        await pilot.press(*"deadline")
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: answers == ["deadline"])
-    guard.record_override(decision, answers[0] or "")
-    assert guard.db.audit_entries(action="egress.override")[0].reason == "deadline"

@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.app import ComposeResult
+from textual.widgets import Static
 
 from backend.config import default_config
 from backend.services import Services
 from tui.app import LoadmasterApp
-from tui.screens.base import PlaceholderScreen
+from tui.screens.base import LoadmasterScreen
 from tui.screens.errors import ErrorRecord, ErrorsScreen
 from tui.widgets import ConfirmTyped
 
@@ -24,11 +26,13 @@ ERRORS = [
 ]
 
 
-class Backdrop(PlaceholderScreen):
+class Backdrop(LoadmasterScreen):
     """A fixed screen under the dialog, so feature screens' changes don't move this snapshot."""
 
     SCREEN_TITLE = "Retention"
-    COMING = "the retention plan."
+
+    def compose_body(self) -> ComposeResult:
+        yield Static("Retention\n\nComing: the retention plan.", classes="placeholder screen-body", markup=False)
 
 
 @pytest.fixture

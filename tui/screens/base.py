@@ -262,20 +262,6 @@ class LoadmasterScreen(Screen[None]):
             self.notify(f"{title}: {error}", severity="error", markup=False)
 
 
-class PlaceholderScreen(LoadmasterScreen):
-    """A screen whose feature has not landed yet: says what is coming."""
-
-    COMING: ClassVar[str] = ""
-    """What this screen will show, in a sentence or two."""
-
-    def compose_body(self) -> ComposeResult:
-        yield Static(
-            f"{self.SCREEN_TITLE}\n\nComing: {self.COMING}",
-            classes="placeholder screen-body",
-            markup=False,
-        )
-
-
 class UnavailableScreen(LoadmasterScreen):
     """Stands in for a screen that could not be loaded, so the rest of the console still works."""
 

@@ -7,8 +7,8 @@ the quote and its alternatives (read from R2, replicate once to R2, shards) upda
 The brief's scenario (40 TB x 5 runs, aws:us-east-1 -> coreweave:us-east-04, 16 nodes) is
 preloaded. Pricing is pure (``backend.policy``); the ledger is read in a worker.
 
-:class:`EgressOverrideModal` is the confirm dialog for an over-budget transfer under
-``[egress] action = "confirm"``: it shows the guard's decision and asks for a reason.
+An over-budget transfer under ``[egress] action = "confirm"`` starts only with a reason: the
+pull form's reason field (Transfers), which ``ops.pulls.start`` records as the override.
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Input, Label, Select, Static
+from textual.widgets import DataTable, Input, Label, Select, Static
 
 from backend.ledger import EgressGuard, EgressReport
 from backend.policy.egress import (
     EgressEstimate,
-    GuardDecision,
     estimate,
     estimate_lines,
     fmt_bytes,
@@ -358,60 +356,3 @@ class EgressScreen(LoadmasterScreen):
                   ("spent", fmt_usd(r.usd)),
                   ("projected", f"{fmt_usd(r.projected_usd)} / {fmt_bytes(r.projected_bytes)} by month end")]
         self.app.push_screen(DetailModal(name, fields, hint="escape back"))
-
-
-class EgressOverrideModal(ModalScreen[str | None]):
-    """Confirm an over-budget transfer: shows the guard's decision, asks for a reason.
-
-    Dismisses with the reason (the caller then calls ``EgressGuard.record_override``), or None on
-    cancel / escape. The proceed button stays disabled until a reason is typed.
-    """
-
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", show=True)]
-    """
-    | Key(s) | Description |
-    | :- | :- |
-    | escape | Do not start the transfer. |
-    | enter | In the reason input: proceed, once a reason is typed. |
-    """
-
-    def __init__(self, decision: GuardDecision, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.decision = decision
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
-            yield Label("Transfer over its egress budget", classes="dialog--title", markup=False)
-            yield Static(self.decision.message, classes="dialog--body", markup=False)
-            yield Label("Reason (recorded in the audit log):", classes="dialog--prompt", markup=False)
-            yield Input(placeholder="why this transfer must run now", id="reason")
-            with Horizontal(classes="dialog--buttons"):
-                yield Button("Proceed over budget", id="proceed", variant="warning", disabled=True)
-                yield Button("Cancel", id="cancel")
-
-    def on_mount(self) -> None:
-        self.query_one("#reason", Input).focus()
-
-    @property
-    def reason(self) -> str:
-        return self.query_one("#reason", Input).value.strip()
-
-    @on(Input.Changed, "#reason")
-    def _typed(self, event: Input.Changed) -> None:
-        event.stop()
-        self.query_one("#proceed", Button).disabled = not self.reason
-
-    @on(Input.Submitted, "#reason")
-    @on(Button.Pressed, "#proceed")
-    def _proceed(self, event: Message) -> None:
-        event.stop()
-        if self.reason:
-            self.dismiss(self.reason)
-
-    @on(Button.Pressed, "#cancel")
-    def _cancel_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        self.dismiss(None)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
