@@ -8,16 +8,14 @@ import sys
 import time
 from typing import Any
 
-from tui.cli.argtypes import size_arg
 from backend.config import StoreProfile
-from backend.errors import ConfigError, JobError
+from backend.errors import ConfigError
 from backend.services import Services
-from backend.shards.convert import convert, preview
-from backend.shards.job import launch_on_node
 from backend.shards.locations import resolve_location
 from backend.shards.manifest import fmt_size
 from backend.shards.model import ShardProgress, ShardRequest
 from backend.shards.verify import verify
+from tui.cli.argtypes import size_arg
 
 USAGE = ("loadmaster shard SRC DEST [--shard-size 512MB] [--pattern shard-%06d.tar] [--node NAME] "
          "[--shuffle SEED] [--workers N] [--overwrite | --resume] [--incomplete error|skip|keep] "
@@ -80,16 +78,14 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
         return await cmd_verify(args, services)
     if len(args.paths) != 2:
         raise ConfigError(f"expected SRC and DEST (or 'verify DEST'); usage: {USAGE}")
-    (src, sprof), (dest, dprof) = (_location(services, a) for a in args.paths)
+    (src, _), (dest, _) = (_location(services, a) for a in args.paths)
     req = _request(args, services, src, dest)
     out = sys.stderr if args.json else sys.stdout
+    shards = services.ops.shards
     if args.node:
-        services.config.node(args.node)
         if args.dry_run:
             raise ConfigError("--dry-run previews on this machine; drop --node to preview")
-        if services.readonly:
-            raise JobError("read-only mode: cannot start a conversion")
-        rec = await launch_on_node(services, args.node, req, sprof, dprof)
+        rec = await shards.start_on_node(args.node, req)
         if args.json:
             print(json.dumps({"job": rec.id, "node": args.node, "src": src, "dest": dest}))
         else:
@@ -97,7 +93,7 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
                   f"  follow it with: loadmaster job logs {rec.id} --follow\n"
                   f"  its state:      loadmaster job show {rec.id}")
         return 0
-    pv = await preview(req, config=services.config, src_profile=sprof, dest_profile=dprof)
+    pv = await shards.preview(req)
     print(f"{src} -> {dest}: {pv.files:,} files, {pv.samples:,} samples, "
           f"{fmt_size(pv.source_bytes)} -> {pv.shards:,} shard(s)", file=out)
     print(f"  {pv.requests.summary()}", file=out)
@@ -109,17 +105,8 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
         if args.json:
             print(json.dumps(pv.as_dict(), indent=1))
         return 0 if pv.ok else 2
-    if not pv.ok:
-        raise JobError(f"cannot shard {src}: " + "; ".join(pv.errors))
-    if services.readonly:
-        raise JobError("read-only mode: cannot start a conversion (use --dry-run to preview)")
-    if req.overwrite:
-        services.db.record_audit("shard.overwrite", dest, "started", detail={"src": src})
-    result = await convert(req, config=services.config, src_profile=sprof, dest_profile=dprof,
-                           on_progress=_progress_printer(sys.stderr.isatty() and not args.json),
-                           on_log=lambda m: None, prepared=pv)
-    if req.overwrite:
-        services.db.record_audit("shard.overwrite", dest, "done", detail=result.as_dict())
+    result = await shards.convert_here(req, shown=pv,
+                                       on_progress=_progress_printer(sys.stderr.isatty() and not args.json))
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
     else:

@@ -24,8 +24,6 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from backend.errors import LoadmasterError
-from backend.shards.convert import convert, preview
-from backend.shards.job import launch_on_node
 from backend.shards.model import ConvertResult, ShardPreview, ShardProgress, ShardRequest
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
@@ -142,7 +140,7 @@ class ShardsScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="shards-preview", exit_on_error=False)
     async def _preview_form(self, form: ShardFormValues) -> None:
-        req, errors, sprof, dprof = form_request(self.services, form)
+        req, errors, _, _ = form_request(self.services, form)
         if req is None:
             self.post_message(self.PreviewFailed(form, errors))
             return
@@ -151,7 +149,7 @@ class ShardsScreen(LoadmasterScreen):
                 f"{req.src} is read on {form.node}; the preview lists sources on this machine or in s3://")}))
             return
         try:
-            pv = await preview(req, config=self.services.config, src_profile=sprof, dest_profile=dprof)
+            pv = await self.services.ops.shards.preview(req)
         except LoadmasterError as exc:
             self.post_message(self.PreviewFailed(form, {"preview": str(exc)}))
             return
@@ -186,7 +184,7 @@ class ShardsScreen(LoadmasterScreen):
         if not self.require_writable("start a conversion"):
             return
         form = self.form()
-        req, errors, sprof, dprof = form_request(self.services, form)
+        req, errors, _, _ = form_request(self.services, form)
         if req is None:
             self.query_one(ShardForm).show_errors(errors)
             return
@@ -200,10 +198,10 @@ class ShardsScreen(LoadmasterScreen):
         if form.node == LOCAL:
             cancel = threading.Event()
             self._cancel_events[key] = cancel
-            self.run_worker(self._run_local(key, req, sprof, dprof, cancel), group=f"shards-run-{key}",
+            self.run_worker(self._run_local(key, req, cancel), group=f"shards-run-{key}",
                             exclusive=True, exit_on_error=False)
         else:
-            self.run_worker(self._run_on_node(key, form.node, req, sprof, dprof), group=f"shards-run-{key}",
+            self.run_worker(self._run_on_node(key, form.node, req), group=f"shards-run-{key}",
                             exclusive=True, exit_on_error=False)
 
     def on_unmount(self) -> None:
@@ -211,7 +209,7 @@ class ShardsScreen(LoadmasterScreen):
         for event in self._cancel_events.values():
             event.set()
 
-    async def _run_local(self, key: str, req: ShardRequest, sprof: Any, dprof: Any, cancel: threading.Event) -> None:
+    async def _run_local(self, key: str, req: ShardRequest, cancel: threading.Event) -> None:
         base = self.conversions[key]
         last: list[ShardProgress] = []
 
@@ -221,9 +219,8 @@ class ShardsScreen(LoadmasterScreen):
             self.post_message(self.ConversionUpdated(replace(base, progress=p, fraction=frac, detail="")))
 
         try:
-            result: ConvertResult = await convert(req, config=self.services.config, src_profile=sprof,
-                                                  dest_profile=dprof, on_progress=on_progress,
-                                                  cancelled=cancel.is_set, prepared=self.preview)
+            result: ConvertResult = await self.services.ops.shards.convert_here(
+                req, shown=self.preview, on_progress=on_progress, cancelled=cancel.is_set)
         except LoadmasterError as exc:
             state = "cancelled" if cancel.is_set() else "failed"
             # Built from the last progress seen, not from what the screen has applied so far:
@@ -236,10 +233,10 @@ class ShardsScreen(LoadmasterScreen):
             detail=f"{len(result.written)} written, {len(result.resumed)} resumed in {result.elapsed:.1f}s",
             summary=result.manifest.summary())))
 
-    async def _run_on_node(self, key: str, node: str, req: ShardRequest, sprof: Any, dprof: Any) -> None:
+    async def _run_on_node(self, key: str, node: str, req: ShardRequest) -> None:
         base = self.conversions[key]
         try:
-            rec = await launch_on_node(self.services, node, req, sprof, dprof)
+            rec = await self.services.ops.shards.start_on_node(node, req)
         except LoadmasterError as exc:
             self.post_message(self.ConversionUpdated(replace(base, state="failed", detail=str(exc))))
             return
@@ -298,7 +295,7 @@ class ShardsScreen(LoadmasterScreen):
 
     @work(group="shards-cancel", exit_on_error=False)
     async def _cancel_job(self, job_id: str) -> None:
-        rec = await self.services.jobs.cancel(job_id, reason="cancelled from the console")
+        rec = await self.services.ops.jobs.cancel(job_id, reason="cancelled from the console")
         self.notify(f"job {rec.id}: {rec.state}", markup=False)
 
     def action_conversion_detail(self) -> None:
