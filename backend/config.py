@@ -70,7 +70,9 @@ class Defaults:
     known_hosts: str | None = None
     trust_on_first_use: bool = False
     connect_timeout: float = 10.0
-    agent: str = "loadmaster"
+    #: What runs loadmaster's agent on a node (a python, run -I, or a loadmaster executable);
+    #: unset: the node's own agent venv, see backend.nodes.agent.
+    agent: str | None = None
     tags: list[str] = field(default_factory=list)
 
 
@@ -113,7 +115,8 @@ class Node:
     known_hosts: str | None = None
     trust_on_first_use: bool = False
     connect_timeout: float = 10.0
-    agent: str = "loadmaster"
+    #: The ``agent`` setting: None for the default (the node's agent venv, see backend.nodes.agent).
+    agent: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view (used by ``loadmaster nodes --json``)."""

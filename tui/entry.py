@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import sys
 
+
 def _agent_fast_path(argv: list[str]) -> int | None:
-    """``loadmaster agent run|cleanup JOBDIR`` on a node: skip the CLI, config and console imports.
+    """``loadmaster agent run|cleanup JOBDIR`` (or ``agent info``) on a node: skip the CLI, config
+    and console imports, as ``python -I -m backend.agent`` does.
 
     Every job start pays this process's start-up, so the node side imports only the runner.
     """
-    if len(argv) != 3 or argv[0] != "agent" or argv[1] not in ("run", "cleanup"):
+    if argv[:1] != ["agent"]:
         return None
-    from pathlib import Path
+    from backend.agent.__main__ import agent_main
 
-    from backend.agent.runner import cleanup_job, run_job
-    from backend.errors import LoadmasterError
-
-    try:
-        if argv[1] == "run":
-            return run_job(Path(argv[2]))
-        cleanup_job(Path(argv[2]))
-        return 0
-    except (LoadmasterError, OSError) as exc:
-        print(f"loadmaster: error: {exc}", file=sys.stderr)
-        return 2
+    return agent_main(argv)
 
 
 def main() -> int:

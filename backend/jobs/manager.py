@@ -14,14 +14,12 @@ import asyncio
 import json
 import logging
 import shlex
-import shutil
 import socket
-import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from backend.agent.context import (
@@ -54,6 +52,7 @@ from backend.jobs.remote import (
 )
 from backend.jobs.settings import JobSettings
 from backend.jobs.store import JobStore
+from backend.nodes.agent import agent_command as node_agent_command
 from backend.nodes.transport import Transport
 from backend.state import StateDB, actor
 
@@ -81,15 +80,9 @@ class JobManager:
     # -- launching -----------------------------------------------------------------------------
 
     def agent_command(self, node: str) -> str:
-        """The shell words that start the agent on ``node`` (config ``agent``, default loadmaster)."""
-        n = self.config.node(node)
-        agent = n.agent or "loadmaster"
-        if n.transport == "local" and agent == "loadmaster" and shutil.which("loadmaster") is None:
-            # The console's own install: a venv that is not on PATH still has its script.
-            own = Path(sys.executable).parent / "loadmaster"
-            if own.exists():
-                return shlex.quote(str(own))
-        return agent
+        """The shell words that start the agent on ``node``, before ``agent run|cleanup JOBDIR``: its
+        own venv's python run isolated, unless config ``agent`` says otherwise (backend.nodes.agent)."""
+        return node_agent_command(self.config.node(node))
 
     async def jobs_dir(self, node: str) -> str:
         """The node's jobs directory (``$LOADMASTER_HOME/jobs`` or ``~/.loadmaster/jobs``), created 0700."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from backend.config import Config, load_config_file
 from backend.errors import LoadmasterError
+from backend.lab.agent import link_agent_venv, make_agent_venv
 from backend.lab.seaweed import SeaweedS3
 from backend.lab.sshd import SshdNode, keygen, port_free
 
@@ -27,6 +28,8 @@ class LabNodeOptions:
     s5cmd: bool = True
     site: str = "coreweave:us-east-04"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: More environment for every session on the node (a training node's PYTHONPATH, say).
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def stop_lab_keeper(config_path: Path) -> int | None:
@@ -93,6 +96,11 @@ class Lab:
     def config_path(self) -> Path:
         return self.root / "loadmaster.toml"
 
+    @property
+    def agent_venv(self) -> Path:
+        """The venv every node's default agent path links to (see :mod:`backend.lab.agent`)."""
+        return self.root / "agent-venv"
+
     def node_options(self, name: str) -> LabNodeOptions:
         return self.options.get(name, LabNodeOptions())
 
@@ -119,10 +127,12 @@ class Lab:
         port = self.port or _pick_port(ips)
         self.port = port
         known: list[str] = []
+        make_agent_venv(self.agent_venv)
         for name, ip in zip(self.names(), ips, strict=True):
             node = SshdNode(name=name, ip=ip, port=port, root=self.root / "nodes" / name,
-                            authorized_keys=authorized)
+                            authorized_keys=authorized, extra_env=dict(self.node_options(name).env))
             node.prepare()
+            link_agent_venv(node.home, self.agent_venv)
             self._populate_bin(node, self.node_options(name))
             node.start()
             self.nodes.append(node)
@@ -136,8 +146,10 @@ class Lab:
         self.save_state()
 
     def _populate_bin(self, node: SshdNode, opts: LabNodeOptions) -> None:
+        # python3 for the command server and doctor; no loadmaster on PATH: the agent runs from
+        # the node's agent venv, as on a real node.
         venv = _venv_bin()
-        links = {"loadmaster": venv / "loadmaster", "python3": Path(sys.executable)}
+        links = {"python3": Path(sys.executable)}
         if opts.s5cmd:
             links["s5cmd"] = Path(shutil.which("s5cmd") or venv / "s5cmd")
         for name in ("loadmaster", "python3", "s5cmd", "nvidia-smi"):
@@ -185,6 +197,8 @@ class Lab:
     def config_text(self, extra: str = "") -> str:
         lines = [
             "# Written by loadmaster's lab: real sshd nodes on loopback and SeaweedFS S3.",
+            f"# Every node's agent venv ($LOADMASTER_HOME/agent/venv) links to {self.agent_venv}: a venv",
+            f"# running this console's loadmaster ({sys.prefix}), isolated (-I) as on a real node.",
             "[defaults]",
             'user = "root"',
             f"port = {self.port}",
