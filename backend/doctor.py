@@ -3,8 +3,9 @@
 One POSIX sh script per node gathers everything in a single remote command (sections delimited
 by ``@@lm:<name>`` lines); the pool fans it out to every node at once. Two questions, answered
 apart: a node is *ready for data jobs* (pulls, uploads, shards) when it is reachable and has
-python3, the s5cmd jobs run (``[jobs] s5cmd``) and a writable scratch directory; it *has GPUs*
-when nvidia-smi answers with at least one. A machine without nvidia-smi is a CPU machine, not a
+python3, loadmaster's agent (its own venv's interpreter, which says which venv it runs from; see
+:mod:`backend.nodes.agent`), the s5cmd jobs run (``[jobs] s5cmd``) and a writable scratch
+directory; it *has GPUs* when nvidia-smi answers with at least one. A machine without nvidia-smi is a CPU machine, not a
 fault; nvidia-smi that fails or hangs is one.
 """
 
@@ -15,7 +16,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.config import Node
 from backend.errors import CommandTimeout, LoadmasterError
+from backend.nodes.agent import AgentReport, parse_probe, probe_command
 from backend.nodes.pool import NodePool
 from backend.nodes.ssh import SshTransport
 from backend.nodes.transport import Transport
@@ -48,6 +51,11 @@ if [ -d "$LM_SCRATCH" ]; then
   df -Pk "$LM_SCRATCH" 2>&1 | tail -n 1
   if [ -w "$LM_SCRATCH" ]; then echo "@@writable"; fi
 else echo "@@missing"; fi
+"""
+
+#: The last sections: the node's agent (its probe is per node, see backend.nodes.agent), the end.
+_AGENT_SECTION = """echo "@@lm:agent"
+@PROBE@
 echo "@@lm:end"
 """
 
@@ -69,7 +77,7 @@ class NodeReport:
     host: str
     transport: str
     reachable: bool
-    #: Ready for data jobs: reachable, python3, s5cmd and a writable scratch directory.
+    #: Ready for data jobs: reachable, python3, the agent, s5cmd and a writable scratch directory.
     ready: bool
     error: str | None = None
     #: What keeps the node from data jobs.
@@ -98,10 +106,13 @@ class NodeReport:
     scratch_writable: bool = False
     scratch_free_bytes: int | None = None
     scratch_total_bytes: int | None = None
+    #: Which interpreter and venv run loadmaster's agent there (None: not asked, or unreachable).
+    agent: AgentReport | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view (``loadmaster doctor --json``)."""
         d = dataclasses.asdict(self)
+        d["agent"] = self.agent.as_dict() if self.agent else None
         d["problems"] = list(self.problems)
         d["gpu_problems"] = list(self.gpu_problems)
         d["gpu_models"] = list(self.gpu_models)
@@ -133,10 +144,12 @@ def parse_sections(text: str) -> dict[str, list[str]]:
     return sections
 
 
-def doctor_command(scratch: str, s5cmd: str = "s5cmd") -> str:
-    """The one remote command doctor runs on a node (``s5cmd``: the one jobs run)."""
+def doctor_command(scratch: str, s5cmd: str = "s5cmd", agent_probe: str = "true") -> str:
+    """The one remote command doctor runs on a node (``s5cmd``: the one jobs run; ``agent_probe``:
+    the node's :func:`~backend.nodes.agent.probe_command`)."""
+    script = _SCRIPT + _AGENT_SECTION.replace("@PROBE@", agent_probe)
     return (f"LM_SCRATCH={shlex.quote(scratch)} LM_S5CMD={shlex.quote(s5cmd)} "
-            f"exec /bin/sh -c {shlex.quote(_SCRIPT)}")
+            f"exec /bin/sh -c {shlex.quote(script)}")
 
 
 def _s5cmd_missing(s5cmd: str) -> str:
@@ -154,8 +167,9 @@ def _int(text: str | None) -> int | None:
 
 
 def parse_report(node_name: str, host: str, transport: str, scratch: str, text: str,
-                 s5cmd_path: str = "s5cmd") -> NodeReport:
-    """Turn the script's output into a :class:`NodeReport` (ready or with its problems)."""
+                 s5cmd_path: str = "s5cmd", node: Node | None = None) -> NodeReport:
+    """Turn the script's output into a :class:`NodeReport` (ready or with its problems); with the
+    ``node``, its agent section too (which interpreter and venv run the agent, or why none can)."""
     f = _Facts(parse_sections(text))
     problems: list[str] = []
     gpu_problems: list[str] = []
@@ -215,6 +229,9 @@ def parse_report(node_name: str, host: str, transport: str, scratch: str, text: 
     writable = "@@writable" in sc
     if scratch_exists and not writable:
         problems.append(f"scratch directory {scratch} is not writable")
+    agent = parse_probe(node, f.lines("agent")) if node is not None else None
+    if agent is not None and agent.problem:
+        problems.append(agent.problem)
     models = tuple(dict.fromkeys(m for m, _ in gpus))
     return NodeReport(
         name=node_name,
@@ -243,6 +260,7 @@ def parse_report(node_name: str, host: str, transport: str, scratch: str, text: 
         scratch_writable=writable,
         scratch_free_bytes=free,
         scratch_total_bytes=total,
+        agent=agent,
     )
 
 
@@ -250,7 +268,7 @@ async def check_node(transport: Transport, *, limit: float = 60.0, s5cmd: str = 
     """Run the check script on one node; an unreachable node becomes a not-ready report."""
     node = transport.node
     try:
-        res = await transport.run(doctor_command(node.scratch, s5cmd), timeout=limit)
+        res = await transport.run(doctor_command(node.scratch, s5cmd, probe_command(node)), timeout=limit)
     except CommandTimeout:
         problem = f"the check did not finish within {limit:g}s (hung mount or tool?)"
         return NodeReport(node.name, node.host, node.transport, reachable=True, ready=False,
@@ -259,7 +277,7 @@ async def check_node(transport: Transport, *, limit: float = 60.0, s5cmd: str = 
         detail = getattr(exc, "detail", None) or str(exc)
         return NodeReport(node.name, node.host, node.transport, reachable=False, ready=False,
                           error=detail, problems=(detail,), scratch=node.scratch)
-    report = parse_report(node.name, node.host, node.transport, node.scratch, res.stdout, s5cmd)
+    report = parse_report(node.name, node.host, node.transport, node.scratch, res.stdout, s5cmd, node)
     latency = None
     if isinstance(transport, SshTransport) and transport.handshake_seconds is not None:
         latency = round(transport.handshake_seconds * 1000, 1)

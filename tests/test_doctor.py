@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from tui.cli import main
+import backend
+from backend import __version__
 from backend.config import Node
 from backend.doctor import NodeReport, check_node, doctor_command, parse_report, run_doctor
 from backend.lab import Lab
 from backend.nodes.pool import NodePool
 from backend.nodes.transport import LocalTransport
+from tui.cli import main
 
 REPORT_KEYS = {
     "name", "host", "transport", "reachable", "ready", "error", "problems", "ssh_latency_ms", "command_ms",
     "os", "kernel", "arch", "cpus", "mem_total_bytes", "mem_available_bytes", "python3", "s5cmd",
     "nvidia_smi", "gpu_count", "gpu_models", "driver", "nics", "scratch", "scratch_exists",
-    "scratch_writable", "scratch_free_bytes", "scratch_total_bytes", "gpu_ready", "gpu_problems",
+    "scratch_writable", "scratch_free_bytes", "scratch_total_bytes", "gpu_ready", "gpu_problems", "agent",
 }
+AGENT_KEYS = {"command", "python", "prefix", "isolated", "version", "package", "problem"}
+#: Where this checkout's backend package is: the lab's agents import it.
+BACKEND_DIR = os.path.dirname(os.path.abspath(backend.__file__))
 
 
 async def test_ready_node_and_node_without_tools(lab: Lab) -> None:
@@ -45,6 +52,12 @@ async def test_ready_node_and_node_without_tools(lab: Lab) -> None:
     assert ok.scratch_exists and ok.scratch_writable
     assert ok.scratch_free_bytes and ok.scratch_total_bytes and ok.scratch_free_bytes <= ok.scratch_total_bytes
     assert ok.ssh_latency_ms is not None and ok.command_ms is not None
+    # The agent: the node's own venv (the lab links it to one running this checkout), isolated.
+    venv = lab.node("node-01").home / "agent" / "venv"
+    assert ok.agent is not None and ok.agent.problem is None
+    assert (ok.agent.python, ok.agent.prefix) == (f"{venv}/bin/python", str(venv))
+    assert ok.agent.isolated and ok.agent.version == __version__
+    assert ok.agent.package == BACKEND_DIR
 
     bare = reports["node-03"]
     assert bare.reachable and not bare.ready
@@ -78,6 +91,9 @@ async def test_local_node(tmp_path: Path) -> None:
     r = await check_node(t)
     assert r.reachable and r.transport == "local" and r.ssh_latency_ms is None
     assert r.scratch_exists and r.scratch_writable and r.python3
+    # This machine: the console's own interpreter runs the agent, isolated.
+    assert r.agent is not None and r.agent.problem is None and r.agent.isolated
+    assert (r.agent.python, r.agent.prefix) == (sys.executable, sys.prefix)
 
 
 def test_cli_doctor_exit_codes_and_text(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,6 +102,8 @@ def test_cli_doctor_exit_codes_and_text(lab: Lab, capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "node-01 (127.0.0.2)  ready" in out
     assert "8 x NVIDIA H100 80GB HBM3, driver 550.54.15" in out
+    venv = lab.node("node-01").home / "agent" / "venv"
+    assert f"  agent     loadmaster {__version__}, {venv}/bin/python -I, venv {venv}\n" in out
     assert "1 of 1 node(s) ready" in out
     assert main(["--config", cfg, "doctor"]) == 1
     out = capsys.readouterr().out
@@ -102,6 +120,8 @@ def test_cli_doctor_node_down_json(lab: Lab, lab_node_down, capsys: pytest.Captu
     assert [d["name"] for d in data] == ["node-01", "node-02"]
     for d in data:
         assert set(d) == REPORT_KEYS
+    assert set(data[0]["agent"]) == AGENT_KEYS and data[0]["agent"]["isolated"] is True
+    assert data[1]["agent"] is None  # unreachable: not asked
     up, down = data
     assert up["ready"] is True and up["gpu_count"] == 8 and isinstance(up["nics"], list)
     assert set(up["nics"][0]) == {"name", "speed_mbps", "state"}

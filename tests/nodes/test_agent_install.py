@@ -7,6 +7,7 @@ sessions carry a training repo's PYTHONPATH, with a ``backend/`` package that br
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -21,13 +22,16 @@ import pytest
 import backend
 from backend import __version__
 from backend.config import Node, load_config_file
+from backend.doctor import run_doctor
 from backend.jobs.pull import launch_pull, plan_pull
 from backend.lab import Lab, LabNodeOptions
+from backend.lab.agent import link_agent_venv
 from backend.nodes.agent import agent_command, install_command, is_python, parse_probe
 from backend.nodes.pool import NodePool
 from backend.services import Services
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import fresh_services
+from tui.cli import main
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -178,3 +182,35 @@ async def test_a_backend_package_on_the_nodes_pythonpath_does_not_shadow_the_age
     await _pull_and_wait(cfg, "train-01", url, "pulls/shadowed", tmp_path)
     dest = mini.nodes[0].scratch / "pulls/shadowed"
     assert {n: (dest / n).read_bytes() for n in objects} == objects
+
+
+def test_doctor_shows_the_agents_interpreter_or_how_to_install_it(
+    training_node: tuple[Lab, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    mini, cfg = training_node
+    node = load_config_file(cfg).node("train-01")
+    venv = mini.nodes[0].home / "agent" / "venv"
+
+    async def report():  # type: ignore[no-untyped-def]
+        pool = NodePool([node])
+        try:
+            [r] = await run_doctor(pool)
+        finally:
+            await pool.close()
+        return r
+
+    r = asyncio.run(report())
+    assert r.ready, r.problems
+    assert r.agent is not None and r.agent.problem is None and r.agent.isolated
+    assert (r.agent.python, r.agent.prefix, r.agent.package) == (f"{venv}/bin/python", str(venv), BACKEND_DIR)
+    venv.unlink()  # a node nobody installed the agent on
+    try:
+        r = asyncio.run(report())
+        want = (f"no agent venv at {venv}: run python3 -m venv {venv} && {venv}/bin/pip install "
+                f"'loadmaster[node]=={__version__}'")
+        assert not r.ready and r.problems == (want,)
+        assert main(["--config", str(cfg), "doctor", "--nodes", "train-01"]) == 1
+        out = capsys.readouterr().out.splitlines()
+        assert "  agent     MISSING" in out and f"  problem   {want}" in out
+    finally:
+        link_agent_venv(mini.nodes[0].home, mini.agent_venv)

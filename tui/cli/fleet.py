@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from backend.doctor import NodeReport, run_doctor
+from backend.nodes.agent import AgentReport
 from backend.nodes.ssh_config import effective_settings
 from backend.services import Services
 from backend.textfmt import align_columns
@@ -85,6 +86,14 @@ def _state(r: NodeReport) -> str:
     return f"{'ready for data jobs' if r.ready else 'NOT READY for data jobs'}, {gpus}"
 
 
+def _agent(a: AgentReport) -> str:
+    """Which interpreter and venv run the node's agent (the problem, if any, is its own line)."""
+    if a.python is None:
+        return "MISSING"
+    how = f"{a.python} -I" if a.isolated else f"{a.python} (not isolated: the node's PYTHONPATH applies)"
+    return f"loadmaster {a.version or '?'}, {how}, venv {a.prefix or '?'}"
+
+
 def format_report(r: NodeReport) -> list[str]:
     """Human-readable lines for one node's doctor report."""
     lines = [f"{r.name} ({r.host})  {_state(r)}"]
@@ -98,6 +107,8 @@ def format_report(r: NodeReport) -> list[str]:
     lines.append(f"  cpu/mem   {r.cpus or '?'} CPUs, {_bytes(r.mem_total_bytes)} "
                  f"({_bytes(r.mem_available_bytes)} available)")
     lines.append(f"  python3   {r.python3 or 'MISSING'}")
+    if r.agent is not None:
+        lines.append(f"  agent     {_agent(r.agent)}")
     lines.append(f"  s5cmd     {r.s5cmd or 'MISSING'}")
     if not r.nvidia_smi:
         gpu = "none (no nvidia-smi on PATH: a CPU machine)"
