@@ -110,6 +110,8 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
     )
     for n in lab.nodes:
         print(f"  {n.name}  {n.ip}:{n.port}  {lab.node_options(n.name).pattern}", file=sys.stderr)
+    print(f"  agent   every node's $LOADMASTER_HOME/agent/venv -> {lab.agent_venv} (this console's loadmaster, "
+          "run -I as on a real node)", file=sys.stderr)
     if lab.s3:
         print(f"  s3      {lab.s3.endpoint}  bucket {lab.bucket}  (store 'lab')", file=sys.stderr)
     if seeded:
