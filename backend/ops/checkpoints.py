@@ -18,7 +18,8 @@ from backend.ops.base import Operation
 if TYPE_CHECKING:
     from backend.checkpoints.strip import StripResult
     from backend.checkpoints.upload import UploadResult, UploadSettings
-    from backend.jobs.manager import JobRecord
+    from backend.jobs.records import JobRecord
+    from backend.services import Services
     from backend.storage import ObjectStore
 
 
@@ -29,7 +30,7 @@ def url_join(url: str, sub: str) -> str:
     return url_join(url, sub)
 
 
-def resolve_url(services: Any, ref: str) -> str:
+def resolve_url(services: Services, ref: str) -> str:
     """Expand ``storename/sub/path`` to the store's URL + path; absolutise local paths."""
     if "://" not in ref:
         name, _, rest = ref.partition("/")
@@ -39,12 +40,12 @@ def resolve_url(services: Any, ref: str) -> str:
     return ref.rstrip("/")
 
 
-def open_prefix(services: Any, ref: str) -> ObjectStore:
+def open_prefix(services: Services, ref: str) -> ObjectStore:
     """The store rooted at ``ref`` (store settings come from the longest configured match)."""
     return services.stores.open(resolve_url(services, ref))
 
 
-def open_step(services: Any, ref: str) -> tuple[ObjectStore, str]:
+def open_step(services: Services, ref: str) -> tuple[ObjectStore, str]:
     """The store holding a step folder (rooted at its parent) and the folder's name."""
     url = resolve_url(services, ref)
     parent, _, leaf = url.rstrip("/").rpartition("/")

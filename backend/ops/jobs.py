@@ -8,7 +8,7 @@ from backend.errors import JobError
 from backend.ops.base import Operation
 
 if TYPE_CHECKING:
-    from backend.jobs.manager import JobRecord
+    from backend.jobs.records import JobRecord
 
 
 class Jobs(Operation):

@@ -15,7 +15,7 @@ from backend.errors import ConfigError, JobError, PolicyError
 from backend.ops.base import Operation
 
 if TYPE_CHECKING:
-    from backend.jobs.manager import JobRecord
+    from backend.jobs.records import JobRecord
     from backend.jobs.pull import PullPlan
 
 #: How long a plan the operator was shown stands for its listing and free space. Older, the

@@ -10,7 +10,7 @@ from backend.ops.base import Operation
 
 if TYPE_CHECKING:
     from backend.config import StoreProfile
-    from backend.jobs.manager import JobRecord
+    from backend.jobs.records import JobRecord
     from backend.shards.model import ConvertResult, ShardPreview, ShardProgress, ShardRequest
 
 

@@ -18,6 +18,7 @@ from backend.policy.retention import (
     parse_step_list,
 )
 from backend.schema import parse_duration
+from backend.services import Services
 from backend.textfmt import align_columns
 
 
@@ -138,7 +139,7 @@ def format_plan(plan: RetentionPlan) -> str:
     return "\n".join(lines)
 
 
-async def cmd_plan(args: argparse.Namespace, services: Any) -> int:
+async def cmd_plan(args: argparse.Namespace, services: Services) -> int:
     """Compute and show (or save) a retention plan."""
     from backend.retention import compute_plan
 
@@ -166,7 +167,7 @@ def _load_plan(path: str) -> RetentionPlan:
     return RetentionPlan.from_json(text, source=path)
 
 
-async def cmd_apply(args: argparse.Namespace, services: Any) -> int:
+async def cmd_apply(args: argparse.Namespace, services: Services) -> int:
     """Apply a plan file (only with --yes), or show what it would do (--dry-run)."""
     plan = _load_plan(args.plan)
     if not args.yes and not args.dry_run:
@@ -198,7 +199,7 @@ async def cmd_apply(args: argparse.Namespace, services: Any) -> int:
     return 0 if report.ok else 1
 
 
-def cmd_pin(args: argparse.Namespace, services: Any) -> int:
+def cmd_pin(args: argparse.Namespace, services: Services) -> int:
     """Record a pin for a step."""
     p = parse_pin(args.pin)
     url = services.ops.retention.pin(args.url, p.step, p.reason)
@@ -206,14 +207,14 @@ def cmd_pin(args: argparse.Namespace, services: Any) -> int:
     return 0
 
 
-def cmd_unpin(args: argparse.Namespace, services: Any) -> int:
+def cmd_unpin(args: argparse.Namespace, services: Services) -> int:
     """Remove a pin."""
     url = services.ops.retention.unpin(args.url, args.step)
     print(f"unpinned step {args.step} under {url}")
     return 0
 
 
-def cmd_milestone(args: argparse.Namespace, services: Any) -> int:
+def cmd_milestone(args: argparse.Namespace, services: Services) -> int:
     """Mark (or with --remove unmark) a step as a milestone."""
     if args.remove:
         url = services.ops.retention.unmark_milestone(args.url, args.step)
@@ -224,7 +225,7 @@ def cmd_milestone(args: argparse.Namespace, services: Any) -> int:
     return 0
 
 
-async def cmd_unlock(args: argparse.Namespace, services: Any) -> int:
+async def cmd_unlock(args: argparse.Namespace, services: Services) -> int:
     """Remove a run's apply lock (after checking who held it)."""
     done = await services.ops.retention.unlock(args.url)
     if done.held_by is None:
@@ -234,7 +235,7 @@ async def cmd_unlock(args: argparse.Namespace, services: Any) -> int:
     return 0
 
 
-def cmd_audit(args: argparse.Namespace, services: Any) -> int:
+def cmd_audit(args: argparse.Namespace, services: Services) -> int:
     """Show the audit log."""
     entries = services.db.audit_entries(limit=args.limit, action=args.action)
     if args.json:
