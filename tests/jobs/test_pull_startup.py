@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Never needed by a pull from the console: the console UI, torch, the async S3 client stack.
-FORBIDDEN = ("textual", "tui", "torch", "aiobotocore", "aiohttp", "boto3", "botocore", "backend.storage",
+FORBIDDEN = ("textual", "tui.app", "tui.screens", "tui.widgets", "torch", "aiobotocore", "aiohttp", "boto3", "botocore", "backend.storage",
              "backend.doctor", "backend.checkpoints", "backend.shards", "backend.telemetry", "backend.lab")
 
 _PROBE = """
