@@ -14,7 +14,7 @@ from typing import Any
 from backend.errors import JobError
 
 KINDS: dict[str, str] = {
-    "pull": "backend.jobs.pull:run_pull_job",
+    "pull": "backend.jobs.pull_runner:run_pull_job",
     "upload": "backend.checkpoints.upload:run_upload_job",
     "strip": "backend.checkpoints.strip:run_strip_job",
     "shard": "backend.shards.job:run_shard_job",

@@ -13,15 +13,9 @@ from backend.agent.context import JobContext
 from backend.agent.kinds import KINDS, resolve
 from backend.errors import JobError, StoreError
 from backend.jobs.fmt import fmt_bytes, fmt_eta
-from backend.jobs.pull import (
-    NodeEstimate,
-    PulledObject,
-    TempTracker,
-    _error_text,
-    is_s5cmd_temp_name,
-    node_dest,
-    parse_source,
-)
+from backend.jobs.pull import NodeEstimate, node_dest
+from backend.jobs.pull_dest import TempTracker, is_s5cmd_temp_name
+from backend.jobs.pull_objects import PulledObject, parse_source, s5cmd_error
 from backend.jobs.records import JobProgress, JobRecord, fleet_rollup, progress_from_lines
 from backend.jobs.remote import parse_scan
 from backend.jobs.settings import JobSettings
@@ -129,7 +123,7 @@ def test_context_on_disk_secrets_read_once_and_deleted(tmp_path: Path) -> None:
 
 
 def test_kind_registry_and_unknown_kind() -> None:
-    assert KINDS["pull"] == "backend.jobs.pull:run_pull_job"
+    assert KINDS["pull"] == "backend.jobs.pull_runner:run_pull_job"
     run, cleanup = resolve("pull")
     assert run.__name__ == "run_pull_job" and cleanup is not None
     with pytest.raises(JobError, match="unknown job kind"):
@@ -137,10 +131,10 @@ def test_kind_registry_and_unknown_kind() -> None:
 
 
 def test_s5cmd_error_lines_count_even_with_exit_zero() -> None:
-    assert _error_text('{"operation":"cp","error":"NoSuchBucket: gone"}') == "cp : NoSuchBucket: gone"
-    assert _error_text("ERROR \"cp s3://b/x y\": AccessDenied") is not None
-    assert _error_text('{"operation":"cp","success":true,"object":{"size":1}}') is None
-    assert _error_text("") is None
+    assert s5cmd_error('{"operation":"cp","error":"NoSuchBucket: gone"}') == "cp : NoSuchBucket: gone"
+    assert s5cmd_error("ERROR \"cp s3://b/x y\": AccessDenied") is not None
+    assert s5cmd_error('{"operation":"cp","success":true,"object":{"size":1}}') is None
+    assert s5cmd_error("") is None
 
 
 def test_temp_names_follow_go_createtemp(tmp_path: Path) -> None:

@@ -371,13 +371,8 @@ async def test_agent_missing_on_the_node_becomes_lost_with_a_hint(lab: Lab, sour
 
 async def test_s5cmd_listing_matches_the_s3_client_listing(services: Services, source: SourceData) -> None:
     """The console lists with s5cmd when it has it; it must see exactly what the S3 client sees."""
-    from backend.jobs.pull import (
-        _console_s5cmd,
-        _list_with_s5cmd,
-        list_source,
-        parse_source,
-        resolve_store,
-    )
+    from backend.jobs.pull import _console_s5cmd, _list_with_s5cmd, list_source, resolve_store
+    from backend.jobs.pull_objects import parse_source
 
     s5cmd = _console_s5cmd()
     assert s5cmd is not None, "the lab needs s5cmd beside the console"

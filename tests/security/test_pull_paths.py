@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.errors import StoreError
-from backend.jobs.pull import PulledObject, check_objects, launch_pull, parse_source, plan_pull, rel_problem
+from backend.jobs.pull import launch_pull, plan_pull
+from backend.jobs.pull_objects import PulledObject, check_objects, parse_source, rel_problem
 from backend.lab import Lab
 from backend.services import Services
 from tests.security.conftest import HOSTILE_KEY_ID, HOSTILE_SECRET

@@ -1,0 +1,368 @@
+"""The node side of ``loadmaster pull``: the job runner behind ``agent run`` for kind "pull".
+
+:func:`run_pull_job` checks every key again and every destination path against symlinks out of
+DEST, then feeds ``s5cmd run`` one exact ``cp`` per object (never a wildcard s5cmd would expand
+from its own listing), with credentials from a 0600 shared-credentials file (never argv); it
+reports bytes done from completed objects plus the job's own temporary files, treats any ERROR
+line as failure even when s5cmd exits 0, and verifies every object's size, its size and ETag in a
+fresh listing, and its bytes against a plain-MD5 ETag before reporting success. :func:`cleanup`
+removes only s5cmd temporaries the job created (look-alikes present before it started are
+recorded and left alone).
+
+The runner imports this module on every job start: nothing here is the console's.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from backend.agent.context import JobContext
+from backend.credentials import Credentials
+from backend.errors import JobError, StoreError
+from backend.jobs.pull_dest import (
+    TempTracker,
+    check_space,
+    in_flight_bytes,
+    is_nospace,
+    nospace_error,
+    outside_dest,
+    write_job_file,
+)
+from backend.jobs.pull_objects import (
+    CREDS_FILE,
+    CREDS_PROFILE,
+    PulledObject,
+    SourcePattern,
+    check_objects,
+    parse_expected,
+    parse_s5cmd_listing,
+    parse_source,
+    rel_problem,
+    s5cmd_error,
+)
+
+EXPECTED_FILE = "expected.json"
+
+
+def _die_with_parent() -> None:
+    """In the s5cmd child: be killed when the runner dies (kill -9 leaves no stray s5cmd)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _dest(params: dict[str, Any]) -> Path:
+    return Path(os.path.expanduser(str(params["dest"])))
+
+
+def _s5cmd_base(params: dict[str, Any]) -> list[str]:
+    cmd = [str(params.get("s5cmd") or "s5cmd"), "--json", "--numworkers", str(int(params["numworkers"]))]
+    if params.get("endpoint_url"):
+        cmd += ["--endpoint-url", str(params["endpoint_url"])]
+    return cmd
+
+
+def _s5cmd_env(ctx: JobContext, workdir: Path) -> tuple[dict[str, str], Path | None]:
+    """The environment for s5cmd: a 0600 shared-credentials file, region, no IMDS."""
+    env = dict(os.environ)
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        env.pop(k, None)
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    region = ctx.params.get("region")
+    if region and region != "auto":
+        env["AWS_REGION"] = str(region)
+    creds = Credentials.from_env(ctx.secret_env())
+    creds_path = None
+    if creds is not None:
+        creds_path = workdir / CREDS_FILE
+        fd = os.open(creds_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(creds.shared_credentials_file(CREDS_PROFILE))
+        env["AWS_SHARED_CREDENTIALS_FILE"] = str(creds_path)
+        env["AWS_PROFILE"] = CREDS_PROFILE
+    elif ctx.params.get("profile"):
+        env["AWS_PROFILE"] = str(ctx.params["profile"])
+    return env, creds_path
+
+
+def _list_on_node(ctx: JobContext, src: SourcePattern, env: dict[str, str]) -> list[PulledObject]:
+    cmd = [*_s5cmd_base(ctx.params), "ls", src.url]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, errors="surrogateescape")
+    errors = [e for e in map(s5cmd_error, (res.stdout + "\n" + res.stderr).split("\n")) if e]
+    if res.returncode != 0 or errors:
+        raise JobError(f"listing {src.url} failed: {errors[0] if errors else res.stderr.strip()}")
+    return parse_s5cmd_listing(src, res.stdout)
+
+
+def run_pull_job(ctx: JobContext) -> dict[str, Any]:
+    """Run s5cmd for the pull in ``ctx.params``, report progress, verify every object; the result details."""
+    p = ctx.params
+    src = parse_source(str(p["src"]))
+    dest = _dest(p)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise JobError(f"cannot create destination {dest}: {exc.strerror}") from None
+    workdir = ctx.job_dir or Path(tempfile.mkdtemp(prefix="lm-pull-"))
+    env, creds_path = _s5cmd_env(ctx, workdir)
+    try:
+        if p.get("expected") is not None:
+            expected = parse_expected(p["expected"])
+        else:
+            ctx.log(f"listing {src.url} on the node")
+            expected = _list_on_node(ctx, src, env)
+        # Refused again here, whatever the console checked: the spec or the node's own listing
+        # could name a key that would land outside DEST.
+        try:
+            check_objects(src, expected)
+        except StoreError as exc:
+            raise JobError(str(exc)) from None
+        if p.get("expected") is None and ctx.job_dir is not None:
+            write_job_file(ctx.job_dir / EXPECTED_FILE, json.dumps(expected))
+        if not expected:
+            raise JobError(f"no objects match {src.url}")
+        escaped = outside_dest(dest, expected)
+        if escaped:
+            rel, why = escaped[0]
+            more = f" (and {len(escaped) - 1} more)" if len(escaped) > 1 else ""
+            raise JobError(f"refusing to write {dest / rel}: it {why}{more}; nothing was pulled")
+        total = sum(o.size for o in expected)
+        check_space(dest, expected, total, ctx)
+        return _copy(ctx, src, dest, expected, total, env)
+    finally:
+        if creds_path is not None:
+            creds_path.unlink(missing_ok=True)
+        if ctx.job_dir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _commands(src: SourcePattern, dest: Path, expected: list[PulledObject], params: dict[str, Any]) -> str:
+    """One ``cp`` per object for ``s5cmd run``: the source key exact (--raw: no wildcards), the
+    destination a file path the runner checked, never a directory s5cmd fills from its own listing."""
+    opts = f"cp --raw --concurrency {int(params['concurrency'])} --part-size {int(params['part_size_mib'])}"
+    return "".join(f"{opts} {shlex.quote(f's3://{src.bucket}/{src.key_of(o.rel)}')} {shlex.quote(str(dest / o.rel))}\n"
+                   for o in expected)
+
+
+def _copy(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[PulledObject], total: int,
+          env: dict[str, str]) -> dict[str, Any]:
+    p = ctx.params
+    cmd = [*_s5cmd_base(p), "run"]
+    ctx.log(f"running: {shlex.join(cmd)} ({len(expected)} cp commands on stdin)")  # credentials: a file in env
+    if ctx.cancelled:
+        raise JobError("cancelled before the copy started")
+    temps = TempTracker.snapshot(dest, expected, ctx.job_dir)
+    started = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE,
+                            env=env, text=True, errors="surrogateescape",
+                            preexec_fn=_die_with_parent)  # noqa: PLW1509
+    done = {"bytes": 0, "items": 0}
+    errors: list[str] = []
+    lock = threading.Lock()
+    script = _commands(src, dest, expected, p)
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):  # s5cmd gone (cancelled): the exit status tells
+            proc.stdin.write(script)
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+
+    def read_out() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            err = s5cmd_error(line)
+            with lock:
+                if err:
+                    errors.append(err)
+                    continue
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    continue
+                if d.get("success") and d.get("operation") == "cp":
+                    done["bytes"] += int((d.get("object") or {}).get("size", 0))
+                    done["items"] += 1
+
+    def read_err() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err = s5cmd_error(line)
+            if err:
+                with lock:
+                    errors.append(err)
+
+    exited = threading.Event()
+
+    def reap() -> None:
+        # A blocking wait, so the loop below learns of the exit at once (Popen.wait with a timeout
+        # polls, with sleeps of up to 50 ms).
+        with contextlib.suppress(Exception):
+            proc.wait()
+        exited.set()
+
+    readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True),
+               threading.Thread(target=feed, daemon=True)]
+    for r in [*readers, threading.Thread(target=reap, daemon=True)]:
+        r.start()
+    window: collections.deque[tuple[float, int]] = collections.deque()
+    n_items = len(expected)
+    terminated = False
+
+    def report(final: bool = False) -> None:
+        with lock:
+            b, i = done["bytes"], done["items"]
+        now = time.time()
+        b = min(total, b + (0 if final else in_flight_bytes(temps.ours())))
+        window.append((now, b))
+        while len(window) > 2 and now - window[0][0] > 3.0:
+            window.popleft()
+        rate = (b - window[0][1]) / (now - window[0][0]) if now > window[0][0] else 0.0
+        extra: dict[str, Any] = {"rate_bps": max(0.0, rate)}
+        if final:
+            extra["final"] = True
+            extra["rate_bps"] = b / max(1e-6, now - started)
+        ctx.progress(bytes_done=b, bytes_total=total, items_done=i, items_total=n_items, **extra)
+
+    try:
+        report()
+        while not exited.wait(0.5):
+            if ctx.cancelled and not terminated:
+                ctx.log("cancel requested: stopping s5cmd")
+                proc.terminate()
+                terminated = True
+            report()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for r in readers:
+            r.join(timeout=10)
+    elapsed = time.time() - started
+    if ctx.cancelled:
+        temps.remove()
+        raise JobError("cancelled")
+    if proc.returncode != 0 or errors:
+        temps.remove()
+        for e in errors[:20]:
+            ctx.log(f"s5cmd: {e}")
+        if any(is_nospace(e) for e in errors):
+            raise nospace_error(dest, expected)
+        more = f" (+{len(errors) - 1} more errors)" if len(errors) > 1 else ""
+        first = errors[0] if errors else "no error output"
+        raise JobError(f"s5cmd exited {proc.returncode}: {first}{more}")
+    temps.remove()
+    checked = _verify(ctx, src, dest, expected, env)
+    report(final=True)
+    ctx.log(f"verified {n_items} objects, {total} bytes in {elapsed:.1f}s ({checked} by MD5)")
+    return {"objects": n_items, "bytes": total, "seconds": round(elapsed, 3), "dest": str(dest),
+            "gbps": round(total * 8 / 1e9 / max(elapsed, 1e-6), 3), "md5_verified": checked}
+
+
+# -- verification -------------------------------------------------------------------------------
+
+_MD5_ETAG = re.compile(r"[0-9a-f]{32}")
+
+
+def _md5_of(path: Path) -> str:
+    h = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _kms_encrypted(ctx: JobContext, src: SourcePattern, rel: str, env: dict[str, str]) -> bool:
+    """Whether S3 says the object is SSE-KMS encrypted (its ETag is then not an MD5 of the bytes)."""
+    cmd = [*_s5cmd_base(ctx.params), "head", "--raw", f"s3://{src.bucket}/{src.key_of(rel)}"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        for line in res.stdout.split("\n"):
+            with contextlib.suppress(ValueError, AttributeError):
+                if str(json.loads(line).get("server_side_encryption", "")).startswith("aws:kms"):
+                    return True
+    return False
+
+
+def _verify(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[PulledObject],
+            env: dict[str, str]) -> int:
+    """Every object's size on disk, its size and ETag in a fresh listing against the one the job
+    started from, and the bytes against a plain-MD5 ETag; a wrong file is removed. Returns the
+    number of objects checked by MD5."""
+    bad: dict[str, str] = {}
+    for o in expected:
+        try:
+            got = (dest / o.rel).stat().st_size
+        except OSError:
+            bad[o.rel] = "missing"
+            continue
+        if got != o.size:
+            bad[o.rel] = f"is {got} bytes, the listing says {o.size}"
+    now = {o.rel: o for o in _list_on_node(ctx, src, env)}
+    etags: dict[str, str] = {}
+    for o in expected:
+        cur = now.get(o.rel)
+        if o.rel in bad:
+            continue
+        if cur is None:
+            bad[o.rel] = "was deleted from the bucket during the pull"
+        elif cur.size != o.size or (o.etag and cur.etag and cur.etag != o.etag):
+            bad[o.rel] = (f"changed in the bucket during the pull (ETag {o.etag}, now {cur.etag}; "
+                          f"{o.size} bytes, now {cur.size}): the file may mix two versions")
+        elif etag := (o.etag or cur.etag or ""):
+            etags[o.rel] = etag
+    plain = [(rel, e) for rel, e in etags.items() if _MD5_ETAG.fullmatch(e)]
+    if plain:
+        ctx.log(f"checking the bytes of {len(plain)} single-part objects against their MD5 ETags")
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            digests = dict(zip((r for r, _ in plain), pool.map(lambda r: _md5_of(dest / r), (r for r, _ in plain)),
+                               strict=True))
+        for rel, e in plain:
+            if digests[rel] != e and not _kms_encrypted(ctx, src, rel, env):
+                bad[rel] = f"has MD5 {digests[rel]} but the object's ETag is {e}: torn or corrupted in transit"
+    if bad:
+        for rel in bad:
+            with contextlib.suppress(OSError):
+                if (dest / rel).is_file() and not (dest / rel).is_symlink():
+                    (dest / rel).unlink()
+        detail = "; ".join(f"{rel} {why}" for rel, why in list(bad.items())[:3])
+        raise JobError(f"verification failed: {len(bad)} of {len(expected)} objects wrong (removed): {detail}")
+    return len(plain)
+
+
+def cleanup(ctx: JobContext) -> None:
+    """Remove the job's own s5cmd temporaries; complete objects and every file that was in DEST before stay."""
+    dest = _dest(ctx.params)
+    raw = ctx.params.get("expected")
+    if raw is None and ctx.job_dir is not None and (ctx.job_dir / EXPECTED_FILE).exists():
+        raw = json.loads((ctx.job_dir / EXPECTED_FILE).read_text())
+    if ctx.job_dir is not None:
+        (ctx.job_dir / CREDS_FILE).unlink(missing_ok=True)
+    if raw:
+        objects = parse_expected(raw)
+        # Only names that are plain paths inside DEST are looked at (a forged spec reaches nothing else).
+        objects = [o for o in objects if rel_problem(o.rel) is None]
+        tracker = TempTracker.load(dest, objects, ctx.job_dir)
+        if tracker.before is None:
+            ctx.log("no record of DEST before s5cmd started: nothing of it is this job's to remove")
+            return
+        n = tracker.remove()
+        ctx.log(f"removed {n} partial file(s) under {dest}")
