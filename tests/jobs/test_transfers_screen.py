@@ -60,7 +60,9 @@ async def test_cli_jobs_show_in_console_and_console_pulls_show_in_cli(
         await until(pilot, lambda: cli_job in [str(k.value) for k in table.rows])
         table.focus()
         table.move_cursor(row=[str(k.value) for k in table.rows].index(cli_job))
-        await until(pilot, lambda: any(m.record.id == cli_job for m in rec.of(JobDetailLoaded)))
+        # The detail pane follows the job: loaded when the row is selected, again on each refresh.
+        await until(pilot, lambda: any(m.record.id == cli_job and m.record.terminal for m in rec.of(JobDetailLoaded)))
+        await until(pilot, lambda: "succeeded" in str(app.screen.query_one("#transfers-detail-info", Static).render()))
         info = str(app.screen.query_one("#transfers-detail-info", Static).render())
         assert "succeeded" in info and "verified" in info
 
