@@ -1,59 +1,114 @@
-"""The job kinds a node's agent can run: kind name -> ``"module:function"`` of its runner.
+"""The job kinds a node's agent can run, as objects (:class:`JobKind`), and their registry (:func:`kind`).
 
-A runner is ``def run(ctx: JobContext) -> dict`` returning the result details after verifying its
-output (raising = failed with the message). The module may define ``def cleanup(ctx) -> None`` to
-remove partial output when the job is cancelled or found lost.
+A kind has a node side and a console side. On the node, ``agent run JOBDIR`` calls
+:meth:`JobKind.run`, which returns the result details after verifying its output (raising =
+failed with the message), and :meth:`JobKind.cleanup` removes partial output when the job is
+cancelled or found lost. On the console, :meth:`JobKind.on_succeeded` runs once when the console
+first sees the job succeeded (a pull's egress ledger entry), and :meth:`JobKind.cleanup_secrets`
+supplies a cleanup run for a dead runner with the secrets that runner deleted at start.
+
+Node start-up stays fast: :data:`KINDS` names the module that defines each kind, imported only
+when that kind is looked up, so ``agent run`` imports the runner and its own kind, nothing else.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from backend.errors import JobError
 
+if TYPE_CHECKING:
+    from backend.agent.context import JobContext
+    from backend.config import Config
+    from backend.jobs.records import JobRecord
+    from backend.state import StateDB
+
+
+class JobKind:
+    """One kind of durable job. Subclasses set :attr:`name` and define :meth:`run`; the other
+    hooks default to doing nothing."""
+
+    name: str = ""
+
+    def run(self, ctx: JobContext) -> dict[str, Any]:
+        """Node side: do the job and verify its output; the result details."""
+        raise NotImplementedError
+
+    def cleanup(self, ctx: JobContext) -> None:
+        """Node side: remove the partial output of a cancelled or lost job (none by default)."""
+
+    def on_succeeded(self, config: Config, db: StateDB, record: JobRecord) -> None:
+        """Console side: called once, when this console first sees the job succeeded."""
+
+    async def cleanup_secrets(self, config: Config, params: dict[str, Any]) -> dict[str, str]:
+        """Console side: the secrets a cleanup of a dead runner needs, resolved again as for the
+        launch (none by default)."""
+        return {}
+
+
+class FunctionKind(JobKind):
+    """A kind made of plain functions: its runner, its cleanup and, optionally, the console-side
+    ``async def cleanup_secrets(config, params) -> dict[str, str]``."""
+
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[JobContext], dict[str, Any]],
+        cleanup: Callable[[JobContext], None] | None = None,
+        *,
+        cleanup_secrets: Callable[[Config, dict[str, Any]], Awaitable[dict[str, str]]] | None = None,
+    ) -> None:
+        self.name = name
+        self._run = run
+        self._cleanup = cleanup
+        self._cleanup_secrets = cleanup_secrets
+
+    def run(self, ctx: JobContext) -> dict[str, Any]:
+        return self._run(ctx)
+
+    def cleanup(self, ctx: JobContext) -> None:
+        if self._cleanup is not None:
+            self._cleanup(ctx)
+
+    async def cleanup_secrets(self, config: Config, params: dict[str, Any]) -> dict[str, str]:
+        if self._cleanup_secrets is None:
+            return {}
+        return dict(await self._cleanup_secrets(config, params))
+
+
+#: kind name -> ``"module:attr"`` of its :class:`JobKind` (the module is imported on first lookup).
 KINDS: dict[str, str] = {
-    "pull": "backend.jobs.pull_runner:run_pull_job",
-    "upload": "backend.checkpoints.upload:run_upload_job",
-    "strip": "backend.checkpoints.strip:run_strip_job",
-    "shard": "backend.shards.job:run_shard_job",
+    "pull": "backend.jobs.pull_runner:JOB_KIND",
+    "upload": "backend.checkpoints.upload:JOB_KIND",
+    "strip": "backend.checkpoints.strip:JOB_KIND",
+    "shard": "backend.jobs.shard_kind:JOB_KIND",
 }
 
+_loaded: dict[str, JobKind] = {}
 
-def resolve(kind: str) -> tuple[Callable[..., dict[str, Any]], Callable[..., None] | None]:
-    """The runner function of ``kind`` and its module's optional ``cleanup``."""
-    try:
-        target = KINDS[kind]
-    except KeyError:
-        raise JobError(f"unknown job kind {kind!r} (known: {', '.join(sorted(KINDS))})") from None
-    module_name, _, attr = target.partition(":")
+
+def check_known(name: str) -> None:
+    """Refuse a kind name that is not registered, in one line (nothing is imported)."""
+    if name not in KINDS:
+        raise JobError(f"unknown job kind {name!r} (known: {', '.join(sorted(KINDS))})")
+
+
+def kind(name: str) -> JobKind:
+    """The job kind called ``name``; its module is imported the first time it is asked for."""
+    found = _loaded.get(name)
+    if found is not None:
+        return found
+    check_known(name)
+    module_name, _, attr = KINDS[name].partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise JobError(f"job kind {kind!r}: cannot import {module_name} ({exc}); "
+        raise JobError(f"job kind {name!r}: cannot import {module_name} ({exc}); "
                        "is the same loadmaster version installed on the node?") from None
-    try:
-        run = getattr(module, attr)
-    except AttributeError:
-        raise JobError(f"job kind {kind!r}: {module_name} has no {attr}()") from None
-    cleanup = getattr(module, "cleanup", None)
-    return run, cleanup if callable(cleanup) else None
-
-
-#: Kinds whose cleanup needs the job's secrets again (its runner deleted them at start):
-#: kind -> ``"module:function"`` of ``async def (config, params) -> dict[str, str]``, resolved
-#: on the console the way the launch resolved them.
-CLEANUP_SECRETS: dict[str, str] = {
-    "upload": "backend.checkpoints.upload:cleanup_secrets",
-}
-
-
-def cleanup_secrets_for(kind: str) -> Callable[..., Any] | None:
-    """The console-side function that supplies ``kind``'s cleanup with secrets, or None."""
-    target = CLEANUP_SECRETS.get(kind)
-    if target is None:
-        return None
-    module_name, _, attr = target.partition(":")
-    fn = getattr(importlib.import_module(module_name), attr, None)
-    return fn if callable(fn) else None
+    obj = getattr(module, attr, None)
+    if not isinstance(obj, JobKind):
+        raise JobError(f"job kind {name!r}: {module_name} has no {attr} (a JobKind)")
+    _loaded[name] = obj
+    return obj

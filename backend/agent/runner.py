@@ -26,7 +26,7 @@ from backend.agent.context import (
     JobContext,
     done_fifo,
 )
-from backend.agent.kinds import resolve
+from backend.agent.kinds import JobKind, kind
 from backend.errors import LoadmasterError
 
 HEARTBEAT_INTERVAL = 2.0
@@ -142,11 +142,11 @@ def run_job(job_dir: Path, *, heartbeat_interval: float = HEARTBEAT_INTERVAL) ->
     beat.start()
     started = time.time()
     result: dict[str, Any] = {"id": ctx.job_id, "kind": ctx.kind, "started": started}
-    cleanup = None
+    job: JobKind | None = None
     try:
-        run, cleanup = resolve(ctx.kind)
+        job = kind(ctx.kind)
         ctx.log(f"job {ctx.job_id} ({ctx.kind}) started, pid {os.getpid()}")
-        details = run(ctx)
+        details = job.run(ctx)
         if ctx.cancelled:
             raise _Cancelled()
         result.update(state="succeeded", details=details or {})
@@ -164,9 +164,9 @@ def run_job(job_dir: Path, *, heartbeat_interval: float = HEARTBEAT_INTERVAL) ->
                 ctx.log(traceback.format_exc().rstrip())
     if result["state"] == "cancelled":
         ctx.log("cancelled; removing partial output")
-        if cleanup is not None:
+        if job is not None:
             try:
-                cleanup(ctx)
+                job.cleanup(ctx)
             except Exception as exc:  # noqa: BLE001
                 ctx.log(f"cleanup failed: {type(exc).__name__}: {exc}")
     ctx.flush()
@@ -183,10 +183,9 @@ def cleanup_job(job_dir: Path) -> None:
     """Run the kind's cleanup for a job that died without a result (the console found it lost)."""
     job_dir = Path(job_dir).resolve()
     ctx = JobContext.from_job_dir(job_dir)
-    _run, cleanup = resolve(ctx.kind)
-    if cleanup is not None:
-        ctx.log("job lost: removing partial output")
-        cleanup(ctx)
+    job = kind(ctx.kind)
+    ctx.log("job lost: removing partial output")
+    job.cleanup(ctx)
 
 
 class _Cancelled(Exception):

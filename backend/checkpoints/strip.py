@@ -25,6 +25,7 @@ from typing import Any
 
 import humanize
 
+from backend.agent.kinds import FunctionKind
 from backend.checkpoints.catalog import (
     INDEX_FILE,
     MAX_INDEX_BYTES,
@@ -701,3 +702,7 @@ def run_strip_job(ctx: Any) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return asyncio.run(main())
+
+
+#: Kind "strip" in the job registry (backend.agent.kinds).
+JOB_KIND = FunctionKind("strip", run_strip_job, cleanup)

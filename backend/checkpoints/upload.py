@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend.agent.kinds import FunctionKind
 from backend.config import StoreProfile
 from backend.errors import StoreError
 from backend.storage import Credentials, LocalStore, ObjectStore, S3Store, join_key
@@ -344,3 +345,8 @@ def cleanup(ctx: Any) -> None:
     left = journal.open_uploads()
     if left:
         ctx.log(f"could not abort {len(left)}: {', '.join(uid for _b, _k, uid in left)}")
+
+
+#: Kind "upload" in the job registry (backend.agent.kinds): the runner, its cleanup, and the
+#: console-side secrets that cleanup needs again.
+JOB_KIND = FunctionKind("upload", run_upload_job, cleanup, cleanup_secrets=cleanup_secrets)

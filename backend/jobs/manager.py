@@ -30,7 +30,8 @@ from backend.agent.context import (
     SECRETS_FILE,
     done_fifo,
 )
-from backend.agent.kinds import KINDS
+from backend.agent.kinds import check_known
+from backend.agent.kinds import kind as job_kind
 from backend.config import Config
 from backend.errors import CommandFailed, JobError, LoadmasterError, NodeError, NodeUnreachable
 from backend.jobs.records import (
@@ -107,8 +108,7 @@ class JobManager:
         label: str = "",
     ) -> JobRecord:
         """Start a ``kind`` job on ``node`` detached from this console; returns its record."""
-        if kind not in KINDS:
-            raise JobError(f"unknown job kind {kind!r} (known: {', '.join(sorted(KINDS))})")
+        check_known(kind)
         self.config.node(node)
         try:
             json.dumps(params)
@@ -287,13 +287,11 @@ class JobManager:
         return replace(rec, heartbeat_age=beat_age)
 
     def _on_succeeded(self, rec: JobRecord) -> None:
-        if rec.kind == "pull":
-            from backend.jobs.pull import egress_record_success
-
-            try:
-                egress_record_success(self.config, self.db, rec)
-            except LoadmasterError as exc:
-                self.store.event(rec.id, "egress-ledger-failed", str(exc))
+        """The kind's console-side hook (a pull's egress ledger entry), once per job."""
+        try:
+            job_kind(rec.kind).on_succeeded(self.config, self.db, rec)
+        except LoadmasterError as exc:
+            self.store.event(rec.id, "on-succeeded-failed", str(exc))
 
     @staticmethod
     def _lost_message(rj: RemoteJob, age: float) -> str:
@@ -326,8 +324,8 @@ class JobManager:
                                           rj.spec.get("params") or {}, pre=kill)
             if "@@LEFT" in res.stdout:
                 self.store.event(rj.id, "group-left-alone",
-                            f"process group {(rj.pidinfo or {}).get('pgid')} is not proven to be this job's "
-                            "(rebooted, or the id was reused): not signalled")
+                                 f"process group {(rj.pidinfo or {}).get('pgid')} is not proven to be this job's "
+                                 "(rebooted, or the id was reused): not signalled")
         except LoadmasterError:
             pass  # recorded locally as lost; the node is re-checked on the next refresh
         self.store.event(rj.id, "lost-cleanup", node)
@@ -335,13 +333,8 @@ class JobManager:
     async def _cleanup_secrets(self, job_id: str, kind: str, params: dict[str, Any]) -> dict[str, str]:
         """The secrets the kind's cleanup needs, resolved again here as for the launch (the runner
         deleted its copy at start); empty when the kind needs none or they cannot be had."""
-        from backend.agent.kinds import cleanup_secrets_for
-
-        fn = cleanup_secrets_for(kind)
-        if fn is None:
-            return {}
         try:
-            return dict(await fn(self.config, params))
+            return await job_kind(kind).cleanup_secrets(self.config, params)
         except Exception as exc:  # noqa: BLE001 - cleanup still runs; the log and the event say what it lacked
             msg = str(exc) if isinstance(exc, LoadmasterError) else f"{type(exc).__name__}: {exc}"
             self.store.event(job_id, "cleanup-without-credentials", msg)
@@ -460,7 +453,7 @@ class JobManager:
         killed = "KILLED" in res.stdout
         if "NOTOURS" in res.stdout:
             self.store.event(rec.id, "group-left-alone", "process group not proven to be this job's: only the "
-                                                    "cancel file was written")
+                                                         "cancel file was written")
         _home, now, remote = await self._scan(rec.node, rec.id, tail=6)
         if remote and remote[0].result is None and not remote[0].alive:
             # Gone (killed) before it could write its own result: record "cancelled" and clean up

@@ -414,7 +414,8 @@ async def plan_pull(
 
 # ---- EGRESS INTEGRATION POINT ------------------------------------------------------------------
 # backend.ledger.EgressGuard(config, db) prices and decides; these functions are the only places
-# pulls touch it: a quote + decision before launch, the override audit, the ledger entry on success.
+# pulls touch it before and at launch: a quote + decision, the override audit. The ledger entry of
+# a succeeded pull is the pull kind's on_succeeded (backend.jobs.pull_runner.PullKind).
 
 
 def _guard(config: Any, db: Any) -> EgressGuard:
@@ -424,7 +425,8 @@ def _guard(config: Any, db: Any) -> EgressGuard:
     return EgressGuard(config, db)
 
 
-def _profile_for(config: Any, store: str | None, src: str) -> Any:
+def egress_profile(config: Any, store: str | None, src: str) -> StoreProfile:
+    """The store profile a pull from ``src`` is priced by: the named store, else the bare bucket."""
     from backend.config import StoreProfile
 
     if store and store in config.stores:
@@ -437,7 +439,7 @@ def egress_check(services: Any, profile: StoreProfile | None, nodes: list[Any], 
                  allow_over_budget: str | None, src: str = "") -> tuple[Any, str | None]:
     """The guard's decision for pulling ``total`` bytes to each node (the strictest node decides)."""
     guard = _guard(services.config, services.db)
-    prof = profile or _profile_for(services.config, None, src)
+    prof = profile or egress_profile(services.config, None, src)
     order = {"allow": 0, "warn": 1, "confirm": 2, "block": 3}
     worst = None
     # Every node receives the whole pull; nodes at the same site are priced together, in sequence.
@@ -469,15 +471,6 @@ def egress_record_override(services: Any, plan: PullPlan, reason: str) -> None:
     dec = plan.egress
     if dec is not None and getattr(dec, "override_reason", None):
         _guard(services.config, services.db).record_override(dec, reason)
-
-
-def egress_record_success(config: Any, db: Any, rec: JobRecord) -> None:
-    """Put a succeeded pull's bytes in the egress ledger (called once per job)."""
-    guard = _guard(config, db)
-    node = config.node(rec.node)
-    nbytes = int((rec.result or {}).get("bytes", 0))
-    guard.record_transfer(_profile_for(config, rec.params.get("store"), str(rec.params.get("src", ""))),
-                          node.site, nbytes, job_id=rec.id)
 
 
 # ---- end of egress integration point -----------------------------------------------------------

@@ -9,7 +9,8 @@ fresh listing, and its bytes against a plain-MD5 ETag before reporting success. 
 removes only s5cmd temporaries the job created (look-alikes present before it started are
 recorded and left alone).
 
-The runner imports this module on every job start: nothing here is the console's.
+The runner imports this module on every job start: nothing here imports the console's modules
+(the kind's console-side hook, :meth:`PullKind.on_succeeded`, imports them when it runs).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.agent.context import JobContext
+from backend.agent.kinds import JobKind
 from backend.credentials import Credentials
 from backend.errors import JobError, StoreError
 from backend.jobs.pull_dest import (
@@ -55,6 +57,11 @@ from backend.jobs.pull_objects import (
     rel_problem,
     s5cmd_error,
 )
+
+if TYPE_CHECKING:
+    from backend.config import Config
+    from backend.jobs.records import JobRecord
+    from backend.state import StateDB
 
 EXPECTED_FILE = "expected.json"
 
@@ -366,3 +373,31 @@ def cleanup(ctx: JobContext) -> None:
             return
         n = tracker.remove()
         ctx.log(f"removed {n} partial file(s) under {dest}")
+
+
+class PullKind(JobKind):
+    """Kind "pull": :func:`run_pull_job` and :func:`cleanup` on the node; on the console, a
+    succeeded pull's bytes go into the egress ledger."""
+
+    name = "pull"
+
+    def run(self, ctx: JobContext) -> dict[str, Any]:
+        return run_pull_job(ctx)
+
+    def cleanup(self, ctx: JobContext) -> None:
+        cleanup(ctx)
+
+    def on_succeeded(self, config: Config, db: StateDB, record: JobRecord) -> None:
+        """Put the succeeded pull's bytes in the egress ledger (called once per job)."""
+        # Console side only: the runner never imports the console's pull module or the ledger.
+        from backend.jobs.pull import egress_profile
+        from backend.ledger import EgressGuard
+
+        node = config.node(record.node)
+        nbytes = int((record.result or {}).get("bytes", 0))
+        EgressGuard(config, db).record_transfer(
+            egress_profile(config, record.params.get("store"), str(record.params.get("src", ""))),
+            node.site, nbytes, job_id=record.id)
+
+
+JOB_KIND = PullKind()

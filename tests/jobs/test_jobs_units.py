@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from backend.agent.context import JobContext
-from backend.agent.kinds import KINDS, resolve
+from backend.agent.kinds import KINDS, FunctionKind, JobKind, check_known, kind
 from backend.errors import JobError, StoreError
 from backend.jobs.fmt import fmt_bytes, fmt_eta
 from backend.jobs.pull import NodeEstimate, node_dest
@@ -123,11 +125,42 @@ def test_context_on_disk_secrets_read_once_and_deleted(tmp_path: Path) -> None:
 
 
 def test_kind_registry_and_unknown_kind() -> None:
-    assert KINDS["pull"] == "backend.jobs.pull_runner:run_pull_job"
-    run, cleanup = resolve("pull")
-    assert run.__name__ == "run_pull_job" and cleanup is not None
+    pull = kind("pull")
+    assert isinstance(pull, JobKind) and pull.name == "pull" and kind("pull") is pull
+    assert type(pull).__module__ == "backend.jobs.pull_runner"
+    for name in KINDS:  # every registered kind's module imports and names the kind it is registered as
+        assert kind(name).name == name
+    with pytest.raises(JobError, match="unknown job kind 'teleport' \\(known: pull, shard, strip, upload\\)"):
+        kind("teleport")
     with pytest.raises(JobError, match="unknown job kind"):
-        resolve("teleport")
+        check_known("teleport")
+
+
+async def test_kind_hooks_default_to_nothing() -> None:
+    calls: list[str] = []
+    k = FunctionKind("demo", lambda ctx: {"ran": True}, lambda ctx: calls.append("cleanup"))
+    assert k.run(None) == {"ran": True}  # type: ignore[arg-type]
+    k.cleanup(None)  # type: ignore[arg-type]
+    assert calls == ["cleanup"]
+    assert await k.cleanup_secrets(None, {}) == {}  # type: ignore[arg-type]
+    assert k.on_succeeded(None, None, None) is None  # type: ignore[func-returns-value,arg-type]
+    # Only an upload's cleanup needs its secrets again; a local store needs none.
+    assert await kind("pull").cleanup_secrets(None, {}) == {}  # type: ignore[arg-type]
+    assert await kind("upload").cleanup_secrets(None, {"store": {"url": "/tmp/x"}}) == {}  # type: ignore[arg-type]
+
+
+def test_a_kind_lookup_on_the_node_imports_only_that_kind() -> None:
+    """``agent run`` of a pull imports the runner and the pull's node side: not the console's
+    pull, the manager, the ledger, or another kind's module."""
+    probe = ("import json, sys\nfrom backend.agent.runner import run_job\nfrom backend.agent.kinds import kind\n"
+             "kind('pull')\nprint(json.dumps(sorted(sys.modules)))")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    loaded = set(json.loads(res.stdout.splitlines()[-1]))
+    assert "backend.jobs.pull_runner" in loaded
+    forbidden = ("backend.jobs.pull", "backend.jobs.manager", "backend.jobs.store", "backend.ledger", "backend.config",
+                 "backend.checkpoints", "backend.shards", "backend.storage", "backend.nodes", "botocore", "asyncio")
+    assert sorted(m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)) == []
 
 
 def test_s5cmd_error_lines_count_even_with_exit_zero() -> None:
@@ -198,7 +231,6 @@ def test_context_zero_sized_or_repeated_final_points_are_coalesced() -> None:
 
 def test_runner_wakes_a_follower_blocked_on_the_done_fifo(tmp_path: Path) -> None:
     """The scan's wait reads done.fifo; the runner's open after the result ends that read at once."""
-    import subprocess
     import threading
 
     from backend.agent.context import done_fifo
