@@ -83,7 +83,7 @@ KINDS: dict[str, str] = {
     "pull": "backend.jobs.pull_runner:JOB_KIND",
     "upload": "backend.checkpoints.upload:JOB_KIND",
     "strip": "backend.checkpoints.strip:JOB_KIND",
-    "shard": "backend.jobs.shard_kind:JOB_KIND",
+    "shard": "backend.shards.job:JOB_KIND",
 }
 
 _loaded: dict[str, JobKind] = {}

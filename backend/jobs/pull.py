@@ -25,7 +25,6 @@ from backend.errors import (
     JobError,
     LoadmasterError,
     NodeUnreachable,
-    PolicyError,
     StoreError,
 )
 from backend.jobs.pull_objects import (
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from backend.config import Config, StoreProfile
     from backend.jobs.manager import JobManager
     from backend.jobs.records import JobRecord
-    from backend.ledger import EgressGuard
 
 log = logging.getLogger(__name__)
 
@@ -413,16 +411,9 @@ async def plan_pull(
 
 
 # ---- EGRESS INTEGRATION POINT ------------------------------------------------------------------
-# backend.ledger.EgressGuard(config, db) prices and decides; these functions are the only places
-# pulls touch it before and at launch: a quote + decision, the override audit. The ledger entry of
-# a succeeded pull is the pull kind's on_succeeded (backend.jobs.pull_runner.PullKind).
-
-
-def _guard(config: Any, db: Any) -> EgressGuard:
-    # Imported here: the pull's start-up does not wait for the ledger and its policy modules.
-    from backend.ledger import EgressGuard
-
-    return EgressGuard(config, db)
+# services.egress (backend.ledger.EgressGuard) prices and decides. A plan carries the guard's
+# decision (egress_check); the gate and the override audit are backend.ops.pull's; the ledger entry
+# of a succeeded pull is the pull kind's on_succeeded (backend.jobs.pull_runner.PullKind).
 
 
 def egress_profile(config: Any, store: str | None, src: str) -> StoreProfile:
@@ -438,7 +429,7 @@ def egress_profile(config: Any, store: str | None, src: str) -> StoreProfile:
 def egress_check(services: Any, profile: StoreProfile | None, nodes: list[Any], total: int, objects: int,
                  allow_over_budget: str | None, src: str = "") -> tuple[Any, str | None]:
     """The guard's decision for pulling ``total`` bytes to each node (the strictest node decides)."""
-    guard = _guard(services.config, services.db)
+    guard = services.egress
     prof = profile or egress_profile(services.config, None, src)
     order = {"allow": 0, "warn": 1, "confirm": 2, "block": 3}
     worst = None
@@ -452,25 +443,6 @@ def egress_check(services: Any, profile: StoreProfile | None, nodes: list[Any], 
         if worst is None or order.get(dec.action, 0) > order.get(worst.action, 0):
             worst = dec
     return worst, None
-
-
-def egress_gate(plan: PullPlan, allow_over_budget: str | None) -> None:
-    """Refuse to start when the guard says block, or confirm without an override reason."""
-    dec = plan.egress
-    if dec is None:
-        return
-    if dec.action == "block":
-        raise PolicyError(f"egress guard blocks this pull: {dec.message}")
-    if dec.action == "confirm":
-        raise PolicyError(f"egress guard needs confirmation: {dec.message}; "
-                          "re-run with --allow-over-budget REASON")
-
-
-def egress_record_override(services: Any, plan: PullPlan, reason: str) -> None:
-    """Audit the operator's reason for starting a pull over budget (when the guard needed one)."""
-    dec = plan.egress
-    if dec is not None and getattr(dec, "override_reason", None):
-        _guard(services.config, services.db).record_override(dec, reason)
 
 
 # ---- end of egress integration point -----------------------------------------------------------
@@ -518,12 +490,7 @@ def node_s5cmd(node: Any, configured: str) -> str:
     return configured
 
 
-def pull_time_estimate(total: int, gbps: float | None) -> float | None:
-    """Seconds to move ``total`` bytes at ``gbps`` (line rate)."""
-    return None if not gbps else total * 8 / (gbps * 1e9)
-
-
 __all__ = [
-    "PRESETS", "NodeEstimate", "PullPlan", "egress_check", "egress_gate", "egress_record_override", "launch_pull",
-    "list_source", "node_dest", "node_s5cmd", "plan_pull", "probe_node", "pull_time_estimate", "resolve_store",
+    "PRESETS", "NodeEstimate", "PullPlan", "egress_check", "launch_pull",
+    "list_source", "node_dest", "node_s5cmd", "plan_pull", "probe_node", "resolve_store",
 ]

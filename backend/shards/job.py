@@ -12,6 +12,7 @@ import dataclasses
 import os
 from typing import Any
 
+from backend.agent.kinds import FunctionKind
 from backend.config import StoreProfile
 from backend.shards.convert import convert_sync
 from backend.shards.model import ShardProgress, ShardRequest
@@ -97,3 +98,6 @@ def cleanup(ctx: Any) -> None:
                 os.unlink(os.path.join(dest, name))
             except OSError:
                 pass
+
+
+JOB_KIND = FunctionKind("shard", run_shard_job, cleanup)
