@@ -50,7 +50,6 @@ from backend.policy.egress import (
     account_label,
     budget_for,
     decide,
-    fmt_usd,
     month_bounds,
     month_elapsed,
     month_key,
@@ -478,5 +477,5 @@ def describe_decision(decision: GuardDecision) -> str:
 
 __all__ = [
     "BudgetStatus", "EgressGuard", "EgressLedger", "EgressReport", "LedgerEntry", "RouteSpend",
-    "describe_decision", "fmt_usd",
+    "describe_decision",
 ]

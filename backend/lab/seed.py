@@ -83,16 +83,16 @@ def seed_checkpoints(client: Any, bucket: str, *, steps: range = range(1000, 120
 def seeded_lines(bucket: str, dataset: dict[str, int] | None, steps: list[int] | None,
                  *, in_flight: int | None = 12000) -> list[str]:
     """What the sandbox holds, one line per place with its ``s3://`` URL (``lab up`` prints it)."""
-    from backend.policy.egress import fmt_bytes
     from backend.textfmt import align_columns
+    from backend.units import bytes_text
 
     rows: list[list[str]] = []
     if dataset:
         rows.append([f"s3://{bucket}/{DATASET_PREFIX}/raw/",
                      f"{dataset['raw_objects'] // 2} samples (.jpg + .json: {dataset['raw_objects']} files, "
-                     f"{fmt_bytes(dataset['raw_bytes'])})"])
+                     f"{bytes_text(dataset['raw_bytes'])})"])
         rows.append([f"s3://{bucket}/{DATASET_PREFIX}/shards/",
-                     f"{dataset['shards']} tar shards, {fmt_bytes(dataset['shard_bytes'])}"])
+                     f"{dataset['shards']} tar shards, {bytes_text(dataset['shard_bytes'])}"])
     if steps:
         flight = f" ({in_flight} still uploading)" if in_flight in steps else ""
         rows.append([f"s3://{bucket}/{CHECKPOINT_RUN}/",

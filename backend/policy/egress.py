@@ -39,6 +39,7 @@ from backend.policy.prices import (
     price_transfer,
     request_cost,
 )
+from backend.units import bytes_text, usd_text
 
 Action = Literal["allow", "warn", "confirm", "block"]
 #: Shard size the "as shards" alternative assumes (the brief's 512 MB WebDataset shards).
@@ -154,19 +155,10 @@ class GuardDecision:
 # -- formatting ------------------------------------------------------------------------------
 
 
-def fmt_usd(usd: float | None) -> str:
-    """``$13,791.00``; ``unpriced`` for None."""
-    if usd is None:
-        return "unpriced"
-    return f"${usd:,.2f}"
-
-
 def fmt_bytes(n: float) -> str:
-    """Decimal units as providers bill (``200.0 TB``)."""
-    for unit, size in (("PB", 10**15), ("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if abs(n) >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{int(n)} B"
+    """:func:`backend.units.bytes_text`; only backend/jobs/fmt.py still imports it (#17: remove it with that
+    import when backend/jobs/ is split)."""
+    return bytes_text(n)
 
 
 # -- accounts, budgets, decisions ------------------------------------------------------------
@@ -228,37 +220,37 @@ def decide(
     where = quote.route.label
     if not quote.priced or cost is None:
         action: Action = "allow" if quote.route.kind == "local" else settings.unpriced_action
-        return GuardDecision(action, f"{where}: {fmt_bytes(quote.bytes)} not priced ({quote.note})", quote)
+        return GuardDecision(action, f"{where}: {bytes_text(quote.bytes)} not priced ({quote.note})", quote)
     exceeded: list[str] = []
     parts: list[str] = []
     limit = settings.per_transfer_limit_usd
     if limit is not None and cost > limit:
         exceeded.append("per_transfer_limit")
-        parts.append(f"this transfer {fmt_usd(cost)} exceeds the per-transfer limit {fmt_usd(limit)}")
+        parts.append(f"this transfer {usd_text(cost)} exceeds the per-transfer limit {usd_text(limit)}")
     near = False
     if budget is not None:
         after = spent_usd + cost
         if after > budget.usd:
             exceeded.append("budget")
             parts.append(
-                f"{budget.scope} {budget.key!r} monthly budget {fmt_usd(budget.usd)}: "
-                f"{fmt_usd(spent_usd)} spent + {fmt_usd(cost)} = {fmt_usd(after)}, "
-                f"over by {fmt_usd(after - budget.usd)}"
+                f"{budget.scope} {budget.key!r} monthly budget {usd_text(budget.usd)}: "
+                f"{usd_text(spent_usd)} spent + {usd_text(cost)} = {usd_text(after)}, "
+                f"over by {usd_text(after - budget.usd)}"
             )
         elif after >= settings.warn_at * budget.usd:
             near = True
             parts.append(
-                f"{budget.scope} {budget.key!r} budget {fmt_usd(budget.usd)} would be "
-                f"{after / budget.usd:.0%} used ({fmt_usd(spent_usd)} spent + {fmt_usd(cost)})"
+                f"{budget.scope} {budget.key!r} budget {usd_text(budget.usd)} would be "
+                f"{after / budget.usd:.0%} used ({usd_text(spent_usd)} spent + {usd_text(cost)})"
             )
-    head = f"{where}: {fmt_bytes(quote.bytes)} for {fmt_usd(cost)}"
+    head = f"{where}: {bytes_text(quote.bytes)} for {usd_text(cost)}"
     if not exceeded:
         if budget is None and not parts:
             parts.append("no budget configured")
         elif not parts and budget is not None:
             parts.append(
-                f"{budget.scope} {budget.key!r} budget {fmt_usd(budget.usd)}: "
-                f"{fmt_usd(spent_usd + cost)} after this transfer"
+                f"{budget.scope} {budget.key!r} budget {usd_text(budget.usd)}: "
+                f"{usd_text(spent_usd + cost)} after this transfer"
             )
         return GuardDecision("warn" if near else "allow", f"{head}; {'; '.join(parts)}", quote, (),
                              budget, spent_usd, limit)
@@ -436,10 +428,10 @@ def _replication(
     after_monthly = r2.total_usd + r2.storage_usd
     saving = now_monthly - after_monthly
     be = one_time / saving if saving > 0 else None
-    note = (f"one-time copy {fmt_bytes(dataset_bytes)} out of {source} = {fmt_usd(one_time)}; "
-            f"then {fmt_usd(after_monthly)}/month vs {fmt_usd(now_monthly)}/month now "
+    note = (f"one-time copy {bytes_text(dataset_bytes)} out of {source} = {usd_text(one_time)}; "
+            f"then {usd_text(after_monthly)}/month vs {usd_text(now_monthly)}/month now "
             f"(storage included; assumes the source copy is deleted, keeping it adds "
-            f"{fmt_usd(primary.storage_usd)}/month)")
+            f"{usd_text(primary.storage_usd)}/month)")
     note += f"; pays for itself in {be:.2f} month(s)" if be is not None else "; never pays for itself"
     return dataclasses.replace(r2, key="r2-replicate", label="replicate once to R2, then read from R2",
                                one_time_usd=one_time, break_even_months=be, note=note)
@@ -507,7 +499,7 @@ def _tier_gb(gb: float) -> str:
 
 def tier_lines(tiers: tuple[TierSlice, ...]) -> list[str]:
     """``9,900 GB x $0.0900 = $891.00`` per tier touched."""
-    return [f"{_tier_gb(s.gb)} GB x ${s.usd_per_gb:.4f} = {fmt_usd(s.usd)}"
+    return [f"{_tier_gb(s.gb)} GB x ${s.usd_per_gb:.4f} = {usd_text(s.usd)}"
             + ("" if s.confirmed else " (unconfirmed rate)") for s in tiers]
 
 
@@ -515,7 +507,7 @@ def estimate_lines(est: EgressEstimate, table: PriceTable | None = None) -> list
     """The estimate as text lines (CLI and console share them)."""
     p = est.primary
     lines = [
-        f"{fmt_bytes(est.dataset_bytes)} x {est.runs} run(s), {est.nodes} node(s) "
+        f"{bytes_text(est.dataset_bytes)} x {est.runs} run(s), {est.nodes} node(s) "
         f"({'every node syncs all of it' if est.per_node == 'full' else 'nodes read disjoint shards'}), "
         f"{est.source} -> {est.dest}   [GB = 10^9 bytes]",
     ]
@@ -525,16 +517,16 @@ def estimate_lines(est: EgressEstimate, table: PriceTable | None = None) -> list
         if prov is not None:
             flag = "" if prov.confirmed else ", some figures unconfirmed"
             lines.append(f"prices: {prov.name}, {prov.source} (checked {prov.checked}{flag})")
-    lines.append(f"bytes out / month: {fmt_bytes(p.bytes_out)}")
+    lines.append(f"bytes out / month: {bytes_text(p.bytes_out)}")
     if not p.priced:
         lines.append(f"UNPRICED: {p.note}")
         return lines
-    lines.append(f"egress:   {fmt_usd(p.egress_usd)}")
+    lines.append(f"egress:   {usd_text(p.egress_usd)}")
     lines.extend(f"    {t}" for t in tier_lines(p.tiers) if t)
     gets = est.objects * est.runs * (est.nodes if est.per_node == "full" else 1)
-    lines.append(f"requests: {fmt_usd(p.requests_usd)}"
+    lines.append(f"requests: {usd_text(p.requests_usd)}"
                  + (f" ({gets:,} GETs)" if est.objects else " (pass objects for request $)"))
-    lines.append(f"total:    {fmt_usd(p.total_usd)} / month (+ storage at source {fmt_usd(p.storage_usd)}/month)")
+    lines.append(f"total:    {usd_text(p.total_usd)} / month (+ storage at source {usd_text(p.storage_usd)}/month)")
     if p.note:
         lines.append(f"note: {p.note}")
     if est.alternatives:
@@ -545,23 +537,23 @@ def estimate_lines(est: EgressEstimate, table: PriceTable | None = None) -> list
         elif a.key == "r2-replicate":
             be = break_even_month(a.break_even_months)
             when = f"break-even in month {be} ({a.break_even_months:.2f} months)" if be else "never breaks even"
-            lines.append(f"  {a.label}: {fmt_usd(a.one_time_usd)} once, then {fmt_usd(a.total_usd)}/month"
-                         f" + storage {fmt_usd(a.storage_usd)}/month; {when}")
+            lines.append(f"  {a.label}: {usd_text(a.one_time_usd)} once, then {usd_text(a.total_usd)}/month"
+                         f" + storage {usd_text(a.storage_usd)}/month; {when}")
         else:
-            lines.append(f"  {a.label}: {fmt_usd(a.total_usd)}/month (egress {fmt_usd(a.egress_usd)}, "
-                         f"requests {fmt_usd(a.requests_usd)}, storage {fmt_usd(a.storage_usd)}/month)")
+            lines.append(f"  {a.label}: {usd_text(a.total_usd)}/month (egress {usd_text(a.egress_usd)}, "
+                         f"requests {usd_text(a.requests_usd)}, storage {usd_text(a.storage_usd)}/month)")
     return lines
 
 
 def quote_lines(quote: EgressQuote) -> list[str]:
     """A quote as text lines (shown with the guard's decision before a transfer starts)."""
-    lines = [f"{quote.route.label}: {fmt_bytes(quote.bytes)} ({quote.route.kind})  [GB = 10^9 bytes]"]
+    lines = [f"{quote.route.label}: {bytes_text(quote.bytes)} ({quote.route.kind})  [GB = 10^9 bytes]"]
     if quote.priced:
-        lines.append(f"month to date from {quote.account}: {fmt_bytes(quote.month_to_date_bytes)}, "
-                     f"{fmt_usd(quote.month_to_date_usd)}")
+        lines.append(f"month to date from {quote.account}: {bytes_text(quote.month_to_date_bytes)}, "
+                     f"{usd_text(quote.month_to_date_usd)}")
         lines.extend(f"    {t}" for t in tier_lines(quote.tiers))
-        lines.append(f"egress {fmt_usd(quote.usd)} + requests {fmt_usd(quote.requests_usd)} = "
-                     f"{fmt_usd(quote.total_usd)}")
+        lines.append(f"egress {usd_text(quote.usd)} + requests {usd_text(quote.requests_usd)} = "
+                     f"{usd_text(quote.total_usd)}")
     if quote.note:
         lines.append(f"note: {quote.note}")
     return lines

@@ -8,12 +8,12 @@ GET price (``backend.policy.prices`` when it prices the provider; S3 Standard ot
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backend.config import Config, StoreProfile
 from backend.nodes.untrusted import loads_bounded
+from backend.units import bytes_text, usd_text
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "loadmaster-shards/1"
@@ -25,22 +25,6 @@ JOURNAL_MAX_BYTES = 64 * 1024
 _Bytes = bytes  # Manifest has a ``bytes`` property: the builtin under another name for its annotations
 #: S3 Standard GET price, USD per 1,000 requests (https://aws.amazon.com/s3/pricing/).
 DEFAULT_GET_PER_1000 = 0.0004
-
-
-def fmt_size(n: float) -> str:
-    """A byte count in decimal units (``1.2 MB``), as the manifest's GB = 10^9 reads."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1000
-    return f"{n:,.1f} PB"  # pragma: no cover - the loop returns at TB
-
-
-def fmt_usd(x: float) -> str:
-    """Dollars with cents, or three significant digits for amounts under a dollar."""
-    if x >= 1 or x == 0:
-        return f"${x:,.2f}"
-    return f"${x:.{max(2, 2 - math.floor(math.log10(x)))}f}"
 
 
 @dataclass(frozen=True)
@@ -98,8 +82,8 @@ class RequestArithmetic:
     def summary(self) -> str:
         """One line: GETs before -> after, the reduction and $ per epoch."""
         return (f"GETs per epoch {self.gets_before:,} -> {self.gets_after:,} "
-                f"({self.reduction:,.0f}x fewer); {fmt_usd(self.usd_per_epoch_before)} -> "
-                f"{fmt_usd(self.usd_per_epoch_after)} per epoch at ${self.get_per_1000:g}/1k GETs "
+                f"({self.reduction:,.0f}x fewer); {usd_text(self.usd_per_epoch_before)} -> "
+                f"{usd_text(self.usd_per_epoch_after)} per epoch at ${self.get_per_1000:g}/1k GETs "
                 f"({self.price_source})")
 
 
@@ -204,4 +188,4 @@ class Manifest:
     def summary(self) -> str:
         """Two lines for the CLI and the console."""
         return (f"{len(self.shards):,} shards, {self.samples:,} samples, {self.files:,} files, "
-                f"{fmt_size(self.bytes)}\n{self.requests.summary()}")
+                f"{bytes_text(self.bytes)}\n{self.requests.summary()}")

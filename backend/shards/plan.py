@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from backend.errors import LoadmasterError
 from backend.shards import tarfmt
-from backend.shards.manifest import fmt_size
+from backend.units import bytes_text
 
 #: The same split as ``webdataset.tariterators.base_plus_ext``.
 KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -328,10 +328,10 @@ def pattern_regex(pattern: str) -> re.Pattern[str]:
 def size_warnings(shard_size: int) -> list[str]:
     """Advice when the target shard size is outside the recommended 256 MB - 1 GB."""
     if shard_size < MIN_RECOMMENDED:
-        return [f"shard size {fmt_size(shard_size)} is below the recommended 256 MB - 1 GB: "
+        return [f"shard size {bytes_text(shard_size)} is below the recommended 256 MB - 1 GB: "
                 "more shards means more GETs per epoch"]
     if shard_size > MAX_RECOMMENDED:
-        return [f"shard size {fmt_size(shard_size)} is above the recommended 256 MB - 1 GB: "
+        return [f"shard size {bytes_text(shard_size)} is above the recommended 256 MB - 1 GB: "
                 "large shards shuffle coarsely and restart slowly"]
     return []
 

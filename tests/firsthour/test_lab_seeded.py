@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.policy.egress import fmt_bytes
+from backend.units import bytes_text
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -53,8 +53,8 @@ def test_lab_up_prints_the_seeded_data_and_it_is_there(tmp_path: Path) -> None:
         raw_objs = {k: v for k, v in objects.items() if k.startswith("datasets/laion-mini/raw/")}
         shard_objs = {k: v for k, v in objects.items() if k.startswith("datasets/laion-mini/shards/")}
         assert raw[1] == (f"{len(raw_objs) // 2} samples (.jpg + .json: {len(raw_objs)} files, "
-                          f"{fmt_bytes(sum(raw_objs.values()))})")
-        assert shards[1] == f"{len(shard_objs)} tar shards, {fmt_bytes(sum(shard_objs.values()))}"
+                          f"{bytes_text(sum(raw_objs.values()))})")
+        assert shards[1] == f"{len(shard_objs)} tar shards, {bytes_text(sum(shard_objs.values()))}"
         assert len(raw_objs) == 240 and len(shard_objs) == 8
         steps = {k.split("/")[2] for k in objects if k.startswith("checkpoints/llama-demo/")}
         assert steps == {f"step-{s}" for s in range(1000, 12001, 1000)}

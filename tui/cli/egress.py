@@ -18,8 +18,6 @@ from backend.policy.egress import (
     decision_lines,
     estimate,
     estimate_lines,
-    fmt_bytes,
-    fmt_usd,
     parse_count_text,
     parse_site_text,
     parse_size_text,
@@ -27,6 +25,7 @@ from backend.policy.egress import (
 from backend.policy.prices import price_table
 from backend.services import Services
 from backend.textfmt import align_columns
+from backend.units import bytes_text, usd_text
 
 
 def _arg(fn: Any, what: str, **kw: Any) -> Any:
@@ -139,16 +138,16 @@ def _report_lines(rep: EgressReport) -> list[str]:
     else:
         rows = [["ROUTE", "KIND", "TRANSFERS", "BYTES", "USD", "PROJECTED"]]
         for r in rep.routes:
-            rows.append([r.label, r.kind, str(r.transfers), fmt_bytes(r.bytes), fmt_usd(r.usd),
-                         fmt_usd(r.projected_usd)])
+            rows.append([r.label, r.kind, str(r.transfers), bytes_text(r.bytes), usd_text(r.usd),
+                         usd_text(r.projected_usd)])
         lines += align_columns(rows)
-    lines.append(f"total: {fmt_bytes(rep.bytes)}, {fmt_usd(rep.usd)}; projected to month end: "
-                 f"{fmt_bytes(rep.projected_bytes)}, {fmt_usd(rep.projected_usd)}")
+    lines.append(f"total: {bytes_text(rep.bytes)}, {usd_text(rep.usd)}; projected to month end: "
+                 f"{bytes_text(rep.projected_bytes)}, {usd_text(rep.projected_usd)}")
     if rep.unpriced_bytes:
-        lines.append(f"unpriced: {fmt_bytes(rep.unpriced_bytes)} from stores without prices")
+        lines.append(f"unpriced: {bytes_text(rep.unpriced_bytes)} from stores without prices")
     for b in rep.budgets:
-        lines.append(f"budget {b.scope} {b.key!r}: {fmt_usd(b.spent_usd)} of {fmt_usd(b.budget_usd)} "
-                     f"({b.fraction:.0%}), projected {fmt_usd(b.projected_usd)}")
+        lines.append(f"budget {b.scope} {b.key!r}: {usd_text(b.spent_usd)} of {usd_text(b.budget_usd)} "
+                     f"({b.fraction:.0%}), projected {usd_text(b.projected_usd)}")
     return lines
 
 

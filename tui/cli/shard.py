@@ -12,9 +12,9 @@ from backend.config import StoreProfile
 from backend.errors import ConfigError
 from backend.services import Services
 from backend.shards.locations import resolve_location
-from backend.shards.manifest import fmt_size
 from backend.shards.model import ShardProgress, ShardRequest
 from backend.shards.verify import verify
+from backend.units import bytes_text
 from tui.cli.argtypes import size_arg
 
 USAGE = ("loadmaster shard SRC DEST [--shard-size 512MB] [--pattern shard-%06d.tar] [--node NAME] "
@@ -95,7 +95,7 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
         return 0
     pv = await shards.preview(req)
     print(f"{src} -> {dest}: {pv.files:,} files, {pv.samples:,} samples, "
-          f"{fmt_size(pv.source_bytes)} -> {pv.shards:,} shard(s)", file=out)
+          f"{bytes_text(pv.source_bytes)} -> {pv.shards:,} shard(s)", file=out)
     print(f"  {pv.requests.summary()}", file=out)
     for w in pv.warnings:
         print(f"warning: {w}", file=sys.stderr)

@@ -29,13 +29,12 @@ from backend.policy.egress import (
     EgressEstimate,
     estimate,
     estimate_lines,
-    fmt_bytes,
-    fmt_usd,
     parse_count_text,
     parse_site_text,
     parse_size_text,
 )
 from backend.policy.prices import PriceTable, price_table
+from backend.units import bytes_text, usd_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets import Gauge, Summary
 from tui.widgets.detail import DetailModal
@@ -288,10 +287,10 @@ class EgressScreen(LoadmasterScreen):
         self.query_one("#egress-month-title", Static).update(
             f"Month to date {rep.month}  ({rep.elapsed:.0%} of the month, as of {as_of})")
         self.query_one("#egress-summary", Summary).set_items([
-            ("spent", fmt_usd(rep.usd)),
-            ("moved", fmt_bytes(rep.bytes)),
-            ("projected", f"{fmt_usd(rep.projected_usd)} / {fmt_bytes(rep.projected_bytes)}"),
-            *([("unpriced", fmt_bytes(rep.unpriced_bytes))] if rep.unpriced_bytes else []),
+            ("spent", usd_text(rep.usd)),
+            ("moved", bytes_text(rep.bytes)),
+            ("projected", f"{usd_text(rep.projected_usd)} / {bytes_text(rep.projected_bytes)}"),
+            *([("unpriced", bytes_text(rep.unpriced_bytes))] if rep.unpriced_bytes else []),
         ])
         box = self.query_one("#egress-budgets", Vertical)
         box.remove_children()
@@ -299,12 +298,12 @@ class EgressScreen(LoadmasterScreen):
         for b in rep.budgets:
             gauges.append(Gauge(
                 b.key, value=b.spent_usd, total=max(b.budget_usd, 1e-9),
-                text=f"{fmt_usd(b.spent_usd)}/{fmt_usd(b.budget_usd)} -> {fmt_usd(b.projected_usd)}",
+                text=f"{usd_text(b.spent_usd)}/{usd_text(b.budget_usd)} -> {usd_text(b.projected_usd)}",
                 warn_at=self.services.config.section("egress").warn_at, label_width=14,
                 classes="egress-budget",
             ))
-            gauges[-1].tooltip = (f"{b.scope} {b.key!r}: {fmt_usd(b.spent_usd)} spent of "
-                                  f"{fmt_usd(b.budget_usd)} this month, {fmt_usd(b.projected_usd)} projected")
+            gauges[-1].tooltip = (f"{b.scope} {b.key!r}: {usd_text(b.spent_usd)} spent of "
+                                  f"{usd_text(b.budget_usd)} this month, {usd_text(b.projected_usd)} projected")
         if not gauges:
             gauges.append(Static("no budget configured: set [egress] monthly_budget_usd or budgets",
                                  classes="egress-no-budget", markup=False))
@@ -320,8 +319,8 @@ class EgressScreen(LoadmasterScreen):
         named = [(r, f"{r.store} -> {r.dest_site or '?'}") for r in rep.routes]
         self.shown_routes = [(r, name) for r, name in named if self.filter_matches(name, r.kind)]
         for r, route in self.shown_routes:
-            cells = {"route": short(route, ROUTE_WIDTH), "usd": fmt_usd(r.usd),
-                     "projected": fmt_usd(r.projected_usd), "bytes": fmt_bytes(r.bytes),
+            cells = {"route": short(route, ROUTE_WIDTH), "usd": usd_text(r.usd),
+                     "projected": usd_text(r.projected_usd), "bytes": bytes_text(r.bytes),
                      "n": str(r.transfers), "kind": r.kind}
             table.add_row(*(cells[k] for k, _ in ROUTE_COLUMNS))
         if not self.shown_routes:
@@ -352,7 +351,7 @@ class EgressScreen(LoadmasterScreen):
         r, name = self.shown_routes[row]
         fields = [("route", name), ("store", r.store), ("account", r.account or "-"),
                   ("from site", r.source_site or "unknown"), ("to site", r.dest_site or "unknown"),
-                  ("kind", r.kind), ("transfers", f"{r.transfers:,}"), ("moved", fmt_bytes(r.bytes)),
-                  ("spent", fmt_usd(r.usd)),
-                  ("projected", f"{fmt_usd(r.projected_usd)} / {fmt_bytes(r.projected_bytes)} by month end")]
+                  ("kind", r.kind), ("transfers", f"{r.transfers:,}"), ("moved", bytes_text(r.bytes)),
+                  ("spent", usd_text(r.usd)),
+                  ("projected", f"{usd_text(r.projected_usd)} / {bytes_text(r.projected_bytes)} by month end")]
         self.app.push_screen(DetailModal(name, fields, hint="escape back"))

@@ -19,8 +19,8 @@ from textual.widgets import Button, Input, Label, Select, Static
 from backend.errors import LoadmasterError
 from backend.schema import parse_size
 from backend.shards.locations import resolve_location
-from backend.shards.manifest import fmt_size, fmt_usd
 from backend.shards.model import ShardPreview, ShardRequest
+from backend.units import bytes_text, usd_text
 
 if TYPE_CHECKING:
     from backend.services import Services
@@ -90,9 +90,9 @@ def preview_lines(pv: ShardPreview) -> list[str]:
     """The preview as the form shows it."""
     r = pv.requests
     lines = [
-        f"{pv.samples:,} samples ({pv.files:,} files, {fmt_size(pv.source_bytes)}) -> {pv.shards:,} shard(s)",
+        f"{pv.samples:,} samples ({pv.files:,} files, {bytes_text(pv.source_bytes)}) -> {pv.shards:,} shard(s)",
         f"GETs per epoch {r.gets_before:,} -> {r.gets_after:,}  ({r.reduction:,.0f}x fewer)",
-        f"{fmt_usd(r.usd_per_epoch_before)} -> {fmt_usd(r.usd_per_epoch_after)} per epoch ({r.price_source})",
+        f"{usd_text(r.usd_per_epoch_before)} -> {usd_text(r.usd_per_epoch_after)} per epoch ({r.price_source})",
     ]
     lines += [f"warning: {w}" for w in pv.warnings]
     lines += [f"refused: {e}" for e in pv.errors]

@@ -17,8 +17,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, ProgressBar, Static
 
-from backend.shards.manifest import fmt_size
 from backend.shards.model import ShardProgress
+from backend.units import bytes_text
 from tui.widgets.summary import Summary
 from tui.widgets.transfers_format import short
 
@@ -71,7 +71,7 @@ def from_job_record(conv: Conversion, rec: JobRecord) -> Conversion:
     if rec.state == "succeeded" and res:
         r = res.get("requests", {})
         summary = (f"{res.get('shards', 0):,} shards, {res.get('samples', 0):,} samples, "
-                   f"{fmt_size(res.get('bytes', 0))}\nGETs per epoch {r.get('gets_before', 0):,} -> "
+                   f"{bytes_text(res.get('bytes', 0))}\nGETs per epoch {r.get('gets_before', 0):,} -> "
                    f"{r.get('gets_after', 0):,} ({r.get('reduction', 0):,.0f}x fewer)")
     return replace(conv, state=rec.state, detail=rec.error or f"job {rec.id}", summary=summary)
 
@@ -79,7 +79,7 @@ def from_job_record(conv: Conversion, rec: JobRecord) -> Conversion:
 def progress_fields(p: ShardProgress) -> list[tuple[str, str]]:
     """A conversion's counters as (label, value): samples, shards and bytes done of all."""
     return [("samples", f"{p.samples_done:,}/{p.samples_total:,}"), ("shards", f"{p.shards_done}/{p.shards_total}"),
-            ("bytes", f"{fmt_size(p.bytes_done)}/{fmt_size(p.bytes_total)}")]
+            ("bytes", f"{bytes_text(p.bytes_done)}/{bytes_text(p.bytes_total)}")]
 
 
 class ShardRuns(Vertical):
