@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,17 +161,6 @@ def step_number(name: str) -> int | None:
         return int(m.group(1))
     m = _STEP_RE.match(name)
     return int(m.group(1)) if m else None
-
-
-def fmt_age(mtime: float, now: float | None = None) -> str:
-    """How long ago ``mtime`` was, coarsely (``3d``, ``5h``, ``12m``, ``40s``); ``-`` when unknown."""
-    if not mtime:
-        return "-"
-    s = max(0.0, (time.time() if now is None else now) - mtime)
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= n:
-            return f"{s / n:.0f}{unit}"
-    return f"{s:.0f}s"
 
 
 def _rel(objects: Iterable[ObjectInfo], step_path: str) -> dict[str, ObjectInfo]:

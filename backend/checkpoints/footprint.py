@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from backend.units import bytes_gib_text
+
 BF16_BYTES_PER_PARAM = 2
 FP32_BYTES = 4
 FULL_ADAMW_BYTES_PER_PARAM = BF16_BYTES_PER_PARAM + 3 * FP32_BYTES  # weights + master + m + v = 14
@@ -66,20 +68,13 @@ def footprint(params: float, retained: int = 1) -> Footprint:
                      retained_full_bytes=f * retained, retained_saving_bytes=(f - w) * retained)
 
 
-def fmt_gb(n: float) -> str:
-    """``140 GB (130.4 GiB)``: decimal GB first, binary GiB after."""
-    gb = n / GB
-    gtxt = f"{gb:,.0f}" if gb >= 100 else f"{gb:,.1f}" if gb >= 1 else f"{gb:,.3f}"
-    return f"{gtxt} GB ({n / GiB:,.1f} GiB)"
-
-
 def footprint_table(fp: Footprint) -> str:
     """A markdown table of the footprint (one checkpoint and the retained set)."""
     lines = [f"Model: {fp.params / 1e9:g}B parameters; {fp.retained} retained checkpoint(s); "
              "GB = 10^9 bytes, GiB = 2^30 bytes", "",
              f"| | one checkpoint | {fp.retained} retained |", "|---|---:|---:|"]
     for label, one, many in fp.rows():
-        lines.append(f"| {label} | {fmt_gb(one)} | {fmt_gb(many)} |")
+        lines.append(f"| {label} | {bytes_gib_text(one)} | {bytes_gib_text(many)} |")
     lines.append(f"| Saving | {fp.saving_fraction:.1%} | {fp.saving_fraction:.1%} |")
     return "\n".join(lines)
 

@@ -4,7 +4,7 @@ For training scripts. The training loop resumes as soon as DCP has staged the st
 (``handle.staged_seconds``); writing the step folder and uploading it happen in the background.
 The upload is a durable-format job directory under ``$LOADMASTER_HOME/jobs/<id>/`` (spec, pid,
 heartbeat, progress.jsonl, result.json), so the console on any machine shows
-"step 48000: staged 1.8 s, uploading 61%, 9.4 Gbps" and raises the backlog alert when an upload
+"step 48000: staged 1.8 s, uploading 61%, 9.40 Gbps" and raises the backlog alert when an upload
 is still running at the next checkpoint. Uploads run one at a time, in step order.
 """
 
@@ -35,6 +35,7 @@ from backend.config import StoreProfile
 from backend.errors import LoadmasterError
 from backend.state import actor
 from backend.storage import LocalStore, ObjectStore, S3Store
+from backend.units import bytes_text, gbps_text
 
 _UPLOADER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lm-ckpt-upload")
 
@@ -73,19 +74,19 @@ class SaveHandle:
         return self.future.result(timeout)
 
     def status_line(self) -> str:
-        """``step 48000: staged 1.8 s, uploading 61%, 9.4 Gbps`` (or uploaded/failed)."""
+        """``step 48000: staged 1.8 s, uploading 61%, 9.40 Gbps`` (or uploaded/failed)."""
         head = f"step {self.step}: staged {self.staged_seconds:.1f} s"
         if self.future.done():
             exc = self.future.exception()
             if exc is not None:
                 return f"{head}, upload failed: {exc}"
             r = self.future.result()
-            return f"{head}, uploaded {r.bytes / 1e9:.2f} GB at {r.gbps:.1f} Gbps, verified"
+            return f"{head}, uploaded {bytes_text(r.bytes)} at {gbps_text(r.gbps)}, verified"
         p = self.progress
         if not p.get("bytes_total"):
             return f"{head}, writing/queued"
         return (f"{head}, uploading {100 * p['bytes_done'] / p['bytes_total']:.0f}%, "
-                f"{p.get('gbps', 0.0):.1f} Gbps")
+                f"{gbps_text(p.get('gbps', 0.0))}")
 
 
 def open_destination(store_url: str, profile: StoreProfile | None = None) -> ObjectStore:
@@ -187,7 +188,7 @@ def save_and_upload(
 
             res = asyncio.run(go())
             ctx.log(f"step {step}: uploaded {res.bytes} bytes to {dest_url} in {res.seconds:.1f}s "
-                    f"({res.gbps:.2f} Gbps), verified")
+                    f"({gbps_text(res.gbps)}), verified")
             outcome: dict[str, Any] = {"state": "succeeded", "details": res.as_dict()}
             return res
         except BaseException as exc:

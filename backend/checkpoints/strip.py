@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import humanize
-
 from backend.agent.kinds import FunctionKind
 from backend.checkpoints.catalog import (
     INDEX_FILE,
@@ -50,6 +48,7 @@ from backend.checkpoints.safetensors_check import (
     read_header,
 )
 from backend.storage import LocalStore, ObjectStore, join_key
+from backend.units import bytes_text
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 Progress = Callable[..., object]  # its return value is ignored
@@ -513,7 +512,7 @@ async def strip_step(
                 p.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             where = local_dir if local_dir is not None else tmp
-            need = humanize.naturalsize(sum(w.out_bytes for w in weights))
+            need = bytes_text(sum(w.out_bytes for w in weights))
             raise CheckpointError(f"no space left on the device of {where}: the BF16 export needs {need}; free "
                                   "space there or give --out on another disk (nothing was deleted, the partial "
                                   "export was removed)") from None

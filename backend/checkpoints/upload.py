@@ -41,6 +41,7 @@ from backend.storage.multipart import (
     upload_client,
     upload_file,
 )
+from backend.units import gbps_text
 
 #: The job directory's record of the multipart uploads an upload job started.
 JOURNAL_FILE = "multipart.jsonl"
@@ -294,7 +295,7 @@ def run_upload_job(ctx: Any) -> dict[str, Any]:
             await store.close()
         for note in res.notes():
             ctx.log(note)
-        ctx.log(f"uploaded {len(res.objects)} objects, {res.bytes} bytes, {res.gbps:.2f} Gbps, verified")
+        ctx.log(f"uploaded {len(res.objects)} objects, {res.bytes} bytes, {gbps_text(res.gbps)}, verified")
         return res.as_dict()
 
     return asyncio.run(main())

@@ -37,7 +37,7 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, CheckpointsScreen)
-        assert "980 GB" in str(screen.query_one("#ckpt-footprint", Static).render())
+        assert "980.0 GB (912.7 GiB)" in str(screen.query_one("#ckpt-footprint", Static).render())
         screen.query_one("#ckpt-url", Input).value = str(run)
         screen.action_reload()
         table = screen.query_one("#ckpt-steps", DataTable)

@@ -11,9 +11,9 @@ import json
 import sys
 from typing import Any
 
-from backend.checkpoints.catalog import fmt_age, list_checkpoints
+from backend.checkpoints.catalog import list_checkpoints
 from backend.checkpoints.dcp import CheckpointError
-from backend.checkpoints.footprint import fmt_gb, footprint, footprint_table, upload_backlog
+from backend.checkpoints.footprint import footprint, footprint_table, upload_backlog
 from backend.checkpoints.inspection import inspect_step
 from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, StripResult
 from backend.checkpoints.upload import (
@@ -25,9 +25,9 @@ from backend.checkpoints.upload import (
 )
 from backend.ops import StripRequest, UploadRequest
 from backend.ops.checkpoints import Done, open_prefix, open_step
-from backend.policy.retention import fmt_size
 from backend.services import Services
 from backend.textfmt import align_columns
+from backend.units import age_of, bytes_gib_text, bytes_text, gbps_text
 from tui.cli.argtypes import duration_arg, size_arg
 
 
@@ -125,11 +125,11 @@ async def cmd_list(args: argparse.Namespace, services: Services) -> int:
         print(f"no step folders under {args.url}")
         return 0
     hdr = ("STEP", "FOLDER", "LAYOUT", "KIND", "SIZE", "OBJECTS", "AGE", "BF16 EXPORT", "WHY")
-    rows = [(str(s.step) if s.step is not None else "-", s.name, s.layout, s.kind, fmt_size(s.total_bytes),
-             str(s.object_count), fmt_age(s.mtime), "yes" if s.has_bf16_export else "no",
+    rows = [(str(s.step) if s.step is not None else "-", s.name, s.layout, s.kind, bytes_text(s.total_bytes),
+             str(s.object_count), age_of(s.mtime), "yes" if s.has_bf16_export else "no",
              s.note if s.kind in ("corrupt", "unknown", "incomplete") else "") for s in cat.steps]
     print("\n".join(line.rstrip() for line in align_columns([hdr, *rows])))
-    totals = ", ".join(f"{k} {fmt_size(v)}" for k, v in sorted(cat.bytes_by_kind().items()))
+    totals = ", ".join(f"{k} {bytes_text(v)}" for k, v in sorted(cat.bytes_by_kind().items()))
     print(f"\n{len(cat.steps)} steps; by kind: {totals}")
     return 0
 
@@ -154,7 +154,7 @@ async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
         _print_json(res.as_dict())
     else:
         print(f"stripped {res.source} -> {url_join(res.out_url, res.out_prefix)}: {res.tensor_count} tensors, "
-              f"{fmt_gb(res.weight_bytes)} BF16 in {len(res.shards)} shard(s), verified, {res.seconds:.1f}s")
+              f"{bytes_gib_text(res.weight_bytes)} BF16 in {len(res.shards)} shard(s), verified, {res.seconds:.1f}s")
     return 0
 
 
@@ -167,7 +167,7 @@ async def cmd_inspect(args: argparse.Namespace, services: Services) -> int:
         _print_json(ins.as_dict())
         return 0
     s = ins.step
-    print(f"{s.path}: {s.layout}, {s.kind}, {fmt_gb(s.total_bytes)}, {s.object_count} objects, "
+    print(f"{s.path}: {s.layout}, {s.kind}, {bytes_gib_text(s.total_bytes)}, {s.object_count} objects, "
           f"BF16 export: {'yes' if s.has_bf16_export else 'no'}")
     for t in ins.tensors:
         print(f"  {t.name:<60} {t.dtype:<9} {list(t.shape)!s:<18} {t.nbytes:>14,}  {t.file}")
@@ -203,6 +203,6 @@ async def cmd_upload(args: argparse.Namespace, services: Services) -> int:
     if args.json:
         _print_json(res.as_dict())
     else:
-        print(f"uploaded {len(res.objects)} objects, {fmt_gb(res.bytes)} in {res.seconds:.1f}s "
-              f"({res.gbps:.2f} Gbps), every object verified (size + checksum)")
+        print(f"uploaded {len(res.objects)} objects, {bytes_gib_text(res.bytes)} in {res.seconds:.1f}s "
+              f"({gbps_text(res.gbps)}), every object verified (size + checksum)")
     return 0

@@ -11,7 +11,6 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import humanize
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -20,12 +19,12 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
 
-from backend.checkpoints.catalog import fmt_age
-from backend.checkpoints.footprint import fmt_gb, footprint, upload_backlog
+from backend.checkpoints.footprint import footprint, upload_backlog
 from backend.checkpoints.strip import StripResult
 from backend.checkpoints.upload import UploadResult
 from backend.errors import LoadmasterError
 from backend.ops import StripRequest, UploadRequest
+from backend.units import age_of, bytes_gib_text, bytes_text, gbps_text
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmModal, ConfirmTyped
 from tui.widgets.table_cursor import cursor_row_key
@@ -39,11 +38,6 @@ if TYPE_CHECKING:
 #: Theme variable per kind (cells coloured by meaning, never by literal colour).
 KIND_STYLE = {"full": "action-keep", "weights": "action-strip", "incomplete": "job-running", "corrupt": "action-delete",
               "unknown": "action-skip"}
-
-
-def _gb(n: int) -> str:
-    """Decimal units (GB = 10^9 bytes), scaled: a 270 kB test step is not '0.000 GB'."""
-    return humanize.naturalsize(n, format="%.3g") if n < 10**9 else f"{n / 1e9:,.1f} GB"
 
 
 class CatalogListed(Message):
@@ -185,10 +179,10 @@ class CheckpointsScreen(LoadmasterScreen):
         except ValueError:
             out.update(f"Params: expected a number like 70e9, got {text!r}")
             return
-        out.update(f"{params / 1e9:g}B params: BF16 weights {fmt_gb(fp.weights_bytes)}, full AdamW state "
-                   f"{fmt_gb(fp.full_bytes)} (14 B/param); weights only saves {fp.saving_fraction:.1%}. "
-                   f"For {retained} full checkpoint(s): {fmt_gb(fp.retained_full_bytes)} vs "
-                   f"{fmt_gb(fp.retained_weights_bytes)}.  GB = 10^9 bytes")
+        out.update(f"{params / 1e9:g}B params: BF16 weights {bytes_gib_text(fp.weights_bytes)}, full AdamW state "
+                   f"{bytes_gib_text(fp.full_bytes)} (14 B/param); weights only saves {fp.saving_fraction:.1%}. "
+                   f"For {retained} full checkpoint(s): {bytes_gib_text(fp.retained_full_bytes)} vs "
+                   f"{bytes_gib_text(fp.retained_weights_bytes)}.  GB = 10^9 bytes")
 
     # ----------------------------------------------------------------- listing
 
@@ -274,20 +268,20 @@ class CheckpointsScreen(LoadmasterScreen):
             for s in shown:
                 table.add_row(str(s.step) if s.step is not None else s.name,
                               Text(s.kind, style=variables.get(KIND_STYLE[s.kind], "")), s.layout,
-                              _gb(s.total_bytes), str(s.object_count), fmt_age(s.mtime),
+                              bytes_text(s.total_bytes), str(s.object_count), age_of(s.mtime),
                               "yes" if s.has_bf16_export else "no", key=s.path)
             paths = [s.path for s in shown]
             if selected is not None and selected.path in paths:
                 table.move_cursor(row=paths.index(selected.path))
         by = cat.bytes_by_kind()
-        kinds = "  ".join(f"{k} {_gb(by[k])}" for k in KIND_STYLE if k in by)
+        kinds = "  ".join(f"{k} {bytes_text(by[k])}" for k in KIND_STYLE if k in by)
         bad = [s for s in cat.steps if s.kind == "corrupt"]
         if bad:  # red in the table; say which file is at fault, since the table has no room for it
             kinds += f"\ncorrupt (never counted or deleted): {bad[0].name}: {bad[0].note}" + (
                 f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
         matching = f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#ckpt-summary", Static).update(
-            f"{self.url}: {len(cat.steps)} steps, {_gb(sum(by.values()))}   by kind: {kinds or '-'}{matching}")
+            f"{self.url}: {len(cat.steps)} steps, {bytes_text(sum(by.values()))}   by kind: {kinds or '-'}{matching}")
         backlog = self.query_one("#ckpt-backlog", Static)
         backlog.display = bool(self.alerts)
         backlog.update("\n".join(f"ALERT {a.message}" for a in self.alerts))
@@ -352,7 +346,7 @@ class CheckpointsScreen(LoadmasterScreen):
             self.notify(f"{step.name} already has a BF16 export.", severity="warning", markup=False)
             return
         node = self.query_one("#ckpt-node", Input).value.strip() or None
-        body = (f"Read the model weights of {self.url}/{step.path} ({step.layout}, {_gb(step.total_bytes)}), cast "
+        body = (f"Read the model weights of {self.url}/{step.path} ({step.layout}, {bytes_text(step.total_bytes)}), cast "
                 f"to BF16 and write model-0000i-of-0000N.safetensors + model.safetensors.index.json into the same "
                 f"folder, then verify them. Nothing is deleted. Runs {'on ' + node if node else 'in this console'}.")
         self._confirm_strip(step.path, node, body)
@@ -371,7 +365,7 @@ class CheckpointsScreen(LoadmasterScreen):
                 return f"strip of {path} launched on {node} as job {done.job.id}"
             res = done.result
             assert isinstance(res, StripResult)
-            return (f"stripped {path}: {res.tensor_count} tensors, {_gb(res.weight_bytes)} BF16 in "
+            return (f"stripped {path}: {res.tensor_count} tensors, {bytes_text(res.weight_bytes)} BF16 in "
                     f"{len(res.shards)} shard(s), verified")
 
         await self._run_action("strip", path, f"Stripping {path} …", run)
@@ -434,7 +428,7 @@ class CheckpointsScreen(LoadmasterScreen):
             res = done.result
             assert isinstance(res, UploadResult)
             verb = "overwrote" if overwrite else "uploaded"
-            return f"{verb} {name}: {len(res.objects)} objects, {_gb(res.bytes)}, {res.gbps:.2f} Gbps, verified"
+            return f"{verb} {name}: {len(res.objects)} objects, {bytes_text(res.bytes)}, {gbps_text(res.gbps)}, verified"
 
         await self._run_action("upload", name, f"Uploading {local} …", run)
 
