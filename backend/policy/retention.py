@@ -32,10 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
-import humanize
-
 from backend.errors import PolicyError
 from backend.schema import parse_duration
+from backend.units import duration_text
 
 Action = Literal["keep-full", "strip-to-weights", "delete", "keep-weights", "skip"]
 ACTIONS: tuple[str, ...] = ("keep-full", "strip-to-weights", "delete", "keep-weights", "skip")
@@ -492,7 +491,7 @@ def plan_retention(
             continue
         if too_young(s):
             age = now - s.mtime
-            act("skip", f"younger than the minimum age ({_fmt_age(age)} < {_fmt_age(policy.min_age)})",
+            act("skip", f"younger than the minimum age ({duration_text(age)} < {duration_text(policy.min_age)})",
                 milestone=milestone_why is not None)
             continue
         if milestone_why is not None:
@@ -540,18 +539,6 @@ def _milestone_reason(s: Any, policy: RetentionPolicy) -> str | None:
     if _has_marker(s, policy.milestone_marker):
         return f"{policy.milestone_marker} marker"
     return None
-
-
-def fmt_size(n: int) -> str:
-    """A byte count as the retention plan shows it (``1.2 GB``, decimal units)."""
-    return humanize.naturalsize(n, format="%.1f")
-
-
-def _fmt_age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 # -- re-check ---------------------------------------------------------------------------------

@@ -13,13 +13,13 @@ from backend.errors import PolicyError
 from backend.policy.retention import (
     RetentionPlan,
     RetentionPolicy,
-    fmt_size,
     parse_pin,
     parse_step_list,
 )
 from backend.schema import parse_duration
 from backend.services import Services
 from backend.textfmt import align_columns
+from backend.units import bytes_text, usd_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -120,18 +120,18 @@ def format_plan(plan: RetentionPlan) -> str:
         est = "~" if a.estimated else ""
         proof = "" if a.resumable is None else ("verified" if a.resumable == "verified" else "FAILED")
         reason = a.reason if a.resumable in (None, "verified") else f"{a.reason}; deep check: {a.resumable}"
-        rows.append((str(a.step) if a.step is not None else a.path, a.kind, a.action, fmt_size(a.bytes_before),
-                     est + fmt_size(a.bytes_after), est + fmt_size(a.bytes_freed), proof, reason))
+        rows.append((str(a.step) if a.step is not None else a.path, a.kind, a.action, bytes_text(a.bytes_before),
+                     est + bytes_text(a.bytes_after), est + bytes_text(a.bytes_freed), proof, reason))
     lines = align_columns(rows)
     t = plan.totals
-    money = (f", ${t.usd_month_saved:,.2f}/month saved ({plan.price_note})" if t.usd_month_saved is not None
+    money = (f", {usd_text(t.usd_month_saved)}/month saved ({plan.price_note})" if t.usd_month_saved is not None
              else f" ({plan.price_note})" if plan.price_note else "")
     counts = ", ".join(f"{plan.count(x)} {x}" for x in ("keep-full", "strip-to-weights", "keep-weights",
                                                          "delete", "skip") if plan.count(x))
     lines += [
         "",
         f"plan {plan.hash[:12]} for {plan.url}: {counts}",
-        f"before {fmt_size(t.bytes_before)} -> after {fmt_size(t.bytes_after)}: saves {fmt_size(t.bytes_saved)} "
+        f"before {bytes_text(t.bytes_before)} -> after {bytes_text(t.bytes_after)}: saves {bytes_text(t.bytes_saved)} "
         f"({t.percent_saved:.1f}%){money}",
     ]
     if any(a.estimated for a in plan.actions):
@@ -192,7 +192,7 @@ async def cmd_apply(args: argparse.Namespace, services: Services) -> int:
         print(f"{'dry run of' if report.dry_run else 'applied'} plan {plan.hash[:12]}: {report.outcome}; "
               f"{report.count('done')} done, {report.count('already-done')} already done, "
               f"{report.count('stopped')} stopped, {report.count('failed')} failed; "
-              f"freed {fmt_size(report.bytes_freed)}"
+              f"freed {bytes_text(report.bytes_freed)}"
               + (f"; audit record #{report.audit_id}" if report.audit_id else ""))
         if report.count("stopped"):
             print("stopped actions were left untouched: compute a new plan to act on the current listing")

@@ -25,11 +25,11 @@ from backend.policy.retention import (
     Pin,
     RetentionPlan,
     RetentionPolicy,
-    fmt_size,
     parse_step_list,
     plan_retention,
 )
 from backend.schema import parse_duration
+from backend.units import bytes_text, duration_spec, usd_text
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.detail import DetailModal
@@ -178,7 +178,8 @@ class RetentionScreen(LoadmasterScreen):
                 yield Select([("delete", "delete"), ("keep weights", "keep-weights")], value=p.others,
                              allow_blank=False, id="others")
                 yield Label("min age", classes="retention-label")
-                yield Input(_age_text(p.min_age), placeholder="0", id="min-age", classes="retention-num")
+                yield Input(duration_spec(p.min_age) if p.min_age else "", placeholder="0", id="min-age",
+                            classes="retention-num")
             yield Static("Press o to type a run folder, then enter to list it.", id="retention-summary", markup=False)
             with Horizontal(id="retention-bar"):
                 for cls, label, _ in BAR_SEGMENTS:
@@ -335,13 +336,13 @@ class RetentionScreen(LoadmasterScreen):
                 est = "~" if a.estimated else ""
                 table.add_row(
                     str(a.step) if a.step is not None else a.path, Text(a.action, style=style),
-                    fmt_size(a.bytes_before), est + fmt_size(a.bytes_after), est + fmt_size(a.bytes_freed),
+                    bytes_text(a.bytes_before), est + bytes_text(a.bytes_after), est + bytes_text(a.bytes_freed),
                     Text(_reason_text(a)), self.results.get(a.path, ""), key=a.path)
             paths = [a.path for a in shown]
             if selected is not None and selected.path in paths:
                 table.move_cursor(row=paths.index(selected.path))
             t = plan.totals
-            money = (f"  ${t.usd_month_saved:,.2f}/month" if t.usd_month_saved is not None
+            money = (f"  {usd_text(t.usd_month_saved)}/month" if t.usd_month_saved is not None
                      else f"  ({plan.price_note})")
             counts = "  ".join(f"{plan.count(x)} {x}" for x in ("keep-full", "strip-to-weights", "keep-weights",
                                                                 "delete", "skip") if plan.count(x))
@@ -353,17 +354,17 @@ class RetentionScreen(LoadmasterScreen):
                                                     strict=True):
                 seg.display = n > 0
                 seg.styles.width = f"{max(n, 1)}fr"
-                text = f"{label} {fmt_size(n)}"
+                text = f"{label} {bytes_text(n)}"
                 seg.tooltip = text
                 if isinstance(seg, Static):
                     # A label that does not fit its share would be cut into nonsense ("weigh"):
                     # narrow segments stay colour only; the legend line below names them all.
                     seg.update(text if n / total * width >= len(text) + 1 else "")
             self.query_one("#retention-summary", Static).update(
-                f"{plan.url}   before {fmt_size(t.bytes_before)} → after {fmt_size(t.bytes_after)}   "
-                f"saves {fmt_size(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}"
+                f"{plan.url}   before {bytes_text(t.bytes_before)} → after {bytes_text(t.bytes_after)}   "
+                f"saves {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}"
                 + (f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else "")
-                + "\nstorage: " + " · ".join(f"{label} {fmt_size(n)}" for (_c, label, _a), n
+                + "\nstorage: " + " · ".join(f"{label} {bytes_text(n)}" for (_c, label, _a), n
                                            in zip(BAR_SEGMENTS, sizes, strict=True) if n))
 
     def _selected(self) -> Any:
@@ -386,8 +387,8 @@ class RetentionScreen(LoadmasterScreen):
         est = " (estimated: no BF16 export yet)" if a.estimated else ""
         fields = [("folder", f"{self.url}/{a.path}"), ("layout", f"{a.layout} ({a.kind})"),
                   ("action", a.action), ("reason", a.reason),
-                  ("before", f"{fmt_size(a.bytes_before)} in {a.object_count:,} objects"),
-                  ("after", fmt_size(a.bytes_after) + est), ("freed", fmt_size(a.bytes_freed) + est),
+                  ("before", f"{bytes_text(a.bytes_before)} in {a.object_count:,} objects"),
+                  ("after", bytes_text(a.bytes_after) + est), ("freed", bytes_text(a.bytes_freed) + est),
                   ("pinned", a.pinned or "no"), ("milestone", "yes" if a.milestone else "no")]
         if a.note:
             fields.append(("contents", a.note))
@@ -491,7 +492,7 @@ class RetentionScreen(LoadmasterScreen):
         t = plan.totals
         body = (f"{plan.count('delete')} steps deleted, {plan.count('strip-to-weights')} stripped to BF16 weights "
                 f"(optimizer state removed after the export verifies), {plan.count('keep-full')} kept full, "
-                f"{plan.count('skip')} untouched.\nFrees {fmt_size(t.bytes_saved)} ({t.percent_saved:.1f}%). "
+                f"{plan.count('skip')} untouched.\nFrees {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%). "
                 f"Plan {plan.hash[:12]}. The listing is checked again first; changed steps are skipped.")
 
         def confirmed(ok: bool | None) -> None:
@@ -551,19 +552,10 @@ class RetentionScreen(LoadmasterScreen):
         else:
             lines = [f"Applied plan {r.plan_hash[:12]}: {r.outcome}. {r.count('done')} done, "
                      f"{r.count('already-done')} already done, {r.count('stopped')} stopped, "
-                     f"{r.count('failed')} failed; freed {fmt_size(r.bytes_freed)}. Audit record #{r.audit_id}."]
+                     f"{r.count('failed')} failed; freed {bytes_text(r.bytes_freed)}. Audit record #{r.audit_id}."]
         lines += [f"changed: {c}" for c in r.changes[:5]]
         lines += [f"failed: {o.path}: {o.detail}" for o in r.outcomes if o.outcome == "failed"][:5]
         self.query_one("#retention-status", Static).update("\n".join(lines))
         self.notify(lines[0], severity="information" if r.ok else "warning", markup=False)
         if not r.dry_run:
             self._load_catalog(self.url)  # show what the store holds now
-
-
-def _age_text(seconds: float) -> str:
-    if not seconds:
-        return ""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
