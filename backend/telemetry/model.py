@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 
+from backend.units import gbps_text
+
 NodeState = Literal["connecting", "up", "stale", "unreachable"]
 NicKind = Literal["physical", "bond", "member", "virtual", "loopback"]
 
@@ -95,7 +97,7 @@ class Alert:
     def message(self) -> str:
         """One line for a list or a log."""
         gpus = ",".join(str(g) for g in self.gpus)
-        nic = "rx ?" if self.rx_gbps is None else f"rx {self.rx_gbps:.1f} Gbps"
+        nic = f"rx {gbps_text(self.rx_gbps)}"
         if self.rx_pct is not None:
             nic += f" ({self.rx_pct:.0f}% of line rate)"
         advice = HINT_ADVICE.get(self.hint, "")
@@ -261,11 +263,11 @@ class FleetSnapshot:
         return tuple(a for a in self.alerts if a.active)
 
     def summary_line(self) -> str:
-        """'nodes 3/4 up · GPUs 24 · util 71% · rx 12.3 Gbps · tx 0.4 Gbps · alerts 1'."""
+        """'nodes 3/4 up · GPUs 24 · util 71% · rx 12.3 Gbps · tx 0.40 Gbps · alerts 1'."""
         util = "-" if self.util_mean is None else f"{self.util_mean:.0f}%"
         return (
             f"nodes {self.nodes_up}/{len(self.nodes)} up · GPUs {self.gpu_count} · util {util} · "
-            f"rx {self.rx_gbps:.1f} Gbps · tx {self.tx_gbps:.1f} Gbps · "
+            f"rx {gbps_text(self.rx_gbps)} · tx {gbps_text(self.tx_gbps)} · "
             f"alerts {len(self.active_alerts)}"
         )
 

@@ -12,6 +12,7 @@ from backend.nodes.agent import AgentReport
 from backend.nodes.ssh_config import effective_settings
 from backend.services import Services
 from backend.textfmt import align_columns
+from backend.units import bytes_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -61,15 +62,6 @@ def _print_table(rows: list[list[str]]) -> None:
     print("\n".join(align_columns(rows)))
 
 
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 def _speed(mbps: int | None) -> str:
     if mbps is None:
         return "speed n/a"
@@ -104,8 +96,8 @@ def format_report(r: NodeReport) -> list[str]:
     lines.append(f"  ssh       {lat}{r.command_ms or 0:.0f} ms check" if r.transport == "ssh"
                  else f"  local     {r.command_ms or 0:.0f} ms check")
     lines.append(f"  os        {r.os or '?'}, kernel {r.kernel or '?'} {r.arch or ''}".rstrip())
-    lines.append(f"  cpu/mem   {r.cpus or '?'} CPUs, {_bytes(r.mem_total_bytes)} "
-                 f"({_bytes(r.mem_available_bytes)} available)")
+    lines.append(f"  cpu/mem   {r.cpus or '?'} CPUs, {bytes_text(r.mem_total_bytes)} "
+                 f"({bytes_text(r.mem_available_bytes)} available)")
     lines.append(f"  python3   {r.python3 or 'MISSING'}")
     if r.agent is not None:
         lines.append(f"  agent     {_agent(r.agent)}")
@@ -120,8 +112,8 @@ def format_report(r: NodeReport) -> list[str]:
     nics = ", ".join(f"{n.name} {_speed(n.speed_mbps)} ({n.state})" for n in r.nics if n.name != "lo")
     lines.append(f"  nics      {nics or 'none besides lo'}")
     if r.scratch_exists:
-        lines.append(f"  scratch   {r.scratch}: {_bytes(r.scratch_free_bytes)} free of "
-                     f"{_bytes(r.scratch_total_bytes)}")
+        lines.append(f"  scratch   {r.scratch}: {bytes_text(r.scratch_free_bytes)} free of "
+                     f"{bytes_text(r.scratch_total_bytes)}")
     else:
         lines.append(f"  scratch   {r.scratch}: MISSING")
     for p in (*r.problems, *r.gpu_problems):

@@ -13,6 +13,7 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Static
 
 from backend.telemetry.model import FleetSnapshot, NodeSnapshot
+from backend.units import bytes_text
 from tui.messages import FleetSampled
 from tui.screens.base import LoadmasterScreen
 from tui.widgets.fleet_format import bar, error_cell, num, rate_pct, spark, state_cell
@@ -128,7 +129,7 @@ class NodeDetailScreen(LoadmasterScreen):
         if n.scratch_error:
             parts.append(f"scratch {n.scratch}: {n.scratch_error}")
         elif n.scratch_free_bytes is not None:
-            parts.append(f"scratch {n.scratch}: {n.scratch_free_bytes / 1e9:.0f} GB free")
+            parts.append(f"scratch {n.scratch}: {bytes_text(n.scratch_free_bytes)} free")
         if n.alerts:
             parts.append(n.alerts[0].message)
         self.query_one("#node-header", Static).update(" · ".join(parts))
