@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import ConfigError, JobError, LoadmasterError
-from backend.jobs.fmt import describe_plan, fmt_bytes, fmt_eta
+from backend.jobs.fmt import describe_plan
 from backend.nodes.pool import PARTIAL_EXIT, unread_line
 from backend.nodes.untrusted import clean_block, clean_text
 from backend.services import Services
 from backend.textfmt import align_columns
+from backend.units import bytes_text, duration_text, gbps_text
 
 # The job manager (and what it imports) is loaded when a command first uses it: a pull imports
 # it while it waits on the network, not before it starts connecting.
@@ -97,22 +98,22 @@ def fmt_when(ts: float | None) -> str:
 
 
 def progress_text(rec: JobRecord, line_rate_gbps: float | None = None) -> str:
-    """``45% 5.4/12.0 GB 3/8 obj 9.1 Gbps ETA 12s`` for one job."""
+    """``45% 5.4 GB/12.0 GB 3/8 obj 9.10 Gbps ETA 12s`` for one job."""
     p = rec.progress
     if p is None:
         return "-"
     parts = []
     if p.fraction is not None:
         parts.append(f"{p.fraction * 100:.0f}%")
-    parts.append(f"{fmt_bytes(p.bytes_done)}/{fmt_bytes(p.bytes_total)}")
+    parts.append(f"{bytes_text(p.bytes_done)}/{bytes_text(p.bytes_total)}")
     if p.items_total is not None:
         parts.append(f"{p.items_done}/{p.items_total} obj")
     if p.gbps is not None and not rec.terminal:
-        g = f"{p.gbps:.2f} Gbps"
+        g = gbps_text(p.gbps)
         if line_rate_gbps:
             g += f" ({p.gbps / line_rate_gbps * 100:.0f}% of line)"
         parts.append(g)
-        parts.append(f"ETA {fmt_eta(p.eta_s)}")
+        parts.append(f"ETA {duration_text(p.eta_s)}")
     return " ".join(parts)
 
 
@@ -324,9 +325,9 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
                 # At the end nothing is running: show the whole pull's average instead of 0.
                 g = (roll.bytes_done * 8 / 1e9 / max(now - started, 1e-3) if done else roll.rate_bps * 8 / 1e9)
                 line_pct = f" ({g / (rate * len(ids)) * 100:.0f}% of line)" if rate else ""
-                when = "average" if done else f"ETA {fmt_eta(roll.eta_s)}"
-                print(f"{pct} {fmt_bytes(roll.bytes_done)}/{fmt_bytes(roll.bytes_total)} "
-                      f"{roll.items_done}/{roll.items_total} obj {g:.2f} Gbps{line_pct} "
+                when = "average" if done else f"ETA {duration_text(roll.eta_s)}"
+                print(f"{pct} {bytes_text(roll.bytes_done)}/{bytes_text(roll.bytes_total)} "
+                      f"{roll.items_done}/{roll.items_total} obj {gbps_text(g)}{line_pct} "
                       f"{when}  [{roll.running} running, {roll.succeeded} ok, "
                       f"{roll.failed} failed]", file=sys.stderr)
             if done:
@@ -341,8 +342,8 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
         ok = ok and r.state == "succeeded"
         msg = f"{r.node}: {r.state}"
         if r.state == "succeeded" and r.result:
-            msg += f" ({r.result.get('objects')} objects, {fmt_bytes(r.result.get('bytes'))} verified, " \
-                   f"{r.result.get('gbps')} Gbps)"
+            msg += f" ({r.result.get('objects')} objects, {bytes_text(r.result.get('bytes'))} verified, " \
+                   f"{gbps_text(r.result.get('gbps'))})"
         if r.error:
             msg += f": {r.error}"
         print(_t(msg), file=sys.stderr if as_json else sys.stdout)

@@ -20,8 +20,9 @@ from textual.message import Message
 from textual.widgets import Button, DataTable, Static
 
 from backend.errors import ConfigError, LoadmasterError
-from backend.jobs.fmt import describe_plan, fmt_bytes, fmt_eta
+from backend.jobs.fmt import describe_plan
 from backend.jobs.records import JobProgress, JobRecord, fleet_rollup
+from backend.units import bytes_text, duration_text, rate_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.transfers_detail import TransferDetail
@@ -170,8 +171,8 @@ class TransfersScreen(LoadmasterScreen):
         # A partial view says so: the count is of the nodes that answered, not of the fleet.
         scope = f" on {total - len(unreachable)} of {total} nodes (partial view)" if unreachable else ""
         text = (f"{len(self.records)} job(s){scope}: {roll.running} running"
-                + (f" | active {fmt_bytes(roll.bytes_done)}/{fmt_bytes(roll.bytes_total)}, "
-                   f"{roll.rate_bps * 8 / 1e9:.2f} Gbps, ETA {fmt_eta(roll.eta_s)}" if active else "")
+                + (f" | active {bytes_text(roll.bytes_done)}/{bytes_text(roll.bytes_total)}, "
+                   f"{rate_text(roll.rate_bps)}, ETA {duration_text(roll.eta_s)}" if active else "")
                 + (f" | not answering: {', '.join(unreachable)}" if unreachable else ""))
         if self.filter_text:
             text += f" | showing {len(shown)} matching {self.filter_text!r} (escape shows all)"

@@ -10,7 +10,8 @@ from textual.containers import Vertical
 from textual.widgets import Label, Sparkline, Static
 
 from backend.jobs.records import JobProgress, JobRecord
-from tui.widgets.transfers_format import bar, fmt_bytes, fmt_eta
+from backend.units import bytes_text, duration_text, gbps_text
+from tui.widgets.transfers_format import bar
 
 
 class TransferDetail(Vertical):
@@ -36,11 +37,11 @@ class TransferDetail(Vertical):
         if rec.source:
             lines.append(f"{rec.source} -> {rec.destination}")
         if p is not None:
-            lines.append(f"{bar(p.fraction, 30)}  {fmt_bytes(p.bytes_done)} of {fmt_bytes(p.bytes_total)}"
+            lines.append(f"{bar(p.fraction, 30)}  {bytes_text(p.bytes_done)} of {bytes_text(p.bytes_total)}"
                          + (f", {p.items_done}/{p.items_total} objects" if p.items_total is not None else ""))
             if rec.state in ("running", "cancelling") and p.gbps is not None:
                 pct = f" ({p.gbps / line_rate_gbps * 100:.0f}% of line rate)" if line_rate_gbps else ""
-                lines.append(f"{p.gbps:.2f} Gbps{pct}, ETA {fmt_eta(p.eta_s)}")
+                lines.append(f"{gbps_text(p.gbps)}{pct}, ETA {duration_text(p.eta_s)}")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.created))
         lines.append(f"launched {when} by {rec.launched_by} from {rec.launched_from}")
         if rec.error:
@@ -48,8 +49,8 @@ class TransferDetail(Vertical):
         if rec.result:
             r = rec.result
             if "bytes" in r:
-                lines.append(f"result: {r.get('objects', '?')} objects, {fmt_bytes(r.get('bytes'))} verified"
-                             + (f", {r['gbps']} Gbps" if r.get("gbps") is not None else ""))
+                lines.append(f"result: {r.get('objects', '?')} objects, {bytes_text(r.get('bytes'))} verified"
+                             + (f", {gbps_text(r['gbps'])}" if r.get("gbps") is not None else ""))
         self.query_one("#transfers-detail-info", Static).update("\n".join(lines))
         self.query_one("#transfers-spark", Sparkline).data = [pt.gbps or 0.0 for pt in history] or [0.0]
         self.query_one("#transfers-log", Static).update(log_tail.rstrip() or "(empty log)")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from backend.jobs.fmt import fmt_bytes, fmt_eta
-
-__all__ = ["bar", "fmt_bytes", "fmt_eta", "short"]
+__all__ = ["bar", "short"]
 
 
 def bar(fraction: float | None, width: int = 12) -> str:

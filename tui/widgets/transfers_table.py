@@ -8,8 +8,9 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from backend.jobs.records import JobRecord
+from backend.units import bytes_text, duration_text
 from tui.widgets.table_cursor import cursor_row_key
-from tui.widgets.transfers_format import bar, fmt_bytes, fmt_eta, short
+from tui.widgets.transfers_format import bar, short
 
 #: Theme variable per job state (cells are coloured by meaning, never by literal colour).
 STATE_STYLE = {
@@ -67,10 +68,10 @@ class TransfersTable(DataTable[Text]):
         frac = p.fraction if p else None
         prog = Text(bar(frac, 8))
         if p is not None:
-            prog.append(f" {fmt_bytes(p.bytes_done)}/{fmt_bytes(p.bytes_total)}")
+            prog.append(f" {bytes_text(p.bytes_done)}/{bytes_text(p.bytes_total)}")
         live = r.state in ("running", "cancelling")
         gbps = f"{p.gbps:.2f}" if p is not None and p.gbps is not None and live else "-"
-        eta = fmt_eta(p.eta_s) if p is not None and live else "-"
+        eta = duration_text(p.eta_s) if p is not None and live else "-"
         state = r.state + (" ?" if r.note else "")
         style = variables.get(STATE_STYLE.get(r.state, ""), "")
         return [Text(r.node), Text(r.kind), Text(state, style=style), prog, Text(gbps, justify="right"),
