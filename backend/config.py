@@ -21,7 +21,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import hostlist
 import platformdirs
@@ -228,14 +228,23 @@ class Config:
                           f"under one of them or add a [stores.NAME] table with url = \"s3://{bucket}\"",
                           file=self.source)
 
-    def section(self, name: str) -> Any:
-        """A feature section's dataclass (its defaults when the file does not set it)."""
-        if name in self.sections:
-            return self.sections[name]
-        return _section_class(name)()
+    def section(self, cls: type[S]) -> S:
+        """The feature section ``cls`` (one of :data:`FEATURE_SECTIONS`), as the file set it or its
+        defaults: ``config.section(JobSettings)`` is a ``JobSettings``."""
+        name = _SECTION_NAMES.get(f"{cls.__module__}:{cls.__qualname__}")
+        if name is None:
+            raise TypeError(f"{cls.__qualname__} is not a config section (see FEATURE_SECTIONS)")
+        value = self.sections.get(name)
+        return value if isinstance(value, cls) else cls()
 
     def state_dir(self) -> Path:
         return Path(os.path.expanduser(self.state.dir)) if self.state.dir else data_dir()
+
+
+S = TypeVar("S")
+
+#: ``"module:Class"`` -> the section's name in the file.
+_SECTION_NAMES = {target: name for name, target in FEATURE_SECTIONS.items()}
 
 
 def _section_class(name: str) -> type:

@@ -58,6 +58,7 @@ from backend.policy.egress import (
 from backend.policy.prices import (
     GB,
     LOCAL_PROVIDERS,
+    PriceOverrides,
     PriceTable,
     TierSlice,
     parse_site,
@@ -282,8 +283,8 @@ class EgressGuard:
     def __init__(self, config: Config, db: StateDB, *, prices: PriceTable | None = None) -> None:
         self.config = config
         self.db = db
-        self.settings: EgressSettings = config.section("egress")
-        self.prices = prices or price_table(config.section("prices"))
+        self.settings: EgressSettings = config.section(EgressSettings)
+        self.prices = prices or price_table(config.section(PriceOverrides))
         self.ledger = EgressLedger(db)
 
     # -- helpers --------------------------------------------------------------------------

@@ -66,8 +66,9 @@ class Services:
     @cached_property
     def telemetry(self) -> TelemetryHub:
         from backend.telemetry.hub import TelemetryHub
+        from backend.telemetry.settings import TelemetrySettings
 
-        return TelemetryHub(self.pool, self.config.section("telemetry"))
+        return TelemetryHub(self.pool, self.config.section(TelemetrySettings))
 
     @cached_property
     def jobs(self) -> JobManager:

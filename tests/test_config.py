@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main
 from backend.config import load_config_file
 from backend.errors import ConfigError
+from tui.cli import main
 
 
 def write(tmp_path: Path, text: str, name: str = "loadmaster.toml") -> Path:

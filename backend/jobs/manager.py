@@ -73,7 +73,7 @@ class JobManager:
         self.pool = pool
         self.db = db
         self.config = config
-        self.settings: JobSettings = config.section("jobs")
+        self.settings: JobSettings = config.section(JobSettings)
         self._homes: dict[str, str] = {}
         self._samples: dict[str, deque[tuple[float, int]]] = {}
         self.store = JobStore(db)

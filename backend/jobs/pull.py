@@ -39,6 +39,7 @@ from backend.jobs.pull_objects import (
     parse_source,
     s5cmd_error,
 )
+from backend.jobs.settings import JobSettings
 
 # What only some commands need (asyncio, the S3 client, the ledger) is imported where it is used.
 if TYPE_CHECKING:
@@ -336,7 +337,7 @@ async def plan_pull(
     import asyncio
 
     config = services.config
-    settings = config.section("jobs")
+    settings = config.section(JobSettings)
     pattern = parse_source(src)
     profile = resolve_store(config, src, store)
 
@@ -463,7 +464,7 @@ async def launch_pull(services: Any, plan: PullPlan, *, label: str = "") -> list
         finally:
             await store.close()
     secrets = creds.as_env()
-    settings = services.config.section("jobs")
+    settings = services.config.section(JobSettings)
     expected = [list(o) for o in plan.objects] if len(plan.objects) <= settings.max_spec_objects else None
     manager: JobManager = services.jobs
     out = []

@@ -92,7 +92,7 @@ def persist_seconds(config: Config) -> float:
             return _persist(env)
         except ValueError as exc:
             raise ConfigError(f"{exc} (from the environment)", key=PERSIST_ENV) from None
-    settings = config.section("ssh")
+    settings = config.section(SshSettings)
     return settings.persist if isinstance(settings, SshSettings) else SshSettings().persist
 
 
@@ -107,7 +107,7 @@ def keeper_key(config: Config) -> str:
     for part in (__version__, python, socket.gethostname(), str(os.geteuid()), repr(ssh_nodes)):
         h.update(part.encode() + b"\0")
     # The [ssh] section too: keepalive settings shape the keeper's connections.
-    h.update(repr(config.section("ssh")).encode() + b"\0")
+    h.update(repr(config.section(SshSettings)).encode() + b"\0")
     for path in ssh_config_files(ssh_config_paths()):
         h.update(str(path).encode() + b"\0")
         with contextlib.suppress(OSError):

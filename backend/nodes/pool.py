@@ -107,7 +107,7 @@ class NodePool:
         """The pool for ``config``'s nodes with its ``[ssh]`` keepalive settings."""
         from backend.nodes.settings import SshSettings
 
-        ssh = config.section("ssh")
+        ssh = config.section(SshSettings)
         if not isinstance(ssh, SshSettings):
             ssh = SshSettings()
         options.setdefault("keepalive_interval", ssh.keepalive_interval)

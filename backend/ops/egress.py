@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from backend.errors import PolicyError
 from backend.ops.base import Operation
+from backend.policy.prices import PriceOverrides
 
 if TYPE_CHECKING:
     from backend.policy.egress import GuardDecision
@@ -33,7 +34,7 @@ class Egress(Operation):
         profile = config.store(store)
         if site:
             try:  # a typed site the table does not know is an error, never a price
-                parse_site_text(site, what="destination", table=price_table(config.section("prices")))
+                parse_site_text(site, what="destination", table=price_table(config.section(PriceOverrides)))
             except ValueError as exc:
                 raise PolicyError(str(exc)) from None
         if node:

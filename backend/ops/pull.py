@@ -15,8 +15,8 @@ from backend.errors import ConfigError, JobError, PolicyError
 from backend.ops.base import Operation
 
 if TYPE_CHECKING:
-    from backend.jobs.records import JobRecord
     from backend.jobs.pull import PullPlan
+    from backend.jobs.records import JobRecord
 
 #: How long a plan the operator was shown stands for its listing and free space. Older, the
 #: start lists the source and probes the nodes again; the egress quote is always made afresh.

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import PolicyError, StoreError
+from backend.policy.prices import PriceOverrides
 from backend.policy.retention import (
     STRIPPABLE_LAYOUTS,
     Pin,
@@ -184,7 +185,7 @@ def storage_price(services: Services, url: str) -> tuple[float | None, str]:
         return None, f"store {profile.name or profile.url}: no provider configured, storage not priced"
     from backend.policy.prices import price_table
 
-    prices = price_table(services.config.section("prices")).provider(profile.provider, profile.region)
+    prices = price_table(services.config.section(PriceOverrides)).provider(profile.provider, profile.region)
     if prices is None:
         return None, f"provider {profile.provider!r} is not in the price table: storage not priced"
     return prices.storage_gb_month, f"{prices.name} storage ${prices.storage_gb_month}/GB-month ({prices.source})"
@@ -268,10 +269,7 @@ def in_flight_from_jobs(services: Services, url: str) -> set[str]:
     A job's ``dest`` (or, for a strip, its ``src``) inside the run folder names the step it
     writes; the first path segment below ``url`` is that step folder.
     """
-    try:
-        records = services.jobs.records()
-    except ImportError:
-        return set()  # no job manager in this build: callers still pass --in-flight explicitly
+    records = services.jobs.records()
     base = _norm(url) + "/"
     out: set[str] = set()
     for r in records:
@@ -476,7 +474,7 @@ async def _apply_locked(services: Services, plan: RetentionPlan, st: ObjectStore
         }
         flying = set(in_flight) | in_flight_from_jobs(services, plan.url)
         policy = effective_policy(services, plan.policy, plan.url).with_pins(
-            services.config.section("retention").pins)
+            services.config.section(RetentionPolicy).pins)
         now = time.time()
         first = plan_retention(catalog.steps, policy, now=now, in_flight=flying, url=plan.url, prefix=plan.prefix)
         proofs = await prove_kept(services, st, catalog, first, plan.url)

@@ -13,6 +13,7 @@ from typing import Any
 
 from backend.config import Config, StoreProfile
 from backend.nodes.untrusted import loads_bounded
+from backend.policy.prices import PriceOverrides, price_table
 from backend.units import bytes_text, usd_text
 
 MANIFEST_NAME = "manifest.json"
@@ -92,21 +93,15 @@ def get_price(config: Config | None, *profiles: StoreProfile | None) -> tuple[fl
     if not any(p is not None and p.provider for p in profiles):
         return DEFAULT_GET_PER_1000, "S3 Standard GET price"  # nothing to look up: skip the table
     try:
-        from backend.policy import prices as price_mod
-    except ImportError:  # the egress feature is optional
-        price_mod = None  # type: ignore[assignment]
-    if price_mod is not None:
-        try:
-            table = price_mod.price_table(config.section("prices") if config else None)
-        except Exception:  # noqa: BLE001 - a bad price table must not stop a conversion
-            table = None
-        if table is not None:
-            for p in profiles:
-                if p is None or not p.provider:
-                    continue
-                prov = table.provider(p.provider, p.region)
-                if prov is not None:
-                    return float(prov.get_per_1000), f"{prov.name} GET price"
+        table = price_table(config.section(PriceOverrides) if config else None)
+    except Exception:  # noqa: BLE001 - a bad price table must not stop a conversion
+        return DEFAULT_GET_PER_1000, "S3 Standard GET price"
+    for p in profiles:
+        if p is None or not p.provider:
+            continue
+        prov = table.provider(p.provider, p.region)
+        if prov is not None:
+            return float(prov.get_per_1000), f"{prov.name} GET price"
     return DEFAULT_GET_PER_1000, "S3 Standard GET price"
 
 

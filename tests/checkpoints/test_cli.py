@@ -14,11 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 from backend.checkpoints.footprint import footprint, upload_backlog
-from tui.cli import main
 from backend.config import load_config_file
 from backend.lab import Lab
 from backend.services import Services
 from tests.helpers import write_lab_config
+from tui.cli import main
 
 
 def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -19,7 +18,6 @@ import pytest
 
 from backend.agent.context import JobContext
 from backend.checkpoints.catalog import list_checkpoints
-from backend.config import data_dir
 from backend.checkpoints.upload import (
     MiB,
     UploadCancelled,
@@ -31,6 +29,7 @@ from backend.checkpoints.upload import (
     upload_dir,
     upload_params,
 )
+from backend.config import data_dir
 from backend.storage import S3Store
 from tests.helpers import lab_bucket_store
 

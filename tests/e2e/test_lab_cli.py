@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main
 from backend.lab import seaweed, sshd
 from backend.lab.sshd import lab_processes
+from tui.cli import main
 
 pytestmark = [pytest.mark.lab]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main
 from backend.config import load_config
 from backend.ledger import EgressGuard
 from backend.state import StateDB
+from tui.cli import main
 
 CONFIG = """
 [[nodes]]

@@ -167,7 +167,7 @@ def test_overrides_from_config() -> None:
             "aliases": {"corp-s3": "aws"},
         },
     }, file="lm.toml")
-    t = price_table(cfg.section("prices"))
+    t = price_table(cfg.section(PriceOverrides))
     assert price_transfer(t, "corp-s3:us-east-1", "lambda:us-west-1", 1_100 * GB).usd == pytest.approx(50.0)
     assert price_transfer(t, "wasabi:us-east-1", "lambda:us-west-1", TB).usd == 0.0
     assert price_table(PriceOverrides()).provider("aws") == default_price_table().provider("aws")

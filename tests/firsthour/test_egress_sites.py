@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tui.cli import main
 from backend.config import parse_config
 from backend.errors import ConfigError
 from backend.policy.egress import estimate
-from backend.policy.prices import default_price_table, price_table, price_transfer
+from backend.policy.prices import PriceOverrides, default_price_table, price_table, price_transfer
+from tui.cli import main
 
 TB = 10**12
 TABLE = default_price_table()
@@ -96,7 +96,7 @@ def test_operators_add_their_own_sites_and_regions() -> None:
         "prices": {"sites": {"acme": {"name": "ACME GPU cloud", "known_regions": ["dc1", "dc2"]}},
                    "providers": {"aws": {"known_regions": ["us-east-1", "us-fake-9"]}}},
     }, file="lm.toml")
-    t = price_table(cfg.section("prices"))
+    t = price_table(cfg.section(PriceOverrides))
     assert price_transfer(t, "aws:us-east-1", "acme:dc1", TB).kind == "internet"
     assert not price_transfer(t, "aws:us-east-1", "acme:dc3", TB).priced
     assert price_transfer(t, "aws:us-east-1", "aws:us-fake-9", TB).kind == "inter-region"

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from tui.cli import main
 from backend.config import Config, Node, StoreProfile, parse_config
 from backend.errors import ConfigError
 from tests.helpers import write_lab_config
+from tui.cli import main
 
 LAB = StoreProfile(url="s3://lab-e65e8da6", provider="aws", region="us-east-1", profile="lab", name="lab")
 RUNS = StoreProfile(url="s3://ckpt/runs/llama", provider="aws", region="us-east-1", name="runs")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main as cli_main
 from backend.lab import Lab
 from tests.jobs.conftest import SourceData
+from tui.cli import main as cli_main
 
 pytestmark = pytest.mark.timeout(240)
 LOADMASTER = str(Path(sys.executable).parent / "loadmaster")
@@ -51,9 +51,9 @@ def test_clear_errors_for_bad_input(lab: Lab, source: SourceData, jobs_config_pa
     cfg = str(jobs_config_path)
     cases = [
         (["job", "show", "nope-nope"], "no job 'nope-nope'"),
-        (["pull", "/local/path", "d", "--node", "node-01", "--yes"], "SRC must be an s3:// URL"),
+        (["pull", "/local/path", "d", "--node", "node-01", "--yes"], "source must be an s3:// URL"),
         (["pull", source.url, "d", "--node", "node-99", "--yes"], "no node named 'node-99'"),
-        (["pull", source.url, "d", "--node", "node-01", "--yes", "--numworkers", "0"], "--numworkers must be"),
+        (["pull", source.url, "d", "--node", "node-01", "--yes", "--numworkers", "0"], "numworkers must be at least 1"),
         (["pull", source.url, "d", "--node", "node-01", "--store", "nosuch", "--yes"], "no store named 'nosuch'"),
         (["--readonly", "pull", source.url, "d", "--node", "node-01", "--yes"], "read-only"),
         (["pull", source.url, "d", "--node", "node-01"], "pass --yes"),

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main as cli_main
 from backend.lab import Lab
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData
+from tui.cli import main as cli_main
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main as cli_main
 from backend.config import Config
 from backend.errors import JobError, StoreError
 from backend.jobs.pull import launch_pull, plan_pull
@@ -23,6 +22,7 @@ from backend.lab import Lab
 from backend.services import Services
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData, fresh_services
+from tui.cli import main as cli_main
 
 pytestmark = pytest.mark.timeout(240)
 

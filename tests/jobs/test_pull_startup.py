@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main as cli_main
 from backend.lab import Lab
 from tests.jobs.conftest import SourceData
+from tui.cli import main as cli_main
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from textual.widgets import Button, Input, Static
 
-from tui.cli import main as cli_main
 from backend.config import Config
 from backend.lab import Lab
 from tests.helpers import Recorder, wait_until
 from tests.jobs.conftest import SourceData, fresh_services
 from tests.jobs.test_pull_lab import _assert_pulled, _launch_stalled
 from tui.app import LoadmasterApp
+from tui.cli import main as cli_main
 from tui.screens.transfers import (
     JobCancelled,
     JobDetailLoaded,

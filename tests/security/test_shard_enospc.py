@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from tui.cli import main
 from backend.shards.convert import convert_sync
 from backend.shards.model import ShardRequest
 from backend.shards.plan import ShardError
 from tests.shards.conftest import make_dataset
+from tui.cli import main
 
 KB = 1000
 

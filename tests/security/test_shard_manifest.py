@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tui.cli import main
 from backend.nodes.untrusted import MAX_JSON_DEPTH, loads_bounded
 from backend.shards.convert import convert_sync
 from backend.shards.manifest import JOURNAL_MAX_BYTES, MANIFEST_NAME, Manifest
 from backend.shards.model import ShardRequest
 from backend.shards.sinks import JOURNAL_PREFIX
 from tests.shards.conftest import make_dataset
+from tui.cli import main
 
 DEEP = "[" * 200_000 + "]" * 200_000
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main
 from backend.shards.convert import convert_sync, preview
 from backend.shards.model import ShardPreview, ShardRequest
 from backend.shards.plan import ShardError
 from tests.shards.conftest import make_dataset
+from tui.cli import main
 
 SECRET = b"[default]\naws_secret_access_key = NEVER-IN-A-SHARD\n"
 

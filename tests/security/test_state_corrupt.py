@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tui.cli import main
 from backend.jobs.store import JOBS_DDL
 from backend.state import StateCorrupt, StateDB, StateError, check_state, repair_state
+from tui.cli import main
 
 AUDITS = 3000
 JOBS = 400

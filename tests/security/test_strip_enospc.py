@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main
 from tests.checkpoints.conftest import save_dcp, trained
+from tui.cli import main
 
 
 def test_strip_onto_a_full_disk_is_one_line(small_fs: Path, tmp_path: Path,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main
 from backend.shards.manifest import MANIFEST_NAME
 from tests.shards.conftest import make_dataset
+from tui.cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

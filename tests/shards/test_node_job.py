@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from tui.cli import main
 from backend.config import load_config_file
 from backend.services import Services
 from backend.shards.verify import verify
 from tests.helpers import write_lab_config
+from tui.cli import main
 
 pytestmark = pytest.mark.lab
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main
 from backend.shards.convert import convert_sync
 from backend.shards.manifest import MANIFEST_NAME
 from backend.shards.model import ShardRequest
 from backend.shards.sinks import JOURNAL_PREFIX
 from tests.shards.conftest import make_dataset
+from tui.cli import main
 
 # The child converts with a progress callback that dawdles after each finished shard, so the
 # test can kill it while it is surely mid-way (the kill itself is an ordinary SIGKILL).

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tui.cli import main
 from backend.lab import fake_nvidia_smi
 from backend.lab.fake_nvidia_smi import write_scenario
+from tui.cli import main
 
 
 @pytest.fixture

@@ -40,4 +40,4 @@ def test_bad_values_name_the_key(raw, needle):
 
 def test_config_section_without_the_table():
     cfg = parse_config({"nodes": [{"name": "a", "host": "h"}]}, file="x.toml")
-    assert cfg.section("telemetry") == TelemetrySettings()
+    assert cfg.section(TelemetrySettings) == TelemetrySettings()

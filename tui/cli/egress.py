@@ -22,7 +22,7 @@ from backend.policy.egress import (
     parse_site_text,
     parse_size_text,
 )
-from backend.policy.prices import price_table
+from backend.policy.prices import PriceOverrides, price_table
 from backend.services import Services
 from backend.textfmt import align_columns
 from backend.units import bytes_text, usd_text
@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def cmd_estimate(args: argparse.Namespace, services: Services) -> int:
     """Print the estimate for a month of runs and its alternatives."""
-    table = price_table(services.config.section("prices"))
+    table = price_table(services.config.section(PriceOverrides))
     try:
         est = estimate(table, dataset_bytes=args.bytes, runs=args.runs, source=args.source, dest=args.dest,
                        nodes=args.nodes, per_node=args.per_node, objects=args.objects,
@@ -163,7 +163,7 @@ def cmd_report(args: argparse.Namespace, services: Services) -> int:
 
 def cmd_prices(args: argparse.Namespace, services: Services) -> int:
     """Print the price table in use."""
-    table = price_table(services.config.section("prices"))
+    table = price_table(services.config.section(PriceOverrides))
     if args.json:
         out = {}
         for k, p in table.providers.items():

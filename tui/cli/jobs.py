@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import ConfigError, JobError, LoadmasterError
-from backend.jobs.fmt import describe_plan
 from backend.nodes.pool import PARTIAL_EXIT, unread_line
 from backend.nodes.untrusted import clean_block, clean_text
+from backend.ops import PullRequest
 from backend.services import Services
 from backend.textfmt import align_columns
 from backend.units import bytes_text, duration_text, gbps_text
@@ -229,66 +229,51 @@ def _confirm(prompt: str, yes: bool) -> None:
 
 async def cmd_cancel(args: argparse.Namespace, services: Services) -> int:
     """Cancel a running job after showing what will happen."""
-    if services.readonly:
-        raise JobError("read-only mode: cannot cancel jobs")
-    jobs = services.jobs
-    rec = await jobs.refresh_job(args.id)
-    if rec.terminal:
-        raise JobError(f"job {rec.id} already ended ({rec.state}); nothing to cancel")
-    grace = jobs.settings.cancel_grace
+    services.ops.jobs.refuse_if_readonly("cancel a job")
+    rec = await services.ops.jobs.cancellable(args.id)
+    grace = services.jobs.settings.cancel_grace
     print(f"cancel {_t(rec.kind)} job {rec.id} on {rec.node} ({_t(progress_text(rec))}):\n"
           f"  SIGTERM to its process group, SIGKILL after {grace:g}s, then remove its partial output",
           file=sys.stderr)
     _confirm("cancel it?", args.yes)
-    final = await jobs.cancel(rec.id, reason=args.reason)
+    final = await services.ops.jobs.cancel(rec.id, reason=args.reason)
     print(_t(f"job {final.id}: {final.state}" + (f" ({final.error})" if final.error else "")))
     return 0 if final.state == "cancelled" else 1
 
 
-def _pull_knobs(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
+def _pull_request(args: argparse.Namespace) -> PullRequest:
     from backend.jobs.pull import PRESETS
 
     nw, cc, ps = PRESETS[args.preset] if args.preset else (None, None, None)
-    for name, v in (("--numworkers", args.numworkers), ("--concurrency", args.concurrency),
-                    ("--part-size", args.part_size)):
-        if v is not None and v < 1:
-            raise ConfigError(f"{name} must be at least 1, got {v}")
-    return (args.numworkers or nw, args.concurrency or cc, args.part_size or ps)
+    def knob(given: int | None, preset: int | None) -> int | None:
+        return preset if given is None else given  # 0 is the operator's (refused), never the preset's
+
+    return PullRequest(src=args.src, dest=args.dest, nodes=args.node or args.nodes, store=args.store,
+                       numworkers=knob(args.numworkers, nw), concurrency=knob(args.concurrency, cc),
+                       part_size_mib=knob(args.part_size, ps), reason=args.allow_over_budget)
 
 
 async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     """Plan a pull (listing, free space, ETA, egress), confirm, launch one job per node, follow."""
-    from backend.jobs.pull import egress_gate, egress_record_override, launch_pull, plan_pull
-
     log.debug("pull: start")
-    if services.readonly:
-        raise JobError("read-only mode: cannot launch a pull")
-    if not args.src.startswith("s3://"):
-        raise ConfigError(f"SRC must be an s3:// URL, got {args.src!r}")
-    nodes = [args.node] if args.node else [n.name for n in services.config.select(args.nodes)]
-    for n in nodes:
-        services.config.node(n)
-    nw, cc, ps = _pull_knobs(args)
-    plan = await plan_pull(services, args.src, args.dest, nodes, store=args.store, numworkers=nw,
-                           concurrency=cc, part_size_mib=ps, allow_over_budget=args.allow_over_budget)
+    req = _pull_request(args)
+    pulls = services.ops.pulls
+    if services.readonly:  # before the listing: the start would refuse anyway
+        pulls.refuse_if_readonly("launch a pull")
+    preview = await pulls.plan(req)
     out = sys.stderr if args.json else sys.stdout
-    for line in describe_plan(plan):
+    for line in preview.lines():
         print(line, file=out)
-    if plan.problems:
-        raise JobError("not started: " + "; ".join(plan.problems))
-    egress_gate(plan, args.allow_over_budget)
-    if plan.egress is not None and plan.egress.action == "warn":
-        print(f"warning: {plan.egress.message}", file=sys.stderr)
-    _confirm(f"start {len(nodes)} pull job(s)?", args.yes)
-    if args.allow_over_budget:
-        egress_record_override(services, plan, args.allow_over_budget)
+    if not preview.startable:
+        raise JobError("not started: " + "; ".join(preview.blockers)
+                       + ("" if req.reason or preview.plan.problems else "; re-run with --allow-over-budget REASON"))
+    for w in preview.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    _confirm(f"start {len(preview.plan.nodes)} pull job(s)?", args.yes)
     log.debug("pull: launching")
-    recs = await launch_pull(services, plan)
+    started = await pulls.start(req, shown=preview)
     log.debug("pull: launched")
-    services.db.record_audit("pull.launch", plan.src, "started",
-                             detail={"dest": plan.dest, "nodes": nodes, "jobs": [r.id for r in recs],
-                                     "bytes": plan.total_bytes, "objects": len(plan.objects)},
-                             reason=args.allow_over_budget)
+    plan, recs = started.plan, list(started.records)
     for r in recs:
         print(f"started job {r.id} on {r.node}", file=out)
     if args.detach:

@@ -143,7 +143,7 @@ async def cmd_plan(args: argparse.Namespace, services: Services) -> int:
     """Compute and show (or save) a retention plan."""
     from backend.retention import compute_plan
 
-    policy = policy_from_args(services.config.section("retention"), args)
+    policy = policy_from_args(services.config.section(RetentionPolicy), args)
     plan = await compute_plan(services, args.url, policy, in_flight=args.in_flight)
     if args.out:
         try:

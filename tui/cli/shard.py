@@ -13,6 +13,7 @@ from backend.errors import ConfigError
 from backend.services import Services
 from backend.shards.locations import resolve_location
 from backend.shards.model import ShardProgress, ShardRequest
+from backend.shards.settings import ShardSettings
 from backend.shards.verify import verify
 from backend.units import bytes_text
 from tui.cli.argtypes import size_arg
@@ -51,7 +52,7 @@ def _location(services: Services, text: str) -> tuple[str, StoreProfile | None]:
 
 def _request(args: argparse.Namespace, services: Services, src: str, dest: str) -> ShardRequest:
     return ShardRequest.from_settings(
-        services.config.section("shards"), src, dest, shard_size=args.shard_size, pattern=args.pattern,
+        services.config.section(ShardSettings), src, dest, shard_size=args.shard_size, pattern=args.pattern,
         seed=args.shuffle, workers=args.workers, overwrite=args.overwrite, resume=args.resume,
         incomplete=args.incomplete,
     )

@@ -15,13 +15,13 @@ import sys
 import time
 from typing import Any
 
-from tui.cli.argtypes import duration_arg
 from backend.errors import ConfigError
 from backend.nodes.pool import PARTIAL_EXIT, unread_line
 from backend.services import Services
 from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.report import fleet_dict, fleet_table, unread_nodes
 from backend.telemetry.settings import TelemetrySettings
+from tui.cli.argtypes import duration_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _settings(services: Services, interval: float | None) -> TelemetrySettings:
-    settings: TelemetrySettings = services.config.section("telemetry")
+    settings: TelemetrySettings = services.config.section(TelemetrySettings)
     if interval is None:
         return settings
     try:

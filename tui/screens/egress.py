@@ -27,13 +27,14 @@ from textual.widgets import DataTable, Input, Label, Select, Static
 from backend.ledger import EgressGuard, EgressReport
 from backend.policy.egress import (
     EgressEstimate,
+    EgressSettings,
     estimate,
     estimate_lines,
     parse_count_text,
     parse_site_text,
     parse_size_text,
 )
-from backend.policy.prices import PriceTable, price_table
+from backend.policy.prices import PriceOverrides, PriceTable, price_table
 from backend.units import bytes_text, usd_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets import Gauge, Summary
@@ -166,7 +167,7 @@ class EgressScreen(LoadmasterScreen):
 
     def __init__(self, services: Services, **kwargs: Any) -> None:
         super().__init__(services, **kwargs)
-        self.prices: PriceTable = price_table(services.config.section("prices"))
+        self.prices: PriceTable = price_table(services.config.section(PriceOverrides))
         self.estimate: EgressEstimate | None = None
         self.report: EgressReport | None = None
         self.errors: dict[str, str] = {}
@@ -299,7 +300,7 @@ class EgressScreen(LoadmasterScreen):
             gauges.append(Gauge(
                 b.key, value=b.spent_usd, total=max(b.budget_usd, 1e-9),
                 text=f"{usd_text(b.spent_usd)}/{usd_text(b.budget_usd)} -> {usd_text(b.projected_usd)}",
-                warn_at=self.services.config.section("egress").warn_at, label_width=14,
+                warn_at=self.services.config.section(EgressSettings).warn_at, label_width=14,
                 classes="egress-budget",
             ))
             gauges[-1].tooltip = (f"{b.scope} {b.key!r}: {usd_text(b.spent_usd)} spent of "

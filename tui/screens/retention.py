@@ -142,7 +142,7 @@ class RetentionScreen(LoadmasterScreen):
         self.catalog: Catalog | None = None
         self.url = ""
         self.plan: RetentionPlan | None = None
-        self.base_policy: RetentionPolicy = services.config.section("retention")
+        self.base_policy: RetentionPolicy = services.config.section(RetentionPolicy)
         self.pins: dict[int, str] = {p.step: p.reason for p in self.base_policy.pins}
         self.db_pins: set[int] = set()
         self.db_milestones: set[int] = set()

@@ -25,6 +25,7 @@ from textual.widgets import DataTable
 
 from backend.errors import LoadmasterError
 from backend.shards.model import ConvertResult, ShardPreview, ShardProgress, ShardRequest
+from backend.shards.settings import ShardSettings
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.detail import DetailModal
@@ -113,7 +114,7 @@ class ShardsScreen(LoadmasterScreen):
     # ------------------------------------------------------------------ layout
 
     def compose_body(self) -> ComposeResult:
-        settings = self.services.config.section("shards")
+        settings = self.services.config.section(ShardSettings)
         with Horizontal(id="shards-main", classes="screen-body"):
             yield ShardForm(shard_size=settings.shard_size, nodes=[n.name for n in self.services.config.nodes],
                             id="shards-form")

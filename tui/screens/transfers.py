@@ -19,18 +19,18 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Button, DataTable, Static
 
-from backend.errors import ConfigError, LoadmasterError
-from backend.jobs.fmt import describe_plan
+from backend.errors import LoadmasterError
 from backend.jobs.records import JobProgress, JobRecord, fleet_rollup
+from backend.jobs.settings import JobSettings
 from backend.units import bytes_text, duration_text, rate_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.transfers_detail import TransferDetail
-from tui.widgets.transfers_form import PullForm, PullRequest
+from tui.widgets.transfers_form import PullForm
 from tui.widgets.transfers_table import TransfersTable
 
 if TYPE_CHECKING:
-    from backend.jobs.pull import PullPlan
+    from backend.ops import PullPreview, PullRequest
     from backend.services import Services
 
 
@@ -56,9 +56,9 @@ class JobDetailLoaded(Message):
 class PullPlanned(Message):
     """A pull's pre-launch estimate was computed (or could not be: ``error``)."""
 
-    def __init__(self, plan: PullPlan | None, text: str, launchable: bool) -> None:
+    def __init__(self, preview: PullPreview | None, text: str, launchable: bool) -> None:
         super().__init__()
-        self.plan = plan
+        self.preview = preview
         self.text = text
         self.launchable = launchable
 
@@ -122,7 +122,7 @@ class TransfersScreen(LoadmasterScreen):
         super().__init__(services, **kwargs)  # type: ignore[arg-type]
         self.records: tuple[JobRecord, ...] = ()
         self.unread: dict[str, str] = {}
-        self.plan: PullPlan | None = None
+        self.preview: PullPreview | None = None
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="transfers-body", classes="screen-body"):
@@ -135,7 +135,7 @@ class TransfersScreen(LoadmasterScreen):
 
     def on_mount(self) -> None:
         self._refresh_jobs()
-        interval = max(1.0, float(self.services.config.section("jobs").poll_interval))
+        interval = max(1.0, float(self.services.config.section(JobSettings).poll_interval))
         self.set_interval(interval, self._tick)
 
     def _tick(self) -> None:
@@ -206,7 +206,7 @@ class TransfersScreen(LoadmasterScreen):
 
     @on(JobDetailLoaded)
     def _detail_loaded(self, event: JobDetailLoaded) -> None:
-        rate = self.services.config.section("jobs").nic_gbps
+        rate = self.services.config.section(JobSettings).nic_gbps
         self.query_one(TransferDetail).show(event.record, event.history, event.log_tail, rate)
 
     def action_refresh_jobs(self) -> None:
@@ -250,11 +250,6 @@ class TransfersScreen(LoadmasterScreen):
             return
         button.press()
 
-    def _pull_nodes(self, req: PullRequest) -> list[str]:
-        if not req.nodes:
-            raise ConfigError("choose the destination node(s): a name, a hostlist or a glob")
-        return [n.name for n in self.services.config.select(req.nodes)]
-
     @on(PullForm.EstimateRequested)
     def _estimate_requested(self, event: PullForm.EstimateRequested) -> None:
         if isinstance(event, PullForm.LaunchRequested):
@@ -263,35 +258,16 @@ class TransfersScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="transfers-plan", exit_on_error=False)
     async def _plan_pull(self, req: PullRequest) -> None:
-        from backend.jobs.pull import plan_pull
-
         try:
-            if not req.src.startswith("s3://"):
-                raise ConfigError(f"the source must be an s3:// URL, got {req.src!r}")
-            if not req.dest:
-                raise ConfigError("choose a destination directory")
-            plan = await plan_pull(self.services, req.src, req.dest, self._pull_nodes(req), store=req.store,
-                                   numworkers=req.numworkers, concurrency=req.concurrency,
-                                   part_size_mib=req.part_size_mib, allow_over_budget=req.reason)
+            preview = await self.services.ops.pulls.plan(req)
         except LoadmasterError as exc:
             self.post_message(PullPlanned(None, f"cannot start: {exc}", False))
             return
-        lines = describe_plan(plan)
-        launchable = not plan.problems
-        if plan.problems:
-            lines.append("not startable: " + "; ".join(plan.problems))
-        dec = plan.egress
-        if dec is not None and dec.action == "block":
-            launchable = False
-            lines.append("blocked by the egress guard")
-        elif dec is not None and dec.action == "confirm" and not req.reason:
-            launchable = False
-            lines.append("over budget: enter a reason to launch anyway")
-        self.post_message(PullPlanned(plan, "\n".join(lines), launchable))
+        self.post_message(PullPlanned(preview, "\n".join(preview.lines()), preview.startable))
 
     @on(PullPlanned)
     def _pull_planned(self, event: PullPlanned) -> None:
-        self.plan = event.plan
+        self.preview = event.preview
         self.query_one(PullForm).show_estimate(event.text, launchable=event.launchable)
 
     @on(PullForm.LaunchRequested)
@@ -302,21 +278,9 @@ class TransfersScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="transfers-launch", exit_on_error=False)
     async def _launch_pull(self, req: PullRequest) -> None:
-        from backend.jobs.pull import egress_gate, egress_record_override, launch_pull, plan_pull
-
-        # Facts can change between the estimate and the launch: plan again right before acting.
-        plan = await plan_pull(self.services, req.src, req.dest, self._pull_nodes(req), store=req.store,
-                               numworkers=req.numworkers, concurrency=req.concurrency,
-                               part_size_mib=req.part_size_mib, allow_over_budget=req.reason)
-        egress_gate(plan, req.reason)
-        if req.reason:
-            egress_record_override(self.services, plan, req.reason)
-        records = await launch_pull(self.services, plan)
-        self.services.db.record_audit("pull.launch", plan.src, "started", reason=req.reason,
-                                      detail={"dest": plan.dest, "nodes": [r.node for r in records],
-                                              "jobs": [r.id for r in records], "bytes": plan.total_bytes,
-                                              "objects": len(plan.objects), "from": "console"})
-        self.post_message(PullLaunched(tuple(records)))
+        # The operation plans again unless the estimate shown is fresh, and re-quotes the egress.
+        started = await self.services.ops.pulls.start(req, shown=self.preview)
+        self.post_message(PullLaunched(started.records))
 
     @on(PullLaunched)
     def _pull_launched(self, event: PullLaunched) -> None:
@@ -339,7 +303,7 @@ class TransfersScreen(LoadmasterScreen):
         if rec.terminal:
             self.notify(f"job {rec.id} already ended ({rec.state})", severity="warning", markup=False)
             return
-        grace = self.services.config.section("jobs").cancel_grace
+        grace = self.services.config.section(JobSettings).cancel_grace
         body = (f"{rec.kind} job {rec.id} on {rec.node}\n{rec.source} -> {rec.destination}\n"
                 f"SIGTERM to its process group, SIGKILL after {grace:g}s; partial output is removed.")
 
@@ -352,7 +316,7 @@ class TransfersScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="transfers-cancel", exit_on_error=False)
     async def _cancel_job(self, job_id: str) -> None:
-        rec = await self.services.jobs.cancel(job_id, reason="cancelled from the console")
+        rec = await self.services.ops.jobs.cancel(job_id, reason="cancelled from the console")
         self.post_message(JobCancelled(rec))
 
     @on(JobCancelled)

@@ -20,6 +20,7 @@ from backend.errors import LoadmasterError
 from backend.schema import parse_size
 from backend.shards.locations import resolve_location
 from backend.shards.model import ShardPreview, ShardRequest
+from backend.shards.settings import ShardSettings
 from backend.units import bytes_text, usd_text
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def form_request(
 ) -> tuple[ShardRequest | None, dict[str, str], Any, Any]:
     """Validate the form: (request, errors by field, source profile, destination profile)."""
     errors: dict[str, str] = {}
-    settings = services.config.section("shards")
+    settings = services.config.section(ShardSettings)
     size = seed = None
     sprof = dprof = None
     src = dest = ""

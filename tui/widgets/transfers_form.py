@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -11,22 +9,9 @@ from textual.message import Message
 from textual.widgets import Button, Input, Label, Select, Static
 
 from backend.jobs.pull import PRESETS
+from backend.ops import PullRequest
 
 AUTO_STORE = "(from SRC)"
-
-
-@dataclass(frozen=True)
-class PullRequest:
-    """What the operator asked for (validated by the backend when planned)."""
-
-    src: str
-    dest: str
-    nodes: str
-    store: str | None
-    numworkers: int | None
-    concurrency: int | None
-    part_size_mib: int | None
-    reason: str | None
 
 
 class PullForm(Vertical):
