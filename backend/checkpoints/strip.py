@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.agent.kinds import FunctionKind
 from backend.checkpoints.catalog import (
@@ -49,6 +49,9 @@ from backend.checkpoints.safetensors_check import (
 )
 from backend.storage import LocalStore, ObjectStore, join_key
 from backend.units import bytes_text
+
+if TYPE_CHECKING:
+    from backend.jobs.manager import JobManager
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 Progress = Callable[..., object]  # its return value is ignored
@@ -648,7 +651,7 @@ def strip_params(store: ObjectStore, step_path: str, *, out_store: ObjectStore |
             "max_shard_bytes": max_shard_bytes}
 
 
-async def launch_strip(jobs: Any, node: str, store: ObjectStore, step_path: str, *,
+async def launch_strip(jobs: JobManager, node: str, store: ObjectStore, step_path: str, *,
                        out_store: ObjectStore | None = None, out_prefix: str | None = None,
                        model_prefix: str = "auto", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Any:
     """Launch a "strip" job of ``step_path`` in ``store`` on ``node``; returns its job record."""

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.agent.kinds import FunctionKind
 from backend.config import StoreProfile
@@ -42,6 +42,10 @@ from backend.storage.multipart import (
     upload_file,
 )
 from backend.units import gbps_text
+
+if TYPE_CHECKING:
+    from backend.config import Config
+    from backend.jobs.manager import JobManager
 
 #: The job directory's record of the multipart uploads an upload job started.
 JOURNAL_FILE = "multipart.jsonl"
@@ -254,7 +258,7 @@ def upload_params(local_dir: str, store: ObjectStore, prefix: str, *, settings: 
             "concurrency": s.concurrency, "retries": s.retries, "step": step, "overwrite": bool(overwrite)}
 
 
-async def launch_upload(jobs: Any, node: str, store: ObjectStore, local_dir: str, prefix: str, *,
+async def launch_upload(jobs: JobManager, node: str, store: ObjectStore, local_dir: str, prefix: str, *,
                         settings: UploadSettings | None = None, step: int | None = None,
                         overwrite: bool = False) -> Any:
     """Launch an "upload" job of ``local_dir`` (on ``node``) to ``prefix`` of ``store``; returns its job record.
@@ -301,7 +305,7 @@ def run_upload_job(ctx: Any) -> dict[str, Any]:
     return asyncio.run(main())
 
 
-async def cleanup_secrets(config: Any, params: dict[str, Any]) -> dict[str, str]:
+async def cleanup_secrets(config: Config, params: dict[str, Any]) -> dict[str, str]:
     """The credentials a lost or killed upload job's cleanup needs, resolved on the console as at launch."""
     sp = params.get("store") or {}
     url = str(sp.get("url") or "")

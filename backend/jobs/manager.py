@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.agent.context import (
     CANCEL_FILE,
@@ -57,6 +57,9 @@ from backend.nodes.agent import agent_command as node_agent_command
 from backend.nodes.transport import Transport
 from backend.state import StateDB, actor
 
+if TYPE_CHECKING:
+    from backend.nodes.pool import NodePool
+
 log = logging.getLogger(__name__)
 
 
@@ -69,7 +72,7 @@ def _read_note(exc: BaseException) -> str:
 class JobManager:
     """Launch, list, follow, cancel and re-attach to jobs on every node."""
 
-    def __init__(self, pool: Any, db: StateDB, config: Config) -> None:
+    def __init__(self, pool: NodePool, db: StateDB, config: Config) -> None:
         self.pool = pool
         self.db = db
         self.config = config

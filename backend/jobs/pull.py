@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from backend.config import Config, StoreProfile
     from backend.jobs.manager import JobManager
     from backend.jobs.records import JobRecord
+    from backend.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +323,7 @@ async def list_source(src: SourcePattern, profile: StoreProfile | None, *,
 
 
 async def plan_pull(
-    services: Any,
+    services: Services,
     src: str,
     dest: str,
     nodes: list[str],
@@ -417,7 +418,7 @@ async def plan_pull(
 # of a succeeded pull is the pull kind's on_succeeded (backend.jobs.pull_runner.PullKind).
 
 
-def egress_profile(config: Any, store: str | None, src: str) -> StoreProfile:
+def egress_profile(config: Config, store: str | None, src: str) -> StoreProfile:
     """The store profile a pull from ``src`` is priced by: the named store, else the bare bucket."""
     from backend.config import StoreProfile
 
@@ -427,7 +428,7 @@ def egress_profile(config: Any, store: str | None, src: str) -> StoreProfile:
     return StoreProfile(url=f"s3://{parse_source(src).bucket}", name=f"s3://{parse_source(src).bucket}")
 
 
-def egress_check(services: Any, profile: StoreProfile | None, nodes: list[Any], total: int, objects: int,
+def egress_check(services: Services, profile: StoreProfile | None, nodes: list[Any], total: int, objects: int,
                  allow_over_budget: str | None, src: str = "") -> tuple[Any, str | None]:
     """The guard's decision for pulling ``total`` bytes to each node (the strictest node decides)."""
     guard = services.egress
@@ -449,7 +450,7 @@ def egress_check(services: Any, profile: StoreProfile | None, nodes: list[Any], 
 # ---- end of egress integration point -----------------------------------------------------------
 
 
-async def launch_pull(services: Any, plan: PullPlan, *, label: str = "") -> list[JobRecord]:
+async def launch_pull(services: Services, plan: PullPlan, *, label: str = "") -> list[JobRecord]:
     """Start one pull job per node of the plan (credentials via each job's 0600 secrets file)."""
     if plan.problems:
         raise JobError("; ".join(plan.problems))

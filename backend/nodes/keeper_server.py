@@ -30,9 +30,12 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.nodes.keeper import MESSAGE_LIMIT, b64, encode, error_dict, keeper_key, unb64
+
+if TYPE_CHECKING:
+    from backend.config import Config
 
 log = logging.getLogger("backend.nodes.keeper_server")
 
@@ -43,7 +46,7 @@ LOG_ROTATE_BYTES = 1 << 20
 class Keeper:
     """The serving side: one NodePool, many clients, idle exit."""
 
-    def __init__(self, config: Any, sock: Path, key: str, persist: float) -> None:
+    def __init__(self, config: Config, sock: Path, key: str, persist: float) -> None:
         from backend.nodes.pool import NodePool
 
         self.config = config

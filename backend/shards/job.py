@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.agent.kinds import FunctionKind
 from backend.config import StoreProfile
 from backend.shards.convert import convert_sync
 from backend.shards.model import ShardProgress, ShardRequest
 from backend.storage import Credentials, S3Store
+
+if TYPE_CHECKING:
+    from backend.services import Services
 
 
 async def job_secrets(*locations: tuple[str, StoreProfile | None]) -> dict[str, str]:
@@ -28,7 +31,7 @@ async def job_secrets(*locations: tuple[str, StoreProfile | None]) -> dict[str, 
 
 
 async def launch_on_node(
-    services: Any, node: str, req: ShardRequest, src_profile: StoreProfile | None,
+    services: Services, node: str, req: ShardRequest, src_profile: StoreProfile | None,
     dest_profile: StoreProfile | None,
 ) -> Any:
     """Start the conversion as a durable ``shard`` job on ``node`` (audited); returns its JobRecord."""

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.config import Node
 from backend.errors import NodeUnreachable
@@ -27,6 +27,9 @@ from backend.telemetry.parse import MALFORMED, MESSAGE_LIMIT, RawSample, compute
 from backend.telemetry.sampler import BEGIN, END, MAX_BLOCK_BYTES, MAX_BLOCK_LINES, sampler_script
 from backend.telemetry.settings import TelemetrySettings
 from backend.telemetry.starvation import StarvationDetector
+
+if TYPE_CHECKING:
+    from backend.nodes.pool import NodePool
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ class _NodeState:
         self.changed = True
 
 
-def _nodes_of(pool: Any) -> list[Node]:
+def _nodes_of(pool: NodePool) -> list[Node]:
     nodes = pool.nodes
     if isinstance(nodes, dict):
         nodes = nodes.values()
@@ -66,7 +69,7 @@ def _nodes_of(pool: Any) -> list[Node]:
 class TelemetryHub:
     """Samples every node of ``pool`` and publishes a FleetSnapshot each interval."""
 
-    def __init__(self, pool: Any, settings: TelemetrySettings | None = None, *,
+    def __init__(self, pool: NodePool, settings: TelemetrySettings | None = None, *,
                  clock: Callable[[], float] = time.monotonic, feed_only: bool = False,
                  nodes: Iterable[str] | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:

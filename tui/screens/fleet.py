@@ -9,7 +9,7 @@ the cells whose text changed.
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -25,6 +25,9 @@ from tui.screens.node_detail import NodeDetailScreen
 from tui.widgets.fleet_alerts import AlertList
 from tui.widgets.fleet_table import TREND_WIDTH, FleetTable
 from tui.widgets.table_cursor import cursor_row_key
+
+if TYPE_CHECKING:
+    from backend.services import Services
 
 STYLE_NAMES = ("node-up", "node-down", "node-stale", "alert")
 
@@ -52,7 +55,7 @@ class FleetScreen(LoadmasterScreen):
     | escape | Leave / clear the filter. |
     """
 
-    def __init__(self, services: Any, **kwargs: Any) -> None:
+    def __init__(self, services: Services, **kwargs: Any) -> None:
         super().__init__(services, **kwargs)
         self._unsubscribe: Any = None
         self.last_snapshot: FleetSnapshot | None = None

@@ -3,7 +3,7 @@ time series of GPU utilisation, NIC rx/tx and disk writes over the history windo
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -18,6 +18,9 @@ from tui.messages import FleetSampled
 from tui.screens.base import LoadmasterScreen
 from tui.widgets.fleet_format import bar, error_cell, num, rate_pct, spark, state_cell
 from tui.widgets.fleet_plot import TimeSeriesPlot
+
+if TYPE_CHECKING:
+    from backend.services import Services
 
 #: (history series, title, unit) of each plot.
 PLOTS: tuple[tuple[str, str, str], ...] = (
@@ -61,7 +64,7 @@ class NodeDetailScreen(LoadmasterScreen):
     | escape | Back to the Fleet screen. |
     """
 
-    def __init__(self, services: Any, node: str, **kwargs: Any) -> None:
+    def __init__(self, services: Services, node: str, **kwargs: Any) -> None:
         super().__init__(services, **kwargs)
         self.node_name = node
         self._unsubscribe: Any = None
