@@ -33,13 +33,13 @@ from backend.jobs.pull_objects import (
     PulledObject,
     SourcePattern,
     check_objects,
-    fmt_size,
     is_folder_marker,
     parse_s5cmd_listing,
     parse_source,
     s5cmd_error,
 )
 from backend.jobs.settings import JobSettings
+from backend.units import bytes_text
 
 # What only some commands need (asyncio, the S3 client, the ledger) is imported where it is used.
 if TYPE_CHECKING:
@@ -94,8 +94,8 @@ class NodeEstimate:
         if not self.s5cmd:
             return f"{self.node}: s5cmd is not installed on the node (install it or set [jobs] s5cmd)"
         if not self.fits(total):
-            return (f"{self.node}: {self.dest} has {fmt_size(self.free_bytes or 0)} free but the pull needs "
-                    f"{fmt_size(self.needed(total))}")
+            return (f"{self.node}: {self.dest} has {bytes_text(self.free_bytes or 0)} free but the pull needs "
+                    f"{bytes_text(self.needed(total))}")
         return None
 
 

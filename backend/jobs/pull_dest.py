@@ -18,7 +18,8 @@ from pathlib import Path
 
 from backend.agent.context import JobContext
 from backend.errors import JobError
-from backend.jobs.pull_objects import PulledObject, fmt_size
+from backend.jobs.pull_objects import PulledObject
+from backend.units import bytes_text
 
 
 def outside_dest(dest: Path, objects: list[PulledObject]) -> list[tuple[str, str]]:
@@ -211,7 +212,7 @@ def check_space(dest: Path, expected: list[PulledObject], total: int, ctx: JobCo
     free = st.f_bavail * st.f_frsize
     need = total - present
     if need > free:
-        raise JobError(f"destination {dest} has {fmt_size(free)} free but the pull needs {fmt_size(need)}; "
+        raise JobError(f"destination {dest} has {bytes_text(free)} free but the pull needs {bytes_text(need)}; "
                        "free space or choose another --dest")
 
 
@@ -224,11 +225,11 @@ def nospace_error(dest: Path, objects: list[PulledObject]) -> JobError:
                 present += o.size
     try:
         st = os.statvfs(dest)
-        free = fmt_size(st.f_bavail * st.f_frsize)
+        free = bytes_text(st.f_bavail * st.f_frsize)
     except OSError:
         free = "unknown"
     need = sum(o.size for o in objects) - present
-    return JobError(f"no space left on the device of {dest}: the pull still needs {fmt_size(need)} and {free} is "
+    return JobError(f"no space left on the device of {dest}: the pull still needs {bytes_text(need)} and {free} is "
                     "free; free space or choose another DEST")
 
 

@@ -180,11 +180,3 @@ def parse_s5cmd_listing(src: SourcePattern, stdout: str) -> list[PulledObject]:
         if src.matches(key) and not is_folder_marker(key, size):  # a bare key is listed as a prefix
             out.append(PulledObject(src.rel(key), size, str(d.get("etag") or "").strip('"') or None))
     return sorted(out)
-
-
-def fmt_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(n) < 1000 or unit == "PB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n} B"

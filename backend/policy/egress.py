@@ -155,12 +155,6 @@ class GuardDecision:
 # -- formatting ------------------------------------------------------------------------------
 
 
-def fmt_bytes(n: float) -> str:
-    """:func:`backend.units.bytes_text`; only backend/jobs/fmt.py still imports it (#17: remove it with that
-    import when backend/jobs/ is split)."""
-    return bytes_text(n)
-
-
 # -- accounts, budgets, decisions ------------------------------------------------------------
 
 

@@ -14,7 +14,6 @@ import pytest
 from backend.agent.context import JobContext
 from backend.agent.kinds import KINDS, FunctionKind, JobKind, check_known, kind
 from backend.errors import JobError, StoreError
-from backend.jobs.fmt import fmt_bytes, fmt_eta
 from backend.jobs.pull import NodeEstimate, node_dest
 from backend.jobs.pull_dest import TempTracker, is_s5cmd_temp_name
 from backend.jobs.pull_objects import PulledObject, parse_source, s5cmd_error
@@ -22,6 +21,7 @@ from backend.jobs.records import JobProgress, JobRecord, fleet_rollup, progress_
 from backend.jobs.remote import parse_scan
 from backend.jobs.settings import JobSettings
 from backend.schema import parse_section
+from backend.units import bytes_text, duration_text
 
 
 def test_parse_source_prefix_wildcard_and_single_object() -> None:
@@ -213,9 +213,9 @@ def test_job_settings_defaults_and_strict_parsing() -> None:
 
 
 def test_formatting() -> None:
-    assert fmt_bytes(12_600_000_000) == "12.6 GB" and fmt_bytes(None) == "?" and fmt_bytes(12) == "12 B"
-    assert fmt_eta(3725) == "1h02m" and fmt_eta(185) == "3m05s" and fmt_eta(None) == "-"
-    assert fmt_eta(0.14) == "<1s" and fmt_eta(0) == "0s" and fmt_eta(0.6) == "1s"
+    assert bytes_text(12_600_000_000) == "12.6 GB" and bytes_text(None) == "?" and bytes_text(12) == "12 B"
+    assert duration_text(3725) == "1h02m" and duration_text(185) == "3m05s" and duration_text(None) == "?"
+    assert duration_text(0.14) == "<1s" and duration_text(0) == "0s"
 
 
 def test_context_zero_sized_or_repeated_final_points_are_coalesced() -> None:
