@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Install what is needed (venv, openssh-server, tmux) and run the full test suite against the
-# real lab: sshd nodes on 127.0.0.x, SeaweedFS S3, s5cmd. Extra arguments go to pytest.
+# Install what is needed (venv, openssh-server, tmux), run the static checks (scripts/lint.sh:
+# ruff lint + format, import-linter, mypy; LOADMASTER_SKIP_LINT=1 skips them) and then the full
+# test suite against the real lab: sshd nodes on 127.0.0.x, SeaweedFS S3, s5cmd. Extra arguments
+# go to pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -8,4 +10,5 @@ source "$ROOT/scripts/bootstrap.sh" test
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || apt_install openssh-server
 command -v ssh-keygen >/dev/null 2>&1 || apt_install openssh-client
 command -v tmux >/dev/null 2>&1 || apt_install tmux
+[ "${LOADMASTER_SKIP_LINT:-0}" = 1 ] || bash "$ROOT/scripts/lint.sh"
 exec .venv/bin/python -m pytest "$@"
