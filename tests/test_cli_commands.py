@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,16 @@ def test_unknown_command_still_lists_every_command(capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     for command in ("pull", "doctor", "retention", "shard"):
         assert command in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``loadmaster ckpt size ... | head -1``: the closed pipe is no traceback, just exit 141."""
+    env = {**os.environ, "LOADMASTER_CONFIG_DIR": str(tmp_path / "cfg"), "LOADMASTER_DATA_DIR": str(tmp_path / "d")}
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from tui.entry import main; sys.exit(main())",
+                             "ckpt", "size", "--params", "405e9", "--retained", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=Path(__file__).parents[1])
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

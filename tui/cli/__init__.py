@@ -161,6 +161,11 @@ def guarded(body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("loadmaster: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`loadmaster audit | head`): stop quietly, as a Unix tool does, and
+        # point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def main(argv: Sequence[str] | None = None, *, exit_fast: bool = False) -> int:
