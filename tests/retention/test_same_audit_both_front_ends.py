@@ -1,5 +1,6 @@
 """One table, two front ends: each operation done from the CLI and from the console (Pilot) on
-identical copies of a real DCP run leaves the same audit record.
+identical copies of a real DCP run (and of a small image dataset, for the shard conversion) leaves
+the same audit record.
 
 The operation layer (backend.ops) writes every record, so the front ends cannot drift apart:
 the same action, target, outcome, reason and detail, whichever one the operator used. Only
@@ -21,10 +22,12 @@ from textual.widgets import DataTable, Input
 from backend.config import load_config
 from backend.services import Services
 from tests.helpers import settle_workers, wait_until
+from tests.shards.conftest import make_dataset
 from tui import cli
 from tui.app import LoadmasterApp
 from tui.screens.checkpoints import CheckpointsScreen
 from tui.screens.retention import RetentionScreen
+from tui.screens.shards import ShardsScreen
 from tui.widgets.confirm import ConfirmModal, ConfirmTyped
 
 #: Measured, not compared: they differ between any two runs.
@@ -67,6 +70,7 @@ def _cli(config_file: Path, run: Path, nvme: Path) -> None:
     ok("retention", "apply", str(run.parent / "plan.json"), "--yes")
     ok("ckpt", "strip", str(run / "step-12000"))
     ok("upload", str(nvme), str(run / "step-20000"))
+    ok("shard", str(run.parent / "data"), str(run.parent / "shards"), "--shard-size", "16KB")
 
 
 async def _console(config_file: Path, run: Path, nvme: Path) -> None:
@@ -109,6 +113,17 @@ async def _console(config_file: Path, run: Path, nvme: Path) -> None:
         await wait_until(pilot, lambda: isinstance(app.screen, ConfirmModal))
         await pilot.press("y")
         await wait_until(pilot, lambda: any(e.action == "ckpt.upload" for e in services.db.audit_entries()))
+
+        await pilot.press("6")  # Shards
+        await wait_until(pilot, lambda: isinstance(app.screen, ShardsScreen))
+        sh = app.screen
+        assert isinstance(sh, ShardsScreen)
+        for key, value in (("src", run.parent / "data"), ("dest", run.parent / "shards"), ("shard-size", "16KB")):
+            sh.query_one(f"#shards-{key}", Input).value = str(value)
+        await wait_until(pilot, lambda: sh.preview is not None and sh.preview.dest == str(run.parent / "shards"))
+        await pilot.click("#shards-start")
+        await wait_until(pilot, lambda: any(e.action == "shard.convert" for e in services.db.audit_entries()),
+                         rounds=2000, delay=0.01)
     await services.aclose()
 
 
@@ -116,6 +131,7 @@ def _copies(tmp_path: Path, dcp_run: DcpRun, side: str) -> tuple[Path, Path]:
     run = dcp_run.copy_to(tmp_path / side / "run1")
     nvme = tmp_path / side / "nvme" / "step-20000"
     shutil.copytree(dcp_run.root / "step-1000", nvme)
+    make_dataset(tmp_path / side / "data", n=30)
     return run, nvme
 
 
@@ -132,14 +148,14 @@ async def test_cli_and_console_leave_the_same_audit_records(tmp_path: Path, dcp_
         services = Services(load_config(str(cli_cfg if side == "cli" else console_cfg)))
         try:
             run, nvme = runs[side]
-            return _records(services, {str(nvme): "<nvme>", str(run): "<run>"})
+            return _records(services, {str(nvme): "<nvme>", str(run): "<run>", str(run.parent): "<side>"})
         finally:
             services.db.close()
 
     by_cli, by_console = records("cli"), records("console")
     actions: Callable[[list[dict[str, Any]]], list[str]] = lambda rs: [r["action"] for r in rs]  # noqa: E731
     assert actions(by_cli) == ["retention.pin", "retention.milestone", "retention.unpin", "retention.unmilestone",
-                               "retention.apply", "ckpt.strip", "ckpt.upload"]
+                               "retention.apply", "ckpt.strip", "ckpt.upload", "shard.convert"]
     assert actions(by_console) == actions(by_cli)
     for a, b in zip(by_cli, by_console, strict=True):
         assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True), a["action"]
