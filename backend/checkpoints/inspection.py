@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.checkpoints.catalog import CheckpointStep, step_catalog
+from backend.checkpoints.catalog import step_catalog
 from backend.checkpoints.dcp import (
     MAX_METADATA_BYTES,
     METADATA_FILE,
@@ -13,6 +13,7 @@ from backend.checkpoints.dcp import (
     tensor_entries,
 )
 from backend.checkpoints.safetensors_check import SafetensorsError, read_header
+from backend.checkpoints.steps import CheckpointStep
 from backend.storage import ObjectStore, join_key
 
 

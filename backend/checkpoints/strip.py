@@ -24,13 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.agent.kinds import FunctionKind
-from backend.checkpoints.catalog import (
-    INDEX_FILE,
-    MAX_INDEX_BYTES,
-    MODEL_FILES,
-    TRAINING_STATE_FILES,
-    step_catalog,
-)
+from backend.checkpoints.catalog import step_catalog
 from backend.checkpoints.dcp import (
     MAX_METADATA_BYTES,
     METADATA_FILE,
@@ -47,6 +41,7 @@ from backend.checkpoints.safetensors_check import (
     build_header,
     read_header,
 )
+from backend.checkpoints.steps import INDEX_FILE, MAX_INDEX_BYTES, MODEL_FILES, TRAINING_STATE_FILES
 from backend.storage import LocalStore, ObjectStore, join_key
 from backend.units import bytes_text
 

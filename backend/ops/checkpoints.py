@@ -123,7 +123,7 @@ class Checkpoints(Operation):
 
     async def upload(self, req: UploadRequest, *, progress: Callable[..., Any] | None = None) -> Done:
         """Upload one step folder; a destination holding objects is refused unless ``overwrite``."""
-        from backend.checkpoints.catalog import step_number
+        from backend.checkpoints.steps import step_number
         from backend.checkpoints.upload import check_destination, launch_upload, upload_dir
 
         self.refuse_if_readonly("upload a checkpoint")

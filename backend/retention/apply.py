@@ -34,7 +34,7 @@ from backend.policy.retention import (
 )
 
 if TYPE_CHECKING:
-    from backend.checkpoints.catalog import Catalog, CheckpointStep
+    from backend.checkpoints.steps import Catalog, CheckpointStep
     from backend.services import Services
     from backend.state import StateDB
     from backend.storage import ObjectStore
@@ -222,7 +222,7 @@ async def prove_kept(services: Services | None, store: ObjectStore, catalog: Cat
 async def prove_steps(services: Services | None, store: ObjectStore, catalog: Catalog, url: str,
                       paths: Iterable[str]) -> dict[str, str]:
     """The deep resumable check of the steps at ``paths`` (bounded concurrency)."""
-    from backend.checkpoints.catalog import prove_resumable
+    from backend.checkpoints.proof import prove_resumable
 
     by_path = {s.path: s for s in catalog.steps}
     kept = [p for p in paths if p in by_path]

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from backend.checkpoints.catalog import list_checkpoints, step_number
+from backend.checkpoints.catalog import list_checkpoints
+from backend.checkpoints.steps import step_number
 from backend.storage import LocalStore
 from tests.checkpoints.conftest import save_dcp, trained
 

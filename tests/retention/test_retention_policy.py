@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from backend.checkpoints.catalog import CheckpointStep
+from backend.checkpoints.steps import CheckpointStep
 from backend.config import parse_config
 from backend.errors import ConfigError, PolicyError
 from backend.policy.retention import (

@@ -30,9 +30,9 @@ from tui.widgets.confirm import ConfirmModal, ConfirmTyped
 from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
-    from backend.checkpoints.catalog import Catalog, CheckpointStep
     from backend.checkpoints.footprint import BacklogAlert
     from backend.checkpoints.inspection import StepInspection
+    from backend.checkpoints.steps import Catalog, CheckpointStep
     from backend.services import Services
 
 #: Theme variable per kind (cells coloured by meaning, never by literal colour).

@@ -36,7 +36,7 @@ from tui.widgets.detail import DetailModal
 from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
-    from backend.checkpoints.catalog import Catalog
+    from backend.checkpoints.steps import Catalog
     from backend.retention.apply import ActionOutcome, ApplyReport
     from backend.services import Services
 
