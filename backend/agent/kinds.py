@@ -82,7 +82,7 @@ class FunctionKind(JobKind):
 KINDS: dict[str, str] = {
     "pull": "backend.jobs.pull_runner:JOB_KIND",
     "upload": "backend.checkpoints.upload:JOB_KIND",
-    "strip": "backend.checkpoints.strip:JOB_KIND",
+    "strip": "backend.checkpoints.strip_job:JOB_KIND",
     "shard": "backend.shards.job:JOB_KIND",
 }
 

@@ -94,7 +94,8 @@ class Checkpoints(Operation):
 
     async def strip(self, req: StripRequest, *, progress: Callable[..., Any] | None = None) -> Done:
         """Strip one step; a failure here is audited too, then raised."""
-        from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, launch_strip, strip_step
+        from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, strip_step
+        from backend.checkpoints.strip_job import launch_strip
 
         self.refuse_if_readonly("strip a checkpoint")
         if req.node:

@@ -573,7 +573,9 @@ async def _strip(store: ObjectStore, step: CheckpointStep, a: PlannedAction, pol
                  fault: FaultHook | None) -> tuple[int, dict[str, str]] | str:
     """Export (when needed), verify, then delete the training state; a string says why it refused."""
     from backend.checkpoints.catalog import step_catalog
-    from backend.checkpoints.strip import source_digests, strip_step, verify_export
+    from backend.checkpoints.strip import strip_step
+    from backend.checkpoints.strip_source import source_digests
+    from backend.checkpoints.strip_verify import verify_export
 
     digests: dict[str, str] | None = None
     if step.has_bf16_export and step.layout in STRIPPABLE_LAYOUTS:

@@ -1,0 +1,92 @@
+"""The "strip" node job: a BF16 strip run by the durable job runner on a GPU node, and its launch.
+
+:func:`strip_params` is what the console sends; :func:`run_strip_job` runs :func:`strip_step` on
+the node; :func:`cleanup` removes the partial shards a cancelled strip left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from backend.agent.kinds import FunctionKind
+from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, strip_step
+from backend.storage import ObjectStore
+
+if TYPE_CHECKING:
+    from backend.jobs.manager import JobManager
+
+
+def strip_params(store: ObjectStore, step_path: str, *, out_store: ObjectStore | None = None,
+                 out_prefix: str | None = None, model_prefix: str = "auto",
+                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict[str, Any]:
+    """The params of a "strip" job (what ``services.jobs.launch`` sends to the node)."""
+    from backend.checkpoints.upload import store_params, url_join
+
+    dest = out_store or store
+    return {"src": url_join(store.url, step_path), "dest": url_join(dest.url, out_prefix or step_path),
+            "src_store": store_params(store), "out_store": store_params(out_store) if out_store else None,
+            "step_path": step_path, "out_prefix": out_prefix, "model_prefix": model_prefix,
+            "max_shard_bytes": max_shard_bytes}
+
+
+async def launch_strip(jobs: JobManager, node: str, store: ObjectStore, step_path: str, *,
+                       out_store: ObjectStore | None = None, out_prefix: str | None = None,
+                       model_prefix: str = "auto", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Any:
+    """Launch a "strip" job of ``step_path`` in ``store`` on ``node``; returns its job record."""
+    from backend.checkpoints.upload import store_secrets
+
+    params = strip_params(store, step_path, out_store=out_store, out_prefix=out_prefix,
+                          model_prefix=model_prefix, max_shard_bytes=max_shard_bytes)
+    secrets = await store_secrets(store)
+    if out_store is not None:
+        secrets.update(await store_secrets(out_store))
+    return await jobs.launch(node, "strip", params, secrets=secrets, label=f"strip {step_path}")
+
+
+def cleanup(ctx: Any) -> None:
+    """Remove partial shards a cancelled strip left in a local output directory."""
+    p = ctx.params
+    target = p.get("out_store") or p.get("src_store") or {}
+    url = target.get("url", "")
+    if url and not url.startswith("s3://"):
+        d = Path(os.path.expanduser(url)) / (p.get("out_prefix") or p.get("step_path") or "")
+        for part in d.glob("model-*.safetensors.tmp-lm"):
+            part.unlink(missing_ok=True)
+
+
+def run_strip_job(ctx: Any) -> dict[str, Any]:
+    """Durable-job runner for kind "strip" (params from :func:`strip_params`)."""
+    from backend.checkpoints.upload import open_store_params
+
+    p = ctx.params
+    env = ctx.secret_env()
+
+    async def main() -> dict[str, Any]:
+        src = open_store_params(p["src_store"], env)
+        out = open_store_params(p["out_store"], env) if p.get("out_store") else None
+        try:
+            res = await strip_step(
+                src, p["step_path"], out_store=out, out_prefix=p.get("out_prefix"),
+                model_prefix=p.get("model_prefix", "auto"),
+                max_shard_bytes=int(p.get("max_shard_bytes", DEFAULT_MAX_SHARD_BYTES)),
+                progress=lambda **kw: ctx.progress(**kw), cancelled=lambda: ctx.cancelled,
+                overwrite=bool(p.get("overwrite", False)))
+        finally:
+            await src.close()
+            if out is not None:
+                await out.close()
+        ctx.log(f"stripped {res.source}: {res.tensor_count} tensors, {res.weight_bytes} bytes in "
+                f"{len(res.shards)} shards, verified")
+        return res.as_dict()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return asyncio.run(main())
+
+
+#: Kind "strip" in the job registry (backend.agent.kinds).
+JOB_KIND = FunctionKind("strip", run_strip_job, cleanup)
