@@ -41,13 +41,13 @@ class Retention(Operation):
 
     def run(self, ref: str) -> tuple[str, tuple[str, ...]]:
         """The run's canonical URL and the other spellings its records may be under."""
-        from backend.retention.apply import canonical_run
+        from backend.retention.marks import canonical_run
 
         return canonical_run(self.services, ref)
 
     def pin(self, ref: str, step: int, reason: str = "") -> str:
         """Pin ``step`` of the run ``ref`` (no plan touches it); the run's canonical URL."""
-        from backend.retention.apply import PinStore
+        from backend.retention.marks import PinStore
 
         self.refuse_if_readonly("change pins")
         url, _ = self.run(ref)
@@ -55,7 +55,7 @@ class Retention(Operation):
         return url
 
     def unpin(self, ref: str, step: int) -> str:
-        from backend.retention.apply import PinStore
+        from backend.retention.marks import PinStore
 
         self.refuse_if_readonly("change pins")
         url, keys = self.run(ref)
@@ -65,7 +65,7 @@ class Retention(Operation):
 
     def mark_milestone(self, ref: str, step: int) -> str:
         """Mark ``step`` a milestone: plans keep it as BF16 weights at least."""
-        from backend.retention.apply import MilestoneStore
+        from backend.retention.marks import MilestoneStore
 
         self.refuse_if_readonly("change milestones")
         url, _ = self.run(ref)
@@ -73,7 +73,7 @@ class Retention(Operation):
         return url
 
     def unmark_milestone(self, ref: str, step: int) -> str:
-        from backend.retention.apply import MilestoneStore
+        from backend.retention.marks import MilestoneStore
 
         self.refuse_if_readonly("change milestones")
         url, keys = self.run(ref)

@@ -7,11 +7,10 @@ from backend.retention.apply import (
     ActionOutcome,
     ApplyReport,
     Journal,
-    MilestoneStore,
-    PinStore,
     apply_plan,
     compute_plan,
     storage_price,
 )
+from backend.retention.marks import MilestoneStore, PinStore
 
 __all__ = ["ActionOutcome", "ApplyReport", "Journal", "MilestoneStore", "PinStore", "apply_plan", "compute_plan", "storage_price"]

@@ -23,7 +23,6 @@ from backend.errors import PolicyError, StoreError
 from backend.policy.prices import PriceOverrides
 from backend.policy.retention import (
     STRIPPABLE_LAYOUTS,
-    Pin,
     PlannedAction,
     RetentionPlan,
     RetentionPolicy,
@@ -32,6 +31,7 @@ from backend.policy.retention import (
     recheck_plan,
     rel_name,
 )
+from backend.retention.marks import canonical_run, effective_policy, norm_url
 
 if TYPE_CHECKING:
     from backend.checkpoints.steps import Catalog, CheckpointStep
@@ -49,21 +49,6 @@ CREATE TABLE IF NOT EXISTS retention_journal (
     ts REAL NOT NULL,
     PRIMARY KEY (plan_hash, path)
 );
-CREATE TABLE IF NOT EXISTS retention_pins (
-    url TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    reason TEXT NOT NULL DEFAULT '',
-    who TEXT NOT NULL DEFAULT '',
-    ts REAL NOT NULL,
-    PRIMARY KEY (url, step)
-);
-CREATE TABLE IF NOT EXISTS retention_milestones (
-    url TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    who TEXT NOT NULL DEFAULT '',
-    ts REAL NOT NULL,
-    PRIMARY KEY (url, step)
-);
 """
 
 #: Files in a step folder that describe the run rather than hold its state: kept by a strip.
@@ -78,74 +63,7 @@ FaultHook = Callable[[str, PlannedAction], None]
 ProgressHook = Callable[["ActionOutcome"], object]  # its return value is ignored
 
 
-# -- pins and journal -------------------------------------------------------------------------
-
-
-class PinStore:
-    """Operator pins per run, in the state DB (so a pin made after a plan stops it).
-
-    ``url`` is a run's canonical URL (:func:`backend.retention.runs.run_url`); reads also find
-    pins recorded under another spelling of the same run when ``keys`` are given.
-    """
-
-    table = "retention_pins"
-    what = "pin"
-
-    def __init__(self, db: StateDB) -> None:
-        self.db = db
-        db.ensure(_DDL)
-
-    def _keys(self, url: str, keys: Iterable[str] = ()) -> list[str]:
-        return list(dict.fromkeys([_norm(url), *(_norm(k) for k in keys)]))
-
-    def pins(self, url: str, keys: Iterable[str] = ()) -> tuple[Pin, ...]:
-        """The pins recorded for the run ``url`` (and its other spellings ``keys``)."""
-        ks = self._keys(url, keys)
-        rows = self.db.query(f"SELECT step, reason FROM retention_pins WHERE url IN ({','.join('?' * len(ks))}) "
-                             "ORDER BY step", ks)
-        return tuple({int(r["step"]): Pin(int(r["step"]), r["reason"]) for r in rows}.values())
-
-    def pin(self, url: str, step: int, reason: str = "") -> None:
-        """Pin ``step`` under ``url`` (audited)."""
-        from backend.state import actor
-
-        self.db.execute("INSERT OR REPLACE INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)",
-                        (_norm(url), step, reason, actor(), time.time()))
-        self.db.record_audit("retention.pin", f"{_norm(url)}#{step}", "ok", reason=reason or None)
-
-    def unpin(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
-        """Remove a pin (audited); False when there was none."""
-        return self._remove("retention_pins", "retention.unpin", url, step, keys)
-
-    def _remove(self, table: str, action: str, url: str, step: int, keys: Iterable[str]) -> bool:
-        ks = self._keys(url, keys)
-        cur = self.db.execute(f"DELETE FROM {table} WHERE step = ? AND url IN ({','.join('?' * len(ks))})",
-                              [step, *ks])
-        if cur.rowcount:
-            self.db.record_audit(action, f"{_norm(url)}#{step}", "ok")
-        return bool(cur.rowcount)
-
-
-class MilestoneStore(PinStore):
-    """Milestones an operator marked (console ``m`` or ``retention milestone``), per run."""
-
-    def milestones(self, url: str, keys: Iterable[str] = ()) -> tuple[int, ...]:
-        """The steps marked as milestones for the run ``url``."""
-        ks = self._keys(url, keys)
-        rows = self.db.query(f"SELECT step FROM retention_milestones WHERE url IN ({','.join('?' * len(ks))})", ks)
-        return tuple(sorted({int(r["step"]) for r in rows}))
-
-    def mark(self, url: str, step: int) -> None:
-        """Mark ``step`` a milestone (audited)."""
-        from backend.state import actor
-
-        self.db.execute("INSERT OR REPLACE INTO retention_milestones (url, step, who, ts) VALUES (?, ?, ?, ?)",
-                        (_norm(url), step, actor(), time.time()))
-        self.db.record_audit("retention.milestone", f"{_norm(url)}#{step}", "ok")
-
-    def unmark(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
-        """Remove a milestone mark (audited); False when there was none."""
-        return self._remove("retention_milestones", "retention.unmilestone", url, step, keys)
+# -- journal ----------------------------------------------------------------------------------
 
 
 class Journal:
@@ -169,10 +87,6 @@ class Journal:
         )
 
 
-def _norm(url: str) -> str:
-    return url.rstrip("/")
-
-
 # -- planning ---------------------------------------------------------------------------------
 
 
@@ -189,23 +103,6 @@ def storage_price(services: Services, url: str) -> tuple[float | None, str]:
     if prices is None:
         return None, f"provider {profile.provider!r} is not in the price table: storage not priced"
     return prices.storage_gb_month, f"{prices.name} storage ${prices.storage_gb_month}/GB-month ({prices.source})"
-
-
-def canonical_run(services: Services, ref: str) -> tuple[str, tuple[str, ...]]:
-    """The run's canonical URL and every spelling its records may be stored under."""
-    from backend.retention.runs import run_keys, run_url
-
-    return run_url(services.config, ref), run_keys(services.config, ref)
-
-
-def effective_policy(services: Services, policy: RetentionPolicy, url: str) -> RetentionPolicy:
-    """``policy`` plus the pins and milestones recorded in the state DB for the run ``url``."""
-    from dataclasses import replace
-
-    url, keys = canonical_run(services, url)
-    marked = MilestoneStore(services.db).milestones(url, keys)
-    pol = policy.with_pins(PinStore(services.db).pins(url, keys))
-    return replace(pol, milestones=tuple(sorted(set(pol.milestones) | set(marked)))) if marked else pol
 
 
 async def prove_kept(services: Services | None, store: ObjectStore, catalog: Catalog, plan: RetentionPlan,
@@ -252,7 +149,7 @@ def _upload_records(services: Services | None, url: str) -> dict[str, tuple[str,
         records = services.jobs.records()
     except Exception:  # noqa: BLE001 - no job manager / nodes unreachable: the file check still runs
         return {}
-    base = _norm(url) + "/"
+    base = norm_url(url) + "/"
     out: dict[str, tuple[str, str, float]] = {}
     for r in records:
         if r.kind != "upload" or not r.destination.rstrip("/").startswith(base):
@@ -270,7 +167,7 @@ def in_flight_from_jobs(services: Services, url: str) -> set[str]:
     writes; the first path segment below ``url`` is that step folder.
     """
     records = services.jobs.records()
-    base = _norm(url) + "/"
+    base = norm_url(url) + "/"
     out: set[str] = set()
     for r in records:
         if r.terminal:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from backend.checkpoints.catalog import list_checkpoints
 from backend.policy.retention import Pin, RetentionPolicy
 from backend.retention import PinStore, apply_plan, compute_plan
-from backend.retention.apply import MilestoneStore
+from backend.retention.marks import MilestoneStore
 from backend.storage import LocalStore
 
 STATES = ("dcp-full", "dcp-weights", "torch-full", "export", "in-flight", "corrupt", "unknown")

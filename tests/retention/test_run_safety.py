@@ -17,7 +17,7 @@ from retention_helpers import DcpRun  # type: ignore[import-not-found]
 from backend.errors import PolicyError
 from backend.policy.retention import RetentionPolicy
 from backend.retention import PinStore, apply_plan, compute_plan
-from backend.retention.apply import MilestoneStore, canonical_run
+from backend.retention.marks import MilestoneStore, canonical_run
 from backend.retention.runs import LOCK_KEY, ApplyLock
 from backend.storage import LocalStore
 from tui.cli import main

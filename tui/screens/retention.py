@@ -228,15 +228,8 @@ class RetentionScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="retention-load", exit_on_error=False)
     async def _load_catalog(self, url: str) -> None:
-        from backend.retention.apply import (
-            MilestoneStore,
-            PinStore,
-            canonical_run,
-            fetch_catalog,
-            in_flight_from_jobs,
-            prove_steps,
-            storage_price,
-        )
+        from backend.retention.apply import fetch_catalog, in_flight_from_jobs, prove_steps, storage_price
+        from backend.retention.marks import MilestoneStore, PinStore, canonical_run
 
         try:
             url, keys = canonical_run(self.services, url)

@@ -1,0 +1,123 @@
+"""Operator marks on a run's steps: pins (no plan touches the step) and milestones (kept as BF16
+weights at least), recorded in the state DB under the run's canonical URL, so a mark made after a
+plan was computed stops that plan's action on the step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from backend.policy.retention import Pin, RetentionPolicy
+
+if TYPE_CHECKING:
+    from backend.services import Services
+    from backend.state import StateDB
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS retention_pins (
+    url TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    who TEXT NOT NULL DEFAULT '',
+    ts REAL NOT NULL,
+    PRIMARY KEY (url, step)
+);
+CREATE TABLE IF NOT EXISTS retention_milestones (
+    url TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    who TEXT NOT NULL DEFAULT '',
+    ts REAL NOT NULL,
+    PRIMARY KEY (url, step)
+);
+"""
+
+
+class PinStore:
+    """Operator pins per run, in the state DB (so a pin made after a plan stops it).
+
+    ``url`` is a run's canonical URL (:func:`backend.retention.runs.run_url`); reads also find
+    pins recorded under another spelling of the same run when ``keys`` are given.
+    """
+
+    table = "retention_pins"
+    what = "pin"
+
+    def __init__(self, db: StateDB) -> None:
+        self.db = db
+        db.ensure(_DDL)
+
+    def _keys(self, url: str, keys: Iterable[str] = ()) -> list[str]:
+        return list(dict.fromkeys([norm_url(url), *(norm_url(k) for k in keys)]))
+
+    def pins(self, url: str, keys: Iterable[str] = ()) -> tuple[Pin, ...]:
+        """The pins recorded for the run ``url`` (and its other spellings ``keys``)."""
+        ks = self._keys(url, keys)
+        rows = self.db.query(f"SELECT step, reason FROM retention_pins WHERE url IN ({','.join('?' * len(ks))}) "
+                             "ORDER BY step", ks)
+        return tuple({int(r["step"]): Pin(int(r["step"]), r["reason"]) for r in rows}.values())
+
+    def pin(self, url: str, step: int, reason: str = "") -> None:
+        """Pin ``step`` under ``url`` (audited)."""
+        from backend.state import actor
+
+        self.db.execute("INSERT OR REPLACE INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)",
+                        (norm_url(url), step, reason, actor(), time.time()))
+        self.db.record_audit("retention.pin", f"{norm_url(url)}#{step}", "ok", reason=reason or None)
+
+    def unpin(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
+        """Remove a pin (audited); False when there was none."""
+        return self._remove("retention_pins", "retention.unpin", url, step, keys)
+
+    def _remove(self, table: str, action: str, url: str, step: int, keys: Iterable[str]) -> bool:
+        ks = self._keys(url, keys)
+        cur = self.db.execute(f"DELETE FROM {table} WHERE step = ? AND url IN ({','.join('?' * len(ks))})",
+                              [step, *ks])
+        if cur.rowcount:
+            self.db.record_audit(action, f"{norm_url(url)}#{step}", "ok")
+        return bool(cur.rowcount)
+
+
+class MilestoneStore(PinStore):
+    """Milestones an operator marked (console ``m`` or ``retention milestone``), per run."""
+
+    def milestones(self, url: str, keys: Iterable[str] = ()) -> tuple[int, ...]:
+        """The steps marked as milestones for the run ``url``."""
+        ks = self._keys(url, keys)
+        rows = self.db.query(f"SELECT step FROM retention_milestones WHERE url IN ({','.join('?' * len(ks))})", ks)
+        return tuple(sorted({int(r["step"]) for r in rows}))
+
+    def mark(self, url: str, step: int) -> None:
+        """Mark ``step`` a milestone (audited)."""
+        from backend.state import actor
+
+        self.db.execute("INSERT OR REPLACE INTO retention_milestones (url, step, who, ts) VALUES (?, ?, ?, ?)",
+                        (norm_url(url), step, actor(), time.time()))
+        self.db.record_audit("retention.milestone", f"{norm_url(url)}#{step}", "ok")
+
+    def unmark(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
+        """Remove a milestone mark (audited); False when there was none."""
+        return self._remove("retention_milestones", "retention.unmilestone", url, step, keys)
+
+
+def norm_url(url: str) -> str:
+    """A run URL as marks and job destinations are compared: without a trailing slash."""
+    return url.rstrip("/")
+
+
+def canonical_run(services: Services, ref: str) -> tuple[str, tuple[str, ...]]:
+    """The run's canonical URL and every spelling its records may be stored under."""
+    from backend.retention.runs import run_keys, run_url
+
+    return run_url(services.config, ref), run_keys(services.config, ref)
+
+
+def effective_policy(services: Services, policy: RetentionPolicy, url: str) -> RetentionPolicy:
+    """``policy`` plus the pins and milestones recorded in the state DB for the run ``url``."""
+    from dataclasses import replace
+
+    url, keys = canonical_run(services, url)
+    marked = MilestoneStore(services.db).milestones(url, keys)
+    pol = policy.with_pins(PinStore(services.db).pins(url, keys))
+    return replace(pol, milestones=tuple(sorted(set(pol.milestones) | set(marked)))) if marked else pol
