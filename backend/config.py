@@ -210,9 +210,7 @@ class Config:
         best: StoreProfile | None = None
         for s in self.stores.values():
             base = s.url.rstrip("/")
-            if (url == base or url.startswith(base + "/")) and (
-                best is None or len(base) > len(best.url.rstrip("/"))
-            ):
+            if (url == base or url.startswith(base + "/")) and (best is None or len(base) > len(best.url.rstrip("/"))):
                 best = s
         if best is not None or not url.startswith("s3://"):
             return best
@@ -224,9 +222,11 @@ class Config:
         if not s3_stores:
             return None
         known = ", ".join(f"{s.name} = {s.url}" for s in s3_stores)
-        raise ConfigError(f"no store covers bucket {bucket!r} (configured stores: {known}); use a URL "
-                          f"under one of them or add a [stores.NAME] table with url = \"s3://{bucket}\"",
-                          file=self.source)
+        raise ConfigError(
+            f"no store covers bucket {bucket!r} (configured stores: {known}); use a URL "
+            f'under one of them or add a [stores.NAME] table with url = "s3://{bucket}"',
+            file=self.source,
+        )
 
     def section(self, cls: type[S]) -> S:
         """The feature section ``cls`` (one of :data:`FEATURE_SECTIONS`), as the file set it or its
@@ -283,9 +283,7 @@ def read_hostfile(path: Path, *, file: str | None = None, key: str = "hostfile")
         for opt in parts[1:]:
             k, sep, v = opt.partition("=")
             if not sep or not v:
-                raise ConfigError(
-                    f"{path}:{lineno}: expected 'host slots=N', got {raw.strip()!r}", file=file, key=key
-                )
+                raise ConfigError(f"{path}:{lineno}: expected 'host slots=N', got {raw.strip()!r}", file=file, key=key)
             if k == "slots":
                 if not v.isdigit():
                     raise ConfigError(f"{path}:{lineno}: slots must be a whole number, got {v!r}", file=file, key=key)
@@ -346,9 +344,7 @@ def _resolve_entries(entries: list[NodeEntry], defaults: Defaults, file: str | N
             raise ConfigError("a local node must be a single name", file=file, key=f"{key}.name")
         for name, slots in names:
             if name in seen:
-                raise ConfigError(
-                    f"duplicate node name {name!r} (also defined by {seen[name]})", file=file, key=key
-                )
+                raise ConfigError(f"duplicate node name {name!r} (also defined by {seen[name]})", file=file, key=key)
             seen[name] = key
             host = (e.host or name).replace("{name}", name)
             nodes.append(
@@ -472,9 +468,7 @@ def default_config() -> Config:
     s5cmd = installed_s5cmd()
     return Config(
         nodes=(Node(name=name, host="localhost", transport="local", scratch=str(scratch)),),
-        stores={
-            "checkpoints": StoreProfile(url=str(data / "checkpoints"), name="checkpoints", provider="local")
-        },
+        stores={"checkpoints": StoreProfile(url=str(data / "checkpoints"), name="checkpoints", provider="local")},
         sections={} if s5cmd == "s5cmd" else {"jobs": _section_class("jobs")(s5cmd=s5cmd)},
     )
 

@@ -36,8 +36,7 @@ class Credentials:
 
     def shared_credentials_file(self, profile: str = "default") -> str:
         """Text of an AWS shared-credentials file holding these credentials (write it 0600)."""
-        lines = [f"[{profile}]", f"aws_access_key_id = {self.access_key}",
-                 f"aws_secret_access_key = {self.secret_key}"]
+        lines = [f"[{profile}]", f"aws_access_key_id = {self.access_key}", f"aws_secret_access_key = {self.secret_key}"]
         if self.token:
             lines.append(f"aws_session_token = {self.token}")
         return "\n".join(lines) + "\n"

@@ -138,7 +138,7 @@ def parse_sections(text: str) -> dict[str, list[str]]:
     current: list[str] | None = None
     for line in text.splitlines():
         if line.startswith(MARK):
-            current = sections.setdefault(line[len(MARK):].strip(), [])
+            current = sections.setdefault(line[len(MARK) :].strip(), [])
         elif current is not None:
             current.append(line)
     return sections
@@ -148,15 +148,13 @@ def doctor_command(scratch: str, s5cmd: str = "s5cmd", agent_probe: str = "true"
     """The one remote command doctor runs on a node (``s5cmd``: the one jobs run; ``agent_probe``:
     the node's :func:`~backend.nodes.agent.probe_command`)."""
     script = _SCRIPT + _AGENT_SECTION.replace("@PROBE@", agent_probe)
-    return (f"LM_SCRATCH={shlex.quote(scratch)} LM_S5CMD={shlex.quote(s5cmd)} "
-            f"exec /bin/sh -c {shlex.quote(script)}")
+    return f"LM_SCRATCH={shlex.quote(scratch)} LM_S5CMD={shlex.quote(s5cmd)} exec /bin/sh -c {shlex.quote(script)}"
 
 
 def _s5cmd_missing(s5cmd: str) -> str:
     if "/" in s5cmd:
         return f"s5cmd not found at {s5cmd} (fix [jobs] s5cmd)"
-    return ("s5cmd not found on PATH (install it: https://github.com/peak/s5cmd, "
-            "or set [jobs] s5cmd to its path)")
+    return "s5cmd not found on PATH (install it: https://github.com/peak/s5cmd, or set [jobs] s5cmd to its path)"
 
 
 def _int(text: str | None) -> int | None:
@@ -166,8 +164,15 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def parse_report(node_name: str, host: str, transport: str, scratch: str, text: str,
-                 s5cmd_path: str = "s5cmd", node: Node | None = None) -> NodeReport:
+def parse_report(
+    node_name: str,
+    host: str,
+    transport: str,
+    scratch: str,
+    text: str,
+    s5cmd_path: str = "s5cmd",
+    node: Node | None = None,
+) -> NodeReport:
     """Turn the script's output into a :class:`NodeReport` (ready or with its problems); with the
     ``node``, its agent section too (which interpreter and venv run the agent, or why none can)."""
     f = _Facts(parse_sections(text))
@@ -224,8 +229,10 @@ def parse_report(node_name: str, host: str, transport: str, scratch: str, text: 
             total = total * 1024 if total is not None else None
             free = free * 1024 if free is not None else None
     else:
-        problems.append(f"scratch directory {scratch} does not exist: create it on the node "
-                        f"(mkdir -p {shlex.quote(scratch)}) or set 'scratch' for this node")
+        problems.append(
+            f"scratch directory {scratch} does not exist: create it on the node "
+            f"(mkdir -p {shlex.quote(scratch)}) or set 'scratch' for this node"
+        )
     writable = "@@writable" in sc
     if scratch_exists and not writable:
         problems.append(f"scratch directory {scratch} is not writable")
@@ -271,12 +278,28 @@ async def check_node(transport: Transport, *, limit: float = 60.0, s5cmd: str = 
         res = await transport.run(doctor_command(node.scratch, s5cmd, probe_command(node)), timeout=limit)
     except CommandTimeout:
         problem = f"the check did not finish within {limit:g}s (hung mount or tool?)"
-        return NodeReport(node.name, node.host, node.transport, reachable=True, ready=False,
-                          error=problem, problems=(problem,), scratch=node.scratch)
+        return NodeReport(
+            node.name,
+            node.host,
+            node.transport,
+            reachable=True,
+            ready=False,
+            error=problem,
+            problems=(problem,),
+            scratch=node.scratch,
+        )
     except LoadmasterError as exc:
         detail = getattr(exc, "detail", None) or str(exc)
-        return NodeReport(node.name, node.host, node.transport, reachable=False, ready=False,
-                          error=detail, problems=(detail,), scratch=node.scratch)
+        return NodeReport(
+            node.name,
+            node.host,
+            node.transport,
+            reachable=False,
+            ready=False,
+            error=detail,
+            problems=(detail,),
+            scratch=node.scratch,
+        )
     report = parse_report(node.name, node.host, node.transport, node.scratch, res.stdout, s5cmd, node)
     latency = None
     if isinstance(transport, SshTransport) and transport.handshake_seconds is not None:
@@ -284,15 +307,15 @@ async def check_node(transport: Transport, *, limit: float = 60.0, s5cmd: str = 
     return dataclasses.replace(report, ssh_latency_ms=latency, command_ms=round(res.elapsed * 1000, 1))
 
 
-async def run_doctor(pool: NodePool, nodes: list[str] | None = None, *, limit: float = 60.0,
-                     s5cmd: str = "s5cmd") -> list[NodeReport]:
+async def run_doctor(
+    pool: NodePool, nodes: list[str] | None = None, *, limit: float = 60.0, s5cmd: str = "s5cmd"
+) -> list[NodeReport]:
     """Check every node (or ``nodes``) concurrently; one report per node, in inventory order.
 
     ``s5cmd`` is the one jobs run (``[jobs] s5cmd``).
     """
     names = nodes or pool.names
-    results = await pool.fanout(lambda t: check_node(t, limit=limit, s5cmd=s5cmd), nodes=names,
-                                timeout=limit + 30)
+    results = await pool.fanout(lambda t: check_node(t, limit=limit, s5cmd=s5cmd), nodes=names, timeout=limit + 30)
     reports: list[NodeReport] = []
     for name in names:
         r = results[name]
@@ -301,6 +324,16 @@ async def run_doctor(pool: NodePool, nodes: list[str] | None = None, *, limit: f
         else:
             node = pool.node(name)
             detail = getattr(r, "detail", None) or str(r) or type(r).__name__
-            reports.append(NodeReport(name, node.host, node.transport, reachable=False, ready=False,
-                                      error=detail, problems=(detail,), scratch=node.scratch))
+            reports.append(
+                NodeReport(
+                    name,
+                    node.host,
+                    node.transport,
+                    reachable=False,
+                    ready=False,
+                    error=detail,
+                    problems=(detail,),
+                    scratch=node.scratch,
+                )
+            )
     return reports

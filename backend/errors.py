@@ -43,9 +43,7 @@ class NodeUnreachable(NodeError):
 class HostKeyRefused(NodeUnreachable):
     """The node's host key is unknown or changed; both fingerprints are in the message."""
 
-    def __init__(
-        self, node: str, message: str, *, offered: str | None = None, expected: str | None = None
-    ) -> None:
+    def __init__(self, node: str, message: str, *, offered: str | None = None, expected: str | None = None) -> None:
         self.offered = offered
         self.expected = expected
         super().__init__(node, message)

@@ -206,9 +206,23 @@ def _is_local(store: StoreProfile) -> bool:
 
 def _row_entry(r: Any) -> LedgerEntry:
     tiers = tuple(TierSlice(**t) for t in json.loads(r["tiers"]))
-    return LedgerEntry(r["id"], r["ts"], r["month"], r["job_id"], r["store"], r["account"], r["source_site"],
-                       r["dest_site"], r["kind"], r["bytes"], r["usd"], bool(r["priced"]),
-                       r["month_to_date_bytes"], tiers, r["note"])
+    return LedgerEntry(
+        r["id"],
+        r["ts"],
+        r["month"],
+        r["job_id"],
+        r["store"],
+        r["account"],
+        r["source_site"],
+        r["dest_site"],
+        r["kind"],
+        r["bytes"],
+        r["usd"],
+        bool(r["priced"]),
+        r["month_to_date_bytes"],
+        tiers,
+        r["note"],
+    )
 
 
 class EgressLedger:
@@ -243,8 +257,17 @@ class EgressLedger:
         return float(rows[0]["u"])
 
     def append(
-        self, *, when: datetime, job_id: str | None, store: str, account: str | None, source_site: str | None,
-        dest_site: str | None, nbytes: int, price: Any, kind: str | None = None,
+        self,
+        *,
+        when: datetime,
+        job_id: str | None,
+        store: str,
+        account: str | None,
+        source_site: str | None,
+        dest_site: str | None,
+        nbytes: int,
+        price: Any,
+        kind: str | None = None,
     ) -> LedgerEntry:
         """Insert one entry (``price`` is a callable(mtd_bytes) -> TransferPrice, run under the lock)."""
         month = month_key(when)
@@ -256,8 +279,22 @@ class EgressLedger:
                 cur = self.db.execute(
                     "INSERT INTO egress_ledger (ts, month, job_id, store, account, source_site, dest_site, kind,"
                     " bytes, usd, priced, month_to_date_bytes, tiers, note) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (when.timestamp(), month, job_id, store, account, source_site, dest_site, kind or p.kind, nbytes,
-                     p.usd, int(p.priced), mtd, json.dumps([t.as_dict() for t in p.tiers]), p.note),
+                    (
+                        when.timestamp(),
+                        month,
+                        job_id,
+                        store,
+                        account,
+                        source_site,
+                        dest_site,
+                        kind or p.kind,
+                        nbytes,
+                        p.usd,
+                        int(p.priced),
+                        mtd,
+                        json.dumps([t.as_dict() for t in p.tiers]),
+                        p.note,
+                    ),
                 )
                 self.db.execute("COMMIT")
             except BaseException:
@@ -273,8 +310,10 @@ class EgressLedger:
 
     def entries(self, month: str) -> list[LedgerEntry]:
         """Entries of ``month``, oldest first."""
-        return [_row_entry(r) for r in self.db.query(
-            "SELECT * FROM egress_ledger WHERE month = ? ORDER BY ts, id", (month,))]
+        return [
+            _row_entry(r)
+            for r in self.db.query("SELECT * FROM egress_ledger WHERE month = ? ORDER BY ts, id", (month,))
+        ]
 
 
 class EgressGuard:
@@ -305,7 +344,12 @@ class EgressGuard:
     # -- API --------------------------------------------------------------------------------
 
     def quote_transfer(
-        self, store: StoreProfile, dest_site: str | None, nbytes: int, *, objects: int = 0,
+        self,
+        store: StoreProfile,
+        dest_site: str | None,
+        nbytes: int,
+        *,
+        objects: int = 0,
         now: datetime | float | None = None,
     ) -> EgressQuote:
         """Price ``nbytes`` (``objects`` GETs) from ``store`` to a node at ``dest_site`` this month."""
@@ -328,9 +372,18 @@ class EgressGuard:
             req = request_cost(prov, gets=objects) if prov else 0.0
         mtd_usd = self.ledger.spent_usd(month, account=account) if account else 0.0
         return EgressQuote(
-            bytes=nbytes, usd=p.usd, tiers=p.tiers, month_to_date_bytes=mtd, month_to_date_usd=mtd_usd,
-            route=Route(store.name, source, dest_site, kind), account=account, month=month,
-            priced=p.priced, note=p.note, objects=objects, requests_usd=req,
+            bytes=nbytes,
+            usd=p.usd,
+            tiers=p.tiers,
+            month_to_date_bytes=mtd,
+            month_to_date_usd=mtd_usd,
+            route=Route(store.name, source, dest_site, kind),
+            account=account,
+            month=month,
+            priced=p.priced,
+            note=p.note,
+            objects=objects,
+            requests_usd=req,
         )
 
     def check(self, quote: EgressQuote, *, allow_over_budget_reason: str | None = None) -> GuardDecision:
@@ -346,12 +399,15 @@ class EgressGuard:
                 elif budget.key == provider and quote.account != provider:
                     rows = self.db.query(
                         "SELECT COALESCE(SUM(usd), 0) AS u FROM egress_ledger WHERE month = ?"
-                        " AND (account = ? OR account LIKE ?)", (quote.month, provider, f"{provider}/%"))
+                        " AND (account = ? OR account LIKE ?)",
+                        (quote.month, provider, f"{provider}/%"),
+                    )
                     spent = float(rows[0]["u"])
                 else:
                     spent = self.ledger.spent_usd(quote.month, account=budget.key)
-        return decide(quote, self.settings, budget=budget, spent_usd=spent,
-                      allow_over_budget_reason=allow_over_budget_reason)
+        return decide(
+            quote, self.settings, budget=budget, spent_usd=spent, allow_over_budget_reason=allow_over_budget_reason
+        )
 
     def record_override(self, decision: GuardDecision, reason: str) -> int:
         """Audit an over-budget transfer the operator allowed, with their reason; returns the audit id."""
@@ -361,21 +417,33 @@ class EgressGuard:
         if not decision.exceeded:
             raise PolicyError("nothing to override: the transfer is within its budget and limit")
         if self.settings.action == "block":
-            raise PolicyError(f"[egress] action is \"block\": {decision.message}")
+            raise PolicyError(f'[egress] action is "block": {decision.message}')
         q = decision.quote
         return self.db.record_audit(
-            "egress.override", q.route.label, "allowed-over-budget", reason=reason,
+            "egress.override",
+            q.route.label,
+            "allowed-over-budget",
+            reason=reason,
             detail={
-                "bytes": q.bytes, "usd": q.total_usd, "exceeded": list(decision.exceeded),
+                "bytes": q.bytes,
+                "usd": q.total_usd,
+                "exceeded": list(decision.exceeded),
                 "budget": decision.budget.key if decision.budget else None,
                 "budget_usd": decision.budget.usd if decision.budget else None,
-                "spent_usd": decision.spent_usd, "limit_usd": decision.limit_usd,
-                "month": q.month, "message": decision.message,
+                "spent_usd": decision.spent_usd,
+                "limit_usd": decision.limit_usd,
+                "month": q.month,
+                "message": decision.message,
             },
         )
 
     def record_transfer(
-        self, store: StoreProfile, dest_site: str | None, nbytes: int, *, job_id: str | None,
+        self,
+        store: StoreProfile,
+        dest_site: str | None,
+        nbytes: int,
+        *,
+        job_id: str | None,
         when: datetime | float | None = None,
     ) -> LedgerEntry:
         """Record a finished transfer, priced at the tier it fell in given the ledger before it."""
@@ -385,8 +453,14 @@ class EgressGuard:
         source = self._source_site(store)
         account = self.account_of(store)
         return self.ledger.append(
-            when=at, job_id=job_id, store=store.name, account=account, source_site=source,
-            dest_site=dest_site, nbytes=nbytes, kind="local" if _is_local(store) else None,
+            when=at,
+            job_id=job_id,
+            store=store.name,
+            account=account,
+            source_site=source,
+            dest_site=dest_site,
+            nbytes=nbytes,
+            kind="local" if _is_local(store) else None,
             price=lambda mtd: price_transfer(self.prices, source, dest_site, nbytes, month_to_date_bytes=mtd),
         )
 
@@ -402,7 +476,9 @@ class EgressGuard:
             "SELECT store, account, source_site, dest_site, kind, COUNT(*) AS n, SUM(bytes) AS b,"
             " SUM(CASE WHEN priced THEN usd END) AS u, MIN(priced) AS all_priced"
             " FROM egress_ledger WHERE month = ? GROUP BY store, account, source_site, dest_site, kind"
-            " ORDER BY u DESC, b DESC", (month,))
+            " ORDER BY u DESC, b DESC",
+            (month,),
+        )
         # Project per account through the tiers (a linear $ projection would ignore that later
         # terabytes are cheaper), then share each account's internet projection among its internet
         # routes by bytes; flat-rate routes (inter-region, same-region) project linearly.
@@ -425,8 +501,20 @@ class EgressGuard:
                     pu = inet_proj[r["account"]] * b / inet_bytes[r["account"]]
                 else:
                     pu = u / frac if 0 < frac < 1 else u
-            routes.append(RouteSpend(r["store"], r["account"], r["source_site"], r["dest_site"], r["kind"],
-                                     int(r["n"]), b, u, projected_bytes(b, month, at), pu))
+            routes.append(
+                RouteSpend(
+                    r["store"],
+                    r["account"],
+                    r["source_site"],
+                    r["dest_site"],
+                    r["kind"],
+                    int(r["n"]),
+                    b,
+                    u,
+                    projected_bytes(b, month, at),
+                    pu,
+                )
+            )
             total_b += b
             if r["u"] is not None:
                 total_u += float(r["u"])
@@ -434,8 +522,18 @@ class EgressGuard:
                 unpriced += b
         proj_usd = sum(r.projected_usd or 0.0 for r in routes)
         budgets = self._budget_statuses(month, routes)
-        return EgressReport(month, at.timestamp(), elapsed, tuple(routes), budgets, total_b, total_u,
-                            projected_bytes(total_b, month, at), proj_usd, unpriced)
+        return EgressReport(
+            month,
+            at.timestamp(),
+            elapsed,
+            tuple(routes),
+            budgets,
+            total_b,
+            total_u,
+            projected_bytes(total_b, month, at),
+            proj_usd,
+            unpriced,
+        )
 
     def _project_internet_usd(self, account: str | None, rows: list[Any], month: str, at: datetime) -> float:
         """The account's internet egress projected to month end, priced through its tiers."""
@@ -463,8 +561,13 @@ class EgressGuard:
                 if r.account and ("account", r.account) not in keys and r.store not in s.budgets:
                     keys[("account", r.account)] = s.monthly_budget_usd
         for (scope, key), usd in sorted(keys.items()):
-            mine = [r for r in routes if (r.store == key if scope == "store" else
-                                          (r.account == key or (r.account or "").split("/")[0] == key))]
+            mine = [
+                r
+                for r in routes
+                if (
+                    r.store == key if scope == "store" else (r.account == key or (r.account or "").split("/")[0] == key)
+                )
+            ]
             spent = sum(r.usd or 0.0 for r in mine)
             proj = sum(r.projected_usd or 0.0 for r in mine)
             out.append(BudgetStatus(scope, key, usd, spent, proj))
@@ -477,6 +580,11 @@ def describe_decision(decision: GuardDecision) -> str:
 
 
 __all__ = [
-    "BudgetStatus", "EgressGuard", "EgressLedger", "EgressReport", "LedgerEntry", "RouteSpend",
+    "BudgetStatus",
+    "EgressGuard",
+    "EgressLedger",
+    "EgressReport",
+    "LedgerEntry",
+    "RouteSpend",
     "describe_decision",
 ]

@@ -47,8 +47,9 @@ CREATE INDEX IF NOT EXISTS audit_ts ON audit(ts);
 
 
 #: What an operator runs to get going again with a damaged state database.
-REPAIR_HINT = ("run 'loadmaster state repair' to move it aside and start a fresh one with every "
-               "row that can still be read")
+REPAIR_HINT = (
+    "run 'loadmaster state repair' to move it aside and start a fresh one with every row that can still be read"
+)
 #: SQLite primary result codes (``sqlite3.Error.sqlite_errorcode & 0xff``) loadmaster explains.
 _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_IOERR = 3, 5, 6, 8, 10
 _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_AUTH, _SQLITE_NOTADB = 11, 13, 14, 23, 26
@@ -81,8 +82,10 @@ def state_error(path: Path | str, exc: BaseException) -> StateError | None:
     if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
         return StateError(f"state database {path} stayed locked by another loadmaster ({exc}); retry")
     if primary in (_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CANTOPEN, _SQLITE_AUTH):
-        return StateError(f"cannot use state database {path}: {exc} (check the file, its directory "
-                          "and free space; [state] dir moves it)")
+        return StateError(
+            f"cannot use state database {path}: {exc} (check the file, its directory "
+            "and free space; [state] dir moves it)"
+        )
     return None
 
 
@@ -186,8 +189,16 @@ class StateDB:
         cur = self.execute(
             "INSERT INTO audit (ts, actor, action, target, outcome, plan_hash, reason, detail)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (time.time(), who or actor(), action, target, outcome, plan_hash, reason,
-             json.dumps(detail or {}, sort_keys=True, default=str)),
+            (
+                time.time(),
+                who or actor(),
+                action,
+                target,
+                outcome,
+                plan_hash,
+                reason,
+                json.dumps(detail or {}, sort_keys=True, default=str),
+            ),
         )
         return int(cur.lastrowid or 0)
 
@@ -201,8 +212,17 @@ class StateDB:
         sql += " ORDER BY id DESC LIMIT ?"
         params.append(limit)
         return [
-            AuditEntry(r["id"], r["ts"], r["actor"], r["action"], r["target"], r["outcome"],
-                       r["plan_hash"], r["reason"], _detail(r["detail"]))
+            AuditEntry(
+                r["id"],
+                r["ts"],
+                r["actor"],
+                r["action"],
+                r["target"],
+                r["outcome"],
+                r["plan_hash"],
+                r["reason"],
+                _detail(r["detail"]),
+            )
             for r in self.query(sql, params)
         ]
 
@@ -251,8 +271,10 @@ class RepairReport:
         rows = sum(self.kept.values())
         per = ", ".join(f"{t} {n}" for t, n in sorted(self.kept.items())) or "none"
         tail = f"; could not read: {'; '.join(self.lost)}" if self.lost else ""
-        return (f"fresh state database at {self.path}: kept {rows} row(s) ({per}); the damaged "
-                f"file is kept at {self.backup}{tail}")
+        return (
+            f"fresh state database at {self.path}: kept {rows} row(s) ({per}); the damaged "
+            f"file is kept at {self.backup}{tail}"
+        )
 
 
 def repair_state(path: Path | str, *, stamp: str | None = None) -> RepairReport:
@@ -282,8 +304,9 @@ def repair_state(path: Path | str, *, stamp: str | None = None) -> RepairReport:
         os.replace(fresh, p)
     except (OSError, sqlite3.Error) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise StateError(f"cannot write a fresh state database at {p}: {why} (the damaged file is "
-                         f"kept at {backup})") from None
+        raise StateError(
+            f"cannot write a fresh state database at {p}: {why} (the damaged file is kept at {backup})"
+        ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
         with contextlib.suppress(OSError):
@@ -303,8 +326,9 @@ def _salvage(damaged: Path, fresh: Path) -> tuple[dict[str, int], list[str]]:
         with contextlib.suppress(sqlite3.Error):
             src.execute("PRAGMA writable_schema=ON")
         try:
-            schema = src.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL "
-                                 "AND name NOT LIKE 'sqlite_%'").fetchall()
+            schema = src.execute(
+                "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
+            ).fetchall()
         except sqlite3.Error as exc:
             return kept, [f"the schema ({exc}): nothing could be kept"]
         dst.execute("BEGIN")

@@ -52,8 +52,7 @@ def save_ui_prefs(prefs: Mapping[str, Any], path: Path | None = None) -> None:
             raise
     except OSError as exc:
         raise ConfigError(
-            f"cannot save UI preferences: {exc.strerror or exc} "
-            "(set $LOADMASTER_CONFIG_DIR to a writable directory)",
+            f"cannot save UI preferences: {exc.strerror or exc} (set $LOADMASTER_CONFIG_DIR to a writable directory)",
             file=str(path),
         ) from None
 

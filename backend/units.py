@@ -169,5 +169,15 @@ def duration_spec(seconds: float) -> str:
     return (text.rstrip("0").rstrip(".") if "." in text else text) + "s"
 
 
-__all__ = ["UNKNOWN", "age_of", "age_text", "bytes_gib_text", "bytes_text", "duration_spec", "duration_text",
-           "gbps_text", "rate_text", "usd_text"]
+__all__ = [
+    "UNKNOWN",
+    "age_of",
+    "age_text",
+    "bytes_gib_text",
+    "bytes_text",
+    "duration_spec",
+    "duration_text",
+    "gbps_text",
+    "rate_text",
+    "usd_text",
+]

@@ -69,8 +69,20 @@ async def pdsh_round(lab: Lab, pdsh: str) -> float:
     }
     t0 = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        pdsh, "-S", "-R", "ssh", "-f", "32", "-l", "root", "-w", ips, "true",
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        pdsh,
+        "-S",
+        "-R",
+        "ssh",
+        "-f",
+        "32",
+        "-l",
+        "root",
+        "-w",
+        ips,
+        "true",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()
     elapsed = time.perf_counter() - t0
@@ -117,23 +129,33 @@ def main() -> int:
         lab.down()
         shutil.rmtree(root, ignore_errors=True)
     print(f"## Fan-out of `true` to {args.nodes} sshd nodes: loadmaster NodePool vs `pdsh -R ssh`\n")
-    print(f"{os.cpu_count()} CPUs; NodePool max_handshakes={args.handshakes}; pdsh -f 32. "
-          "Times in ms; ratio = loadmaster / pdsh (lower is better).\n")
-    print("| round | loadmaster cold | loadmaster warm | pdsh | cold / pdsh | warm / pdsh | cold / warm "
-          "| channels: cold / warm |")
+    print(
+        f"{os.cpu_count()} CPUs; NodePool max_handshakes={args.handshakes}; pdsh -f 32. "
+        "Times in ms; ratio = loadmaster / pdsh (lower is better).\n"
+    )
+    print(
+        "| round | loadmaster cold | loadmaster warm | pdsh | cold / pdsh | warm / pdsh | cold / warm "
+        "| channels: cold / warm |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for i, (cold, warm, _close, p, ccold, cwarm) in enumerate(rows, 1):
-        print(f"| {i} | {cold * 1000:.0f} | {warm * 1000:.0f} | {p * 1000:.0f} | {cold / p:.2f} | "
-              f"{warm / p:.3f} | {cold / warm:.0f}x | {ccold * 1000:.0f} / {cwarm * 1000:.0f} ms |")
+        print(
+            f"| {i} | {cold * 1000:.0f} | {warm * 1000:.0f} | {p * 1000:.0f} | {cold / p:.2f} | "
+            f"{warm / p:.3f} | {cold / warm:.0f}x | {ccold * 1000:.0f} / {cwarm * 1000:.0f} ms |"
+        )
     cold, warm, close, p, ccold, cwarm = (statistics.median(c) for c in zip(*rows, strict=True))
-    print(f"| **median** | **{cold * 1000:.0f}** | **{warm * 1000:.0f}** | **{p * 1000:.0f}** | "
-          f"**{cold / p:.2f}** | **{warm / p:.3f}** | **{cold / warm:.0f}x** | "
-          f"**{ccold * 1000:.0f} / {cwarm * 1000:.0f} ms** |")
-    print(f"\nloadmaster cold = new pool: handshakes + command server start + `true`; warm = same pool again. "
-          f"channels = a pool with command_server=False (reused connections, one channel and login shell "
-          f"per command). Pool close (not timed above): median {close * 1000:.0f} ms. Root's ~/.bashrc runs "
-          f"`pyenv init` for every login shell sshd starts: pdsh and the channel mode pay it per command, "
-          f"the command server once per connection.")
+    print(
+        f"| **median** | **{cold * 1000:.0f}** | **{warm * 1000:.0f}** | **{p * 1000:.0f}** | "
+        f"**{cold / p:.2f}** | **{warm / p:.3f}** | **{cold / warm:.0f}x** | "
+        f"**{ccold * 1000:.0f} / {cwarm * 1000:.0f} ms** |"
+    )
+    print(
+        f"\nloadmaster cold = new pool: handshakes + command server start + `true`; warm = same pool again. "
+        f"channels = a pool with command_server=False (reused connections, one channel and login shell "
+        f"per command). Pool close (not timed above): median {close * 1000:.0f} ms. Root's ~/.bashrc runs "
+        f"`pyenv init` for every login shell sshd starts: pdsh and the channel mode pay it per command, "
+        f"the command server once per connection."
+    )
     return 0
 
 

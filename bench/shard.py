@@ -93,8 +93,9 @@ def tar_lists(src: Path, shard_size: int, where: Path) -> list[Path]:
 def run_tar(src: Path, dest: Path, lists: list[Path]) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for lst in lists:
-        subprocess.run(["tar", "-cf", str(dest / lst.name.removesuffix(".list")), "-C", str(src), "-T", str(lst)],
-                       check=True)
+        subprocess.run(
+            ["tar", "-cf", str(dest / lst.name.removesuffix(".list")), "-C", str(src), "-T", str(lst)], check=True
+        )
 
 
 def main() -> int:
@@ -130,7 +131,7 @@ def main() -> int:
     cpu: dict[str, list[float]] = {n: [] for n in names}
     shards: dict[str, int] = {}
     for rep in range(args.reps):
-        order = names[rep % len(names):] + names[:rep % len(names)]
+        order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
             dest = work / f"out-{name}"
             shutil.rmtree(dest, ignore_errors=True)
@@ -142,16 +143,25 @@ def main() -> int:
             r1, c1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
             # CPU seconds (user+sys, this process and its children): steadier than wall time on a
             # shared machine, and what a node's cores actually pay.
-            cpu[name].append(sum(getattr(b, f) - getattr(a, f) for a, b in ((r0, r1), (c0, c1))
-                                 for f in ("ru_utime", "ru_stime")))
+            cpu[name].append(
+                sum(getattr(b, f) - getattr(a, f) for a, b in ((r0, r1), (c0, c1)) for f in ("ru_utime", "ru_stime"))
+            )
             shards[name] = len(list(dest.glob("*.tar")))
         print(f"rep {rep + 1}: " + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in order), file=sys.stderr)
     med = {n: statistics.median(v) for n, v in times.items()}
     med_cpu = {n: statistics.median(v) for n, v in cpu.items()}
     result = {
-        "files": 2 * args.samples, "samples": args.samples, "bytes": nbytes, "shard_size": shard_size,
-        "shards": shards, "reps": args.reps, "median_s": med, "median_cpu_s": med_cpu,
-        "load_average": os.getloadavg(), "load_average_before": load_before, "cpus": os.cpu_count(),
+        "files": 2 * args.samples,
+        "samples": args.samples,
+        "bytes": nbytes,
+        "shard_size": shard_size,
+        "shards": shards,
+        "reps": args.reps,
+        "median_s": med,
+        "median_cpu_s": med_cpu,
+        "load_average": os.getloadavg(),
+        "load_average_before": load_before,
+        "cpus": os.cpu_count(),
         "mb_per_s": {n: nbytes / t / 1e6 for n, t in med.items()},
         "shardwriter_over_loadmaster": med["shardwriter"] / med["loadmaster"],
         "loadmaster_over_tar": med["loadmaster"] / med["gnu-tar"],
@@ -162,16 +172,21 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        print(f"{2 * args.samples:,} files, {nbytes / 1e6:,.0f} MB -> shards of {shard_size / 1e6:g} MB "
-              f"({shards}); median of {args.reps}")
-        print(f"  load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after, "
-              f"on {os.cpu_count()} CPUs")
+        print(
+            f"{2 * args.samples:,} files, {nbytes / 1e6:,.0f} MB -> shards of {shard_size / 1e6:g} MB "
+            f"({shards}); median of {args.reps}"
+        )
+        print(f"  load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
         for n in names:
             print(f"  {n:12s} {med[n]:7.2f} s wall {result['mb_per_s'][n]:8.1f} MB/s   {med_cpu[n]:6.2f} s CPU")
-        print(f"  ShardWriter / loadmaster = {result['shardwriter_over_loadmaster']:.2f}x wall, "
-              f"{result['cpu_shardwriter_over_loadmaster']:.2f}x CPU (goal >= 2)")
-        print(f"  loadmaster / GNU tar     = {result['loadmaster_over_tar']:.2f}x wall, "
-              f"{result['cpu_loadmaster_over_tar']:.2f}x CPU (goal <= 1.25)")
+        print(
+            f"  ShardWriter / loadmaster = {result['shardwriter_over_loadmaster']:.2f}x wall, "
+            f"{result['cpu_shardwriter_over_loadmaster']:.2f}x CPU (goal >= 2)"
+        )
+        print(
+            f"  loadmaster / GNU tar     = {result['loadmaster_over_tar']:.2f}x wall, "
+            f"{result['cpu_loadmaster_over_tar']:.2f}x CPU (goal <= 1.25)"
+        )
     if not args.dir:
         shutil.rmtree(work, ignore_errors=True)
     return 0

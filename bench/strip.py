@@ -39,18 +39,29 @@ HIDDEN, VOCAB, FFN = 2048, 32000, 5632
 
 def shapes(size_gb: float) -> dict[str, tuple[int, ...]]:
     """Llama-style parameter shapes whose FP32 bytes reach ``size_gb`` GB."""
-    out: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (VOCAB, HIDDEN), "output.weight": (VOCAB, HIDDEN),
-                                       "norm.weight": (HIDDEN,)}
+    out: dict[str, tuple[int, ...]] = {
+        "tok_embeddings.weight": (VOCAB, HIDDEN),
+        "output.weight": (VOCAB, HIDDEN),
+        "norm.weight": (HIDDEN,),
+    }
     per_layer = 4 * HIDDEN * HIDDEN + 3 * FFN * HIDDEN + 2 * HIDDEN
     base = 2 * VOCAB * HIDDEN + HIDDEN
     layers = max(1, round((size_gb * 1e9 / 4 - base) / per_layer))
     for i in range(layers):
         p = f"layers.{i}."
-        out.update({p + "attention.wq.weight": (HIDDEN, HIDDEN), p + "attention.wk.weight": (HIDDEN, HIDDEN),
-                    p + "attention.wv.weight": (HIDDEN, HIDDEN), p + "attention.wo.weight": (HIDDEN, HIDDEN),
-                    p + "feed_forward.w1.weight": (FFN, HIDDEN), p + "feed_forward.w2.weight": (HIDDEN, FFN),
-                    p + "feed_forward.w3.weight": (FFN, HIDDEN), p + "attention_norm.weight": (HIDDEN,),
-                    p + "ffn_norm.weight": (HIDDEN,)})
+        out.update(
+            {
+                p + "attention.wq.weight": (HIDDEN, HIDDEN),
+                p + "attention.wk.weight": (HIDDEN, HIDDEN),
+                p + "attention.wv.weight": (HIDDEN, HIDDEN),
+                p + "attention.wo.weight": (HIDDEN, HIDDEN),
+                p + "feed_forward.w1.weight": (FFN, HIDDEN),
+                p + "feed_forward.w2.weight": (HIDDEN, FFN),
+                p + "feed_forward.w3.weight": (FFN, HIDDEN),
+                p + "attention_norm.weight": (HIDDEN,),
+                p + "ffn_norm.weight": (HIDDEN,),
+            }
+        )
     return out
 
 
@@ -69,10 +80,15 @@ def generate(path: Path, size_gb: float) -> None:
     model, optim = {}, {}
     for name, shape in shapes(size_gb).items():
         model[name] = torch.randn(shape, generator=g) * 0.02
-        optim[name] = {"step": torch.tensor(100.0), "exp_avg": torch.randn(shape, generator=g) * 1e-3,
-                       "exp_avg_sq": torch.rand(shape, generator=g) * 1e-6}
-    dcp.save({"model": model, "optim": {"state": optim, "param_groups": [{"lr": 3e-4, "params": list(model)}]}},
-             checkpoint_id=str(path))
+        optim[name] = {
+            "step": torch.tensor(100.0),
+            "exp_avg": torch.randn(shape, generator=g) * 1e-3,
+            "exp_avg_sq": torch.rand(shape, generator=g) * 1e-6,
+        }
+    dcp.save(
+        {"model": model, "optim": {"state": optim, "param_groups": [{"lr": 3e-4, "params": list(model)}]}},
+        checkpoint_id=str(path),
+    )
 
 
 def worker(which: str, src: Path, out: Path) -> None:
@@ -98,8 +114,12 @@ def worker(which: str, src: Path, out: Path) -> None:
 def run_side(which: str, src: Path, out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    p = subprocess.run([sys.executable, __file__, "--worker", which, "--src", str(src), "--out", str(out)],
-                       capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, __file__, "--worker", which, "--src", str(src), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     if p.returncode != 0:
         raise SystemExit(f"{which} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -126,9 +146,16 @@ def main() -> None:
         if not (src / ".metadata").exists():
             print(f"generating {weight_bytes / 1e9:.2f} GB of FP32 weights + AdamW state in {src} ...", flush=True)
             t = time.perf_counter()
-            gen = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                                  f"from bench.strip import generate; from pathlib import Path; "
-                                  f"generate(Path({str(src)!r}), {args.size_gb})"], cwd=ROOT)
+            gen = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+                    f"from bench.strip import generate; from pathlib import Path; "
+                    f"generate(Path({str(src)!r}), {args.size_gb})",
+                ],
+                cwd=ROOT,
+            )
             if gen.returncode:
                 raise SystemExit("generation failed")
             print(f"  done in {time.perf_counter() - t:.0f}s", flush=True)
@@ -140,21 +167,29 @@ def main() -> None:
         lm, peer = results["loadmaster"], results["peer"]
         goal_rss = 2 * largest + 500e6
         print()
-        print(f"Checkpoint: {len(sh)} tensors, {weight_bytes / 1e9:.2f} GB FP32 weights, {on_disk / 1e9:.2f} GB on "
-              f"disk with AdamW state; largest tensor {largest / 1e6:.0f} MB (FP32)")
+        print(
+            f"Checkpoint: {len(sh)} tensors, {weight_bytes / 1e9:.2f} GB FP32 weights, {on_disk / 1e9:.2f} GB on "
+            f"disk with AdamW state; largest tensor {largest / 1e6:.0f} MB (FP32)"
+        )
         print()
         print("| tool | wall s | weights GB/s | peak RSS MB | output |")
         print("|---|---:|---:|---:|---|")
-        print(f"| loadmaster strip | {lm['seconds']:.1f} | {weight_bytes / 1e9 / lm['seconds']:.2f} | "
-              f"{lm['peak_rss'] / 1e6:.0f} | {lm['shards']} BF16 safetensors shard(s), {lm['out_bytes'] / 1e9:.2f} GB, "
-              f"verified={lm['verified']} |")
-        print(f"| dcp_to_torch_save | {peer['seconds']:.1f} | {weight_bytes / 1e9 / peer['seconds']:.2f} | "
-              f"{peer['peak_rss'] / 1e6:.0f} | one torch.save file (all state, FP32), {peer['out_bytes'] / 1e9:.2f} GB |")
+        print(
+            f"| loadmaster strip | {lm['seconds']:.1f} | {weight_bytes / 1e9 / lm['seconds']:.2f} | "
+            f"{lm['peak_rss'] / 1e6:.0f} | {lm['shards']} BF16 safetensors shard(s), {lm['out_bytes'] / 1e9:.2f} GB, "
+            f"verified={lm['verified']} |"
+        )
+        print(
+            f"| dcp_to_torch_save | {peer['seconds']:.1f} | {weight_bytes / 1e9 / peer['seconds']:.2f} | "
+            f"{peer['peak_rss'] / 1e6:.0f} | one torch.save file (all state, FP32), {peer['out_bytes'] / 1e9:.2f} GB |"
+        )
         print()
         print(f"Throughput ratio loadmaster/peer: {peer['seconds'] / lm['seconds']:.2f}x (goal >= 1)")
         print(f"Peak RSS ratio loadmaster/peer: {lm['peak_rss'] / peer['peak_rss']:.2f}")
-        print(f"loadmaster peak RSS {lm['peak_rss'] / 1e6:.0f} MB vs goal 2 x largest tensor + 500 MB = "
-              f"{goal_rss / 1e6:.0f} MB: {'met' if lm['peak_rss'] <= goal_rss else 'NOT met'}")
+        print(
+            f"loadmaster peak RSS {lm['peak_rss'] / 1e6:.0f} MB vs goal 2 x largest tensor + 500 MB = "
+            f"{goal_rss / 1e6:.0f} MB: {'met' if lm['peak_rss'] <= goal_rss else 'NOT met'}"
+        )
     finally:
         if not args.keep and not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

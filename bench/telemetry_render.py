@@ -124,8 +124,9 @@ async def run(count: int, seconds: int, *, peer: bool) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=60, help="measured seconds at 1 Hz (60)")
-    parser.add_argument("--nodes", type=int, nargs="+", default=[256, 64],
-                        help="fleet sizes (8 GPUs each); default 256 64")
+    parser.add_argument(
+        "--nodes", type=int, nargs="+", default=[256, 64], help="fleet sizes (8 GPUs each); default 256 64"
+    )
     parser.add_argument("--no-peer", action="store_true", help="skip the rebuild-all peer")
     args = parser.parse_args()
     if args.seconds < 1:
@@ -135,9 +136,11 @@ def main() -> int:
         os.environ["LOADMASTER_CONFIG_DIR"] = str(Path(tmp) / "cfg")
         os.environ["LOADMASTER_DATA_DIR"] = str(Path(tmp) / "data")
         os.environ.pop("LOADMASTER_CONFIG", None)
-        print("| fleet | ticks | loadmaster CPU (% of 1 core) | apply p99 ms wall (CPU) | "
-              "whole tick p99 ms wall (CPU) | peer rebuild-all CPU % | peer apply p99 ms wall (CPU) | "
-              "CPU ratio peer/loadmaster | goal (<20% CPU, apply p99 <50 ms) |")
+        print(
+            "| fleet | ticks | loadmaster CPU (% of 1 core) | apply p99 ms wall (CPU) | "
+            "whole tick p99 ms wall (CPU) | peer rebuild-all CPU % | peer apply p99 ms wall (CPU) | "
+            "CPU ratio peer/loadmaster | goal (<20% CPU, apply p99 <50 ms) |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         for count in args.nodes:
             ours = asyncio.run(run(count, args.seconds, peer=False))
@@ -145,17 +148,21 @@ def main() -> int:
             ok = ours["cpu_pct"] < 20 and ours["apply_p99_ms"] < 50
             ok_cpu = ours["cpu_pct"] < 20 and ours["apply_cpu_p99_ms"] < 50
             peer_cpu = f"{theirs['cpu_pct']:.1f}" if theirs else "-"
-            peer_p99 = (f"{theirs['apply_p99_ms']:.1f} ({theirs['apply_cpu_p99_ms']:.1f})"
-                        if theirs else "-")
+            peer_p99 = f"{theirs['apply_p99_ms']:.1f} ({theirs['apply_cpu_p99_ms']:.1f})" if theirs else "-"
             ratio = f"{theirs['cpu_pct'] / ours['cpu_pct']:.2f}x" if theirs else "-"
-            print(f"| {count} nodes x 8 GPUs | {ours['ticks']:.0f} | {ours['cpu_pct']:.1f} | "
-                  f"{ours['apply_p99_ms']:.1f} ({ours['apply_cpu_p99_ms']:.1f}) | "
-                  f"{ours['tick_p99_ms']:.1f} ({ours['tick_cpu_p99_ms']:.1f}) | {peer_cpu} | "
-                  f"{peer_p99} | {ratio} | "
-                  f"{'met' if ok else ('met on CPU time' if ok_cpu else 'NOT met')} |", flush=True)
+            print(
+                f"| {count} nodes x 8 GPUs | {ours['ticks']:.0f} | {ours['cpu_pct']:.1f} | "
+                f"{ours['apply_p99_ms']:.1f} ({ours['apply_cpu_p99_ms']:.1f}) | "
+                f"{ours['tick_p99_ms']:.1f} ({ours['tick_cpu_p99_ms']:.1f}) | {peer_cpu} | "
+                f"{peer_p99} | {ratio} | "
+                f"{'met' if ok else ('met on CPU time' if ok_cpu else 'NOT met')} |",
+                flush=True,
+            )
         load = os.getloadavg()
-        print(f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on "
-              f"{os.cpu_count()} CPUs (wall-clock percentiles include waiting for a CPU)")
+        print(
+            f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on "
+            f"{os.cpu_count()} CPUs (wall-clock percentiles include waiting for a CPU)"
+        )
     return 0
 
 

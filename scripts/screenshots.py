@@ -35,16 +35,18 @@ WAIT = 120.0
 
 def lab_up(lab_dir: Path, env: dict[str, str]) -> str:
     """``loadmaster lab up --dir``; returns the console command it printed."""
-    up = subprocess.run([str(LOADMASTER), "lab", "up", "--dir", str(lab_dir)], env=env,
-                        capture_output=True, text=True, timeout=600)
+    up = subprocess.run(
+        [str(LOADMASTER), "lab", "up", "--dir", str(lab_dir)], env=env, capture_output=True, text=True, timeout=600
+    )
     if up.returncode != 0:
         raise SystemExit(f"lab up failed:\n{up.stderr}")
     return up.stdout.strip().splitlines()[-1]
 
 
 def lab_down(lab_dir: Path, env: dict[str, str]) -> None:
-    subprocess.run([str(LOADMASTER), "lab", "down", "--dir", str(lab_dir)], env=env,
-                   capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        [str(LOADMASTER), "lab", "down", "--dir", str(lab_dir)], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def apply_command_env(command: str) -> Path:
@@ -63,11 +65,12 @@ async def until(pilot: Any, check: Callable[[], object], what: str, limit: float
     end = time.monotonic() + limit
     while not check():
         if time.monotonic() > end:
-            shot = pilot.app.save_screenshot(filename="lm-screenshots-timeout.svg",
-                                             path=tempfile.gettempdir())
+            shot = pilot.app.save_screenshot(filename="lm-screenshots-timeout.svg", path=tempfile.gettempdir())
             errors = "".join(f"\n  {e.source}: {e.detail}" for e in getattr(pilot.app, "errors", []))
-            raise SystemExit(f"timed out waiting for {what} (the screen then: {shot})"
-                             + (f"\nerrors the console recorded:{errors}" if errors else ""))
+            raise SystemExit(
+                f"timed out waiting for {what} (the screen then: {shot})"
+                + (f"\nerrors the console recorded:{errors}" if errors else "")
+            )
         await pilot.pause(0.25)
 
 
@@ -75,8 +78,7 @@ async def switch(pilot: Any, key: str, mode: str) -> None:
     """Switch to a screen (what its digit ``key`` does; a focused text field would take the
     digit as text, so the mode is switched directly) and wait until it is the active one."""
     await pilot.app.switch_mode(mode)
-    await until(pilot, lambda: pilot.app.current_mode == mode and pilot.app.screen.is_mounted,
-                f"the {mode} screen")
+    await until(pilot, lambda: pilot.app.current_mode == mode and pilot.app.screen.is_mounted, f"the {mode} screen")
     await pilot.pause(0.3)
 
 
@@ -120,11 +122,9 @@ async def session(config_path: Path, out: Path, size: tuple[int, int], theme: st
         # 3. Transfers: a new pull, its estimate with the egress quote.
         await switch(pilot, "2", "transfers")
         await pilot.press("n")
-        await pilot.press(*f"{bucket}/datasets/laion-mini/shards/", "tab", *"laion-shards", "tab",
-                          *"node-01,node-04")
+        await pilot.press(*f"{bucket}/datasets/laion-mini/shards/", "tab", *"laion-shards", "tab", *"node-01,node-04")
         await pilot.click("#pull-estimate")
-        await until(pilot, lambda: "month to date" in text_of(app, "#pull-estimate-text"),
-                    "the pull estimate")
+        await until(pilot, lambda: "month to date" in text_of(app, "#pull-estimate-text"), "the pull estimate")
         shot("03-transfers-pull-estimate")
 
         # 4. Launched; both jobs complete.
@@ -145,8 +145,7 @@ async def session(config_path: Path, out: Path, size: tuple[int, int], theme: st
         url.value = run
         url.focus()
         await pilot.press("enter")
-        await until(pilot, lambda: app.screen.query_one("#ckpt-steps").row_count >= 12,
-                    "the checkpoint listing")
+        await until(pilot, lambda: app.screen.query_one("#ckpt-steps").row_count >= 12, "the checkpoint listing")
         await pilot.pause(0.5)
         shot("05-checkpoints")
 
@@ -164,8 +163,7 @@ async def session(config_path: Path, out: Path, size: tuple[int, int], theme: st
         await pilot.pause(0.3)
         shot("07-retention-confirm")
         await pilot.press("enter")
-        await until(pilot, lambda: "Applied plan" in text_of(app, "#retention-status"),
-                    "the apply to finish")
+        await until(pilot, lambda: "Applied plan" in text_of(app, "#retention-status"), "the apply to finish")
         await pilot.pause(1.0)
         shot("08-retention-applied")
 
@@ -180,8 +178,11 @@ async def session(config_path: Path, out: Path, size: tuple[int, int], theme: st
         # 10. The keys of a screen: ? on the Fleet screen.
         await switch(pilot, "1", "fleet")
         nodes = len(services.config.nodes)
-        await until(pilot, lambda: app.screen.query_one("#fleet-table").row_count == nodes,
-                    "the fleet table to show every node again")
+        await until(
+            pilot,
+            lambda: app.screen.query_one("#fleet-table").row_count == nodes,
+            "the fleet table to show every node again",
+        )
         await pilot.press("question_mark")
         await until(pilot, lambda: type(app.screen).__name__ == "HelpScreen", "the help screen")
         await pilot.pause(0.5)
@@ -195,9 +196,12 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
     ap.add_argument("--size", default="120x34", help="terminal COLUMNSxROWS (default 120x34)")
     ap.add_argument("--theme", default="loadmaster-dark")
-    ap.add_argument("--lab-dir", default="/tmp/loadmaster-demo",
-                    help="where the sandbox lives; a fixed path keeps the pictures stable "
-                         "(default /tmp/loadmaster-demo, removed afterwards)")
+    ap.add_argument(
+        "--lab-dir",
+        default="/tmp/loadmaster-demo",
+        help="where the sandbox lives; a fixed path keeps the pictures stable "
+        "(default /tmp/loadmaster-demo, removed afterwards)",
+    )
     args = ap.parse_args()
     cols, rows = (int(x) for x in args.size.lower().split("x"))
     out = Path(args.out).resolve()
@@ -206,8 +210,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="lm-shots-"))
     lab_dir = Path(args.lab_dir).resolve()
     if lab_dir.exists() and any(lab_dir.iterdir()):
-        raise SystemExit(f"{lab_dir} is not empty; pass --lab-dir or run 'loadmaster lab down "
-                         f"--dir {lab_dir}' and remove it")
+        raise SystemExit(
+            f"{lab_dir} is not empty; pass --lab-dir or run 'loadmaster lab down --dir {lab_dir}' and remove it"
+        )
     env = dict(os.environ)
     env.update({"LOADMASTER_DATA_DIR": str(work / "data"), "LOADMASTER_CONFIG_DIR": str(work / "config")})
     env.pop("LOADMASTER_CONFIG", None)

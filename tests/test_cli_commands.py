@@ -40,21 +40,24 @@ def test_no_two_modules_register_the_same_command() -> None:
             seen[cmd] = mod
 
 
-@pytest.mark.parametrize(("argv", "module"), [
-    (["pull", "s3://b/p/", "d", "--node", "n"], "jobs"),
-    (["--config", "x.toml", "jobs"], "jobs"),
-    (["--readonly", "--theme", "pull", "egress", "report"], "egress"),  # a value that looks like a command
-    (["--config", "pull", "nodes"], "fleet"),
-    (["--conf", "pull", "nodes"], "fleet"),          # argparse's abbreviations take a value too
-    (["--config=x.toml", "top"], "top"),
-    (["doctor"], "fleet"),
-    ([], None),                       # the console
-    (["--help"], None),
-    (["-h", "pull"], None),
-    (["--version"], None),
-    (["no-such-command"], None),      # the full parser says what exists
-    (["--", "pull"], None),
-])
+@pytest.mark.parametrize(
+    ("argv", "module"),
+    [
+        (["pull", "s3://b/p/", "d", "--node", "n"], "jobs"),
+        (["--config", "x.toml", "jobs"], "jobs"),
+        (["--readonly", "--theme", "pull", "egress", "report"], "egress"),  # a value that looks like a command
+        (["--config", "pull", "nodes"], "fleet"),
+        (["--conf", "pull", "nodes"], "fleet"),  # argparse's abbreviations take a value too
+        (["--config=x.toml", "top"], "top"),
+        (["doctor"], "fleet"),
+        ([], None),  # the console
+        (["--help"], None),
+        (["-h", "pull"], None),
+        (["--version"], None),
+        (["no-such-command"], None),  # the full parser says what exists
+        (["--", "pull"], None),
+    ],
+)
 def test_command_module_finds_the_command_word(argv: list[str], module: str | None) -> None:
     assert cli.command_module(argv) == module
 
@@ -89,9 +92,23 @@ def test_unknown_command_still_lists_every_command(capsys: pytest.CaptureFixture
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
     """``loadmaster ckpt size ... | head -1``: the closed pipe is no traceback, just exit 141."""
     env = {**os.environ, "LOADMASTER_CONFIG_DIR": str(tmp_path / "cfg"), "LOADMASTER_DATA_DIR": str(tmp_path / "d")}
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from tui.entry import main; sys.exit(main())",
-                             "ckpt", "size", "--params", "405e9", "--retained", "5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=Path(__file__).parents[1])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tui.entry import main; sys.exit(main())",
+            "ckpt",
+            "size",
+            "--params",
+            "405e9",
+            "--retained",
+            "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=Path(__file__).parents[1],
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first line is written
     err = proc.stderr.read().decode()

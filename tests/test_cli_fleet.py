@@ -49,7 +49,12 @@ def test_nodes_json_resolves_ssh_config(fleet: Path, capsys: pytest.CaptureFixtu
     # loadmaster's own fields override ~/.ssh/config.
     w = rows["worker-1"]
     assert (w["hostname"], w["user"], w["port"], w["identity"], w["proxy_jump"]) == (
-        "worker-1", "root", 2222, ["/keys/ops"], "ops@gate:22")
+        "worker-1",
+        "root",
+        2222,
+        ["/keys/ops"],
+        "ops@gate:22",
+    )
     assert (w["slots"], w["site"], w["tags"]) == (8, "aws:us-east-1", ["a100"])
     assert rows["here"]["transport"] == "local" and rows["here"]["user"] == getpass.getuser()
 
@@ -59,20 +64,31 @@ def test_nodes_table(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["NAME", "HOST", "USER", "PORT", "IDENTITY", "JUMP", "SITE", "TAGS"]
     assert out[2].split()[:6] == ["gpu-b", "10.1.0.2", "ubuntu", "2201", f"{Path.home()}/.ssh/id_train", "bastion"]
-    assert out[3].split() == ["worker-1", "worker-1", "root", "2222", "/keys/ops", "ops@gate:22", "aws:us-east-1",
-                              "a100"]
+    assert out[3].split() == [
+        "worker-1",
+        "worker-1",
+        "root",
+        "2222",
+        "/keys/ops",
+        "ops@gate:22",
+        "aws:us-east-1",
+        "a100",
+    ]
     assert out[-1] == f"3 node(s) from {fleet}"
 
 
-def test_nodes_without_ssh_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_nodes_without_ssh_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = tmp_path / "c.toml"
     cfg.write_text('[[nodes]]\nname = "gpu-[1-2]"\n')
     assert main(["--config", str(cfg), "nodes", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["name"], r["hostname"], r["port"], r["identity"], r["ssh_config"]) for r in rows] == [
-        ("gpu-1", "gpu-1", 22, [], None), ("gpu-2", "gpu-2", 22, [], None)]
+        ("gpu-1", "gpu-1", 22, [], None),
+        ("gpu-2", "gpu-2", 22, [], None),
+    ]
 
 
 def test_unknown_node_pattern_is_one_line(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,8 +97,9 @@ def test_unknown_node_pattern_is_one_line(fleet: Path, capsys: pytest.CaptureFix
     assert err == [f"loadmaster: error: {fleet}: no node matches 'tpu-*'"]
 
 
-def test_broken_ssh_config_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_broken_ssh_config_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / ".ssh").mkdir()
     (tmp_path / ".ssh" / "config").write_text("Host gpu-1\n  Port twenty-two\n")
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -102,8 +119,9 @@ def test_doctor_with_lab_through_subprocess(lab, tmp_path: Path) -> None:  # typ
 
     exe = Path(sys.executable).parent / "loadmaster"
     env = {**os.environ, **lab.env()}
-    res = subprocess.run([str(exe), "doctor", "--json", "--nodes", "node-0[3-4]"], env=env,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [str(exe), "doctor", "--json", "--nodes", "node-0[3-4]"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 1, res.stderr
     data = json.loads(res.stdout)
     assert [(d["name"], d["ready"]) for d in data] == [("node-03", False), ("node-04", True)]

@@ -27,7 +27,10 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_single_nodes_and_hostlist_ranges(tmp_path: Path) -> None:
-    cfg = load_config_file(write(tmp_path, """
+    cfg = load_config_file(
+        write(
+            tmp_path,
+            """
 [defaults]
 user = "ops"
 port = 2200
@@ -43,7 +46,9 @@ tags = ["a100"]
 name = "h100-[1-4,7]"
 user = "root"
 port = 22
-"""))
+""",
+        )
+    )
     names = [n.name for n in cfg.nodes]
     assert names[0] == "head"
     assert names[1:17] == [f"gpu-{i:02d}" for i in range(1, 17)]
@@ -58,10 +63,14 @@ port = 22
 
 
 def test_deepspeed_hostfile_relative_to_config(tmp_path: Path) -> None:
-    (tmp_path / "hostfile").write_text("# DeepSpeed hostfile\nworker-1 slots=8\n\nworker-2 slots=4  # spare\nworker-3\n")
+    (tmp_path / "hostfile").write_text(
+        "# DeepSpeed hostfile\nworker-1 slots=8\n\nworker-2 slots=4  # spare\nworker-3\n"
+    )
     cfg = load_config_file(write(tmp_path, '[[nodes]]\nhostfile = "hostfile"\nuser = "train"\n'))
     assert [(n.name, n.slots, n.user) for n in cfg.nodes] == [
-        ("worker-1", 8, "train"), ("worker-2", 4, "train"), ("worker-3", None, "train"),
+        ("worker-1", 8, "train"),
+        ("worker-2", 4, "train"),
+        ("worker-3", None, "train"),
     ]
 
 
@@ -89,11 +98,19 @@ def test_local_node_and_embedded_default_shape(tmp_path: Path) -> None:
 BAD_CONFIGS = [
     ("unknown key", '[[nodes]]\nname = "a"\nhostnam = "x"\n', "nodes[0].hostnam", "unknown key"),
     ("bad type", '[[nodes]]\nname = "a"\nport = "22"\n', "nodes[0].port", "expected an integer"),
-    ("bad type in defaults", '[defaults]\nconnect_timeout = "soon"\n[[nodes]]\nname = "a"\n',
-     "defaults.connect_timeout", "expected a number"),
+    (
+        "bad type in defaults",
+        '[defaults]\nconnect_timeout = "soon"\n[[nodes]]\nname = "a"\n',
+        "defaults.connect_timeout",
+        "expected a number",
+    ),
     ("unparseable range", '[[nodes]]\nname = "gpu-[01-"\n', "nodes[0].name", "cannot expand hostlist"),
-    ("duplicate node", '[[nodes]]\nname = "gpu-[1-3]"\n[[nodes]]\nname = "gpu-2"\n', "nodes[1]",
-     "duplicate node name 'gpu-2'"),
+    (
+        "duplicate node",
+        '[[nodes]]\nname = "gpu-[1-3]"\n[[nodes]]\nname = "gpu-2"\n',
+        "nodes[1]",
+        "duplicate node name 'gpu-2'",
+    ),
     ("missing hostfile", '[[nodes]]\nhostfile = "nope.txt"\n', "nodes[0].hostfile", "cannot read hostfile"),
     ("bad TOML", "[[nodes]\nname = 'a'\n", None, "not valid TOML"),
     ("two sources", '[[nodes]]\nname = "a"\nhostfile = "h"\n', "nodes[0]", "exactly one of"),
@@ -106,7 +123,12 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize(("label", "text", "key", "expected"), BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
 def test_invalid_config_is_one_clear_line(
-    label: str, text: str, key: str | None, expected: str, tmp_path: Path, home: Path,
+    label: str,
+    text: str,
+    key: str | None,
+    expected: str,
+    tmp_path: Path,
+    home: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = write(tmp_path, text)

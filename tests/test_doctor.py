@@ -20,10 +20,36 @@ from backend.nodes.transport import LocalTransport
 from tui.cli import main
 
 REPORT_KEYS = {
-    "name", "host", "transport", "reachable", "ready", "error", "problems", "ssh_latency_ms", "command_ms",
-    "os", "kernel", "arch", "cpus", "mem_total_bytes", "mem_available_bytes", "python3", "s5cmd",
-    "nvidia_smi", "gpu_count", "gpu_models", "driver", "nics", "scratch", "scratch_exists",
-    "scratch_writable", "scratch_free_bytes", "scratch_total_bytes", "gpu_ready", "gpu_problems", "agent",
+    "name",
+    "host",
+    "transport",
+    "reachable",
+    "ready",
+    "error",
+    "problems",
+    "ssh_latency_ms",
+    "command_ms",
+    "os",
+    "kernel",
+    "arch",
+    "cpus",
+    "mem_total_bytes",
+    "mem_available_bytes",
+    "python3",
+    "s5cmd",
+    "nvidia_smi",
+    "gpu_count",
+    "gpu_models",
+    "driver",
+    "nics",
+    "scratch",
+    "scratch_exists",
+    "scratch_writable",
+    "scratch_free_bytes",
+    "scratch_total_bytes",
+    "gpu_ready",
+    "gpu_problems",
+    "agent",
 }
 AGENT_KEYS = {"command", "python", "prefix", "isolated", "version", "package", "problem"}
 #: Where this checkout's backend package is: the lab's agents import it.
@@ -71,16 +97,20 @@ async def test_ready_node_and_node_without_tools(lab: Lab) -> None:
 
 async def test_missing_scratch_and_down_node(lab: Lab, lab_node_down) -> None:  # type: ignore[no-untyped-def]
     lab_node_down("node-02")
-    nodes = [dataclasses.replace(lab.config.node("node-04"), scratch="/nonexistent/lm-scratch"),
-             lab.config.node("node-02")]
+    nodes = [
+        dataclasses.replace(lab.config.node("node-04"), scratch="/nonexistent/lm-scratch"),
+        lab.config.node("node-02"),
+    ]
     pool = NodePool(nodes)
     try:
         r4, r2 = await run_doctor(pool)
     finally:
         await pool.close()
     assert r4.reachable and not r4.ready and not r4.scratch_exists
-    assert r4.problems == ("scratch directory /nonexistent/lm-scratch does not exist: create it on the node "
-                           "(mkdir -p /nonexistent/lm-scratch) or set 'scratch' for this node",)
+    assert r4.problems == (
+        "scratch directory /nonexistent/lm-scratch does not exist: create it on the node "
+        "(mkdir -p /nonexistent/lm-scratch) or set 'scratch' for this node",
+    )
     assert not r2.reachable and not r2.ready
     assert r2.error and "connection refused" in r2.error
     assert r2.as_dict().keys() == REPORT_KEYS

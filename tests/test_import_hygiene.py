@@ -47,9 +47,7 @@ print(json.dumps({"modules": modules, "offenders": offenders, "failures": failur
 
 
 def test_backend_never_imports_textual_or_tui() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True, check=False
-    )
+    proc = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     on_disk = {
@@ -62,6 +60,6 @@ def test_backend_never_imports_textual_or_tui() -> None:
     missed = sorted(on_disk - set(report["modules"]))
     assert not missed, f"not imported (missing __init__.py?): {missed}"
     assert not report["failures"], "\n".join(f"{n}:\n{tb}" for n, tb in report["failures"])
-    assert report["offenders"] == {}, (
-        "backend modules import the console (textual/tui): " + json.dumps(report["offenders"])
+    assert report["offenders"] == {}, "backend modules import the console (textual/tui): " + json.dumps(
+        report["offenders"]
     )

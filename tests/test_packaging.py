@@ -54,8 +54,9 @@ def test_wheel_metadata_entry_point_and_extras(wheel: Path) -> None:
 def test_installed_wheel_runs_with_its_themes(wheel: Path, tmp_path: Path) -> None:
     """A plain (non-editable) install finds its themes: import from the wheel, not the checkout."""
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)], check=True
+    )
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "import themes, tui.app, pathlib;"
@@ -65,7 +66,6 @@ def test_installed_wheel_runs_with_its_themes(wheel: Path, tmp_path: Path) -> No
         "assert paths and all(pathlib.Path(p).exists() for p in paths), paths;"
         "print('ok')"
     )
-    res = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True,
-                         cwd=tmp_path)
+    res = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "ok" in res.stdout

@@ -23,8 +23,9 @@ from backend.nodes.transport import LocalTransport, Transport
 
 def fingerprint_of(pub: Path) -> str:
     """OpenSSH's own fingerprint of a public key file (independent of asyncssh)."""
-    out = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(pub)], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["ssh-keygen", "-l", "-E", "sha256", "-f", str(pub)], check=True, capture_output=True, text=True
+    ).stdout
     return out.split()[1]
 
 
@@ -75,8 +76,7 @@ async def test_run_captures_output_and_status(transport: Transport) -> None:
 async def test_secret_goes_through_stdin_not_argv(transport: Transport) -> None:
     secret = f"s3cret-{uuid.uuid4().hex}"
     # The remote side reads stdin while we look at every process's argv on the node.
-    res = await transport.run("read -r s; ps -eo args | grep -c -- \"$s\" || true; printf %s \"$s\"",
-                              input=secret + "\n")
+    res = await transport.run('read -r s; ps -eo args | grep -c -- "$s" || true; printf %s "$s"', input=secret + "\n")
     assert res.stdout.endswith(secret)
     # Only the grep itself carries the secret in its argv (the shell builtin read does not).
     assert res.stdout.splitlines()[0] == "1"
@@ -86,10 +86,12 @@ async def test_timeout_kills_the_command(transport: Transport) -> None:
     marker = f"lm-timeout-{uuid.uuid4().hex[:8]}"
     with pytest.raises(CommandTimeout, match="did not finish within 0.5s"):
         await transport.run(f"sh -c 'sleep 30; echo {marker}' & wait", timeout=0.5)
+
     # Nothing left behind: the command was signalled / its channel closed.
     async def gone() -> bool:
         res = await transport.run(f"ps -eo args | grep -v grep | grep -c {marker} || true")
         return res.stdout.strip() == "0"
+
     assert await eventually(gone)
 
 
@@ -106,8 +108,10 @@ async def test_stream_lines_and_close_stops_command(transport: Transport, tmp_pa
     await it.aclose()  # type: ignore[attr-defined]
     assert got == ["tick"] * 3
     pid = int((await transport.read_file(pidfile)).decode().strip())
+
     async def stopped() -> bool:
         return not await pid_alive(transport, pid)
+
     assert await eventually(stopped)
     await transport.run(f"rm -f {pidfile}")
 
@@ -133,8 +137,7 @@ async def test_changed_host_key_refused_with_both_fingerprints(lab: Lab, tmp_pat
     kh = tmp_path / "known_hosts"
     n1, n2 = lab.node("node-01"), lab.node("node-02")
     lines = lab.known_hosts.read_text().splitlines()
-    kh.write_text("\n".join(
-        ln.replace(n1.public_host_key(), n2.public_host_key()) for ln in lines) + "\n")
+    kh.write_text("\n".join(ln.replace(n1.public_host_key(), n2.public_host_key()) for ln in lines) + "\n")
     before = kh.read_text()
     offered = fingerprint_of(n1.host_key.with_suffix(".pub"))
     expected = fingerprint_of(n2.host_key.with_suffix(".pub"))
@@ -300,6 +303,7 @@ async def test_pool_marks_node_down_then_recovers(lab: Lab) -> None:
     async def back() -> bool:
         res = await pool.fanout(lambda t: t.run("true"), nodes=["node-02"])
         return not isinstance(res["node-02"], Exception)
+
     try:
         assert await eventually(back)
         assert pool.status("node-02").state == "up"
@@ -336,9 +340,7 @@ async def test_unreachable_address_times_out_cleanly(lab: Lab) -> None:
     await t.close()
 
 
-async def test_falls_back_to_channels_without_command_server(
-    lab: Lab, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_falls_back_to_channels_without_command_server(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     # A node where the server cannot start (here: it exits at once, as with no usable python3).
     monkeypatch.setattr(ssh_module, "command_server_command", lambda *_limit: "echo no python3 here >&2; exit 127")
     t = SshTransport(lab.config.node("node-04"))
@@ -378,7 +380,10 @@ def test_known_hosts_append_format(tmp_path: Path) -> None:
     append_known_host(kh, "10.0.0.7", 2222, pub)
     blob = pub.export_public_key("openssh").decode().split()[1]
     assert kh.read_text().splitlines() == [
-        "# existing, no trailing newline", f"gpu-01 ssh-ed25519 {blob}", f"[10.0.0.7]:2222 ssh-ed25519 {blob}"]
+        "# existing, no trailing newline",
+        f"gpu-01 ssh-ed25519 {blob}",
+        f"[10.0.0.7]:2222 ssh-ed25519 {blob}",
+    ]
     assert host_pattern("h", None) == "h" and host_pattern("h", 22) == "h" and host_pattern("h", 2) == "[h]:2"
     assert [fingerprint(k) for k in expected_keys(kh, "10.0.0.7", "10.0.0.7", 2222)] == [fingerprint(pub)]
     assert expected_keys(kh, "10.0.0.7", "10.0.0.7", None) == []

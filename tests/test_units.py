@@ -37,8 +37,19 @@ finite = st.floats(min_value=0, allow_nan=False, allow_infinity=False)
 realistic = st.floats(min_value=0, max_value=1e30, allow_nan=False, allow_infinity=False)
 anything = st.one_of(st.none(), st.floats(), st.integers(min_value=-(10**40), max_value=10**40))
 
-_BYTE_UNITS = {"B": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15, "EB": 10**18,
-               "ZB": 10**21, "YB": 10**24, "RB": 10**27, "QB": 10**30}
+_BYTE_UNITS = {
+    "B": 1,
+    "kB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "PB": 10**15,
+    "EB": 10**18,
+    "ZB": 10**21,
+    "YB": 10**24,
+    "RB": 10**27,
+    "QB": 10**30,
+}
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -119,8 +130,19 @@ def test_the_binary_size_beside_is_the_same_count(n: float) -> None:
     decimal, binary = re.fullmatch(r"(.+) \((.+)\)", text).groups()  # type: ignore[union-attr]
     assert decimal == bytes_text(n)
     number, unit = binary.split(" ")
-    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50, "EiB": 2**60,
-             "ZiB": 2**70, "YiB": 2**80, "RiB": 2**90, "QiB": 2**100}[unit]
+    scale = {
+        "B": 1,
+        "KiB": 2**10,
+        "MiB": 2**20,
+        "GiB": 2**30,
+        "TiB": 2**40,
+        "PiB": 2**50,
+        "EiB": 2**60,
+        "ZiB": 2**70,
+        "YiB": 2**80,
+        "RiB": 2**90,
+        "QiB": 2**100,
+    }[unit]
     assert abs(float(number) * scale - n) <= 0.05 * scale + 1e-9 * n
 
 
@@ -150,8 +172,11 @@ def test_ages_round_down_to_their_unit(s: float) -> None:
     assert parse_clock(text) <= s < parse_clock(text) + unit
 
 
-@given(st.one_of(st.integers(min_value=0, max_value=10**12).map(float),
-                 st.floats(min_value=0, max_value=1e12, allow_nan=False)))
+@given(
+    st.one_of(
+        st.integers(min_value=0, max_value=10**12).map(float), st.floats(min_value=0, max_value=1e12, allow_nan=False)
+    )
+)
 def test_a_duration_setting_reads_back_exactly(s: float) -> None:
     assert parse_duration(duration_spec(s)) == s
 
@@ -190,7 +215,13 @@ def test_ages_and_durations_are_monotonic(a: float, b: float) -> None:
 
 def test_bytes_fixed_cases() -> None:
     assert [bytes_text(n) for n in (0, 1, 999, 1000, 12_600_000_000, 10**15)] == [
-        "0 B", "1 B", "999 B", "1.0 kB", "12.6 GB", "1.0 PB"]
+        "0 B",
+        "1 B",
+        "999 B",
+        "1.0 kB",
+        "12.6 GB",
+        "1.0 PB",
+    ]
     assert bytes_text(999_950) == "1.0 MB"  # rounding never prints "1000.0 kB"
     assert bytes_text(None) == "?" and bytes_text(-2000) == "-2.0 kB"
     assert bytes_gib_text(16 * 10**9) == "16.0 GB (14.9 GiB)" and bytes_gib_text(12) == "12 B"
@@ -208,13 +239,34 @@ def test_small_dollars_read_the_same_everywhere() -> None:
 
 def test_rate_age_and_duration_fixed_cases() -> None:
     assert [gbps_text(g) for g in (0, 0.004, 0.05, 9.1, 9.999, 20, 100)] == [
-        "0.00 Gbps", "<0.01 Gbps", "0.05 Gbps", "9.10 Gbps", "10.0 Gbps", "20.0 Gbps", "100.0 Gbps"]
+        "0.00 Gbps",
+        "<0.01 Gbps",
+        "0.05 Gbps",
+        "9.10 Gbps",
+        "10.0 Gbps",
+        "20.0 Gbps",
+        "100.0 Gbps",
+    ]
     assert rate_text(1.25e9) == "10.0 Gbps" and rate_text(None) == "?"
     assert [age_text(s) for s in (0, 40, 59.9, 60, 3599, 3600, 3 * 86400 + 5)] == [
-        "0s", "40s", "59s", "1m", "59m", "1h", "3d"]
+        "0s",
+        "40s",
+        "59s",
+        "1m",
+        "59m",
+        "1h",
+        "3d",
+    ]
     assert age_text(-5) == "0s" and age_of(0, 100.0) == "?" and age_of(40.0, 100.0) == "1m"
     assert [duration_text(s) for s in (0, 0.14, 0.6, 12, 185, 3725, 90_000)] == [
-        "0s", "<1s", "<1s", "12s", "3m05s", "1h02m", "1d01h"]
+        "0s",
+        "<1s",
+        "<1s",
+        "12s",
+        "3m05s",
+        "1h02m",
+        "1d01h",
+    ]
     assert [duration_spec(s) for s in (7 * 86400, 7200, 90, 1.5, 0)] == ["7d", "2h", "90s", "1.5s", "0s"]
     with pytest.raises(ValueError):
         duration_spec(-1)

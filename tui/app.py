@@ -50,20 +50,23 @@ class LoadmasterCommands(Provider):
         assert isinstance(app, LoadmasterApp)
         out: list[tuple[str, str, Callable[[], Any]]] = []
         for spec in SCREEN_SPECS:
-            out.append((f"Screen: {spec.title}", f"Switch to the {spec.title} screen (key {spec.key})",
-                        partial(app.switch_mode, spec.mode)))
+            out.append(
+                (
+                    f"Screen: {spec.title}",
+                    f"Switch to the {spec.title} screen (key {spec.key})",
+                    partial(app.switch_mode, spec.mode),
+                )
+            )
         for name in THEMES:
-            out.append((f"Theme: {name}", "Use this theme (remembered for next time)",
-                        partial(app.set_theme, name)))
+            out.append((f"Theme: {name}", "Use this theme (remembered for next time)", partial(app.set_theme, name)))
         out.append(("Help: keys", "List every key binding (key ?)", app.action_help))
         out.append(("Errors", "Recent errors with details (key e)", app.action_errors))
         out.append(("Quit", "Close the console (key q)", app.action_quit))
         for spec in SCREEN_SPECS:
             cls = app.screen_class(spec)
             commands = getattr(cls, "palette_commands", None)
-            for title, help_text, action in (commands() if commands is not None else ()):
-                out.append((f"{spec.title}: {title}", help_text,
-                            partial(app.run_screen_action, spec.mode, action)))
+            for title, help_text, action in commands() if commands is not None else ():
+                out.append((f"{spec.title}: {title}", help_text, partial(app.run_screen_action, spec.mode, action)))
         return out
 
     async def discover(self) -> Hits:
@@ -88,10 +91,7 @@ class LoadmasterApp(App[int]):
     COMMANDS = App.COMMANDS | {LoadmasterCommands}
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        *(
-            Binding(s.key, f"switch_mode('{s.mode}')", s.title, show=False)
-            for s in SCREEN_SPECS
-        ),
+        *(Binding(s.key, f"switch_mode('{s.mode}')", s.title, show=False) for s in SCREEN_SPECS),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("e", "errors", "Errors"),
         Binding("ctrl+t", "cycle_theme", "Next theme", show=False),
@@ -146,8 +146,7 @@ class LoadmasterApp(App[int]):
         """--theme flag > remembered > config ui.theme > default."""
         if flag:
             if flag not in self.available_themes:
-                raise ConfigError(f"unknown theme {flag!r} (available: {', '.join(THEMES)})",
-                                  key="--theme")
+                raise ConfigError(f"unknown theme {flag!r} (available: {', '.join(THEMES)})", key="--theme")
             return flag
         remembered = load_ui_prefs().get("theme")
         if isinstance(remembered, str) and remembered in self.available_themes:
@@ -155,8 +154,11 @@ class LoadmasterApp(App[int]):
         configured = self.services.config.ui.theme
         if configured:
             if configured not in self.available_themes:
-                raise ConfigError(f"unknown theme {configured!r} (available: {', '.join(THEMES)})",
-                                  file=self.services.config.source, key="ui.theme")
+                raise ConfigError(
+                    f"unknown theme {configured!r} (available: {', '.join(THEMES)})",
+                    file=self.services.config.source,
+                    key="ui.theme",
+                )
             return configured
         return DEFAULT_THEME
 
@@ -238,8 +240,7 @@ class LoadmasterApp(App[int]):
         ]
         app_rows = binding_rows(self, self)
         if self.ENABLE_COMMAND_PALETTE:
-            app_rows.append((self.get_key_display(Binding(self.COMMAND_PALETTE_BINDING, "")),
-                             "Command palette"))
+            app_rows.append((self.get_key_display(Binding(self.COMMAND_PALETTE_BINDING, "")), "Command palette"))
         sections.append(("Console", app_rows))
         # The focused widget's keys (table cursor, input editing) last: useful, but the longest.
         focused = self.focused
@@ -295,8 +296,7 @@ class LoadmasterApp(App[int]):
         record = ErrorRecord(when=datetime.now(), source=title, summary=summary, detail=detail)
         self.errors.append(record)
         del self.errors[:-MAX_ERRORS]
-        self.notify(f"{title}: {summary} (press e for details)", severity="error",
-                    title="Error", markup=False)
+        self.notify(f"{title}: {summary} (press e for details)", severity="error", title="Error", markup=False)
         return record
 
     def record_worker_failure(self, worker: Worker[Any]) -> ErrorRecord | None:
@@ -317,8 +317,10 @@ class LoadmasterApp(App[int]):
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text and not isinstance(exc, LoadmasterError) else (
-        text[0] if text else type(exc).__name__
+    return (
+        f"{type(exc).__name__}: {text[0]}"
+        if text and not isinstance(exc, LoadmasterError)
+        else (text[0] if text else type(exc).__name__)
     )
 
 

@@ -22,9 +22,14 @@ def agent_info() -> dict[str, object]:
 
     import backend
 
-    return {"python": sys.executable, "prefix": sys.prefix, "isolated": bool(sys.flags.isolated),
-            "version": backend.__version__, "package": os.path.dirname(os.path.abspath(backend.__file__)),
-            "python_version": sys.version.split()[0]}
+    return {
+        "python": sys.executable,
+        "prefix": sys.prefix,
+        "isolated": bool(sys.flags.isolated),
+        "version": backend.__version__,
+        "package": os.path.dirname(os.path.abspath(backend.__file__)),
+        "python_version": sys.version.split()[0],
+    }
 
 
 def agent_main(argv: list[str]) -> int | None:

@@ -28,7 +28,6 @@ SECRETS_FILE = "secrets.json"
 CANCEL_FILE = "cancel"
 
 
-
 def done_fifo(job_dir: PP) -> PP:
     """The FIFO the runner opens after writing its result, so a waiting follower wakes at once.
 

@@ -105,8 +105,10 @@ def kind(name: str) -> JobKind:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise JobError(f"job kind {name!r}: cannot import {module_name} ({exc}); "
-                       "is the same loadmaster version installed on the node?") from None
+        raise JobError(
+            f"job kind {name!r}: cannot import {module_name} ({exc}); "
+            "is the same loadmaster version installed on the node?"
+        ) from None
     obj = getattr(module, attr, None)
     if not isinstance(obj, JobKind):
         raise JobError(f"job kind {name!r}: {module_name} has no {attr} (a JobKind)")

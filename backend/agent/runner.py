@@ -52,7 +52,7 @@ def _proc_starttime(pid: int | str = "self") -> int | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rfind(")") + 2:].split()  # the command name may hold spaces and ")"
+    fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and ")"
     try:
         return int(fields[19])  # fields[0] is field 3 (state)
     except (IndexError, ValueError):
@@ -74,8 +74,14 @@ def process_identity(job_id: str) -> dict[str, Any]:
     the launch for the runner and everything it starts); after a reboot or pid reuse it is
     left alone.
     """
-    return {"pid": os.getpid(), "pgid": os.getpgid(0), "started": time.time(), "job_id": job_id,
-            "starttime": _proc_starttime(), "boot_id": _boot_id()}
+    return {
+        "pid": os.getpid(),
+        "pgid": os.getpgid(0),
+        "started": time.time(),
+        "job_id": job_id,
+        "starttime": _proc_starttime(),
+        "boot_id": _boot_id(),
+    }
 
 
 def _make_done_fifo(path: Path) -> None:
@@ -137,8 +143,9 @@ def run_job(job_dir: Path, *, heartbeat_interval: float = HEARTBEAT_INTERVAL) ->
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(ctx, job_dir / HEARTBEAT_FILE, stop, heartbeat_interval),
-                            name="heartbeat", daemon=True)
+    beat = threading.Thread(
+        target=_heartbeat, args=(ctx, job_dir / HEARTBEAT_FILE, stop, heartbeat_interval), name="heartbeat", daemon=True
+    )
     beat.start()
     started = time.time()
     result: dict[str, Any] = {"id": ctx.job_id, "kind": ctx.kind, "started": started}

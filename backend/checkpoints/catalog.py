@@ -55,13 +55,23 @@ async def _root_files(store: ObjectStore, prefix: str) -> list[ObjectInfo]:
     out: list[ObjectInfo] = []
     async for page in store.iter_pages(prefix, delimiter="/"):
         for obj in page.get("Contents", []):
-            out.append(ObjectInfo(store._rel(obj["Key"]), int(obj["Size"]), obj["LastModified"].timestamp(),
-                                  obj.get("ETag", "").strip('"')))
+            out.append(
+                ObjectInfo(
+                    store._rel(obj["Key"]),
+                    int(obj["Size"]),
+                    obj["LastModified"].timestamp(),
+                    obj.get("ETag", "").strip('"'),
+                )
+            )
     return out
 
 
-async def run_markers(store: ObjectStore, prefix: str, root_files: dict[str, ObjectInfo] | None = None,
-                      trainer_states: list[str] | None = None) -> RunMarkers:
+async def run_markers(
+    store: ObjectStore,
+    prefix: str,
+    root_files: dict[str, ObjectInfo] | None = None,
+    trainer_states: list[str] | None = None,
+) -> RunMarkers:
     """Read the run-level commit files (each small and bounded)."""
     if root_files is None:
         root_files = {o.key.rsplit("/", 1)[-1]: o for o in await _root_files(store, prefix)}
@@ -86,8 +96,9 @@ async def run_markers(store: ObjectStore, prefix: str, root_files: dict[str, Obj
         if isinstance(b, str) and b:
             best = b.rstrip("/").rsplit("/", 1)[-1]
             break
-    return RunMarkers(deepspeed_latest=ds, megatron_latest=mg_num, megatron_release=mg == "release",
-                      best_checkpoint=best)
+    return RunMarkers(
+        deepspeed_latest=ds, megatron_latest=mg_num, megatron_release=mg == "release", best_checkpoint=best
+    )
 
 
 async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
@@ -98,8 +109,10 @@ async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
         if (root / prefix).is_file():
             raise StoreError(f"{root / prefix}: a file, not a run folder (give the folder that holds the steps)")
         # A typo in a local run folder must not look like an empty run ("0 steps, nothing to do").
-        raise StoreError(f"{root / prefix}: no such directory (a run folder is s3://bucket/prefix, "
-                         "a configured store name (store/run) or an existing local directory)")
+        raise StoreError(
+            f"{root / prefix}: no such directory (a run folder is s3://bucket/prefix, "
+            "a configured store name (store/run) or an existing local directory)"
+        )
     dirs = [d for d in await store.list_dirs(prefix) if not d.rsplit("/", 1)[-1].startswith(".")]
     files = await _root_files(store, prefix)
     root_by_name = {o.key.rsplit("/", 1)[-1]: o for o in files}
@@ -112,16 +125,18 @@ async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
 
     listed = [(d, objs) for d, objs in await asyncio.gather(*(listing(d) for d in dirs)) if objs]
     # The newest trainer_state.json carries the run's best_model_checkpoint.
-    states = [(step_number(d.rsplit("/", 1)[-1]) or -1, join_key(d, TRAINER_STATE)) for d, objs in listed
-              if any(o.key == join_key(d, TRAINER_STATE) for o in objs)]
+    states = [
+        (step_number(d.rsplit("/", 1)[-1]) or -1, join_key(d, TRAINER_STATE))
+        for d, objs in listed
+        if any(o.key == join_key(d, TRAINER_STATE) for o in objs)
+    ]
     markers = await run_markers(store, prefix, root_by_name, [k for _, k in sorted(states, reverse=True)])
 
     async def one(d: str, objs: list[ObjectInfo]) -> CheckpointStep:
         async with sem:
             return await classify(store, d, objs, markers=markers)
 
-    steps = list(await asyncio.gather(*(one(d, objs) for d, objs in listed),
-                                      *(one(o.key, [o]) for o in file_steps)))
+    steps = list(await asyncio.gather(*(one(d, objs) for d, objs in listed), *(one(o.key, [o]) for o in file_steps)))
     if not dirs and not file_steps and prefix:
         # the prefix may itself be a step folder (e.g. ``ckpt list s3://b/run1/step-100``)
         objs = await store.list(prefix)
@@ -130,8 +145,9 @@ async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
     return Catalog(url=store.url, prefix=prefix, steps=tuple(sorted(steps, key=_sort_key)))
 
 
-async def step_catalog(store: ObjectStore, step_path: str, *, objects: list[ObjectInfo] | None = None
-                       ) -> CheckpointStep:
+async def step_catalog(
+    store: ObjectStore, step_path: str, *, objects: list[ObjectInfo] | None = None
+) -> CheckpointStep:
     """Classify a single step folder (or a single ``.ckpt`` file), with its run's markers."""
     step_path = step_path.strip("/")
     parent = step_path.rsplit("/", 1)[0] if "/" in step_path else ""
@@ -139,7 +155,8 @@ async def step_catalog(store: ObjectStore, step_path: str, *, objects: list[Obje
     if not objs:
         info = await store.stat(step_path)
         objs = [info] if info is not None else []
-    states = [join_key(step_path, TRAINER_STATE)] if any(o.key == join_key(step_path, TRAINER_STATE)
-                                                         for o in objs) else []
+    states = (
+        [join_key(step_path, TRAINER_STATE)] if any(o.key == join_key(step_path, TRAINER_STATE) for o in objs) else []
+    )
     markers = await run_markers(store, parent, None, states)
     return await classify(store, step_path, objs, markers=markers)

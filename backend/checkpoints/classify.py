@@ -34,8 +34,14 @@ from backend.checkpoints.steps import (
 from backend.storage import ObjectInfo, ObjectStore, StoreError
 
 
-async def classify(store: ObjectStore, step_path: str, objects: list[ObjectInfo], *,
-                   latest_tag: str | None = None, markers: RunMarkers | None = None) -> CheckpointStep:
+async def classify(
+    store: ObjectStore,
+    step_path: str,
+    objects: list[ObjectInfo],
+    *,
+    latest_tag: str | None = None,
+    markers: RunMarkers | None = None,
+) -> CheckpointStep:
     """Classify one step (a folder, or a single ``.ckpt`` file) from its listing and small reads."""
     markers = markers or RunMarkers(deepspeed_latest=latest_tag)
     single = len(objects) == 1 and objects[0].key == step_path
@@ -50,15 +56,27 @@ async def classify(store: ObjectStore, step_path: str, objects: list[ObjectInfo]
         raise
     except Exception as exc:  # noqa: BLE001 - a hostile file must list as unknown, never crash the listing
         f = Facts(note=f"could not be read ({type(exc).__name__}: {exc})")
-    return CheckpointStep(step=step_number(name), path=step_path, layout=f.layout, kind=f.kind,
-                          total_bytes=total, object_count=len(objects), mtime=mtime,
-                          has_bf16_export=has_export, objects=tuple(objects), optimizer_bytes=f.opt_bytes,
-                          note=f.note, marker=f.marker, best=markers.best_checkpoint == name and not single,
-                          flags=tuple(f.flags))
+    return CheckpointStep(
+        step=step_number(name),
+        path=step_path,
+        layout=f.layout,
+        kind=f.kind,
+        total_bytes=total,
+        object_count=len(objects),
+        mtime=mtime,
+        has_bf16_export=has_export,
+        objects=tuple(objects),
+        optimizer_bytes=f.opt_bytes,
+        note=f.note,
+        marker=f.marker,
+        best=markers.best_checkpoint == name and not single,
+        flags=tuple(f.flags),
+    )
 
 
-async def _facts(store: ObjectStore, step_path: str, name: str, files: dict[str, ObjectInfo], single: bool,
-                 markers: RunMarkers) -> Facts:
+async def _facts(
+    store: ObjectStore, step_path: str, name: str, files: dict[str, ObjectInfo], single: bool, markers: RunMarkers
+) -> Facts:
     names = set(files)
     base = {n.rsplit("/", 1)[-1] for n in names}
     if single:
@@ -72,7 +90,8 @@ async def _facts(store: ObjectStore, step_path: str, name: str, files: dict[str,
     if TRAINER_STATE in names or (name.startswith("checkpoint-") and any(TRAINING_STATE_FILES.match(n) for n in names)):
         return await trainer_facts(store, step_path, files, "hf-trainer", TRAINER_STATE)
     if any(re.match(r"^random_states_\d+\.pkl$", n) for n in names) or any(
-            re.match(r"^optimizer(_\d+)?\.bin$", n) for n in names):
+        re.match(r"^optimizer(_\d+)?\.bin$", n) for n in names
+    ):
         marker = _accelerate_marker(names)
         return await trainer_facts(store, step_path, files, "accelerate", marker)
     if INDEX_FILE in names or any(n.endswith(".safetensors") and "/" not in n for n in names):
@@ -82,8 +101,11 @@ async def _facts(store: ObjectStore, step_path: str, name: str, files: dict[str,
         return await torch_save_facts(store, step_path, files, torch_names)
     partial = sorted(n for n in names if re.search(r"\.(pt|pth|bin|ckpt)\.(tmp|part)$", n))
     if partial:
-        return Facts(layout="torch-save", kind="incomplete",
-                     note=f"only {partial[0]} so far: the save has not been moved into place")
+        return Facts(
+            layout="torch-save",
+            kind="incomplete",
+            note=f"only {partial[0]} so far: the save has not been moved into place",
+        )
     return Facts(note="no checkpoint files in this folder")
 
 

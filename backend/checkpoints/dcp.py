@@ -24,11 +24,28 @@ MAX_METADATA_BYTES = 512 * 1024 * 1024  # a 405B model's .metadata is tens of MB
 
 #: Top-level keys that hold training state rather than model weights (torchtitan's flat layout
 #: and the common ``{"model": ..., "optim": ...}`` layout).
-NON_WEIGHT_ROOTS = frozenset({
-    "optim", "optimizer", "optimizers", "optimizer_state", "lr_scheduler", "lr_schedulers",
-    "scheduler", "schedulers", "dataloader", "data_loader", "train_state", "rng", "rng_state",
-    "rng_states", "scaler", "grad_scaler", "extra_state", "trainer",
-})
+NON_WEIGHT_ROOTS = frozenset(
+    {
+        "optim",
+        "optimizer",
+        "optimizers",
+        "optimizer_state",
+        "lr_scheduler",
+        "lr_schedulers",
+        "scheduler",
+        "schedulers",
+        "dataloader",
+        "data_loader",
+        "train_state",
+        "rng",
+        "rng_state",
+        "rng_states",
+        "scaler",
+        "grad_scaler",
+        "extra_state",
+        "trainer",
+    }
+)
 
 
 class CheckpointError(LoadmasterError):
@@ -38,18 +55,37 @@ class CheckpointError(LoadmasterError):
 #: The exact (module, name) pairs a DCP ``.metadata`` pickle may name (torch 2.4 .. 2.13). No
 #: whole modules: pickle's own ``find_class`` follows dotted names (``metadata.os.system`` under
 #: protocol 4), so every name is looked up here, undotted, in an explicit table.
-_ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset({
-    *(("torch.distributed.checkpoint.metadata", n) for n in (
-        "Metadata", "MetadataIndex", "ChunkStorageMetadata", "TensorStorageMetadata",
-        "BytesStorageMetadata", "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING")),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.distributed.checkpoint.planner", "WriteItemType"),
-    ("torch.distributed.checkpoint.planner", "LoadItemType"),
-    ("torch", "Size"), ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
-    ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict"), ("builtins", "set"),
-    ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "complex"),
-})
+_ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    {
+        *(
+            ("torch.distributed.checkpoint.metadata", n)
+            for n in (
+                "Metadata",
+                "MetadataIndex",
+                "ChunkStorageMetadata",
+                "TensorStorageMetadata",
+                "BytesStorageMetadata",
+                "TensorProperties",
+                "StorageMeta",
+                "_MEM_FORMAT_ENCODING",
+            )
+        ),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.distributed.checkpoint.planner", "WriteItemType"),
+        ("torch.distributed.checkpoint.planner", "LoadItemType"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PureWindowsPath"),
+        ("collections", "OrderedDict"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "slice"),
+        ("builtins", "complex"),
+    }
+)
 
 
 def _allowed_global(module: str, name: str) -> Any:
@@ -152,9 +188,16 @@ def tensor_entries(md: Any) -> list[TensorEntry]:
             info = infos.get(tuple(ch.offsets)) or (infos.get(()) if len(meta.chunks) == 1 else None)
             if info is None:
                 raise CheckpointError(f"DCP metadata has no storage for {fqn} chunk at {tuple(ch.offsets)}")
-            chunks.append(ChunkRef(str(info.relative_path), int(info.offset), int(info.length),
-                                   tuple(int(x) for x in ch.offsets), tuple(int(x) for x in ch.sizes),
-                                   bool(getattr(info, "transform_descriptors", None))))
+            chunks.append(
+                ChunkRef(
+                    str(info.relative_path),
+                    int(info.offset),
+                    int(info.length),
+                    tuple(int(x) for x in ch.offsets),
+                    tuple(int(x) for x in ch.sizes),
+                    bool(getattr(info, "transform_descriptors", None)),
+                )
+            )
         out.append(TensorEntry(fqn, meta.properties.dtype, tuple(int(x) for x in meta.size), tuple(chunks)))
     return out
 
@@ -187,8 +230,9 @@ async def locate_chunks(entries: list[TensorEntry], read: Any, *, where: str) ->
             continue
         (n,) = _struct.unpack("<Q", probe[:8])
         if probe[8:9] != b"{" or n > MAX_EMBEDDED_HEADER:
-            raise CheckpointError(f"{where}: {file} holds neither torch.save records nor a safetensors blob "
-                                  f"at offset {off}")
+            raise CheckpointError(
+                f"{where}: {file} holds neither torch.save records nor a safetensors blob at offset {off}"
+            )
         try:
             hdr = json.loads(bytes(await read(file, off + 8, n)))
         except (ValueError, RecursionError):
@@ -209,14 +253,21 @@ async def locate_chunks(entries: list[TensorEntry], read: Any, *, where: str) ->
             base, hdr = headers[c.file]
             t = hdr.get(e.fqn)
             offs = t.get("data_offsets") if isinstance(t, dict) else None
-            if not (isinstance(t, dict) and isinstance(offs, list) and len(offs) == 2
-                    and all(isinstance(x, int) for x in offs) and 0 <= offs[0] <= offs[1]):
+            if not (
+                isinstance(t, dict)
+                and isinstance(offs, list)
+                and len(offs) == 2
+                and all(isinstance(x, int) for x in offs)
+                and 0 <= offs[0] <= offs[1]
+            ):
                 raise CheckpointError(f"{where}: {c.file}: no tensor {e.fqn} in its safetensors header")
             if tuple(t.get("shape", ())) != c.sizes:
-                raise CheckpointError(f"{where}: {c.file}: {e.fqn} has shape {t.get('shape')} in the file, "
-                                      f"{list(c.sizes)} in .metadata")
-            chunks.append(ChunkRef(c.file, base + offs[0], offs[1] - offs[0], c.offsets, c.sizes,
-                                   c.transformed, raw=True))
+                raise CheckpointError(
+                    f"{where}: {c.file}: {e.fqn} has shape {t.get('shape')} in the file, {list(c.sizes)} in .metadata"
+                )
+            chunks.append(
+                ChunkRef(c.file, base + offs[0], offs[1] - offs[0], c.offsets, c.sizes, c.transformed, raw=True)
+            )
         out.append(TensorEntry(e.fqn, e.dtype, e.shape, tuple(chunks)))
     return out
 
@@ -245,19 +296,20 @@ def weight_names(fqns: list[str], model_prefix: str = "auto") -> dict[str, str]:
     if model_prefix != "auto":
         pre = model_prefix.rstrip(".") + "." if model_prefix else ""
         if pre:
-            return {f: f[len(pre):] for f in plain if f.startswith(pre)}
+            return {f: f[len(pre) :] for f in plain if f.startswith(pre)}
         return {f: f for f in plain if f.split(".", 1)[0] not in NON_WEIGHT_ROOTS}
     for pre in ("model.", "module."):
         if any(f.startswith(pre) for f in plain):
-            return {f: f[len(pre):] for f in plain if f.startswith(pre)}
+            return {f: f[len(pre) :] for f in plain if f.startswith(pre)}
     nested = {f.split(".", 2)[0] for f in plain if f.count(".") >= 2 and f.split(".", 2)[1] == "model"}
     if len(nested) == 1:
         pre = f"{nested.pop()}.model."
-        return {f: f[len(pre):] for f in plain if f.startswith(pre)}
+        return {f: f[len(pre) :] for f in plain if f.startswith(pre)}
     return {f: f for f in plain if f.split(".", 1)[0] not in NON_WEIGHT_ROOTS}
 
 
 # -- reading one chunk --------------------------------------------------------------------------
+
 
 class _TensorPickle(pickle.Unpickler):
     """Reads the data.pkl of a torch.save'd tensor: records storages and the rebuild call only."""
@@ -275,6 +327,7 @@ class _TensorPickle(pickle.Unpickler):
             return name
         if module == "collections" and name == "OrderedDict":
             import collections
+
             return collections.OrderedDict
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
@@ -296,10 +349,18 @@ def _storage_dtype(stype: Any) -> Any:
 
     if isinstance(stype, torch.dtype):
         return stype
-    names = {"FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
-             "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
-             "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
-             "BoolStorage": torch.bool}
+    names = {
+        "FloatStorage": torch.float32,
+        "DoubleStorage": torch.float64,
+        "HalfStorage": torch.float16,
+        "BFloat16Storage": torch.bfloat16,
+        "LongStorage": torch.int64,
+        "IntStorage": torch.int32,
+        "ShortStorage": torch.int16,
+        "CharStorage": torch.int8,
+        "ByteStorage": torch.uint8,
+        "BoolStorage": torch.bool,
+    }
     if stype not in names:
         raise CheckpointError(f"unsupported storage type {stype!r} in a DCP tensor record")
     return names[stype]
@@ -333,18 +394,19 @@ class _MemFile(io.RawIOBase):
 
     def read(self, n: int | None = -1) -> bytes:
         end = len(self._mv) if n is None or n < 0 else min(len(self._mv), self._pos + n)
-        out = bytes(self._mv[self._pos:end])
+        out = bytes(self._mv[self._pos : end])
         self._pos = max(self._pos, end)
         return out
 
     def readinto(self, b: Any) -> int:
         data = self.read(len(b))
-        b[:len(data)] = data
+        b[: len(data)] = data
         return len(data)
 
 
-def chunk_tensor(blob: bytes | bytearray | memoryview, dtype: Any, sizes: tuple[int, ...], *, where: str,
-                 raw: bool = False) -> Any:
+def chunk_tensor(
+    blob: bytes | bytearray | memoryview, dtype: Any, sizes: tuple[int, ...], *, where: str, raw: bool = False
+) -> Any:
     """A tensor view over one chunk's bytes (torch.save zip, or raw), without copying the data."""
     import torch
 
@@ -374,9 +436,9 @@ def chunk_tensor(blob: bytes | bytearray | memoryview, dtype: Any, sizes: tuple[
             raise CheckpointError(f"{where}: compressed tensor records are not supported")
         # local file header: 30 bytes + name + extra, then the stored data
         hdr = info.header_offset
-        if bytes(blob[hdr:hdr + 4]) != b"PK\x03\x04":
+        if bytes(blob[hdr : hdr + 4]) != b"PK\x03\x04":
             raise CheckpointError(f"{where}: corrupt zip record")
-        nlen, xlen = struct.unpack("<HH", bytes(blob[hdr + 26:hdr + 30]))
+        nlen, xlen = struct.unpack("<HH", bytes(blob[hdr + 26 : hdr + 30]))
         start = hdr + 30 + nlen + xlen
         if start + snumel * sdtype.itemsize > len(blob) or info.file_size < snumel * sdtype.itemsize:
             raise CheckpointError(f"{where}: tensor record is truncated")

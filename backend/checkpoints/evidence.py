@@ -30,8 +30,10 @@ MAX_JSON_BYTES = 16 * 1024 * 1024
 #: first, the last and the model file prove the layout; the rest are checked by size).
 MAX_TORCH_FILES_READ = 8
 
-OPTIM_FILE = re.compile(r"(^|/)((bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt|optimizer(_\d+)?\.(pt|bin)|"
-                        r"distrib_optim\.pt)$")
+OPTIM_FILE = re.compile(
+    r"(^|/)((bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt|optimizer(_\d+)?\.(pt|bin)|"
+    r"distrib_optim\.pt)$"
+)
 HF_SHARD = re.compile(r"^(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)$")
 
 
@@ -82,8 +84,9 @@ async def export_present(store: ObjectStore, step_path: str, files: dict[str, Ob
     return (await index_shards(store, step_path, files))[1] == []
 
 
-async def index_shards(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo]
-                       ) -> tuple[set[str], list[str] | None]:
+async def index_shards(
+    store: ObjectStore, step_path: str, files: dict[str, ObjectInfo]
+) -> tuple[set[str], list[str] | None]:
     """The shards the step's safetensors index names, and those missing (None: no usable index)."""
     idx = files.get(INDEX_FILE)
     if idx is None:
@@ -107,8 +110,9 @@ def zero_byte(files: dict[str, ObjectInfo], names: Iterable[str]) -> str | None:
     return None
 
 
-async def torch_facts(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo],
-                      names: list[str]) -> tuple[dict[str, TorchFile], str | None]:
+async def torch_facts(
+    store: ObjectStore, step_path: str, files: dict[str, ObjectInfo], names: list[str]
+) -> tuple[dict[str, TorchFile], str | None]:
     """Read the torch.save files ``names`` (bounded); a problem naming the first bad file."""
     out: dict[str, TorchFile] = {}
     for n in names[:MAX_TORCH_FILES_READ]:

@@ -39,7 +39,7 @@ _SIDE_FILES = re.compile(r"^[^/]+\.(json|txt|yaml|yml|md|model|tiktoken|py)$", r
 
 
 async def lightning_file_facts(store: ObjectStore, files: dict[str, ObjectInfo]) -> Facts:
-    (fname, obj), = files.items()
+    ((fname, obj),) = files.items()
     f = Facts(layout="lightning" if fname.endswith(".ckpt") else "torch-save", marker=fname)
     if obj.size == 0:
         f.kind, f.note = "corrupt", f"{fname}: empty file (0 bytes)"
@@ -48,8 +48,9 @@ async def lightning_file_facts(store: ObjectStore, files: dict[str, ObjectInfo])
     return f if tf is None else kind_from_torch({fname: tf}, files, f)
 
 
-async def trainer_facts(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo], layout: Layout,
-                        marker: str) -> Facts:
+async def trainer_facts(
+    store: ObjectStore, step_path: str, files: dict[str, ObjectInfo], layout: Layout, marker: str
+) -> Facts:
     """HF Trainer ``checkpoint-N/`` and accelerate ``save_state`` folders."""
     names = set(files)
     f = Facts(layout=layout, marker=join_key(step_path.rsplit("/", 1)[-1], marker))
@@ -79,8 +80,11 @@ async def trainer_facts(store: ObjectStore, step_path: str, files: dict[str, Obj
     opt = [(n, p) for n, tf in tfs.items() if (p := optimizer_paths(tf.obj))]
     if opt:
         f.kind, f.note = "full", optimizer_note(opt[0][1], opt[0][0])
-        f.opt_bytes = sum(o.size for n, o in files.items() if (TRAINING_STATE_FILES.match(n)
-                          and not n.endswith(".json")) or OPTIM_FILE.search(n))
+        f.opt_bytes = sum(
+            o.size
+            for n, o in files.items()
+            if (TRAINING_STATE_FILES.match(n) and not n.endswith(".json")) or OPTIM_FILE.search(n)
+        )
         return f
     if optim_files:
         f.note = f"{optim_files[0]} holds no optimizer state the catalog recognises"
@@ -99,8 +103,12 @@ async def safetensors_facts(store: ObjectStore, step_path: str, files: dict[str,
     if INDEX_FILE in names:
         f.marker = join_key(step_path.rsplit("/", 1)[-1], INDEX_FILE)
     shard_files = sorted(n for n in names if n.endswith(".safetensors") and "/" not in n)
-    if INDEX_FILE not in names and len(shard_files) > 1 or any(re.search(r"-\d{5}-of-\d{5}\.", n)
-                                                               for n in shard_files) and INDEX_FILE not in names:
+    if (
+        INDEX_FILE not in names
+        and len(shard_files) > 1
+        or any(re.search(r"-\d{5}-of-\d{5}\.", n) for n in shard_files)
+        and INDEX_FILE not in names
+    ):
         f.kind, f.note = "incomplete", f"shards without {INDEX_FILE} yet: the index is written last"
         return f
     problem = await model_files_problem(store, step_path, files)
@@ -128,8 +136,9 @@ async def safetensors_facts(store: ObjectStore, step_path: str, files: dict[str,
     return f
 
 
-async def torch_save_facts(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo],
-                           torch_names: list[str]) -> Facts:
+async def torch_save_facts(
+    store: ObjectStore, step_path: str, files: dict[str, ObjectInfo], torch_names: list[str]
+) -> Facts:
     step_name = step_path.rsplit("/", 1)[-1]
     # a torch.save file is written whole, then renamed: the file itself is the commit marker
     f = Facts(layout="torch-save", marker=join_key(step_name, torch_names[0]) if len(torch_names) == 1 else None)
@@ -148,8 +157,11 @@ async def torch_save_facts(store: ObjectStore, step_path: str, files: dict[str, 
         tfs[n] = tf
     f = kind_from_torch(tfs, files, f)
     if f.kind == "weights":
-        empty = [n for n, tf in tfs.items() if not any(t.numel > 0 for _, t in tf.tensors())
-                 and not TRAINING_STATE_FILES.match(n)]
+        empty = [
+            n
+            for n, tf in tfs.items()
+            if not any(t.numel > 0 for _, t in tf.tensors()) and not TRAINING_STATE_FILES.match(n)
+        ]
         if empty:
             f.kind, f.note = "unknown", f"{empty[0]}: holds no tensors: a stray file, not a checkpoint"
     return f

@@ -38,8 +38,14 @@ class Footprint:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready figures (bytes, plus GB and GiB)."""
         d: dict[str, Any] = dict(self.__dict__)
-        for k in ("weights_bytes", "full_bytes", "saving_bytes", "retained_weights_bytes", "retained_full_bytes",
-                  "retained_saving_bytes"):
+        for k in (
+            "weights_bytes",
+            "full_bytes",
+            "saving_bytes",
+            "retained_weights_bytes",
+            "retained_full_bytes",
+            "retained_saving_bytes",
+        ):
             d[k.replace("_bytes", "_gb")] = self.__dict__[k] / GB
             d[k.replace("_bytes", "_gib")] = self.__dict__[k] / GiB
         d["units"] = "GB = 10^9 bytes; GiB = 2^30 bytes"
@@ -63,16 +69,28 @@ def footprint(params: float, retained: int = 1) -> Footprint:
     p = int(params)
     w = p * BF16_BYTES_PER_PARAM
     f = p * FULL_ADAMW_BYTES_PER_PARAM
-    return Footprint(params=p, retained=retained, weights_bytes=w, full_bytes=f, saving_bytes=f - w,
-                     saving_fraction=(f - w) / f, retained_weights_bytes=w * retained,
-                     retained_full_bytes=f * retained, retained_saving_bytes=(f - w) * retained)
+    return Footprint(
+        params=p,
+        retained=retained,
+        weights_bytes=w,
+        full_bytes=f,
+        saving_bytes=f - w,
+        saving_fraction=(f - w) / f,
+        retained_weights_bytes=w * retained,
+        retained_full_bytes=f * retained,
+        retained_saving_bytes=(f - w) * retained,
+    )
 
 
 def footprint_table(fp: Footprint) -> str:
     """A markdown table of the footprint (one checkpoint and the retained set)."""
-    lines = [f"Model: {fp.params / 1e9:g}B parameters; {fp.retained} retained checkpoint(s); "
-             "GB = 10^9 bytes, GiB = 2^30 bytes", "",
-             f"| | one checkpoint | {fp.retained} retained |", "|---|---:|---:|"]
+    lines = [
+        f"Model: {fp.params / 1e9:g}B parameters; {fp.retained} retained checkpoint(s); "
+        "GB = 10^9 bytes, GiB = 2^30 bytes",
+        "",
+        f"| | one checkpoint | {fp.retained} retained |",
+        "|---|---:|---:|",
+    ]
     for label, one, many in fp.rows():
         lines.append(f"| {label} | {bytes_gib_text(one)} | {bytes_gib_text(many)} |")
     lines.append(f"| Saving | {fp.saving_fraction:.1%} | {fp.saving_fraction:.1%} |")
@@ -80,6 +98,7 @@ def footprint_table(fp: Footprint) -> str:
 
 
 # -- upload backlog ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class BacklogAlert:
@@ -100,8 +119,9 @@ def _run_of(params: dict[str, Any]) -> str:
     return dest.rstrip("/").rsplit("/", 1)[0] if "/" in dest.rstrip("/") else dest
 
 
-def upload_backlog(records: Iterable[Any], *, interval_s: float | None = None,
-                   now: float | None = None) -> list[BacklogAlert]:
+def upload_backlog(
+    records: Iterable[Any], *, interval_s: float | None = None, now: float | None = None
+) -> list[BacklogAlert]:
     """Alerts for runs whose upload is still running when the next checkpoint is due.
 
     ``records`` are job records (``kind``, ``state``, ``created``, ``started``, ``params``,
@@ -126,10 +146,20 @@ def upload_backlog(records: Iterable[Any], *, interval_s: float | None = None,
         age = now - started
         if age >= interval or len(running) > 1:
             step = oldest.params.get("step")
-            alerts.append(BacklogAlert(
-                run=run, job_id=oldest.id, node=oldest.node, step=step, running_s=age, interval_s=interval,
-                in_flight=len(running),
-                message=(f"{run}: upload of step {step if step is not None else '?'} on {oldest.node} has run "
-                         f"{age:.0f}s, past the {interval:.0f}s checkpoint interval; {len(running)} upload(s) in "
-                         "flight: uploads are falling behind checkpoints")))
+            alerts.append(
+                BacklogAlert(
+                    run=run,
+                    job_id=oldest.id,
+                    node=oldest.node,
+                    step=step,
+                    running_s=age,
+                    interval_s=interval,
+                    in_flight=len(running),
+                    message=(
+                        f"{run}: upload of step {step if step is not None else '?'} on {oldest.node} has run "
+                        f"{age:.0f}s, past the {interval:.0f}s checkpoint interval; {len(running)} upload(s) in "
+                        "flight: uploads are falling behind checkpoints"
+                    ),
+                )
+            )
     return alerts

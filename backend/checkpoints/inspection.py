@@ -38,9 +38,14 @@ class StepInspection:
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready view."""
-        return {"step": self.step.as_dict(), "problems": list(self.problems),
-                "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes,
-                             "file": t.file} for t in self.tensors]}
+        return {
+            "step": self.step.as_dict(),
+            "problems": list(self.problems),
+            "tensors": [
+                {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes, "file": t.file}
+                for t in self.tensors
+            ],
+        }
 
 
 async def inspect_step(store: ObjectStore, step_path: str) -> StepInspection:
@@ -58,17 +63,26 @@ async def inspect_step(store: ObjectStore, step_path: str) -> StepInspection:
         try:
             md = load_metadata(await store.get_bytes(join_key(step.path, METADATA_FILE)))
             for e in tensor_entries(md):
-                rows.append(TensorRow(e.fqn, str(e.dtype).removeprefix("torch."), e.shape, e.nbytes,
-                                      ",".join(sorted({c.file for c in e.chunks}))))
+                rows.append(
+                    TensorRow(
+                        e.fqn,
+                        str(e.dtype).removeprefix("torch."),
+                        e.shape,
+                        e.nbytes,
+                        ",".join(sorted({c.file for c in e.chunks})),
+                    )
+                )
             for fqn, meta in md.state_dict_metadata.items():
                 if not hasattr(meta, "chunks"):
                     rows.append(TensorRow(fqn, "bytes", (), 0, ""))
         except CheckpointError as exc:
             problems.append(str(exc))
     elif step.layout == "dcp" and METADATA_FILE not in files:
-        problems.append(f"no {METADATA_FILE} yet: the step is incomplete (still being written or uploaded, "
-                        f"or abandoned); its keys are known only once {METADATA_FILE} is committed "
-                        f"({len(files)} object(s) so far)")
+        problems.append(
+            f"no {METADATA_FILE} yet: the step is incomplete (still being written or uploaded, "
+            f"or abandoned); its keys are known only once {METADATA_FILE} is committed "
+            f"({len(files)} object(s) so far)"
+        )
     for name, obj in sorted(files.items()):
         if name.endswith(".safetensors"):
             try:

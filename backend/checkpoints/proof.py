@@ -31,8 +31,11 @@ async def prove_resumable(store: ObjectStore, step: CheckpointStep) -> str:
         return f"{step.path} now lists as {fresh.kind}" + (f" ({fresh.note})" if fresh.note else "")
     files = {fresh.name: fresh.objects[0]} if fresh.is_file else rel_files(fresh.objects, fresh.path)
     if METADATA_FILE in files:
-        md = await asyncio.to_thread(load_metadata, await store.get_bytes(join_key(fresh.path, METADATA_FILE)),
-                                     where=join_key(fresh.path, METADATA_FILE))
+        md = await asyncio.to_thread(
+            load_metadata,
+            await store.get_bytes(join_key(fresh.path, METADATA_FILE)),
+            where=join_key(fresh.path, METADATA_FILE),
+        )
 
         async def read(file: str, offset: int, n: int) -> bytes:
             return await store.get_range(join_key(fresh.path, file), offset, n)

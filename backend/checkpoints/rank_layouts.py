@@ -33,8 +33,9 @@ DS_MODEL = re.compile(r"^(?:zero_pp_rank_\d+_)?mp_rank_(\d+)_model_states\.pt$")
 MEGATRON_RANK_FILE = re.compile(r"^mp_rank_\d+(_\d+)*/(model_optim_rng|distrib_optim)\.pt$")
 
 
-async def dcp_facts(store: ObjectStore, step_path: str, name: str, files: dict[str, ObjectInfo],
-                    markers: RunMarkers) -> Facts:
+async def dcp_facts(
+    store: ObjectStore, step_path: str, name: str, files: dict[str, ObjectInfo], markers: RunMarkers
+) -> Facts:
     names = set(files)
     layout: Layout = "dcp"
     if name.endswith(".ckpt") or "meta.pt" in names:
@@ -79,8 +80,10 @@ async def dcp_facts(store: ObjectStore, step_path: str, name: str, files: dict[s
             f.kind, f.note = "corrupt", f"{file}: named by {METADATA_FILE} but missing"
             return f
         if have.size < need:
-            f.kind, f.note = "corrupt", (f"{file}: {have.size} bytes, shorter than the range {METADATA_FILE} "
-                                         f"assigns to it (needs {need})")
+            f.kind, f.note = (
+                "corrupt",
+                (f"{file}: {have.size} bytes, shorter than the range {METADATA_FILE} assigns to it (needs {need})"),
+            )
             return f
     problem = await _embedded_blob_problem(store, step_path, files, md)
     if problem:
@@ -103,8 +106,9 @@ async def dcp_facts(store: ObjectStore, step_path: str, name: str, files: dict[s
     return f
 
 
-async def _embedded_blob_problem(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo],
-                                 md: Any) -> str | None:
+async def _embedded_blob_problem(
+    store: ObjectStore, step_path: str, files: dict[str, ObjectInfo], md: Any
+) -> str | None:
     """For safetensors-serialized DCP files (every tensor of a file shares one offset), whether the
     embedded safetensors blob's own ranges fit the file. Other files cost no read."""
     from backend.checkpoints.dcp import locate_chunks, tensor_entries
@@ -130,8 +134,10 @@ async def _embedded_blob_problem(store: ObjectStore, step_path: str, files: dict
     for e in located:
         for c in e.chunks:
             if c.file in files and c.offset + c.length > files[c.file].size:
-                return (f"{c.file}: {files[c.file].size} bytes, shorter than its embedded safetensors header "
-                        f"says ({e.fqn} ends at byte {c.offset + c.length})")
+                return (
+                    f"{c.file}: {files[c.file].size} bytes, shorter than its embedded safetensors header "
+                    f"says ({e.fqn} ends at byte {c.offset + c.length})"
+                )
     return None
 
 
@@ -144,8 +150,9 @@ def _megatron_uncommitted(name: str, markers: RunMarkers) -> str | None:
     return None
 
 
-async def deepspeed_facts(store: ObjectStore, step_path: str, name: str, files: dict[str, ObjectInfo],
-                          markers: RunMarkers) -> Facts:
+async def deepspeed_facts(
+    store: ObjectStore, step_path: str, name: str, files: dict[str, ObjectInfo], markers: RunMarkers
+) -> Facts:
     f = Facts(layout="deepspeed", marker=DEEPSPEED_LATEST)
     num, latest = step_number(name), markers.deepspeed_latest
     latest_num = step_number(latest) if latest else None
@@ -195,8 +202,9 @@ def _int_entry(obj: Any, key: str) -> int | None:
     return v if isinstance(v, int) and v > 0 else None
 
 
-async def megatron_legacy_facts(store: ObjectStore, step_path: str, name: str, files: dict[str, ObjectInfo],
-                                markers: RunMarkers) -> Facts:
+async def megatron_legacy_facts(
+    store: ObjectStore, step_path: str, name: str, files: dict[str, ObjectInfo], markers: RunMarkers
+) -> Facts:
     f = Facts(layout="megatron", marker=MEGATRON_LATEST)
     why = _megatron_uncommitted(name, markers)
     if why:
@@ -217,8 +225,9 @@ async def megatron_legacy_facts(store: ObjectStore, step_path: str, name: str, f
         missing = next(r for r in ranks if r not in dist)
         f.kind, f.note = "corrupt", f"{missing}/distrib_optim.pt is missing (other ranks have theirs)"
         return f
-    tfs, problem = await torch_facts(store, step_path, files, [f"{ranks[0]}/model_optim_rng.pt"]
-                                     + ([f"{ranks[0]}/distrib_optim.pt"] if dist else []))
+    tfs, problem = await torch_facts(
+        store, step_path, files, [f"{ranks[0]}/model_optim_rng.pt"] + ([f"{ranks[0]}/distrib_optim.pt"] if dist else [])
+    )
     if problem:
         f.kind, f.note = "corrupt", problem
         return f

@@ -21,8 +21,23 @@ from backend.storage import ObjectStore
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
-    "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
 }
 
 
@@ -109,18 +124,26 @@ def parse_header(header: bytes, file_size: int, *, where: str) -> SafetensorsHea
             raise SafetensorsError(f"{where}: tensor {name!r} has unknown dtype {dtype!r}")
         if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
             raise SafetensorsError(f"{where}: tensor {name!r} has an invalid shape {shape!r}")
-        if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
-                or not 0 <= offs[0] <= offs[1]):
+        if (
+            not isinstance(offs, list)
+            or len(offs) != 2
+            or not all(type(o) is int for o in offs)
+            or not 0 <= offs[0] <= offs[1]
+        ):
             raise SafetensorsError(f"{where}: tensor {name!r} has invalid data_offsets {offs!r}")
         if offs[1] > data_len:
-            raise SafetensorsError(f"{where}: tensor {name!r} ends at byte {offs[1]} of a {data_len}-byte "
-                                   "data section (file truncated or offsets corrupt)")
+            raise SafetensorsError(
+                f"{where}: tensor {name!r} ends at byte {offs[1]} of a {data_len}-byte "
+                "data section (file truncated or offsets corrupt)"
+            )
         numel = 1
         for s in shape:
             numel *= s
         if numel * DTYPE_SIZES[dtype] != offs[1] - offs[0]:
-            raise SafetensorsError(f"{where}: tensor {name!r}: {dtype}{shape} needs {numel * DTYPE_SIZES[dtype]} "
-                                   f"bytes but data_offsets span {offs[1] - offs[0]}")
+            raise SafetensorsError(
+                f"{where}: tensor {name!r}: {dtype}{shape} needs {numel * DTYPE_SIZES[dtype]} "
+                f"bytes but data_offsets span {offs[1] - offs[0]}"
+            )
         tensors.append(TensorInfo(name, dtype, tuple(shape), 8 + n + offs[0], 8 + n + offs[1]))
     tensors.sort(key=lambda t: (t.start, t.end))
     pos = 8 + n
@@ -154,8 +177,9 @@ async def read_header(store: ObjectStore, key: str, size: int | None = None) -> 
     return parse_header(await store.get_range(key, 8, n), size, where=where)
 
 
-def build_header(entries: list[tuple[str, str, tuple[int, ...]]], metadata: dict[str, str] | None = None
-                 ) -> tuple[bytes, list[tuple[int, int]]]:
+def build_header(
+    entries: list[tuple[str, str, tuple[int, ...]]], metadata: dict[str, str] | None = None
+) -> tuple[bytes, list[tuple[int, int]]]:
     """Header bytes (length prefix + JSON padded to 8 bytes) and each tensor's data range."""
     doc: dict[str, Any] = {}
     if metadata:

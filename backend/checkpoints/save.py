@@ -85,8 +85,7 @@ class SaveHandle:
         p = self.progress
         if not p.get("bytes_total"):
             return f"{head}, writing/queued"
-        return (f"{head}, uploading {100 * p['bytes_done'] / p['bytes_total']:.0f}%, "
-                f"{gbps_text(p.get('gbps', 0.0))}")
+        return f"{head}, uploading {100 * p['bytes_done'] / p['bytes_total']:.0f}%, {gbps_text(p.get('gbps', 0.0))}"
 
 
 def open_destination(store_url: str, profile: StoreProfile | None = None) -> ObjectStore:
@@ -144,20 +143,38 @@ def save_and_upload(
 
     job_id = job_dir = None
     store = open_destination(dest_url, profile)
-    params = {"src": str(local), "dest": dest_url, "store": store_params(store), "prefix": "", "step": step,
-              "staged_seconds": round(staged, 3)}
+    params = {
+        "src": str(local),
+        "dest": dest_url,
+        "store": store_params(store),
+        "prefix": "",
+        "step": step,
+        "staged_seconds": round(staged, 3),
+    }
     if rank0:
         from backend.jobs.records import new_job_id
 
         job_id = new_job_id()
         job_dir = _jobs_home(jobs_home) / job_id
         job_dir.mkdir(mode=0o700)
-        _write_atomic(job_dir / SPEC_FILE, json.dumps({
-            "id": job_id, "kind": "upload", "node": socket.gethostname(), "label": f"save+upload {name}",
-            "params": params, "created": time.time(), "launched_by": actor(),
-            "launched_from": socket.gethostname()}))
-        _write_atomic(job_dir / PID_FILE, json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0),
-                                                      "started": time.time()}) + "\n")
+        _write_atomic(
+            job_dir / SPEC_FILE,
+            json.dumps(
+                {
+                    "id": job_id,
+                    "kind": "upload",
+                    "node": socket.gethostname(),
+                    "label": f"save+upload {name}",
+                    "params": params,
+                    "created": time.time(),
+                    "launched_by": actor(),
+                    "launched_from": socket.gethostname(),
+                }
+            ),
+        )
+        _write_atomic(
+            job_dir / PID_FILE, json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "started": time.time()}) + "\n"
+        )
     handle = SaveHandle(step, local, dest_url, staged, concurrent.futures.Future(), job_id, job_dir)
     stop = threading.Event()
     if job_dir is not None:
@@ -174,21 +191,37 @@ def save_and_upload(
             def on_progress(done: int, total: int, files: int, nfiles: int) -> None:
                 secs = max(1e-6, time.monotonic() - t_start)
                 handle.progress = {"bytes_done": done, "bytes_total": total, "gbps": done * 8 / 1e9 / secs}
-                ctx.progress(bytes_done=done, bytes_total=total, items_done=files, items_total=nfiles, step=step,
-                             staged_seconds=round(staged, 3))
+                ctx.progress(
+                    bytes_done=done,
+                    bytes_total=total,
+                    items_done=files,
+                    items_total=nfiles,
+                    step=step,
+                    staged_seconds=round(staged, 3),
+                )
 
             async def go() -> UploadResult:
                 try:
                     # the job directory's journal lets a lost job's cleanup abort exactly its uploads
                     journal = MultipartJournal(job_dir / JOURNAL_FILE) if job_dir is not None else None
-                    return await upload_dir(store, local, "", settings=settings, progress=on_progress,
-                                            cancelled=lambda: ctx.cancelled, overwrite=overwrite, journal=journal)
+                    return await upload_dir(
+                        store,
+                        local,
+                        "",
+                        settings=settings,
+                        progress=on_progress,
+                        cancelled=lambda: ctx.cancelled,
+                        overwrite=overwrite,
+                        journal=journal,
+                    )
                 finally:
                     await store.close()
 
             res = asyncio.run(go())
-            ctx.log(f"step {step}: uploaded {res.bytes} bytes to {dest_url} in {res.seconds:.1f}s "
-                    f"({gbps_text(res.gbps)}), verified")
+            ctx.log(
+                f"step {step}: uploaded {res.bytes} bytes to {dest_url} in {res.seconds:.1f}s "
+                f"({gbps_text(res.gbps)}), verified"
+            )
             outcome: dict[str, Any] = {"state": "succeeded", "details": res.as_dict()}
             return res
         except BaseException as exc:

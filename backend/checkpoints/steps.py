@@ -23,8 +23,9 @@ from typing import Literal
 from backend.checkpoints.dcp import CheckpointError
 from backend.storage import ObjectInfo, join_key
 
-Layout = Literal["dcp", "hf-trainer", "accelerate", "lightning", "megatron", "deepspeed", "hf-safetensors",
-                 "torch-save", "unknown"]
+Layout = Literal[
+    "dcp", "hf-trainer", "accelerate", "lightning", "megatron", "deepspeed", "hf-safetensors", "torch-save", "unknown"
+]
 Kind = Literal["full", "weights", "incomplete", "corrupt", "unknown"]
 KINDS: tuple[str, ...] = ("full", "weights", "incomplete", "corrupt", "unknown")
 
@@ -38,7 +39,8 @@ TRAINER_STATE = "trainer_state.json"
 #: torch.save file names that are training state (what a strip frees), HF Trainer and plain.
 TRAINING_STATE_FILES = re.compile(
     r"^(optimizer(_\d+)?|optim|scheduler(_\d+)?|lr_scheduler|rng_state(_\d+)?|scaler|trainer_state|"
-    r"random_states_\d+|sampler(_\d+)?|training_args)\.(pt|pth|bin|json|pkl)$")
+    r"random_states_\d+|sampler(_\d+)?|training_args)\.(pt|pth|bin|json|pkl)$"
+)
 MODEL_FILES = re.compile(r"^(model|pytorch_model|consolidated(\.\d+)?)\.(pt|pth|bin)$")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 _STEP_RE = re.compile(r"^[A-Za-z_\-.]*?(\d+)$")
@@ -75,10 +77,21 @@ class CheckpointStep:
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready summary (without the object list)."""
-        return {"step": self.step, "path": self.path, "layout": self.layout, "kind": self.kind,
-                "total_bytes": self.total_bytes, "object_count": self.object_count, "mtime": self.mtime,
-                "has_bf16_export": self.has_bf16_export, "optimizer_bytes": self.optimizer_bytes,
-                "note": self.note, "marker": self.marker, "best": self.best, "flags": list(self.flags)}
+        return {
+            "step": self.step,
+            "path": self.path,
+            "layout": self.layout,
+            "kind": self.kind,
+            "total_bytes": self.total_bytes,
+            "object_count": self.object_count,
+            "mtime": self.mtime,
+            "has_bf16_export": self.has_bf16_export,
+            "optimizer_bytes": self.optimizer_bytes,
+            "note": self.note,
+            "marker": self.marker,
+            "best": self.best,
+            "flags": list(self.flags),
+        }
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,19 @@ class StripResult:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready summary."""
-        d = {k: getattr(self, k) for k in ("source", "layout", "out_url", "out_prefix", "tensor_count",
-                                            "weight_bytes", "source_bytes_read", "seconds")}
+        d = {
+            k: getattr(self, k)
+            for k in (
+                "source",
+                "layout",
+                "out_url",
+                "out_prefix",
+                "tensor_count",
+                "weight_bytes",
+                "source_bytes_read",
+                "seconds",
+            )
+        }
         d["shards"] = list(self.shards)
         d["verified"] = self.check.ok
         return d
@@ -101,8 +112,9 @@ async def strip_step(
         raise CheckpointError("max_shard_bytes must be positive")
     existing = await out_store.stat(join_key(out_prefix, INDEX_FILE))
     if existing is not None and not overwrite:
-        raise CheckpointError(f"{out_store.url}/{join_key(out_prefix, INDEX_FILE)} already exists "
-                              "(the step already has an export)")
+        raise CheckpointError(
+            f"{out_store.url}/{join_key(out_prefix, INDEX_FILE)} already exists (the step already has an export)"
+        )
     local_dir = out_store.local_path(out_prefix) if isinstance(out_store, LocalStore) else None
     tmp = Path(tempfile.mkdtemp(prefix="lm-strip-"))
     weights: list[Weight] = []
@@ -138,8 +150,9 @@ async def strip_step(
                             raise CheckpointError("strip cancelled")
                         t = await w.load(bufs, slot)
                         if tuple(t.shape) != w.shape:
-                            raise CheckpointError(f"{step_path}: {w.name} loaded as {tuple(t.shape)}, "
-                                                  f"expected {w.shape}")
+                            raise CheckpointError(
+                                f"{step_path}: {w.name} loaded as {tuple(t.shape)}, expected {w.shape}"
+                            )
                         if pending is not None:
                             digests[pending_name] = await pending
                         # the write of this tensor overlaps the read and cast of the next one
@@ -152,8 +165,13 @@ async def strip_step(
                         weight_map[w.name] = name
                         del t
                         if progress is not None:
-                            progress(bytes_done=done_bytes, bytes_total=total_out, items_done=done_items,
-                                     items_total=len(weights), shard=name)
+                            progress(
+                                bytes_done=done_bytes,
+                                bytes_total=total_out,
+                                items_done=done_items,
+                                items_total=len(weights),
+                                shard=name,
+                            )
                     if pending is not None:
                         digests[pending_name] = await pending
                         pending = None
@@ -167,9 +185,10 @@ async def strip_step(
 
                 await upload_file(out_store, part, join_key(out_prefix, name))
                 part.unlink()
-        index = {"metadata": {"total_size": total_out, "source": f"{store.url}/{step_path}",
-                              "source_layout": step.layout},
-                 "weight_map": dict(sorted(weight_map.items()))}
+        index = {
+            "metadata": {"total_size": total_out, "source": f"{store.url}/{step_path}", "source_layout": step.layout},
+            "weight_map": dict(sorted(weight_map.items())),
+        }
         # the index is the export's commit marker: written after every shard
         await out_store.put_bytes(join_key(out_prefix, INDEX_FILE), json.dumps(index, indent=2).encode())
     except BaseException as exc:
@@ -179,23 +198,35 @@ async def strip_step(
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             where = local_dir if local_dir is not None else tmp
             need = bytes_text(sum(w.out_bytes for w in weights))
-            raise CheckpointError(f"no space left on the device of {where}: the BF16 export needs {need}; free "
-                                  "space there or give --out on another disk (nothing was deleted, the partial "
-                                  "export was removed)") from None
+            raise CheckpointError(
+                f"no space left on the device of {where}: the BF16 export needs {need}; free "
+                "space there or give --out on another disk (nothing was deleted, the partial "
+                "export was removed)"
+            ) from None
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     zero = sorted(w.name for w in weights if w.out_bytes == 0 and w.src_bytes > 0)
     if zero or total_out == 0:
-        raise CheckpointError(f"export at {out_store.url}/{out_prefix} holds no weights: "
-                              + (f"{len(zero)} zero-element tensors (e.g. {zero[0]})" if zero else "total_size 0")
-                              + " where the source has parameters")
-    check = await verify_export(out_store, out_prefix, expected={w.name: w.shape for w in weights},
-                                digests=digests)
+        raise CheckpointError(
+            f"export at {out_store.url}/{out_prefix} holds no weights: "
+            + (f"{len(zero)} zero-element tensors (e.g. {zero[0]})" if zero else "total_size 0")
+            + " where the source has parameters"
+        )
+    check = await verify_export(out_store, out_prefix, expected={w.name: w.shape for w in weights}, digests=digests)
     if not check.ok:
-        raise CheckpointError(f"export at {out_store.url}/{out_prefix} failed verification: "
-                              + "; ".join(check.problems[:5]))
-    return StripResult(source=f"{store.url}/{step_path}", layout=step.layout, out_url=out_store.url,
-                       out_prefix=out_prefix, shards=tuple(names), tensor_count=len(weights),
-                       weight_bytes=total_out, source_bytes_read=src_read,
-                       seconds=time.monotonic() - t0, check=check)
+        raise CheckpointError(
+            f"export at {out_store.url}/{out_prefix} failed verification: " + "; ".join(check.problems[:5])
+        )
+    return StripResult(
+        source=f"{store.url}/{step_path}",
+        layout=step.layout,
+        out_url=out_store.url,
+        out_prefix=out_prefix,
+        shards=tuple(names),
+        tensor_count=len(weights),
+        weight_bytes=total_out,
+        source_bytes_read=src_read,
+        seconds=time.monotonic() - t0,
+        check=check,
+    )

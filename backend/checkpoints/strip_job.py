@@ -20,27 +20,53 @@ if TYPE_CHECKING:
     from backend.jobs.manager import JobManager
 
 
-def strip_params(store: ObjectStore, step_path: str, *, out_store: ObjectStore | None = None,
-                 out_prefix: str | None = None, model_prefix: str = "auto",
-                 max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict[str, Any]:
+def strip_params(
+    store: ObjectStore,
+    step_path: str,
+    *,
+    out_store: ObjectStore | None = None,
+    out_prefix: str | None = None,
+    model_prefix: str = "auto",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> dict[str, Any]:
     """The params of a "strip" job (what ``services.jobs.launch`` sends to the node)."""
     from backend.checkpoints.upload import store_params, url_join
 
     dest = out_store or store
-    return {"src": url_join(store.url, step_path), "dest": url_join(dest.url, out_prefix or step_path),
-            "src_store": store_params(store), "out_store": store_params(out_store) if out_store else None,
-            "step_path": step_path, "out_prefix": out_prefix, "model_prefix": model_prefix,
-            "max_shard_bytes": max_shard_bytes}
+    return {
+        "src": url_join(store.url, step_path),
+        "dest": url_join(dest.url, out_prefix or step_path),
+        "src_store": store_params(store),
+        "out_store": store_params(out_store) if out_store else None,
+        "step_path": step_path,
+        "out_prefix": out_prefix,
+        "model_prefix": model_prefix,
+        "max_shard_bytes": max_shard_bytes,
+    }
 
 
-async def launch_strip(jobs: JobManager, node: str, store: ObjectStore, step_path: str, *,
-                       out_store: ObjectStore | None = None, out_prefix: str | None = None,
-                       model_prefix: str = "auto", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Any:
+async def launch_strip(
+    jobs: JobManager,
+    node: str,
+    store: ObjectStore,
+    step_path: str,
+    *,
+    out_store: ObjectStore | None = None,
+    out_prefix: str | None = None,
+    model_prefix: str = "auto",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Any:
     """Launch a "strip" job of ``step_path`` in ``store`` on ``node``; returns its job record."""
     from backend.checkpoints.upload import store_secrets
 
-    params = strip_params(store, step_path, out_store=out_store, out_prefix=out_prefix,
-                          model_prefix=model_prefix, max_shard_bytes=max_shard_bytes)
+    params = strip_params(
+        store,
+        step_path,
+        out_store=out_store,
+        out_prefix=out_prefix,
+        model_prefix=model_prefix,
+        max_shard_bytes=max_shard_bytes,
+    )
     secrets = await store_secrets(store)
     if out_store is not None:
         secrets.update(await store_secrets(out_store))
@@ -70,17 +96,24 @@ def run_strip_job(ctx: Any) -> dict[str, Any]:
         out = open_store_params(p["out_store"], env) if p.get("out_store") else None
         try:
             res = await strip_step(
-                src, p["step_path"], out_store=out, out_prefix=p.get("out_prefix"),
+                src,
+                p["step_path"],
+                out_store=out,
+                out_prefix=p.get("out_prefix"),
                 model_prefix=p.get("model_prefix", "auto"),
                 max_shard_bytes=int(p.get("max_shard_bytes", DEFAULT_MAX_SHARD_BYTES)),
-                progress=lambda **kw: ctx.progress(**kw), cancelled=lambda: ctx.cancelled,
-                overwrite=bool(p.get("overwrite", False)))
+                progress=lambda **kw: ctx.progress(**kw),
+                cancelled=lambda: ctx.cancelled,
+                overwrite=bool(p.get("overwrite", False)),
+            )
         finally:
             await src.close()
             if out is not None:
                 await out.close()
-        ctx.log(f"stripped {res.source}: {res.tensor_count} tensors, {res.weight_bytes} bytes in "
-                f"{len(res.shards)} shards, verified")
+        ctx.log(
+            f"stripped {res.source}: {res.tensor_count} tensors, {res.weight_bytes} bytes in "
+            f"{len(res.shards)} shards, verified"
+        )
         return res.as_dict()
 
     with warnings.catch_warnings():

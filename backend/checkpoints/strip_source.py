@@ -57,8 +57,14 @@ def _st_dtype(dtype: Any) -> str:
 
     if dtype.is_floating_point:
         return "BF16"
-    table = {torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-             torch.uint8: "U8", torch.bool: "BOOL"}
+    table = {
+        torch.int64: "I64",
+        torch.int32: "I32",
+        torch.int16: "I16",
+        torch.int8: "I8",
+        torch.uint8: "U8",
+        torch.bool: "BOOL",
+    }
     if dtype not in table:
         raise CheckpointError(f"unsupported tensor dtype {dtype} in the model weights")
     return table[dtype]
@@ -105,8 +111,9 @@ class Buffers:
         return buf[: n * dtype.itemsize].view(dtype).view(shape)
 
 
-async def read_range(store: ObjectStore, key: str, offset: int, length: int,
-                     bufs: Buffers | None = None) -> bytes | bytearray | memoryview:
+async def read_range(
+    store: ObjectStore, key: str, offset: int, length: int, bufs: Buffers | None = None
+) -> bytes | bytearray | memoryview:
     if isinstance(store, LocalStore):
         path = store.local_path(key)
 
@@ -139,8 +146,11 @@ async def _dcp_weights(store: ObjectStore, step_path: str, files: dict[str, Any]
         raise CheckpointError(f"{step_path}: DCP checkpoint has no .metadata (still being written?)")
     if meta.size > MAX_METADATA_BYTES:
         raise CheckpointError(f"{step_path}/.metadata is {meta.size} bytes, over the {MAX_METADATA_BYTES} limit")
-    md = load_metadata(await store.get_bytes(join_key(step_path, METADATA_FILE)),
-                       where=f"{store.url}/{join_key(step_path, METADATA_FILE)}")
+    md = load_metadata(
+        await store.get_bytes(join_key(step_path, METADATA_FILE)),
+        where=f"{store.url}/{join_key(step_path, METADATA_FILE)}",
+    )
+
     async def read(file: str, offset: int, n: int) -> bytes | bytearray | memoryview:
         return await read_range(store, join_key(step_path, file), offset, n)
 
@@ -149,15 +159,21 @@ async def _dcp_weights(store: ObjectStore, step_path: str, files: dict[str, Any]
     names = weight_names([e.fqn for e in entries], model_prefix)
     if not names:
         sample = ", ".join(e.fqn for e in entries[:3])
-        raise CheckpointError(f"{step_path}: no model weights under prefix {model_prefix!r} (keys look like: "
-                              f"{sample}); pass --model-prefix")
+        raise CheckpointError(
+            f"{step_path}: no model weights under prefix {model_prefix!r} (keys look like: "
+            f"{sample}); pass --model-prefix"
+        )
     out = []
-    for e in sorted((e for e in entries if e.fqn in names), key=lambda e: (e.chunks[0].file, e.chunks[0].offset)
-                    if e.chunks else ("", 0)):
+    for e in sorted(
+        (e for e in entries if e.fqn in names),
+        key=lambda e: (e.chunks[0].file, e.chunks[0].offset) if e.chunks else ("", 0),
+    ):
         for c in e.chunks:
             if c.transformed:
-                raise CheckpointError(f"{step_path}: tensor {e.fqn} is stored with a transform "
-                                      "(compression/encryption extension); not supported by strip")
+                raise CheckpointError(
+                    f"{step_path}: tensor {e.fqn} is stored with a transform "
+                    "(compression/encryption extension); not supported by strip"
+                )
             if c.file not in files:
                 raise CheckpointError(f"{step_path}: {c.file} (holding {e.fqn}) is missing")
 
@@ -176,8 +192,9 @@ async def _dcp_weights(store: ObjectStore, step_path: str, files: dict[str, Any]
     return out
 
 
-def _cast_chunk_into(dst: Any, idx: tuple[slice, ...], blob: Any, dtype: Any, sizes: tuple[int, ...],
-                     where: str, raw: bool = False) -> None:
+def _cast_chunk_into(
+    dst: Any, idx: tuple[slice, ...], blob: Any, dtype: Any, sizes: tuple[int, ...], where: str, raw: bool = False
+) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # frombuffer on read-only bytes: we never write
         part = chunk_tensor(blob, dtype, sizes, where=where, raw=raw)
@@ -205,7 +222,7 @@ def write_tensor(f: Any, t: Any) -> str:
 
 
 async def source_weights(store: ObjectStore, step: Any, model_prefix: str, tmp: Path) -> list[Weight]:
-    files = {o.key[len(step.path) + 1:]: o for o in step.objects}
+    files = {o.key[len(step.path) + 1 :]: o for o in step.objects}
     if step.layout == "dcp":
         return await _dcp_weights(store, step.path, files, model_prefix)
     return await _torch_save_weights(store, step.path, files, model_prefix, step.layout, tmp)
@@ -239,8 +256,9 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-async def _torch_save_weights(store: ObjectStore, step_path: str, files: dict[str, Any], model_prefix: str,
-                              layout: str, tmp: Path) -> list[Weight]:
+async def _torch_save_weights(
+    store: ObjectStore, step_path: str, files: dict[str, Any], model_prefix: str, layout: str, tmp: Path
+) -> list[Weight]:
     import torch
 
     if layout == "deepspeed":
@@ -248,11 +266,14 @@ async def _torch_save_weights(store: ObjectStore, step_path: str, files: dict[st
     else:
         cands = sorted(n for n in files if MODEL_FILES.match(n))
         if not cands:  # one torch.save file holding {"model": ..., "optimizer": ..., "step": N}
-            cands = [n for n in files if n.endswith((".pt", ".pth", ".bin", ".ckpt"))
-                     and not TRAINING_STATE_FILES.match(n)]
+            cands = [
+                n for n in files if n.endswith((".pt", ".pth", ".bin", ".ckpt")) and not TRAINING_STATE_FILES.match(n)
+            ]
     if len(cands) != 1:
-        raise CheckpointError(f"{step_path}: expected one model file, found {cands or 'none'} "
-                              "(tensor-parallel shards are not merged by strip)")
+        raise CheckpointError(
+            f"{step_path}: expected one model file, found {cands or 'none'} "
+            "(tensor-parallel shards are not merged by strip)"
+        )
     key = join_key(step_path, cands[0])
     if isinstance(store, LocalStore):
         path = store.local_path(key)
@@ -265,8 +286,10 @@ async def _torch_save_weights(store: ObjectStore, step_path: str, files: dict[st
         # mmap: tensors stay on disk until each one is cast; weights_only: never run pickled code
         sd = await asyncio.to_thread(torch.load, str(path), map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001
-        raise CheckpointError(f"{store.url}/{key}: cannot be loaded with weights_only=True ({exc}); "
-                              "refusing to unpickle arbitrary objects") from None
+        raise CheckpointError(
+            f"{store.url}/{key}: cannot be loaded with weights_only=True ({exc}); "
+            "refusing to unpickle arbitrary objects"
+        ) from None
     flat = _flatten(sd)
     if layout == "deepspeed":
         module = [t for k, t in flat.items() if k.startswith("module.")]
@@ -274,7 +297,8 @@ async def _torch_save_weights(store: ObjectStore, step_path: str, files: dict[st
             raise CheckpointError(
                 f"{store.url}/{key}: a ZeRO-3 checkpoint: its model_states holds empty placeholders and the "
                 "weights live only in the optimizer partitions; consolidate it first (DeepSpeed's "
-                "zero_to_fp32.py) or keep it full. Nothing was written.")
+                "zero_to_fp32.py) or keep it full. Nothing was written."
+            )
     prefix = model_prefix
     if layout == "deepspeed" and model_prefix == "model" and not any(k.startswith("model.") for k in flat):
         prefix = "module"
@@ -301,8 +325,10 @@ async def explain_missing_step(store: ObjectStore, step_path: str) -> Checkpoint
         steps = [s for s in cat.steps if s.step is not None]
         if steps:
             names = ", ".join(s.name for s in steps[-3:])
-            return CheckpointError(f"{where} is a run folder ({len(steps)} steps: ... {names}); give one step, "
-                                   f"e.g. {where}/{steps[-1].name}")
+            return CheckpointError(
+                f"{where} is a run folder ({len(steps)} steps: ... {names}); give one step, "
+                f"e.g. {where}/{steps[-1].name}"
+            )
     return CheckpointError(f"{where}: no such checkpoint (nothing there: check the path)")
 
 
@@ -313,20 +339,24 @@ async def strippable_step(store: ObjectStore, step_path: str) -> Any:
     if not step.objects or step.layout == "unknown" and (await store.list_dirs(step_path)):
         raise await explain_missing_step(store, step_path)
     if step.kind == "unknown" or step.layout == "unknown":
-        raise CheckpointError(f"{where}: not a checkpoint strip can read ({step.note or step.layout}); "
-                              "not touching it")
+        raise CheckpointError(f"{where}: not a checkpoint strip can read ({step.note or step.layout}); not touching it")
     if step.kind == "corrupt":
         raise CheckpointError(f"{where}: corrupt ({step.note}); not touching it")
     if step.kind == "incomplete":
-        raise CheckpointError(f"{where}: still being written ({step.note or step.layout}); "
-                              "wait for it to finish or pick another step")
+        raise CheckpointError(
+            f"{where}: still being written ({step.note or step.layout}); wait for it to finish or pick another step"
+        )
     if step.layout == "hf-safetensors":
         raise CheckpointError(f"{where}: already a safetensors export (weights only)")
     if "zero3-placeholders" in step.flags:
-        raise CheckpointError(f"{where}: a ZeRO-3 checkpoint: its model_states holds empty placeholders and the "
-                              "weights live only in the optimizer partitions; consolidate it first (DeepSpeed's "
-                              "zero_to_fp32.py) or keep it full. Nothing was written.")
+        raise CheckpointError(
+            f"{where}: a ZeRO-3 checkpoint: its model_states holds empty placeholders and the "
+            "weights live only in the optimizer partitions; consolidate it first (DeepSpeed's "
+            "zero_to_fp32.py) or keep it full. Nothing was written."
+        )
     if step.layout not in ("dcp", "torch-save", "deepspeed"):
-        raise CheckpointError(f"{where}: strip reads DCP, DeepSpeed ZeRO-1/2 and torch.save checkpoints, not "
-                              f"{step.layout}; export its weights with the framework's own tool first")
+        raise CheckpointError(
+            f"{where}: strip reads DCP, DeepSpeed ZeRO-1/2 and torch.save checkpoints, not "
+            f"{step.layout}; export its weights with the framework's own tool first"
+        )
     return step

@@ -28,9 +28,13 @@ class ExportCheck:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
-async def verify_export(store: ObjectStore, step_path: str, *,
-                        expected: dict[str, tuple[int, ...]] | None = None,
-                        digests: dict[str, str] | None = None) -> ExportCheck:
+async def verify_export(
+    store: ObjectStore,
+    step_path: str,
+    *,
+    expected: dict[str, tuple[int, ...]] | None = None,
+    digests: dict[str, str] | None = None,
+) -> ExportCheck:
     """Check a safetensors export: headers parse, offsets sane, BF16, index covers every shard,
     no empty export; with ``digests`` (name -> blake2b of the BF16 bytes computed from the
     source), every tensor's bytes are read back, one tensor at a time, and compared."""
@@ -50,7 +54,7 @@ async def verify_export(store: ObjectStore, step_path: str, *,
     except (ValueError, KeyError, TypeError) as exc:
         return ExportCheck(False, (), 0, 0, (f"{idx_key}: malformed index ({exc})",))
     shards = tuple(sorted(set(wmap.values())))
-    listing = {o.key[len(step_path) + 1 if step_path else 0:]: o for o in await store.list(step_path)}
+    listing = {o.key[len(step_path) + 1 if step_path else 0 :]: o for o in await store.list(step_path)}
     shapes: dict[str, tuple[int, ...]] = {}
     total = 0
     for shard in shards:
@@ -102,8 +106,9 @@ async def verify_export(store: ObjectStore, step_path: str, *,
     return ExportCheck(not problems, shards, len(shapes), total, tuple(problems), shapes)
 
 
-async def _compare_digests(store: ObjectStore, step_path: str, listing: dict[str, Any], shards: tuple[str, ...],
-                           digests: dict[str, str]) -> list[str]:
+async def _compare_digests(
+    store: ObjectStore, step_path: str, listing: dict[str, Any], shards: tuple[str, ...], digests: dict[str, str]
+) -> list[str]:
     """Re-read every exported tensor (one at a time) and compare it with the source's digest."""
     problems: list[str] = []
     seen: set[str] = set()
@@ -124,5 +129,7 @@ async def _compare_digests(store: ObjectStore, step_path: str, listing: dict[str
                     return problems
     missing = sorted(set(digests) - seen)
     if missing:
-        problems.append(f"{len(missing)} source tensors were not found when reading the export back (e.g. {missing[0]})")
+        problems.append(
+            f"{len(missing)} source tensors were not found when reading the export back (e.g. {missing[0]})"
+        )
     return problems

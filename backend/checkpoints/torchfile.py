@@ -32,15 +32,41 @@ MAX_DEPTH = 64
 MAX_NODES = 2_000_000
 _TAIL = 64 * 1024
 _DTYPE_SIZES = {
-    "float64": 8, "double": 8, "float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
-    "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "short": 2, "int8": 1, "uint8": 1,
-    "bool": 1, "complex64": 8, "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "uint16": 2, "uint32": 4, "uint64": 8,
+    "float64": 8,
+    "double": 8,
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "long": 8,
+    "int32": 4,
+    "int": 4,
+    "int16": 2,
+    "short": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
 }
 _STORAGE_DTYPES = {
-    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
-    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
-    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
+    "DoubleStorage": "float64",
+    "FloatStorage": "float32",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
 }
 
 
@@ -234,14 +260,14 @@ class _SparseFile(io.RawIOBase):
             return b""
         for start, data in self.ranges:
             if start <= self.pos and end <= start + len(data):
-                out = data[self.pos - start:end - start]
+                out = data[self.pos - start : end - start]
                 self.pos = end
                 return out
         raise _Need(self.pos, end - self.pos)
 
     def readinto(self, b: Any) -> int:
         data = self.read(len(b))
-        b[:len(data)] = data
+        b[: len(data)] = data
         return len(data)
 
 
@@ -261,8 +287,9 @@ def _parse(f: Any, where: str) -> TorchFile:
     if pkl.file_size > MAX_PICKLE_BYTES:
         raise TorchFileError(f"{where}: data.pkl is {pkl.file_size} bytes, over the {MAX_PICKLE_BYTES} limit")
     root = pkl.filename[: -len("data.pkl")]
-    records = {i.filename[len(root) + len("data/"):]: i.file_size for i in infos
-               if i.filename.startswith(root + "data/")}
+    records = {
+        i.filename[len(root) + len("data/") :]: i.file_size for i in infos if i.filename.startswith(root + "data/")
+    }
     try:
         raw = zf.read(pkl)
     except _Need:
@@ -313,8 +340,11 @@ def read_local_torch_file(path: str) -> TorchFile:
             if not head:
                 raise TorchFileError(f"{path}: empty file (0 bytes)")
             if not head.startswith(b"PK"):
-                what = "a legacy (pre-1.6, non-zip) torch.save file: not inspected" if head[:1] == b"\x80" \
+                what = (
+                    "a legacy (pre-1.6, non-zip) torch.save file: not inspected"
+                    if head[:1] == b"\x80"
                     else "not a torch.save file (it does not start like a zip)"
+                )
                 raise TorchFileError(f"{path}: {what}")
             f.seek(0)
             return _parse(f, path)
@@ -325,15 +355,33 @@ def read_local_torch_file(path: str) -> TorchFile:
 # -- what the structure says -------------------------------------------------------------------
 
 #: Leaf names only optimizers write (Adam/AdamW moments, SGD momentum, RMSprop, Adagrad, Adafactor).
-OPTIMIZER_LEAVES = frozenset({
-    "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg", "acc_delta",
-    "exp_avg_sq_row", "exp_avg_sq_col", "fp32_flat_groups", "single_partition_of_fp32_groups",
-})
+OPTIMIZER_LEAVES = frozenset(
+    {
+        "exp_avg",
+        "exp_avg_sq",
+        "max_exp_avg_sq",
+        "momentum_buffer",
+        "square_avg",
+        "acc_delta",
+        "exp_avg_sq_row",
+        "exp_avg_sq_col",
+        "fp32_flat_groups",
+        "single_partition_of_fp32_groups",
+    }
+)
 #: Entry names under which training frameworks store optimizer state.
-OPTIMIZER_ENTRIES = frozenset({
-    "optimizer", "optim", "optimizers", "optimizer_states", "optimizer_state_dict", "optimizer_state",
-    "optim_state", "base_optimizer_state",
-})
+OPTIMIZER_ENTRIES = frozenset(
+    {
+        "optimizer",
+        "optim",
+        "optimizers",
+        "optimizer_states",
+        "optimizer_state_dict",
+        "optimizer_state",
+        "optim_state",
+        "base_optimizer_state",
+    }
+)
 
 
 def _is_optimizer_state_dict(v: Any) -> bool:

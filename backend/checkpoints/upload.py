@@ -75,32 +75,46 @@ class UploadResult:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready summary."""
-        return {"url": self.url, "prefix": self.prefix, "objects": len(self.objects), "bytes": self.bytes,
-                "seconds": round(self.seconds, 3), "gbps": round(self.gbps, 3),
-                "aborted_stale": self.aborted_stale, "aborted_ids": list(self.aborted_ids),
-                "others_in_progress": self.others_in_progress, "overwrote": self.overwrote}
+        return {
+            "url": self.url,
+            "prefix": self.prefix,
+            "objects": len(self.objects),
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "gbps": round(self.gbps, 3),
+            "aborted_stale": self.aborted_stale,
+            "aborted_ids": list(self.aborted_ids),
+            "others_in_progress": self.others_in_progress,
+            "overwrote": self.overwrote,
+        }
 
     def notes(self) -> list[str]:
         """What the upload did beside uploading, in words (for logs and the CLI)."""
         out = []
         if self.aborted_stale:
-            out.append(f"aborted {self.aborted_stale} multipart upload(s) an earlier run of this upload left "
-                       f"open ({', '.join(self.aborted_ids)})")
+            out.append(
+                f"aborted {self.aborted_stale} multipart upload(s) an earlier run of this upload left "
+                f"open ({', '.join(self.aborted_ids)})"
+            )
         if self.others_in_progress:
-            out.append(f"left {self.others_in_progress} multipart upload(s) under the destination alone: "
-                       "not started by this upload")
+            out.append(
+                f"left {self.others_in_progress} multipart upload(s) under the destination alone: "
+                "not started by this upload"
+            )
         if self.overwrote:
             out.append(f"overwrote a destination that held {self.overwrote} object(s) (overwrite was given)")
         return out
-
 
 
 def local_files(root: Path) -> dict[str, int]:
     """Files under ``root`` (relative path -> size), skipping our own temporary files."""
     if not root.is_dir():
         raise UploadError(f"{root}: not a directory")
-    out = {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*")
-           if p.is_file() and not p.name.endswith(".tmp-lm")}
+    out = {
+        str(p.relative_to(root)): p.stat().st_size
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.endswith(".tmp-lm")
+    }
     if not out:
         raise UploadError(f"{root}: no files to upload")
     return out
@@ -116,8 +130,10 @@ async def check_destination(store: ObjectStore, prefix: str, *, overwrite: bool)
     found = await store.list(prefix)
     if found and not overwrite:
         example = found[0].key
-        raise UploadError(f"{url_join(store.url, prefix)} already holds {len(found)} object(s) (e.g. {example}); "
-                          "refusing to overwrite: pass --overwrite to replace them")
+        raise UploadError(
+            f"{url_join(store.url, prefix)} already holds {len(found)} object(s) (e.g. {example}); "
+            "refusing to overwrite: pass --overwrite to replace them"
+        )
     return len(found)
 
 
@@ -149,14 +165,23 @@ async def upload_dir(
     if journal is None:
         journal = MultipartJournal.for_destination(dest) if isinstance(store, S3Store) else MultipartJournal()
     with journal.locked(dest, tidy=own):
-        return await _upload_locked(store, root, prefix, sizes, settings, progress, cancelled, fault, overwrite,
-                                    journal)
+        return await _upload_locked(
+            store, root, prefix, sizes, settings, progress, cancelled, fault, overwrite, journal
+        )
 
 
-async def _upload_locked(store: ObjectStore, root: Path, prefix: str, sizes: dict[str, int],
-                         settings: UploadSettings, progress: Callable[[int, int, int, int], object] | None,
-                         cancelled: Callable[[], bool] | None, fault: PartFault | None, overwrite: bool,
-                         journal: MultipartJournal) -> UploadResult:
+async def _upload_locked(
+    store: ObjectStore,
+    root: Path,
+    prefix: str,
+    sizes: dict[str, int],
+    settings: UploadSettings,
+    progress: Callable[[int, int, int, int], object] | None,
+    cancelled: Callable[[], bool] | None,
+    fault: PartFault | None,
+    overwrite: bool,
+    journal: MultipartJournal,
+) -> UploadResult:
     files = list(sizes)
     t0 = time.monotonic()
     # What an earlier, killed run of this same upload left behind: its own ids, nobody else's.
@@ -170,14 +195,22 @@ async def _upload_locked(store: ObjectStore, root: Path, prefix: str, sizes: dic
     markers = [f for f in ordered if f.rsplit("/", 1)[-1] in COMMIT_MARKERS]
 
     async with contextlib.AsyncExitStack() as stack:
-        client = (await stack.enter_async_context(upload_client(store, settings))
-                  if isinstance(store, S3Store) else None)
+        client = await stack.enter_async_context(upload_client(store, settings)) if isinstance(store, S3Store) else None
 
         async def one(f: str) -> UploadedObject:
             async with files_sem:
-                obj = await upload_file(store, root / f, join_key(prefix, f), settings=settings,
-                                        parts_sem=parts_sem, counter=counter, cancelled=cancelled, fault=fault,
-                                        client=client, journal=journal)
+                obj = await upload_file(
+                    store,
+                    root / f,
+                    join_key(prefix, f),
+                    settings=settings,
+                    parts_sem=parts_sem,
+                    counter=counter,
+                    cancelled=cancelled,
+                    fault=fault,
+                    client=client,
+                    journal=journal,
+                )
                 counter.file_done()
                 return obj
 
@@ -193,8 +226,17 @@ async def _upload_locked(store: ObjectStore, root: Path, prefix: str, sizes: dic
         for f in markers:  # only after every data file is complete and verified
             done.append(await one(f))
     others = [uid for _key, uid, _t in await list_multipart(store, prefix)]
-    return UploadResult(store.url, prefix, tuple(done), counter.total, time.monotonic() - t0, len(aborted),
-                        tuple(uid for _k, uid in aborted), len(others), present)
+    return UploadResult(
+        store.url,
+        prefix,
+        tuple(done),
+        counter.total,
+        time.monotonic() - t0,
+        len(aborted),
+        tuple(uid for _k, uid in aborted),
+        len(others),
+        present,
+    )
 
 
 async def download_file(store: ObjectStore, key: str, dest: Path, *, chunk: int = 64 * MiB) -> None:
@@ -215,6 +257,7 @@ async def download_file(store: ObjectStore, key: str, dest: Path, *, chunk: int 
 
 # -- durable jobs -------------------------------------------------------------------------------
 
+
 def url_join(url: str, sub: str) -> str:
     """``url`` + ``/sub`` (keeps a local path's leading slash, unlike join_key)."""
     sub = sub.strip("/")
@@ -225,8 +268,15 @@ def store_params(store: ObjectStore) -> dict[str, Any]:
     """JSON parameters that let a node re-open ``store`` (no secrets: those travel separately)."""
     if isinstance(store, S3Store):
         p = store.profile or StoreProfile(url=store.url)
-        return {"url": store.url, "endpoint_url": p.endpoint_url, "region": p.region, "provider": p.provider,
-                "addressing_style": p.addressing_style, "checksum": p.checksum, "name": p.name}
+        return {
+            "url": store.url,
+            "endpoint_url": p.endpoint_url,
+            "region": p.region,
+            "provider": p.provider,
+            "addressing_style": p.addressing_style,
+            "checksum": p.checksum,
+            "name": p.name,
+        }
     return {"url": store.url}
 
 
@@ -235,10 +285,15 @@ def open_store_params(params: dict[str, Any], env: dict[str, str] | None = None)
     url = params["url"]
     if not url.startswith("s3://"):
         return LocalStore(Path(os.path.expanduser(url)))
-    profile = StoreProfile(url=url, endpoint_url=params.get("endpoint_url"), region=params.get("region"),
-                           provider=params.get("provider"), name=params.get("name") or "",
-                           addressing_style=params.get("addressing_style") or "auto",
-                           checksum=params.get("checksum") or "when_supported")
+    profile = StoreProfile(
+        url=url,
+        endpoint_url=params.get("endpoint_url"),
+        region=params.get("region"),
+        provider=params.get("provider"),
+        name=params.get("name") or "",
+        addressing_style=params.get("addressing_style") or "auto",
+        checksum=params.get("checksum") or "when_supported",
+    )
     return S3Store(url, profile, credentials=Credentials.from_env(env or {}))
 
 
@@ -249,18 +304,41 @@ async def store_secrets(store: ObjectStore) -> dict[str, str]:
     return (await store.credentials()).as_env()
 
 
-def upload_params(local_dir: str, store: ObjectStore, prefix: str, *, settings: UploadSettings | None = None,
-                  step: int | None = None, overwrite: bool = False) -> dict[str, Any]:
+def upload_params(
+    local_dir: str,
+    store: ObjectStore,
+    prefix: str,
+    *,
+    settings: UploadSettings | None = None,
+    step: int | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """The params of an "upload" job (what ``services.jobs.launch`` sends to the node)."""
     s = settings or UploadSettings()
-    return {"src": local_dir, "dest": url_join(store.url, prefix),
-            "store": store_params(store), "prefix": prefix, "part_size": s.part_size,
-            "concurrency": s.concurrency, "retries": s.retries, "step": step, "overwrite": bool(overwrite)}
+    return {
+        "src": local_dir,
+        "dest": url_join(store.url, prefix),
+        "store": store_params(store),
+        "prefix": prefix,
+        "part_size": s.part_size,
+        "concurrency": s.concurrency,
+        "retries": s.retries,
+        "step": step,
+        "overwrite": bool(overwrite),
+    }
 
 
-async def launch_upload(jobs: JobManager, node: str, store: ObjectStore, local_dir: str, prefix: str, *,
-                        settings: UploadSettings | None = None, step: int | None = None,
-                        overwrite: bool = False) -> Any:
+async def launch_upload(
+    jobs: JobManager,
+    node: str,
+    store: ObjectStore,
+    local_dir: str,
+    prefix: str,
+    *,
+    settings: UploadSettings | None = None,
+    step: int | None = None,
+    overwrite: bool = False,
+) -> Any:
     """Launch an "upload" job of ``local_dir`` (on ``node``) to ``prefix`` of ``store``; returns its job record.
 
     A destination that already holds objects is refused here, before launch, unless
@@ -268,8 +346,13 @@ async def launch_upload(jobs: JobManager, node: str, store: ObjectStore, local_d
     """
     await check_destination(store, prefix, overwrite=overwrite)
     params = upload_params(local_dir, store, prefix, settings=settings, step=step, overwrite=overwrite)
-    return await jobs.launch(node, "upload", params, secrets=await store_secrets(store),
-                             label=f"upload {os.path.basename(local_dir.rstrip('/'))}")
+    return await jobs.launch(
+        node,
+        "upload",
+        params,
+        secrets=await store_secrets(store),
+        label=f"upload {os.path.basename(local_dir.rstrip('/'))}",
+    )
 
 
 def _journal(ctx: Any) -> MultipartJournal | None:
@@ -281,9 +364,11 @@ def run_upload_job(ctx: Any) -> dict[str, Any]:
     """Durable-job runner for kind "upload": a step directory to a store, verified, markers last."""
     p = ctx.params
     env = ctx.secret_env()
-    settings = UploadSettings(part_size=int(p.get("part_size", DEFAULT_PART_SIZE)),
-                              concurrency=int(p.get("concurrency", DEFAULT_CONCURRENCY)),
-                              retries=int(p.get("retries", DEFAULT_RETRIES)))
+    settings = UploadSettings(
+        part_size=int(p.get("part_size", DEFAULT_PART_SIZE)),
+        concurrency=int(p.get("concurrency", DEFAULT_CONCURRENCY)),
+        retries=int(p.get("retries", DEFAULT_RETRIES)),
+    )
     extra = {"step": p["step"]} if p.get("step") is not None else {}
 
     async def main() -> dict[str, Any]:
@@ -291,10 +376,17 @@ def run_upload_job(ctx: Any) -> dict[str, Any]:
         try:
             ctx.log(f"uploading {p['src']} to {p['dest']}")
             res = await upload_dir(
-                store, p["src"], p.get("prefix", ""), settings=settings,
+                store,
+                p["src"],
+                p.get("prefix", ""),
+                settings=settings,
                 progress=lambda done, total, files, nfiles: ctx.progress(
-                    bytes_done=done, bytes_total=total, items_done=files, items_total=nfiles, **extra),
-                cancelled=lambda: ctx.cancelled, overwrite=bool(p.get("overwrite")), journal=_journal(ctx))
+                    bytes_done=done, bytes_total=total, items_done=files, items_total=nfiles, **extra
+                ),
+                cancelled=lambda: ctx.cancelled,
+                overwrite=bool(p.get("overwrite")),
+                journal=_journal(ctx),
+            )
         finally:
             await store.close()
         for note in res.notes():
@@ -333,8 +425,10 @@ def cleanup(ctx: Any) -> None:
             ctx.log("no multipart upload of this job is left open")
             return
         if not env and str(p["store"].get("url", "")).startswith("s3://"):
-            ctx.log(f"cannot abort {len(pending)} multipart upload(s) of this job: no credentials reached the "
-                    f"cleanup; ids: {', '.join(uid for _b, _k, uid in pending)}")
+            ctx.log(
+                f"cannot abort {len(pending)} multipart upload(s) of this job: no credentials reached the "
+                f"cleanup; ids: {', '.join(uid for _b, _k, uid in pending)}"
+            )
             return
 
         async def main() -> list[tuple[str, str]]:
@@ -345,8 +439,10 @@ def cleanup(ctx: Any) -> None:
                 await store.close()
 
         aborted = asyncio.run(main())
-    ctx.log(f"aborted {len(aborted)} multipart upload(s) this job had started"
-            + (f": {', '.join(uid for _k, uid in aborted)}" if aborted else ""))
+    ctx.log(
+        f"aborted {len(aborted)} multipart upload(s) this job had started"
+        + (f": {', '.join(uid for _k, uid in aborted)}" if aborted else "")
+    )
     left = journal.open_uploads()
     if left:
         ctx.log(f"could not abort {len(left)}: {', '.join(uid for _b, _k, uid in left)}")

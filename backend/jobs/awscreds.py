@@ -15,10 +15,21 @@ import os
 from backend.credentials import Credentials
 
 #: Profile keys that make botocore fetch credentials some other way than static keys.
-DYNAMIC_KEYS = frozenset({
-    "role_arn", "source_profile", "credential_source", "credential_process", "web_identity_token_file",
-    "sso_session", "sso_start_url", "sso_account_id", "sso_role_name", "sso_region", "login_session",
-})
+DYNAMIC_KEYS = frozenset(
+    {
+        "role_arn",
+        "source_profile",
+        "credential_source",
+        "credential_process",
+        "web_identity_token_file",
+        "sso_session",
+        "sso_start_url",
+        "sso_account_id",
+        "sso_role_name",
+        "sso_region",
+        "login_session",
+    }
+)
 
 #: Environment that switches on a provider which botocore consults before shared files.
 DYNAMIC_ENV = ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN")

@@ -13,8 +13,7 @@ def describe_plan(plan: Any) -> list[str]:
         f"pull {plan.src} -> {plan.dest}",
         f"  {len(plan.objects)} object(s), {bytes_text(plan.total_bytes)}"
         + (f", store {plan.store}" if plan.store else ""),
-        f"  s5cmd --numworkers {plan.numworkers} cp --concurrency {plan.concurrency} "
-        f"--part-size {plan.part_size_mib}",
+        f"  s5cmd --numworkers {plan.numworkers} cp --concurrency {plan.concurrency} --part-size {plan.part_size_mib}",
     ]
     for n in plan.nodes:
         if n.error:
@@ -22,8 +21,10 @@ def describe_plan(plan: Any) -> list[str]:
             continue
         rate = f"{n.line_rate_gbps:g} Gbps" + ("" if n.line_rate_known else " assumed")
         fits = n.fits(plan.total_bytes)
-        line = (f"  {n.node}: {n.dest}  free {bytes_text(n.free_bytes)} ({'fits' if fits else 'DOES NOT FIT'}); "
-                f"ETA {duration_text(n.eta_s(plan.total_bytes))} at line rate {rate}")
+        line = (
+            f"  {n.node}: {n.dest}  free {bytes_text(n.free_bytes)} ({'fits' if fits else 'DOES NOT FIT'}); "
+            f"ETA {duration_text(n.eta_s(plan.total_bytes))} at line rate {rate}"
+        )
         prob = n.problem(plan.total_bytes)
         if prob and fits:
             line += f"  -- {prob}"

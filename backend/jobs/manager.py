@@ -122,8 +122,16 @@ class JobManager:
         known = self._homes.get(node)
         job_dir = f"{known}/{job_id}" if known else None
         now = time.time()
-        spec = {"id": job_id, "kind": kind, "node": node, "label": label, "params": params, "created": now,
-                "launched_by": actor(), "launched_from": socket.gethostname()}
+        spec = {
+            "id": job_id,
+            "kind": kind,
+            "node": node,
+            "label": label,
+            "params": params,
+            "created": now,
+            "launched_by": actor(),
+            "launched_from": socket.gethostname(),
+        }
         self.store.insert(spec, job_dir)
         self.store.event(job_id, "launch", f"{kind} on {node}")
         # One round trip: create the job directory, write the secrets (0600, first line of stdin)
@@ -133,8 +141,7 @@ class JobManager:
         script = LAUNCH_SCRIPT.replace("@INNER@", shlex.quote(inner))
         payload = (json.dumps(secrets) if secrets else "") + "\n" + json.dumps(spec)
         try:
-            res = await t.run(f"sh -c {shlex.quote(script)} launch {shlex.quote(job_id)}", input=payload,
-                              timeout=60)
+            res = await t.run(f"sh -c {shlex.quote(script)} launch {shlex.quote(job_id)}", input=payload, timeout=60)
             home = pid_text = None
             for line in res.stdout.splitlines():
                 tag, _, rest = line.partition(" ")
@@ -145,16 +152,25 @@ class JobManager:
             if not res.ok or not home or not (pid_text or "").isdigit():
                 if home:
                     job_dir = f"{home}/{job_id}"
-                raise CommandFailed(node, f"start the {kind} job", res.exit_status,
-                                    res.stderr.strip() or "no pid printed")
+                raise CommandFailed(
+                    node, f"start the {kind} job", res.exit_status, res.stderr.strip() or "no pid printed"
+                )
             pid = int(pid_text or 0)
         except BaseException as exc:
             msg = str(exc) if isinstance(exc, LoadmasterError) else f"{type(exc).__name__}: {exc}"
-            self.store.update(job_id, state="failed", error=f"could not start: {msg}", finished=time.time(),
-                         **({"job_dir": job_dir} if job_dir else {}))
+            self.store.update(
+                job_id,
+                state="failed",
+                error=f"could not start: {msg}",
+                finished=time.time(),
+                **({"job_dir": job_dir} if job_dir else {}),
+            )
             if secrets:
-                q = shlex.quote(f"{job_dir}/{SECRETS_FILE}") if job_dir else \
-                    f'"${{LOADMASTER_HOME:-$HOME/.loadmaster}}/jobs/"{shlex.quote(job_id)}/{SECRETS_FILE}'
+                q = (
+                    shlex.quote(f"{job_dir}/{SECRETS_FILE}")
+                    if job_dir
+                    else f'"${{LOADMASTER_HOME:-$HOME/.loadmaster}}/jobs/"{shlex.quote(job_id)}/{SECRETS_FILE}'
+                )
                 try:
                     await asyncio.shield(t.run(f"rm -f {q}", timeout=10))
                 except Exception:  # noqa: BLE001 - the node is probably unreachable; nothing was started
@@ -194,8 +210,10 @@ class JobManager:
         t = self.pool.transport(node)
         ids = " ".join(shlex.quote(i) for i in wait_for)
         tenths = int(max_wait * 10) if ids else 0
-        res = await t.run(f"sh -c {shlex.quote(SCAN_SCRIPT)} scan {shlex.quote(pattern)} {int(tail)} {tenths} {ids}",
-                          timeout=60 + max_wait)
+        res = await t.run(
+            f"sh -c {shlex.quote(SCAN_SCRIPT)} scan {shlex.quote(pattern)} {int(tail)} {tenths} {ids}",
+            timeout=60 + max_wait,
+        )
         if not res.ok:
             raise JobError(f"{node}: cannot read job directories: {res.stderr.strip() or res.exit_status}")
         home, now, jobs = parse_scan(res.stdout)
@@ -214,8 +232,10 @@ class JobManager:
         names = list(nodes) if nodes is not None else [n.name for n in self.config.nodes]
         by_node = self.store.nodes_of(set(wait_for))
         results = await self.pool.fanout(
-            lambda t: self._scan(t.name, wait_for=by_node.get(t.name, ()), max_wait=max_wait), names,
-            timeout=60 + max_wait)
+            lambda t: self._scan(t.name, wait_for=by_node.get(t.name, ()), max_wait=max_wait),
+            names,
+            timeout=60 + max_wait,
+        )
         notes: dict[str, str] = {}
         for node, res in results.items():
             if isinstance(res, BaseException):
@@ -240,8 +260,9 @@ class JobManager:
             return replace(rec, note=_read_note(exc))
         if not remote:
             if rec.state in ACTIVE and time.time() - rec.created > self.settings.lost_after:
-                self.store.update(rec.id, state="lost", error="the job directory is gone from the node",
-                                  finished=time.time())
+                self.store.update(
+                    rec.id, state="lost", error="the job directory is gone from the node", finished=time.time()
+                )
             return self.get(rec.id)
         return await self._merge(rec.node, remote[0], now)
 
@@ -269,8 +290,12 @@ class JobManager:
         if rj.result is not None:
             res = rj.result
             state = str(res.get("state", "failed"))
-            cols.update(state=state if state in TERMINAL else "failed", error=res.get("error"),
-                        finished=res.get("finished"), result=res.get("details") or {})
+            cols.update(
+                state=state if state in TERMINAL else "failed",
+                error=res.get("error"),
+                finished=res.get("finished"),
+                result=res.get("details") or {},
+            )
             if res.get("progress"):
                 prog = progress_from_lines([res["progress"]])
         elif rj.alive:
@@ -279,8 +304,7 @@ class JobManager:
             since = rj.beat if rj.beat is not None else float(spec.get("created", now))
             if now - since > self.settings.lost_after:
                 await self._mark_lost(node, rj, now - since)
-                cols.update(state="lost", finished=time.time(),
-                            error=self._lost_message(rj, now - since))
+                cols.update(state="lost", finished=time.time(), error=self._lost_message(rj, now - since))
         if prog is not None:
             cols["progress"] = {k: v for k, v in prog.__dict__.items()}
         self.store.update(rj.id, **cols)
@@ -300,18 +324,27 @@ class JobManager:
     def _lost_message(rj: RemoteJob, age: float) -> str:
         pid = (rj.pidinfo or {}).get("pid")
         if not pid:
-            return (f"the runner never started ({age:.0f}s since launch, no result); is loadmaster installed "
-                    "on the node (config 'agent')? see 'loadmaster job logs ID'")
-        return f"runner pid {pid} is gone and its heartbeat is {age:.0f}s old, with no result (killed, or the " \
-               "node rebooted)"
+            return (
+                f"the runner never started ({age:.0f}s since launch, no result); is loadmaster installed "
+                "on the node (config 'agent')? see 'loadmaster job logs ID'"
+            )
+        return (
+            f"runner pid {pid} is gone and its heartbeat is {age:.0f}s old, with no result (killed, or the "
+            "node rebooted)"
+        )
 
     async def _mark_lost(self, node: str, rj: RemoteJob, age: float) -> None:
         """Write the lost result on the node, kill leftovers of its process group (only once that
         group is proven to be the job's), and run the kind's cleanup with what it needs."""
         t = self.pool.transport(node)
         job_dir = f"{self._homes.get(node, '')}/{rj.id}"
-        result = {"id": rj.id, "kind": rj.spec.get("kind"), "state": "lost", "error": self._lost_message(rj, age),
-                  "finished": time.time()}
+        result = {
+            "id": rj.id,
+            "kind": rj.spec.get("kind"),
+            "state": "lost",
+            "error": self._lost_message(rj, age),
+            "finished": time.time(),
+        }
         if rj.progress:
             result["progress"] = rj.progress[-1]
         # Leftover children (s5cmd) share the dead runner's process group. The group is signalled
@@ -319,16 +352,22 @@ class JobManager:
         # same number belongs to someone else and is left alone.
         kill = ""
         if (rj.pidinfo or {}).get("pgid"):
-            kill = (f"{prove_vars(rj.id, rj.pidinfo)}{PROVE_SCRIPT}\n"
-                    "if lm_ours; then kill -KILL -$G 2>/dev/null; echo '@@SIGNALLED'; else echo '@@LEFT'; fi\n")
+            kill = (
+                f"{prove_vars(rj.id, rj.pidinfo)}{PROVE_SCRIPT}\n"
+                "if lm_ours; then kill -KILL -$G 2>/dev/null; echo '@@SIGNALLED'; else echo '@@LEFT'; fi\n"
+            )
         try:
             await t.write_file(f"{job_dir}/{RESULT_FILE}", json.dumps(result), mode=0o644)
-            res = await self._run_cleanup(node, rj.id, job_dir, str(rj.spec.get("kind", "")),
-                                          rj.spec.get("params") or {}, pre=kill)
+            res = await self._run_cleanup(
+                node, rj.id, job_dir, str(rj.spec.get("kind", "")), rj.spec.get("params") or {}, pre=kill
+            )
             if "@@LEFT" in res.stdout:
-                self.store.event(rj.id, "group-left-alone",
-                                 f"process group {(rj.pidinfo or {}).get('pgid')} is not proven to be this job's "
-                                 "(rebooted, or the id was reused): not signalled")
+                self.store.event(
+                    rj.id,
+                    "group-left-alone",
+                    f"process group {(rj.pidinfo or {}).get('pgid')} is not proven to be this job's "
+                    "(rebooted, or the id was reused): not signalled",
+                )
         except LoadmasterError:
             pass  # recorded locally as lost; the node is re-checked on the next refresh
         self.store.event(rj.id, "lost-cleanup", node)
@@ -343,17 +382,22 @@ class JobManager:
             self.store.event(job_id, "cleanup-without-credentials", msg)
             return {}
 
-    async def _run_cleanup(self, node: str, job_id: str, job_dir: str, kind: str, params: dict[str, Any], *,
-                           pre: str = "") -> Any:
+    async def _run_cleanup(
+        self, node: str, job_id: str, job_dir: str, kind: str, params: dict[str, Any], *, pre: str = ""
+    ) -> Any:
         """Run ``agent cleanup`` for a job whose runner cannot (dead or killed), after ``pre``;
         credentials travel on stdin into a 0600 file the cleanup reads and deletes."""
         t = self.pool.transport(node)
         secrets = await self._cleanup_secrets(job_id, kind, params)
         fifo = shlex.quote(str(done_fifo(PurePosixPath(job_dir))))
-        script = (f"{pre}rm -f \"$1/{SECRETS_FILE}\" {fifo}\n"
-                  + CLEANUP_SCRIPT.replace("@AGENT@", self.agent_command(node)))
-        return await t.run(f"sh -c {shlex.quote(script)} cleanup {shlex.quote(job_dir)}",
-                           input=(json.dumps(secrets) if secrets else "") + "\n", timeout=300)
+        script = f'{pre}rm -f "$1/{SECRETS_FILE}" {fifo}\n' + CLEANUP_SCRIPT.replace(
+            "@AGENT@", self.agent_command(node)
+        )
+        return await t.run(
+            f"sh -c {shlex.quote(script)} cleanup {shlex.quote(job_dir)}",
+            input=(json.dumps(secrets) if secrets else "") + "\n",
+            timeout=300,
+        )
 
     # -- following -----------------------------------------------------------------------------
 
@@ -383,8 +427,9 @@ class JobManager:
         """The job's last ``lines`` progress points from its node (for throughput plots)."""
         rec = self.get(job_id)
         t = self.pool.transport(rec.node)
-        res = await t.run(f"tail -n {int(lines)} {shlex.quote(f'{rec.job_dir}/{PROGRESS_FILE}')} 2>/dev/null",
-                          timeout=30)
+        res = await t.run(
+            f"tail -n {int(lines)} {shlex.quote(f'{rec.job_dir}/{PROGRESS_FILE}')} 2>/dev/null", timeout=30
+        )
         pts: list[dict[str, Any]] = []
         for line in res.stdout.splitlines():
             try:
@@ -393,7 +438,7 @@ class JobManager:
                 continue
         out = []
         for i, _p in enumerate(pts):
-            out.append(progress_from_lines(pts[max(0, i - 4):i + 1]))
+            out.append(progress_from_lines(pts[max(0, i - 4) : i + 1]))
         return [p for p in out if p is not None]
 
     async def read_log(self, job_id: str, *, offset: int = 0, tail_lines: int | None = None) -> tuple[str, int]:
@@ -402,8 +447,7 @@ class JobManager:
         t = self.pool.transport(rec.node)
         path = shlex.quote(f"{rec.job_dir}/{LOG_FILE}")
         if tail_lines is not None:
-            res = await t.run(f"wc -c < {path} 2>/dev/null; tail -n {int(tail_lines)} {path} 2>/dev/null",
-                              timeout=30)
+            res = await t.run(f"wc -c < {path} 2>/dev/null; tail -n {int(tail_lines)} {path} 2>/dev/null", timeout=30)
             size, _, text = res.stdout.partition("\n")
             return text, int(size.strip() or 0)
         res = await t.run(f"tail -c +{offset + 1} {path} 2>/dev/null", timeout=30)
@@ -455,20 +499,35 @@ class JobManager:
         res = await t.run(script, timeout=self.settings.cancel_grace + 60)
         killed = "KILLED" in res.stdout
         if "NOTOURS" in res.stdout:
-            self.store.event(rec.id, "group-left-alone", "process group not proven to be this job's: only the "
-                                                         "cancel file was written")
+            self.store.event(
+                rec.id,
+                "group-left-alone",
+                "process group not proven to be this job's: only the cancel file was written",
+            )
         _home, now, remote = await self._scan(rec.node, rec.id, tail=6)
         if remote and remote[0].result is None and not remote[0].alive:
             # Gone (killed) before it could write its own result: record "cancelled" and clean up
             # for it. A runner still alive (its group not proven ours) obeys the cancel file.
-            result = {"id": rec.id, "kind": rec.kind, "state": "cancelled", "finished": time.time(),
-                      "error": "cancelled by request (killed after the grace period)" if killed
-                      else "cancelled by request"}
+            result = {
+                "id": rec.id,
+                "kind": rec.kind,
+                "state": "cancelled",
+                "finished": time.time(),
+                "error": "cancelled by request (killed after the grace period)" if killed else "cancelled by request",
+            }
             await t.write_file(f"{rec.job_dir}/{RESULT_FILE}", json.dumps(result), mode=0o644)
             await self._run_cleanup(rec.node, rec.id, rec.job_dir or "", rec.kind, rec.params)
         final = await self.refresh_job(rec.id)
-        self.db.record_audit("job.cancel", f"{rec.node}:{rec.id}", final.state,
-                             detail={"kind": rec.kind, "killed": killed, "label": rec.label,
-                                     "group_proven": "NOTOURS" not in res.stdout}, reason=reason)
+        self.db.record_audit(
+            "job.cancel",
+            f"{rec.node}:{rec.id}",
+            final.state,
+            detail={
+                "kind": rec.kind,
+                "killed": killed,
+                "label": rec.label,
+                "group_proven": "NOTOURS" not in res.stdout,
+            },
+            reason=reason,
+        )
         return final
-

@@ -54,10 +54,10 @@ log = logging.getLogger(__name__)
 
 #: Presets offered by the console and ``--preset``: (numworkers, concurrency, part size MiB).
 PRESETS: dict[str, tuple[int, int, int]] = {
-    "tuned": (256, 32, 64),       # the brief's tuned command: many objects, big parts
+    "tuned": (256, 32, 64),  # the brief's tuned command: many objects, big parts
     "large-objects": (64, 64, 128),  # few multi-GB objects: parallelism inside each object
     "small-objects": (512, 4, 8),  # millions of small shards: parallelism across objects
-    "gentle": (32, 8, 64),        # share the NIC with a running training job
+    "gentle": (32, 8, 64),  # share the NIC with a running training job
 }
 
 
@@ -94,8 +94,10 @@ class NodeEstimate:
         if not self.s5cmd:
             return f"{self.node}: s5cmd is not installed on the node (install it or set [jobs] s5cmd)"
         if not self.fits(total):
-            return (f"{self.node}: {self.dest} has {bytes_text(self.free_bytes or 0)} free but the pull needs "
-                    f"{bytes_text(self.needed(total))}")
+            return (
+                f"{self.node}: {self.dest} has {bytes_text(self.free_bytes or 0)} free but the pull needs "
+                f"{bytes_text(self.needed(total))}"
+            )
         return None
 
 
@@ -115,7 +117,7 @@ class PullPlan:
     endpoint_url: str | None = None
     region: str | None = None
     profile: str | None = None
-    egress: Any = None   # backend.policy.egress.GuardDecision when the guard is available
+    egress: Any = None  # backend.policy.egress.GuardDecision when the guard is available
     egress_note: str | None = None
     #: The store's resolved credentials for the jobs' secrets files (never shown or serialised).
     credentials: Any = field(default=None, repr=False, compare=False)
@@ -131,12 +133,29 @@ class PullPlan:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "src": self.src, "dest": self.dest, "store": self.store, "objects": len(self.objects),
-            "bytes": self.total_bytes, "numworkers": self.numworkers, "concurrency": self.concurrency,
-            "part_size_mib": self.part_size_mib, "eta_s": self.eta_s, "problems": self.problems,
-            "nodes": [{"node": n.node, "dest": n.dest, "free_bytes": n.free_bytes, "fits": n.fits(self.total_bytes),
-                       "line_rate_gbps": n.line_rate_gbps, "line_rate_known": n.line_rate_known,
-                       "eta_s": n.eta_s(self.total_bytes), "error": n.error} for n in self.nodes],
+            "src": self.src,
+            "dest": self.dest,
+            "store": self.store,
+            "objects": len(self.objects),
+            "bytes": self.total_bytes,
+            "numworkers": self.numworkers,
+            "concurrency": self.concurrency,
+            "part_size_mib": self.part_size_mib,
+            "eta_s": self.eta_s,
+            "problems": self.problems,
+            "nodes": [
+                {
+                    "node": n.node,
+                    "dest": n.dest,
+                    "free_bytes": n.free_bytes,
+                    "fits": n.fits(self.total_bytes),
+                    "line_rate_gbps": n.line_rate_gbps,
+                    "line_rate_known": n.line_rate_known,
+                    "eta_s": n.eta_s(self.total_bytes),
+                    "error": n.error,
+                }
+                for n in self.nodes
+            ],
             "egress": self.egress.as_dict() if self.egress is not None and hasattr(self.egress, "as_dict") else None,
             "egress_note": self.egress_note,
         }
@@ -166,8 +185,11 @@ echo "@@PRESENT $present"
 
 async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> NodeEstimate:
     """Free space at ``dest``, NIC line rate, s5cmd presence and bytes already there, on one node."""
-    res = await transport.run(f"sh -c {shlex.quote(_PROBE)} probe {shlex.quote(dest)} {shlex.quote(s5cmd)}",
-                              input="\n".join(rels) + "\n", timeout=120)
+    res = await transport.run(
+        f"sh -c {shlex.quote(_PROBE)} probe {shlex.quote(dest)} {shlex.quote(s5cmd)}",
+        input="\n".join(rels) + "\n",
+        timeout=120,
+    )
     free = None
     speeds: list[int] = []
     s5 = False
@@ -187,9 +209,17 @@ async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> 
         elif tag == "@@DEST":
             dest_exists = True
     err = None if free is not None else f"{transport.name}: cannot read free space at {dest}: {res.stderr.strip()}"
-    return NodeEstimate(node=transport.name, dest=dest, free_bytes=free, present_bytes=present,
-                        line_rate_gbps=max(speeds) / 1000 if speeds else None, line_rate_known=bool(speeds),
-                        s5cmd=s5, error=err, dest_exists=dest_exists)
+    return NodeEstimate(
+        node=transport.name,
+        dest=dest,
+        free_bytes=free,
+        present_bytes=present,
+        line_rate_gbps=max(speeds) / 1000 if speeds else None,
+        line_rate_known=bool(speeds),
+        s5cmd=s5,
+        error=err,
+        dest_exists=dest_exists,
+    )
 
 
 def resolve_store(config: Config, src: str, store: str | None) -> StoreProfile | None:
@@ -225,8 +255,9 @@ def _botocore_credentials(profile: StoreProfile | None) -> Credentials:
     return Credentials(frozen.access_key, frozen.secret_key, frozen.token)
 
 
-async def _list_with_s5cmd(src: SourcePattern, profile: StoreProfile | None,
-                           s5cmd: str) -> tuple[list[PulledObject], Credentials] | None:
+async def _list_with_s5cmd(
+    src: SourcePattern, profile: StoreProfile | None, s5cmd: str
+) -> tuple[list[PulledObject], Credentials] | None:
     """List with the tool and flags the job copies with, under the credentials it will get.
 
     None when anything goes wrong (or nothing matches): the caller then lists through the
@@ -263,8 +294,9 @@ async def _list_with_s5cmd(src: SourcePattern, profile: StoreProfile | None,
         env["AWS_SHARED_CREDENTIALS_FILE"] = str(path)
         env["AWS_PROFILE"] = CREDS_PROFILE
         try:
-            proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdin=subprocess.DEVNULL,
-                                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
             try:
                 out, err = await asyncio.wait_for(proc.communicate(), 600)
             except BaseException:
@@ -288,8 +320,9 @@ async def _list_with_s5cmd(src: SourcePattern, profile: StoreProfile | None,
     return (objects, creds) if objects else None
 
 
-async def list_source(src: SourcePattern, profile: StoreProfile | None, *,
-                      credentials: bool = False) -> tuple[list[PulledObject], Credentials | None]:
+async def list_source(
+    src: SourcePattern, profile: StoreProfile | None, *, credentials: bool = False
+) -> tuple[list[PulledObject], Credentials | None]:
     """Every object the source matches (where it lands under DEST, size, ETag), and optionally
     the credentials the same client used (for the jobs' secrets files). A key that would land
     outside DEST refuses the whole listing."""
@@ -313,8 +346,11 @@ async def list_source(src: SourcePattern, profile: StoreProfile | None, *,
             objects = [PulledObject(src.rel(src.base), info.size, info.etag or None)]
         else:
             objs = await store.list(sub)
-            objects = [PulledObject(src.rel(o.key), o.size, o.etag or None) for o in objs
-                       if src.matches(o.key) and not is_folder_marker(o.key, o.size)]
+            objects = [
+                PulledObject(src.rel(o.key), o.size, o.etag or None)
+                for o in objs
+                if src.matches(o.key) and not is_folder_marker(o.key, o.size)
+            ]
         check_objects(src, objects)
         creds = await store.credentials() if credentials else None
         return objects, creds
@@ -358,8 +394,15 @@ async def plan_pull(
         objects, creds = await list_source(pattern, profile, credentials=True)
         if not objects:
             return objects, creds, None, None
-        decision, note = egress_check(services, profile, [config.node(n) for n in nodes],
-                                      sum(o.size for o in objects), len(objects), allow_over_budget, src)
+        decision, note = egress_check(
+            services,
+            profile,
+            [config.node(n) for n in nodes],
+            sum(o.size for o in objects),
+            len(objects),
+            allow_over_budget,
+            src,
+        )
         log.debug("plan: egress priced")
         _ = services.jobs  # the launch needs the job manager: import and set it up while waiting too
         return objects, creds, decision, note
@@ -387,8 +430,12 @@ async def plan_pull(
 
     # A node that could not be reached at all is not probed again: in a one-shot command the
     # second try only meets the connection backoff ("next retry in 0.9s") and says nothing new.
-    again = [n for n in nodes if not isinstance(first[n], NodeUnreachable)
-             and (isinstance(first[n], BaseException) or first[n].error or (first[n].dest_exists and rels))]
+    again = [
+        n
+        for n in nodes
+        if not isinstance(first[n], NodeUnreachable)
+        and (isinstance(first[n], BaseException) or first[n].error or (first[n].dest_exists and rels))
+    ]
     probes = {**first, **(await services.pool.fanout(probe, again, timeout=120) if again else {})}
     log.debug("plan: probed (%d again)", len(again))
     ests = []
@@ -396,19 +443,33 @@ async def plan_pull(
         r = probes[name]
         if isinstance(r, BaseException):
             msg = str(r) if isinstance(r, LoadmasterError) else f"{type(r).__name__}: {r}"
-            ests.append(NodeEstimate(node=name, dest=node_dest(dest, config.node(name).scratch),
-                                     error=msg if msg.startswith(name) else f"{name}: {msg}"))
+            ests.append(
+                NodeEstimate(
+                    node=name,
+                    dest=node_dest(dest, config.node(name).scratch),
+                    error=msg if msg.startswith(name) else f"{name}: {msg}",
+                )
+            )
         else:
             if not r.line_rate_known:
                 r = NodeEstimate(**{**r.__dict__, "line_rate_gbps": settings.nic_gbps})
             ests.append(r)
     return PullPlan(
-        src=pattern.url, dest=dest, store=profile.name if profile else None, objects=tuple(objects),
-        total_bytes=total, nodes=tuple(ests),
-        numworkers=numworkers or settings.numworkers, concurrency=concurrency or settings.concurrency,
+        src=pattern.url,
+        dest=dest,
+        store=profile.name if profile else None,
+        objects=tuple(objects),
+        total_bytes=total,
+        nodes=tuple(ests),
+        numworkers=numworkers or settings.numworkers,
+        concurrency=concurrency or settings.concurrency,
         part_size_mib=part_size_mib or settings.part_size_mib,
-        endpoint_url=profile.endpoint_url if profile else None, region=profile.region if profile else None,
-        profile=profile.profile if profile else None, egress=decision, egress_note=note, credentials=creds,
+        endpoint_url=profile.endpoint_url if profile else None,
+        region=profile.region if profile else None,
+        profile=profile.profile if profile else None,
+        egress=decision,
+        egress_note=note,
+        credentials=creds,
     )
 
 
@@ -428,8 +489,15 @@ def egress_profile(config: Config, store: str | None, src: str) -> StoreProfile:
     return StoreProfile(url=f"s3://{parse_source(src).bucket}", name=f"s3://{parse_source(src).bucket}")
 
 
-def egress_check(services: Services, profile: StoreProfile | None, nodes: list[Any], total: int, objects: int,
-                 allow_over_budget: str | None, src: str = "") -> tuple[Any, str | None]:
+def egress_check(
+    services: Services,
+    profile: StoreProfile | None,
+    nodes: list[Any],
+    total: int,
+    objects: int,
+    allow_over_budget: str | None,
+    src: str = "",
+) -> tuple[Any, str | None]:
     """The guard's decision for pulling ``total`` bytes to each node (the strictest node decides)."""
     guard = services.egress
     prof = profile or egress_profile(services.config, None, src)
@@ -458,8 +526,9 @@ async def launch_pull(services: Services, plan: PullPlan, *, label: str = "") ->
     if creds is None:
         from backend.storage import S3Store
 
-        store = S3Store(f"s3://{parse_source(plan.src).bucket}",
-                        services.config.stores.get(plan.store) if plan.store else None)
+        store = S3Store(
+            f"s3://{parse_source(plan.src).bucket}", services.config.stores.get(plan.store) if plan.store else None
+        )
         try:
             creds = await store.credentials()
         finally:
@@ -471,14 +540,24 @@ async def launch_pull(services: Services, plan: PullPlan, *, label: str = "") ->
     out = []
     for est in plan.nodes:
         params = {
-            "src": plan.src, "dest": est.dest, "store": plan.store, "endpoint_url": plan.endpoint_url,
-            "region": plan.region, "numworkers": plan.numworkers, "concurrency": plan.concurrency,
-            "part_size_mib": plan.part_size_mib, "s5cmd": node_s5cmd(services.config.node(est.node), settings.s5cmd),
+            "src": plan.src,
+            "dest": est.dest,
+            "store": plan.store,
+            "endpoint_url": plan.endpoint_url,
+            "region": plan.region,
+            "numworkers": plan.numworkers,
+            "concurrency": plan.concurrency,
+            "part_size_mib": plan.part_size_mib,
+            "s5cmd": node_s5cmd(services.config.node(est.node), settings.s5cmd),
             "bytes_total": plan.total_bytes,
-            "objects_total": len(plan.objects), "expected": expected,
+            "objects_total": len(plan.objects),
+            "expected": expected,
         }
-        out.append(await manager.launch(est.node, "pull", params, secrets=secrets,
-                                        label=label or f"pull {plan.src} -> {est.dest}"))
+        out.append(
+            await manager.launch(
+                est.node, "pull", params, secrets=secrets, label=label or f"pull {plan.src} -> {est.dest}"
+            )
+        )
     return out
 
 
@@ -493,6 +572,15 @@ def node_s5cmd(node: Any, configured: str) -> str:
 
 
 __all__ = [
-    "PRESETS", "NodeEstimate", "PullPlan", "egress_check", "launch_pull",
-    "list_source", "node_dest", "node_s5cmd", "plan_pull", "probe_node", "resolve_store",
+    "PRESETS",
+    "NodeEstimate",
+    "PullPlan",
+    "egress_check",
+    "launch_pull",
+    "list_source",
+    "node_dest",
+    "node_s5cmd",
+    "plan_pull",
+    "probe_node",
+    "resolve_store",
 ]

@@ -38,8 +38,13 @@ def outside_dest(dest: Path, objects: list[PulledObject]) -> list[tuple[str, str
         if ok is None:
             ok = inside[parent] = within(os.path.realpath(os.path.join(root, parent)))
         if not ok:
-            out.append((o.rel, f"its folder resolves to {os.path.realpath(os.path.join(root, parent))}, "
-                               f"outside {root} (a symlink in DEST)"))
+            out.append(
+                (
+                    o.rel,
+                    f"its folder resolves to {os.path.realpath(os.path.join(root, parent))}, "
+                    f"outside {root} (a symlink in DEST)",
+                )
+            )
             continue
         path = os.path.join(root, o.rel)
         try:
@@ -74,17 +79,16 @@ _UINT32_MAX = 2**32 - 1
 
 def _go_random(s: str) -> bool:
     """``s`` is a number Go's CreateTemp would put in a name: decimal uint32, no leading zero."""
-    return (s.isascii() and s.isdigit() and (s == "0" or s[0] != "0") and len(s) <= 10
-            and int(s) <= _UINT32_MAX)
+    return s.isascii() and s.isdigit() and (s == "0" or s[0] != "0") and len(s) <= 10 and int(s) <= _UINT32_MAX
 
 
 def is_s5cmd_temp_name(name: str, target: str) -> bool:
     """Whether ``name`` fits s5cmd's temporary-file scheme for the destination file ``target``."""
     pos = target.rfind("*")
-    prefix, suffix = (target[:pos], target[pos + 1:]) if pos >= 0 else (target, "")
+    prefix, suffix = (target[:pos], target[pos + 1 :]) if pos >= 0 else (target, "")
     if len(name) <= len(prefix) + len(suffix) or not name.startswith(prefix) or not name.endswith(suffix):
         return False
-    return _go_random(name[len(prefix):len(name) - len(suffix)])
+    return _go_random(name[len(prefix) : len(name) - len(suffix)])
 
 
 def _temp_candidates(dest: Path, objects: list[PulledObject]) -> list[tuple[str, int, int]]:
@@ -159,8 +163,11 @@ class TempTracker:
         if self.before is None:
             return []
         uid = os.getuid()
-        return [self.dest / rel for rel, ino, owner in _temp_candidates(self.dest, self.objects)
-                if (rel, ino) not in self.before and owner == uid]
+        return [
+            self.dest / rel
+            for rel, ino, owner in _temp_candidates(self.dest, self.objects)
+            if (rel, ino) not in self.before and owner == uid
+        ]
 
     def remove(self) -> int:
         n = 0
@@ -212,8 +219,10 @@ def check_space(dest: Path, expected: list[PulledObject], total: int, ctx: JobCo
     free = st.f_bavail * st.f_frsize
     need = total - present
     if need > free:
-        raise JobError(f"destination {dest} has {bytes_text(free)} free but the pull needs {bytes_text(need)}; "
-                       "free space or choose another --dest")
+        raise JobError(
+            f"destination {dest} has {bytes_text(free)} free but the pull needs {bytes_text(need)}; "
+            "free space or choose another --dest"
+        )
 
 
 def nospace_error(dest: Path, objects: list[PulledObject]) -> JobError:
@@ -229,8 +238,10 @@ def nospace_error(dest: Path, objects: list[PulledObject]) -> JobError:
     except OSError:
         free = "unknown"
     need = sum(o.size for o in objects) - present
-    return JobError(f"no space left on the device of {dest}: the pull still needs {bytes_text(need)} and {free} is "
-                    "free; free space or choose another DEST")
+    return JobError(
+        f"no space left on the device of {dest}: the pull still needs {bytes_text(need)} and {free} is "
+        "free; free space or choose another DEST"
+    )
 
 
 def is_nospace(text: str) -> bool:

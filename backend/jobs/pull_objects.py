@@ -29,16 +29,16 @@ CREDS_FILE = "aws-credentials"
 class SourcePattern:
     """An ``s3://`` source as s5cmd takes it: bucket, listing prefix and key pattern."""
 
-    url: str          # what s5cmd is given (a bare prefix ending in / gets a "*")
+    url: str  # what s5cmd is given (a bare prefix ending in / gets a "*")
     bucket: str
-    base: str         # key prefix up to the last "/" before the first wildcard (destination root)
+    base: str  # key prefix up to the last "/" before the first wildcard (destination root)
     pattern: str | None  # fnmatch pattern over full keys; None for a single object
 
     def rel(self, key: str) -> str:
         """Where ``key`` lands under the destination directory (as s5cmd places it)."""
         if self.pattern is None:
             return PurePosixPath(key).name
-        return key[len(self.base):]
+        return key[len(self.base) :]
 
     def key_of(self, rel: str) -> str:
         """The key that lands at ``rel`` (the inverse of :meth:`rel`)."""
@@ -57,7 +57,7 @@ def parse_source(src: str) -> SourcePattern:
     bucket = src[5:].partition("/")[0]
     if not bucket:
         raise StoreError(f"no bucket in {src!r} (expected s3://bucket/prefix)")
-    key = src[5 + len(bucket):].lstrip("/")
+    key = src[5 + len(bucket) :].lstrip("/")
     if key == "" or key.endswith("/"):
         key += "*"
     first = min((key.index(c) for c in WILDCARDS if c in key), default=-1)
@@ -115,15 +115,20 @@ def check_objects(src: SourcePattern, objects: list[PulledObject]) -> None:
     if not bad:
         seen = {o.rel for o in objects}
         dup = len(seen) != len(objects)
-        bad = [(o.rel, "is also a folder of other keys (a file and a folder cannot share a path)")
-               for o in objects if any(p in seen for p in _parents(o.rel))]
+        bad = [
+            (o.rel, "is also a folder of other keys (a file and a folder cannot share a path)")
+            for o in objects
+            if any(p in seen for p in _parents(o.rel))
+        ]
         if not bad and dup:
             bad = [(next(r for r in seen if sum(o.rel == r for o in objects) > 1), "is listed twice")]
     if bad:
         rel, why = bad[0]
         more = f" (and {len(bad) - 1} more such keys)" if len(bad) > 1 else ""
-        raise StoreError(f"refusing to pull {src.url}: key {src.key_of(rel)!r} {why}; it would be written "
-                         f"outside DEST or over another object{more}. Rename or remove it, or narrow the source")
+        raise StoreError(
+            f"refusing to pull {src.url}: key {src.key_of(rel)!r} {why}; it would be written "
+            f"outside DEST or over another object{more}. Rename or remove it, or narrow the source"
+        )
 
 
 def _parents(rel: str) -> list[str]:
@@ -174,7 +179,7 @@ def parse_s5cmd_listing(src: SourcePattern, stdout: str) -> list[PulledObject]:
         # pull cannot write as a file, and is refused like any other such key.
         if d.get("type") not in ("file", "directory") or not k.startswith(prefix):
             continue
-        key, size = k[len(prefix):], int(d.get("size", 0))
+        key, size = k[len(prefix) :], int(d.get("size", 0))
         if d.get("type") == "directory" and (size == 0 or not key.endswith("/")):
             continue
         if src.matches(key) and not is_folder_marker(key, size):  # a bare key is listed as a prefix

@@ -165,12 +165,15 @@ def _commands(src: SourcePattern, dest: Path, expected: list[PulledObject], para
     """One ``cp`` per object for ``s5cmd run``: the source key exact (--raw: no wildcards), the
     destination a file path the runner checked, never a directory s5cmd fills from its own listing."""
     opts = f"cp --raw --concurrency {int(params['concurrency'])} --part-size {int(params['part_size_mib'])}"
-    return "".join(f"{opts} {shlex.quote(f's3://{src.bucket}/{src.key_of(o.rel)}')} {shlex.quote(str(dest / o.rel))}\n"
-                   for o in expected)
+    return "".join(
+        f"{opts} {shlex.quote(f's3://{src.bucket}/{src.key_of(o.rel)}')} {shlex.quote(str(dest / o.rel))}\n"
+        for o in expected
+    )
 
 
-def _copy(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[PulledObject], total: int,
-          env: dict[str, str]) -> dict[str, Any]:
+def _copy(
+    ctx: JobContext, src: SourcePattern, dest: Path, expected: list[PulledObject], total: int, env: dict[str, str]
+) -> dict[str, Any]:
     p = ctx.params
     cmd = [*_s5cmd_base(p), "run"]
     ctx.log(f"running: {shlex.join(cmd)} ({len(expected)} cp commands on stdin)")  # credentials: a file in env
@@ -178,9 +181,16 @@ def _copy(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[Pulled
         raise JobError("cancelled before the copy started")
     temps = TempTracker.snapshot(dest, expected, ctx.job_dir)
     started = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE,
-                            env=env, text=True, errors="surrogateescape",
-                            preexec_fn=_die_with_parent)  # noqa: PLW1509
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        env=env,
+        text=True,
+        errors="surrogateescape",
+        preexec_fn=_die_with_parent,
+    )  # noqa: PLW1509
     done = {"bytes": 0, "items": 0}
     errors: list[str] = []
     lock = threading.Lock()
@@ -226,8 +236,11 @@ def _copy(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[Pulled
             proc.wait()
         exited.set()
 
-    readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True),
-               threading.Thread(target=feed, daemon=True)]
+    readers = [
+        threading.Thread(target=read_out, daemon=True),
+        threading.Thread(target=read_err, daemon=True),
+        threading.Thread(target=feed, daemon=True),
+    ]
     for r in [*readers, threading.Thread(target=reap, daemon=True)]:
         r.start()
     window: collections.deque[tuple[float, int]] = collections.deque()
@@ -280,8 +293,14 @@ def _copy(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[Pulled
     checked = _verify(ctx, src, dest, expected, env)
     report(final=True)
     ctx.log(f"verified {n_items} objects, {total} bytes in {elapsed:.1f}s ({checked} by MD5)")
-    return {"objects": n_items, "bytes": total, "seconds": round(elapsed, 3), "dest": str(dest),
-            "gbps": round(total * 8 / 1e9 / max(elapsed, 1e-6), 3), "md5_verified": checked}
+    return {
+        "objects": n_items,
+        "bytes": total,
+        "seconds": round(elapsed, 3),
+        "dest": str(dest),
+        "gbps": round(total * 8 / 1e9 / max(elapsed, 1e-6), 3),
+        "md5_verified": checked,
+    }
 
 
 # -- verification -------------------------------------------------------------------------------
@@ -309,8 +328,7 @@ def _kms_encrypted(ctx: JobContext, src: SourcePattern, rel: str, env: dict[str,
     return False
 
 
-def _verify(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[PulledObject],
-            env: dict[str, str]) -> int:
+def _verify(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[PulledObject], env: dict[str, str]) -> int:
     """Every object's size on disk, its size and ETag in a fresh listing against the one the job
     started from, and the bytes against a plain-MD5 ETag; a wrong file is removed. Returns the
     number of objects checked by MD5."""
@@ -332,16 +350,19 @@ def _verify(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[Pull
         if cur is None:
             bad[o.rel] = "was deleted from the bucket during the pull"
         elif cur.size != o.size or (o.etag and cur.etag and cur.etag != o.etag):
-            bad[o.rel] = (f"changed in the bucket during the pull (ETag {o.etag}, now {cur.etag}; "
-                          f"{o.size} bytes, now {cur.size}): the file may mix two versions")
+            bad[o.rel] = (
+                f"changed in the bucket during the pull (ETag {o.etag}, now {cur.etag}; "
+                f"{o.size} bytes, now {cur.size}): the file may mix two versions"
+            )
         elif etag := (o.etag or cur.etag or ""):
             etags[o.rel] = etag
     plain = [(rel, e) for rel, e in etags.items() if _MD5_ETAG.fullmatch(e)]
     if plain:
         ctx.log(f"checking the bytes of {len(plain)} single-part objects against their MD5 ETags")
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            digests = dict(zip((r for r, _ in plain), pool.map(lambda r: _md5_of(dest / r), (r for r, _ in plain)),
-                               strict=True))
+            digests = dict(
+                zip((r for r, _ in plain), pool.map(lambda r: _md5_of(dest / r), (r for r, _ in plain)), strict=True)
+            )
         for rel, e in plain:
             if digests[rel] != e and not _kms_encrypted(ctx, src, rel, env):
                 bad[rel] = f"has MD5 {digests[rel]} but the object's ETag is {e}: torn or corrupted in transit"
@@ -397,7 +418,10 @@ class PullKind(JobKind):
         nbytes = int((record.result or {}).get("bytes", 0))
         EgressGuard(config, db).record_transfer(
             egress_profile(config, record.params.get("store"), str(record.params.get("src", ""))),
-            node.site, nbytes, job_id=record.id)
+            node.site,
+            nbytes,
+            job_id=record.id,
+        )
 
 
 JOB_KIND = PullKind()

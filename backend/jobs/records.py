@@ -54,9 +54,17 @@ class JobProgress:
         return max(0.0, (self.bytes_total - self.bytes_done) / self.rate_bps)
 
     def as_dict(self) -> dict[str, Any]:
-        d = {"t": self.t, "bytes_done": self.bytes_done, "bytes_total": self.bytes_total,
-             "items_done": self.items_done, "items_total": self.items_total, "rate_bps": self.rate_bps,
-             "gbps": self.gbps, "eta_s": self.eta_s, "fraction": self.fraction}
+        d = {
+            "t": self.t,
+            "bytes_done": self.bytes_done,
+            "bytes_total": self.bytes_total,
+            "items_done": self.items_done,
+            "items_total": self.items_total,
+            "rate_bps": self.rate_bps,
+            "gbps": self.gbps,
+            "eta_s": self.eta_s,
+            "fraction": self.fraction,
+        }
         d.update({k: v for k, v in self.extra.items() if k not in d})
         return d
 
@@ -100,12 +108,24 @@ class JobRecord:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view (``loadmaster jobs --json``)."""
         return {
-            "id": self.id, "node": self.node, "kind": self.kind, "state": self.state, "label": self.label,
-            "created": self.created, "launched_by": self.launched_by, "launched_from": self.launched_from,
-            "params": _public_params(self.params), "job_dir": self.job_dir, "pid": self.pid,
-            "started": self.started, "finished": self.finished, "error": self.error, "result": self.result,
+            "id": self.id,
+            "node": self.node,
+            "kind": self.kind,
+            "state": self.state,
+            "label": self.label,
+            "created": self.created,
+            "launched_by": self.launched_by,
+            "launched_from": self.launched_from,
+            "params": _public_params(self.params),
+            "job_dir": self.job_dir,
+            "pid": self.pid,
+            "started": self.started,
+            "finished": self.finished,
+            "error": self.error,
+            "result": self.result,
             "progress": self.progress.as_dict() if self.progress else None,
-            "heartbeat_age": self.heartbeat_age, "note": self.note,
+            "heartbeat_age": self.heartbeat_age,
+            "note": self.note,
         }
 
 
@@ -158,11 +178,15 @@ def fleet_rollup(records: Iterable[JobRecord]) -> FleetProgress:
         if r.state == "running" and p.rate_bps:
             rate += p.rate_bps
     return FleetProgress(
-        jobs=len(recs), running=sum(r.state in ACTIVE for r in recs),
+        jobs=len(recs),
+        running=sum(r.state in ACTIVE for r in recs),
         succeeded=sum(r.state == "succeeded" for r in recs),
         failed=sum(r.state in ("failed", "lost", "cancelled") for r in recs),
-        bytes_done=bd, bytes_total=bt if bt_known and recs else None, items_done=idn,
-        items_total=it if it_known and recs else None, rate_bps=rate,
+        bytes_done=bd,
+        bytes_total=bt if bt_known and recs else None,
+        items_done=idn,
+        items_total=it if it_known and recs else None,
+        rate_bps=rate,
     )
 
 
@@ -179,9 +203,12 @@ def progress_from_lines(lines: list[dict[str, Any]]) -> JobProgress | None:
             rate = max(0.0, (int(last.get("bytes_done", 0)) - int(first.get("bytes_done", 0))) / dt)
     known = {"t", "bytes_done", "bytes_total", "items_done", "items_total", "rate_bps"}
     return JobProgress(
-        t=float(last.get("t", 0.0)), bytes_done=int(last.get("bytes_done", 0)),
-        bytes_total=last.get("bytes_total"), items_done=int(last.get("items_done", 0)),
-        items_total=last.get("items_total"), rate_bps=None if rate is None else float(rate),
+        t=float(last.get("t", 0.0)),
+        bytes_done=int(last.get("bytes_done", 0)),
+        bytes_total=last.get("bytes_total"),
+        items_done=int(last.get("items_done", 0)),
+        items_total=last.get("items_total"),
+        rate_bps=None if rate is None else float(rate),
         extra={k: v for k, v in last.items() if k not in known},
     )
 

@@ -125,8 +125,10 @@ def prove_vars(job_id: str, pidinfo: dict[str, Any] | None, fallback_pgid: int |
         pgid = 0
     st = info.get("starttime")
     st_text = str(int(st)) if isinstance(st, int | float) or (isinstance(st, str) and st.isdigit()) else ""
-    return (f"G={pgid}; ST={shlex.quote(st_text)}; BOOT={shlex.quote(str(info.get('boot_id') or ''))}; "
-            f"JID={shlex.quote(job_id)}; ")
+    return (
+        f"G={pgid}; ST={shlex.quote(st_text)}; BOOT={shlex.quote(str(info.get('boot_id') or ''))}; "
+        f"JID={shlex.quote(job_id)}; "
+    )
 
 
 #: Writes a secrets line from stdin into the job directory $1 (0600, builtins only: never an

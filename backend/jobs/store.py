@@ -62,8 +62,18 @@ class JobStore:
         self.db.execute(
             "INSERT INTO jobs (id, node, kind, label, params, state, created, launched_by, launched_from, job_dir,"
             " updated) VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?)",
-            (spec["id"], spec["node"], spec["kind"], spec["label"], json.dumps(spec["params"]), spec["created"],
-             spec["launched_by"], spec["launched_from"], job_dir, spec["created"]),
+            (
+                spec["id"],
+                spec["node"],
+                spec["kind"],
+                spec["label"],
+                json.dumps(spec["params"]),
+                spec["created"],
+                spec["launched_by"],
+                spec["launched_from"],
+                job_dir,
+                spec["created"],
+            ),
         )
 
     def adopt(self, job_id: str, node: str, spec: dict[str, Any], job_dir: str, now: float) -> None:
@@ -71,14 +81,25 @@ class JobStore:
         self.db.execute(
             "INSERT OR IGNORE INTO jobs (id, node, kind, label, params, state, created, launched_by,"
             " launched_from, job_dir, updated) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
-            (job_id, node, spec.get("kind", "?"), spec.get("label", ""), json.dumps(spec.get("params", {})),
-             float(spec.get("created", now)), spec.get("launched_by", "?"), spec.get("launched_from", "?"),
-             job_dir, time.time()),
+            (
+                job_id,
+                node,
+                spec.get("kind", "?"),
+                spec.get("label", ""),
+                json.dumps(spec.get("params", {})),
+                float(spec.get("created", now)),
+                spec.get("launched_by", "?"),
+                spec.get("launched_from", "?"),
+                job_dir,
+                time.time(),
+            ),
         )
 
     def event(self, job_id: str, event: str, detail: str = "") -> None:
-        self.db.execute("INSERT INTO job_events (job_id, ts, event, detail) VALUES (?, ?, ?, ?)",
-                        (job_id, time.time(), event, detail))
+        self.db.execute(
+            "INSERT INTO job_events (job_id, ts, event, detail) VALUES (?, ?, ?, ?)",
+            (job_id, time.time(), event, detail),
+        )
 
     def update(self, job_id: str, **cols: Any) -> None:
         """Set columns of a job's row; a state change is also an event (with the error, if any)."""
@@ -118,10 +139,20 @@ class JobStore:
     def _row_record(row: Any) -> JobRecord:
         prog = json.loads(row["progress"]) if row["progress"] else None
         return JobRecord(
-            id=row["id"], node=row["node"], kind=row["kind"], state=row["state"], created=row["created"],
-            launched_by=row["launched_by"], launched_from=row["launched_from"], label=row["label"],
-            params=json.loads(row["params"] or "{}"), job_dir=row["job_dir"], pid=row["pid"],
-            started=row["started"], finished=row["finished"], error=row["error"],
+            id=row["id"],
+            node=row["node"],
+            kind=row["kind"],
+            state=row["state"],
+            created=row["created"],
+            launched_by=row["launched_by"],
+            launched_from=row["launched_from"],
+            label=row["label"],
+            params=json.loads(row["params"] or "{}"),
+            job_dir=row["job_dir"],
+            pid=row["pid"],
+            started=row["started"],
+            finished=row["finished"],
+            error=row["error"],
             result=json.loads(row["result"]) if row["result"] else None,
             progress=JobProgress(**prog) if prog else None,
         )
@@ -131,8 +162,9 @@ class JobStore:
         rows = self.db.query("SELECT id FROM jobs WHERE id = ?", (job_id,))
         if rows:
             return str(rows[0]["id"])
-        rows = self.db.query("SELECT id FROM jobs WHERE id LIKE ? ORDER BY created DESC LIMIT 5",
-                             (job_id.replace("%", "") + "%",))
+        rows = self.db.query(
+            "SELECT id FROM jobs WHERE id LIKE ? ORDER BY created DESC LIMIT 5", (job_id.replace("%", "") + "%",)
+        )
         if len(rows) == 1:
             return str(rows[0]["id"])
         if not rows:

@@ -27,8 +27,12 @@ def make_agent_venv(path: Path) -> Path:
     packages and this checkout's ``backend``; returns its python."""
     python = path / "bin" / "python"
     if not (path / "pyvenv.cfg").exists() or not python.exists():
-        res = subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--clear", str(path)],
-                             capture_output=True, text=True, check=False)
+        res = subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", "--clear", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if res.returncode != 0:
             raise LoadmasterError(f"cannot create the lab's agent venv {path}: {res.stderr.strip()[-300:]}")
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"

@@ -40,9 +40,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 UNITS = {
-    "utilization.gpu": "%", "utilization.memory": "%", "memory.used": "MiB",
-    "memory.total": "MiB", "memory.free": "MiB", "power.draw": "W", "power.limit": "W",
-    "clocks.sm": "MHz", "clocks.mem": "MHz",
+    "utilization.gpu": "%",
+    "utilization.memory": "%",
+    "memory.used": "MiB",
+    "memory.total": "MiB",
+    "memory.free": "MiB",
+    "power.draw": "W",
+    "power.limit": "W",
+    "clocks.sm": "MHz",
+    "clocks.mem": "MHz",
 }
 BUS_IDS = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
 
@@ -121,13 +127,14 @@ def query(sc: dict[str, Any], fields: list[str], fmt: set[str], t: float) -> str
     """The text ``nvidia-smi --query-gpu=FIELDS --format=FMT`` prints at time ``t``."""
     lines = []
     if "noheader" not in fmt:
-        lines.append(", ".join(
-            f"{f} [{UNITS[f]}]" if f in UNITS and "nounits" not in fmt else f for f in fields))
+        lines.append(", ".join(f"{f} [{UNITS[f]}]" if f in UNITS and "nounits" not in fmt else f for f in fields))
     for i in range(int(sc["gpus"])):
         st = gpu_state(sc, i, t)
         if _lost(sc, i, t):
-            lines.append(f"Unable to determine the device handle for GPU{st['pci.bus_id']}: "
-                         "GPU is lost.  Reboot the system to recover this GPU")
+            lines.append(
+                f"Unable to determine the device handle for GPU{st['pci.bus_id']}: "
+                "GPU is lost.  Reboot the system to recover this GPU"
+            )
             continue
         cells = []
         for f in fields:
@@ -152,19 +159,27 @@ def summary(sc: dict[str, Any], t: float) -> str:
     """The plain ``nvidia-smi`` table (header and one row pair per GPU)."""
     stamp = time.strftime("%a %b %d %H:%M:%S %Y")
     bar = "+-----------------------------------------------------------------------------------------+"
-    out = [stamp, bar,
-           f"| NVIDIA-SMI {sc['driver']:<22} Driver Version: {sc['driver']:<14} "
-           f"CUDA Version: {sc['cuda']:<9}|", bar]
+    out = [
+        stamp,
+        bar,
+        f"| NVIDIA-SMI {sc['driver']:<22} Driver Version: {sc['driver']:<14} CUDA Version: {sc['cuda']:<9}|",
+        bar,
+    ]
     for i in range(int(sc["gpus"])):
         st = gpu_state(sc, i, t)
         if _lost(sc, i, t):
             out.append(f"| {i:>3}  ERR!  GPU is lost {'':<64}|")
             continue
-        pw = (f"{float(st['power.draw']):>4.0f}W / {float(st['power.limit']):>4.0f}W"
-              if sc["power"] == "supported" else "   N/A /  N/A ")
+        pw = (
+            f"{float(st['power.draw']):>4.0f}W / {float(st['power.limit']):>4.0f}W"
+            if sc["power"] == "supported"
+            else "   N/A /  N/A "
+        )
         out.append(f"| {i:>3}  {sc['model'][:28]:<28} On | {st['pci.bus_id']} Off |")
-        out.append(f"| N/A {st['temperature.gpu']:>3}C P0 {pw} | {st['memory.used']:>6}MiB / "
-                   f"{st['memory.total']}MiB | {st['utilization.gpu']:>3}% Default |")
+        out.append(
+            f"| N/A {st['temperature.gpu']:>3}C P0 {pw} | {st['memory.used']:>6}MiB / "
+            f"{st['memory.total']}MiB | {st['utilization.gpu']:>3}% Default |"
+        )
     out.append(bar)
     return "\n".join(out) + "\n"
 
@@ -201,8 +216,10 @@ def main(argv: list[str]) -> int:
         elif a in ("-lms", "--loop-ms") or a.startswith("--loop-ms="):
             loop_s = (float(a.split("=", 1)[1]) if "=" in a else float(next(it, "1000"))) / 1000
         else:
-            print(f'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.\n'
-                  f"(unsupported by the stand-in: {a})")
+            print(
+                f'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.\n'
+                f"(unsupported by the stand-in: {a})"
+            )
             return 2
     if fields is not None and "csv" not in fmt:
         print('Invalid combination of input arguments. Please run "nvidia-smi -h" for help.')

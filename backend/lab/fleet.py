@@ -129,8 +129,14 @@ class Lab:
         known: list[str] = []
         make_agent_venv(self.agent_venv)
         for name, ip in zip(self.names(), ips, strict=True):
-            node = SshdNode(name=name, ip=ip, port=port, root=self.root / "nodes" / name,
-                            authorized_keys=authorized, extra_env=dict(self.node_options(name).env))
+            node = SshdNode(
+                name=name,
+                ip=ip,
+                port=port,
+                root=self.root / "nodes" / name,
+                authorized_keys=authorized,
+                extra_env=dict(self.node_options(name).env),
+            )
             node.prepare()
             link_agent_venv(node.home, self.agent_venv)
             self._populate_bin(node, self.node_options(name))
@@ -168,8 +174,7 @@ class Lab:
         script = node.bin_dir / "nvidia-smi"
         script.unlink(missing_ok=True)
         script.write_text(
-            "#!/bin/sh\n"
-            f"exec {sys.executable} {Path(fake_nvidia_smi.__file__).resolve()} --scenario {scenario} \"$@\"\n"
+            f'#!/bin/sh\nexec {sys.executable} {Path(fake_nvidia_smi.__file__).resolve()} --scenario {scenario} "$@"\n'
         )
         script.chmod(0o755)
 
@@ -250,10 +255,13 @@ class Lab:
 
     def save_state(self) -> None:
         state = {
-            "nodes": [{"name": n.name, "ip": n.ip, "port": n.port,
-                       "pid": n.proc.pid if n.proc else None} for n in self.nodes],
-            "s3": {"pid": self.s3.proc.pid if self.s3 and self.s3.proc else None,
-                   "endpoint": self.s3.endpoint if self.s3 else None},
+            "nodes": [
+                {"name": n.name, "ip": n.ip, "port": n.port, "pid": n.proc.pid if n.proc else None} for n in self.nodes
+            ],
+            "s3": {
+                "pid": self.s3.proc.pid if self.s3 and self.s3.proc else None,
+                "endpoint": self.s3.endpoint if self.s3 else None,
+            },
             "bucket": self.bucket,
             "config": str(self.config_path),
         }

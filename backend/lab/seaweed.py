@@ -90,11 +90,13 @@ class SeaweedS3:
             self.access_key = "LAB" + secrets.token_hex(8).upper()
             self.secret_key = secrets.token_urlsafe(24)
         cfg = {
-            "identities": [{
-                "name": "lab",
-                "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-            }]
+            "identities": [
+                {
+                    "name": "lab",
+                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
         }
         s3cfg = self.root / "s3.json"
         s3cfg.write_text(json.dumps(cfg))
@@ -112,18 +114,34 @@ class SeaweedS3:
             self.base_port = free_port_block(12, self.ip)
         b = self.base_port
         args = [
-            find_weed(), "mini", f"-dir={self.root / 'data'}", f"-ip={self.ip}", f"-ip.bind={self.ip}",
-            f"-master.port={b}", f"-master.port.grpc={b + 1}", f"-volume.port={b + 2}",
-            f"-volume.port.grpc={b + 3}", f"-filer.port={b + 4}", f"-filer.port.grpc={b + 5}",
-            f"-s3.port={b + 6}", f"-s3.port.grpc={b + 7}", f"-admin.port={b + 8}",
-            f"-admin.port.grpc={b + 9}", f"-debug.port={b + 10}", "-s3.port.iceberg=0",
-            "-s3.port.lance=0", "-admin.ui=false", "-webdav=false",
-            f"-s3.config={self.root / 's3.json'}", "-master.volumeSizeLimitMB=64",
+            find_weed(),
+            "mini",
+            f"-dir={self.root / 'data'}",
+            f"-ip={self.ip}",
+            f"-ip.bind={self.ip}",
+            f"-master.port={b}",
+            f"-master.port.grpc={b + 1}",
+            f"-volume.port={b + 2}",
+            f"-volume.port.grpc={b + 3}",
+            f"-filer.port={b + 4}",
+            f"-filer.port.grpc={b + 5}",
+            f"-s3.port={b + 6}",
+            f"-s3.port.grpc={b + 7}",
+            f"-admin.port={b + 8}",
+            f"-admin.port.grpc={b + 9}",
+            f"-debug.port={b + 10}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-admin.ui=false",
+            "-webdav=false",
+            f"-s3.config={self.root / 's3.json'}",
+            "-master.volumeSizeLimitMB=64",
             *self.extra_args,
         ]
         log = open(self.root / "weed.log", "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, cwd=self.root)
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -162,8 +180,11 @@ class SeaweedS3:
 
         session = botocore.session.get_session()
         return session.create_client(
-            "s3", endpoint_url=self.endpoint, region_name=self.region,
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
             config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
         )
 

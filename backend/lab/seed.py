@@ -20,8 +20,9 @@ def _put(client: Any, bucket: str, key: str, body: bytes) -> None:
     client.put_object(Bucket=bucket, Key=key, Body=body)
 
 
-def seed_dataset(client: Any, bucket: str, *, samples: int = 120, shards: int = 8,
-                 shard_bytes: int = 4 * 2**20, rng_seed: int = 7) -> dict[str, int]:
+def seed_dataset(
+    client: Any, bucket: str, *, samples: int = 120, shards: int = 8, shard_bytes: int = 4 * 2**20, rng_seed: int = 7
+) -> dict[str, int]:
     """Raw jpg+json sample files and a few tar shards (what a pull or a conversion reads)."""
     rng = random.Random(rng_seed)
     raw = 0
@@ -45,8 +46,14 @@ def seed_dataset(client: Any, bucket: str, *, samples: int = 120, shards: int = 
     return {"raw_objects": samples * 2, "raw_bytes": raw, "shards": shards, "shard_bytes": shard_total}
 
 
-def seed_checkpoints(client: Any, bucket: str, *, steps: range = range(1000, 12001, 1000),
-                     in_flight: int | None = 12000, milestones: tuple[int, ...] = (4000, 8000)) -> list[int]:
+def seed_checkpoints(
+    client: Any,
+    bucket: str,
+    *,
+    steps: range = range(1000, 12001, 1000),
+    in_flight: int | None = 12000,
+    milestones: tuple[int, ...] = (4000, 8000),
+) -> list[int]:
     """Real torch.distributed.checkpoint saves of a tiny model + AdamW, one per step.
 
     The ``in_flight`` step is uploaded without its ``.metadata`` commit marker, the way a reader
@@ -80,21 +87,31 @@ def seed_checkpoints(client: Any, bucket: str, *, steps: range = range(1000, 120
     return done
 
 
-def seeded_lines(bucket: str, dataset: dict[str, int] | None, steps: list[int] | None,
-                 *, in_flight: int | None = 12000) -> list[str]:
+def seeded_lines(
+    bucket: str, dataset: dict[str, int] | None, steps: list[int] | None, *, in_flight: int | None = 12000
+) -> list[str]:
     """What the sandbox holds, one line per place with its ``s3://`` URL (``lab up`` prints it)."""
     from backend.textfmt import align_columns
     from backend.units import bytes_text
 
     rows: list[list[str]] = []
     if dataset:
-        rows.append([f"s3://{bucket}/{DATASET_PREFIX}/raw/",
-                     f"{dataset['raw_objects'] // 2} samples (.jpg + .json: {dataset['raw_objects']} files, "
-                     f"{bytes_text(dataset['raw_bytes'])})"])
-        rows.append([f"s3://{bucket}/{DATASET_PREFIX}/shards/",
-                     f"{dataset['shards']} tar shards, {bytes_text(dataset['shard_bytes'])}"])
+        rows.append(
+            [
+                f"s3://{bucket}/{DATASET_PREFIX}/raw/",
+                f"{dataset['raw_objects'] // 2} samples (.jpg + .json: {dataset['raw_objects']} files, "
+                f"{bytes_text(dataset['raw_bytes'])})",
+            ]
+        )
+        rows.append(
+            [
+                f"s3://{bucket}/{DATASET_PREFIX}/shards/",
+                f"{dataset['shards']} tar shards, {bytes_text(dataset['shard_bytes'])}",
+            ]
+        )
     if steps:
         flight = f" ({in_flight} still uploading)" if in_flight in steps else ""
-        rows.append([f"s3://{bucket}/{CHECKPOINT_RUN}/",
-                     f"{len(steps)} DCP checkpoints, steps {steps[0]}-{steps[-1]}{flight}"])
+        rows.append(
+            [f"s3://{bucket}/{CHECKPOINT_RUN}/", f"{len(steps)} DCP checkpoints, steps {steps[0]}-{steps[-1]}{flight}"]
+        )
     return ["  " + line for line in align_columns(rows)]

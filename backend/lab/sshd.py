@@ -37,7 +37,8 @@ def keygen(path: Path, comment: str) -> None:
         raise LoadmasterError(f"ssh-keygen is not installed; {SSHD_INSTALL_HINT}")
     subprocess.run(
         [keygen_bin, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-        check=True, stdout=subprocess.DEVNULL,
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
 
 
@@ -116,9 +117,7 @@ def lab_processes(root: Path) -> list[int]:
                 environ = f.read()
         except OSError:
             continue
-        if any(m in cmdline for m in markers) or any(
-            var.startswith(home) for var in environ.split(b"\0")
-        ):
+        if any(m in cmdline for m in markers) or any(var.startswith(home) for var in environ.split(b"\0")):
             out.append(int(entry))
     return out
 
@@ -164,25 +163,27 @@ class SshdNode:
         }
         setenv = " ".join(f"{k}={v}" for k, v in env.items())
         (self.root / "sshd_config").write_text(
-            "\n".join([
-                f"ListenAddress {self.ip}:{self.port}",
-                f"HostKey {self.host_key}",
-                f"PidFile {self.root / 'sshd.pid'}",
-                f"AuthorizedKeysFile {self.authorized_keys}",
-                "PermitRootLogin prohibit-password",
-                "PubkeyAuthentication yes",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "UsePAM no",
-                "StrictModes no",
-                "MaxSessions 10",
-                "MaxStartups 10:30:100",
-                "ClientAliveInterval 15",
-                f"SetEnv {setenv}",
-                "Subsystem sftp internal-sftp",
-                "LogLevel ERROR",
-                "",
-            ])
+            "\n".join(
+                [
+                    f"ListenAddress {self.ip}:{self.port}",
+                    f"HostKey {self.host_key}",
+                    f"PidFile {self.root / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {self.authorized_keys}",
+                    "PermitRootLogin prohibit-password",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "MaxSessions 10",
+                    "MaxStartups 10:30:100",
+                    "ClientAliveInterval 15",
+                    f"SetEnv {setenv}",
+                    "Subsystem sftp internal-sftp",
+                    "LogLevel ERROR",
+                    "",
+                ]
+            )
         )
 
     def public_host_key(self) -> str:
@@ -196,7 +197,10 @@ class SshdNode:
         log = open(self.root / "sshd.log", "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
             [find_sshd(), "-D", "-e", "-f", str(self.root / "sshd_config")],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         log.close()
         if not wait_port(self.ip, self.port, timeout):

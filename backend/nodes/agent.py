@@ -94,8 +94,7 @@ def probe_command(node: Node, *, local_python: str | None = None) -> str:
     ask += " | tail -n 6"
     if node.agent or node.transport == "local":
         return ask
-    return (f'V={VENV_SHELL}; if [ -x "$V/bin/python" ]; then {ask}; '
-            f'else echo "{PROBE_MARK} missing $V"; fi')
+    return f'V={VENV_SHELL}; if [ -x "$V/bin/python" ]; then {ask}; else echo "{PROBE_MARK} missing $V"; fi'
 
 
 @dataclass(frozen=True)
@@ -117,9 +116,15 @@ class AgentReport:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view (the ``agent`` object of ``loadmaster doctor --json``)."""
-        return {"command": self.command, "python": self.python, "prefix": self.prefix,
-                "isolated": self.isolated, "version": self.version, "package": self.package,
-                "problem": self.problem}
+        return {
+            "command": self.command,
+            "python": self.python,
+            "prefix": self.prefix,
+            "isolated": self.isolated,
+            "version": self.version,
+            "package": self.package,
+            "problem": self.problem,
+        }
 
 
 def _fix(node: Node, venv: str | None) -> str:
@@ -127,8 +132,10 @@ def _fix(node: Node, venv: str | None) -> str:
     if node.agent:
         return f"install loadmaster {__version__} where the node's 'agent' setting ({node.agent}) points"
     if node.transport == "local":
-        return (f"install loadmaster {__version__} into this console's interpreter (-I ignores PYTHONPATH), "
-                "or set this node's 'agent'")
+        return (
+            f"install loadmaster {__version__} into this console's interpreter (-I ignores PYTHONPATH), "
+            "or set this node's 'agent'"
+        )
     return f"run {install_command(venv or VENV_TEXT)}"
 
 
@@ -140,10 +147,10 @@ def parse_probe(node: Node, lines: list[str], *, local_python: str | None = None
     said: list[str] = []
     for ln in lines:
         if ln.startswith(f"{PROBE_MARK} missing "):
-            venv = clean_text(ln[len(f"{PROBE_MARK} missing "):].strip(), REASON_LIMIT)
+            venv = clean_text(ln[len(f"{PROBE_MARK} missing ") :].strip(), REASON_LIMIT)
             return AgentReport(cmd, problem=f"no agent venv at {venv}: {_fix(node, venv)}")
         if ln.startswith(f"{PROBE_MARK} rc "):
-            rc = ln[len(f"{PROBE_MARK} rc "):].strip()
+            rc = ln[len(f"{PROBE_MARK} rc ") :].strip()
         elif ln.startswith("{"):
             try:
                 doc = loads_bounded(ln, what="the agent's answer")
@@ -154,16 +161,24 @@ def parse_probe(node: Node, lines: list[str], *, local_python: str | None = None
             said.append(clean_text(ln.strip(), REASON_LIMIT))
     if info is None or rc != "0":
         detail = said[-1] if said else f"exit status {rc or '?'}"
-        return AgentReport(cmd, problem=f"the agent ({cmd}) does not answer 'agent info': {detail}; "
-                                        f"{_fix(node, None)}")
+        return AgentReport(cmd, problem=f"the agent ({cmd}) does not answer 'agent info': {detail}; {_fix(node, None)}")
 
     def text(key: str) -> str | None:
         value = info.get(key) if info else None
         return clean_text(value, REASON_LIMIT) if isinstance(value, str) else None
 
-    report = AgentReport(cmd, python=text("python"), prefix=text("prefix"), isolated=info.get("isolated") is True,
-                         version=text("version"), package=text("package"))
+    report = AgentReport(
+        cmd,
+        python=text("python"),
+        prefix=text("prefix"),
+        isolated=info.get("isolated") is True,
+        version=text("version"),
+        package=text("package"),
+    )
     if report.version != __version__:
-        return replace(report, problem=f"the agent is loadmaster {report.version}, this console "
-                                       f"{__version__}: {_fix(node, report.prefix)}")
+        return replace(
+            report,
+            problem=f"the agent is loadmaster {report.version}, this console "
+            f"{__version__}: {_fix(node, report.prefix)}",
+        )
     return report

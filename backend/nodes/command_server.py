@@ -43,6 +43,7 @@ def reply_limit(output_limit: int) -> int:
     """The longest reply line the command server can send: stdout and stderr at their limit, base64."""
     return 2 * (output_limit * 4 // 3 + 4) + 4096
 
+
 #: A persistent per-connection command runner (stdlib python3, 3.6+). Each command still runs in
 #: its own ``/bin/sh -c`` and process group, but without a new SSH channel and login shell: sshd
 #: starts the login shell (and its rc files, e.g. a slow ``pyenv init``/``conda init``) once per
@@ -139,8 +140,7 @@ def command_server_command(output_limit: int = MAX_OUTPUT_BYTES) -> str:
     # and the server needs only the standard library (-S skips site-packages: faster start).
     code = shlex.quote(COMMAND_SERVER.replace("@LIMIT@", str(int(output_limit))))
     return (
-        f"if [ -x /usr/bin/python3 ]; then exec /usr/bin/python3 -S -u -c {code}; "
-        f"else exec python3 -S -u -c {code}; fi"
+        f"if [ -x /usr/bin/python3 ]; then exec /usr/bin/python3 -S -u -c {code}; else exec python3 -S -u -c {code}; fi"
     )
 
 
@@ -217,16 +217,15 @@ class CommandServer:
                 if lost or not self.transport.connected:
                     fut.set_exception(self.transport.lost_error(command))
                 else:
-                    fut.set_exception(NodeError(self.transport.name,
-                                                f"command server exited while running {command!r}"))
+                    fut.set_exception(
+                        NodeError(self.transport.name, f"command server exited while running {command!r}")
+                    )
             self._pending.clear()
 
     def _send(self, obj: dict[str, Any]) -> None:
         self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
 
-    async def run(
-        self, command: str, data: bytes | None, limit: float | None
-    ) -> tuple[int | None, bytes, bytes]:
+    async def run(self, command: str, data: bytes | None, limit: float | None) -> tuple[int | None, bytes, bytes]:
         if not self.alive:
             raise self.transport.lost_error(command)
         rid = next(self._ids)
@@ -242,9 +241,7 @@ class CommandServer:
             self._kill(rid)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(fut, 10)  # the reply comes once the process group is dead
-            raise CommandTimeout(
-                self.transport.name, f"command {command!r} did not finish within {limit:g}s"
-            ) from None
+            raise CommandTimeout(self.transport.name, f"command {command!r} did not finish within {limit:g}s") from None
         except asyncio.CancelledError:
             self._kill(rid)
             raise
@@ -253,8 +250,10 @@ class CommandServer:
         finally:
             self._pending.pop(rid, None)
         if msg.get("cut"):
-            raise OutputTooLarge(self.transport.name, f"command {command!r} printed more than "
-                                 f"{self.transport.output_limit:,} bytes; stopped it")
+            raise OutputTooLarge(
+                self.transport.name,
+                f"command {command!r} printed more than {self.transport.output_limit:,} bytes; stopped it",
+            )
         rc = msg.get("rc")
         return rc, base64.b64decode(msg.get("out", "")), base64.b64decode(msg.get("err", ""))
 

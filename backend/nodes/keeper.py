@@ -70,8 +70,13 @@ START_TIMEOUT = 15.0
 #: The largest single message (a file written through the keeper travels in one line).
 MESSAGE_LIMIT = 2**30
 #: Never handed to the keeper: it runs no S3 client, so it holds no store secrets.
-_DROPPED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "LOADMASTER_TRACE",
-                "LOADMASTER_TRACE_T0")
+_DROPPED_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "LOADMASTER_TRACE",
+    "LOADMASTER_TRACE_T0",
+)
 
 #: Where the ``backend`` package is imported from, handed to the keeper's interpreter.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
@@ -211,8 +216,16 @@ def _start(cmd: list[str], logfile: Path) -> subprocess.Popen[bytes]:
     except OSError as exc:
         raise KeeperUnavailable(f"cannot open {logfile}: {exc.strerror}") from None
     try:
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=fd,
-                                env=env, cwd="/", start_new_session=True, close_fds=True)
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=fd,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
     except OSError as exc:
         raise KeeperUnavailable(f"cannot start {cmd[0]}: {exc.strerror}") from None
     finally:
@@ -265,8 +278,10 @@ class KeeperClient:
                 self.unavailable = str(exc)
                 if not self._warned:
                     self._warned = True
-                    log.warning("connection keeper not used (%s); connecting directly "
-                                "(set [ssh] persist = 0 to stop trying)", exc)
+                    log.warning(
+                        "connection keeper not used (%s); connecting directly (set [ssh] persist = 0 to stop trying)",
+                        exc,
+                    )
                 return False
             return True
 
@@ -311,8 +326,19 @@ class KeeperClient:
 
     async def _spawn(self) -> bool:
         """Start a keeper; True once it said ready (False: another one was starting)."""
-        cmd = [sys.executable, "-m", "backend.nodes.keeper_server", "--config", self.config.source,
-               "--socket", str(self.socket), "--key", self.key, "--persist", repr(self.persist)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "backend.nodes.keeper_server",
+            "--config",
+            self.config.source,
+            "--socket",
+            str(self.socket),
+            "--key",
+            self.key,
+            "--persist",
+            repr(self.persist),
+        ]
         logfile = log_path(self.socket)
         proc = _start(cmd, logfile)
         assert proc.stdout is not None
@@ -367,8 +393,9 @@ class KeeperClient:
         self._writer.write(encode(obj))
 
     def _lost(self, node: str, what: str) -> NodeUnreachable:
-        return NodeUnreachable(node, f"the connection keeper (pid {self.pid}) went away while running "
-                                     f"{what}; see {log_path(self.socket)}")
+        return NodeUnreachable(
+            node, f"the connection keeper (pid {self.pid}) went away while running {what}; see {log_path(self.socket)}"
+        )
 
     async def call(self, req: dict[str, Any]) -> dict[str, Any]:
         """Send one request and wait for its reply; cancelling the wait cancels it in the keeper."""
@@ -432,8 +459,9 @@ class KeeperClient:
 class KeptTransport(ExecTransport):
     """A node reached through the connection keeper; directly over SSH where the keeper is not used."""
 
-    def __init__(self, node: Node, client: KeeperClient, direct: Callable[[], ExecTransport],
-                 on_state: StateHook | None = None) -> None:
+    def __init__(
+        self, node: Node, client: KeeperClient, direct: Callable[[], ExecTransport], on_state: StateHook | None = None
+    ) -> None:
         super().__init__(node)
         self._client = client
         self._make_direct = direct
@@ -470,13 +498,19 @@ class KeptTransport(ExecTransport):
         self._reply(await self._client.call({"op": "connect", "node": self.name}))
 
     async def exec_bytes(
-        self, command: str, input: bytes | None, timeout: float | None  # noqa: ASYNC109
+        self,
+        command: str,
+        input: bytes | None,
+        timeout: float | None,  # noqa: ASYNC109
     ) -> tuple[int | None, bytes, bytes, float]:
         """Run ``command`` with binary stdin; (exit status, stdout, stderr, seconds)."""
         if not await self._client.available():
             return await self._fallback().exec_bytes(command, input, timeout)
-        msg = self._reply(await self._client.call(
-            {"op": "run", "node": self.name, "cmd": command, "in": b64(input), "timeout": timeout}))
+        msg = self._reply(
+            await self._client.call(
+                {"op": "run", "node": self.name, "cmd": command, "in": b64(input), "timeout": timeout}
+            )
+        )
         return msg.get("rc"), unb64(msg.get("out")), unb64(msg.get("err")), float(msg.get("elapsed", 0.0))
 
     async def stream(self, command: str, *, input: str | bytes | None = None) -> AsyncIterator[str]:

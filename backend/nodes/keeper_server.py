@@ -71,8 +71,12 @@ class Keeper:
         st = self.pool.status(name)
         t = self.pool.transport(name)
         hs = getattr(t, "handshake_seconds", None)
-        return {"state": st.state, "latency_ms": st.latency_ms, "error": st.last_error,
-                "handshake_ms": None if hs is None else hs * 1000}
+        return {
+            "state": st.state,
+            "latency_ms": st.latency_ms,
+            "error": st.last_error,
+            "handshake_ms": None if hs is None else hs * 1000,
+        }
 
     def report(self) -> dict[str, Any]:
         nodes = {}
@@ -81,10 +85,17 @@ class Keeper:
             d = self._status(name)
             d["connected"] = bool(getattr(t, "connected", False))
             nodes[name] = d
-        return {"pid": os.getpid(), "started": self.started, "persist": self.persist,
-                "clients": self.clients, "running": self.running, "requests": self.requests,
-                "idle_s": round(time.monotonic() - self.last_command, 1), "config": self.config.source,
-                "nodes": nodes}
+        return {
+            "pid": os.getpid(),
+            "started": self.started,
+            "persist": self.persist,
+            "clients": self.clients,
+            "running": self.running,
+            "requests": self.requests,
+            "idle_s": round(time.monotonic() - self.last_command, 1),
+            "config": self.config.source,
+            "nodes": nodes,
+        }
 
     async def serve(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -101,8 +112,13 @@ class Keeper:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.close(devnull)
-        log.info("serving %s for %s (%d nodes, persist %gs)", self.sock, self.config.source,
-                 len(self.pool.names), self.persist)
+        log.info(
+            "serving %s for %s (%d nodes, persist %gs)",
+            self.sock,
+            self.config.source,
+            len(self.pool.names),
+            self.persist,
+        )
         why = "stopped"
         try:
             while not self._stop.is_set():
@@ -133,13 +149,13 @@ class Keeper:
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
         try:
-            pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                 struct.calcsize("3i")))
+            pid, uid, _gid = struct.unpack(
+                "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            )
         except OSError:
             pid, uid = 0, -1
         if uid != os.geteuid():
-            log.warning("refused a client of uid %d (pid %d): only uid %d may use this keeper",
-                        uid, pid, os.geteuid())
+            log.warning("refused a client of uid %d (pid %d): only uid %d may use this keeper", uid, pid, os.geteuid())
             writer.close()
             return
         self.clients += 1
@@ -210,7 +226,8 @@ class Keeper:
                     reply: dict[str, Any] = {"id": rid, "ok": True}
                 elif req["op"] == "run":
                     code, out, err, elapsed = await t.exec_bytes(  # type: ignore[attr-defined]
-                        str(req["cmd"]), data, req.get("timeout"))
+                        str(req["cmd"]), data, req.get("timeout")
+                    )
                     reply = {"id": rid, "rc": code, "out": b64(out), "err": b64(err), "elapsed": elapsed}
                 else:
                     agen = t.stream(str(req["cmd"]), input=data)
@@ -263,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         print("busy", flush=True)  # another keeper serves (or is starting on) this socket
         return 0
     _rotate(sock.with_suffix(".log"))
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s keeper[%(process)d] %(message)s")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s keeper[%(process)d] %(message)s")
     for noisy in ("asyncssh", "backend.nodes.ssh", "backend.nodes.pool"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from backend.config import load_config

@@ -34,8 +34,7 @@ def quick_find_library(name: str, original: Callable[[str], str | None]) -> str 
         found = ldconfig(name)
         if found:
             return str(found)
-    if ldconfig is None or any(glob.glob(os.path.join(glob.escape(d), f"lib{glob.escape(name)}.so*"))
-                               for d in _dirs()):
+    if ldconfig is None or any(glob.glob(os.path.join(glob.escape(d), f"lib{glob.escape(name)}.so*")) for d in _dirs()):
         return original(name)
     return None
 

@@ -97,8 +97,13 @@ class NodePool:
         self._unread: dict[str, str] = {}
         now = time.time()
         self._status: dict[str, NodeStatus] = {
-            n.name: NodeStatus(n.name, "up" if n.transport == "local" else "connecting", 0.0 if
-                               n.transport == "local" else None, None, now)
+            n.name: NodeStatus(
+                n.name,
+                "up" if n.transport == "local" else "connecting",
+                0.0 if n.transport == "local" else None,
+                None,
+                now,
+            )
             for n in self.nodes
         }
 

@@ -275,8 +275,10 @@ class SshTransport(ExecTransport):
             except _Dropped as exc:
                 if attempt + 1 == CONNECT_TRIES:
                     raise NodeUnreachable(
-                        node.name, f"{where}: {exc.reason} before the SSH handshake, {CONNECT_TRIES} "
-                        "times (sshd's MaxStartups refusing new connections?)") from None
+                        node.name,
+                        f"{where}: {exc.reason} before the SSH handshake, {CONNECT_TRIES} "
+                        "times (sshd's MaxStartups refusing new connections?)",
+                    ) from None
                 # Full jitter: a storm of connections must not come back in step.
                 await asyncio.sleep(random.uniform(0.5, 1.0) * CONNECT_RETRY_BASE * 2**attempt)
         raise AssertionError("unreachable")
@@ -303,9 +305,7 @@ class SshTransport(ExecTransport):
         except asyncssh.Error as exc:
             raise NodeUnreachable(node.name, f"{where}: {_reason(exc)}") from None
         except TimeoutError:
-            raise NodeUnreachable(
-                node.name, f"{where}: no SSH answer within {node.connect_timeout:g}s"
-            ) from None
+            raise NodeUnreachable(node.name, f"{where}: no SSH answer within {node.connect_timeout:g}s") from None
         except ConnectionRefusedError:
             raise NodeUnreachable(node.name, f"{where}: connection refused (is sshd running?)") from None
         except (ConnectionResetError, BrokenPipeError) as exc:
@@ -404,7 +404,10 @@ class SshTransport(ExecTransport):
             return server
 
     async def exec_bytes(
-        self, command: str, input: bytes | None, timeout: float | None  # noqa: ASYNC109
+        self,
+        command: str,
+        input: bytes | None,
+        timeout: float | None,  # noqa: ASYNC109
     ) -> tuple[int | None, bytes, bytes, float]:
         """Run ``command`` with binary stdin; (exit status, stdout, stderr, seconds) as they were."""
         if self._use_server:
@@ -433,9 +436,7 @@ class SshTransport(ExecTransport):
                 _stop(proc)
                 # Still holding our channel permit (our own channel is closed): no deadlock.
                 await self._kill_tree(conn, token)
-                raise CommandTimeout(
-                    self.name, f"command {command!r} did not finish within {timeout:g}s"
-                ) from None
+                raise CommandTimeout(self.name, f"command {command!r} did not finish within {timeout:g}s") from None
             except asyncio.CancelledError:
                 _stop(proc)
                 self._kill_later(conn, token)

@@ -75,8 +75,15 @@ def load_ssh_config(node: Node, paths: list[str]) -> asyncssh.config.SSHConfig:
         import asyncssh.config
     try:
         return asyncssh.config.SSHClientConfig.load(
-            None, paths, False, False, False, getpass.getuser(),
-            node.user if node.user else (), node.host, node.port if node.port else (),
+            None,
+            paths,
+            False,
+            False,
+            False,
+            getpass.getuser(),
+            node.user if node.user else (),
+            node.host,
+            node.port if node.port else (),
         )
     except (OSError, asyncssh.Error, ValueError) as exc:
         raise ConfigError(f"cannot parse OpenSSH config: {exc}", file=", ".join(paths) or None) from None
@@ -92,10 +99,21 @@ def config_value(paths: list[str], node: Node, option: str) -> Any:
 def effective_settings(node: Node, ssh_config: str | Path | None = None) -> dict[str, Any]:
     """How loadmaster will reach ``node``: loadmaster's fields over ``~/.ssh/config``'s."""
     if node.transport == "local":
-        return {"name": node.name, "transport": "local", "hostname": node.host, "user": getpass.getuser(),
-                "port": None, "identity": [], "proxy_jump": None, "known_hosts": None,
-                "trust_on_first_use": False, "scratch": node.scratch, "site": node.site,
-                "tags": list(node.tags), "slots": node.slots}
+        return {
+            "name": node.name,
+            "transport": "local",
+            "hostname": node.host,
+            "user": getpass.getuser(),
+            "port": None,
+            "identity": [],
+            "proxy_jump": None,
+            "known_hosts": None,
+            "trust_on_first_use": False,
+            "scratch": node.scratch,
+            "site": node.site,
+            "tags": list(node.tags),
+            "slots": node.slots,
+        }
     from backend.nodes.hostkeys import known_hosts_path  # the SSH stack, only for SSH nodes
 
     paths = ssh_config_paths(ssh_config)

@@ -96,8 +96,7 @@ class Transport(ABC):
         q = shlex.quote(path)
         tmp = shlex.quote(f"{path}.tmp.{os.getpid()}")
         cmd = (
-            f"umask 077 && mkdir -p -- \"$(dirname -- {q})\" && cat > {tmp} && "
-            f"chmod {mode:o} {tmp} && mv -f -- {tmp} {q}"
+            f'umask 077 && mkdir -p -- "$(dirname -- {q})" && cat > {tmp} && chmod {mode:o} {tmp} && mv -f -- {tmp} {q}'
         )
         payload = data.encode() if isinstance(data, str) else data
         code, _out, err = await self._run_bytes(cmd, input=payload)
@@ -117,7 +116,10 @@ class ExecTransport(Transport):
 
     @abstractmethod
     async def exec_bytes(
-        self, command: str, input: bytes | None, timeout: float | None  # noqa: ASYNC109
+        self,
+        command: str,
+        input: bytes | None,
+        timeout: float | None,  # noqa: ASYNC109
     ) -> tuple[int | None, bytes, bytes, float]:
         """Run ``command`` with binary stdin; (exit status, stdout, stderr, seconds)."""
 
@@ -148,13 +150,15 @@ def _failed(result: RunResult) -> CommandFailed:
     return CommandFailed(result.node, result.command, result.exit_status, clean_block(result.stderr))
 
 
-async def communicate_capped(proc: asyncio.subprocess.Process, data: bytes | None, node: str,
-                             command: str, limit: int = MAX_OUTPUT_BYTES) -> tuple[bytes, bytes]:
+async def communicate_capped(
+    proc: asyncio.subprocess.Process, data: bytes | None, node: str, command: str, limit: int = MAX_OUTPUT_BYTES
+) -> tuple[bytes, bytes]:
     """A subprocess's stdout and stderr, each bounded by ``limit`` bytes (OutputTooLarge beyond).
 
     On any failure the readers are stopped before it propagates: the caller kills the process
     and reaps it with :func:`reap` (nothing else may be reading its pipes then).
     """
+
     async def feed() -> None:
         if proc.stdin is None:
             return
@@ -208,7 +212,9 @@ class LocalTransport(Transport):
         start = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", command,
+                "/bin/sh",
+                "-c",
+                command,
                 stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -234,7 +240,11 @@ class LocalTransport(Transport):
             _kill_group(proc.pid)
             raise
         result = RunResult(
-            self.name, command, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"),
+            self.name,
+            command,
+            proc.returncode,
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
             time.monotonic() - start,
         )
         if check and not result.ok:
@@ -243,7 +253,9 @@ class LocalTransport(Transport):
 
     async def stream(self, command: str, *, input: str | bytes | None = None) -> AsyncIterator[str]:
         proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command,
+            "/bin/sh",
+            "-c",
+            command,
             stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
@@ -272,7 +284,9 @@ class LocalTransport(Transport):
 
     async def _run_bytes(self, command: str, *, input: bytes | None = None) -> tuple[int | None, bytes, bytes]:
         proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command,
+            "/bin/sh",
+            "-c",
+            command,
             stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

@@ -35,8 +35,10 @@ _READ_CHUNK = 64 * 1024
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ST), other two-byte escapes, then single C0/C1
 # controls (tab and newline kept by clean_block) and the Unicode bidi overrides/isolates that can
 # make a line read differently than it is.
-_ESCAPES = (r"\x1b\[[0-?]*[ -/]*[@-~]?|\x9b[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
-            r"|\x1b[PX^_][^\x1b\x9c]*(?:\x1b\\|\x9c)?|\x1b[ -/]*[0-~]?")
+_ESCAPES = (
+    r"\x1b\[[0-?]*[ -/]*[@-~]?|\x9b[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[PX^_][^\x1b\x9c]*(?:\x1b\\|\x9c)?|\x1b[ -/]*[0-~]?"
+)
 _CONTROLS_LINE = re.compile(_ESCAPES + "|[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _CONTROLS_BLOCK = re.compile(_ESCAPES + "|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
@@ -119,8 +121,9 @@ class bounded_lines:  # noqa: N801 - used like the generator function it replace
                 start = nl + 1
 
 
-def loads_bounded(data: str | bytes, *, what: str, max_bytes: int = MAX_JSON_BYTES,
-                  max_depth: int = MAX_JSON_DEPTH) -> Any:
+def loads_bounded(
+    data: str | bytes, *, what: str, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH
+) -> Any:
     """Decode JSON from an untrusted source; ValueError naming ``what`` if it is too large,
     nested deeper than ``max_depth`` or not JSON (never RecursionError)."""
     if len(data) > max_bytes:

@@ -21,8 +21,15 @@ class Operation:
         if self.services.readonly:
             raise ReadOnlyRefused(f"read-only mode: cannot {what} (drop --readonly)")
 
-    def audit(self, action: str, target: str, outcome: str, *, detail: dict[str, Any] | None = None,
-              reason: str | None = None, plan_hash: str | None = None) -> int:
+    def audit(
+        self,
+        action: str,
+        target: str,
+        outcome: str,
+        *,
+        detail: dict[str, Any] | None = None,
+        reason: str | None = None,
+        plan_hash: str | None = None,
+    ) -> int:
         """Append the audit record of what was done (never secrets in ``detail``); its id."""
-        return self.services.db.record_audit(action, target, outcome, detail=detail, reason=reason,
-                                             plan_hash=plan_hash)
+        return self.services.db.record_audit(action, target, outcome, detail=detail, reason=reason, plan_hash=plan_hash)

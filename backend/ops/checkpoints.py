@@ -106,13 +106,27 @@ class Checkpoints(Operation):
         shard = req.max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
         try:
             if req.node:
-                rec = await launch_strip(self.services.jobs, req.node, store, step, out_store=out_store,
-                                         out_prefix="" if out_store else None, model_prefix=req.model_prefix,
-                                         max_shard_bytes=shard)
+                rec = await launch_strip(
+                    self.services.jobs,
+                    req.node,
+                    store,
+                    step,
+                    out_store=out_store,
+                    out_prefix="" if out_store else None,
+                    model_prefix=req.model_prefix,
+                    max_shard_bytes=shard,
+                )
                 return Done(target, self._launched("ckpt.strip", target, rec, overwrite=False), job=rec)
             try:
-                res = await strip_step(store, step, out_store=out_store, out_prefix="" if out_store else None,
-                                       model_prefix=req.model_prefix, max_shard_bytes=shard, progress=progress)
+                res = await strip_step(
+                    store,
+                    step,
+                    out_store=out_store,
+                    out_prefix="" if out_store else None,
+                    model_prefix=req.model_prefix,
+                    max_shard_bytes=shard,
+                    progress=progress,
+                )
             except LoadmasterError as exc:
                 self.audit("ckpt.strip", target, "failed", detail={"error": str(exc)})
                 raise
@@ -137,14 +151,22 @@ class Checkpoints(Operation):
         target = store.url
         async with store:
             if req.node:
-                rec = await launch_upload(self.services.jobs, req.node, store, req.local_dir, "", settings=settings,
-                                          step=req.step if req.step is not None else step_number(target.rsplit("/", 1)[-1]),
-                                          overwrite=req.overwrite)
+                rec = await launch_upload(
+                    self.services.jobs,
+                    req.node,
+                    store,
+                    req.local_dir,
+                    "",
+                    settings=settings,
+                    step=req.step if req.step is not None else step_number(target.rsplit("/", 1)[-1]),
+                    overwrite=req.overwrite,
+                )
                 return Done(target, self._launched("ckpt.upload", target, rec, overwrite=req.overwrite), job=rec)
             await check_destination(store, "", overwrite=req.overwrite)
             try:
-                res = await upload_dir(store, req.local_dir, "", settings=settings, overwrite=req.overwrite,
-                                       progress=progress)
+                res = await upload_dir(
+                    store, req.local_dir, "", settings=settings, overwrite=req.overwrite, progress=progress
+                )
             except LoadmasterError as exc:
                 self.audit("ckpt.upload", target, "failed", detail={"error": str(exc), "overwrite": req.overwrite})
                 raise

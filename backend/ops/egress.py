@@ -24,8 +24,16 @@ class Quoted:
 class Egress(Operation):
     """``egress quote`` (an over-budget reason records an override) and the pull form's reason."""
 
-    def quote(self, store: str, nbytes: int, *, objects: int = 0, node: str | None = None,
-              site: str | None = None, reason: str | None = None) -> Quoted:
+    def quote(
+        self,
+        store: str,
+        nbytes: int,
+        *,
+        objects: int = 0,
+        node: str | None = None,
+        site: str | None = None,
+        reason: str | None = None,
+    ) -> Quoted:
         """Price ``nbytes`` from ``store`` to ``node``'s site (or ``site``) and decide; audit an override."""
         from backend.policy.egress import parse_site_text
         from backend.policy.prices import price_table
@@ -41,8 +49,9 @@ class Egress(Operation):
             # A node without a site is priced as internet egress (the quote says so), never as free.
             site = config.node(node).site
         guard = self.services.egress
-        decision = guard.check(guard.quote_transfer(profile, site, nbytes, objects=objects),
-                               allow_over_budget_reason=reason)
+        decision = guard.check(
+            guard.quote_transfer(profile, site, nbytes, objects=objects), allow_over_budget_reason=reason
+        )
         if not decision.override_reason:
             return Quoted(decision)
         self.refuse_if_readonly("record an egress override")

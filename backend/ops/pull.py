@@ -83,8 +83,11 @@ class Pulls(Operation):
             raise ConfigError("choose a destination directory")
         if not req.nodes.strip():
             raise ConfigError("choose the destination node(s): a name, a hostlist or a glob")
-        for name, v in (("numworkers", req.numworkers), ("concurrency", req.concurrency),
-                        ("part size", req.part_size_mib)):
+        for name, v in (
+            ("numworkers", req.numworkers),
+            ("concurrency", req.concurrency),
+            ("part size", req.part_size_mib),
+        ):
             if v is not None and v < 1:
                 raise ConfigError(f"{name} must be at least 1, got {v}")
         pattern = req.nodes.strip()
@@ -97,9 +100,17 @@ class Pulls(Operation):
         from backend.jobs.pull import plan_pull
 
         nodes = self.validate(req)
-        plan = await plan_pull(self.services, req.src, req.dest, nodes, store=req.store,
-                               numworkers=req.numworkers, concurrency=req.concurrency,
-                               part_size_mib=req.part_size_mib, allow_over_budget=req.reason)
+        plan = await plan_pull(
+            self.services,
+            req.src,
+            req.dest,
+            nodes,
+            store=req.store,
+            numworkers=req.numworkers,
+            concurrency=req.concurrency,
+            part_size_mib=req.part_size_mib,
+            allow_over_budget=req.reason,
+        )
         return self._preview(req, plan, time.time())
 
     def _preview(self, req: PullRequest, plan: PullPlan, at: float) -> PullPreview:
@@ -124,8 +135,9 @@ class Pulls(Operation):
         plan = shown.plan
         profile = resolve_store(self.services.config, plan.src, plan.store)
         nodes = [self.services.config.node(n.node) for n in plan.nodes]
-        decision, note = egress_check(self.services, profile, nodes, plan.total_bytes, len(plan.objects),
-                                      req.reason, src=plan.src)
+        decision, note = egress_check(
+            self.services, profile, nodes, plan.total_bytes, len(plan.objects), req.reason, src=plan.src
+        )
         plan = dataclasses.replace(plan, egress=decision, egress_note=note or plan.egress_note)
         return self._preview(req, plan, shown.planned_at)
 
@@ -139,14 +151,26 @@ class Pulls(Operation):
         if plan.problems:
             raise JobError("not started: " + "; ".join(plan.problems))
         if not preview.startable:
-            raise PolicyError("not started: " + "; ".join(preview.blockers)
-                              + ("" if req.reason else "; give a reason to go over budget (--allow-over-budget)"))
+            raise PolicyError(
+                "not started: "
+                + "; ".join(preview.blockers)
+                + ("" if req.reason else "; give a reason to go over budget (--allow-over-budget)")
+            )
         dec = plan.egress
         if dec is not None and dec.override_reason:
             self.services.egress.record_override(dec, dec.override_reason)
         records = tuple(await launch_pull(self.services, plan, label=label))
-        audit_id = self.audit("pull.launch", plan.src, "started", reason=req.reason, detail={
-            "dest": plan.dest, "nodes": [r.node for r in records], "jobs": [r.id for r in records],
-            "bytes": plan.total_bytes, "objects": len(plan.objects)})
+        audit_id = self.audit(
+            "pull.launch",
+            plan.src,
+            "started",
+            reason=req.reason,
+            detail={
+                "dest": plan.dest,
+                "nodes": [r.node for r in records],
+                "jobs": [r.id for r in records],
+                "bytes": plan.total_bytes,
+                "objects": len(plan.objects),
+            },
+        )
         return PullStarted(plan, records, audit_id, preview.warnings)
-

@@ -30,8 +30,14 @@ class Unlocked:
 class Retention(Operation):
     """``retention apply|pin|unpin|milestone|unlock`` and the Retention screen's keys."""
 
-    async def apply(self, plan: RetentionPlan, *, dry_run: bool = False, in_flight: Iterable[str] = (),
-                    progress: Callable[[Any], object] | None = None) -> ApplyReport:
+    async def apply(
+        self,
+        plan: RetentionPlan,
+        *,
+        dry_run: bool = False,
+        in_flight: Iterable[str] = (),
+        progress: Callable[[Any], object] | None = None,
+    ) -> ApplyReport:
         """Re-check the plan against a fresh listing and act on what still holds (or only re-check)."""
         from backend.retention.apply import apply_plan
 

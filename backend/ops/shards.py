@@ -29,9 +29,14 @@ class Shards(Operation):
         sprof, dprof = self._profiles(req)
         return await preview(req, config=self.services.config, src_profile=sprof, dest_profile=dprof)
 
-    async def convert_here(self, req: ShardRequest, *, shown: ShardPreview | None = None,
-                           on_progress: Callable[[ShardProgress], None] | None = None,
-                           cancelled: Callable[[], bool] | None = None) -> ConvertResult:
+    async def convert_here(
+        self,
+        req: ShardRequest,
+        *,
+        shown: ShardPreview | None = None,
+        on_progress: Callable[[ShardProgress], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> ConvertResult:
         """Convert in this process. ``shown`` is the preview the operator saw: what runs is exactly it."""
         from backend.shards.convert import convert
 
@@ -45,8 +50,16 @@ class Shards(Operation):
         if req.overwrite:  # what the destination held is about to be replaced: on record first
             self.audit("shard.overwrite", req.dest, "started", detail=detail)
         try:
-            result = await convert(req, config=self.services.config, src_profile=sprof, dest_profile=dprof,
-                                   on_progress=on_progress, on_log=lambda _m: None, cancelled=cancelled, prepared=pv)
+            result = await convert(
+                req,
+                config=self.services.config,
+                src_profile=sprof,
+                dest_profile=dprof,
+                on_progress=on_progress,
+                on_log=lambda _m: None,
+                cancelled=cancelled,
+                prepared=pv,
+            )
         except LoadmasterError as exc:
             outcome = "cancelled" if cancelled is not None and cancelled() else "failed"
             self.audit("shard.convert", req.dest, outcome, detail={**detail, "error": str(exc)})

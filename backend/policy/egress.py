@@ -246,13 +246,14 @@ def decide(
                 f"{budget.scope} {budget.key!r} budget {usd_text(budget.usd)}: "
                 f"{usd_text(spent_usd + cost)} after this transfer"
             )
-        return GuardDecision("warn" if near else "allow", f"{head}; {'; '.join(parts)}", quote, (),
-                             budget, spent_usd, limit)
+        return GuardDecision(
+            "warn" if near else "allow", f"{head}; {'; '.join(parts)}", quote, (), budget, spent_usd, limit
+        )
     act: Action = settings.action
     reason = (allow_over_budget_reason or "").strip() or None
     msg = f"{head}; {'; '.join(parts)}"
     if act == "block":
-        msg += " -- blocked by [egress] action = \"block\""
+        msg += ' -- blocked by [egress] action = "block"'
     elif act == "confirm":
         if reason:
             act = "allow"
@@ -260,9 +261,8 @@ def decide(
         else:
             msg += " -- confirm to proceed (CLI: --allow-over-budget REASON)"
     else:
-        msg += " -- proceeding ([egress] action = \"warn\")"
-    return GuardDecision(act, msg, quote, tuple(exceeded), budget, spent_usd, limit,
-                         reason if act == "allow" else None)
+        msg += ' -- proceeding ([egress] action = "warn")'
+    return GuardDecision(act, msg, quote, tuple(exceeded), budget, spent_usd, limit, reason if act == "allow" else None)
 
 
 # -- estimates -------------------------------------------------------------------------------
@@ -331,8 +331,16 @@ class EgressEstimate:
 
 
 def _option(
-    table: PriceTable, key: str, label: str, source: str, dest: str, *, bytes_out: int, gets: int,
-    dataset_bytes: int, mtd_bytes: int,
+    table: PriceTable,
+    key: str,
+    label: str,
+    source: str,
+    dest: str,
+    *,
+    bytes_out: int,
+    gets: int,
+    dataset_bytes: int,
+    mtd_bytes: int,
 ) -> EstimateOption:
     price: TransferPrice = price_transfer(table, source, dest, bytes_out, month_to_date_bytes=mtd_bytes)
     site = parse_site(source)
@@ -342,8 +350,20 @@ def _option(
     req = request_cost(prices, gets=gets)
     storage = dataset_bytes / GB * prices.storage_gb_month
     assert price.usd is not None
-    return EstimateOption(key, label, source, dest, bytes_out, price.usd, req, storage, price.usd + req,
-                          True, price.note, tiers=price.tiers)
+    return EstimateOption(
+        key,
+        label,
+        source,
+        dest,
+        bytes_out,
+        price.usd,
+        req,
+        storage,
+        price.usd + req,
+        True,
+        price.note,
+        tiers=price.tiers,
+    )
 
 
 def estimate(
@@ -383,30 +403,54 @@ def estimate(
     reads = runs * copies
 
     def opt(key: str, label: str, src: str, *, reads_: int = reads, objects_: int = objects) -> EstimateOption:
-        return _option(table, key, label, src, dest, bytes_out=dataset_bytes * reads_,
-                       gets=objects_ * reads_, dataset_bytes=dataset_bytes, mtd_bytes=month_to_date_bytes)
+        return _option(
+            table,
+            key,
+            label,
+            src,
+            dest,
+            bytes_out=dataset_bytes * reads_,
+            gets=objects_ * reads_,
+            dataset_bytes=dataset_bytes,
+            mtd_bytes=month_to_date_bytes,
+        )
 
     primary = opt("primary", f"{runs} run(s) from {source}", source)
     alts: list[EstimateOption] = []
     if per_node == "full" and nodes > 1:
-        alts.append(opt("sharded", f"nodes read disjoint shards ({runs} x the dataset, not {reads})",
-                        source, reads_=runs))
+        alts.append(
+            opt("sharded", f"nodes read disjoint shards ({runs} x the dataset, not {reads})", source, reads_=runs)
+        )
     shards = max(1, math.ceil(dataset_bytes / SHARD_BYTES))
     if objects > shards:
-        alts.append(opt("shards", f"same data as {shards:,} x 512 MB WebDataset shards", source,
-                        objects_=shards))
+        alts.append(opt("shards", f"same data as {shards:,} x 512 MB WebDataset shards", source, objects_=shards))
     src_key = table.canonical(parse_site(source).provider)
     if primary.priced and src_key != "cloudflare-r2" and table.canonical("cloudflare-r2"):
         r2 = opt("r2-read", "the same data read from Cloudflare R2", R2_SITE)
         alts.append(r2)
-        alts.append(_replication(table, primary, r2, source=source, dataset_bytes=dataset_bytes,
-                                 objects=objects, mtd_bytes=month_to_date_bytes))
+        alts.append(
+            _replication(
+                table,
+                primary,
+                r2,
+                source=source,
+                dataset_bytes=dataset_bytes,
+                objects=objects,
+                mtd_bytes=month_to_date_bytes,
+            )
+        )
     return EgressEstimate(dataset_bytes, runs, nodes, per_node, objects, source, dest, primary, tuple(alts))
 
 
 def _replication(
-    table: PriceTable, primary: EstimateOption, r2: EstimateOption, *, source: str, dataset_bytes: int,
-    objects: int, mtd_bytes: int,
+    table: PriceTable,
+    primary: EstimateOption,
+    r2: EstimateOption,
+    *,
+    source: str,
+    dataset_bytes: int,
+    objects: int,
+    mtd_bytes: int,
 ) -> EstimateOption:
     """One-time copy of the dataset to R2, then the runs read from R2; break-even in months."""
     copy = price_transfer(table, source, R2_SITE, dataset_bytes, month_to_date_bytes=mtd_bytes)
@@ -414,21 +458,40 @@ def _replication(
     sp = table.provider(src.provider, src.region)
     r2p = table.provider("cloudflare-r2")
     if not copy.priced or sp is None or r2p is None or r2.total_usd is None or primary.total_usd is None:
-        return EstimateOption("r2-replicate", "replicate once to R2", R2_SITE, r2.dest, r2.bytes_out,
-                              None, None, None, None, False, copy.note)
+        return EstimateOption(
+            "r2-replicate",
+            "replicate once to R2",
+            R2_SITE,
+            r2.dest,
+            r2.bytes_out,
+            None,
+            None,
+            None,
+            None,
+            False,
+            copy.note,
+        )
     assert copy.usd is not None and primary.storage_usd is not None and r2.storage_usd is not None
     one_time = copy.usd + request_cost(sp, gets=objects) + request_cost(r2p, puts=objects)
     now_monthly = primary.total_usd + primary.storage_usd
     after_monthly = r2.total_usd + r2.storage_usd
     saving = now_monthly - after_monthly
     be = one_time / saving if saving > 0 else None
-    note = (f"one-time copy {bytes_text(dataset_bytes)} out of {source} = {usd_text(one_time)}; "
-            f"then {usd_text(after_monthly)}/month vs {usd_text(now_monthly)}/month now "
-            f"(storage included; assumes the source copy is deleted, keeping it adds "
-            f"{usd_text(primary.storage_usd)}/month)")
+    note = (
+        f"one-time copy {bytes_text(dataset_bytes)} out of {source} = {usd_text(one_time)}; "
+        f"then {usd_text(after_monthly)}/month vs {usd_text(now_monthly)}/month now "
+        f"(storage included; assumes the source copy is deleted, keeping it adds "
+        f"{usd_text(primary.storage_usd)}/month)"
+    )
     note += f"; pays for itself in {be:.2f} month(s)" if be is not None else "; never pays for itself"
-    return dataclasses.replace(r2, key="r2-replicate", label="replicate once to R2, then read from R2",
-                               one_time_usd=one_time, break_even_months=be, note=note)
+    return dataclasses.replace(
+        r2,
+        key="r2-replicate",
+        label="replicate once to R2, then read from R2",
+        one_time_usd=one_time,
+        break_even_months=be,
+        note=note,
+    )
 
 
 def break_even_month(months: float | None) -> int | None:
@@ -493,8 +556,11 @@ def _tier_gb(gb: float) -> str:
 
 def tier_lines(tiers: tuple[TierSlice, ...]) -> list[str]:
     """``9,900 GB x $0.0900 = $891.00`` per tier touched."""
-    return [f"{_tier_gb(s.gb)} GB x ${s.usd_per_gb:.4f} = {usd_text(s.usd)}"
-            + ("" if s.confirmed else " (unconfirmed rate)") for s in tiers]
+    return [
+        f"{_tier_gb(s.gb)} GB x ${s.usd_per_gb:.4f} = {usd_text(s.usd)}"
+        + ("" if s.confirmed else " (unconfirmed rate)")
+        for s in tiers
+    ]
 
 
 def estimate_lines(est: EgressEstimate, table: PriceTable | None = None) -> list[str]:
@@ -518,8 +584,10 @@ def estimate_lines(est: EgressEstimate, table: PriceTable | None = None) -> list
     lines.append(f"egress:   {usd_text(p.egress_usd)}")
     lines.extend(f"    {t}" for t in tier_lines(p.tiers) if t)
     gets = est.objects * est.runs * (est.nodes if est.per_node == "full" else 1)
-    lines.append(f"requests: {usd_text(p.requests_usd)}"
-                 + (f" ({gets:,} GETs)" if est.objects else " (pass objects for request $)"))
+    lines.append(
+        f"requests: {usd_text(p.requests_usd)}"
+        + (f" ({gets:,} GETs)" if est.objects else " (pass objects for request $)")
+    )
     lines.append(f"total:    {usd_text(p.total_usd)} / month (+ storage at source {usd_text(p.storage_usd)}/month)")
     if p.note:
         lines.append(f"note: {p.note}")
@@ -531,11 +599,15 @@ def estimate_lines(est: EgressEstimate, table: PriceTable | None = None) -> list
         elif a.key == "r2-replicate":
             be = break_even_month(a.break_even_months)
             when = f"break-even in month {be} ({a.break_even_months:.2f} months)" if be else "never breaks even"
-            lines.append(f"  {a.label}: {usd_text(a.one_time_usd)} once, then {usd_text(a.total_usd)}/month"
-                         f" + storage {usd_text(a.storage_usd)}/month; {when}")
+            lines.append(
+                f"  {a.label}: {usd_text(a.one_time_usd)} once, then {usd_text(a.total_usd)}/month"
+                f" + storage {usd_text(a.storage_usd)}/month; {when}"
+            )
         else:
-            lines.append(f"  {a.label}: {usd_text(a.total_usd)}/month (egress {usd_text(a.egress_usd)}, "
-                         f"requests {usd_text(a.requests_usd)}, storage {usd_text(a.storage_usd)}/month)")
+            lines.append(
+                f"  {a.label}: {usd_text(a.total_usd)}/month (egress {usd_text(a.egress_usd)}, "
+                f"requests {usd_text(a.requests_usd)}, storage {usd_text(a.storage_usd)}/month)"
+            )
     return lines
 
 
@@ -543,11 +615,14 @@ def quote_lines(quote: EgressQuote) -> list[str]:
     """A quote as text lines (shown with the guard's decision before a transfer starts)."""
     lines = [f"{quote.route.label}: {bytes_text(quote.bytes)} ({quote.route.kind})  [GB = 10^9 bytes]"]
     if quote.priced:
-        lines.append(f"month to date from {quote.account}: {bytes_text(quote.month_to_date_bytes)}, "
-                     f"{usd_text(quote.month_to_date_usd)}")
+        lines.append(
+            f"month to date from {quote.account}: {bytes_text(quote.month_to_date_bytes)}, "
+            f"{usd_text(quote.month_to_date_usd)}"
+        )
         lines.extend(f"    {t}" for t in tier_lines(quote.tiers))
-        lines.append(f"egress {usd_text(quote.usd)} + requests {usd_text(quote.requests_usd)} = "
-                     f"{usd_text(quote.total_usd)}")
+        lines.append(
+            f"egress {usd_text(quote.usd)} + requests {usd_text(quote.requests_usd)} = {usd_text(quote.total_usd)}"
+        )
     if quote.note:
         lines.append(f"note: {quote.note}")
     return lines

@@ -157,17 +157,21 @@ class PriceTable:
         key = self.canonical(site.provider)
         compute = None if key else self.compute_site(site.provider)
         if key is None and compute is None:
-            return (f"{what} {label!r}: unknown provider {site.provider!r} (known: "
-                    f"{', '.join(self.known_providers())}); add it under [prices.providers] "
-                    "(priced storage) or [prices.sites] (where nodes run)")
+            return (
+                f"{what} {label!r}: unknown provider {site.provider!r} (known: "
+                f"{', '.join(self.known_providers())}); add it under [prices.providers] "
+                "(priced storage) or [prices.sites] (where nodes run)"
+            )
         regions = self.providers[key].known_regions if key else compute.known_regions  # type: ignore[union-attr]
         if site.region is None or not regions or site.region in regions:
             return None
         owner = f"providers.{key}" if key else f"sites.{compute.key}"  # type: ignore[union-attr]
         close = difflib.get_close_matches(site.region, regions, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}? " if close else ""
-        return (f"{what} {label!r}: unknown region {site.region!r} for {key or site.provider} ({hint}known: "
-                f"{', '.join(regions)}); a newer region goes in [prices.{owner}] known_regions")
+        return (
+            f"{what} {label!r}: unknown region {site.region!r} for {key or site.provider} ({hint}known: "
+            f"{', '.join(regions)}); a newer region goes in [prices.{owner}] known_regions"
+        )
 
     def check_site(self, label: str, *, what: str = "site") -> Site:
         """``label`` parsed, or ConfigError naming the unknown provider or region and the known ones."""
@@ -235,13 +239,15 @@ class TransferPrice:
 # -- parsing ---------------------------------------------------------------------------------
 
 _REQUIRED = (
-    "internet_tiers", "inter_region_per_gb", "same_region_per_gb", "get_per_1000",
-    "put_per_1000", "storage_gb_month",
+    "internet_tiers",
+    "inter_region_per_gb",
+    "same_region_per_gb",
+    "get_per_1000",
+    "put_per_1000",
+    "storage_gb_month",
 )
-_OPTIONAL = ("name", "aliases", "source", "checked", "confirmed", "unconfirmed", "note", "regions",
-             "known_regions")
-_RATE_FIELDS = ("inter_region_per_gb", "same_region_per_gb", "get_per_1000", "put_per_1000",
-                "storage_gb_month")
+_OPTIONAL = ("name", "aliases", "source", "checked", "confirmed", "unconfirmed", "note", "regions", "known_regions")
+_RATE_FIELDS = ("inter_region_per_gb", "same_region_per_gb", "get_per_1000", "put_per_1000", "storage_gb_month")
 
 
 def parse_site(label: str, *, what: str = "site") -> Site:
@@ -348,10 +354,16 @@ def _compute_site(key: str, raw: Any, where: str, base: ComputeSite | None = Non
     name = raw.get("name", base.name if base else key)
     if not isinstance(name, str):
         raise ConfigError("expected a string", key=f"{where}.name")
-    aliases = _strings(raw["aliases"], f"{where}.aliases", lower=True) if "aliases" in raw else (
-        base.aliases if base else (key,))
-    regions = _strings(raw["known_regions"], f"{where}.known_regions") if "known_regions" in raw else (
-        base.known_regions if base else ())
+    aliases = (
+        _strings(raw["aliases"], f"{where}.aliases", lower=True)
+        if "aliases" in raw
+        else (base.aliases if base else (key,))
+    )
+    regions = (
+        _strings(raw["known_regions"], f"{where}.known_regions")
+        if "known_regions" in raw
+        else (base.known_regions if base else ())
+    )
     return ComputeSite(key, name, aliases, regions)
 
 
@@ -405,8 +417,7 @@ def parse_price_table(raw: Mapping[str, Any], *, file: str = "prices.toml") -> P
         if not isinstance(providers_raw, Mapping) or not providers_raw:
             raise ConfigError("expected [providers.<name>] tables", key="providers")
         providers = {
-            str(k).lower(): _new_provider(str(k).lower(), v, f"providers.{k}")
-            for k, v in providers_raw.items()
+            str(k).lower(): _new_provider(str(k).lower(), v, f"providers.{k}") for k, v in providers_raw.items()
         }
         sites_raw = raw.get("sites", {})
         if not isinstance(sites_raw, Mapping):
@@ -504,26 +515,50 @@ def price_transfer(
         raise ValueError("byte count must not be negative")
     mtd_gb = month_to_date_bytes / GB
     if not source:
-        return TransferPrice(source, dest, "unpriced", nbytes, None, (), mtd_gb, False,
-                             "unpriced: the store has no provider/region, so its site is unknown; "
-                             "set provider and region on the store")
+        return TransferPrice(
+            source,
+            dest,
+            "unpriced",
+            nbytes,
+            None,
+            (),
+            mtd_gb,
+            False,
+            "unpriced: the store has no provider/region, so its site is unknown; set provider and region on the store",
+        )
     src = parse_site(source, what="source")
     dst = parse_site(dest, what="destination") if dest else None
     if src.provider in LOCAL_PROVIDERS:
-        return TransferPrice(source, dest, "unpriced", nbytes, None, (), mtd_gb, False,
-                             "unpriced: a local store has no provider egress charge")
+        return TransferPrice(
+            source,
+            dest,
+            "unpriced",
+            nbytes,
+            None,
+            (),
+            mtd_gb,
+            False,
+            "unpriced: a local store has no provider egress charge",
+        )
     # A typo in a site (aws:us-east1, mars:olympus-1) is never priced as something else.
     for label, what in ((source, "source"), (dest, "destination")):
         problem = table.site_problem(label, what=what) if label else None
         if problem:
-            return TransferPrice(source, dest, "unpriced", nbytes, None, (), mtd_gb, False,
-                                 f"unpriced: {problem}")
+            return TransferPrice(source, dest, "unpriced", nbytes, None, (), mtd_gb, False, f"unpriced: {problem}")
     prices = table.provider(src.provider, src.region)
     if prices is None:
         known = ", ".join(sorted(table.providers))
-        return TransferPrice(source, dest, "unpriced", nbytes, None, (), mtd_gb, False,
-                             f"unpriced: no prices for provider {src.provider!r} (priced: {known}); "
-                             "add them under [prices.providers]")
+        return TransferPrice(
+            source,
+            dest,
+            "unpriced",
+            nbytes,
+            None,
+            (),
+            mtd_gb,
+            False,
+            f"unpriced: no prices for provider {src.provider!r} (priced: {known}); add them under [prices.providers]",
+        )
     kind = route_kind(src, dst, table)
     gb = nbytes / GB
     notes: list[str] = []
@@ -533,19 +568,20 @@ def price_transfer(
             notes.append("destination site unknown: priced as internet egress")
     elif kind == "inter-region":
         usd = gb * prices.inter_region_per_gb
-        slices = (TierSlice(0.0, gb, gb, prices.inter_region_per_gb, usd,
-                            "inter_region_per_gb" not in prices.unconfirmed),)
+        slices = (
+            TierSlice(0.0, gb, gb, prices.inter_region_per_gb, usd, "inter_region_per_gb" not in prices.unconfirmed),
+        )
     else:
         usd = gb * prices.same_region_per_gb
-        slices = (TierSlice(0.0, gb, gb, prices.same_region_per_gb, usd,
-                            "same_region_per_gb" not in prices.unconfirmed),)
+        slices = (
+            TierSlice(0.0, gb, gb, prices.same_region_per_gb, usd, "same_region_per_gb" not in prices.unconfirmed),
+        )
     unconf = prices.unconfirmed_figures(kind)
     if kind == "internet" and any(not s.confirmed for s in slices):
         notes.append(f"uses unconfirmed {prices.name} egress tier(s); see {prices.source}")
     elif unconf:
         notes.append(f"uses unconfirmed {prices.name} figure(s): {', '.join(unconf)}")
-    return TransferPrice(source, dest, kind, nbytes, usd, slices, mtd_gb, True, "; ".join(notes),
-                         provider=prices.key)
+    return TransferPrice(source, dest, kind, nbytes, usd, slices, mtd_gb, True, "; ".join(notes), provider=prices.key)
 
 
 def request_cost(prices: ProviderPrices, *, gets: int = 0, puts: int = 0) -> float:

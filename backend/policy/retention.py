@@ -47,8 +47,9 @@ GB = 10**9
 _EXPORT_RE = re.compile(r"^(?:model-\d{5}-of-\d{5}\.safetensors|model\.safetensors|model\.safetensors\.index\.json)$")
 #: Layouts whose full-precision state ``strip_step`` can turn into a BF16 export itself.
 STRIPPABLE_LAYOUTS: frozenset[str] = frozenset({"dcp", "torch-save"})
-KNOWN_LAYOUTS: frozenset[str] = frozenset({"dcp", "hf-safetensors", "deepspeed", "torch-save", "hf-trainer",
-                                           "accelerate", "lightning", "megatron"})
+KNOWN_LAYOUTS: frozenset[str] = frozenset(
+    {"dcp", "hf-safetensors", "deepspeed", "torch-save", "hf-trainer", "accelerate", "lightning", "megatron"}
+)
 MAX_PLAN_BYTES = 64 * 1024 * 1024
 
 
@@ -207,9 +208,13 @@ class PlannedAction:
         names = {f.name for f in fields(cls)}
         a = cls(**{k: v for k, v in raw.items() if k in names})
         ints = (a.bytes_before, a.bytes_after, a.object_count)
-        if (a.action not in ACTIONS or not isinstance(a.path, str) or not isinstance(a.fingerprint, str)
-                or not all(type(n) is int and n >= 0 for n in ints)
-                or not (a.step is None or type(a.step) is int)):
+        if (
+            a.action not in ACTIONS
+            or not isinstance(a.path, str)
+            or not isinstance(a.fingerprint, str)
+            or not all(type(n) is int and n >= 0 for n in ints)
+            or not (a.step is None or type(a.step) is int)
+        ):
             raise ValueError(f"action for {a.path!r} has a field of the wrong type or an unknown action {a.action!r}")
         return a
 
@@ -236,8 +241,10 @@ class PlanTotals:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
-            "bytes_saved": self.bytes_saved, "percent_saved": round(self.percent_saved, 3),
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "bytes_saved": self.bytes_saved,
+            "percent_saved": round(self.percent_saved, 3),
             "usd_per_gb_month": self.usd_per_gb_month,
             "usd_month_saved": None if self.usd_month_saved is None else round(self.usd_month_saved, 4),
         }
@@ -258,8 +265,9 @@ class RetentionPlan:
 
     @property
     def totals(self) -> PlanTotals:
-        return PlanTotals(sum(a.bytes_before for a in self.actions), sum(a.bytes_after for a in self.actions),
-                          self.usd_per_gb_month)
+        return PlanTotals(
+            sum(a.bytes_before for a in self.actions), sum(a.bytes_after for a in self.actions), self.usd_per_gb_month
+        )
 
     def count(self, action: str) -> int:
         return sum(1 for a in self.actions if a.action == action)
@@ -316,11 +324,14 @@ class RetentionPlan:
             raise PolicyError(f"{source}: not a retention plan (write one with 'loadmaster retention plan --out')")
         try:
             plan = cls(
-                url=raw["url"], prefix=raw.get("prefix", ""), created=float(raw["created"]),
+                url=raw["url"],
+                prefix=raw.get("prefix", ""),
+                created=float(raw["created"]),
                 policy=RetentionPolicy.from_dict(raw["policy"]),
                 actions=tuple(PlannedAction.from_dict(a) for a in _list(raw["actions"])),
                 in_flight=tuple(raw.get("in_flight", ())),
-                usd_per_gb_month=raw.get("usd_per_gb_month"), price_note=raw.get("price_note", ""),
+                usd_per_gb_month=raw.get("usd_per_gb_month"),
+                price_note=raw.get("price_note", ""),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PolicyError(f"{source}: malformed retention plan ({exc!r})") from None
@@ -353,7 +364,7 @@ def monthly_cost(nbytes: int | float, usd_per_gb_month: float | None) -> float |
 def rel_name(step: Any, key: str) -> str:
     """An object's name inside its step folder."""
     base = step.path.rstrip("/") + "/"
-    return key[len(base):] if key.startswith(base) else key
+    return key[len(base) :] if key.startswith(base) else key
 
 
 def is_export_file(name: str) -> bool:
@@ -367,15 +378,15 @@ def step_fingerprint(step: Any) -> str:
     Export files are left out so that a strip interrupted after its export was written still
     matches the plan; anything else added, removed or resized changes the fingerprint.
     """
-    items = sorted((rel_name(step, o.key), int(o.size)) for o in step.objects
-                   if not is_export_file(rel_name(step, o.key)))
+    items = sorted(
+        (rel_name(step, o.key), int(o.size)) for o in step.objects if not is_export_file(rel_name(step, o.key))
+    )
     return content_hash(items)[:16]
 
 
 def export_fingerprint(step: Any) -> str:
     """A hash of the BF16 export files in the step folder ("" when there are none)."""
-    items = sorted((rel_name(step, o.key), int(o.size)) for o in step.objects
-                   if is_export_file(rel_name(step, o.key)))
+    items = sorted((rel_name(step, o.key), int(o.size)) for o in step.objects if is_export_file(rel_name(step, o.key)))
     return content_hash(items)[:16] if items else ""
 
 
@@ -434,9 +445,10 @@ def plan_retention(
     def too_young(s: Any) -> bool:
         return bool(policy.min_age) and now - s.mtime < policy.min_age
 
-    complete_full = [s for s in ordered if is_known(s) and not is_in_flight(s) and s.kind == "full"
-                     and not too_young(s)]
-    latest = {s.path for s in complete_full[-policy.keep_full_latest:]} if policy.keep_full_latest else set()
+    complete_full = [
+        s for s in ordered if is_known(s) and not is_in_flight(s) and s.kind == "full" and not too_young(s)
+    ]
+    latest = {s.path for s in complete_full[-policy.keep_full_latest :]} if policy.keep_full_latest else set()
     # A run never loses its last resumable step, whatever keep_full_latest says.
     last_resumable = complete_full[-1].path if complete_full else None
     # Step numbers order a run (object mtimes tie at the store's 1 s granularity and change on copy).
@@ -447,15 +459,36 @@ def plan_retention(
     for s in ordered:
         fp = step_fingerprint(s)
 
-        def act(action: str, reason: str, after: int | None = None, estimated: bool = False,
-                milestone: bool = False, pinned: str | None = None, s: Any = s, fp: str = fp) -> None:
-            actions.append(PlannedAction(
-                step=s.step, path=s.path, action=action, reason=reason, layout=s.layout, kind=s.kind,
-                bytes_before=s.total_bytes, bytes_after=s.total_bytes if after is None else after,
-                object_count=s.object_count, fingerprint=fp, estimated=estimated, milestone=milestone,
-                pinned=pinned, resumable=proofs.get(s.path) if action == "keep-full" else None,
-                export=export_fingerprint(s), note=str(getattr(s, "note", "") or ""),
-            ))
+        def act(
+            action: str,
+            reason: str,
+            after: int | None = None,
+            estimated: bool = False,
+            milestone: bool = False,
+            pinned: str | None = None,
+            s: Any = s,
+            fp: str = fp,
+        ) -> None:
+            actions.append(
+                PlannedAction(
+                    step=s.step,
+                    path=s.path,
+                    action=action,
+                    reason=reason,
+                    layout=s.layout,
+                    kind=s.kind,
+                    bytes_before=s.total_bytes,
+                    bytes_after=s.total_bytes if after is None else after,
+                    object_count=s.object_count,
+                    fingerprint=fp,
+                    estimated=estimated,
+                    milestone=milestone,
+                    pinned=pinned,
+                    resumable=proofs.get(s.path) if action == "keep-full" else None,
+                    export=export_fingerprint(s),
+                    note=str(getattr(s, "note", "") or ""),
+                )
+            )
 
         note = getattr(s, "note", "") or ""
         if s.step is None:
@@ -491,8 +524,11 @@ def plan_retention(
             continue
         if too_young(s):
             age = now - s.mtime
-            act("skip", f"younger than the minimum age ({duration_text(age)} < {duration_text(policy.min_age)})",
-                milestone=milestone_why is not None)
+            act(
+                "skip",
+                f"younger than the minimum age ({duration_text(age)} < {duration_text(policy.min_age)})",
+                milestone=milestone_why is not None,
+            )
             continue
         if milestone_why is not None:
             if s.kind == "weights":
@@ -511,21 +547,40 @@ def plan_retention(
     if failed:
         f = failed[0]
         why = f"not resumable-proven: kept step {f.path} failed the deep check ({f.resumable}); nothing is deleted"
-        actions = [replace(a, action="skip", reason=f"{a.reason}; {why}", bytes_after=a.bytes_before,
-                           estimated=False) if a.destructive else a for a in actions]
-    return RetentionPlan(url=url, prefix=prefix, created=now, policy=policy, actions=tuple(actions),
-                         in_flight=tuple(sorted(flying)), usd_per_gb_month=usd_per_gb_month,
-                         price_note=price_note)
+        actions = [
+            replace(a, action="skip", reason=f"{a.reason}; {why}", bytes_after=a.bytes_before, estimated=False)
+            if a.destructive
+            else a
+            for a in actions
+        ]
+    return RetentionPlan(
+        url=url,
+        prefix=prefix,
+        created=now,
+        policy=policy,
+        actions=tuple(actions),
+        in_flight=tuple(sorted(flying)),
+        usd_per_gb_month=usd_per_gb_month,
+        price_note=price_note,
+    )
 
 
 def _strip_or_refuse(s: Any, policy: RetentionPolicy, act: Any, why: str, *, milestone: bool) -> None:
     if not s.has_bf16_export and "zero3-placeholders" in tuple(getattr(s, "flags", ())):
-        act("skip", f"{why}: refused, a ZeRO-3 checkpoint keeps its only weights in the optimizer partitions; "
-            "consolidate it (DeepSpeed's zero_to_fp32.py) and export BF16 first", milestone=milestone)
+        act(
+            "skip",
+            f"{why}: refused, a ZeRO-3 checkpoint keeps its only weights in the optimizer partitions; "
+            "consolidate it (DeepSpeed's zero_to_fp32.py) and export BF16 first",
+            milestone=milestone,
+        )
         return
     if not s.has_bf16_export and s.layout not in STRIPPABLE_LAYOUTS:
-        act("skip", f"{why}: refused, a {s.layout} checkpoint without a BF16 export would lose its only "
-            "full-precision weights; export it first", milestone=milestone)
+        act(
+            "skip",
+            f"{why}: refused, a {s.layout} checkpoint without a BF16 export would lose its only "
+            "full-precision weights; export it first",
+            milestone=milestone,
+        )
         return
     after, estimated = _estimate_weights(s, policy)
     act("strip-to-weights", why, after=min(after, s.total_bytes), estimated=estimated, milestone=milestone)
@@ -600,8 +655,10 @@ def recheck_plan(
                 continue  # already gone: the goal is reached
             why = "the step folder is gone from the listing"
         elif f.fingerprint != a.fingerprint:
-            why = f"its objects changed since the plan ({a.object_count} -> {f.object_count} objects, " \
-                  f"{a.bytes_before} -> {f.bytes_before} bytes)"
+            why = (
+                f"its objects changed since the plan ({a.object_count} -> {f.object_count} objects, "
+                f"{a.bytes_before} -> {f.bytes_before} bytes)"
+            )
         elif f.export != a.export:
             why = "a BF16 export was written or changed after the plan was made"
         elif f.pinned is not None and a.pinned is None:

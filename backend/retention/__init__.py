@@ -13,4 +13,13 @@ from backend.retention.apply import (
 )
 from backend.retention.marks import MilestoneStore, PinStore
 
-__all__ = ["ActionOutcome", "ApplyReport", "Journal", "MilestoneStore", "PinStore", "apply_plan", "compute_plan", "storage_price"]
+__all__ = [
+    "ActionOutcome",
+    "ApplyReport",
+    "Journal",
+    "MilestoneStore",
+    "PinStore",
+    "apply_plan",
+    "compute_plan",
+    "storage_price",
+]

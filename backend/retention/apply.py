@@ -75,8 +75,7 @@ class Journal:
         db.ensure(_DDL)
 
     def entries(self) -> dict[str, tuple[str, dict[str, Any]]]:
-        rows = self.db.query("SELECT path, state, detail FROM retention_journal WHERE plan_hash = ?",
-                             (self.plan_hash,))
+        rows = self.db.query("SELECT path, state, detail FROM retention_journal WHERE plan_hash = ?", (self.plan_hash,))
         return {r["path"]: (r["state"], json.loads(r["detail"])) for r in rows}
 
     def set(self, a: PlannedAction, state: str, detail: Mapping[str, Any] | None = None) -> None:
@@ -105,8 +104,9 @@ def storage_price(services: Services, url: str) -> tuple[float | None, str]:
     return prices.storage_gb_month, f"{prices.name} storage ${prices.storage_gb_month}/GB-month ({prices.source})"
 
 
-async def prove_kept(services: Services | None, store: ObjectStore, catalog: Catalog, plan: RetentionPlan,
-                     url: str) -> dict[str, str]:
+async def prove_kept(
+    services: Services | None, store: ObjectStore, catalog: Catalog, plan: RetentionPlan, url: str
+) -> dict[str, str]:
     """The deep resumable check of every step ``plan`` keeps full: ``"verified"`` or the problem.
 
     A step loadmaster uploaded must also have a succeeded (verified) upload job on record.
@@ -116,8 +116,9 @@ async def prove_kept(services: Services | None, store: ObjectStore, catalog: Cat
     return await prove_steps(services, store, catalog, url, kept)
 
 
-async def prove_steps(services: Services | None, store: ObjectStore, catalog: Catalog, url: str,
-                      paths: Iterable[str]) -> dict[str, str]:
+async def prove_steps(
+    services: Services | None, store: ObjectStore, catalog: Catalog, url: str, paths: Iterable[str]
+) -> dict[str, str]:
     """The deep resumable check of the steps at ``paths`` (bounded concurrency)."""
     from backend.checkpoints.proof import prove_resumable
 
@@ -154,7 +155,7 @@ def _upload_records(services: Services | None, url: str) -> dict[str, tuple[str,
     for r in records:
         if r.kind != "upload" or not r.destination.rstrip("/").startswith(base):
             continue
-        step = r.destination.rstrip("/")[len(base):].split("/", 1)[0]
+        step = r.destination.rstrip("/")[len(base) :].split("/", 1)[0]
         if step not in out or r.created > out[step][2]:
             out[step] = (r.state, r.id, r.created)
     return {k: (v[0], v[1]) for k, v in out.items()}
@@ -176,7 +177,7 @@ def in_flight_from_jobs(services: Services, url: str) -> set[str]:
         for t in targets:
             t = t.rstrip("/")
             if t.startswith(base):
-                out.add(t[len(base):].split("/", 1)[0])
+                out.add(t[len(base) :].split("/", 1)[0])
     return out
 
 
@@ -208,8 +209,17 @@ async def compute_plan(
             catalog = await fetch_catalog(store)
         first = plan_retention(catalog.steps, pol, now=when, in_flight=flying, url=url, prefix=catalog.prefix)
         proofs = await prove_kept(services, store, catalog, first, url)
-    return plan_retention(catalog.steps, pol, now=when, in_flight=flying, url=url, prefix=catalog.prefix,
-                          usd_per_gb_month=price, price_note=note, proofs=proofs)
+    return plan_retention(
+        catalog.steps,
+        pol,
+        now=when,
+        in_flight=flying,
+        url=url,
+        prefix=catalog.prefix,
+        usd_per_gb_month=price,
+        price_note=note,
+        proofs=proofs,
+    )
 
 
 # -- applying ---------------------------------------------------------------------------------
@@ -230,8 +240,15 @@ class ActionOutcome:
     errors: Mapping[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "step": self.step, "action": self.action, "outcome": self.outcome,
-                "detail": self.detail, "bytes_freed": self.bytes_freed, "errors": dict(self.errors)}
+        return {
+            "path": self.path,
+            "step": self.step,
+            "action": self.action,
+            "outcome": self.outcome,
+            "detail": self.detail,
+            "bytes_freed": self.bytes_freed,
+            "errors": dict(self.errors),
+        }
 
 
 @dataclass(frozen=True)
@@ -265,9 +282,16 @@ class ApplyReport:
         return sum(1 for o in self.outcomes if o.outcome == outcome)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"plan_hash": self.plan_hash, "url": self.url, "dry_run": self.dry_run, "outcome": self.outcome,
-                "bytes_freed": self.bytes_freed, "changes": list(self.changes), "audit_id": self.audit_id,
-                "actions": [o.as_dict() for o in self.outcomes]}
+        return {
+            "plan_hash": self.plan_hash,
+            "url": self.url,
+            "dry_run": self.dry_run,
+            "outcome": self.outcome,
+            "bytes_freed": self.bytes_freed,
+            "changes": list(self.changes),
+            "audit_id": self.audit_id,
+            "actions": [o.as_dict() for o in self.outcomes],
+        }
 
 
 def _consistent_with_start(step: CheckpointStep | None, started: Mapping[str, Any], action: str) -> str:
@@ -339,21 +363,30 @@ async def apply_plan(
     st = store or services.stores.open(plan.url)
     try:
         if dry_run:
-            return await _apply_locked(services, plan, st, dry_run=True, in_flight=in_flight, progress=progress,
-                                       fault=fault)
+            return await _apply_locked(
+                services, plan, st, dry_run=True, in_flight=in_flight, progress=progress, fault=fault
+            )
         from backend.retention.runs import ApplyLock
 
         async with ApplyLock(st, plan.prefix, run=plan.url, plan=plan.hash):
-            return await _apply_locked(services, plan, st, dry_run=False, in_flight=in_flight,
-                                       progress=progress, fault=fault)
+            return await _apply_locked(
+                services, plan, st, dry_run=False, in_flight=in_flight, progress=progress, fault=fault
+            )
     finally:
         if owned:
             await st.close()
 
 
-async def _apply_locked(services: Services, plan: RetentionPlan, st: ObjectStore, *, dry_run: bool,
-                        in_flight: Iterable[str], progress: ProgressHook | None,
-                        fault: FaultHook | None) -> ApplyReport:
+async def _apply_locked(
+    services: Services,
+    plan: RetentionPlan,
+    st: ObjectStore,
+    *,
+    dry_run: bool,
+    in_flight: Iterable[str],
+    progress: ProgressHook | None,
+    fault: FaultHook | None,
+) -> ApplyReport:
     journal = Journal(services.db, plan.hash)
     outcomes: list[ActionOutcome] = []
     changes: tuple[str, ...] = ()
@@ -371,12 +404,14 @@ async def _apply_locked(services: Services, plan: RetentionPlan, st: ObjectStore
         }
         flying = set(in_flight) | in_flight_from_jobs(services, plan.url)
         policy = effective_policy(services, plan.policy, plan.url).with_pins(
-            services.config.section(RetentionPolicy).pins)
+            services.config.section(RetentionPolicy).pins
+        )
         now = time.time()
         first = plan_retention(catalog.steps, policy, now=now, in_flight=flying, url=plan.url, prefix=plan.prefix)
         proofs = await prove_kept(services, st, catalog, first, plan.url)
-        fresh = plan_retention(catalog.steps, policy, now=now, in_flight=flying, url=plan.url,
-                               prefix=plan.prefix, proofs=proofs)
+        fresh = plan_retention(
+            catalog.steps, policy, now=now, in_flight=flying, url=plan.url, prefix=plan.prefix, proofs=proofs
+        )
         check = recheck_plan(plan, fresh, resumed=resumed, done=done)
         changes = check.changes
         total = len(plan.actions)
@@ -384,8 +419,7 @@ async def _apply_locked(services: Services, plan: RetentionPlan, st: ObjectStore
         sem = asyncio.Semaphore(APPLY_CONCURRENCY)
 
         async def run_one(i: int, a: PlannedAction) -> None:
-            def emit(outcome: str, detail: str = "", freed: int = 0,
-                     errors: Mapping[str, str] | None = None) -> None:
+            def emit(outcome: str, detail: str = "", freed: int = 0, errors: Mapping[str, str] | None = None) -> None:
                 o = ActionOutcome(i, total, a.path, a.step, a.action, outcome, detail, freed, dict(errors or {}))
                 if outcome != "running":
                     results[i] = o
@@ -422,8 +456,7 @@ async def _apply_locked(services: Services, plan: RetentionPlan, st: ObjectStore
                     shown = "; ".join(f"{rel_name(step, k)}: {v}" for k, v in sorted(errors.items())[:5])
                     more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
                     journal.set(a, "failed", {"errors": errors, **_started(entries, a, step)})
-                    return emit("failed", f"{len(errors)} object(s) could not be deleted: {shown}{more}",
-                                freed, errors)
+                    return emit("failed", f"{len(errors)} object(s) could not be deleted: {shown}{more}", freed, errors)
                 journal.set(a, "done", {"bytes_freed": freed})
                 emit("done", a.reason, freed)
                 if fault:
@@ -448,26 +481,38 @@ async def _apply_locked(services: Services, plan: RetentionPlan, st: ObjectStore
             report = ApplyReport(plan.hash, plan.url, dry_run, tuple(outcomes), changes)
             outcome = report.outcome if finished else "interrupted"
             audit_id = services.db.record_audit(
-                "retention.apply", plan.url, outcome, plan_hash=plan.hash,
-                detail={"actions": [o.as_dict() for o in outcomes], "changes": list(changes),
-                        "planned": len(plan.actions), "bytes_freed": report.bytes_freed},
+                "retention.apply",
+                plan.url,
+                outcome,
+                plan_hash=plan.hash,
+                detail={
+                    "actions": [o.as_dict() for o in outcomes],
+                    "changes": list(changes),
+                    "planned": len(plan.actions),
+                    "bytes_freed": report.bytes_freed,
+                },
             )
     return ApplyReport(plan.hash, plan.url, dry_run, tuple(outcomes), changes, audit_id)
 
 
-def _started(entries: Mapping[str, tuple[str, dict[str, Any]]], a: PlannedAction,
-             step: CheckpointStep | None = None) -> dict[str, Any]:
+def _started(
+    entries: Mapping[str, tuple[str, dict[str, Any]]], a: PlannedAction, step: CheckpointStep | None = None
+) -> dict[str, Any]:
     """Keep the object list of the original start so a later resume can check against it."""
     if a.path in entries and "objects" in entries[a.path][1]:
         return {"objects": entries[a.path][1]["objects"]}
     if step is not None:
-        return {"objects": [[rel_name(step, o.key), o.size] for o in step.objects
-                            if not is_export_file(rel_name(step, o.key))]}
+        return {
+            "objects": [
+                [rel_name(step, o.key), o.size] for o in step.objects if not is_export_file(rel_name(step, o.key))
+            ]
+        }
     return {}
 
 
-async def _strip(store: ObjectStore, step: CheckpointStep, a: PlannedAction, policy: RetentionPolicy,
-                 fault: FaultHook | None) -> tuple[int, dict[str, str]] | str:
+async def _strip(
+    store: ObjectStore, step: CheckpointStep, a: PlannedAction, policy: RetentionPolicy, fault: FaultHook | None
+) -> tuple[int, dict[str, str]] | str:
     """Export (when needed), verify, then delete the training state; a string says why it refused."""
     from backend.checkpoints.catalog import step_catalog
     from backend.checkpoints.strip import strip_step
@@ -484,8 +529,10 @@ async def _strip(store: ObjectStore, step: CheckpointStep, a: PlannedAction, pol
             return f"could not read the source to check the existing export, nothing deleted: {exc}"
     if not step.has_bf16_export:
         if step.layout not in STRIPPABLE_LAYOUTS:
-            return (f"refused: a {step.layout} checkpoint without a BF16 export would lose its only "
-                    "full-precision weights; export it first")
+            return (
+                f"refused: a {step.layout} checkpoint without a BF16 export would lose its only "
+                "full-precision weights; export it first"
+            )
         try:
             await strip_step(store, step.path)
         except StoreError:

@@ -54,16 +54,19 @@ class PinStore:
     def pins(self, url: str, keys: Iterable[str] = ()) -> tuple[Pin, ...]:
         """The pins recorded for the run ``url`` (and its other spellings ``keys``)."""
         ks = self._keys(url, keys)
-        rows = self.db.query(f"SELECT step, reason FROM retention_pins WHERE url IN ({','.join('?' * len(ks))}) "
-                             "ORDER BY step", ks)
+        rows = self.db.query(
+            f"SELECT step, reason FROM retention_pins WHERE url IN ({','.join('?' * len(ks))}) ORDER BY step", ks
+        )
         return tuple({int(r["step"]): Pin(int(r["step"]), r["reason"]) for r in rows}.values())
 
     def pin(self, url: str, step: int, reason: str = "") -> None:
         """Pin ``step`` under ``url`` (audited)."""
         from backend.state import actor
 
-        self.db.execute("INSERT OR REPLACE INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)",
-                        (norm_url(url), step, reason, actor(), time.time()))
+        self.db.execute(
+            "INSERT OR REPLACE INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)",
+            (norm_url(url), step, reason, actor(), time.time()),
+        )
         self.db.record_audit("retention.pin", f"{norm_url(url)}#{step}", "ok", reason=reason or None)
 
     def unpin(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
@@ -72,8 +75,7 @@ class PinStore:
 
     def _remove(self, table: str, action: str, url: str, step: int, keys: Iterable[str]) -> bool:
         ks = self._keys(url, keys)
-        cur = self.db.execute(f"DELETE FROM {table} WHERE step = ? AND url IN ({','.join('?' * len(ks))})",
-                              [step, *ks])
+        cur = self.db.execute(f"DELETE FROM {table} WHERE step = ? AND url IN ({','.join('?' * len(ks))})", [step, *ks])
         if cur.rowcount:
             self.db.record_audit(action, f"{norm_url(url)}#{step}", "ok")
         return bool(cur.rowcount)
@@ -92,8 +94,10 @@ class MilestoneStore(PinStore):
         """Mark ``step`` a milestone (audited)."""
         from backend.state import actor
 
-        self.db.execute("INSERT OR REPLACE INTO retention_milestones (url, step, who, ts) VALUES (?, ?, ?, ?)",
-                        (norm_url(url), step, actor(), time.time()))
+        self.db.execute(
+            "INSERT OR REPLACE INTO retention_milestones (url, step, who, ts) VALUES (?, ?, ?, ?)",
+            (norm_url(url), step, actor(), time.time()),
+        )
         self.db.record_audit("retention.milestone", f"{norm_url(url)}#{step}", "ok")
 
     def unmark(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:

@@ -60,7 +60,7 @@ def run_keys(config: Config, ref: str) -> tuple[str, ...]:
     for name, store in config.stores.items():
         base = store.url.rstrip("/")
         if url == base or url.startswith(base + "/"):
-            keys.append(f"{name}{url[len(base):]}")
+            keys.append(f"{name}{url[len(base) :]}")
     return tuple(dict.fromkeys(keys))
 
 
@@ -96,8 +96,15 @@ class LockInfo:
 def _parse_lock(raw: bytes) -> LockInfo | None:
     try:
         d = json.loads(raw[:65536])
-        return LockInfo(str(d["holder"]), str(d["host"]), int(d["pid"]), str(d.get("plan", "")),
-                        float(d["started"]), float(d["refreshed"]), str(d["token"]))
+        return LockInfo(
+            str(d["holder"]),
+            str(d["host"]),
+            int(d["pid"]),
+            str(d.get("plan", "")),
+            float(d["started"]),
+            float(d["refreshed"]),
+            str(d["token"]),
+        )
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
@@ -117,15 +124,25 @@ class ApplyLock:
         from backend.storage import join_key
 
         self.store, self.key, self.run = store, join_key(prefix, LOCK_KEY), run
-        self.info = LockInfo(actor(), socket.gethostname(), os.getpid(), plan, time.time(), time.time(),
-                             secrets.token_hex(8))
+        self.info = LockInfo(
+            actor(), socket.gethostname(), os.getpid(), plan, time.time(), time.time(), secrets.token_hex(8)
+        )
         self._task: asyncio.Task[None] | None = None
         self.took_over: LockInfo | None = None
 
     def _body(self) -> bytes:
         i = self.info
-        return json.dumps({"holder": i.holder, "host": i.host, "pid": i.pid, "plan": i.plan, "started": i.started,
-                           "refreshed": time.time(), "token": i.token}).encode()
+        return json.dumps(
+            {
+                "holder": i.holder,
+                "host": i.host,
+                "pid": i.pid,
+                "plan": i.plan,
+                "started": i.started,
+                "refreshed": time.time(),
+                "token": i.token,
+            }
+        ).encode()
 
     async def __aenter__(self) -> ApplyLock:
         info = await self.store.stat(self.key)
@@ -135,15 +152,18 @@ class ApplyLock:
                 raise PolicyError(
                     f"a retention apply of {self.run} is already running: {held.describe()}; wait for it to "
                     f"finish, or if it died, 'loadmaster retention unlock {self.run}' (a lock is also taken "
-                    f"over once it is {LOCK_STALE_S / 60:.0f} minutes without a heartbeat)")
+                    f"over once it is {LOCK_STALE_S / 60:.0f} minutes without a heartbeat)"
+                )
             self.took_over = held
         await self.store.put_bytes(self.key, self._body())
         await asyncio.sleep(_SETTLE_S)
         mine = _parse_lock(await self.store.get_bytes(self.key))
         if mine is None or mine.token != self.info.token:
             other = mine.describe() if mine else "another apply"
-            raise PolicyError(f"a retention apply of {self.run} started at the same moment by {other}: "
-                              "this one stopped before touching anything")
+            raise PolicyError(
+                f"a retention apply of {self.run} started at the same moment by {other}: "
+                "this one stopped before touching anything"
+            )
         self._task = asyncio.create_task(self._refresh())
         return self
 
@@ -177,8 +197,14 @@ def lock_summary(info: LockInfo | None) -> dict[str, Any] | None:
     """JSON-ready view of a lock (no token)."""
     if info is None:
         return None
-    return {"holder": info.holder, "host": info.host, "pid": info.pid, "plan": info.plan, "started": info.started,
-            "refreshed": info.refreshed}
+    return {
+        "holder": info.holder,
+        "host": info.host,
+        "pid": info.pid,
+        "plan": info.plan,
+        "started": info.started,
+        "refreshed": info.refreshed,
+    }
 
 
 def opening_run(config: Config, prefs: dict[str, Any]) -> tuple[str, bool]:

@@ -65,7 +65,7 @@ def _dest_inside_src(req: ShardRequest) -> str | None:
     """The destination's path relative to the source when it lies inside it, else None."""
     src, dest = normalize_location(req.src), normalize_location(req.dest)
     if dest.startswith(src.rstrip("/") + "/"):
-        return dest[len(src.rstrip("/")) + 1:]
+        return dest[len(src.rstrip("/")) + 1 :]
     return None
 
 
@@ -88,13 +88,21 @@ async def _plan(req: ShardRequest, src: ObjectStore) -> tuple[ShardPlan | None, 
     errors += hard
     if soft:
         if req.incomplete == "error":
-            errors += [*soft, "pass --incomplete skip to leave such files out, or --incomplete keep "
-                              "to shard incomplete samples as they are (unkeyed files are always left out)"]
+            errors += [
+                *soft,
+                "pass --incomplete skip to leave such files out, or --incomplete keep "
+                "to shard incomplete samples as they are (unkeyed files are always left out)",
+            ]
         else:
             warnings += soft
-            warnings.append(f"--incomplete {req.incomplete}: "
-                            + ("incomplete samples and unkeyed files left out" if req.incomplete == "skip"
-                               else "incomplete samples kept; unkeyed files left out"))
+            warnings.append(
+                f"--incomplete {req.incomplete}: "
+                + (
+                    "incomplete samples and unkeyed files left out"
+                    if req.incomplete == "skip"
+                    else "incomplete samples kept; unkeyed files left out"
+                )
+            )
     if req.incomplete == "skip" and problems.incomplete:
         bad = {k for k, _m in problems.incomplete}
         samples = [s for s in samples if s.key not in bad]
@@ -108,7 +116,10 @@ async def _plan(req: ShardRequest, src: ObjectStore) -> tuple[ShardPlan | None, 
 
 
 async def preview(
-    req: ShardRequest, *, config: Config | None = None, src_profile: StoreProfile | None = None,
+    req: ShardRequest,
+    *,
+    config: Config | None = None,
+    src_profile: StoreProfile | None = None,
     dest_profile: StoreProfile | None = None,
 ) -> ShardPreview:
     """Sample count, shard count and GET reduction of a conversion, from the listing alone."""
@@ -128,11 +139,19 @@ async def preview(
     files = plan.files if plan else 0
     shards = len(plan.shards) if plan else 0
     return ShardPreview(
-        src=req.src, dest=req.dest, files=files, samples=plan.samples if plan else 0,
-        source_bytes=plan.source_bytes if plan else 0, shards=shards,
+        src=req.src,
+        dest=req.dest,
+        files=files,
+        samples=plan.samples if plan else 0,
+        source_bytes=plan.source_bytes if plan else 0,
+        shards=shards,
         largest_shard=max((s.nbytes for s in plan.shards), default=0) if plan else 0,
-        requests=request_arithmetic(files, shards, price, source), warnings=tuple(warnings),
-        errors=tuple(errors), problems=problems, plan=plan, request=req,
+        requests=request_arithmetic(files, shards, price, source),
+        warnings=tuple(warnings),
+        errors=tuple(errors),
+        problems=problems,
+        plan=plan,
+        request=req,
     )
 
 
@@ -148,8 +167,9 @@ def _write_error(path: str, exc: OSError) -> ShardError:
 
 
 class _Progress:
-    def __init__(self, plan: ShardPlan, done: Sequence[PlannedShard],
-                 callback: Callable[[ShardProgress], None] | None) -> None:
+    def __init__(
+        self, plan: ShardPlan, done: Sequence[PlannedShard], callback: Callable[[ShardProgress], None] | None
+    ) -> None:
         self.callback = callback
         self.samples_total = plan.samples
         self.bytes_total = plan.total_bytes
@@ -164,9 +184,17 @@ class _Progress:
     def snapshot(self, *, final: bool = False, phase: str = "writing") -> ShardProgress:
         el = max(time.monotonic() - self.started, 1e-9)
         return ShardProgress(
-            self.samples_done, self.samples_total, self.bytes_done, self.bytes_total, self.shards_done,
-            self.shards_total, el, (self.samples_done - self._base_samples) / el,
-            (self.bytes_done - self._base_bytes) / el / 1e6, phase, final,
+            self.samples_done,
+            self.samples_total,
+            self.bytes_done,
+            self.bytes_total,
+            self.shards_done,
+            self.shards_total,
+            el,
+            (self.samples_done - self._base_samples) / el,
+            (self.bytes_done - self._base_bytes) / el / 1e6,
+            phase,
+            final,
         )
 
     def tick(self, *, force: bool = False, final: bool = False) -> None:
@@ -180,13 +208,20 @@ class _Progress:
 
 def _check_cancel(cancelled: Callable[[], bool], written: int) -> None:
     if cancelled():
-        raise ShardCancelled(f"conversion cancelled after {written} new shard(s); completed shards "
-                             "are kept: rerun with --resume to continue")
+        raise ShardCancelled(
+            f"conversion cancelled after {written} new shard(s); completed shards "
+            "are kept: rerun with --resume to continue"
+        )
 
 
 def _write_shards(
-    todo: Sequence[PlannedShard], source: Source, sink: Sink, progress: _Progress,
-    cancelled: Callable[[], bool] | None, *, threaded_output: bool = True,
+    todo: Sequence[PlannedShard],
+    source: Source,
+    sink: Sink,
+    progress: _Progress,
+    cancelled: Callable[[], bool] | None,
+    *,
+    threaded_output: bool = True,
 ) -> list[ShardEntry]:
     """Write every shard in ``todo`` (runs in a thread); returns their journal entries."""
     entries: list[ShardEntry] = []
@@ -279,10 +314,13 @@ def _busy_refusal(req: ShardRequest, existing: list[str], has_manifest: bool, ha
     """Why a destination that already holds shards is refused ('' when it is not)."""
     if not (existing or has_manifest or has_journal) or req.overwrite or req.resume:
         return ""
-    what = (f"{len(existing)} shard(s) (e.g. {', '.join(existing[:3])})" if existing
-            else "a manifest or conversion journal")
-    return (f"destination {req.dest} already has {what}; pass --resume to continue an interrupted "
-            "conversion or --overwrite to replace them")
+    what = (
+        f"{len(existing)} shard(s) (e.g. {', '.join(existing[:3])})" if existing else "a manifest or conversion journal"
+    )
+    return (
+        f"destination {req.dest} already has {what}; pass --resume to continue an interrupted "
+        "conversion or --overwrite to replace them"
+    )
 
 
 async def _read_journal(dest: ObjectStore) -> tuple[dict[str, ShardEntry], str | None]:
@@ -346,8 +384,11 @@ async def convert(
         done: dict[str, ShardEntry] = {}
         if existing or has_manifest or has_journal:
             if req.overwrite:
-                old = [*existing, *([MANIFEST_NAME] if has_manifest else []),
-                       *[o.key for o in await dest.list(STATE_DIR)]]
+                old = [
+                    *existing,
+                    *([MANIFEST_NAME] if has_manifest else []),
+                    *[o.key for o in await dest.list(STATE_DIR)],
+                ]
                 res = await dest.delete_many(old)
                 if not res.ok:
                     k, why = next(iter(res.errors.items()))
@@ -356,11 +397,15 @@ async def convert(
             elif req.resume:
                 journal, old_hash = await _read_journal(dest)
                 if old_hash is not None and old_hash != plan.plan_hash:
-                    raise ShardError(f"{req.dest} holds shards of a different conversion (the source, "
-                                     "shard size, pattern or seed changed); use --overwrite to replace them")
+                    raise ShardError(
+                        f"{req.dest} holds shards of a different conversion (the source, "
+                        "shard size, pattern or seed changed); use --overwrite to replace them"
+                    )
                 if old_hash is None and existing:
-                    raise ShardError(f"{req.dest} has shards but no loadmaster journal to resume from; "
-                                     "use --overwrite to replace them")
+                    raise ShardError(
+                        f"{req.dest} has shards but no loadmaster journal to resume from; "
+                        "use --overwrite to replace them"
+                    )
                 sizes = {o.key: o.size for o in await dest.list("") if "/" not in o.key}
                 planned = {s.name: s for s in plan.shards}
                 for name, e in journal.items():
@@ -370,8 +415,10 @@ async def convert(
                 log(f"--resume: {len(done)} of {len(plan.shards)} shard(s) already complete")
             else:
                 raise ShardError(_busy_refusal(req, existing, has_manifest, has_journal))
-        await dest.put_bytes(PLAN_KEY, json.dumps({"plan_hash": plan.plan_hash, "shards": len(plan.shards),
-                                                   "samples": plan.samples}).encode())
+        await dest.put_bytes(
+            PLAN_KEY,
+            json.dumps({"plan_hash": plan.plan_hash, "shards": len(plan.shards), "samples": plan.samples}).encode(),
+        )
         todo = [s for s in plan.shards if s.name not in done]
         progress = _Progress(plan, [s for s in plan.shards if s.name in done], on_progress)
         progress.tick(force=True)
@@ -387,29 +434,46 @@ async def convert(
             assert isinstance(dest, LocalStore)
             sink = LocalSink(dest, loop)
         # Written and hashed in their own thread (--workers 0: in the writer thread, with the reads).
-        source: Source = (LocalSource(str(src.root), req.workers) if isinstance(src, LocalStore)
-                           else S3Source(src, loop, req.fetch_concurrency))  # type: ignore[arg-type]
-        new_entries = await asyncio.to_thread(_write_shards, todo, source, sink, progress, cancelled,
-                                              threaded_output=req.workers > 0)
+        source: Source = (
+            LocalSource(str(src.root), req.workers)
+            if isinstance(src, LocalStore)
+            else S3Source(src, loop, req.fetch_concurrency)  # type: ignore[arg-type]
+        )
+        new_entries = await asyncio.to_thread(
+            _write_shards, todo, source, sink, progress, cancelled, threaded_output=req.workers > 0
+        )
         by_name = {**done, **{e.name: e for e in new_entries}}
         entries = tuple(by_name[s.name] for s in plan.shards)
         # Verify what landed: every shard present with the size the journal recorded.
         sizes = {o.key: o.size for o in await dest.list("") if "/" not in o.key}
         bad = [e.name for e in entries if sizes.get(e.name) != e.bytes]
         if bad:
-            raise ShardError(f"after writing, {len(bad)} shard(s) in {req.dest} are missing or the wrong "
-                             f"size (e.g. {', '.join(bad[:3])}); rerun with --resume")
+            raise ShardError(
+                f"after writing, {len(bad)} shard(s) in {req.dest} are missing or the wrong "
+                f"size (e.g. {', '.join(bad[:3])}); rerun with --resume"
+            )
         price, price_source = get_price(config, dest_profile, src_profile)
         manifest = Manifest(
-            source=req.src, pattern=req.pattern, shard_size=req.shard_size, seed=req.seed,
-            plan_hash=plan.plan_hash, shards=entries,
+            source=req.src,
+            pattern=req.pattern,
+            shard_size=req.shard_size,
+            seed=req.seed,
+            plan_hash=plan.plan_hash,
+            shards=entries,
             requests=request_arithmetic(plan.files, len(entries), price, price_source),
-            problems=problems.as_dict(), incomplete_policy=req.incomplete,
+            problems=problems.as_dict(),
+            incomplete_policy=req.incomplete,
         )
         await dest.put_bytes(MANIFEST_NAME, manifest.to_json().encode())
         progress.tick(final=True)
-        return ConvertResult(manifest, req.dest, tuple(e.name for e in new_entries), tuple(sorted(done)),
-                             time.monotonic() - started, tuple(warnings))
+        return ConvertResult(
+            manifest,
+            req.dest,
+            tuple(e.name for e in new_entries),
+            tuple(sorted(done)),
+            time.monotonic() - started,
+            tuple(warnings),
+        )
     except OSError as exc:  # the destination's own files (plan, journal, manifest): a full disk
         raise _write_error(req.dest, exc) from None
     finally:

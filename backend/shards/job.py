@@ -31,7 +31,10 @@ async def job_secrets(*locations: tuple[str, StoreProfile | None]) -> dict[str, 
 
 
 async def launch_on_node(
-    services: Services, node: str, req: ShardRequest, src_profile: StoreProfile | None,
+    services: Services,
+    node: str,
+    req: ShardRequest,
+    src_profile: StoreProfile | None,
     dest_profile: StoreProfile | None,
 ) -> Any:
     """Start the conversion as a durable ``shard`` job on ``node`` (audited); returns its JobRecord."""
@@ -42,16 +45,25 @@ async def launch_on_node(
         req = dataclasses.replace(req, spool_dir=f"{node_cfg.scratch.rstrip('/')}/.loadmaster-shard-spool")
     # The destination's credentials first: it is the side written.
     secrets = await job_secrets((req.dest, dest_profile), (req.src, src_profile))
-    rec = await services.jobs.launch(node, "shard", job_params(req, src_profile, dest_profile),
-                                     secrets=secrets, label=f"shard {req.src} -> {req.dest}")
-    services.db.record_audit("shard.launch", req.dest, "started",
-                             detail={"src": req.src, "node": node, "job": rec.id,
-                                     "overwrite": req.overwrite, "resume": req.resume})
+    rec = await services.jobs.launch(
+        node,
+        "shard",
+        job_params(req, src_profile, dest_profile),
+        secrets=secrets,
+        label=f"shard {req.src} -> {req.dest}",
+    )
+    services.db.record_audit(
+        "shard.launch",
+        req.dest,
+        "started",
+        detail={"src": req.src, "node": node, "job": rec.id, "overwrite": req.overwrite, "resume": req.resume},
+    )
     return rec
 
 
-
-def job_params(req: ShardRequest, src_profile: StoreProfile | None, dest_profile: StoreProfile | None) -> dict[str, Any]:
+def job_params(
+    req: ShardRequest, src_profile: StoreProfile | None, dest_profile: StoreProfile | None
+) -> dict[str, Any]:
     """Params of a ``shard`` job: the request plus the store settings (never credentials)."""
     params = req.as_params()
     params["src_profile"] = dataclasses.asdict(src_profile) if src_profile else None
@@ -75,15 +87,27 @@ def run_shard_job(ctx: Any) -> dict[str, Any]:
     req = ShardRequest.from_params(ctx.params)
 
     def report(p: ShardProgress) -> None:
-        ctx.progress(bytes_done=p.bytes_done, bytes_total=p.bytes_total, items_done=p.samples_done,
-                     items_total=p.samples_total, shards_done=p.shards_done, shards_total=p.shards_total,
-                     samples_per_s=round(p.samples_per_s, 1), mb_per_s=round(p.mb_per_s, 2),
-                     phase=p.phase, final=p.final)
+        ctx.progress(
+            bytes_done=p.bytes_done,
+            bytes_total=p.bytes_total,
+            items_done=p.samples_done,
+            items_total=p.samples_total,
+            shards_done=p.shards_done,
+            shards_total=p.shards_total,
+            samples_per_s=round(p.samples_per_s, 1),
+            mb_per_s=round(p.mb_per_s, 2),
+            phase=p.phase,
+            final=p.final,
+        )
 
     result = convert_sync(
-        req, src_profile=_profile(ctx.params.get("src_profile"), has_creds),
+        req,
+        src_profile=_profile(ctx.params.get("src_profile"), has_creds),
         dest_profile=_profile(ctx.params.get("dest_profile"), has_creds),
-        on_progress=report, on_log=ctx.log, cancelled=lambda: bool(ctx.cancelled), credentials=creds,
+        on_progress=report,
+        on_log=ctx.log,
+        cancelled=lambda: bool(ctx.cancelled),
+        credentials=creds,
     )
     ctx.log(result.manifest.summary())
     return result.as_dict()

@@ -46,8 +46,13 @@ class ShardEntry:
         """An entry from its JSON object; ValueError/KeyError/TypeError when it is not one."""
         if not isinstance(d, dict):
             raise TypeError(f"a shard entry must be an object, got {type(d).__name__}")
-        return cls(name=str(d["name"]), bytes=int(d["bytes"]), samples=int(d["samples"]),
-                   files=int(d.get("files", 0)), sha256=str(d["sha256"]))
+        return cls(
+            name=str(d["name"]),
+            bytes=int(d["bytes"]),
+            samples=int(d["samples"]),
+            files=int(d.get("files", 0)),
+            sha256=str(d["sha256"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,10 @@ class RequestArithmetic:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "gets_before": self.gets_before, "gets_after": self.gets_after,
-            "reduction": round(self.reduction, 2), "get_per_1000_usd": self.get_per_1000,
+            "gets_before": self.gets_before,
+            "gets_after": self.gets_after,
+            "reduction": round(self.reduction, 2),
+            "get_per_1000_usd": self.get_per_1000,
             "price_source": self.price_source,
             "usd_per_epoch_before": round(self.usd_per_epoch_before, 6),
             "usd_per_epoch_after": round(self.usd_per_epoch_after, 6),
@@ -82,10 +89,12 @@ class RequestArithmetic:
 
     def summary(self) -> str:
         """One line: GETs before -> after, the reduction and $ per epoch."""
-        return (f"GETs per epoch {self.gets_before:,} -> {self.gets_after:,} "
-                f"({self.reduction:,.0f}x fewer); {usd_text(self.usd_per_epoch_before)} -> "
-                f"{usd_text(self.usd_per_epoch_after)} per epoch at ${self.get_per_1000:g}/1k GETs "
-                f"({self.price_source})")
+        return (
+            f"GETs per epoch {self.gets_before:,} -> {self.gets_after:,} "
+            f"({self.reduction:,.0f}x fewer); {usd_text(self.usd_per_epoch_before)} -> "
+            f"{usd_text(self.usd_per_epoch_after)} per epoch at ${self.get_per_1000:g}/1k GETs "
+            f"({self.price_source})"
+        )
 
 
 def get_price(config: Config | None, *profiles: StoreProfile | None) -> tuple[float, str]:
@@ -145,8 +154,7 @@ class Manifest:
             "shard_size_target": self.shard_size,
             "seed": self.seed,
             "plan_hash": self.plan_hash,
-            "totals": {"shards": len(self.shards), "samples": self.samples, "files": self.files,
-                       "bytes": self.bytes},
+            "totals": {"shards": len(self.shards), "samples": self.samples, "files": self.files, "bytes": self.bytes},
             "requests": self.requests.as_dict(),
             "input_problems": self.problems,
             "incomplete_policy": self.incomplete_policy,
@@ -168,19 +176,29 @@ class Manifest:
                 raise ValueError(f"unknown manifest format {doc.get('format')!r}")
             req = doc["requests"]
             return cls(
-                source=doc["source"], pattern=doc["pattern"], shard_size=int(doc["shard_size_target"]),
-                seed=doc.get("seed"), plan_hash=doc["plan_hash"],
+                source=doc["source"],
+                pattern=doc["pattern"],
+                shard_size=int(doc["shard_size_target"]),
+                seed=doc.get("seed"),
+                plan_hash=doc["plan_hash"],
                 shards=tuple(ShardEntry.from_dict(s) for s in doc["shards"]),
-                requests=RequestArithmetic(int(req["gets_before"]), int(req["gets_after"]),
-                                           float(req["get_per_1000_usd"]), str(req["price_source"])),
+                requests=RequestArithmetic(
+                    int(req["gets_before"]),
+                    int(req["gets_after"]),
+                    float(req["get_per_1000_usd"]),
+                    str(req["price_source"]),
+                ),
                 problems=doc.get("input_problems", {}),
                 incomplete_policy=doc.get("incomplete_policy", "error"),
             )
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise ValueError(f"{where}: not a loadmaster shard manifest ({type(exc).__name__}: "
-                             f"{str(exc)[:200]})") from None
+            raise ValueError(
+                f"{where}: not a loadmaster shard manifest ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
 
     def summary(self) -> str:
         """Two lines for the CLI and the console."""
-        return (f"{len(self.shards):,} shards, {self.samples:,} samples, {self.files:,} files, "
-                f"{bytes_text(self.bytes)}\n{self.requests.summary()}")
+        return (
+            f"{len(self.shards):,} shards, {self.samples:,} samples, {self.files:,} files, "
+            f"{bytes_text(self.bytes)}\n{self.requests.summary()}"
+        )

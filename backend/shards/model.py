@@ -48,9 +48,13 @@ class ShardRequest:
     def from_settings(cls, settings: ShardSettings, src: str, dest: str, **overrides: Any) -> ShardRequest:
         """A request with the ``[shards]`` defaults, ``overrides`` (None values ignored) on top."""
         base: dict[str, Any] = {
-            "shard_size": settings.shard_size, "pattern": settings.pattern, "workers": settings.workers,
-            "fetch_concurrency": settings.fetch_concurrency, "upload_part_size": settings.upload_part_size,
-            "pending_uploads": settings.pending_uploads, "spool_dir": settings.spool_dir,
+            "shard_size": settings.shard_size,
+            "pattern": settings.pattern,
+            "workers": settings.workers,
+            "fetch_concurrency": settings.fetch_concurrency,
+            "upload_part_size": settings.upload_part_size,
+            "pending_uploads": settings.pending_uploads,
+            "spool_dir": settings.spool_dir,
             "partner_share": settings.partner_share,
         }
         base.update({k: v for k, v in overrides.items() if v is not None})
@@ -76,8 +80,6 @@ class ShardRequest:
             raise ShardError("--shard-size must be positive (e.g. 512MB)")
         if normalize_location(self.src) == normalize_location(self.dest):
             raise ShardError("source and destination are the same place; write shards elsewhere")
-
-
 
 
 @dataclass(frozen=True)
@@ -122,10 +124,17 @@ class ShardPreview:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "src": self.src, "dest": self.dest, "files": self.files, "samples": self.samples,
-            "source_bytes": self.source_bytes, "shards": self.shards, "largest_shard": self.largest_shard,
-            "requests": self.requests.as_dict(), "warnings": list(self.warnings),
-            "errors": list(self.errors), "problems": self.problems.as_dict(),
+            "src": self.src,
+            "dest": self.dest,
+            "files": self.files,
+            "samples": self.samples,
+            "source_bytes": self.source_bytes,
+            "shards": self.shards,
+            "largest_shard": self.largest_shard,
+            "requests": self.requests.as_dict(),
+            "warnings": list(self.warnings),
+            "errors": list(self.errors),
+            "problems": self.problems.as_dict(),
         }
 
 
@@ -143,8 +152,15 @@ class ConvertResult:
     def as_dict(self) -> dict[str, Any]:
         m = self.manifest
         return {
-            "dest": self.dest, "manifest": f"{self.dest.rstrip('/')}/{MANIFEST_NAME}",
-            "shards": len(m.shards), "samples": m.samples, "files": m.files, "bytes": m.bytes,
-            "written": len(self.written), "resumed": len(self.resumed), "elapsed_s": round(self.elapsed, 3),
-            "requests": m.requests.as_dict(), "warnings": list(self.warnings),
+            "dest": self.dest,
+            "manifest": f"{self.dest.rstrip('/')}/{MANIFEST_NAME}",
+            "shards": len(m.shards),
+            "samples": m.samples,
+            "files": m.files,
+            "bytes": m.bytes,
+            "written": len(self.written),
+            "resumed": len(self.resumed),
+            "elapsed_s": round(self.elapsed, 3),
+            "requests": m.requests.as_dict(),
+            "warnings": list(self.warnings),
         }

@@ -49,7 +49,7 @@ def split_key(path: str) -> tuple[str, str] | tuple[None, None]:
     start = path.rfind("/") + 1
     dot = path.find(".", start)
     if dot > start and "\n" not in path:
-        return path[:dot], path[dot + 1:]
+        return path[:dot], path[dot + 1 :]
     # Everything else through the regex itself: it has corner cases (``d/.h.json`` -> key ``d/``)
     # that a hand-written split would get "right" and so differently from the reader.
     m = KEY_RE.match(path)
@@ -108,29 +108,37 @@ class InputProblems:
             out.append(f"{len(self.unreadable)} unreadable file(s), e.g. {ex}")
         if self.collisions:
             ex = "; ".join(" vs ".join(c) for c in self.collisions[:EXAMPLES])
-            out.append(f"{len(self.collisions)} name collision(s) (two files map to the same "
-                       f"key and extension; WebDataset lower-cases extensions), e.g. {ex}")
+            out.append(
+                f"{len(self.collisions)} name collision(s) (two files map to the same "
+                f"key and extension; WebDataset lower-cases extensions), e.g. {ex}"
+            )
         if self.unkeyed:
             ex = ", ".join(self.unkeyed[:EXAMPLES])
-            out.append(f"{len(self.unkeyed)} file(s) without a WebDataset key (no '.' after the "
-                       f"first character of the name), e.g. {ex}")
+            out.append(
+                f"{len(self.unkeyed)} file(s) without a WebDataset key (no '.' after the "
+                f"first character of the name), e.g. {ex}"
+            )
         if self.incomplete:
             exp = ", ".join(self.expected_exts)
             ex = ", ".join(f"{k} (missing {'/'.join(m)})" for k, m in self.incomplete[:EXAMPLES])
-            out.append(f"{len(self.incomplete)} sample(s) lack a partner file that most samples "
-                       f"have ({exp}), e.g. {ex}")
+            out.append(
+                f"{len(self.incomplete)} sample(s) lack a partner file that most samples have ({exp}), e.g. {ex}"
+            )
         return out
 
     def as_dict(self) -> dict[str, object]:
         return {
             "unkeyed": {"count": len(self.unkeyed), "examples": list(self.unkeyed[:EXAMPLES])},
-            "collisions": {"count": len(self.collisions),
-                           "examples": [list(c) for c in self.collisions[:EXAMPLES]]},
-            "incomplete": {"count": len(self.incomplete), "expected": list(self.expected_exts),
-                           "examples": [{"key": k, "missing": list(m)}
-                                        for k, m in self.incomplete[:EXAMPLES]]},
-            "unreadable": {"count": len(self.unreadable),
-                           "examples": [{"path": p, "reason": r} for p, r in self.unreadable[:EXAMPLES]]},
+            "collisions": {"count": len(self.collisions), "examples": [list(c) for c in self.collisions[:EXAMPLES]]},
+            "incomplete": {
+                "count": len(self.incomplete),
+                "expected": list(self.expected_exts),
+                "examples": [{"key": k, "missing": list(m)} for k, m in self.incomplete[:EXAMPLES]],
+            },
+            "unreadable": {
+                "count": len(self.unreadable),
+                "examples": [{"path": p, "reason": r} for p, r in self.unreadable[:EXAMPLES]],
+            },
         }
 
 
@@ -165,9 +173,16 @@ def _escapes(root: str, rel: str, root_real: str) -> str | None:
     return None if inside(target, root_real) else target
 
 
-def _scan_dir(dfd: int, sub: str, files: list[SourceFile], unreadable: list[tuple[str, str]],
-              subdirs: list[str], readable: Callable[[os.stat_result], bool] | None,
-              root: str = "", root_real: str = "") -> None:
+def _scan_dir(
+    dfd: int,
+    sub: str,
+    files: list[SourceFile],
+    unreadable: list[tuple[str, str]],
+    subdirs: list[str],
+    readable: Callable[[os.stat_result], bool] | None,
+    root: str = "",
+    root_real: str = "",
+) -> None:
     """The entries of one directory (open as ``dfd``, at ``sub`` under the root) into the lists."""
     prefix = f"{sub}/" if sub else ""
     is_reg = stat.S_ISREG
@@ -231,9 +246,7 @@ def scan_local(root: str) -> tuple[list[SourceFile], list[tuple[str, str]]]:
     return files, unreadable
 
 
-def group_samples(
-    files: Iterable[SourceFile], *, partner_share: float = 0.5
-) -> tuple[list[Sample], InputProblems]:
+def group_samples(files: Iterable[SourceFile], *, partner_share: float = 0.5) -> tuple[list[Sample], InputProblems]:
     """Group files into samples by key (sorted by key); report unkeyed, colliding, incomplete."""
     by_key: dict[str, dict[str, tuple[str, str, int]]] = {}
     unkeyed: list[str] = []
@@ -242,7 +255,7 @@ def group_samples(
         start = rel.rfind("/") + 1
         dot = rel.find(".", start)
         if dot > start and "\n" not in rel:  # split_key's fast path, inlined: once per file
-            key, ext = rel[:dot], rel[dot + 1:]
+            key, ext = rel[:dot], rel[dot + 1 :]
         else:
             parts = split_key(rel)
             if parts[0] is None or parts[1] is None:
@@ -269,7 +282,9 @@ def group_samples(
             incomplete.append((key, tuple(e for e in expected if e not in exts)))
         samples.append(Sample(key, tuple([exts[e] for e in sorted(exts)])))
     problems = InputProblems(
-        unkeyed=tuple(unkeyed), collisions=tuple(collisions), incomplete=tuple(incomplete),
+        unkeyed=tuple(unkeyed),
+        collisions=tuple(collisions),
+        incomplete=tuple(incomplete),
         expected_exts=expected,
     )
     return samples, problems
@@ -313,8 +328,9 @@ def check_pattern(pattern: str) -> None:
     convs = re.findall(r"%[-+ 0#]*\d*[a-zA-Z%]", pattern)
     ints = [c for c in convs if c[-1] in "di"]
     if len(ints) != 1 or len(convs) != 1:
-        raise ShardError(f"shard pattern {pattern!r} must contain exactly one integer field like "
-                         "%06d (e.g. 'shard-%06d.tar')")
+        raise ShardError(
+            f"shard pattern {pattern!r} must contain exactly one integer field like %06d (e.g. 'shard-%06d.tar')"
+        )
     if "/" in pattern or not pattern.endswith(".tar"):
         raise ShardError(f"shard pattern {pattern!r} must be a plain file name ending in .tar")
 
@@ -328,17 +344,19 @@ def pattern_regex(pattern: str) -> re.Pattern[str]:
 def size_warnings(shard_size: int) -> list[str]:
     """Advice when the target shard size is outside the recommended 256 MB - 1 GB."""
     if shard_size < MIN_RECOMMENDED:
-        return [f"shard size {bytes_text(shard_size)} is below the recommended 256 MB - 1 GB: "
-                "more shards means more GETs per epoch"]
+        return [
+            f"shard size {bytes_text(shard_size)} is below the recommended 256 MB - 1 GB: "
+            "more shards means more GETs per epoch"
+        ]
     if shard_size > MAX_RECOMMENDED:
-        return [f"shard size {bytes_text(shard_size)} is above the recommended 256 MB - 1 GB: "
-                "large shards shuffle coarsely and restart slowly"]
+        return [
+            f"shard size {bytes_text(shard_size)} is above the recommended 256 MB - 1 GB: "
+            "large shards shuffle coarsely and restart slowly"
+        ]
     return []
 
 
-def plan_shards(
-    samples: Sequence[Sample], *, shard_size: int, pattern: str, seed: int | None = None
-) -> ShardPlan:
+def plan_shards(samples: Sequence[Sample], *, shard_size: int, pattern: str, seed: int | None = None) -> ShardPlan:
     """Assign samples (sorted, or shuffled by ``seed``) to shards of at most ``shard_size`` bytes.
 
     A shard is closed before the sample that would push it over the target, so no shard exceeds
@@ -381,7 +399,13 @@ def plan_shards(
     if len(names) != len(shards):
         raise ShardError(f"shard pattern {pattern!r} gives duplicate names for {len(shards)} shards")
     return ShardPlan(
-        shards=tuple(shards), shard_size=shard_size, pattern=pattern, seed=seed,
-        plan_hash=hashlib.sha256("".join(fingerprint).encode()).hexdigest(), files=files, samples=len(order),
-        source_bytes=source_bytes, warnings=tuple(size_warnings(shard_size)),
+        shards=tuple(shards),
+        shard_size=shard_size,
+        pattern=pattern,
+        seed=seed,
+        plan_hash=hashlib.sha256("".join(fingerprint).encode()).hexdigest(),
+        files=files,
+        samples=len(order),
+        source_bytes=source_bytes,
+        warnings=tuple(size_warnings(shard_size)),
     )

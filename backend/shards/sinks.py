@@ -50,8 +50,7 @@ class Sink:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def journal(self, entry: ShardEntry) -> None:
-        self._run(self.store.put_bytes(f"{JOURNAL_PREFIX}/{entry.name}.json",
-                                       json.dumps(entry.as_dict()).encode()))
+        self._run(self.store.put_bytes(f"{JOURNAL_PREFIX}/{entry.name}.json", json.dumps(entry.as_dict()).encode()))
 
     def temp_path(self, name: str) -> str:
         raise NotImplementedError
@@ -99,8 +98,9 @@ class S3Sink(Sink):
         super().__init__(store, loop)
         self.s3 = store
         # PART_CONCURRENCY also bounds the parts of one shard held in memory
-        self.settings = UploadSettings(part_size=max(int(req.upload_part_size), MIN_PART_SIZE),
-                                       concurrency=PART_CONCURRENCY, always_multipart=True)
+        self.settings = UploadSettings(
+            part_size=max(int(req.upload_part_size), MIN_PART_SIZE), concurrency=PART_CONCURRENCY, always_multipart=True
+        )
         self.max_pending = max(1, int(req.pending_uploads))
         base = req.spool_dir or None
         if base:
@@ -128,8 +128,9 @@ class S3Sink(Sink):
         assert task is not None
         self._running.add(task)  # so aclose() can wait for a cancelled upload's abort
         try:
-            await multipart.upload_file(self.s3, path, entry.name, settings=self.settings, client=self.client,
-                                        journal=self.uploads)
+            await multipart.upload_file(
+                self.s3, path, entry.name, settings=self.settings, client=self.client, journal=self.uploads
+            )
         except LoadmasterError as exc:
             raise ShardError(f"uploading {entry.name} to {self.s3.url} failed: {exc}") from None
         finally:
@@ -224,8 +225,7 @@ class Output:
         """Pieces waiting for the output thread."""
         return self.queue.qsize() if self.thread is not None else 0
 
-    def feed(self, fd: int, offset: int | None, pieces: list[Piece],
-             release: Callable[[], None] | None = None) -> None:
+    def feed(self, fd: int, offset: int | None, pieces: list[Piece], release: Callable[[], None] | None = None) -> None:
         """Write ``pieces`` to ``fd`` at ``offset`` (None: already written) and hash them, then
         call ``release``."""
         self.check()
@@ -258,7 +258,7 @@ class Output:
 def _pwrite_all(fd: int, pieces: list[Piece], offset: int) -> None:
     """Write every piece at ``offset`` on with as few syscalls as possible (no joining copy)."""
     for i in range(0, len(pieces), _IOV_MAX):
-        group = pieces[i:i + _IOV_MAX]
+        group = pieces[i : i + _IOV_MAX]
         want = sum(len(p) for p in group)
         n = os.pwritev(fd, group, offset)
         if n < want:  # a short write: finish this group piece by piece

@@ -88,7 +88,6 @@ def _unreadable(path: str, exc: OSError) -> ShardError:
     return ShardError(f"cannot read source file {path}: {exc.strerror or exc}")
 
 
-
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
@@ -106,14 +105,18 @@ def _open_source(path: str, root_real: str) -> int:
         real = os.path.realpath(path)  # no /proc: the path as it resolves now
     if not inside(real, root_real):
         os.close(fd)
-        raise ShardError(f"source file {path} resolves to {real}, outside the source "
-                         f"{root_real}: refused (a symbolic link out of SRC is never followed)")
+        raise ShardError(
+            f"source file {path} resolves to {real}, outside the source "
+            f"{root_real}: refused (a symbolic link out of SRC is never followed)"
+        )
     return fd
 
 
 def _changed(path: str, size: int, got: int) -> ShardError:
-    return ShardError(f"source file {path} changed during the conversion (listed {size} bytes, "
-                      f"read {got}); run again once the source is stable")
+    return ShardError(
+        f"source file {path} changed during the conversion (listed {size} bytes, "
+        f"read {got}); run again once the source is stable"
+    )
 
 
 def _read_source(path: str, size: int, root_real: str, read: Callable[..., int], *args: Any) -> None:
@@ -222,11 +225,11 @@ class LocalSource(Source):
         for head, rel, size in chunk.members:
             end = pos + len(head)
             mv[pos:end] = head
-            _read_source(base + rel, size, self.root_real, _readv_exact, mv[end:end + size], spare)
+            _read_source(base + rel, size, self.root_real, _readv_exact, mv[end : end + size], spare)
             pos = end + size
             pad = -size % tarfmt.BLOCK
             if pad:  # the buffer is reused: padding is written, not assumed
-                mv[pos:pos + pad] = _ZEROS[:pad]
+                mv[pos : pos + pad] = _ZEROS[:pad]
                 pos += pad
         return [mv[:pos]], functools.partial(self.buffers.put, buf)
 
@@ -256,7 +259,7 @@ class LocalSource(Source):
         try:
             while got < size:
                 buf = self.buffers.get()
-                mv = memoryview(buf)[:min(len(buf), size - got)]
+                mv = memoryview(buf)[: min(len(buf), size - got)]
                 try:
                     n = os.readv(fd, [mv])
                 except OSError as exc:
@@ -298,8 +301,9 @@ class S3Source(Source):
         async with self.sem:
             data = await self.store.get_bytes(rel)
         if len(data) != size:
-            raise ShardError(f"{self.store.url}/{rel} changed during the conversion (listed {size} "
-                             f"bytes, got {len(data)})")
+            raise ShardError(
+                f"{self.store.url}/{rel} changed during the conversion (listed {size} bytes, got {len(data)})"
+            )
         return data
 
     async def _fill(self, chunk: Chunk) -> Filled:
@@ -308,7 +312,7 @@ class S3Source(Source):
         for (head, _rel, size), data in zip(chunk.members, datas, strict=True):
             pieces += (head, data)
             if size % tarfmt.BLOCK:
-                pieces.append(_ZEROS[:-size % tarfmt.BLOCK])
+                pieces.append(_ZEROS[: -size % tarfmt.BLOCK])
         return pieces, None
 
     def submit(self, chunk: Chunk) -> concurrent.futures.Future[Filled]:

@@ -51,8 +51,7 @@ def header(name: str, size: int) -> bytes:
     if len(raw) <= 100 and size <= _MAX_FAST_SIZE and "\x00" not in name:
         size_field = b"%011o\x00" % size
         chk = _FIXED_SUM + sum(raw) + sum(size_field)
-        return b"".join((raw, _ZERO_NAME_PAD[len(raw):], _MODE_UID_GID, size_field, _MTIME,
-                         b"%06o\x00 " % chk, _TAIL))
+        return b"".join((raw, _ZERO_NAME_PAD[len(raw) :], _MODE_UID_GID, size_field, _MTIME, b"%06o\x00 " % chk, _TAIL))
     return slow_header(name, size)
 
 

@@ -37,8 +37,14 @@ class ShardCheck:
     problems: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "samples": self.samples, "bytes": self.bytes,
-                "sha256": self.sha256, "problems": list(self.problems)}
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+            "problems": list(self.problems),
+        }
 
 
 @dataclass(frozen=True)
@@ -57,16 +63,24 @@ class VerifyReport:
         return all(c.ok for c in self.checks) and not self.extra and not self.problems
 
     def as_dict(self) -> dict[str, Any]:
-        return {"dest": self.dest, "ok": self.ok, "samples": self.samples,
-                "expected_samples": self.expected_samples, "extra": list(self.extra),
-                "problems": list(self.problems), "shards": [c.as_dict() for c in self.checks]}
+        return {
+            "dest": self.dest,
+            "ok": self.ok,
+            "samples": self.samples,
+            "expected_samples": self.expected_samples,
+            "extra": list(self.extra),
+            "problems": list(self.problems),
+            "shards": [c.as_dict() for c in self.checks],
+        }
 
     def summary(self) -> str:
         """One line saying whether the shards match the manifest."""
         bad = [c for c in self.checks if not c.ok]
         if self.ok:
-            return (f"OK: {len(self.checks)} shard(s), {self.samples:,} samples match the manifest "
-                    f"(sizes, sha256, sample counts)")
+            return (
+                f"OK: {len(self.checks)} shard(s), {self.samples:,} samples match the manifest "
+                f"(sizes, sha256, sample counts)"
+            )
         parts = [f"{len(bad)} of {len(self.checks)} shard(s) do not match the manifest"]
         if self.extra:
             parts.append(f"{len(self.extra)} shard(s) not in the manifest (e.g. {', '.join(self.extra[:3])})")
@@ -127,17 +141,22 @@ async def _download(store: S3Store, key: str, path: str) -> tuple[int, str]:
 async def read_manifest(store: ObjectStore, dest: str) -> Manifest:
     """The manifest at ``dest``; ShardError when missing or malformed."""
     if await store.stat(MANIFEST_NAME) is None:
-        raise ShardError(f"no {MANIFEST_NAME} in {dest}: not a finished loadmaster conversion "
-                         "(resume it with 'loadmaster shard SRC DEST --resume')")
+        raise ShardError(
+            f"no {MANIFEST_NAME} in {dest}: not a finished loadmaster conversion "
+            "(resume it with 'loadmaster shard SRC DEST --resume')"
+        )
     try:
-        return Manifest.from_json((await store.get_bytes(MANIFEST_NAME)).decode("utf-8"),
-                                  where=f"{dest}/{MANIFEST_NAME}")
+        return Manifest.from_json(
+            (await store.get_bytes(MANIFEST_NAME)).decode("utf-8"), where=f"{dest}/{MANIFEST_NAME}"
+        )
     except (ValueError, UnicodeDecodeError) as exc:
         raise ShardError(str(exc)) from None
 
 
 async def verify(
-    dest: str, *, profile: StoreProfile | None = None,
+    dest: str,
+    *,
+    profile: StoreProfile | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> VerifyReport:
     """Check every shard at ``dest`` against its manifest (size, sha256, webdataset sample count)."""

@@ -248,18 +248,24 @@ def _client_error(exc: Exception, store: str, bucket: str, profile: str | None, 
             return StoreError(f"{store}: bucket {bucket!r} does not exist (create it or fix the store URL)")
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
             who = f"profile {profile!r}" if profile else "the default AWS credential chain"
-            return StoreError(f"{store}: credentials from {who} were rejected ({code}); fix them in "
-                              "your AWS credentials file or environment")
+            return StoreError(
+                f"{store}: credentials from {who} were rejected ({code}); fix them in "
+                "your AWS credentials file or environment"
+            )
         if code in ("AccessDenied", "403"):
             return StoreError(f"{store}: access denied to bucket {bucket!r} ({msg or code})")
         return StoreError(f"{store}: {code or 'error'}: {msg}")
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         if not covered:
-            return StoreError(f"{store}: no configured store covers bucket {bucket!r} and the default AWS "
-                              "credential chain found no credentials; add a [stores.NAME] for it or set AWS_PROFILE")
+            return StoreError(
+                f"{store}: no configured store covers bucket {bucket!r} and the default AWS "
+                "credential chain found no credentials; add a [stores.NAME] for it or set AWS_PROFILE"
+            )
         who = f"profile {profile!r}" if profile else "the default AWS credential chain (the store sets no 'profile')"
-        return StoreError(f"{store}: no credentials found for {who}; set 'profile' on the store, add them to your "
-                          "AWS credentials file, or set the AWS_* environment variables")
+        return StoreError(
+            f"{store}: no credentials found for {who}; set 'profile' on the store, add them to your "
+            "AWS credentials file, or set the AWS_* environment variables"
+        )
     if isinstance(exc, ProfileNotFound):
         return StoreError(f"{store}: AWS profile {profile!r} not found in your AWS config/credentials files")
     if isinstance(exc, EndpointConnectionError):
@@ -270,8 +276,9 @@ def _client_error(exc: Exception, store: str, bucket: str, profile: str | None, 
 class S3Store(ObjectStore):
     """An S3-compatible bucket/prefix through aiobotocore (AWS, R2, SeaweedFS, MinIO, ...)."""
 
-    def __init__(self, url: str, profile: StoreProfile | None = None, *,
-                 credentials: Credentials | None = None) -> None:
+    def __init__(
+        self, url: str, profile: StoreProfile | None = None, *, credentials: Credentials | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_s3_url(self.url)
         self.profile = profile
@@ -286,7 +293,7 @@ class S3Store(ObjectStore):
         return join_key(self.prefix, key)
 
     def _rel(self, full: str) -> str:
-        return full[len(self.prefix) + 1:] if self.prefix else full
+        return full[len(self.prefix) + 1 :] if self.prefix else full
 
     def botocore_session(self) -> Any:
         from aiobotocore.session import get_session
@@ -330,8 +337,11 @@ class S3Store(ObjectStore):
                         self.botocore_session().create_client(
                             "s3",
                             endpoint_url=self.profile.endpoint_url if self.profile else None,
-                            region_name=(self.profile.region if self.profile and self.profile.region
-                                         and self.profile.region != "auto" else "us-east-1"),
+                            region_name=(
+                                self.profile.region
+                                if self.profile and self.profile.region and self.profile.region != "auto"
+                                else "us-east-1"
+                            ),
                             config=self.client_config(),
                         )
                     )
@@ -343,8 +353,13 @@ class S3Store(ObjectStore):
             return self._client
 
     def error(self, exc: Exception) -> StoreError:
-        return _client_error(exc, self.label, self.bucket, self.profile.profile if self.profile else None,
-                             covered=self.profile is not None)
+        return _client_error(
+            exc,
+            self.label,
+            self.bucket,
+            self.profile.profile if self.profile else None,
+            covered=self.profile is not None,
+        )
 
     async def credentials(self) -> Credentials:
         """Resolve this store's credentials (for handing to s5cmd on a node via a 0600 file)."""
@@ -377,8 +392,14 @@ class S3Store(ObjectStore):
         out = []
         async for page in self.iter_pages(sub):
             for obj in page.get("Contents", []):
-                out.append(ObjectInfo(self._rel(obj["Key"]), int(obj["Size"]),
-                                      obj["LastModified"].timestamp(), obj.get("ETag", "").strip('"')))
+                out.append(
+                    ObjectInfo(
+                        self._rel(obj["Key"]),
+                        int(obj["Size"]),
+                        obj["LastModified"].timestamp(),
+                        obj.get("ETag", "").strip('"'),
+                    )
+                )
         return sorted(out, key=lambda o: o.key)
 
     async def list_dirs(self, sub: str = "") -> builtins.list[str]:  # `list` is a method here
@@ -400,8 +421,9 @@ class S3Store(ObjectStore):
             raise self.error(exc) from None
         except Exception as exc:  # noqa: BLE001
             raise self.error(exc) from None
-        return ObjectInfo(key, int(head["ContentLength"]), head["LastModified"].timestamp(),
-                          head.get("ETag", "").strip('"'))
+        return ObjectInfo(
+            key, int(head["ContentLength"]), head["LastModified"].timestamp(), head.get("ETag", "").strip('"')
+        )
 
     async def get_bytes(self, key: str) -> bytes:
         client = await self.client()
@@ -415,8 +437,9 @@ class S3Store(ObjectStore):
     async def get_range(self, key: str, start: int, length: int) -> bytes:
         client = await self.client()
         try:
-            resp = await client.get_object(Bucket=self.bucket, Key=self._key(key),
-                                           Range=f"bytes={start}-{start + length - 1}")
+            resp = await client.get_object(
+                Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
+            )
             async with resp["Body"] as body:
                 return await body.read()
         except Exception as exc:  # noqa: BLE001
@@ -435,7 +458,7 @@ class S3Store(ObjectStore):
         deleted: list[str] = []
         errors: dict[str, str] = {}
         for i in range(0, len(keys), DELETE_BATCH):
-            batch = keys[i:i + DELETE_BATCH]
+            batch = keys[i : i + DELETE_BATCH]
             try:
                 resp = await client.delete_objects(
                     Bucket=self.bucket,

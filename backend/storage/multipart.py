@@ -139,8 +139,10 @@ class MultipartJournal:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise UploadError(f"another upload to {dest} is running on this machine (its journal {self.path} "
-                              "is locked); wait for it or cancel it") from None
+            raise UploadError(
+                f"another upload to {dest} is running on this machine (its journal {self.path} "
+                "is locked); wait for it or cancel it"
+            ) from None
         self._lock_fd = fd
         try:
             self._load()
@@ -206,8 +208,9 @@ def _read_part(path: Path, offset: int, view: memoryview) -> bytes:
     finally:
         os.close(fd)
     if got != len(view):
-        raise UploadError(f"{path}: short read ({got} of {len(view)} bytes at {offset}); "
-                          "was the file modified during the upload?")
+        raise UploadError(
+            f"{path}: short read ({got} of {len(view)} bytes at {offset}); was the file modified during the upload?"
+        )
     return hashlib.md5(view, usedforsecurity=False).digest()
 
 
@@ -242,7 +245,7 @@ class PartBody:
 
     def read(self, n: int = -1) -> bytes:
         end = len(self.view) if n is None or n < 0 else min(len(self.view), self._pos + n)
-        out = bytes(self.view[self._pos:end])
+        out = bytes(self.view[self._pos : end])
         self._pos = end
         return out
 
@@ -286,7 +289,7 @@ def _register_part_payload() -> None:
             view = self._value.view
             end = len(view) if content_length is None else min(len(view), content_length)
             for i in range(0, end, SEND_SLICE):
-                await writer.write(view[i:min(end, i + SEND_SLICE)])  # drains between slices
+                await writer.write(view[i : min(end, i + SEND_SLICE)])  # drains between slices
 
     payload.register_payload(_PartPayload, PartBody)
     _payload_registered = True
@@ -345,8 +348,18 @@ async def upload_file(
         raise UploadError(f"cannot upload to {store.url}: unsupported store type")
     if client is None:
         async with upload_client(store, settings) as own:
-            return await upload_file(store, path, key, settings=settings, parts_sem=parts_sem, counter=counter,
-                                     cancelled=cancelled, fault=fault, client=own, journal=journal)
+            return await upload_file(
+                store,
+                path,
+                key,
+                settings=settings,
+                parts_sem=parts_sem,
+                counter=counter,
+                cancelled=cancelled,
+                fault=fault,
+                client=own,
+                journal=journal,
+            )
     _register_part_payload()
     full_key = join_key(store.prefix, key)
     sem = parts_sem or asyncio.Semaphore(settings.concurrency)
@@ -387,10 +400,13 @@ async def upload_file(
                     await asyncio.sleep(min(8.0, 0.2 * 2**attempt))
         finally:
             view.release()
-        raise UploadError(f"{store.url}/{key}: part {part_no} failed after {settings.retries + 1} attempts: "
-                          f"{store.error(last) if last and not isinstance(last, UploadError) else last}")
+        raise UploadError(
+            f"{store.url}/{key}: part {part_no} failed after {settings.retries + 1} attempts: "
+            f"{store.error(last) if last and not isinstance(last, UploadError) else last}"
+        )
 
     if n_parts == 1 and not settings.always_multipart:
+
         async def put(body: Any, md5: str) -> Any:
             return await client.put_object(Bucket=store.bucket, Key=full_key, Body=body, ContentMD5=md5)
 
@@ -415,10 +431,17 @@ async def upload_file(
         try:
             if journal is not None:
                 journal.started(store.bucket, full_key, upload_id)
+
             async def one(part_no: int) -> tuple[int, str, bytes]:
                 async def up(body: Any, md5: str) -> Any:
-                    return await client.upload_part(Bucket=store.bucket, Key=full_key, UploadId=upload_id,
-                                                    PartNumber=part_no, Body=body, ContentMD5=md5)
+                    return await client.upload_part(
+                        Bucket=store.bucket,
+                        Key=full_key,
+                        UploadId=upload_id,
+                        PartNumber=part_no,
+                        Body=body,
+                        ContentMD5=md5,
+                    )
 
                 async with sem:
                     etag, digest = await send(part_no, up)
@@ -434,8 +457,11 @@ async def upload_file(
                 raise
             results.sort()
             await client.complete_multipart_upload(
-                Bucket=store.bucket, Key=full_key, UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e, _ in results]})
+                Bucket=store.bucket,
+                Key=full_key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e, _ in results]},
+            )
             if journal is not None:
                 journal.ended(upload_id)
         except BaseException as exc:
@@ -449,11 +475,15 @@ async def upload_file(
         parts = n_parts
     head = await store.stat(key)
     if head is None or head.size != size:
-        raise UploadError(f"{store.url}/{key}: verification failed: stored size "
-                          f"{None if head is None else head.size} != {size} bytes on disk")
+        raise UploadError(
+            f"{store.url}/{key}: verification failed: stored size "
+            f"{None if head is None else head.size} != {size} bytes on disk"
+        )
     if head.etag and head.etag != expected:
-        raise UploadError(f"{store.url}/{key}: verification failed: stored ETag {head.etag} != {expected} "
-                          "computed from the file on disk")
+        raise UploadError(
+            f"{store.url}/{key}: verification failed: stored ETag {head.etag} != {expected} "
+            "computed from the file on disk"
+        )
     return UploadedObject(key, size, expected, parts)
 
 
@@ -467,13 +497,18 @@ async def upload_client(store: S3Store, settings: UploadSettings) -> AsyncIterat
         s3cfg["payload_signing_enabled"] = False
     async with contextlib.AsyncExitStack() as stack:
         try:
-            client = await stack.enter_async_context(store.botocore_session().create_client(
-                "s3", endpoint_url=p.endpoint_url if p else None,
-                region_name=p.region if p and p.region and p.region != "auto" else "us-east-1",
-                config=store.client_config(s3=s3cfg, max_pool_connections=max(64, settings.concurrency * 2),
-                                           **({} if settings.sdk_checksum else
-                                              {"request_checksum_calculation": "when_required"})),
-            ))
+            client = await stack.enter_async_context(
+                store.botocore_session().create_client(
+                    "s3",
+                    endpoint_url=p.endpoint_url if p else None,
+                    region_name=p.region if p and p.region and p.region != "auto" else "us-east-1",
+                    config=store.client_config(
+                        s3=s3cfg,
+                        max_pool_connections=max(64, settings.concurrency * 2),
+                        **({} if settings.sdk_checksum else {"request_checksum_calculation": "when_required"}),
+                    ),
+                )
+            )
         except Exception as exc:  # noqa: BLE001 - profile/credential problems name what to fix
             raise store.error(exc) from None
         yield store.prepare_client(client)
@@ -498,7 +533,8 @@ async def list_multipart(store: ObjectStore, prefix: str = "") -> list[tuple[str
     full = join_key(store.prefix, prefix)
     try:
         async for page in client.get_paginator("list_multipart_uploads").paginate(
-                Bucket=store.bucket, Prefix=full + "/" if full else ""):
+            Bucket=store.bucket, Prefix=full + "/" if full else ""
+        ):
             for u in page.get("Uploads", []):
                 out.append((store._rel(u["Key"]), u["UploadId"], u["Initiated"].timestamp()))
     except Exception as exc:  # noqa: BLE001
@@ -520,8 +556,9 @@ async def abort_recorded(store: ObjectStore, journal: MultipartJournal) -> list[
     return out
 
 
-async def abort_stale(store: ObjectStore, prefix: str, *, before: float | None = None,
-                      match: Callable[[str], bool] | None = None) -> int:
+async def abort_stale(
+    store: ObjectStore, prefix: str, *, before: float | None = None, match: Callable[[str], bool] | None = None
+) -> int:
     """Abort EVERY multipart upload under ``prefix`` (started before ``before``, keys ``match`` accepts).
 
     It cannot tell whose they are: only for a caller that owns the whole prefix. Uploads of

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 #: Node-level series, in the order they are stored.
 NODE_METRICS = (
-    "util_mean", "util_min", "mem_used_mib", "rx_gbps", "tx_gbps", "disk_write_mbps",
+    "util_mean",
+    "util_min",
+    "mem_used_mib",
+    "rx_gbps",
+    "tx_gbps",
+    "disk_write_mbps",
     "disk_read_mbps",
 )
 NAN = float("nan")
@@ -68,7 +73,7 @@ class Ring:
         n = max(0, min(n, self._len))
         start = (self._head - n) % self._cap
         if start + n <= self._cap:
-            return self._buf[start:start + n].tolist()
+            return self._buf[start : start + n].tolist()
         return self._buf[start:].tolist() + self._buf[: (start + n) % self._cap].tolist()
 
     def summary(self, n: int | None = None) -> Summary:
@@ -104,8 +109,9 @@ class NodeHistory:
         self.gpu_util: dict[int, Ring] = {}
         self._gpu_hint = gpu_count
 
-    def append(self, t: float, values: dict[str, float | None],
-               gpu_util: Iterable[tuple[int, float | None]] = ()) -> None:
+    def append(
+        self, t: float, values: dict[str, float | None], gpu_util: Iterable[tuple[int, float | None]] = ()
+    ) -> None:
         """Record one sample's node metrics and per-GPU utilisation at time ``t``."""
         self.t.append(t)
         for name, ring in self.metrics.items():
@@ -143,8 +149,9 @@ class NodeHistory:
     @property
     def nbytes(self) -> int:
         """Bytes held by the rings (fixed once every GPU has been seen)."""
-        return self.t.nbytes + sum(r.nbytes for r in self.metrics.values()) + sum(
-            r.nbytes for r in self.gpu_util.values())
+        return (
+            self.t.nbytes + sum(r.nbytes for r in self.metrics.values()) + sum(r.nbytes for r in self.gpu_util.values())
+        )
 
     def _ring(self, metric: str) -> Ring:
         if metric in self.metrics:

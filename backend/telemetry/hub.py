@@ -44,8 +44,9 @@ STOP_TIMEOUT = 5.0
 class _NodeState:
     """Mutable per-node bookkeeping (never handed out; snapshots are)."""
 
-    def __init__(self, node: Node, settings: TelemetrySettings,
-                 to_wall: Callable[[float], float] | None = None) -> None:
+    def __init__(
+        self, node: Node, settings: TelemetrySettings, to_wall: Callable[[float], float] | None = None
+    ) -> None:
         self.node = node
         self.prev: RawSample | None = None
         self.prev_t: float | None = None
@@ -69,10 +70,16 @@ def _nodes_of(pool: NodePool) -> list[Node]:
 class TelemetryHub:
     """Samples every node of ``pool`` and publishes a FleetSnapshot each interval."""
 
-    def __init__(self, pool: NodePool, settings: TelemetrySettings | None = None, *,
-                 clock: Callable[[], float] = time.monotonic, feed_only: bool = False,
-                 nodes: Iterable[str] | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        pool: NodePool,
+        settings: TelemetrySettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        feed_only: bool = False,
+        nodes: Iterable[str] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.pool = pool
         #: True: samples arrive only through ingest()/tick() (benchmarks, replays); start() is a no-op.
         self.feed_only = feed_only
@@ -82,7 +89,8 @@ class TelemetryHub:
         # Hub times are monotonic (immune to clock steps); alerts also carry wall time.
         offset = wall_clock() - clock()
         self._nodes: dict[str, _NodeState] = {
-            n.name: _NodeState(n, self.settings, lambda t: t + offset) for n in _nodes_of(pool)
+            n.name: _NodeState(n, self.settings, lambda t: t + offset)
+            for n in _nodes_of(pool)
             if only is None or n.name in only
         }
         self._recent: deque[Alert] = deque(maxlen=RECENT_ALERTS)
@@ -109,8 +117,7 @@ class TelemetryHub:
             if name not in self._nodes:
                 continue
             self._tasks.append(asyncio.create_task(self._run_node(name), name=f"telemetry:{name}"))
-            self._tasks.append(asyncio.create_task(self._probe_latency(name),
-                                                   name=f"telemetry-latency:{name}"))
+            self._tasks.append(asyncio.create_task(self._probe_latency(name), name=f"telemetry-latency:{name}"))
         self._tasks.append(asyncio.create_task(self._ticker(), name="telemetry:ticker"))
 
     async def stop(self) -> None:
@@ -131,8 +138,7 @@ class TelemetryHub:
                 left = deadline - asyncio.get_running_loop().time()
                 if left <= 0:
                     for task in pending:
-                        log.warning("telemetry task %s did not stop within %ss", task.get_name(),
-                                    STOP_TIMEOUT)
+                        log.warning("telemetry task %s did not stop within %ss", task.get_name(), STOP_TIMEOUT)
                     break
                 _done, pending = await asyncio.wait(pending, timeout=min(0.5, left))
         finally:
@@ -195,11 +201,22 @@ class TelemetryHub:
             log.warning("telemetry: malformed sample from %s: %s", node, error)
         st.state, st.error = "up", error
         snap = NodeSnapshot(
-            name=node, site=st.node.site, state="up", error=error,
-            latency_ms=st.latency_ms, gpus=raw.gpus, gpu_status=raw.gpu_status, nics=nics,
-            disks=disks, scratch=st.node.scratch, scratch_free_bytes=raw.scratch_free_bytes,
-            scratch_total_bytes=raw.scratch_total_bytes, scratch_error=raw.scratch_error,
-            sampled_at=t, boot_id=raw.boot_id, samples=st.snap.samples + 1,
+            name=node,
+            site=st.node.site,
+            state="up",
+            error=error,
+            latency_ms=st.latency_ms,
+            gpus=raw.gpus,
+            gpu_status=raw.gpu_status,
+            nics=nics,
+            disks=disks,
+            scratch=st.node.scratch,
+            scratch_free_bytes=raw.scratch_free_bytes,
+            scratch_total_bytes=raw.scratch_total_bytes,
+            scratch_error=raw.scratch_error,
+            sampled_at=t,
+            boot_id=raw.boot_id,
+            samples=st.snap.samples + 1,
         )
         alert, cleared = st.detector.update(t, raw.gpus, snap.rx_gbps, snap.rx_pct)
         if cleared is not None:
@@ -209,9 +226,12 @@ class TelemetryHub:
         st.history.append(
             t,
             {
-                "util_mean": snap.util_mean, "util_min": snap.util_min,
-                "mem_used_mib": snap.mem_used_mib, "rx_gbps": snap.rx_gbps,
-                "tx_gbps": snap.tx_gbps, "disk_write_mbps": snap.disk_write_mbps,
+                "util_mean": snap.util_mean,
+                "util_min": snap.util_min,
+                "mem_used_mib": snap.mem_used_mib,
+                "rx_gbps": snap.rx_gbps,
+                "tx_gbps": snap.tx_gbps,
+                "disk_write_mbps": snap.disk_write_mbps,
                 "disk_read_mbps": snap.disk_read_mbps,
             },
             ((g.index, g.util_pct) for g in raw.gpus),
@@ -281,9 +301,13 @@ class TelemetryHub:
             if st.detector.alert is not None:
                 active.append(st.detector.alert)
         active.sort(key=lambda a: a.started)
-        return FleetSnapshot(seq=self._seq, t=t, nodes=tuple(nodes),
-                             alerts=tuple(active) + tuple(self._recent),
-                             changed=frozenset(changed))
+        return FleetSnapshot(
+            seq=self._seq,
+            t=t,
+            nodes=tuple(nodes),
+            alerts=tuple(active) + tuple(self._recent),
+            changed=frozenset(changed),
+        )
 
     def _publish(self, snap: FleetSnapshot) -> None:
         for cb in list(self._subscribers):
@@ -332,8 +356,10 @@ class TelemetryHub:
                 # One deadline per block, pushed forward at each block's end. (Not
                 # asyncio.wait_for per line: on Python 3.11 it can swallow a cancellation that
                 # races a completing read, and it costs a task per line at fleet scale.)
-                async with contextlib.aclosing(transport.stream(script)) as stream, \
-                        asyncio.timeout(silence) as deadline:
+                async with (
+                    contextlib.aclosing(transport.stream(script)) as stream,
+                    asyncio.timeout(silence) as deadline,
+                ):
                     lines: list[str] | None = None
                     size = 0
                     flood: str | None = None  # why the block in progress is malformed
@@ -354,13 +380,16 @@ class TelemetryHub:
                             size += len(line) + 1
                             if len(lines) >= MAX_BLOCK_LINES or size > MAX_BLOCK_BYTES:
                                 # Bounded memory: the block is dropped, not kept in part.
-                                flood = (f"malformed sample: more than {MAX_BLOCK_LINES:,} lines or "
-                                         f"{MAX_BLOCK_BYTES // (1 << 20)} MiB in one block; dropped")
+                                flood = (
+                                    f"malformed sample: more than {MAX_BLOCK_LINES:,} lines or "
+                                    f"{MAX_BLOCK_BYTES // (1 << 20)} MiB in one block; dropped"
+                                )
                                 lines = []
                             else:
                                 lines.append(line)
-                self.note_error(name, "sampler stream ended" if got_block else
-                                "sampler stream ended before the first sample")
+                self.note_error(
+                    name, "sampler stream ended" if got_block else "sampler stream ended before the first sample"
+                )
             except asyncio.CancelledError:
                 raise
             except TimeoutError:

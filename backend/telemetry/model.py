@@ -192,14 +192,12 @@ class NodeSnapshot:
     @cached_property
     def rx_pct(self) -> float | None:
         """Receive as % of the summed line rate of NICs with a known speed."""
-        return _pct(_sum(n.rx_gbps for n in self.nics if n.counts and n.speed_mbps),
-                    self.line_rate_mbps)
+        return _pct(_sum(n.rx_gbps for n in self.nics if n.counts and n.speed_mbps), self.line_rate_mbps)
 
     @cached_property
     def tx_pct(self) -> float | None:
         """Transmit as % of the summed line rate of NICs with a known speed."""
-        return _pct(_sum(n.tx_gbps for n in self.nics if n.counts and n.speed_mbps),
-                    self.line_rate_mbps)
+        return _pct(_sum(n.tx_gbps for n in self.nics if n.counts and n.speed_mbps), self.line_rate_mbps)
 
     @cached_property
     def disk_write_mbps(self) -> float | None:
@@ -243,8 +241,7 @@ class FleetSnapshot:
     @cached_property
     def util_mean(self) -> float | None:
         """Mean utilisation over every GPU of up nodes."""
-        vals = [g.util_pct for n in self.nodes if n.state == "up" for g in n.gpus
-                if g.util_pct is not None]
+        vals = [g.util_pct for n in self.nodes if n.state == "up" for g in n.gpus if g.util_pct is not None]
         return sum(vals) / len(vals) if vals else None
 
     @cached_property

@@ -19,9 +19,34 @@ from backend.nodes.untrusted import CUT_LINE, MAX_LINE_BYTES, clean_text
 from backend.telemetry.model import NO_GPU, DiskRate, GpuSample, NicKind, NicRate
 
 _VIRTUAL_PREFIXES = (
-    "docker", "veth", "br-", "virbr", "cni", "flannel", "cali", "tun", "tap", "vxlan", "weave",
-    "kube", "lxc", "lxd", "podman", "cilium", "genev", "gre", "dummy", "ifb", "wg", "zt", "tailscale",
-    "vnet", "nodelocaldns", "ip6tnl", "sit", "erspan",
+    "docker",
+    "veth",
+    "br-",
+    "virbr",
+    "cni",
+    "flannel",
+    "cali",
+    "tun",
+    "tap",
+    "vxlan",
+    "weave",
+    "kube",
+    "lxc",
+    "lxd",
+    "podman",
+    "cilium",
+    "genev",
+    "gre",
+    "dummy",
+    "ifb",
+    "wg",
+    "zt",
+    "tailscale",
+    "vnet",
+    "nodelocaldns",
+    "ip6tnl",
+    "sit",
+    "erspan",
 )
 _PARTITION = re.compile(r"^(?:(?:[shv]|xv)d[a-z]+\d+|(?:nvme\d+n\d+|mmcblk\d+|md\d+|loop\d+)p\d+)$")
 _NOT_DISK = ("loop", "ram", "zram", "sr", "fd")
@@ -37,8 +62,14 @@ _WRAP64 = 2**64
 NAME_LIMIT = 128
 MESSAGE_LIMIT = 200
 #: What the sampler names each section, for messages about a malformed one.
-_SECTION_SOURCE = {"gpu": "nvidia-smi", "netdev": "/proc/net/dev", "nic": "/sys/class/net",
-                   "diskstats": "/proc/diskstats", "block": "/sys/block", "df": "df"}
+_SECTION_SOURCE = {
+    "gpu": "nvidia-smi",
+    "netdev": "/proc/net/dev",
+    "nic": "/sys/class/net",
+    "diskstats": "/proc/diskstats",
+    "block": "/sys/block",
+    "df": "df",
+}
 #: gpu_status of a sample whose nvidia-smi output was malformed starts with this.
 MALFORMED = "malformed"
 
@@ -120,24 +151,31 @@ def parse_gpu_csv(text: str, rc: str | None = "0") -> tuple[tuple[GpuSample, ...
         lost = _LOST_LINE.search(ln) if "GPU is lost" in ln and "," not in ln else None
         if lost:
             bus = lost.group(1) or ""
-            gpus.append(GpuSample(index=len(gpus), uuid=_name(bus.rstrip(":.")), lost=True,
-                                  error="GPU is lost"))
+            gpus.append(GpuSample(index=len(gpus), uuid=_name(bus.rstrip(":.")), lost=True, error="GPU is lost"))
             continue
         if "," not in ln:
             errors.append(_message(ln.strip()))
             continue
         # nvidia-smi's CSV never quotes (no GPU name or UUID holds a comma), so a plain split
         # is exact and several times cheaper than the csv module at fleet scale.
-        cells = [c.strip() for c in ln.split(",")] if '"' not in ln else [
-            c.strip() for c in next(csv.reader([ln], skipinitialspace=True))]
+        cells = (
+            [c.strip() for c in ln.split(",")]
+            if '"' not in ln
+            else [c.strip() for c in next(csv.reader([ln], skipinitialspace=True))]
+        )
         if cells[0] == "index":
             continue  # the header of --format=csv without noheader
         cells += [""] * (10 - len(cells))
         if "GPU is lost" in ln:
             idx = _value(cells[0])
-            gpus.append(GpuSample(index=int(idx) if idx is not None else len(gpus),
-                                  uuid=_name(cells[1].strip()) if not cells[1].startswith("[") else "",
-                                  lost=True, error="GPU is lost"))
+            gpus.append(
+                GpuSample(
+                    index=int(idx) if idx is not None else len(gpus),
+                    uuid=_name(cells[1].strip()) if not cells[1].startswith("[") else "",
+                    lost=True,
+                    error="GPU is lost",
+                )
+            )
             continue
         idx = _value(cells[0])
         gpus.append(
@@ -386,15 +424,18 @@ def counter_delta(prev: int, cur: int, max_delta: float) -> int | None:
     return None
 
 
-def compute_rates(prev: RawSample | None, cur: RawSample, dt: float | None
-                  ) -> tuple[tuple[NicRate, ...], tuple[DiskRate, ...]]:
+def compute_rates(
+    prev: RawSample | None, cur: RawSample, dt: float | None
+) -> tuple[tuple[NicRate, ...], tuple[DiskRate, ...]]:
     """NIC and disk rates between two samples ``dt`` seconds apart (None rates when unknown).
 
     No previous sample, a changed boot id, a non-positive interval or an implausible counter
     step all give None for the affected rates.
     """
     usable = (
-        prev is not None and dt is not None and dt > 0
+        prev is not None
+        and dt is not None
+        and dt > 0
         and (prev.boot_id is None or cur.boot_id is None or prev.boot_id == cur.boot_id)
     )
     nics: list[NicRate] = []

@@ -16,22 +16,46 @@ def _r(v: float | None, nd: int = 2) -> float | None:
 def node_dict(n: NodeSnapshot, now: float) -> dict[str, Any]:
     """One node as plain JSON types (derived totals included)."""
     return {
-        "name": n.name, "site": n.site, "state": n.state, "error": n.error,
+        "name": n.name,
+        "site": n.site,
+        "state": n.state,
+        "error": n.error,
         "age_s": _r(now - n.sampled_at) if n.sampled_at is not None else None,
-        "latency_ms": _r(n.latency_ms, 1), "samples": n.samples, "gpu_status": n.gpu_status,
-        "gpu_count": len(n.live_gpus), "gpus_lost": sum(1 for g in n.gpus if g.lost),
-        "util_mean": _r(n.util_mean, 1), "util_min": _r(n.util_min, 1),
-        "mem_used_mib": n.mem_used_mib, "mem_total_mib": n.mem_total_mib,
-        "rx_gbps": _r(n.rx_gbps, 3), "tx_gbps": _r(n.tx_gbps, 3),
-        "rx_pct": _r(n.rx_pct, 1), "tx_pct": _r(n.tx_pct, 1),
-        "disk_write_mbps": _r(n.disk_write_mbps), "disk_read_mbps": _r(n.disk_read_mbps),
-        "scratch": {"path": n.scratch, "free_bytes": n.scratch_free_bytes,
-                    "total_bytes": n.scratch_total_bytes, "error": n.scratch_error},
+        "latency_ms": _r(n.latency_ms, 1),
+        "samples": n.samples,
+        "gpu_status": n.gpu_status,
+        "gpu_count": len(n.live_gpus),
+        "gpus_lost": sum(1 for g in n.gpus if g.lost),
+        "util_mean": _r(n.util_mean, 1),
+        "util_min": _r(n.util_min, 1),
+        "mem_used_mib": n.mem_used_mib,
+        "mem_total_mib": n.mem_total_mib,
+        "rx_gbps": _r(n.rx_gbps, 3),
+        "tx_gbps": _r(n.tx_gbps, 3),
+        "rx_pct": _r(n.rx_pct, 1),
+        "tx_pct": _r(n.tx_pct, 1),
+        "disk_write_mbps": _r(n.disk_write_mbps),
+        "disk_read_mbps": _r(n.disk_read_mbps),
+        "scratch": {
+            "path": n.scratch,
+            "free_bytes": n.scratch_free_bytes,
+            "total_bytes": n.scratch_total_bytes,
+            "error": n.scratch_error,
+        },
         "gpus": [dataclasses.asdict(g) for g in n.gpus],
-        "nics": [{**dataclasses.asdict(x), "rx_gbps": _r(x.rx_gbps, 3), "tx_gbps": _r(x.tx_gbps, 3),
-                  "rx_pct": _r(x.rx_pct, 1), "tx_pct": _r(x.tx_pct, 1)} for x in n.nics],
-        "disks": [{**dataclasses.asdict(d), "read_mbps": _r(d.read_mbps),
-                   "write_mbps": _r(d.write_mbps)} for d in n.disks],
+        "nics": [
+            {
+                **dataclasses.asdict(x),
+                "rx_gbps": _r(x.rx_gbps, 3),
+                "tx_gbps": _r(x.tx_gbps, 3),
+                "rx_pct": _r(x.rx_pct, 1),
+                "tx_pct": _r(x.tx_pct, 1),
+            }
+            for x in n.nics
+        ],
+        "disks": [
+            {**dataclasses.asdict(d), "read_mbps": _r(d.read_mbps), "write_mbps": _r(d.write_mbps)} for d in n.disks
+        ],
         "alerts": [alert_dict(a) for a in n.alerts],
     }
 
@@ -52,9 +76,13 @@ def fleet_dict(snap: FleetSnapshot, *, wall_time: float) -> dict[str, Any]:
         "seq": snap.seq,
         "time": wall_time,
         "summary": {
-            "nodes_up": snap.nodes_up, "nodes_total": len(snap.nodes), "gpus": snap.gpu_count,
-            "util_mean": _r(snap.util_mean, 1), "rx_gbps": _r(snap.rx_gbps, 3),
-            "tx_gbps": _r(snap.tx_gbps, 3), "active_alerts": len(snap.active_alerts),
+            "nodes_up": snap.nodes_up,
+            "nodes_total": len(snap.nodes),
+            "gpus": snap.gpu_count,
+            "util_mean": _r(snap.util_mean, 1),
+            "rx_gbps": _r(snap.rx_gbps, 3),
+            "tx_gbps": _r(snap.tx_gbps, 3),
+            "active_alerts": len(snap.active_alerts),
         },
         "nodes": [node_dict(n, snap.t) for n in snap.nodes],
         "alerts": [alert_dict(a) for a in snap.alerts],
@@ -73,8 +101,20 @@ def unread_nodes(snap: FleetSnapshot) -> dict[str, str]:
     return out
 
 
-COLUMNS = ("NODE", "STATE", "SSH", "GPUS", "UTIL", "MIN", "MEM GiB", "RX Gbps", "RX%",
-           "TX Gbps", "DISK W MB/s", "ALERT")
+COLUMNS = (
+    "NODE",
+    "STATE",
+    "SSH",
+    "GPUS",
+    "UTIL",
+    "MIN",
+    "MEM GiB",
+    "RX Gbps",
+    "RX%",
+    "TX Gbps",
+    "DISK W MB/s",
+    "ALERT",
+)
 
 
 def _f(v: float | None, fmt: str) -> str:
@@ -95,13 +135,22 @@ def fleet_table(snap: FleetSnapshot, *, local: frozenset[str] = frozenset()) -> 
             lost = sum(1 for g in n.gpus if g.lost)
             gpus = f"{len(n.gpus) - lost}/{len(n.gpus)}" if lost else str(len(n.gpus))
         alert = f"GPU starved {n.alerts[0].duration:.0f}s: {n.alerts[0].hint}" if n.alerts else ""
-        rows.append((
-            n.name, state[:48], "local" if n.name in local else _f(n.latency_ms, "{:.0f}ms"), gpus, _f(n.util_mean, "{:.0f}%"),
-            _f(n.util_min, "{:.0f}%"), _f(None if n.mem_used_mib is None else n.mem_used_mib / 1024,
-                                          "{:.0f}"),
-            _f(n.rx_gbps, "{:.2f}"), _f(n.rx_pct, "{:.0f}%"), _f(n.tx_gbps, "{:.2f}"),
-            _f(n.disk_write_mbps, "{:.1f}"), alert,
-        ))
+        rows.append(
+            (
+                n.name,
+                state[:48],
+                "local" if n.name in local else _f(n.latency_ms, "{:.0f}ms"),
+                gpus,
+                _f(n.util_mean, "{:.0f}%"),
+                _f(n.util_min, "{:.0f}%"),
+                _f(None if n.mem_used_mib is None else n.mem_used_mib / 1024, "{:.0f}"),
+                _f(n.rx_gbps, "{:.2f}"),
+                _f(n.rx_pct, "{:.0f}%"),
+                _f(n.tx_gbps, "{:.2f}"),
+                _f(n.disk_write_mbps, "{:.1f}"),
+                alert,
+            )
+        )
     lines = [snap.summary_line(), *align_columns(rows)]
     for a in snap.active_alerts:
         lines.append(f"! {a.message}")

@@ -15,8 +15,7 @@ BEGIN = "@@lm-begin"
 END = "@@lm-end"
 
 GPU_FIELDS = (
-    "index,uuid,name,utilization.gpu,utilization.memory,memory.used,memory.total,"
-    "temperature.gpu,power.draw,power.limit"
+    "index,uuid,name,utilization.gpu,utilization.memory,memory.used,memory.total,temperature.gpu,power.draw,power.limit"
 )
 
 #: A block with more lines or bytes than this is a malformed sample: reported and dropped (a

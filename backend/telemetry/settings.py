@@ -46,9 +46,7 @@ class TelemetrySettings:
         if not 0.2 <= self.interval <= 60:
             raise ValueError(f"interval must be between 0.2 and 60 seconds, got {self.interval:g}")
         if self.history_seconds < 900:
-            raise ValueError(
-                f"history_seconds must be at least 900 (15 minutes), got {self.history_seconds:g}"
-            )
+            raise ValueError(f"history_seconds must be at least 900 (15 minutes), got {self.history_seconds:g}")
         if self.stale_after_missed < 1:
             raise ValueError(f"stale_after_missed must be at least 1, got {self.stale_after_missed}")
         if not 0 < self.starved_util_pct <= 100:

@@ -29,8 +29,7 @@ class StarvationDetector:
     """Raises an Alert for one node after ``starved_window`` seconds of starvation; clears it
     as soon as utilisation recovers or the job's memory is released."""
 
-    def __init__(self, node: str, settings: TelemetrySettings,
-                 to_wall: Callable[[float], float] | None = None) -> None:
+    def __init__(self, node: str, settings: TelemetrySettings, to_wall: Callable[[float], float] | None = None) -> None:
         self.node = node
         self.s = settings
         self._to_wall = to_wall
@@ -39,11 +38,18 @@ class StarvationDetector:
         self._gpus: tuple[int, ...] = ()
         self.alert: Alert | None = None
 
-    def update(self, t: float, gpus: tuple[GpuSample, ...], rx_gbps: float | None,
-               rx_pct: float | None) -> tuple[Alert | None, Alert | None]:
+    def update(
+        self, t: float, gpus: tuple[GpuSample, ...], rx_gbps: float | None, rx_pct: float | None
+    ) -> tuple[Alert | None, Alert | None]:
         """Feed one sample; returns (active alert or None, alert that just cleared or None)."""
-        busy = [g for g in gpus if not g.lost and g.mem_used_mib is not None
-                and g.mem_used_mib > self.s.starved_memory_mib and g.util_pct is not None]
+        busy = [
+            g
+            for g in gpus
+            if not g.lost
+            and g.mem_used_mib is not None
+            and g.mem_used_mib > self.s.starved_memory_mib
+            and g.util_pct is not None
+        ]
         if not busy:
             return None, self._clear(t)
         util = sum(g.util_pct or 0.0 for g in busy) / len(busy)
@@ -77,14 +83,29 @@ class StarvationDetector:
             hint = "request-bound"
         if self.alert is None:
             started = t - held
-            self.alert = Alert(node=self.node, gpus=self._gpus, started=started, duration=held,
-                               mean_util_pct=mean_util, mem_used_mib=mem, rx_gbps=rx,
-                               rx_pct=pct, hint=hint,
-                               started_wall=self._to_wall(started) if self._to_wall else None)
+            self.alert = Alert(
+                node=self.node,
+                gpus=self._gpus,
+                started=started,
+                duration=held,
+                mean_util_pct=mean_util,
+                mem_used_mib=mem,
+                rx_gbps=rx,
+                rx_pct=pct,
+                hint=hint,
+                started_wall=self._to_wall(started) if self._to_wall else None,
+            )
         else:
-            self.alert = replace(self.alert, gpus=self._gpus, duration=t - self.alert.started,
-                                 mean_util_pct=mean_util, mem_used_mib=mem, rx_gbps=rx,
-                                 rx_pct=pct, hint=hint)
+            self.alert = replace(
+                self.alert,
+                gpus=self._gpus,
+                duration=t - self.alert.started,
+                mean_util_pct=mean_util,
+                mem_used_mib=mem,
+                rx_gbps=rx,
+                rx_pct=pct,
+                hint=hint,
+            )
         return self.alert, None
 
     def reset(self, t: float) -> Alert | None:

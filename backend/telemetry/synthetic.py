@@ -24,14 +24,17 @@ DF_HEADER = "Filesystem     1024-blocks      Used Available Capacity Mounted on"
 
 def netdev_line(name: str, rx: int, tx: int) -> str:
     """One /proc/net/dev line in the kernel's layout."""
-    return (f"{name:>6}: {rx:>12} {rx // 1500:>9}    0    0    0     0          0         0 "
-            f"{tx:>12} {tx // 1500:>9}    0    0    0     0       0          0")
+    return (
+        f"{name:>6}: {rx:>12} {rx // 1500:>9}    0    0    0     0          0         0 "
+        f"{tx:>12} {tx // 1500:>9}    0    0    0     0       0          0"
+    )
 
 
 def diskstats_line(major: int, minor: int, name: str, rsect: int, wsect: int) -> str:
     """One /proc/diskstats line (kernel 5.x+: 20 fields)."""
-    return (f"{major:>4} {minor:>7} {name} {rsect // 8} 0 {rsect} 1200 {wsect // 8} 0 {wsect} "
-            "3400 0 2100 4600 0 0 0 0 0 0")
+    return (
+        f"{major:>4} {minor:>7} {name} {rsect // 8} 0 {rsect} 1200 {wsect // 8} 0 {wsect} 3400 0 2100 4600 0 0 0 0 0 0"
+    )
 
 
 @dataclass
@@ -83,23 +86,33 @@ class SyntheticNode:
         self._last_t = t
         gpu = self.gpu_csv(t) if self.gpus else "No devices were found"
         rc = "0" if self.gpus else "6"
-        return "\n".join([
-            f"@@uptime {1000.0 + t:.2f} 15000.00",
-            f"@@boot {self.boot_id}",
-            "@@gpu", gpu, f"@@gpu-rc {rc}",
-            "@@netdev", NETDEV_HEADER,
-            netdev_line("lo", 123456, 123456),
-            netdev_line("eth0", self._rx, self._tx),
-            netdev_line("docker0", 0, 0),
-            "@@nic", "docker0 -1 r", f"eth0 {self.speed_mbps} d", "lo -1 -",
-            "@@diskstats",
-            diskstats_line(259, 0, "nvme0n1", self._rsect, self._wsect),
-            diskstats_line(259, 1, "nvme0n1p1", self._rsect, self._wsect),
-            "@@block", "nvme0n1 d",
-            "@@df", DF_HEADER,
-            "/dev/nvme0n1p1  3750000000 1250000000 2500000000      34% /mnt/local-nvme",
-            "@@df-rc 0",
-        ])
+        return "\n".join(
+            [
+                f"@@uptime {1000.0 + t:.2f} 15000.00",
+                f"@@boot {self.boot_id}",
+                "@@gpu",
+                gpu,
+                f"@@gpu-rc {rc}",
+                "@@netdev",
+                NETDEV_HEADER,
+                netdev_line("lo", 123456, 123456),
+                netdev_line("eth0", self._rx, self._tx),
+                netdev_line("docker0", 0, 0),
+                "@@nic",
+                "docker0 -1 r",
+                f"eth0 {self.speed_mbps} d",
+                "lo -1 -",
+                "@@diskstats",
+                diskstats_line(259, 0, "nvme0n1", self._rsect, self._wsect),
+                diskstats_line(259, 1, "nvme0n1p1", self._rsect, self._wsect),
+                "@@block",
+                "nvme0n1 d",
+                "@@df",
+                DF_HEADER,
+                "/dev/nvme0n1p1  3750000000 1250000000 2500000000      34% /mnt/local-nvme",
+                "@@df-rc 0",
+            ]
+        )
 
     def framed(self, t: float) -> str:
         """The block with its frame lines, as the stream prints it."""
@@ -120,13 +133,16 @@ class SyntheticPool:
         """Nothing to close."""
 
 
-def synthetic_fleet(count: int, *, gpus: int = 8, starved: tuple[int, ...] = (),
-                    site: str = "coreweave:us-east-04") -> tuple[list[Node], list[SyntheticNode]]:
+def synthetic_fleet(
+    count: int, *, gpus: int = 8, starved: tuple[int, ...] = (), site: str = "coreweave:us-east-04"
+) -> tuple[list[Node], list[SyntheticNode]]:
     """``count`` node definitions (gpu-001 ...) and their synthetic generators."""
     width = max(3, len(str(count)))
-    nodes = [Node(name=f"gpu-{i:0{width}d}", host=f"10.0.{i // 250}.{i % 250 + 1}", site=site)
-             for i in range(1, count + 1)]
-    gens = [SyntheticNode(n.name, gpus=gpus, seed=i,
-                          pattern="starved" if i in starved else "training")
-            for i, n in enumerate(nodes, start=1)]
+    nodes = [
+        Node(name=f"gpu-{i:0{width}d}", host=f"10.0.{i // 250}.{i % 250 + 1}", site=site) for i in range(1, count + 1)
+    ]
+    gens = [
+        SyntheticNode(n.name, gpus=gpus, seed=i, pattern="starved" if i in starved else "training")
+        for i, n in enumerate(nodes, start=1)
+    ]
     return nodes, gens

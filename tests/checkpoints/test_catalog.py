@@ -32,8 +32,10 @@ def build_run(root: Path, full_dcp: Path) -> None:
     names = sorted(sd)
     save_file({k: sd[k] for k in names[:3]}, str(hf / "model-00001-of-00002.safetensors"))
     save_file({k: sd[k] for k in names[3:]}, str(hf / "model-00002-of-00002.safetensors"))
-    wm = {k: "model-00001-of-00002.safetensors" if i < 3 else "model-00002-of-00002.safetensors"
-          for i, k in enumerate(names)}
+    wm = {
+        k: "model-00001-of-00002.safetensors" if i < 3 else "model-00002-of-00002.safetensors"
+        for i, k in enumerate(names)
+    }
     (hf / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
     # HF export whose index names a missing shard -> corrupt (committed, files do not match)
     shutil.copytree(hf, run / "step-300")
@@ -63,8 +65,17 @@ async def test_catalog_classifies_each_layout(tmp_path: Path, tiny_full_dcp: tup
     cat = await list_checkpoints(LocalStore(tmp_path), "run1")
     rows = {s.name: s for s in cat.steps}
     assert [s.name for s in cat.steps] == [
-        "step-9", "step-10", "step-100", "step-200", "step-300", "global_step400", "global_step500",
-        "step-600", "step-700", "tensorboard"]
+        "step-9",
+        "step-10",
+        "step-100",
+        "step-200",
+        "step-300",
+        "global_step400",
+        "global_step500",
+        "step-600",
+        "step-700",
+        "tensorboard",
+    ]
     got = {n: (s.layout, s.kind) for n, s in rows.items()}
     assert got == {
         "step-9": ("dcp", "incomplete"),
@@ -93,8 +104,10 @@ async def test_catalog_classifies_each_layout(tmp_path: Path, tiny_full_dcp: tup
 
 
 def test_step_numbers() -> None:
-    assert [step_number(n) for n in ("step-9", "global_step48000", "checkpoint-500", "000123", "iter_0001000",
-                                     "tensorboard", "step-9-old")] == [9, 48000, 500, 123, 1000, None, None]
+    assert [
+        step_number(n)
+        for n in ("step-9", "global_step48000", "checkpoint-500", "000123", "iter_0001000", "tensorboard", "step-9-old")
+    ] == [9, 48000, 500, 123, 1000, None, None]
 
 
 async def test_emptied_step_folders_are_not_listed(s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -124,8 +137,9 @@ async def test_emptied_step_folders_are_not_listed(s3, tmp_path: Path) -> None: 
 def s3_profile(s3):  # type: ignore[no-untyped-def]
     from backend.config import StoreProfile
 
-    return StoreProfile(url="s3://x", endpoint_url=s3.endpoint, provider="aws", region=s3.region,
-                        profile="lab", addressing_style="path")
+    return StoreProfile(
+        url="s3://x", endpoint_url=s3.endpoint, provider="aws", region=s3.region, profile="lab", addressing_style="path"
+    )
 
 
 async def test_a_missing_local_run_folder_is_an_error_not_an_empty_run(tmp_path: Path) -> None:

@@ -36,15 +36,18 @@ def test_size_footprint(capsys: pytest.CaptureFixture[str]) -> None:
     assert footprint(1e9, 0).retained_full_bytes == 0
 
 
-def test_list_strip_inspect_local(tmp_path: Path, tiny_full_dcp: tuple[Path, dict],
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_strip_inspect_local(
+    tmp_path: Path, tiny_full_dcp: tuple[Path, dict], capsys: pytest.CaptureFixture[str]
+) -> None:
     run = tmp_path / "run"
     shutil.copytree(tiny_full_dcp[0], run / "step-10")
     shutil.copytree(tiny_full_dcp[0], run / "step-9")
     (run / "step-9" / ".metadata").unlink()
     d = run_json(capsys, ["ckpt", "list", str(run)])
-    assert [(s["step"], s["kind"], s["has_bf16_export"]) for s in d["steps"]] == [(9, "incomplete", False),
-                                                                                  (10, "full", False)]
+    assert [(s["step"], s["kind"], s["has_bf16_export"]) for s in d["steps"]] == [
+        (9, "incomplete", False),
+        (10, "full", False),
+    ]
     assert main(["ckpt", "list", str(run)]) == 0
     table = capsys.readouterr().out
     assert "STEP" in table and "incomplete" in table and "by kind" in table
@@ -65,8 +68,10 @@ def test_list_strip_inspect_local(tmp_path: Path, tiny_full_dcp: tuple[Path, dic
     assert ins9["tensors"] == [] and any("no .metadata yet: the step is incomplete" in p for p in ins9["problems"])
     # refusing an in-flight step is one clear line, exit 2
     assert main(["ckpt", "strip", str(run / "step-9")]) == 2
-    assert capsys.readouterr().err == (f"loadmaster: error: {run}/step-9: still being written (no .metadata yet: "
-                                       "DCP writes it last); wait for it to finish or pick another step\n")
+    assert capsys.readouterr().err == (
+        f"loadmaster: error: {run}/step-9: still being written (no .metadata yet: "
+        "DCP writes it last); wait for it to finish or pick another step\n"
+    )
     # a run folder given where a step is expected names its steps (it said "incomplete" before)
     assert main(["ckpt", "strip", str(run)]) == 2
     err = capsys.readouterr().err
@@ -78,8 +83,9 @@ def test_list_strip_inspect_local(tmp_path: Path, tiny_full_dcp: tuple[Path, dic
     assert "read-only" in capsys.readouterr().err
 
 
-def test_upload_and_list_in_lab_store(lab: Lab, tmp_path: Path, tiny_full_dcp: tuple[Path, dict],
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_upload_and_list_in_lab_store(
+    lab: Lab, tmp_path: Path, tiny_full_dcp: tuple[Path, dict], capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = str(write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state"))
     run = f"run-{tmp_path.name[-8:]}"
     r = run_json(capsys, ["--config", cfg, "upload", str(tiny_full_dcp[0]), f"lab/{run}/step-10"])
@@ -95,15 +101,32 @@ def test_upload_and_list_in_lab_store(lab: Lab, tmp_path: Path, tiny_full_dcp: t
     assert "no-such-bucket-lm" in capsys.readouterr().err
 
 
-def test_upload_as_durable_job_on_node(lab: Lab, tmp_path: Path, tiny_full_dcp: tuple[Path, dict],
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_upload_as_durable_job_on_node(
+    lab: Lab, tmp_path: Path, tiny_full_dcp: tuple[Path, dict], capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state")
     step = tmp_path / "nvme" / "step-48000"
     shutil.copytree(tiny_full_dcp[0], step)
     (step / "__1_0.distcp").write_bytes(b"x" * (6 * 1024 * 1024))
     run = f"jobrun-{tmp_path.name[-8:]}"
-    assert main(["--config", str(cfg), "upload", str(step), f"lab/{run}/step-48000", "--node", "node-01",
-                 "--part-size", "5MiB", "--step", "48000"]) == 0
+    assert (
+        main(
+            [
+                "--config",
+                str(cfg),
+                "upload",
+                str(step),
+                f"lab/{run}/step-48000",
+                "--node",
+                "node-01",
+                "--part-size",
+                "5MiB",
+                "--step",
+                "48000",
+            ]
+        )
+        == 0
+    )
     job_id = capsys.readouterr().out.strip()
 
     async def wait() -> Any:
@@ -154,9 +177,11 @@ class Rec:
 
 def test_upload_backlog_alert() -> None:
     dest = "s3://b/run1/step-{}"
-    recs = [Rec("a", "n1", 0.0, "succeeded", params={"dest": dest.format(100), "step": 100}),
-            Rec("b", "n1", 600.0, "succeeded", params={"dest": dest.format(200), "step": 200}),
-            Rec("c", "n1", 1200.0, params={"dest": dest.format(300), "step": 300})]
+    recs = [
+        Rec("a", "n1", 0.0, "succeeded", params={"dest": dest.format(100), "step": 100}),
+        Rec("b", "n1", 600.0, "succeeded", params={"dest": dest.format(200), "step": 200}),
+        Rec("c", "n1", 1200.0, params={"dest": dest.format(300), "step": 300}),
+    ]
     assert upload_backlog(recs, now=1500.0) == []  # running 300 s of a 600 s interval: fine
     alerts = upload_backlog(recs, now=1900.0)
     assert [(a.run, a.step, a.interval_s) for a in alerts] == [("s3://b/run1", 300, 600.0)]

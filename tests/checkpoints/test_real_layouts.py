@@ -141,8 +141,8 @@ async def test_safetensors_serialized_dcp_strips_to_the_right_values(tmp_path: P
     step = run.root / run.spec(2).name
     raw = (step / "__0_0.distcp").read_bytes()
     start = safetensors_payload_start(step)
-    (n,) = struct.unpack("<Q", raw[start:start + 8])
-    reference = st_load(raw[start:start + 8 + n + (len(raw) - start - 8 - n)])
+    (n,) = struct.unpack("<Q", raw[start : start + 8])
+    reference = st_load(raw[start : start + 8 + n + (len(raw) - start - 8 - n)])
     res = await strip_step(LocalStore(run.root), run.spec(2).name)
     got: dict[str, torch.Tensor] = {}
     for shard in res.shards:
@@ -188,8 +188,19 @@ async def test_hand_made_folders_and_truncations_name_the_file(tmp_path: Path) -
     assert s3.kind == "corrupt" and ".distcp" in s3.note
 
 
-@pytest.mark.parametrize("layout", ["lightning", "dcp-fsdp2", "dcp-appstate", "torch-save", "megatron-legacy",
-                                    "hf-trainer", "lightning-dir", "megatron-torch-dist"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "lightning",
+        "dcp-fsdp2",
+        "dcp-appstate",
+        "torch-save",
+        "megatron-legacy",
+        "hf-trainer",
+        "lightning-dir",
+        "megatron-torch-dist",
+    ],
+)
 async def test_model_only_saves_list_as_weights_and_never_count_as_resumable(layout: str, tmp_path: Path) -> None:
     """A weights-only save (Lightning save_weights_only, Megatron --no-save-optim, a model-only
     DCP) carries names like ``optim_progress`` or an ``optimizer`` entry of counters: it must not

@@ -76,8 +76,14 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         screen.action_strip_step()
         await wait_until(pilot, lambda: isinstance(app.screen, ConfirmModal))
         await pilot.press("y")
-        await wait_until(pilot, lambda: (run / "step-10" / "model.safetensors.index.json").exists()
-                      and table.row_count == 2 and str(table.get_row_at(1)[6]) == "yes")
+        await wait_until(
+            pilot,
+            lambda: (
+                (run / "step-10" / "model.safetensors.index.json").exists()
+                and table.row_count == 2
+                and str(table.get_row_at(1)[6]) == "yes"
+            ),
+        )
         assert "verified" in str(screen.query_one("#ckpt-status", Static).render())
 
         # upload a local step folder into the run
@@ -93,8 +99,10 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         moves = rec.of(ActionProgressed)
         assert moves and all(0 <= m.done <= m.total for m in moves) and any(m.done == m.total > 0 for m in moves)
         assert not screen.query_one("#ckpt-progress").display
-        assert [e.action for e in services.db.audit_entries()][:2] in (["ckpt.strip", "ckpt.upload"],
-                                                                        ["ckpt.upload", "ckpt.strip"])
+        assert [e.action for e in services.db.audit_entries()][:2] in (
+            ["ckpt.strip", "ckpt.upload"],
+            ["ckpt.upload", "ckpt.strip"],
+        )
 
         # uploading onto an existing complete step asks for the step's name typed, never a y
         before = (run / "step-20" / ".metadata").read_bytes()
@@ -109,8 +117,13 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         await wait_until(pilot, lambda: isinstance(app.screen, ConfirmTyped))
         await pilot.press(*"step-20", "enter")
         await wait_until(pilot, lambda: (run / "step-20" / "extra.txt").exists())
-        await wait_until(pilot, lambda: services.db.audit_entries()[0].action == "ckpt.upload"
-                         and services.db.audit_entries()[0].detail.get("overwrite") is True)
+        await wait_until(
+            pilot,
+            lambda: (
+                services.db.audit_entries()[0].action == "ckpt.upload"
+                and services.db.audit_entries()[0].detail.get("overwrite") is True
+            ),
+        )
     await services.aclose()
 
 
@@ -146,7 +159,8 @@ async def test_backlog_alert_shown(tmp_path: Path, tiny_full_dcp: tuple[Path, di
         jobs.db.execute(
             "INSERT INTO jobs (id, node, kind, label, params, state, created, launched_by, launched_from, job_dir,"
             " updated) VALUES (?, 'local', 'upload', '', ?, 'running', ?, 'me', 'here', '/x', ?)",
-            (f"j{i}", json.dumps({"dest": f"s3://b/run1/step-{step}", "step": step}), now - 100 + i, now))
+            (f"j{i}", json.dumps({"dest": f"s3://b/run1/step-{step}", "step": step}), now - 100 + i, now),
+        )
     app = LoadmasterApp(services, mode="checkpoints")
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()

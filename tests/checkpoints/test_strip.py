@@ -139,23 +139,32 @@ def _write(p: Path, header: bytes, data: bytes = b"", length: int | None = None)
     return p
 
 
-@pytest.mark.parametrize(("header", "data", "length", "match"), [
-    (b"{}", b"", 2**62, "exceeds"),
-    (b"{}", b"", 10**6, "does not fit"),
-    (b"not json", b"", None, "not valid JSON"),
-    (b"[1,2]", b"", None, "not a JSON object"),
-    (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', b"1234", None, "truncated"),
-    (b'{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}', b"12345678", None, "needs 12 bytes"),
-    (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],'
-     b'"data_offsets":[2,6]}}', b"123456", None, "overlaps"),
-    (b'{"a":{"dtype":"Q9","shape":[1],"data_offsets":[0,1]}}', b"1", None, "unknown dtype"),
-    (b'{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}}', b"1", None, "invalid shape"),
-    (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[1,0]}}', b"1", None, "invalid data_offsets"),
-    (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{}}', b"1", None, "duplicate"),
-    (b'{"__metadata__":{"k":1}}', b"", None, "__metadata__"),
-])
-def test_malformed_safetensors_rejected(tmp_path: Path, header: bytes, data: bytes, length: int | None,
-                                        match: str) -> None:
+@pytest.mark.parametrize(
+    ("header", "data", "length", "match"),
+    [
+        (b"{}", b"", 2**62, "exceeds"),
+        (b"{}", b"", 10**6, "does not fit"),
+        (b"not json", b"", None, "not valid JSON"),
+        (b"[1,2]", b"", None, "not a JSON object"),
+        (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', b"1234", None, "truncated"),
+        (b'{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}', b"12345678", None, "needs 12 bytes"),
+        (
+            b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],'
+            b'"data_offsets":[2,6]}}',
+            b"123456",
+            None,
+            "overlaps",
+        ),
+        (b'{"a":{"dtype":"Q9","shape":[1],"data_offsets":[0,1]}}', b"1", None, "unknown dtype"),
+        (b'{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}}', b"1", None, "invalid shape"),
+        (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[1,0]}}', b"1", None, "invalid data_offsets"),
+        (b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{}}', b"1", None, "duplicate"),
+        (b'{"__metadata__":{"k":1}}', b"", None, "__metadata__"),
+    ],
+)
+def test_malformed_safetensors_rejected(
+    tmp_path: Path, header: bytes, data: bytes, length: int | None, match: str
+) -> None:
     p = _write(tmp_path / "bad.safetensors", header, data, length)
     with pytest.raises(SafetensorsError, match=match):
         read_header_file(p)

@@ -121,8 +121,14 @@ async def test_cancel_aborts_multipart(bucket_store: S3Store, step_dir: Path) ->
 
     async with bucket_store as store:
         with pytest.raises(UploadCancelled):
-            await upload_dir(store, step_dir, "c/step-10", settings=UploadSettings(part_size=PART, concurrency=1),
-                             fault=count, cancelled=lambda: len(parts) >= 1)
+            await upload_dir(
+                store,
+                step_dir,
+                "c/step-10",
+                settings=UploadSettings(part_size=PART, concurrency=1),
+                fault=count,
+                cancelled=lambda: len(parts) >= 1,
+            )
         assert await list_multipart(store) == []
         assert await store.stat("c/step-10/.metadata") is None
 
@@ -146,14 +152,22 @@ asyncio.run(main())
 
 
 @contextlib.contextmanager
-def hung_upload(s3, store: S3Store, step_dir: Path, journal: Path | None = None,  # type: ignore[no-untyped-def]
-                prefix: str = "k/step-10") -> Iterator[None]:
+def hung_upload(
+    s3,
+    store: S3Store,
+    step_dir: Path,
+    journal: Path | None = None,  # type: ignore[no-untyped-def]
+    prefix: str = "k/step-10",
+) -> Iterator[None]:
     """An upload in a child process (journalled: ``journal``, else this machine's default for the
     destination), hung once part 1 of the big file is up; SIGKILLed when the block ends."""
     env = dict(os.environ, AWS_ACCESS_KEY_ID=s3.access_key, AWS_SECRET_ACCESS_KEY=s3.secret_key)
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, json.dumps(store_params(store)), str(step_dir),
-                             str(journal or ""), prefix], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2],
-                            env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED, json.dumps(store_params(store)), str(step_dir), str(journal or ""), prefix],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).parents[2],
+        env=env,
+    )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith(b"PART 2")  # part 1 is up, the upload is mid-flight
@@ -163,8 +177,13 @@ def hung_upload(s3, store: S3Store, step_dir: Path, journal: Path | None = None,
         proc.wait()
 
 
-def kill_mid_upload(s3, store: S3Store, step_dir: Path, journal: Path | None = None,  # type: ignore[no-untyped-def]
-                    prefix: str = "k/step-10") -> None:
+def kill_mid_upload(
+    s3,
+    store: S3Store,
+    step_dir: Path,
+    journal: Path | None = None,  # type: ignore[no-untyped-def]
+    prefix: str = "k/step-10",
+) -> None:
     """Run an upload in a child process and SIGKILL it once part 1 of the big file is up."""
     with hung_upload(s3, store, step_dir, journal, prefix):
         pass
@@ -196,8 +215,12 @@ def test_upload_job_runner_with_explicit_credentials(lab, s3, bucket_store: S3St
     params = upload_params(str(step_dir), store, "j/step-10", settings=SMALL, step=10)
     assert "SECRET" not in json.dumps(params).upper() and s3.secret_key not in json.dumps(params)
     points: list[dict] = []
-    ctx = JobContext.in_process("upload", params, on_progress=points.append,
-                                secrets={"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key})
+    ctx = JobContext.in_process(
+        "upload",
+        params,
+        on_progress=points.append,
+        secrets={"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
+    )
     result = run_upload_job(ctx)
     assert result["objects"] == len(list(step_dir.iterdir()))
     assert points[-1]["bytes_done"] == points[-1]["bytes_total"] == result["bytes"]

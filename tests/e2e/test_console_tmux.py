@@ -34,15 +34,17 @@ PROMPT = "lm-e2e$ "
 
 def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "PATH": f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
-        "LOADMASTER_DATA_DIR": str(tmp_path / "data"),
-        "LOADMASTER_CONFIG_DIR": str(tmp_path / "config"),
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        # A console that dies of a signal prints every thread's stack where the test reads it.
-        "PYTHONFAULTHANDLER": "1",
-    })
+    env.update(
+        {
+            "PATH": f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
+            "LOADMASTER_DATA_DIR": str(tmp_path / "data"),
+            "LOADMASTER_CONFIG_DIR": str(tmp_path / "config"),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            # A console that dies of a signal prints every thread's stack where the test reads it.
+            "PYTHONFAULTHANDLER": "1",
+        }
+    )
     env.pop("LOADMASTER_CONFIG", None)
     env.pop("LOADMASTER_SSH_PERSIST", None)  # as an operator has it: commands keep connections
     env.pop("TMUX", None)
@@ -53,8 +55,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _lab(env: dict[str, str], *args: str, timeout: float = UP_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(LOADMASTER), "lab", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([str(LOADMASTER), "lab", *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +77,19 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
         down = _lab(env, "down", "--dir", str(root), timeout=60)
         assert down.returncode == 0, down.stderr
         # weed gets SIGTERM and may take a moment to go; nothing at all may stay.
-        deadline_poll(lambda: not lab_processes(root), timeout=30,
-                      what="every lab process to stop after 'lab down'",
-                      describe=lambda: f"still running: {lab_processes(root)}")
+        deadline_poll(
+            lambda: not lab_processes(root),
+            timeout=30,
+            what="every lab process to stop after 'lab down'",
+            describe=lambda: f"still running: {lab_processes(root)}",
+        )
         # The connection keeper the command line started for the lab's config is stopped too.
-        deadline_poll(lambda: not _keepers(root), timeout=30, what="the lab's keeper to stop",
-                      describe=lambda: f"still running: {_keepers(root)}")
+        deadline_poll(
+            lambda: not _keepers(root),
+            timeout=30,
+            what="the lab's keeper to stop",
+            describe=lambda: f"still running: {_keepers(root)}",
+        )
 
 
 def _keepers(root: Path) -> list[str]:
@@ -113,8 +121,7 @@ def _fill(term: Tmux, text: str) -> None:
 def _quit(term: Tmux) -> str:
     """Press q and return the screen once the shell printed the console's exit status (0)."""
     term.send("q")
-    term.wait_for(lambda s: s.rstrip().endswith(PROMPT.strip()), timeout=60,
-                  what="the shell prompt after q")
+    term.wait_for(lambda s: s.rstrip().endswith(PROMPT.strip()), timeout=60, what="the shell prompt after q")
     term.type("echo console-exit=$?")
     term.send("Enter")
     screen = term.wait_for("console-exit=", timeout=30)
@@ -132,17 +139,18 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     term.send("Enter")
 
     # -- the fleet appears: all four nodes up ------------------------------------------------
-    screen = term.wait_for(lambda s: "nodes 4/4 up" in s, timeout=SCREEN_TIMEOUT,
-                           what="all four sandbox nodes up on the Fleet screen")
+    screen = term.wait_for(
+        lambda s: "nodes 4/4 up" in s, timeout=SCREEN_TIMEOUT, what="all four sandbox nodes up on the Fleet screen"
+    )
     for i in range(1, 5):
         assert re.search(rf"node-0{i}\s.*\bup\b", screen), f"node-0{i} is not shown up:\n{screen}"
     assert "1 Fleet" in screen and "6 Shards" in screen  # the mode bar with its digit keys
 
     # -- the starved node's alert, with its hint ----------------------------------------------
-    screen = term.wait_for("Alerts: 1 active", timeout=SCREEN_TIMEOUT,
-                           what="the starved node's alert")
-    alert_rows = [line for line in screen.split("Alerts: 1 active", 1)[1].splitlines()
-                  if re.search(r"\bnode-\d\d\b", line)]
+    screen = term.wait_for("Alerts: 1 active", timeout=SCREEN_TIMEOUT, what="the starved node's alert")
+    alert_rows = [
+        line for line in screen.split("Alerts: 1 active", 1)[1].splitlines() if re.search(r"\bnode-\d\d\b", line)
+    ]
     assert len(alert_rows) == 1, screen
     assert re.findall(r"\bnode-\d\d\b", alert_rows[0]) == ["node-02"], screen
     assert "active" in alert_rows[0]
@@ -162,8 +170,9 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     for _ in range(7):
         term.press("Tab")
     term.send("Enter")
-    screen = term.wait_for(lambda s: "month to date" in s, timeout=SCREEN_TIMEOUT,
-                           what="the pull estimate with its egress quote")
+    screen = term.wait_for(
+        lambda s: "month to date" in s, timeout=SCREEN_TIMEOUT, what="the pull estimate with its egress quote"
+    )
     assert re.search(r"8 object\(s\), [\d.]+ MB", screen), screen
     assert "node-01:" in screen and "(fits)" in screen, screen
     assert "egress:" in screen and "-> coreweave:us-east-04" in screen, screen
@@ -172,18 +181,21 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     term.send("Enter")
     # The job's row (columns in any order) and its detail, which names the final state in full.
     done = re.compile(r"pull job \S+ on node-01: succeeded")
-    screen = term.wait_for(lambda s: done.search(s), timeout=SCREEN_TIMEOUT,
-                           what="the pull job to succeed")
-    rows = [line for line in screen.splitlines()
-            if re.search(r"\bnode-01\b", line) and re.search(r"\bpull\b", line) and "s3://" in line]
+    screen = term.wait_for(lambda s: done.search(s), timeout=SCREEN_TIMEOUT, what="the pull job to succeed")
+    rows = [
+        line
+        for line in screen.splitlines()
+        if re.search(r"\bnode-01\b", line) and re.search(r"\bpull\b", line) and "s3://" in line
+    ]
     assert len(rows) == 1 and "100%" in rows[0] and "fail" not in rows[0], screen
 
     # -- Retention: compute the plan, apply it with the typed confirmation -------------------
     # It opens on the lab's demo run, already listed: nothing to type for a first look.
     term.press("4")
     term.wait_for("Run folder", what="the Retention screen")
-    screen = term.wait_for(lambda s: re.search(r"plan [0-9a-f]{12}", s), timeout=SCREEN_TIMEOUT,
-                           what="the retention plan")
+    screen = term.wait_for(
+        lambda s: re.search(r"plan [0-9a-f]{12}", s), timeout=SCREEN_TIMEOUT, what="the retention plan"
+    )
     assert f"s3://{bucket}/checkpoints/llama-demo" in screen, screen
     assert "verified resumable" in screen, screen
     # 12 steps, keep 2 full, milestones every 4000 stripped, 12000 still uploading.
@@ -194,25 +206,29 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     _fill(term, "llama-demo")
     term.send("Enter")
     # The status line under the table (the toast says the same, clipped at the screen edge).
-    status = re.compile(r"^\s*Applied plan [0-9a-f]{12}: (\S+)\. (\d+) done, .* (\d+) failed",
-                        re.MULTILINE)
-    screen = term.wait_for(lambda s: status.search(s), timeout=SCREEN_TIMEOUT,
-                           what="the apply to finish")
+    status = re.compile(r"^\s*Applied plan [0-9a-f]{12}: (\S+)\. (\d+) done, .* (\d+) failed", re.MULTILINE)
+    screen = term.wait_for(lambda s: status.search(s), timeout=SCREEN_TIMEOUT, what="the apply to finish")
     m = status.search(screen)
     assert m and m.groups() == ("ok", "9", "0"), screen
 
     # -- back to the fleet: still live, and its keys listed by ? -----------------------------
     assert not _in_text_field(term), "after applying, the focus should be on the steps table"
     term.press("1")
-    screen = term.wait_for(lambda s: len(re.findall(r"^\s*node-0\d\s.*\bup\b", s, re.MULTILINE)) >= 4,
-                           timeout=SCREEN_TIMEOUT, what="the Fleet screen with every node again")
+    screen = term.wait_for(
+        lambda s: len(re.findall(r"^\s*node-0\d\s.*\bup\b", s, re.MULTILINE)) >= 4,
+        timeout=SCREEN_TIMEOUT,
+        what="the Fleet screen with every node again",
+    )
     term.press("?")
     screen = term.wait_for("Keys", what="the help screen")
     assert "Filter" in screen and "Quit" in screen, screen
     term.press("Escape")
     # the Fleet's alerts show beside the help panel too: wait for the panel itself to go
-    term.wait_for(lambda s: "Alerts:" in s and "Keys  (escape closes)" not in s, timeout=SCREEN_TIMEOUT,
-                  what="the Fleet screen after closing help")
+    term.wait_for(
+        lambda s: "Alerts:" in s and "Keys  (escape closes)" not in s,
+        timeout=SCREEN_TIMEOUT,
+        what="the Fleet screen after closing help",
+    )
 
     # -- quit cleanly --------------------------------------------------------------------------
     screen = _quit(term)
@@ -222,18 +238,19 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     term.type("clear; " + command + " jobs; echo jobs-exit=$?")
     term.send("Enter")
     # (the typed line itself says "jobs-exit=$?": wait for the printed status)
-    screen = term.wait_for(lambda s: re.search(r"jobs-exit=\d", s), timeout=SCREEN_TIMEOUT,
-                           what="loadmaster jobs")
+    screen = term.wait_for(lambda s: re.search(r"jobs-exit=\d", s), timeout=SCREEN_TIMEOUT, what="loadmaster jobs")
     assert "jobs-exit=0" in screen and re.search(r"\bpull\s+node-01\s+succeeded", screen), screen
     term.type("clear; " + command + " keeper status; echo keeper-exit=$?")
     term.send("Enter")
-    screen = term.wait_for(lambda s: re.search(r"keeper-exit=\d", s), timeout=SCREEN_TIMEOUT,
-                           what="loadmaster keeper status")
+    screen = term.wait_for(
+        lambda s: re.search(r"keeper-exit=\d", s), timeout=SCREEN_TIMEOUT, what="loadmaster keeper status"
+    )
     assert "keeper-exit=0" in screen and re.search(r"node-01\s+up\s+yes", screen), screen
 
 
 def test_readonly_console_refuses_and_errors_are_one_key_away(
-        sandbox: tuple[Path, str, dict[str, str]], term: Tmux) -> None:
+    sandbox: tuple[Path, str, dict[str, str]], term: Tmux
+) -> None:
     _root, command, _env = sandbox
     term.wait_for(PROMPT.strip(), timeout=30, what="the shell prompt")
     term.type(command.replace("loadmaster --config", "loadmaster --readonly --config"))

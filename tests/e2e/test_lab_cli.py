@@ -26,8 +26,9 @@ def _no_tool_dir(tmp_path: Path, keep: tuple[str, ...]) -> str:
     return str(d)
 
 
-def test_up_without_sshd_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_up_without_sshd_says_how_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("PATH", _no_tool_dir(tmp_path, ("ssh-keygen",)))
     monkeypatch.setattr(sshd, "SSHD_FALLBACKS", ())
     root = tmp_path / "lab"
@@ -43,8 +44,9 @@ def test_up_without_sshd_says_how_to_install(tmp_path: Path, monkeypatch: pytest
     assert not (root / "lab.json").exists()
 
 
-def test_up_failing_half_way_leaves_nothing_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_up_failing_half_way_leaves_nothing_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # sshd is found (the nodes start), then weed is missing: up fails after starting the nodes.
     monkeypatch.setenv("PATH", _no_tool_dir(tmp_path, ("ssh-keygen",)))
     monkeypatch.setattr(seaweed, "WEED_FALLBACKS", ())

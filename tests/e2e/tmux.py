@@ -17,8 +17,9 @@ class ScreenTimeout(AssertionError):
     """The screen never showed what a test waited for (the message carries the last screen)."""
 
 
-def deadline_poll(check: Callable[[], object], *, timeout: float, what: str,
-                  describe: Callable[[], str] = lambda: "") -> object:
+def deadline_poll(
+    check: Callable[[], object], *, timeout: float, what: str, describe: Callable[[], str] = lambda: ""
+) -> object:
     """Call ``check`` until it returns something truthy; raise ScreenTimeout after ``timeout`` s."""
     end = time.monotonic() + timeout
     while True:
@@ -33,8 +34,9 @@ def deadline_poll(check: Callable[[], object], *, timeout: float, what: str,
 class Tmux:
     """One tmux server on its own socket (``tmux -L``) with one window running a plain shell."""
 
-    def __init__(self, *, env: Mapping[str, str], width: int = 120, height: int = 36,
-                 cwd: str, prompt: str = "lm-e2e$ ") -> None:
+    def __init__(
+        self, *, env: Mapping[str, str], width: int = 120, height: int = 36, cwd: str, prompt: str = "lm-e2e$ "
+    ) -> None:
         self.socket = f"lm-e2e-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.env = dict(env)
         self.width, self.height = width, height
@@ -43,16 +45,34 @@ class Tmux:
         self.started = False
 
     def _tmux(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["tmux", "-L", self.socket, *args], env=self.env, cwd=self.cwd,
-                              capture_output=True, text=True, check=check, timeout=30)
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args],
+            env=self.env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=30,
+        )
 
     def start(self) -> Tmux:
         """Start the server with a bare shell whose only setting is a known prompt."""
         rc = os.path.join(self.cwd, f".{self.socket}.bashrc")
         with open(rc, "w") as f:
             f.write(f"PS1={shlex.quote(self.prompt)}\n")
-        self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "e2e", "-x", str(self.width),
-                   "-y", str(self.height), f"bash --noprofile --rcfile {shlex.quote(rc)}")
+        self._tmux(
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "e2e",
+            "-x",
+            str(self.width),
+            "-y",
+            str(self.height),
+            f"bash --noprofile --rcfile {shlex.quote(rc)}",
+        )
         self.started = True
         # Keep the pane after the shell exits so a crash can still be read.
         self._tmux("set-option", "-t", "e2e", "remain-on-exit", "on")
@@ -66,8 +86,12 @@ class Tmux:
         """Type ``text`` literally (no key-name lookup) and wait until the screen reacts."""
         before = self.screen(styled=True)
         self._tmux("send-keys", "-t", "e2e", "-l", text)
-        deadline_poll(lambda: self.screen(styled=True) != before, timeout=timeout,
-                      what=f"the screen to show {text!r} being typed", describe=self.screen)
+        deadline_poll(
+            lambda: self.screen(styled=True) != before,
+            timeout=timeout,
+            what=f"the screen to show {text!r} being typed",
+            describe=self.screen,
+        )
 
     def screen(self, *, styled: bool = False) -> str:
         """The visible pane as text, one line per row (wrapped lines joined); ``styled`` keeps
@@ -83,11 +107,14 @@ class Tmux:
         """
         before = self.screen(styled=True)
         self.send(key)
-        deadline_poll(lambda: self.screen(styled=True) != before, timeout=timeout,
-                      what=f"the screen to react to {key!r}", describe=self.screen)
+        deadline_poll(
+            lambda: self.screen(styled=True) != before,
+            timeout=timeout,
+            what=f"the screen to react to {key!r}",
+            describe=self.screen,
+        )
 
-    def wait_for(self, needle: str | Callable[[str], object], *, timeout: float = 60.0,
-                 what: str | None = None) -> str:
+    def wait_for(self, needle: str | Callable[[str], object], *, timeout: float = 60.0, what: str | None = None) -> str:
         """Poll the screen until it contains ``needle`` (or ``needle(screen)`` holds)."""
         last = [""]
 
@@ -96,8 +123,9 @@ class Tmux:
             ok = needle in last[0] if isinstance(needle, str) else needle(last[0])
             return last[0] if ok else None
 
-        out = deadline_poll(check, timeout=timeout, what=what or repr(needle),
-                            describe=lambda: "---- last screen ----\n" + last[0])
+        out = deadline_poll(
+            check, timeout=timeout, what=what or repr(needle), describe=lambda: "---- last screen ----\n" + last[0]
+        )
         assert isinstance(out, str)
         return out
 

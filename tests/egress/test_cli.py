@@ -37,13 +37,32 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-unt
         p.write_text(CONFIG.replace("{action}", action) + f'\n[state]\ndir = "{tmp_path / "state"}"\n')
         monkeypatch.setenv("LOADMASTER_CONFIG", str(p))
         return p
+
     return write
 
 
 def test_estimate_json_brief_scenario(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["egress", "estimate", "--bytes", "40TB", "--runs", "5", "--source", "aws:us-east-1",
-               "--dest", "coreweave:us-east-04", "--nodes", "16", "--per-node", "sharded",
-               "--objects", "500e6", "--json"])
+    rc = main(
+        [
+            "egress",
+            "estimate",
+            "--bytes",
+            "40TB",
+            "--runs",
+            "5",
+            "--source",
+            "aws:us-east-1",
+            "--dest",
+            "coreweave:us-east-04",
+            "--nodes",
+            "16",
+            "--per-node",
+            "sharded",
+            "--objects",
+            "500e6",
+            "--json",
+        ]
+    )
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert d["bytes_out"] == 200 * 10**12
@@ -55,8 +74,27 @@ def test_estimate_json_brief_scenario(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_estimate_text_and_bad_size(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["egress", "estimate", "--bytes", "40TB", "--runs", "5", "--source", "s3:us-east-1",
-                 "--dest", "coreweave:us-east-04", "--nodes", "16", "--per-node", "full"]) == 0
+    assert (
+        main(
+            [
+                "egress",
+                "estimate",
+                "--bytes",
+                "40TB",
+                "--runs",
+                "5",
+                "--source",
+                "s3:us-east-1",
+                "--dest",
+                "coreweave:us-east-04",
+                "--nodes",
+                "16",
+                "--per-node",
+                "full",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "$163,791.00" in out and "3.2 PB" in out and "nodes read disjoint shards" in out
     with pytest.raises(SystemExit) as exc:
@@ -73,8 +111,24 @@ def test_quote_block_confirm_override_and_report(cfg, capsys: pytest.CaptureFixt
     cfg("confirm")
     assert main(["egress", "quote", "--store", "datasets", "--node", "gpu-01", "--bytes", "10TB"]) == 3
     assert "CONFIRM" in capsys.readouterr().out
-    assert main(["egress", "quote", "--store", "datasets", "--node", "gpu-01", "--bytes", "10TB",
-                 "--allow-over-budget", "deadline", "--json"]) == 0
+    assert (
+        main(
+            [
+                "egress",
+                "quote",
+                "--store",
+                "datasets",
+                "--node",
+                "gpu-01",
+                "--bytes",
+                "10TB",
+                "--allow-over-budget",
+                "deadline",
+                "--json",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert d["action"] == "allow" and d["override_reason"] == "deadline" and d["audit_id"]
     config = load_config()
@@ -82,8 +136,9 @@ def test_quote_block_confirm_override_and_report(cfg, capsys: pytest.CaptureFixt
     (audit,) = db.audit_entries(action="egress.override")
     assert audit.reason == "deadline"
     # A finished transfer in the ledger shows up in the report.
-    EgressGuard(config, db).record_transfer(config.store("datasets"), "coreweave:us-east-04", 2 * 10**12,
-                                            job_id="pull-7", when=datetime.now(UTC))
+    EgressGuard(config, db).record_transfer(
+        config.store("datasets"), "coreweave:us-east-04", 2 * 10**12, job_id="pull-7", when=datetime.now(UTC)
+    )
     db.close()
     assert main(["egress", "report", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)

@@ -20,8 +20,15 @@ TB = 10**12
 
 
 def brief(**kw):  # type: ignore[no-untyped-def]
-    args = dict(dataset_bytes=40 * TB, runs=5, source="aws:us-east-1", dest="coreweave:us-east-04",
-                nodes=16, per_node="sharded", objects=500_000_000)
+    args = dict(
+        dataset_bytes=40 * TB,
+        runs=5,
+        source="aws:us-east-1",
+        dest="coreweave:us-east-04",
+        nodes=16,
+        per_node="sharded",
+        objects=500_000_000,
+    )
     args.update(kw)
     return estimate(default_price_table(), **args)
 
@@ -79,10 +86,16 @@ def test_unpriced_source_is_said_so() -> None:
     assert e.as_dict()["total_usd"] is None
 
 
-@pytest.mark.parametrize(("kw", "match"), [
-    ({"runs": 0}, "runs"), ({"nodes": 0}, "nodes"), ({"dataset_bytes": 0}, "dataset size"),
-    ({"per_node": "half"}, "per-node"), ({"objects": -1}, "objects"),
-])
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"runs": 0}, "runs"),
+        ({"nodes": 0}, "nodes"),
+        ({"dataset_bytes": 0}, "dataset size"),
+        ({"per_node": "half"}, "per-node"),
+        ({"objects": -1}, "objects"),
+    ],
+)
 def test_bad_inputs(kw: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         brief(**kw)

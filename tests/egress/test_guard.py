@@ -174,10 +174,25 @@ def test_egress_section_from_toml(tmp_path: Path) -> None:
     from backend.errors import ConfigError
 
     base = {"nodes": [{"name": "n", "transport": "local"}]}
-    cfg = parse_config({**base, "egress": {"monthly_budget_usd": 2000, "budgets": {"datasets": 500},
-                                           "per_transfer_limit_usd": 800, "action": "block"}}, file="lm.toml")
+    cfg = parse_config(
+        {
+            **base,
+            "egress": {
+                "monthly_budget_usd": 2000,
+                "budgets": {"datasets": 500},
+                "per_transfer_limit_usd": 800,
+                "action": "block",
+            },
+        },
+        file="lm.toml",
+    )
     s = cfg.section(EgressSettings)
-    assert (s.monthly_budget_usd, s.budgets, s.per_transfer_limit_usd, s.action) == (2000, {"datasets": 500}, 800, "block")
+    assert (s.monthly_budget_usd, s.budgets, s.per_transfer_limit_usd, s.action) == (
+        2000,
+        {"datasets": 500},
+        800,
+        "block",
+    )
     assert parse_config(base, file="lm.toml").section(EgressSettings) == EgressSettings()
     with pytest.raises(ConfigError, match=r"lm.toml: egress.action: expected one of 'warn', 'confirm', 'block'"):
         parse_config({**base, "egress": {"action": "stop"}}, file="lm.toml")

@@ -24,24 +24,30 @@ TIB_GB = 1099.511627776  # GCP bills its tiers in TiB: 1 TiB = 1099.511627776 GB
 CUMULATIVE = [
     # AWS: 100 GB free, $0.09 to 10 TB, $0.085 next 40 TB, $0.07 next 100 TB, $0.05 above 150 TB.
     ("aws", 100, 0.0),
-    ("aws", 10_000, 9_900 * 0.09),                                   # 891
-    ("aws", 50_000, 891 + 40_000 * 0.085),                          # 4,291
-    ("aws", 150_000, 891 + 3_400 + 100_000 * 0.07),                 # 11,291
-    ("aws", 200_000, 11_291 + 50_000 * 0.05),                       # 13,791
+    ("aws", 10_000, 9_900 * 0.09),  # 891
+    ("aws", 50_000, 891 + 40_000 * 0.085),  # 4,291
+    ("aws", 150_000, 891 + 3_400 + 100_000 * 0.07),  # 11,291
+    ("aws", 200_000, 11_291 + 50_000 * 0.05),  # 13,791
     # R2: no egress charge at any volume.
-    ("r2", 100, 0.0), ("r2", 10_000, 0.0), ("r2", 50_000, 0.0), ("r2", 150_000, 0.0),
+    ("r2", 100, 0.0),
+    ("r2", 10_000, 0.0),
+    ("r2", 50_000, 0.0),
+    ("r2", 150_000, 0.0),
     # GCP: $0.12 to 1 TiB, $0.11 to 10 TiB, $0.08 beyond (no free allowance subtracted).
-    ("gcs", 100, 100 * 0.12),                                                         # 12
-    ("gcs", 10_000, TIB_GB * 0.12 + (10_000 - TIB_GB) * 0.11),                       # 1,110.995
+    ("gcs", 100, 100 * 0.12),  # 12
+    ("gcs", 10_000, TIB_GB * 0.12 + (10_000 - TIB_GB) * 0.11),  # 1,110.995
     ("gcs", 50_000, TIB_GB * 0.12 + 9 * TIB_GB * 0.11 + (50_000 - 10 * TIB_GB) * 0.08),  # 4,340.849
     ("gcs", 150_000, TIB_GB * 0.12 + 9 * TIB_GB * 0.11 + (150_000 - 10 * TIB_GB) * 0.08),
     # Azure: 100 GB free, next 10 TB $0.087, next 40 TB $0.083, next 100 TB $0.07.
     ("azure", 100, 0.0),
-    ("azure", 10_000, 9_900 * 0.087),                                # 861.30
-    ("azure", 50_000, 10_000 * 0.087 + 39_900 * 0.083),              # 4,181.70
-    ("azure", 150_000, 870 + 40_000 * 0.083 + 99_900 * 0.07),       # 11,183
+    ("azure", 10_000, 9_900 * 0.087),  # 861.30
+    ("azure", 50_000, 10_000 * 0.087 + 39_900 * 0.083),  # 4,181.70
+    ("azure", 150_000, 870 + 40_000 * 0.083 + 99_900 * 0.07),  # 11,183
     # Backblaze B2: flat $0.01/GB (free allowance not subtracted).
-    ("b2", 100, 1.0), ("b2", 10_000, 100.0), ("b2", 50_000, 500.0), ("b2", 150_000, 1_500.0),
+    ("b2", 100, 1.0),
+    ("b2", 10_000, 100.0),
+    ("b2", 50_000, 500.0),
+    ("b2", 150_000, 1_500.0),
 ]
 
 
@@ -55,9 +61,9 @@ def test_cumulative_cost_at_tier_boundaries(provider: str, gb: float, usd: float
 
 # 100 GB more when 9,950 GB already left this month: the transfer straddles AWS's 10 TB bound.
 PART_USED = [
-    ("aws", 50 * 0.09 + 50 * 0.085),   # 8.75: half at $0.09, half at $0.085
-    ("gcs", 100 * 0.11),               # 11.00: all inside 1-10 TiB
-    ("azure", 100 * 0.087),            # 8.70: Azure's bound is 10,100 GB
+    ("aws", 50 * 0.09 + 50 * 0.085),  # 8.75: half at $0.09, half at $0.085
+    ("gcs", 100 * 0.11),  # 11.00: all inside 1-10 TiB
+    ("azure", 100 * 0.087),  # 8.70: Azure's bound is 10,100 GB
     ("r2", 0.0),
     ("b2", 100 * 0.01),
 ]
@@ -69,8 +75,13 @@ REGION = {"aws": "us-east-1", "gcs": "us-east1", "azure": "eastus", "r2": "auto"
 
 @pytest.mark.parametrize(("provider", "usd"), PART_USED)
 def test_month_already_part_used(provider: str, usd: float) -> None:
-    p = price_transfer(default_price_table(), f"{provider}:{REGION[provider]}", "coreweave:us-east-04", 100 * GB,
-                       month_to_date_bytes=9_950 * GB)
+    p = price_transfer(
+        default_price_table(),
+        f"{provider}:{REGION[provider]}",
+        "coreweave:us-east-04",
+        100 * GB,
+        month_to_date_bytes=9_950 * GB,
+    )
     assert p.kind == "internet" and p.priced
     assert p.usd == pytest.approx(usd)
 
@@ -91,8 +102,7 @@ def test_splitting_a_month_into_transfers_costs_the_same_as_one(provider: str) -
 
 def test_late_month_terabyte_costs_the_top_tier_not_the_first() -> None:
     # 1 TB after 150 TB this month: $0.05/GB = $50, not $90 (priced from zero) ...
-    p = price_transfer(default_price_table(), "aws:us-east-1", "coreweave:us-east-04", TB,
-                       month_to_date_bytes=150 * TB)
+    p = price_transfer(default_price_table(), "aws:us-east-1", "coreweave:us-east-04", TB, month_to_date_bytes=150 * TB)
     assert p.usd == pytest.approx(50.0)
     # ... and 151 TB from zero is not 151,000 x $0.05.
     p = price_transfer(default_price_table(), "aws:us-east-1", "coreweave:us-east-04", 151 * TB)
@@ -155,31 +165,44 @@ def test_every_entry_names_source_date_and_flags_unconfirmed() -> None:
 
 
 def test_overrides_from_config() -> None:
-    cfg = parse_config({
-        "nodes": [{"name": "n1", "transport": "local"}],
-        "prices": {
-            "providers": {
-                "s3": {"internet_tiers": [{"up_to_gb": 100, "usd_per_gb": 0.0}, {"usd_per_gb": 0.05}]},
-                "wasabi": {"internet_tiers": [{"usd_per_gb": 0.0}], "inter_region_per_gb": 0.0,
-                           "same_region_per_gb": 0.0, "get_per_1000": 0.0, "put_per_1000": 0.0,
-                           "storage_gb_month": 0.0069},
+    cfg = parse_config(
+        {
+            "nodes": [{"name": "n1", "transport": "local"}],
+            "prices": {
+                "providers": {
+                    "s3": {"internet_tiers": [{"up_to_gb": 100, "usd_per_gb": 0.0}, {"usd_per_gb": 0.05}]},
+                    "wasabi": {
+                        "internet_tiers": [{"usd_per_gb": 0.0}],
+                        "inter_region_per_gb": 0.0,
+                        "same_region_per_gb": 0.0,
+                        "get_per_1000": 0.0,
+                        "put_per_1000": 0.0,
+                        "storage_gb_month": 0.0069,
+                    },
+                },
+                "aliases": {"corp-s3": "aws"},
             },
-            "aliases": {"corp-s3": "aws"},
         },
-    }, file="lm.toml")
+        file="lm.toml",
+    )
     t = price_table(cfg.section(PriceOverrides))
     assert price_transfer(t, "corp-s3:us-east-1", "lambda:us-west-1", 1_100 * GB).usd == pytest.approx(50.0)
     assert price_transfer(t, "wasabi:us-east-1", "lambda:us-west-1", TB).usd == 0.0
     assert price_table(PriceOverrides()).provider("aws") == default_price_table().provider("aws")
 
 
-@pytest.mark.parametrize(("prices", "key"), [
-    ({"providers": {"aws": {"internet_tier": []}}}, "prices.providers.aws.internet_tier"),
-    ({"providers": {"aws": {"internet_tiers": [{"usd_per_gb": 0.1}, {"usd_per_gb": 0.05}]}}},
-     "prices.providers.aws.internet_tiers[0].up_to_gb"),
-    ({"providers": {"aws": {"storage_gb_month": -1}}}, "prices.providers.aws.storage_gb_month"),
-    ({"providers": {"newco": {"storage_gb_month": 0.01}}}, "prices.providers.newco.internet_tiers"),
-])
+@pytest.mark.parametrize(
+    ("prices", "key"),
+    [
+        ({"providers": {"aws": {"internet_tier": []}}}, "prices.providers.aws.internet_tier"),
+        (
+            {"providers": {"aws": {"internet_tiers": [{"usd_per_gb": 0.1}, {"usd_per_gb": 0.05}]}}},
+            "prices.providers.aws.internet_tiers[0].up_to_gb",
+        ),
+        ({"providers": {"aws": {"storage_gb_month": -1}}}, "prices.providers.aws.storage_gb_month"),
+        ({"providers": {"newco": {"storage_gb_month": 0.01}}}, "prices.providers.newco.internet_tiers"),
+    ],
+)
 def test_bad_overrides_name_the_key(prices: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")) as exc:
         parse_config({"nodes": [{"name": "n1", "transport": "local"}], "prices": prices}, file="lm.toml")
@@ -190,8 +213,13 @@ def test_tier_lines_keep_small_amounts_readable() -> None:
     from backend.policy.egress import tier_lines
     from backend.policy.prices import TierSlice
 
-    lines = tier_lines((TierSlice(0, 3.6, 3.6, 0.09, 0.324), TierSlice(100, 10000, 9900, 0.09, 891.0),
-                        TierSlice(0, 0.0012, 0.0012, 0.09, 0.0001, confirmed=False)))
+    lines = tier_lines(
+        (
+            TierSlice(0, 3.6, 3.6, 0.09, 0.324),
+            TierSlice(100, 10000, 9900, 0.09, 891.0),
+            TierSlice(0, 0.0012, 0.0012, 0.09, 0.0001, confirmed=False),
+        )
+    )
     assert lines[0].startswith("3.6 GB x $0.0900")  # not "4 GB": the pull moved 3.6 GB
     assert lines[1] == "9,900 GB x $0.0900 = $891.00"
     assert lines[2].startswith("0.0012 GB x") and lines[2].endswith("(unconfirmed rate)")

@@ -22,12 +22,15 @@ TB = 10**12
 
 @pytest.fixture
 def services(tmp_path: Path) -> Services:
-    config = parse_config({
-        "nodes": [{"name": "gpu-01", "transport": "local", "site": "coreweave:us-east-04"}],
-        "stores": {"datasets": {"url": "s3://datasets/laion", "provider": "aws", "region": "us-east-1"}},
-        "egress": {"budgets": {"datasets": 1000}, "action": "confirm"},
-        "state": {"dir": str(tmp_path / "state")},
-    }, file="test.toml")
+    config = parse_config(
+        {
+            "nodes": [{"name": "gpu-01", "transport": "local", "site": "coreweave:us-east-04"}],
+            "stores": {"datasets": {"url": "s3://datasets/laion", "provider": "aws", "region": "us-east-1"}},
+            "egress": {"budgets": {"datasets": 1000}, "action": "confirm"},
+            "state": {"dir": str(tmp_path / "state")},
+        },
+        file="test.toml",
+    )
     return Services(config=config)
 
 
@@ -76,15 +79,22 @@ async def test_calculator_updates_live_and_validates(services: Services) -> None
         # The example key restores the brief's scenario.
         screen.query_one("#egress-routes", DataTable).focus()
         await pilot.press("x")
-        await wait_until(pilot, lambda: screen.estimate is not None and screen.estimate.dataset_bytes == 40 * TB
-                      and screen.estimate.per_node == "sharded")
+        await wait_until(
+            pilot,
+            lambda: (
+                screen.estimate is not None
+                and screen.estimate.dataset_bytes == 40 * TB
+                and screen.estimate.per_node == "sharded"
+            ),
+        )
         assert "$13,791.00" in _quote_text(screen)
 
 
 async def test_month_to_date_routes_and_budget_gauge(services: Services) -> None:
     guard = EgressGuard(services.config, services.db)
-    guard.record_transfer(services.config.store("datasets"), "coreweave:us-east-04", 10 * TB,
-                          job_id="pull-1", when=datetime.now(UTC))
+    guard.record_transfer(
+        services.config.store("datasets"), "coreweave:us-east-04", 10 * TB, job_id="pull-1", when=datetime.now(UTC)
+    )
     rec = Recorder()
     app = LoadmasterApp(services, mode="egress")
     async with app.run_test(size=SIZE, message_hook=rec) as pilot:
@@ -99,5 +109,3 @@ async def test_month_to_date_routes_and_budget_gauge(services: Services) -> None
         (gauge,) = screen.query(Gauge)
         assert gauge.value == pytest.approx(891) and gauge.total == 1000
         assert gauge.has_class("-warn")  # 89% of the budget, warn_at 0.8
-
-

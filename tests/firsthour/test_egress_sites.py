@@ -19,12 +19,18 @@ from tui.cli import main
 TB = 10**12
 TABLE = default_price_table()
 AWS_REGIONS = ", ".join(TABLE.providers["aws"].known_regions)
-KNOWN = ("aws, azure, backblaze-b2, cloudflare-r2, coreweave, crusoe, gcp, lambda, local, nebius, oci, "
-         "onprem, runpod, together, vast")
-REGION_TYPO = (f"destination 'aws:us-east1': unknown region 'us-east1' for aws (did you mean us-east-1? "
-               f"known: {AWS_REGIONS}); a newer region goes in [prices.providers.aws] known_regions")
-PROVIDER_TYPO = (f"destination 'mars:olympus-1': unknown provider 'mars' (known: {KNOWN}); add it under "
-                 "[prices.providers] (priced storage) or [prices.sites] (where nodes run)")
+KNOWN = (
+    "aws, azure, backblaze-b2, cloudflare-r2, coreweave, crusoe, gcp, lambda, local, nebius, oci, "
+    "onprem, runpod, together, vast"
+)
+REGION_TYPO = (
+    f"destination 'aws:us-east1': unknown region 'us-east1' for aws (did you mean us-east-1? "
+    f"known: {AWS_REGIONS}); a newer region goes in [prices.providers.aws] known_regions"
+)
+PROVIDER_TYPO = (
+    f"destination 'mars:olympus-1': unknown provider 'mars' (known: {KNOWN}); add it under "
+    "[prices.providers] (priced storage) or [prices.sites] (where nodes run)"
+)
 
 
 def test_typed_sites_are_errors_that_list_the_known_ones(capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,8 +43,10 @@ def test_typed_sites_are_errors_that_list_the_known_ones(capsys: pytest.CaptureF
             TABLE.check_site(dest, what="destination")
         assert str(exc.value) == message
     # The sites the brief and the lab use stay priced.
-    assert main(["egress", "estimate", "--bytes", "40TB", "--source", "aws:us-east-1",
-                 "--dest", "coreweave:us-east-04"]) == 0
+    assert (
+        main(["egress", "estimate", "--bytes", "40TB", "--source", "aws:us-east-1", "--dest", "coreweave:us-east-04"])
+        == 0
+    )
     assert "$" in capsys.readouterr().out
 
 
@@ -71,38 +79,50 @@ def _config(tmp_path: Path, action: str) -> str:
 
 def test_a_configured_typo_is_an_unpriced_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = _config(tmp_path, "block")
-    assert main(["--config", cfg, "egress", "quote", "--store", "datasets", "--node", "gpu-typo",
-                 "--bytes", "1TB"]) == 3
+    assert (
+        main(["--config", cfg, "egress", "quote", "--store", "datasets", "--node", "gpu-typo", "--bytes", "1TB"]) == 3
+    )
     out = capsys.readouterr().out
-    assert (f"BLOCK: datasets (aws:us-east-1) -> aws:us-east1: 1.0 TB not priced (unpriced: {REGION_TYPO})"
-            in out.splitlines())
+    assert (
+        f"BLOCK: datasets (aws:us-east-1) -> aws:us-east1: 1.0 TB not priced (unpriced: {REGION_TYPO})"
+        in out.splitlines()
+    )
     # The same store to a real region is priced (inter-region).
-    assert main(["--config", cfg, "egress", "quote", "--store", "datasets", "--node", "gpu-ok",
-                 "--bytes", "1TB"]) == 0
+    assert main(["--config", cfg, "egress", "quote", "--store", "datasets", "--node", "gpu-ok", "--bytes", "1TB"]) == 0
     assert "$20.00" in capsys.readouterr().out
     cfg = _config(tmp_path, "warn")
-    assert main(["--config", cfg, "egress", "quote", "--store", "datasets", "--node", "gpu-typo",
-                 "--bytes", "1TB"]) == 0
+    assert (
+        main(["--config", cfg, "egress", "quote", "--store", "datasets", "--node", "gpu-typo", "--bytes", "1TB"]) == 0
+    )
     assert "WARN: datasets (aws:us-east-1) -> aws:us-east1: 1.0 TB not priced" in capsys.readouterr().out
     # Typed on the command line, the same site is an error.
-    assert main(["--config", cfg, "egress", "quote", "--store", "datasets", "--dest", "aws:us-east1",
-                 "--bytes", "1TB"]) == 2
+    assert (
+        main(["--config", cfg, "egress", "quote", "--store", "datasets", "--dest", "aws:us-east1", "--bytes", "1TB"])
+        == 2
+    )
     assert capsys.readouterr().err == f"loadmaster: error: {REGION_TYPO}\n"
 
 
 def test_operators_add_their_own_sites_and_regions() -> None:
-    cfg = parse_config({
-        "nodes": [{"name": "n", "transport": "local"}],
-        "prices": {"sites": {"acme": {"name": "ACME GPU cloud", "known_regions": ["dc1", "dc2"]}},
-                   "providers": {"aws": {"known_regions": ["us-east-1", "us-fake-9"]}}},
-    }, file="lm.toml")
+    cfg = parse_config(
+        {
+            "nodes": [{"name": "n", "transport": "local"}],
+            "prices": {
+                "sites": {"acme": {"name": "ACME GPU cloud", "known_regions": ["dc1", "dc2"]}},
+                "providers": {"aws": {"known_regions": ["us-east-1", "us-fake-9"]}},
+            },
+        },
+        file="lm.toml",
+    )
     t = price_table(cfg.section(PriceOverrides))
     assert price_transfer(t, "aws:us-east-1", "acme:dc1", TB).kind == "internet"
     assert not price_transfer(t, "aws:us-east-1", "acme:dc3", TB).priced
     assert price_transfer(t, "aws:us-east-1", "aws:us-fake-9", TB).kind == "inter-region"
     with pytest.raises(ConfigError, match=r"prices\.sites\.acme\.regions"):
-        parse_config({"nodes": [{"name": "n", "transport": "local"}],
-                      "prices": {"sites": {"acme": {"regions": ["dc1"]}}}}, file="lm.toml")
+        parse_config(
+            {"nodes": [{"name": "n", "transport": "local"}], "prices": {"sites": {"acme": {"regions": ["dc1"]}}}},
+            file="lm.toml",
+        )
 
 
 def test_the_calculator_refuses_a_typo_too() -> None:
@@ -128,8 +148,13 @@ async def test_the_console_calculator_marks_the_field() -> None:
 
 
 _PROVIDERS = st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=12).filter(
-    lambda p: TABLE.canonical(p) is None and TABLE.compute_site(p) is None and p not in ("local", "file", "posix")
-    and not p.startswith("-"))
+    lambda p: (
+        TABLE.canonical(p) is None
+        and TABLE.compute_site(p) is None
+        and p not in ("local", "file", "posix")
+        and not p.startswith("-")
+    )
+)
 _REGIONS = st.text("abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=16)
 
 

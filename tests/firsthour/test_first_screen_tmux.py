@@ -26,14 +26,30 @@ LOADMASTER = Path(sys.executable).parent / "loadmaster"
 PROMPT = "lm-first$ "
 SCREEN_TIMEOUT = 90
 #: Text that would mean the console shows a problem (the operator changed nothing yet).
-PROBLEMS = ("missing", "MISSING", "not found", "does not exist", "failed", "unreachable", "Traceback",
-            "No such", "refused", "cannot", "no credentials")
+PROBLEMS = (
+    "missing",
+    "MISSING",
+    "not found",
+    "does not exist",
+    "failed",
+    "unreachable",
+    "Traceback",
+    "No such",
+    "refused",
+    "cannot",
+    "no credentials",
+)
 
 
 def _clean_env(home: Path) -> dict[str, str]:
     """What a new user's login shell has: HOME, a system PATH, a UTF-8 locale; nothing of ours."""
-    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-           "PYTHONFAULTHANDLER": "1"}
+    env = {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONFAULTHANDLER": "1",
+    }
     for keep in ("USER", "LOGNAME"):
         if keep in os.environ:
             env[keep] = os.environ[keep]
@@ -67,8 +83,11 @@ def test_first_screen_shows_no_problem_the_operator_did_not_cause(term: Tmux, tm
     term.send("Enter")
 
     # -- Fleet: this machine, up, sampled (its disk rate needs two samples) ----------------------
-    screen = term.wait_for(lambda s: "nodes 1/1 up" in s and "<embedded default>" in s,
-                           timeout=SCREEN_TIMEOUT, what="the Fleet screen with this machine up")
+    screen = term.wait_for(
+        lambda s: "nodes 1/1 up" in s and "<embedded default>" in s,
+        timeout=SCREEN_TIMEOUT,
+        what="the Fleet screen with this machine up",
+    )
     name = socket.gethostname().split(".")[0][:10]  # the embedded default's node (cut to its column)
     rows = [line for line in screen.splitlines() if line.strip().startswith(name)]
     assert len(rows) == 1, screen
@@ -86,8 +105,13 @@ def test_first_screen_shows_no_problem_the_operator_did_not_cause(term: Tmux, tm
     term.wait_for("nodes 1/1 up", timeout=30, what="back on the Fleet screen")
 
     # -- every other screen opens clean -----------------------------------------------------------
-    for key, marker in (("2", "job(s):"), ("3", "Run prefix"), ("4", "Run folder"), ("5", "Calculator"),
-                        ("6", "New conversion")):
+    for key, marker in (
+        ("2", "job(s):"),
+        ("3", "Run prefix"),
+        ("4", "Run folder"),
+        ("5", "Calculator"),
+        ("6", "New conversion"),
+    ):
         term.press(key)
         screen = term.wait_for(marker, timeout=SCREEN_TIMEOUT, what=f"screen {key}")
         assert not _problems(screen), f"screen {key}:\n" + "\n".join(_problems(screen)) + "\n" + screen

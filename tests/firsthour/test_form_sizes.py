@@ -21,27 +21,48 @@ SIZES = {"80x24": (80, 24), "120x35": (120, 35)}
 
 #: screen -> (keys that open its form, {field id: a value an operator types})
 FORMS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
-    "transfers": (("n",), {
-        "pull-src": "s3://ml-datasets/laion-mini/shards/",
-        "pull-dest": "data/laion-mini",
-        "pull-nodes": "gpu-a0[1-3],gpu-b01",
-        "pull-numworkers": "256",
-        "pull-concurrency": "32",
-        "pull-part-size": "64",
-        "pull-reason": "eval deadline",
-    }),
-    "egress": ((), {
-        "calc-size": "40TB", "calc-runs": "5", "calc-nodes": "16", "calc-source": "cloudflare-r2:auto",
-        "calc-dest": "coreweave:us-east-04", "calc-objects": "500e6",
-    }),
-    "shards": (("n",), {
-        "shards-src": "s3://ml-datasets/laion-mini/raw", "shards-dest": "s3://ml-datasets/laion-mini/wds",
-        "shards-shard-size": "512MB", "shards-seed": "1234",
-    }),
-    "retention": ((), {
-        "retention-url": "s3://ml-checkpoints/llama-70b", "keep-full": "2", "milestone-every": "48000",
-        "milestones": "48000,96000", "min-age": "2h",
-    }),
+    "transfers": (
+        ("n",),
+        {
+            "pull-src": "s3://ml-datasets/laion-mini/shards/",
+            "pull-dest": "data/laion-mini",
+            "pull-nodes": "gpu-a0[1-3],gpu-b01",
+            "pull-numworkers": "256",
+            "pull-concurrency": "32",
+            "pull-part-size": "64",
+            "pull-reason": "eval deadline",
+        },
+    ),
+    "egress": (
+        (),
+        {
+            "calc-size": "40TB",
+            "calc-runs": "5",
+            "calc-nodes": "16",
+            "calc-source": "cloudflare-r2:auto",
+            "calc-dest": "coreweave:us-east-04",
+            "calc-objects": "500e6",
+        },
+    ),
+    "shards": (
+        ("n",),
+        {
+            "shards-src": "s3://ml-datasets/laion-mini/raw",
+            "shards-dest": "s3://ml-datasets/laion-mini/wds",
+            "shards-shard-size": "512MB",
+            "shards-seed": "1234",
+        },
+    ),
+    "retention": (
+        (),
+        {
+            "retention-url": "s3://ml-checkpoints/llama-70b",
+            "keep-full": "2",
+            "milestone-every": "48000",
+            "milestones": "48000,96000",
+            "min-age": "2h",
+        },
+    ),
 }
 
 

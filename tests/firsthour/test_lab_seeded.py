@@ -29,8 +29,11 @@ def _lab(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_lab_up_prints_the_seeded_data_and_it_is_there(tmp_path: Path) -> None:
-    env = {**os.environ, "LOADMASTER_DATA_DIR": str(tmp_path / "data"),
-           "LOADMASTER_CONFIG_DIR": str(tmp_path / "config")}
+    env = {
+        **os.environ,
+        "LOADMASTER_DATA_DIR": str(tmp_path / "data"),
+        "LOADMASTER_CONFIG_DIR": str(tmp_path / "config"),
+    }
     for k in ("LOADMASTER_CONFIG", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
         env.pop(k, None)
     root = tmp_path / "lab"
@@ -39,9 +42,10 @@ def test_lab_up_prints_the_seeded_data_and_it_is_there(tmp_path: Path) -> None:
         assert up.returncode == 0, up.stderr
         bucket = json.loads((root / "lab.json").read_text())["bucket"]
         err = up.stderr.splitlines()
-        start = err.index("sample data: pull or shard the dataset (Transfers, Shards), prune the run "
-                          "(Checkpoints, Retention):")
-        lines = err[start + 1:start + 4]
+        start = err.index(
+            "sample data: pull or shard the dataset (Transfers, Shards), prune the run (Checkpoints, Retention):"
+        )
+        lines = err[start + 1 : start + 4]
         assert err[start + 4] == "open the console on the sandbox with:", up.stderr
         raw, shards, ckpt = (re.match(r"\s+(s3://\S+)\s+(.*)$", line).groups() for line in lines)  # type: ignore[union-attr]
         assert raw[0] == f"s3://{bucket}/datasets/laion-mini/raw/"
@@ -52,8 +56,9 @@ def test_lab_up_prints_the_seeded_data_and_it_is_there(tmp_path: Path) -> None:
         objects = _list(root, bucket)
         raw_objs = {k: v for k, v in objects.items() if k.startswith("datasets/laion-mini/raw/")}
         shard_objs = {k: v for k, v in objects.items() if k.startswith("datasets/laion-mini/shards/")}
-        assert raw[1] == (f"{len(raw_objs) // 2} samples (.jpg + .json: {len(raw_objs)} files, "
-                          f"{bytes_text(sum(raw_objs.values()))})")
+        assert raw[1] == (
+            f"{len(raw_objs) // 2} samples (.jpg + .json: {len(raw_objs)} files, {bytes_text(sum(raw_objs.values()))})"
+        )
         assert shards[1] == f"{len(shard_objs)} tar shards, {bytes_text(sum(shard_objs.values()))}"
         assert len(raw_objs) == 240 and len(shard_objs) == 8
         steps = {k.split("/")[2] for k in objects if k.startswith("checkpoints/llama-demo/")}
@@ -61,8 +66,9 @@ def test_lab_up_prints_the_seeded_data_and_it_is_there(tmp_path: Path) -> None:
         assert "checkpoints/llama-demo/step-12000/.metadata" not in objects
         assert "checkpoints/llama-demo/step-11000/.metadata" in objects
         status = _lab(env, "status", "--dir", str(root)).stdout
-        assert (f"  bucket {bucket} (s3://{bucket}/datasets/laion-mini/, s3://{bucket}/checkpoints/llama-demo/)"
-                in status), status
+        assert (
+            f"  bucket {bucket} (s3://{bucket}/datasets/laion-mini/, s3://{bucket}/checkpoints/llama-demo/)" in status
+        ), status
     finally:
         down = _lab(env, "down", "--dir", str(root))
         assert down.returncode == 0, down.stderr
@@ -76,10 +82,13 @@ def _list(root: Path, bucket: str) -> dict[str, int]:
     creds = configparser.ConfigParser()
     creds.read(root / "s3" / "aws-credentials")
     client = botocore.session.get_session().create_client(
-        "s3", endpoint_url=info["s3"]["endpoint"], region_name="us-east-1",
+        "s3",
+        endpoint_url=info["s3"]["endpoint"],
+        region_name="us-east-1",
         aws_access_key_id=creds["lab"]["aws_access_key_id"],
         aws_secret_access_key=creds["lab"]["aws_secret_access_key"],
-        config=BotoConfig(s3={"addressing_style": "path"}))
+        config=BotoConfig(s3={"addressing_style": "path"}),
+    )
     objects: dict[str, int] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         objects.update((o["Key"], o["Size"]) for o in page.get("Contents", []))

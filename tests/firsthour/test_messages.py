@@ -34,7 +34,8 @@ def test_a_bucket_no_store_covers_is_named_with_the_stores() -> None:
     assert str(exc.value) == (
         "/etc/lm.toml: no store covers bucket 'lab' (configured stores: lab = s3://lab-e65e8da6, "
         "runs = s3://ckpt/runs/llama); use a URL under one of them or add a [stores.NAME] table "
-        'with url = "s3://lab"')
+        'with url = "s3://lab"'
+    )
 
 
 def test_a_store_covers_its_prefix_and_the_rest_of_its_bucket() -> None:
@@ -48,20 +49,27 @@ def test_a_store_covers_its_prefix_and_the_rest_of_its_bucket() -> None:
 
 
 def test_with_no_s3_store_the_default_credential_chain_applies(tmp_path: Path) -> None:
-    config = parse_config({"nodes": [{"name": "here", "transport": "local"}],
-                           "stores": {"ckpt": {"url": str(tmp_path)}}}, file="lm.toml", base=tmp_path)
+    config = parse_config(
+        {"nodes": [{"name": "here", "transport": "local"}], "stores": {"ckpt": {"url": str(tmp_path)}}},
+        file="lm.toml",
+        base=tmp_path,
+    )
     assert config.store_for_url("s3://public-datasets/laion/") is None
 
 
 @pytest.mark.lab
 def test_cli_names_the_uncovered_bucket(lab: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state")
-    expected = (f"loadmaster: error: {cfg}: no store covers bucket 'lab' (configured stores: "
-                f"lab = s3://{lab.bucket}); use a URL under one of them or add a [stores.NAME] table "
-                'with url = "s3://lab"\n')
-    for argv in (["ckpt", "list", "s3://lab/checkpoints/llama-demo"],
-                 ["pull", "s3://lab/datasets/laion-mini/shards/", "fh-x", "--nodes", "node-01", "--yes"],
-                 ["shard", "s3://lab/datasets/laion-mini/raw", str(tmp_path / "wds"), "--dry-run"]):
+    expected = (
+        f"loadmaster: error: {cfg}: no store covers bucket 'lab' (configured stores: "
+        f"lab = s3://{lab.bucket}); use a URL under one of them or add a [stores.NAME] table "
+        'with url = "s3://lab"\n'
+    )
+    for argv in (
+        ["ckpt", "list", "s3://lab/checkpoints/llama-demo"],
+        ["pull", "s3://lab/datasets/laion-mini/shards/", "fh-x", "--nodes", "node-01", "--yes"],
+        ["shard", "s3://lab/datasets/laion-mini/raw", str(tmp_path / "wds"), "--dry-run"],
+    ):
         assert main(["--config", str(cfg), *argv]) == 2, argv
         err = capsys.readouterr().err
         assert err == expected, argv
@@ -69,8 +77,9 @@ def test_cli_names_the_uncovered_bucket(lab: Any, tmp_path: Path, capsys: pytest
 
 
 @pytest.mark.lab
-def test_shard_on_a_node_prints_a_follow_up_that_works(lab: Any, s3: Any, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_shard_on_a_node_prints_a_follow_up_that_works(
+    lab: Any, s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = str(write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state"))
     prefix = f"fh-shard-{secrets.token_hex(3)}"
     client = s3.client()
@@ -81,9 +90,11 @@ def test_shard_on_a_node_prints_a_follow_up_that_works(lab: Any, s3: Any, tmp_pa
     assert main(["--config", cfg, "shard", f"s3://{lab.bucket}/{prefix}", str(dest), "--node", "node-01"]) == 0
     out = capsys.readouterr().out.splitlines()
     job = out[0].split()[3]
-    assert out == [f"started shard job {job} on node-01: s3://{lab.bucket}/{prefix} -> {dest}",
-                   f"  follow it with: loadmaster job logs {job} --follow",
-                   f"  its state:      loadmaster job show {job}"]
+    assert out == [
+        f"started shard job {job} on node-01: s3://{lab.bucket}/{prefix} -> {dest}",
+        f"  follow it with: loadmaster job logs {job} --follow",
+        f"  its state:      loadmaster job show {job}",
+    ]
     # Each printed command runs as printed (here with this config).
     for line in out[1:]:
         argv = shlex.split(line.split(":", 1)[1])
@@ -94,7 +105,8 @@ def test_shard_on_a_node_prints_a_follow_up_that_works(lab: Any, s3: Any, tmp_pa
 
 @pytest.mark.lab
 def test_jobs_s5cmd_is_the_nodes_copy_tool_and_the_listing_runs_the_consoles(
-        lab: Any, s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab: Any, s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The README's claim: the pre-launch listing runs the s5cmd beside loadmaster on this machine;
     ``[jobs] s5cmd`` (a wrapper here) runs only on the node, for the copy."""
     import shutil
@@ -110,8 +122,9 @@ def test_jobs_s5cmd_is_the_nodes_copy_tool_and_the_listing_runs_the_consoles(
     client = s3.client()
     for i in range(3):
         client.put_object(Bucket=lab.bucket, Key=f"{prefix}/{i}.bin", Body=bytes([i]) * 1000)
-    rc = main(["--config", cfg, "pull", f"s3://{lab.bucket}/{prefix}/", f"fh-wrap-{prefix}",
-               "--nodes", "node-01", "--yes"])
+    rc = main(
+        ["--config", cfg, "pull", f"s3://{lab.bucket}/{prefix}/", f"fh-wrap-{prefix}", "--nodes", "node-01", "--yes"]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     calls = log.read_text().splitlines()
@@ -123,13 +136,13 @@ def test_jobs_s5cmd_is_the_nodes_copy_tool_and_the_listing_runs_the_consoles(
 
 
 def test_a_pull_to_an_unresolvable_node_names_it_once_and_promises_no_retry(
-        lab: Any, s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab: Any, s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     s3.client().put_object(Bucket=lab.bucket, Key="fh-unres/a.bin", Body=b"x" * 1000)
     cfg = write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state")
     with open(cfg, "a") as f:
-        f.write("\n[[nodes]]\nname = \"node-x\"\nhost = \"node-x.invalid\"\n")
-    rc = main(["--config", str(cfg), "pull", f"s3://{lab.bucket}/fh-unres/", "fh-unres",
-               "--nodes", "node-x", "--yes"])
+        f.write('\n[[nodes]]\nname = "node-x"\nhost = "node-x.invalid"\n')
+    rc = main(["--config", str(cfg), "pull", f"s3://{lab.bucket}/fh-unres/", "fh-unres", "--nodes", "node-x", "--yes"])
     out = capsys.readouterr()
     text = out.out + out.err
     assert rc != 0

@@ -83,6 +83,8 @@ def source(lab: Lab, s3) -> SourceData:  # type: ignore[no-untyped-def]
 @pytest.fixture
 def node_dir(lab: Lab) -> Iterator[object]:
     """``node_dir(name, rel)``: the local path of a node's scratch sub-directory (lab nodes are local)."""
+
     def get(name: str, rel: str) -> Path:
         return lab.node(name).scratch / rel
+
     yield get

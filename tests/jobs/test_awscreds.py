@@ -41,9 +41,18 @@ role_arn = arn:aws:iam::123456789012:role/y
 source_profile = default
 """
 
-ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE",
-       "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-       "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
 
 
 @pytest.fixture
@@ -66,16 +75,19 @@ def _botocore(profile: str | None) -> Credentials:
     return Credentials(frozen.access_key, frozen.secret_key, frozen.token)
 
 
-@pytest.mark.parametrize(("profile", "env"), [
-    ("lab", {}),
-    ("default", {}),
-    (None, {}),
-    (None, {"AWS_PROFILE": "lab"}),
-    (None, {"AWS_ACCESS_KEY_ID": "AKIENV", "AWS_SECRET_ACCESS_KEY": "secret-env"}),
-    (None, {"AWS_ACCESS_KEY_ID": "AKIENV", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t"}),
-    # An explicit profile wins over AWS_* keys in the environment, as in botocore.
-    ("lab", {"AWS_ACCESS_KEY_ID": "AKIENV", "AWS_SECRET_ACCESS_KEY": "secret-env"}),
-])
+@pytest.mark.parametrize(
+    ("profile", "env"),
+    [
+        ("lab", {}),
+        ("default", {}),
+        (None, {}),
+        (None, {"AWS_PROFILE": "lab"}),
+        (None, {"AWS_ACCESS_KEY_ID": "AKIENV", "AWS_SECRET_ACCESS_KEY": "secret-env"}),
+        (None, {"AWS_ACCESS_KEY_ID": "AKIENV", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t"}),
+        # An explicit profile wins over AWS_* keys in the environment, as in botocore.
+        ("lab", {"AWS_ACCESS_KEY_ID": "AKIENV", "AWS_SECRET_ACCESS_KEY": "secret-env"}),
+    ],
+)
 def test_static_keys_equal_botocores(aws: pytest.MonkeyPatch, profile: str | None, env: dict[str, str]) -> None:
     for k, v in env.items():
         aws.setenv(k, v)
@@ -85,18 +97,22 @@ def test_static_keys_equal_botocores(aws: pytest.MonkeyPatch, profile: str | Non
     assert (got.access_key, got.secret_key, got.token) == (want.access_key, want.secret_key, want.token)
 
 
-@pytest.mark.parametrize(("profile", "env"), [
-    ("half", {}),                   # partial keys: botocore says what is wrong
-    ("assumer", {}),                # a role in the credentials file
-    ("roled", {}),                  # a role in the config file
-    ("sso", {}),
-    ("missing", {}),                # no such profile
-    (None, {"AWS_ACCESS_KEY_ID": "AKIONLY"}),
-    (None, {"AWS_PROFILE": "lab", "AWS_DEFAULT_PROFILE": "default"}),
-    ("lab", {"AWS_WEB_IDENTITY_TOKEN_FILE": "/tmp/token", "AWS_ROLE_ARN": "arn:aws:iam::1:role/z"}),
-])
-def test_anything_but_plain_keys_is_left_to_botocore(aws: pytest.MonkeyPatch, profile: str | None,
-                                                      env: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("profile", "env"),
+    [
+        ("half", {}),  # partial keys: botocore says what is wrong
+        ("assumer", {}),  # a role in the credentials file
+        ("roled", {}),  # a role in the config file
+        ("sso", {}),
+        ("missing", {}),  # no such profile
+        (None, {"AWS_ACCESS_KEY_ID": "AKIONLY"}),
+        (None, {"AWS_PROFILE": "lab", "AWS_DEFAULT_PROFILE": "default"}),
+        ("lab", {"AWS_WEB_IDENTITY_TOKEN_FILE": "/tmp/token", "AWS_ROLE_ARN": "arn:aws:iam::1:role/z"}),
+    ],
+)
+def test_anything_but_plain_keys_is_left_to_botocore(
+    aws: pytest.MonkeyPatch, profile: str | None, env: dict[str, str]
+) -> None:
     for k, v in env.items():
         aws.setenv(k, v)
     assert static_credentials(profile) is None

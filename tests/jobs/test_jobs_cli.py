@@ -22,8 +22,9 @@ def _run(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_jobs_show_logs_and_cancel_of_a_finished_job(lab: Lab, source: SourceData, jobs_config_path: Path) -> None:
-    res = _run(jobs_config_path, "pull", source.url, "pulls/cli-show", "--node", "node-04", "--yes", "--detach",
-               "--json")
+    res = _run(
+        jobs_config_path, "pull", source.url, "pulls/cli-show", "--node", "node-04", "--yes", "--detach", "--json"
+    )
     assert res.returncode == 0, res.stderr
     job = json.loads(res.stdout)["jobs"][0]["id"]
 
@@ -46,8 +47,9 @@ def test_jobs_show_logs_and_cancel_of_a_finished_job(lab: Lab, source: SourceDat
     assert "Traceback" not in res.stderr
 
 
-def test_clear_errors_for_bad_input(lab: Lab, source: SourceData, jobs_config_path: Path,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_clear_errors_for_bad_input(
+    lab: Lab, source: SourceData, jobs_config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = str(jobs_config_path)
     cases = [
         (["job", "show", "nope-nope"], "no job 'nope-nope'"),

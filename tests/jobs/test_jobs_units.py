@@ -46,15 +46,23 @@ def test_node_dest_relative_goes_under_scratch() -> None:
 
 
 def test_parse_scan_reads_jobs_and_skips_half_lines() -> None:
-    text = "\n".join([
-        "@@HOME /h/jobs", "@@NOW 1000.5",
-        "@@JOB a", '@@SPEC {"id": "a", "kind": "pull", "created": 990}', '@@PID {"pid": 12, "pgid": 12}',
-        "@@ALIVE 1", "@@BEAT 999.0",
-        '@@PROG {"t": 995, "bytes_done": 10, "bytes_total": 100}',
-        '@@PROG {"t": 997, "bytes_done": 50, "bytes_to',   # being appended right now
-        "@@JOB b", '@@SPEC {"id": "b", "kind": "pull"}', '@@RESULT {"state": "succeeded"}',
-        "@@JOB c",  # no spec yet: not a job
-    ])
+    text = "\n".join(
+        [
+            "@@HOME /h/jobs",
+            "@@NOW 1000.5",
+            "@@JOB a",
+            '@@SPEC {"id": "a", "kind": "pull", "created": 990}',
+            '@@PID {"pid": 12, "pgid": 12}',
+            "@@ALIVE 1",
+            "@@BEAT 999.0",
+            '@@PROG {"t": 995, "bytes_done": 10, "bytes_total": 100}',
+            '@@PROG {"t": 997, "bytes_done": 50, "bytes_to',  # being appended right now
+            "@@JOB b",
+            '@@SPEC {"id": "b", "kind": "pull"}',
+            '@@RESULT {"state": "succeeded"}',
+            "@@JOB c",  # no spec yet: not a job
+        ]
+    )
     home, now, jobs = parse_scan(text)
     assert home == "/h/jobs" and now == 1000.5
     assert [j.id for j in jobs] == ["a", "b"]
@@ -64,8 +72,12 @@ def test_parse_scan_reads_jobs_and_skips_half_lines() -> None:
 
 
 def test_progress_rate_eta_and_fraction() -> None:
-    p = progress_from_lines([{"t": 10, "bytes_done": 0, "bytes_total": 1000},
-                             {"t": 12, "bytes_done": 500, "bytes_total": 1000, "items_done": 1, "items_total": 2}])
+    p = progress_from_lines(
+        [
+            {"t": 10, "bytes_done": 0, "bytes_total": 1000},
+            {"t": 12, "bytes_done": 500, "bytes_total": 1000, "items_done": 1, "items_total": 2},
+        ]
+    )
     assert p is not None
     assert p.rate_bps == 250 and p.eta_s == 2 and p.fraction == 0.5 and p.items_done == 1
     runner_rate = progress_from_lines([{"t": 1, "bytes_done": 5, "rate_bps": 7.0, "phase": "copy"}])
@@ -75,14 +87,22 @@ def test_progress_rate_eta_and_fraction() -> None:
 
 
 def _rec(state: str, done: int, total: int | None, rate: float | None) -> JobRecord:
-    return JobRecord(id=state + str(done), node="n", kind="pull", state=state, created=0, launched_by="u@h",
-                     launched_from="h", progress=JobProgress(t=0, bytes_done=done, bytes_total=total,
-                                                             items_done=1, items_total=2, rate_bps=rate))
+    return JobRecord(
+        id=state + str(done),
+        node="n",
+        kind="pull",
+        state=state,
+        created=0,
+        launched_by="u@h",
+        launched_from="h",
+        progress=JobProgress(t=0, bytes_done=done, bytes_total=total, items_done=1, items_total=2, rate_bps=rate),
+    )
 
 
 def test_fleet_rollup_sums_and_unknown_totals() -> None:
-    roll = fleet_rollup([_rec("running", 100, 400, 50.0), _rec("running", 300, 400, 150.0),
-                         _rec("succeeded", 400, 400, 99.0)])
+    roll = fleet_rollup(
+        [_rec("running", 100, 400, 50.0), _rec("running", 300, 400, 150.0), _rec("succeeded", 400, 400, 99.0)]
+    )
     assert roll.bytes_done == 800 and roll.bytes_total == 1200 and roll.rate_bps == 200.0
     assert roll.running == 2 and roll.succeeded == 1 and roll.eta_s == 2.0
     assert fleet_rollup([_rec("running", 1, None, 1.0)]).bytes_total is None
@@ -152,20 +172,38 @@ async def test_kind_hooks_default_to_nothing() -> None:
 def test_a_kind_lookup_on_the_node_imports_only_that_kind() -> None:
     """``agent run`` of a pull imports the runner and the pull's node side: not the console's
     pull, the manager, the ledger, or another kind's module."""
-    probe = ("import json, sys\nfrom backend.agent.runner import run_job\nfrom backend.agent.kinds import kind\n"
-             "kind('pull')\nprint(json.dumps(sorted(sys.modules)))")
-    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
+    probe = (
+        "import json, sys\nfrom backend.agent.runner import run_job\nfrom backend.agent.kinds import kind\n"
+        "kind('pull')\nprint(json.dumps(sorted(sys.modules)))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     loaded = set(json.loads(res.stdout.splitlines()[-1]))
     assert "backend.jobs.pull_runner" in loaded
-    forbidden = ("backend.jobs.pull", "backend.jobs.manager", "backend.jobs.store", "backend.ledger", "backend.config",
-                 "backend.checkpoints", "backend.shards", "backend.storage", "backend.nodes", "botocore", "asyncio")
+    forbidden = (
+        "backend.jobs.pull",
+        "backend.jobs.manager",
+        "backend.jobs.store",
+        "backend.ledger",
+        "backend.config",
+        "backend.checkpoints",
+        "backend.shards",
+        "backend.storage",
+        "backend.nodes",
+        "botocore",
+        "asyncio",
+    )
     assert sorted(m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)) == []
 
 
 def test_s5cmd_error_lines_count_even_with_exit_zero() -> None:
     assert s5cmd_error('{"operation":"cp","error":"NoSuchBucket: gone"}') == "cp : NoSuchBucket: gone"
-    assert s5cmd_error("ERROR \"cp s3://b/x y\": AccessDenied") is not None
+    assert s5cmd_error('ERROR "cp s3://b/x y": AccessDenied') is not None
     assert s5cmd_error('{"operation":"cp","success":true,"object":{"size":1}}') is None
     assert s5cmd_error("") is None
 
@@ -175,7 +213,7 @@ def test_temp_names_follow_go_createtemp(tmp_path: Path) -> None:
     # replaced instead when the name has one).
     assert is_s5cmd_temp_name("obj-1.bin2482161410", "obj-1.bin")
     assert is_s5cmd_temp_name("obj-1.bin0", "obj-1.bin")
-    assert not is_s5cmd_temp_name("obj-1.bin02", "obj-1.bin")          # a leading zero: never Go's
+    assert not is_s5cmd_temp_name("obj-1.bin02", "obj-1.bin")  # a leading zero: never Go's
     assert not is_s5cmd_temp_name("obj-1.bin4294967296", "obj-1.bin")  # above uint32
     assert is_s5cmd_temp_name("a-77.tar", "a-*.tar") and not is_s5cmd_temp_name("a-x.tar", "a-*.tar")
 
@@ -247,9 +285,14 @@ def test_runner_wakes_a_follower_blocked_on_the_done_fifo(tmp_path: Path) -> Non
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     _wake_followers(fifo, remove=False)  # nobody waiting: returns at once, nothing blocks
     # WAIT of 10 minutes: only the FIFO can end this scan before the guard below.
-    scan = subprocess.Popen(["sh", "-c", SCAN_SCRIPT, "scan", "j1", "6", "6000", "j1"],
-                            env={**os.environ, "LOADMASTER_HOME": str(home)}, stdout=subprocess.PIPE, text=True)
+    scan = subprocess.Popen(
+        ["sh", "-c", SCAN_SCRIPT, "scan", "j1", "6", "6000", "j1"],
+        env={**os.environ, "LOADMASTER_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+
         def finish() -> None:
             # The result lands first, then the wake-up (as in run_job); repeated until the scan
             # is reading the FIFO, since it may not have opened it yet.

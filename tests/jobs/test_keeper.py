@@ -52,8 +52,13 @@ LOADMASTER = str(Path(sys.executable).parent / "loadmaster")
 
 
 def _run(cfg: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([LOADMASTER, "--config", str(cfg), *args], capture_output=True, text=True,
-                          timeout=180, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [LOADMASTER, "--config", str(cfg), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -127,7 +132,8 @@ def test_commands_share_one_private_keeper_without_secrets(lab: Lab, kept: Confi
 
 
 def test_pull_through_the_keeper_verifies_bytes_and_keeps_credentials_off_the_log(
-        lab: Lab, kept: Config, jobs_config_path: Path, source: SourceData, node_dir) -> None:  # type: ignore[no-untyped-def]
+    lab: Lab, kept: Config, jobs_config_path: Path, source: SourceData, node_dir
+) -> None:  # type: ignore[no-untyped-def]
     res = _run(jobs_config_path, "pull", source.url, "pulls/kept", "--node", "node-01", "--yes")
     assert res.returncode == 0, res.stderr
     assert "node-01: succeeded" in res.stdout
@@ -143,8 +149,9 @@ def test_pull_through_the_keeper_verifies_bytes_and_keeps_credentials_off_the_lo
     assert "s5cmd" not in log and "agent" not in log and "cat " not in log  # no command text at all
 
 
-def test_errors_through_the_keeper_read_as_without_it(lab: Lab, kept: Config, jobs_config_path: Path,
-                                                      source: SourceData, tmp_path: Path) -> None:
+def test_errors_through_the_keeper_read_as_without_it(
+    lab: Lab, kept: Config, jobs_config_path: Path, source: SourceData, tmp_path: Path
+) -> None:
     # A changed host key: same refusal, both fingerprints, with and without the keeper.
     kh = tmp_path / "known_hosts"
     n1, n2 = lab.node("node-01"), lab.node("node-02")
@@ -162,8 +169,9 @@ def test_errors_through_the_keeper_read_as_without_it(lab: Lab, kept: Config, jo
         stop_keeper(load_config_file(cfg))
 
 
-def test_a_node_fixed_after_a_failure_is_retried_at_once(lab: Lab, kept: Config, jobs_config_path: Path,
-                                                         source: SourceData) -> None:
+def test_a_node_fixed_after_a_failure_is_retried_at_once(
+    lab: Lab, kept: Config, jobs_config_path: Path, source: SourceData
+) -> None:
     node = lab.node("node-03")
     node.stop()
     try:
@@ -181,8 +189,7 @@ def test_a_node_fixed_after_a_failure_is_retried_at_once(lab: Lab, kept: Config,
     assert report is not None and report["nodes"]["node-03"]["state"] == "up"
 
 
-async def test_keeper_killed_mid_command_is_a_clear_error_and_the_next_command_recovers(
-        lab: Lab, kept: Config) -> None:
+async def test_keeper_killed_mid_command_is_a_clear_error_and_the_next_command_recovers(lab: Lab, kept: Config) -> None:
     pool = NodePool(kept.nodes, keeper=KeeperClient(kept, 30))
     try:
         t = pool.transport("node-02")
@@ -268,13 +275,14 @@ def _refused_for_another_user(kept: Config) -> None:
             "os.setgid(65534); os.setuid(65534)\n"
             "s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])\n"
             "try:\n"
-            "    s.sendall(b'{\"op\":\"hello\",\"key\":null}\\n')\n"
+            '    s.sendall(b\'{"op":"hello","key":null}\\n\')\n'
             "    print(repr(s.recv(100)))\n"
             "except OSError as e:\n"
             "    print('closed', e.errno)\n"
         )
-        res = subprocess.run(["/usr/bin/python3", "-S", "-c", probe, str(sock)], capture_output=True, text=True,
-                             timeout=30, cwd="/")
+        res = subprocess.run(
+            ["/usr/bin/python3", "-S", "-c", probe, str(sock)], capture_output=True, text=True, timeout=30, cwd="/"
+        )
     finally:
         os.chmod(sock.parent, dir_mode)
         os.chmod(sock, sock_mode)
@@ -284,8 +292,9 @@ def _refused_for_another_user(kept: Config) -> None:
     assert keeper_status(kept) is not None  # and it keeps serving its own user
 
 
-def test_idle_keeper_exits_and_a_changed_config_gets_its_own(lab: Lab, monkeypatch: pytest.MonkeyPatch,
-                                                             jobs_config_path: Path, tmp_path: Path) -> None:
+def test_idle_keeper_exits_and_a_changed_config_gets_its_own(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch, jobs_config_path: Path, tmp_path: Path
+) -> None:
     monkeypatch.setenv("LOADMASTER_SSH_PERSIST", "1s")
     config = load_config_file(jobs_config_path)
     assert _run(jobs_config_path, "jobs").returncode == 0
@@ -298,7 +307,9 @@ def test_idle_keeper_exits_and_a_changed_config_gets_its_own(lab: Lab, monkeypat
     changed = write_lab_config(lab, tmp_path / "changed.toml", tmp_path / "state")
     changed.write_text(changed.read_text().replace("connect_timeout = 5.0", "connect_timeout = 7.0"))
     assert socket_path(load_config_file(changed)) != socket_path(config)
-    same = write_lab_config(lab, tmp_path / "same.toml", tmp_path / "state", extra="\n[retention]\nkeep_full_latest = 3\n")
+    same = write_lab_config(
+        lab, tmp_path / "same.toml", tmp_path / "state", extra="\n[retention]\nkeep_full_latest = 3\n"
+    )
     assert socket_path(load_config_file(same)) == socket_path(config)  # policy edits keep connections
 
 
@@ -311,8 +322,7 @@ def test_bad_persist_setting_is_named(lab: Lab, jobs_config_path: Path) -> None:
     assert res.returncode == 2 and "ssh.persist" in res.stderr
 
 
-def test_commands_connect_directly_when_the_keeper_cannot_start(lab: Lab, kept: Config,
-                                                               jobs_config_path: Path) -> None:
+def test_commands_connect_directly_when_the_keeper_cannot_start(lab: Lab, kept: Config, jobs_config_path: Path) -> None:
     run_dir = socket_path(kept).parent
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     run_dir.write_text("not a directory")  # the keeper's socket cannot go here
@@ -325,16 +335,19 @@ def test_commands_connect_directly_when_the_keeper_cannot_start(lab: Lab, kept: 
         run_dir.unlink()
 
 
-@pytest.mark.parametrize("exc", [
-    NodeUnreachable("node-07", "connection refused"),
-    HostKeyRefused("node-07", "host key CHANGED", offered="SHA256:a", expected="SHA256:b"),
-    CommandFailed("node-07", "false", 1, "it failed\n"),
-    CommandTimeout("node-07", "command 'sleep' did not finish within 1s"),
-    NodeError("node-07", "command server exited"),
-    ConfigError("bad value", key="ssh.persist"),
-    JobError("no job 'x'"),
-    StoreError("bucket missing"),
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        NodeUnreachable("node-07", "connection refused"),
+        HostKeyRefused("node-07", "host key CHANGED", offered="SHA256:a", expected="SHA256:b"),
+        CommandFailed("node-07", "false", 1, "it failed\n"),
+        CommandTimeout("node-07", "command 'sleep' did not finish within 1s"),
+        NodeError("node-07", "command server exited"),
+        ConfigError("bad value", key="ssh.persist"),
+        JobError("no job 'x'"),
+        StoreError("bucket missing"),
+    ],
+)
 def test_errors_cross_the_keeper_as_their_own_class(exc: Exception) -> None:
     back = error_from(json.loads(json.dumps(error_dict(exc))), "node-07")
     assert type(back) is type(exc) and str(back) == str(exc)
@@ -344,15 +357,30 @@ def test_errors_cross_the_keeper_as_their_own_class(exc: Exception) -> None:
     assert isinstance(other, NodeError) and "surprise" in str(other)
 
 
-def test_a_pull_through_the_keeper_never_loads_the_ssh_stack(lab: Lab, kept: Config, jobs_config_path: Path,
-                                                            source: SourceData) -> None:
+def test_a_pull_through_the_keeper_never_loads_the_ssh_stack(
+    lab: Lab, kept: Config, jobs_config_path: Path, source: SourceData
+) -> None:
     from tests.jobs.test_pull_startup import _PROBE, ROOT
 
     def modules(persist: str) -> list[str]:
-        argv = ["--config", str(jobs_config_path), "pull", source.url, f"pulls/stack-{persist}", "--node",
-                "node-01", "--yes"]
-        res = subprocess.run([sys.executable, "-c", _PROBE, *argv], cwd=ROOT, capture_output=True, text=True,
-                             env={**os.environ, "LOADMASTER_SSH_PERSIST": persist}, timeout=180)
+        argv = [
+            "--config",
+            str(jobs_config_path),
+            "pull",
+            source.url,
+            f"pulls/stack-{persist}",
+            "--node",
+            "node-01",
+            "--yes",
+        ]
+        res = subprocess.run(
+            [sys.executable, "-c", _PROBE, *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "LOADMASTER_SSH_PERSIST": persist},
+            timeout=180,
+        )
         assert res.returncode == 0 and "node-01: succeeded" in res.stdout, res.stdout + res.stderr
         line = next(x for x in res.stdout.splitlines() if x.startswith("@@MODULES "))
         return json.loads(line.removeprefix("@@MODULES "))  # type: ignore[no-any-return]
@@ -363,10 +391,18 @@ def test_a_pull_through_the_keeper_never_loads_the_ssh_stack(lab: Lab, kept: Con
     assert "backend.nodes.keeper" in kept_modules
 
 
-def test_commands_started_together_share_the_one_keeper_they_start(lab: Lab, kept: Config,
-                                                                   jobs_config_path: Path) -> None:
-    procs = [subprocess.Popen([LOADMASTER, "--config", str(jobs_config_path), "jobs", "--json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+def test_commands_started_together_share_the_one_keeper_they_start(
+    lab: Lab, kept: Config, jobs_config_path: Path
+) -> None:
+    procs = [
+        subprocess.Popen(
+            [LOADMASTER, "--config", str(jobs_config_path), "jobs", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
     assert all("keeper not used" not in err for _out, err in outs), outs  # nobody fell back
@@ -377,8 +413,7 @@ def test_commands_started_together_share_the_one_keeper_they_start(lab: Lab, kep
     assert report is not None and report["requests"] == 4 * len(kept.nodes)
 
 
-def test_socket_path_fits_the_unix_limit_and_differs_per_host(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_socket_path_fits_the_unix_limit_and_differs_per_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import socket as socketmod
 
     from backend.config import load_config

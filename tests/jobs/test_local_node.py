@@ -17,8 +17,9 @@ from tests.jobs.conftest import SourceData
 pytestmark = pytest.mark.timeout(240)
 
 
-async def test_pull_to_a_local_node(lab: Lab, source: SourceData, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_pull_to_a_local_node(
+    lab: Lab, source: SourceData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert lab.s3 is not None
     home = tmp_path / "lm-home"
     monkeypatch.setenv("LOADMASTER_HOME", str(home))

@@ -20,8 +20,9 @@ def test_over_budget_pull_needs_a_reason_then_is_audited_and_ledgered(
     lab: Lab, source: SourceData, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     state = tmp_path / "state"
-    cfg = write_lab_config(lab, tmp_path / "lm.toml", state,
-                           extra='\n[egress]\nmonthly_budget_usd = 0.0000001\naction = "confirm"\n')
+    cfg = write_lab_config(
+        lab, tmp_path / "lm.toml", state, extra='\n[egress]\nmonthly_budget_usd = 0.0000001\naction = "confirm"\n'
+    )
     args = ["--config", str(cfg), "pull", source.url, "pulls/egress", "--node", "node-01", "--yes"]
     assert cli_main(args) == 2
     err = capsys.readouterr().err
@@ -39,12 +40,29 @@ def test_over_budget_pull_needs_a_reason_then_is_audited_and_ledgered(
     assert rows == [(source.total, "lab")]
 
 
-def test_blocked_pull_does_not_start(lab: Lab, source: SourceData, tmp_path: Path,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state",
-                           extra='\n[egress]\nper_transfer_limit_usd = 0.0000001\naction = "block"\n')
-    rc = cli_main(["--config", str(cfg), "pull", source.url, "pulls/blocked", "--node", "node-01", "--yes",
-                   "--allow-over-budget", "please"])
+def test_blocked_pull_does_not_start(
+    lab: Lab, source: SourceData, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write_lab_config(
+        lab,
+        tmp_path / "lm.toml",
+        tmp_path / "state",
+        extra='\n[egress]\nper_transfer_limit_usd = 0.0000001\naction = "block"\n',
+    )
+    rc = cli_main(
+        [
+            "--config",
+            str(cfg),
+            "pull",
+            source.url,
+            "pulls/blocked",
+            "--node",
+            "node-01",
+            "--yes",
+            "--allow-over-budget",
+            "please",
+        ]
+    )
     assert rc == 2
     assert "blocks this pull" in capsys.readouterr().err
     assert not (lab.node("node-01").scratch / "pulls/blocked").exists()

@@ -35,8 +35,9 @@ def _assert_pulled(dest: Path, source: SourceData) -> None:
     for name in source.objects:
         assert (dest / name).is_file(), f"{dest / name} missing"
         assert _sha(dest / name) == source.digest(name), f"{name} differs from the source"
-    leftovers = [p.name for p in dest.rglob("*") if p.is_file() and p.relative_to(dest).as_posix()
-                 not in source.objects]
+    leftovers = [
+        p.name for p in dest.rglob("*") if p.is_file() and p.relative_to(dest).as_posix() not in source.objects
+    ]
     assert leftovers == [], f"stray files in {dest}: {leftovers}"
 
 
@@ -55,11 +56,28 @@ def _procs_with(needle: str) -> list[int]:
     return out
 
 
-def test_cli_pull_to_two_nodes_verifies_bytes(lab: Lab, source: SourceData, jobs_config_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_pull_to_two_nodes_verifies_bytes(
+    lab: Lab, source: SourceData, jobs_config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     dest_rel = f"pulls/{source.prefix.rsplit('/', 1)[-1]}-two"
-    rc = cli_main(["--config", str(jobs_config_path), "pull", source.url, dest_rel, "--nodes", "node-0[1-2]",
-                   "--part-size", "5", "--numworkers", "4", "--concurrency", "4", "--yes"])
+    rc = cli_main(
+        [
+            "--config",
+            str(jobs_config_path),
+            "pull",
+            source.url,
+            dest_rel,
+            "--nodes",
+            "node-0[1-2]",
+            "--part-size",
+            "5",
+            "--numworkers",
+            "4",
+            "--concurrency",
+            "4",
+            "--yes",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, out + err
     assert "4 object(s)" in out
@@ -89,8 +107,12 @@ def test_cli_pull_to_two_nodes_verifies_bytes(lab: Lab, source: SourceData, jobs
         assert (job_dir / "spec.json").stat().st_mode & 0o077 == 0
         for p in job_dir.iterdir():
             assert secret not in p.read_text(errors="replace"), f"secret found in {p}"
-    audit = [e for e in fresh_services(load(jobs_config_path), jobs_config_path.parent / "state" /
-                                       "state.sqlite3").db.audit_entries(action="pull.launch")]
+    audit = [
+        e
+        for e in fresh_services(
+            load(jobs_config_path), jobs_config_path.parent / "state" / "state.sqlite3"
+        ).db.audit_entries(action="pull.launch")
+    ]
     assert audit and audit[0].detail["bytes"] == source.total
 
 
@@ -117,8 +139,9 @@ def store_stalled(lab: Lab) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
-async def _launch_stalled(services: Services, lab: Lab, source: SourceData, node: str, dest_rel: str,
-                          stack: contextlib.ExitStack):  # type: ignore[no-untyped-def]
+async def _launch_stalled(
+    services: Services, lab: Lab, source: SourceData, node: str, dest_rel: str, stack: contextlib.ExitStack
+):  # type: ignore[no-untyped-def]
     """Plan (listing the real store), then stall the store and launch: the job is held mid-pull.
 
     However fast loopback is, s5cmd is then running with requests in flight, so the test can
@@ -219,8 +242,9 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-async def test_cancel_stops_the_job_cleans_partials_and_audits(lab: Lab, source: SourceData,
-                                                              services: Services) -> None:
+async def test_cancel_stops_the_job_cleans_partials_and_audits(
+    lab: Lab, source: SourceData, services: Services
+) -> None:
     dest_rel = "pulls/cancelled"
     dest = lab.node("node-01").scratch / dest_rel
     with contextlib.ExitStack() as stack:
@@ -239,8 +263,7 @@ async def test_cancel_stops_the_job_cleans_partials_and_audits(lab: Lab, source:
         await services.jobs.cancel(rec.id)
 
 
-async def test_cancel_escalates_to_sigkill_for_a_frozen_job(lab: Lab, source: SourceData,
-                                                           services: Services) -> None:
+async def test_cancel_escalates_to_sigkill_for_a_frozen_job(lab: Lab, source: SourceData, services: Services) -> None:
     dest_rel = "pulls/frozen"
     dest = lab.node("node-01").scratch / dest_rel
     with contextlib.ExitStack() as stack:
@@ -279,17 +302,28 @@ async def test_bad_credentials_on_the_console_are_a_clear_error(
         await svc.aclose()
 
 
-async def test_bad_credentials_on_the_node_fail_the_job_cleanly(lab: Lab, source: SourceData,
-                                                               services: Services) -> None:
+async def test_bad_credentials_on_the_node_fail_the_job_cleanly(
+    lab: Lab, source: SourceData, services: Services
+) -> None:
     plan = await plan_pull(services, source.url, "pulls/badnode", ["node-01"])
-    params = {"src": plan.src, "dest": plan.nodes[0].dest, "endpoint_url": plan.endpoint_url, "region": plan.region,
-              "numworkers": 4, "concurrency": 2, "part_size_mib": 5, "expected": [list(o) for o in plan.objects]}
-    rec = await services.jobs.launch("node-01", "pull", params,
-                                     secrets={"AWS_ACCESS_KEY_ID": "LABNOPE", "AWS_SECRET_ACCESS_KEY": "nope"})
+    params = {
+        "src": plan.src,
+        "dest": plan.nodes[0].dest,
+        "endpoint_url": plan.endpoint_url,
+        "region": plan.region,
+        "numworkers": 4,
+        "concurrency": 2,
+        "part_size_mib": 5,
+        "expected": [list(o) for o in plan.objects],
+    }
+    rec = await services.jobs.launch(
+        "node-01", "pull", params, secrets={"AWS_ACCESS_KEY_ID": "LABNOPE", "AWS_SECRET_ACCESS_KEY": "nope"}
+    )
     final = await services.jobs.wait(rec.id, timeout=120)
     assert final.state == "failed"
-    assert "s5cmd" in (final.error or "") and ("Access" in final.error or "Invalid" in final.error
-                                                 or "Signature" in final.error or "403" in final.error), final.error
+    assert "s5cmd" in (final.error or "") and (
+        "Access" in final.error or "Invalid" in final.error or "Signature" in final.error or "403" in final.error
+    ), final.error
     dest = lab.node("node-01").scratch / "pulls/badnode"
     assert not dest.exists() or not any(p.is_file() for p in dest.rglob("*"))
     assert "nope" not in Path(rec.job_dir or "", "log").read_text()  # noqa: ASYNC240
@@ -300,8 +334,11 @@ async def test_full_destination_refused_before_launch_and_fails_cleanly_if_force
 ) -> None:
     mnt = lab.node("node-01").scratch / "tiny"
     mnt.mkdir(exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],  # noqa: ASYNC221
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],  # noqa: ASYNC221
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -311,9 +348,17 @@ async def test_full_destination_refused_before_launch_and_fails_cleanly_if_force
             await launch_pull(services, plan)
         assert not (mnt / "data").exists()
         # Forced past the pre-check, the job itself fails on ENOSPC and leaves no partial files.
-        params = {"src": plan.src, "dest": plan.nodes[0].dest, "endpoint_url": plan.endpoint_url,
-                  "region": plan.region, "numworkers": 4, "concurrency": 2, "part_size_mib": 5,
-                  "expected": [list(o) for o in plan.objects], "skip_space_check": True}
+        params = {
+            "src": plan.src,
+            "dest": plan.nodes[0].dest,
+            "endpoint_url": plan.endpoint_url,
+            "region": plan.region,
+            "numworkers": 4,
+            "concurrency": 2,
+            "part_size_mib": 5,
+            "expected": [list(o) for o in plan.objects],
+            "skip_space_check": True,
+        }
         store_creds = await _lab_creds(services)
         rec = await services.jobs.launch("node-01", "pull", params, secrets=store_creds)
         final = await services.jobs.wait(rec.id, timeout=120)
@@ -336,8 +381,9 @@ async def _lab_creds(services: Services) -> dict[str, str]:
     return {"AWS_ACCESS_KEY_ID": c.access_key, "AWS_SECRET_ACCESS_KEY": c.secret_key}
 
 
-async def test_unreachable_node_refused_and_listed(lab: Lab, source: SourceData, services: Services,
-                                                  lab_node_down) -> None:  # type: ignore[no-untyped-def]
+async def test_unreachable_node_refused_and_listed(
+    lab: Lab, source: SourceData, services: Services, lab_node_down
+) -> None:  # type: ignore[no-untyped-def]
     lab_node_down("node-03")
     plan = await plan_pull(services, source.url, "pulls/down", ["node-03"])
     assert plan.problems and plan.problems[0].startswith("node-03")
@@ -350,8 +396,7 @@ async def test_unreachable_node_refused_and_listed(lab: Lab, source: SourceData,
     assert all(r.state == "failed" for r in failed)
 
 
-async def test_agent_missing_on_the_node_becomes_lost_with_a_hint(lab: Lab, source: SourceData,
-                                                                  tmp_path: Path) -> None:
+async def test_agent_missing_on_the_node_becomes_lost_with_a_hint(lab: Lab, source: SourceData, tmp_path: Path) -> None:
     cfg = write_lab_config(lab, tmp_path / "noagent.toml", tmp_path / "state")
     cfg.write_text(cfg.read_text().replace("[defaults]\n", '[defaults]\nagent = "no-such-loadmaster"\n', 1))
     svc = Services(config=load(cfg))
@@ -376,8 +421,11 @@ async def test_s5cmd_listing_matches_the_s3_client_listing(services: Services, s
 
     s5cmd = _console_s5cmd()
     assert s5cmd is not None, "the lab needs s5cmd beside the console"
-    for url in (source.url, f"s3://{source.bucket}/{source.prefix}/shard-*.bin",
-                f"s3://{source.bucket}/{source.prefix}/meta/"):
+    for url in (
+        source.url,
+        f"s3://{source.bucket}/{source.prefix}/shard-*.bin",
+        f"s3://{source.bucket}/{source.prefix}/meta/",
+    ):
         pattern = parse_source(url)
         profile = resolve_store(services.config, url, None)
         fast = await _list_with_s5cmd(pattern, profile, s5cmd)
@@ -387,6 +435,11 @@ async def test_s5cmd_listing_matches_the_s3_client_listing(services: Services, s
         # The reference: the S3 client path (no credentials asked: it never takes the s5cmd path).
         slow, _ = await list_source(pattern, profile)
         assert objects == sorted(slow), url
-    everything = {o.rel: o.size for o in (await _list_with_s5cmd(parse_source(source.url), resolve_store(
-        services.config, source.url, None), s5cmd) or ([], None))[0]}
+    everything = {
+        o.rel: o.size
+        for o in (
+            await _list_with_s5cmd(parse_source(source.url), resolve_store(services.config, source.url, None), s5cmd)
+            or ([], None)
+        )[0]
+    }
     assert everything == {name: len(body) for name, body in source.objects.items()}

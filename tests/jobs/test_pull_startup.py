@@ -20,8 +20,23 @@ pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Never needed by a pull from the console: the console UI, torch, the async S3 client stack.
-FORBIDDEN = ("textual", "tui.app", "tui.screens", "tui.widgets", "torch", "aiobotocore", "aiohttp", "boto3", "botocore", "backend.storage",
-             "backend.doctor", "backend.checkpoints", "backend.shards", "backend.telemetry", "backend.lab")
+FORBIDDEN = (
+    "textual",
+    "tui.app",
+    "tui.screens",
+    "tui.widgets",
+    "torch",
+    "aiobotocore",
+    "aiohttp",
+    "boto3",
+    "botocore",
+    "backend.storage",
+    "backend.doctor",
+    "backend.checkpoints",
+    "backend.shards",
+    "backend.telemetry",
+    "backend.lab",
+)
 
 _PROBE = """
 import json, sys
@@ -34,10 +49,24 @@ sys.exit(rc)
 
 def test_pull_imports_only_its_own_stack(source: SourceData, jobs_config_path: Path) -> None:
     # Lab credentials are plain keys in a shared-credentials file: botocore is not needed either.
-    argv = ["--config", str(jobs_config_path), "pull", source.url, "pulls/startup-imports", "--node", "node-01",
-            "--yes"]
-    res = subprocess.run([sys.executable, "-c", _PROBE, *argv], cwd=ROOT, capture_output=True, text=True,
-                         env=os.environ.copy(), timeout=180)
+    argv = [
+        "--config",
+        str(jobs_config_path),
+        "pull",
+        source.url,
+        "pulls/startup-imports",
+        "--node",
+        "node-01",
+        "--yes",
+    ]
+    res = subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        timeout=180,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "node-01: succeeded" in res.stdout
     line = next(x for x in res.stdout.splitlines() if x.startswith("@@MODULES "))
@@ -52,9 +81,24 @@ def test_executable_exits_quickly_without_losing_output_or_records(
 ) -> None:
     exe = Path(sys.executable).parent / "loadmaster"
     dest_rel = "pulls/startup-exit"
-    res = subprocess.run([str(exe), "--config", str(jobs_config_path), "pull", source.url, dest_rel,
-                          "--node", "node-01", "--yes", "--json"], capture_output=True, text=True,
-                         env={**os.environ, "LOADMASTER_TRACE": "1"}, timeout=180)
+    res = subprocess.run(
+        [
+            str(exe),
+            "--config",
+            str(jobs_config_path),
+            "pull",
+            source.url,
+            dest_rel,
+            "--node",
+            "node-01",
+            "--yes",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LOADMASTER_TRACE": "1"},
+        timeout=180,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     # Everything printed before the quick exit arrived: the whole JSON document and the trace's last line.
     doc = json.loads(res.stdout)

@@ -39,25 +39,55 @@ def _records(config_path: Path, dest: str) -> list[dict[str, Any]]:
         out = []
         for e in reversed(services.db.audit_entries()):
             text = JOB_ID.sub("<job>", json.dumps(e.detail, sort_keys=True)).replace(dest, "<dest>")
-            out.append({"action": e.action, "target": e.target, "outcome": e.outcome, "reason": e.reason,
-                        "detail": json.loads(text)})
+            out.append(
+                {
+                    "action": e.action,
+                    "target": e.target,
+                    "outcome": e.outcome,
+                    "reason": e.reason,
+                    "detail": json.loads(text),
+                }
+            )
         return out
     finally:
         services.db.close()
 
 
 async def test_over_budget_pull_is_audited_the_same_from_cli_and_console(
-    lab: Lab, source: SourceData, tmp_path: Path,
+    lab: Lab,
+    source: SourceData,
+    tmp_path: Path,
 ) -> None:
     cli_cfg = write_lab_config(lab, tmp_path / "cli.toml", tmp_path / "cli-state", OVER_BUDGET)
     con_cfg = write_lab_config(lab, tmp_path / "console.toml", tmp_path / "console-state", OVER_BUDGET)
 
     # Without a reason the guard stops it, from either front end.
-    assert await asyncio.to_thread(cli.main, ["--config", str(cli_cfg), "pull", source.url, "pulls/cli",
-                                              "--node", "node-01", "--yes", "--detach"]) == 2
-    assert await asyncio.to_thread(cli.main, ["--config", str(cli_cfg), "pull", source.url, "pulls/cli",
-                                              "--node", "node-01", "--yes", "--detach",
-                                              "--allow-over-budget", "deadline for the eval run"]) == 0
+    assert (
+        await asyncio.to_thread(
+            cli.main,
+            ["--config", str(cli_cfg), "pull", source.url, "pulls/cli", "--node", "node-01", "--yes", "--detach"],
+        )
+        == 2
+    )
+    assert (
+        await asyncio.to_thread(
+            cli.main,
+            [
+                "--config",
+                str(cli_cfg),
+                "pull",
+                source.url,
+                "pulls/cli",
+                "--node",
+                "node-01",
+                "--yes",
+                "--detach",
+                "--allow-over-budget",
+                "deadline for the eval run",
+            ],
+        )
+        == 0
+    )
 
     from backend.services import Services
 

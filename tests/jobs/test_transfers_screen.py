@@ -35,16 +35,45 @@ until = functools.partial(wait_until, rounds=3000, delay=0.02)
 
 
 async def test_cli_jobs_show_in_console_and_console_pulls_show_in_cli(
-    lab: Lab, source: SourceData, jobs_config: Config, jobs_config_path: Path, tmp_path: Path,
+    lab: Lab,
+    source: SourceData,
+    jobs_config: Config,
+    jobs_config_path: Path,
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    rc = await asyncio.to_thread(cli_main, ["--config", str(jobs_config_path), "pull", source.url,
-                                            "pulls/from-cli", "--node", "node-03", "--yes", "--detach"])
+    rc = await asyncio.to_thread(
+        cli_main,
+        [
+            "--config",
+            str(jobs_config_path),
+            "pull",
+            source.url,
+            "pulls/from-cli",
+            "--node",
+            "node-03",
+            "--yes",
+            "--detach",
+        ],
+    )
     err = capsys.readouterr().err
     # node-03 has no s5cmd: refused before launch with one clear line.
     assert rc == 2 and "node-03: s5cmd is not installed" in err, err
-    rc = await asyncio.to_thread(cli_main, ["--config", str(jobs_config_path), "pull", source.url, "pulls/from-cli", "--node", "node-04",
-                   "--yes", "--detach", "--json"])
+    rc = await asyncio.to_thread(
+        cli_main,
+        [
+            "--config",
+            str(jobs_config_path),
+            "pull",
+            source.url,
+            "pulls/from-cli",
+            "--node",
+            "node-04",
+            "--yes",
+            "--detach",
+            "--json",
+        ],
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     cli_job = json.loads(out)["jobs"][0]["id"]
@@ -55,8 +84,9 @@ async def test_cli_jobs_show_in_console_and_console_pulls_show_in_cli(
     rec = Recorder()
     async with app.run_test(size=SIZE, message_hook=rec) as pilot:
         table = app.screen.query_one(TransfersTable)
-        await until(pilot, lambda: any(r.id == cli_job and r.terminal for m in rec.of(JobsRefreshed)
-                                       for r in m.records))
+        await until(
+            pilot, lambda: any(r.id == cli_job and r.terminal for m in rec.of(JobsRefreshed) for r in m.records)
+        )
         await until(pilot, lambda: cli_job in [str(k.value) for k in table.rows])
         table.focus()
         table.move_cursor(row=[str(k.value) for k in table.rows].index(cli_job))
@@ -85,8 +115,12 @@ async def test_cli_jobs_show_in_console_and_console_pulls_show_in_cli(
         screen.query_one("#pull-launch", Button).press()
         await until(pilot, lambda: rec.of(PullLaunched))
         console_job = rec.of(PullLaunched)[-1].records[0].id
-        await until(pilot, lambda: any(r.id == console_job and r.state == "succeeded"
-                                       for m in rec.of(JobsRefreshed) for r in m.records))
+        await until(
+            pilot,
+            lambda: any(
+                r.id == console_job and r.state == "succeeded" for m in rec.of(JobsRefreshed) for r in m.records
+            ),
+        )
     await services.aclose()
     _assert_pulled(lab.node("node-01").scratch / "pulls/from-console", source)
     _assert_pulled(lab.node("node-04").scratch / "pulls/from-cli", source)
@@ -99,7 +133,10 @@ async def test_cli_jobs_show_in_console_and_console_pulls_show_in_cli(
 
 
 async def test_cancel_from_console_needs_typed_confirmation(
-    lab: Lab, source: SourceData, jobs_config: Config, tmp_path: Path,
+    lab: Lab,
+    source: SourceData,
+    jobs_config: Config,
+    tmp_path: Path,
 ) -> None:
     services = fresh_services(jobs_config, tmp_path / "console.sqlite3")
     with contextlib.ExitStack() as stack:

@@ -47,20 +47,31 @@ def test_the_agent_command_for_each_kind_of_node() -> None:
     assert agent_command(here, local_python="/opt/my env/bin/python") == "'/opt/my env/bin/python' -I -m backend.agent"
     assert agent_command(here) == f"{sys.executable} -I -m backend.agent"
     # The `agent` setting: a python runs isolated too; a loadmaster executable (or wrapper) as written.
-    assert agent_command(Node(name="g", host="g", agent="/opt/lm/bin/python3.11")) == \
-        "/opt/lm/bin/python3.11 -I -m backend.agent"
+    assert (
+        agent_command(Node(name="g", host="g", agent="/opt/lm/bin/python3.11"))
+        == "/opt/lm/bin/python3.11 -I -m backend.agent"
+    )
     assert agent_command(Node(name="g", host="g", agent="/opt/lm/bin/loadmaster")) == "/opt/lm/bin/loadmaster"
     assert agent_command(Node(name="g", host="g", agent="conda run -n lm loadmaster")) == "conda run -n lm loadmaster"
-    assert [is_python(a) for a in ("python3", "/usr/bin/python", "python3.12", "pythonic", "loadmaster")] == \
-        [True, True, True, False, False]
-    assert install_command() == ("python3 -m venv ~/.loadmaster/agent/venv && ~/.loadmaster/agent/venv/bin/pip "
-                                 f"install 'loadmaster[node]=={__version__}'")
+    assert [is_python(a) for a in ("python3", "/usr/bin/python", "python3.12", "pythonic", "loadmaster")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert install_command() == (
+        "python3 -m venv ~/.loadmaster/agent/venv && ~/.loadmaster/agent/venv/bin/pip "
+        f"install 'loadmaster[node]=={__version__}'"
+    )
 
 
 def test_config_agent_is_unset_by_default_and_an_override_when_set(tmp_path: Path) -> None:
     cfg = tmp_path / "lm.toml"
-    cfg.write_text('[defaults]\nagent = "/opt/lm/bin/python3"\n[[nodes]]\nname = "a"\n'
-                   '[[nodes]]\nname = "b"\nagent = "/srv/lm/bin/loadmaster"\n[[nodes]]\nname = "c"\n')
+    cfg.write_text(
+        '[defaults]\nagent = "/opt/lm/bin/python3"\n[[nodes]]\nname = "a"\n'
+        '[[nodes]]\nname = "b"\nagent = "/srv/lm/bin/loadmaster"\n[[nodes]]\nname = "c"\n'
+    )
     a, b, _c = load_config_file(cfg).nodes
     assert (a.agent, b.agent) == ("/opt/lm/bin/python3", "/srv/lm/bin/loadmaster")
     cfg.write_text('[[nodes]]\nname = "a"\n')
@@ -70,25 +81,40 @@ def test_config_agent_is_unset_by_default_and_an_override_when_set(tmp_path: Pat
 def test_the_entry_ignores_pythonpath(tmp_path: Path) -> None:
     repo = _training_repo(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    plain = subprocess.run([sys.executable, "-m", "backend.agent", "info"], env=env, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=60)
+    plain = subprocess.run(
+        [sys.executable, "-m", "backend.agent", "info"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert plain.returncode != 0 and SHADOW in plain.stderr  # the plant bites an ordinary start
-    res = subprocess.run([sys.executable, "-I", "-m", "backend.agent", "agent", "info"], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-I", "-m", "backend.agent", "agent", "info"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
     assert info["package"] == BACKEND_DIR and info["isolated"] is True and info["version"] == __version__
-    bad = subprocess.run([sys.executable, "-I", "-m", "backend.agent", "start"], capture_output=True, text=True,
-                         timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-I", "-m", "backend.agent", "start"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "usage: python -I -m backend.agent" in bad.stderr
 
 
 def test_probe_answers_become_one_line_problems() -> None:
     node = Node(name="gpu", host="gpu")
     missing = parse_probe(node, ["@@agent missing /home/u/.loadmaster/agent/venv"])
-    assert missing.problem == ("no agent venv at /home/u/.loadmaster/agent/venv: run python3 -m venv "
-                               "/home/u/.loadmaster/agent/venv && /home/u/.loadmaster/agent/venv/bin/pip install "
-                               f"'loadmaster[node]=={__version__}'")
+    assert missing.problem == (
+        "no agent venv at /home/u/.loadmaster/agent/venv: run python3 -m venv "
+        "/home/u/.loadmaster/agent/venv && /home/u/.loadmaster/agent/venv/bin/pip install "
+        f"'loadmaster[node]=={__version__}'"
+    )
     old = parse_probe(node, ["usage: loadmaster [-h] ...", "\x1b[31mno such action\x1b[0m", "@@agent rc 2"])
     assert old.problem is not None and old.problem.startswith(f"the agent ({DEFAULT}) does not answer 'agent info'")
     assert "no such action" in old.problem and "\x1b" not in old.problem
@@ -96,7 +122,8 @@ def test_probe_answers_become_one_line_problems() -> None:
     stale = parse_probe(node, [json.dumps(info), "@@agent rc 0"])
     assert stale.python == "/v/bin/python" and stale.problem == (
         f"the agent is loadmaster 0.0.1, this console {__version__}: run python3 -m venv /v && "
-        f"/v/bin/pip install 'loadmaster[node]=={__version__}'")
+        f"/v/bin/pip install 'loadmaster[node]=={__version__}'"
+    )
     fine = parse_probe(node, [json.dumps({**info, "version": __version__}), "@@agent rc 0"])
     assert fine.problem is None and fine.isolated
 
@@ -156,19 +183,29 @@ def training_node(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     the session lab's nodes and store plus it."""
     root = tmp_path_factory.mktemp("training-lab")
     repo = _training_repo(root)
-    mini = Lab(root / "lab", nodes=1, with_s3=False, first_ip=150,
-               options={"node-01": LabNodeOptions(nvidia_smi=False, env={"PYTHONPATH": str(repo)})}).up()
+    mini = Lab(
+        root / "lab",
+        nodes=1,
+        with_s3=False,
+        first_ip=150,
+        options={"node-01": LabNodeOptions(nvidia_smi=False, env={"PYTHONPATH": str(repo)})},
+    ).up()
     try:
         n = mini.nodes[0]
-        entry = (f'\n[[nodes]]\nname = "train-01"\nhost = "{n.ip}"\nport = {n.port}\nidentity = ["{mini.user_key}"]\n'
-                 f'known_hosts = "{mini.known_hosts}"\nscratch = "{n.scratch}"\n')
+        entry = (
+            f'\n[[nodes]]\nname = "train-01"\nhost = "{n.ip}"\nport = {n.port}\nidentity = ["{mini.user_key}"]\n'
+            f'known_hosts = "{mini.known_hosts}"\nscratch = "{n.scratch}"\n'
+        )
         yield mini, write_lab_config(lab, root / "lm.toml", root / "state", entry)
     finally:
         mini.down()
 
 
 async def test_a_backend_package_on_the_nodes_pythonpath_does_not_shadow_the_agent(
-    training_node: tuple[Lab, Path], lab: Lab, s3, tmp_path: Path  # type: ignore[no-untyped-def]
+    training_node: tuple[Lab, Path],
+    lab: Lab,
+    s3,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     mini, cfg = training_node
     pool = NodePool([load_config_file(cfg).node("train-01")])
@@ -206,8 +243,10 @@ def test_doctor_shows_the_agents_interpreter_or_how_to_install_it(
     venv.unlink()  # a node nobody installed the agent on
     try:
         r = asyncio.run(report())
-        want = (f"no agent venv at {venv}: run python3 -m venv {venv} && {venv}/bin/pip install "
-                f"'loadmaster[node]=={__version__}'")
+        want = (
+            f"no agent venv at {venv}: run python3 -m venv {venv} && {venv}/bin/pip install "
+            f"'loadmaster[node]=={__version__}'"
+        )
         assert not r.ready and r.problems == (want,)
         assert main(["--config", str(cfg), "doctor", "--nodes", "train-01"]) == 1
         out = capsys.readouterr().out.splitlines()

@@ -25,13 +25,18 @@ from backend.shards.model import ShardRequest
 @pytest.fixture
 def services(tmp_path: Path) -> Services:
     (tmp_path / "runs" / "run-1").mkdir(parents=True)
-    config = parse_config({
-        "nodes": [{"name": "gpu-01", "transport": "local", "site": "coreweave:us-east-04"}],
-        "stores": {"datasets": {"url": "s3://datasets/laion", "provider": "aws", "region": "us-east-1"},
-                   "runs": {"url": str(tmp_path / "runs")}},
-        "egress": {"budgets": {"datasets": 1}, "action": "confirm"},
-        "state": {"dir": str(tmp_path / "state")},
-    }, file="test.toml")
+    config = parse_config(
+        {
+            "nodes": [{"name": "gpu-01", "transport": "local", "site": "coreweave:us-east-04"}],
+            "stores": {
+                "datasets": {"url": "s3://datasets/laion", "provider": "aws", "region": "us-east-1"},
+                "runs": {"url": str(tmp_path / "runs")},
+            },
+            "egress": {"budgets": {"datasets": 1}, "action": "confirm"},
+            "state": {"dir": str(tmp_path / "state")},
+        },
+        file="test.toml",
+    )
     s = Services(config=config)
     yield s
     s.db.close()
@@ -72,8 +77,9 @@ def test_every_operation_refuses_read_only_the_same_way(services: Services, tmp_
         with pytest.raises(ReadOnlyRefused) as err:
             _call(fn)
         messages[name] = str(err.value)
-    assert all(m.startswith("read-only mode: cannot ") and m.endswith(" (drop --readonly)")
-               for m in messages.values()), messages
+    assert all(
+        m.startswith("read-only mode: cannot ") and m.endswith(" (drop --readonly)") for m in messages.values()
+    ), messages
     assert services.db.audit_entries() == []  # nothing was done, so nothing is on record
     assert services.jobs.records() == []
 
@@ -82,5 +88,8 @@ def test_reads_and_plans_still_work_read_only(services: Services, tmp_path: Path
     services.readonly = True
     q = services.ops.egress.quote("datasets", 10**13, node="gpu-01")  # a quote without a reason records nothing
     assert q.decision.action == "confirm" and q.audit_id is None
-    assert asyncio.run(services.ops.retention.apply(
-        asyncio.run(compute_plan(services, str(tmp_path / "runs" / "run-1"), RetentionPolicy())), dry_run=True))
+    assert asyncio.run(
+        services.ops.retention.apply(
+            asyncio.run(compute_plan(services, str(tmp_path / "runs" / "run-1"), RetentionPolicy())), dry_run=True
+        )
+    )

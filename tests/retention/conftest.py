@@ -41,10 +41,7 @@ def s3_services(lab, s3, tmp_path: Path):  # type: ignore[no-untyped-def]
 
     bucket = s3.new_bucket("ret")
     profile = dataclasses.replace(lab.config.stores["lab"], url=f"s3://{bucket}", name="ckpt")
-    config = dataclasses.replace(lab.config, stores={"ckpt": profile},
-                                 state=StateSettings(dir=str(tmp_path / "state")))
+    config = dataclasses.replace(lab.config, stores={"ckpt": profile}, state=StateSettings(dir=str(tmp_path / "state")))
     services = Services(config)
     yield services
     services.db.close()
-
-

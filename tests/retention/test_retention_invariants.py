@@ -67,8 +67,8 @@ def templates() -> Iterator[Templates]:
     sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     save_file(sd, str(root / "export" / "model-00001-of-00001.safetensors"))
     (root / "export" / "model.safetensors.index.json").write_text(
-        '{"metadata": {}, "weight_map": {' + ", ".join(f'"{k}": "model-00001-of-00001.safetensors"' for k in sd)
-        + "}}")
+        '{"metadata": {}, "weight_map": {' + ", ".join(f'"{k}": "model-00001-of-00001.safetensors"' for k in sd) + "}}"
+    )
     (root / "unknown").mkdir()
     (root / "unknown" / "events.out.tfevents").write_bytes(b"\x00" * 64)
     yield Templates(root)
@@ -86,13 +86,27 @@ def _digest(p: Path) -> str:
 runs = st.lists(st.sampled_from(STATES), min_size=1, max_size=9)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
-@given(states=runs, keep=st.integers(0, 3), every=st.sampled_from([0, 2000, 3000]),
-       others=st.sampled_from(["delete", "keep-weights"]), pins=st.sets(st.integers(1, 9), max_size=2),
-       marks=st.sets(st.integers(1, 9), max_size=2))
-async def test_apply_keeps_every_promise(templates: Templates, local_services, states: list[str], keep: int,  # type: ignore[no-untyped-def]
-                                         every: int, others: str, pins: set[int], marks: set[int]) -> None:
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    states=runs,
+    keep=st.integers(0, 3),
+    every=st.sampled_from([0, 2000, 3000]),
+    others=st.sampled_from(["delete", "keep-weights"]),
+    pins=st.sets(st.integers(1, 9), max_size=2),
+    marks=st.sets(st.integers(1, 9), max_size=2),
+)
+async def test_apply_keeps_every_promise(
+    templates: Templates,
+    local_services,
+    states: list[str],
+    keep: int,  # type: ignore[no-untyped-def]
+    every: int,
+    others: str,
+    pins: set[int],
+    marks: set[int],
+) -> None:
     base = Path(tempfile.mkdtemp(prefix="lm-prop-"))
     try:
         run = base / "run"

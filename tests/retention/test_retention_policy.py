@@ -26,18 +26,39 @@ NOW = 1_800_000_000.0
 DAY = 86400.0
 
 
-def step(n: int | None, *, kind: str = "full", layout: str = "dcp", total: int = 1000, opt: int = 600,
-         export: bool = False, extra: tuple[str, ...] = (), age: float = DAY, name: str | None = None,
-         run: str = "run1") -> CheckpointStep:
+def step(
+    n: int | None,
+    *,
+    kind: str = "full",
+    layout: str = "dcp",
+    total: int = 1000,
+    opt: int = 600,
+    export: bool = False,
+    extra: tuple[str, ...] = (),
+    age: float = DAY,
+    name: str | None = None,
+    run: str = "run1",
+) -> CheckpointStep:
     path = f"{run}/{name or f'step-{n}'}"
     objs = [ObjectInfo(f"{path}/.metadata", 10, NOW - age), ObjectInfo(f"{path}/__0_0.distcp", total - 10, NOW - age)]
     objs += [ObjectInfo(f"{path}/{e}", 0, NOW - age) for e in extra]
     if export:
-        objs += [ObjectInfo(f"{path}/model-00001-of-00001.safetensors", 200, NOW - age),
-                 ObjectInfo(f"{path}/model.safetensors.index.json", 50, NOW - age)]
-    return CheckpointStep(step=n, path=path, layout=layout, kind=kind,  # type: ignore[arg-type]
-                          total_bytes=sum(o.size for o in objs), object_count=len(objs), mtime=NOW - age,
-                          has_bf16_export=export, objects=tuple(objs), optimizer_bytes=opt)
+        objs += [
+            ObjectInfo(f"{path}/model-00001-of-00001.safetensors", 200, NOW - age),
+            ObjectInfo(f"{path}/model.safetensors.index.json", 50, NOW - age),
+        ]
+    return CheckpointStep(
+        step=n,
+        path=path,
+        layout=layout,
+        kind=kind,  # type: ignore[arg-type]
+        total_bytes=sum(o.size for o in objs),
+        object_count=len(objs),
+        mtime=NOW - age,
+        has_bf16_export=export,
+        objects=tuple(objs),
+        optimizer_bytes=opt,
+    )
 
 
 def actions(plan: RetentionPlan) -> dict[int | None, str]:
@@ -47,8 +68,14 @@ def actions(plan: RetentionPlan) -> dict[int | None, str]:
 def test_defaults_keep_latest_two_complete_and_delete_the_rest() -> None:
     steps = [step(n * 1000) for n in range(1, 7)]
     plan = plan_retention(steps, RetentionPolicy(), now=NOW)
-    assert actions(plan) == {1000: "delete", 2000: "delete", 3000: "delete", 4000: "delete",
-                             5000: "keep-full", 6000: "keep-full"}
+    assert actions(plan) == {
+        1000: "delete",
+        2000: "delete",
+        3000: "delete",
+        4000: "delete",
+        5000: "keep-full",
+        6000: "keep-full",
+    }
     assert plan.totals.bytes_after == 2 * steps[0].total_bytes
 
 
@@ -61,12 +88,12 @@ def test_steps_sort_numerically_not_lexically() -> None:
 
 def test_in_flight_steps_never_count_toward_latest_and_are_never_touched() -> None:
     steps = [step(n * 1000) for n in range(1, 5)]
-    steps.append(step(5000, kind="incomplete"))           # no commit marker yet
-    steps.append(step(6000))                              # complete, but a running job writes it
+    steps.append(step(5000, kind="incomplete"))  # no commit marker yet
+    steps.append(step(6000))  # complete, but a running job writes it
     plan = plan_retention(steps, RetentionPolicy(), now=NOW, in_flight=["run1/step-6000/"])
     got = actions(plan)
     assert got[5000] == "skip" and got[6000] == "skip"
-    assert got[3000] == "keep-full" and got[4000] == "keep-full"   # the latest 2 *complete* ones
+    assert got[3000] == "keep-full" and got[4000] == "keep-full"  # the latest 2 *complete* ones
     assert got[1000] == got[2000] == "delete"
     assert "in flight" in next(a.reason for a in plan.actions if a.step == 5000)
 
@@ -86,7 +113,7 @@ def test_milestones_every_list_and_marker_are_stripped() -> None:
     policy = RetentionPolicy(milestone_every=4000, milestones=(3000,))
     got = actions(plan_retention(steps, policy, now=NOW))
     assert {s for s, a in got.items() if a == "strip-to-weights"} == {3000, 4000, 5000, 8000}
-    assert got[12000] == "keep-full"   # a milestone among the latest stays full
+    assert got[12000] == "keep-full"  # a milestone among the latest stays full
     assert got[11000] == "keep-full"
     assert {s for s, a in got.items() if a == "delete"} == {1000, 2000, 6000, 7000, 9000, 10000}
 
@@ -115,8 +142,14 @@ def test_min_age_protects_young_steps_from_being_counted_or_touched() -> None:
     # full steps stay full, so the run still resumes if the young ones turn out bad.
     steps = [step(n * 1000, age=3 * DAY) for n in range(1, 5)] + [step(5000, age=600), step(6000, age=60)]
     got = actions(plan_retention(steps, RetentionPolicy(min_age=7200), now=NOW))
-    assert got == {1000: "delete", 2000: "delete", 3000: "keep-full", 4000: "keep-full", 5000: "skip",
-                   6000: "keep-full"}  # 6000: the newest artifact of the run is never deleted
+    assert got == {
+        1000: "delete",
+        2000: "delete",
+        3000: "keep-full",
+        4000: "keep-full",
+        5000: "skip",
+        6000: "keep-full",
+    }  # 6000: the newest artifact of the run is never deleted
     steps = [step(1000, age=3 * DAY), step(2000, age=600), step(3000, age=60), step(4000, age=30)]
     got = actions(plan_retention(steps, RetentionPolicy(min_age=7200), now=NOW))
     assert got == {1000: "keep-full", 2000: "skip", 3000: "skip", 4000: "keep-full"}
@@ -134,15 +167,28 @@ def test_deepspeed_without_export_is_refused_with_export_is_stripped() -> None:
 
 def test_70b_run_saves_857_percent_per_stripped_step() -> None:
     gb = 10**9
+
     def full(n: int) -> CheckpointStep:
-        return CheckpointStep(step=n, path=f"llama70b/step-{n}", layout="dcp", kind="full",
-                              total_bytes=980 * gb, object_count=1, mtime=NOW - DAY, has_bf16_export=False,
-                              objects=(ObjectInfo(f"llama70b/step-{n}/.metadata", 980 * gb, NOW - DAY),),
-                              optimizer_bytes=840 * gb)
+        return CheckpointStep(
+            step=n,
+            path=f"llama70b/step-{n}",
+            layout="dcp",
+            kind="full",
+            total_bytes=980 * gb,
+            object_count=1,
+            mtime=NOW - DAY,
+            has_bf16_export=False,
+            objects=(ObjectInfo(f"llama70b/step-{n}/.metadata", 980 * gb, NOW - DAY),),
+            optimizer_bytes=840 * gb,
+        )
 
     # a historical milestone, with the 2 rolling recovery steps after it
-    plan = plan_retention([full(48000), full(50000), full(52000)],
-                          RetentionPolicy(keep_full_latest=2, milestones=(48000,)), now=NOW, usd_per_gb_month=0.023)
+    plan = plan_retention(
+        [full(48000), full(50000), full(52000)],
+        RetentionPolicy(keep_full_latest=2, milestones=(48000,)),
+        now=NOW,
+        usd_per_gb_month=0.023,
+    )
     a = plan.actions[0]
     assert a.action == "strip-to-weights"
     assert (a.bytes_before, a.bytes_after) == (980 * gb, 140 * gb)
@@ -153,8 +199,13 @@ def test_70b_run_saves_857_percent_per_stripped_step() -> None:
 
 def test_plan_json_round_trips_and_rejects_edits() -> None:
     steps = [step(n * 1000) for n in range(1, 6)]
-    plan = plan_retention(steps, RetentionPolicy(milestone_every=2000, pins=(Pin(1000, "x"),)), now=NOW,
-                          url="s3://b/run1", usd_per_gb_month=0.015)
+    plan = plan_retention(
+        steps,
+        RetentionPolicy(milestone_every=2000, pins=(Pin(1000, "x"),)),
+        now=NOW,
+        url="s3://b/run1",
+        usd_per_gb_month=0.015,
+    )
     text = plan.to_json()
     again = RetentionPlan.from_json(text)
     assert again == plan and again.hash == plan.hash
@@ -189,14 +240,28 @@ def test_fingerprint_ignores_export_files() -> None:
 
 
 def test_config_section_and_flags_parse_strictly() -> None:
-    cfg = parse_config({
-        "nodes": [{"name": "n1", "transport": "local"}],
-        "retention": {"keep_full_latest": 3, "milestone_every": 48000, "milestones": [1000, 96000],
-                      "others": "keep-weights", "min_age": "2h", "pins": [{"step": 5, "reason": "eval"}]},
-    })
+    cfg = parse_config(
+        {
+            "nodes": [{"name": "n1", "transport": "local"}],
+            "retention": {
+                "keep_full_latest": 3,
+                "milestone_every": 48000,
+                "milestones": [1000, 96000],
+                "others": "keep-weights",
+                "min_age": "2h",
+                "pins": [{"step": 5, "reason": "eval"}],
+            },
+        }
+    )
     pol = cfg.section(RetentionPolicy)
-    assert pol == RetentionPolicy(keep_full_latest=3, milestone_every=48000, milestones=(1000, 96000),
-                                  others="keep-weights", min_age=7200.0, pins=(Pin(5, "eval"),))
+    assert pol == RetentionPolicy(
+        keep_full_latest=3,
+        milestone_every=48000,
+        milestones=(1000, 96000),
+        others="keep-weights",
+        min_age=7200.0,
+        pins=(Pin(5, "eval"),),
+    )
     with pytest.raises(ConfigError, match="retention.keep_ful"):
         parse_config({"nodes": [{"name": "n1", "transport": "local"}], "retention": {"keep_ful": 1}})
     with pytest.raises(ConfigError, match="others"):

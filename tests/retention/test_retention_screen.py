@@ -103,7 +103,9 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
     assert (root / "step-2000" / ".metadata").exists()  # pinned
     assert (root / "step-10000" / ".metadata").exists()  # latest 3
     assert sorted(p.name for p in (root / "step-4000").iterdir()) == [
-        "model-00001-of-00001.safetensors", "model.safetensors.index.json"]
+        "model-00001-of-00001.safetensors",
+        "model.safetensors.index.json",
+    ]
     assert not (root / "step-13000" / ".metadata").exists() and (root / "step-13000").exists()
 
 

@@ -36,15 +36,22 @@ def store_services(tmp_path: Path):  # type: ignore[no-untyped-def]
     from backend.services import Services
 
     (tmp_path / "bucket").mkdir()
-    config = parse_config({"nodes": [{"name": "here", "transport": "local"}],
-                           "stores": {"ckpts": {"url": str(tmp_path / "bucket")}}}, file="t.toml", base=tmp_path)
+    config = parse_config(
+        {"nodes": [{"name": "here", "transport": "local"}], "stores": {"ckpts": {"url": str(tmp_path / "bucket")}}},
+        file="t.toml",
+        base=tmp_path,
+    )
     services = Services(config)
     yield services
     services.db.close()
 
 
-async def test_every_spelling_of_a_run_is_one_run(tmp_path: Path, store_services, dcp_run: DcpRun,  # type: ignore[no-untyped-def]
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_every_spelling_of_a_run_is_one_run(
+    tmp_path: Path,
+    store_services,
+    dcp_run: DcpRun,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     root = dcp_run.copy_to(tmp_path / "bucket" / "run1")
     monkeypatch.chdir(tmp_path / "bucket")
     forms = ["ckpts/run1", "run1", "./run1/", str(root), str(root) + "/"]
@@ -61,14 +68,16 @@ async def test_every_spelling_of_a_run_is_one_run(tmp_path: Path, store_services
         assert plan.url == str(root)
 
 
-def test_retention_cli_takes_the_store_run_form_and_relative_paths(tmp_path: Path, dcp_run: DcpRun,
-                                                                   capsys: pytest.CaptureFixture[str],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_retention_cli_takes_the_store_run_form_and_relative_paths(
+    tmp_path: Path, dcp_run: DcpRun, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     bucket = tmp_path / "bucket"
     dcp_run.copy_to(bucket / "run1")
     cfg = tmp_path / "lm.toml"
-    cfg.write_text(f'[[nodes]]\nname = "here"\ntransport = "local"\n\n[stores.ckpts]\nurl = "{bucket}"\n'
-                   f'\n[state]\ndir = "{tmp_path / "state"}"\n')
+    cfg.write_text(
+        f'[[nodes]]\nname = "here"\ntransport = "local"\n\n[stores.ckpts]\nurl = "{bucket}"\n'
+        f'\n[state]\ndir = "{tmp_path / "state"}"\n'
+    )
     monkeypatch.chdir(bucket)
     assert main(["--config", str(cfg), "retention", "pin", "ckpts/run1", "2000:baseline"]) == 0
     assert capsys.readouterr().out == f"pinned step 2000 under {bucket}/run1 (baseline)\n"
@@ -85,8 +94,11 @@ def test_retention_cli_takes_the_store_run_form_and_relative_paths(tmp_path: Pat
     assert "no such directory" in capsys.readouterr().err
 
 
-async def test_a_resumed_apply_rechecks_pins_for_actions_it_had_started(tmp_path: Path, local_services,  # type: ignore[no-untyped-def]
-                                                                         dcp_run: DcpRun) -> None:
+async def test_a_resumed_apply_rechecks_pins_for_actions_it_had_started(
+    tmp_path: Path,
+    local_services,  # type: ignore[no-untyped-def]
+    dcp_run: DcpRun,
+) -> None:
     root = dcp_run.copy_to(tmp_path / "run1")
     plan = await compute_plan(local_services, str(root), POLICY)
 
@@ -104,8 +116,11 @@ async def test_a_resumed_apply_rechecks_pins_for_actions_it_had_started(tmp_path
     assert (root / "step-2000" / ".metadata").exists() and len(list((root / "step-2000").iterdir())) >= 2
 
 
-async def test_an_export_that_lands_between_plan_and_apply_stops_that_step(tmp_path: Path, local_services,  # type: ignore[no-untyped-def]
-                                                                           dcp_run: DcpRun) -> None:
+async def test_an_export_that_lands_between_plan_and_apply_stops_that_step(
+    tmp_path: Path,
+    local_services,  # type: ignore[no-untyped-def]
+    dcp_run: DcpRun,
+) -> None:
     root = dcp_run.copy_to(tmp_path / "run1")
     plan = await compute_plan(local_services, str(root), POLICY)
     assert {a.step: a.action for a in plan.actions}[4000] == "strip-to-weights"
@@ -119,22 +134,30 @@ async def test_an_export_that_lands_between_plan_and_apply_stops_that_step(tmp_p
     assert set(before) <= {p.name for p in (root / "step-4000").iterdir()}  # its training state is still there
 
 
-async def test_two_applies_of_one_run_at_once_one_waits_its_turn(tmp_path: Path, local_services,  # type: ignore[no-untyped-def]
-                                                                 dcp_run: DcpRun) -> None:
+async def test_two_applies_of_one_run_at_once_one_waits_its_turn(
+    tmp_path: Path,
+    local_services,  # type: ignore[no-untyped-def]
+    dcp_run: DcpRun,
+) -> None:
     root = dcp_run.copy_to(tmp_path / "run1")
     plan = await compute_plan(local_services, str(root), POLICY)
     async with ApplyLock(LocalStore(root), "", run=str(root), plan=plan.hash):  # another apply, running
         held = json.loads((root / LOCK_KEY).read_text())
         assert held["host"] == socket.gethostname() and held["pid"] == os.getpid()
-        with pytest.raises(PolicyError, match=rf"a retention apply of {root} is already running: .* \(pid "
-                                              rf"{os.getpid()}, plan {plan.hash[:12]}, since .*\); wait for it to "
-                                              "finish, or if it died"):
+        with pytest.raises(
+            PolicyError,
+            match=rf"a retention apply of {root} is already running: .* \(pid "
+            rf"{os.getpid()}, plan {plan.hash[:12]}, since .*\); wait for it to "
+            "finish, or if it died",
+        ):
             await apply_plan(local_services, plan)
         assert (root / "step-1000" / ".metadata").exists()
     assert not (root / LOCK_KEY).exists()
     # two started at the same moment: exactly one proceeds
-    results = await asyncio.gather(*(ApplyLock(LocalStore(root), "", run=str(root), plan=plan.hash).__aenter__()
-                                     for _ in range(2)), return_exceptions=True)
+    results = await asyncio.gather(
+        *(ApplyLock(LocalStore(root), "", run=str(root), plan=plan.hash).__aenter__() for _ in range(2)),
+        return_exceptions=True,
+    )
     won = [r for r in results if isinstance(r, ApplyLock)]
     lost = [r for r in results if isinstance(r, PolicyError)]
     assert len(won) == 1 and len(lost) == 1, results
@@ -143,13 +166,24 @@ async def test_two_applies_of_one_run_at_once_one_waits_its_turn(tmp_path: Path,
     assert report.ok
 
 
-async def test_a_stale_lock_is_taken_over_and_unlock_is_audited(tmp_path: Path, local_services,  # type: ignore[no-untyped-def]
-                                                                dcp_run: DcpRun, capsys: pytest.CaptureFixture[str]) -> None:
+async def test_a_stale_lock_is_taken_over_and_unlock_is_audited(
+    tmp_path: Path,
+    local_services,  # type: ignore[no-untyped-def]
+    dcp_run: DcpRun,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     root = dcp_run.copy_to(tmp_path / "run1")
     plan = await compute_plan(local_services, str(root), POLICY)
     # an apply on another host that stopped refreshing its lock 11 minutes ago
-    dead = {"holder": "alice", "host": "laptop-7", "pid": 4242, "plan": "ab" * 32, "started": time.time() - 3600,
-            "refreshed": time.time() - 660, "token": "x"}
+    dead = {
+        "holder": "alice",
+        "host": "laptop-7",
+        "pid": 4242,
+        "plan": "ab" * 32,
+        "started": time.time() - 3600,
+        "refreshed": time.time() - 660,
+        "token": "x",
+    }
     (root / LOCK_KEY).write_text(json.dumps(dead))
     report = await apply_plan(local_services, plan)
     assert report.ok and not (root / LOCK_KEY).exists()
@@ -166,8 +200,19 @@ async def test_a_stale_lock_is_taken_over_and_unlock_is_audited(tmp_path: Path, 
 
 def test_unlock_from_the_cli(tmp_path: Path, dcp_run: DcpRun, capsys: pytest.CaptureFixture[str]) -> None:
     root = dcp_run.copy_to(tmp_path / "run1")
-    (root / LOCK_KEY).write_text(json.dumps({"holder": "alice", "host": "laptop-7", "pid": 1, "plan": "c" * 64,
-                                             "started": 1.0, "refreshed": time.time(), "token": "t"}))
+    (root / LOCK_KEY).write_text(
+        json.dumps(
+            {
+                "holder": "alice",
+                "host": "laptop-7",
+                "pid": 1,
+                "plan": "c" * 64,
+                "started": 1.0,
+                "refreshed": time.time(),
+                "token": "t",
+            }
+        )
+    )
     assert main(["retention", "unlock", str(root)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"removed the apply lock on {root} (held by alice on laptop-7 (pid 1, plan cccccccccccc")
@@ -176,8 +221,9 @@ def test_unlock_from_the_cli(tmp_path: Path, dcp_run: DcpRun, capsys: pytest.Cap
     assert capsys.readouterr().out == f"{root} has no apply lock\n"
 
 
-def test_upload_never_overwrites_a_step_without_overwrite(tmp_path: Path, dcp_run: DcpRun,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_upload_never_overwrites_a_step_without_overwrite(
+    tmp_path: Path, dcp_run: DcpRun, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = dcp_run.copy_to(tmp_path / "run1")
     local = tmp_path / "nvme" / "step-12000"
     shutil.copytree(root / "step-11000", local)

@@ -51,8 +51,12 @@ def _records(services: Services, roots: dict[str, str]) -> list[dict[str, Any]]:
     for e in reversed(services.db.audit_entries()):
         if e.action == "retention.apply":
             assert e.plan_hash
-        out.append(_normal({"action": e.action, "target": e.target, "outcome": e.outcome, "reason": e.reason,
-                            "detail": e.detail}, roots))
+        out.append(
+            _normal(
+                {"action": e.action, "target": e.target, "outcome": e.outcome, "reason": e.reason, "detail": e.detail},
+                roots,
+            )
+        )
     return out
 
 
@@ -122,8 +126,12 @@ async def _console(config_file: Path, run: Path, nvme: Path) -> None:
             sh.query_one(f"#shards-{key}", Input).value = str(value)
         await wait_until(pilot, lambda: sh.preview is not None and sh.preview.dest == str(run.parent / "shards"))
         await pilot.click("#shards-start")
-        await wait_until(pilot, lambda: any(e.action == "shard.convert" for e in services.db.audit_entries()),
-                         rounds=2000, delay=0.01)
+        await wait_until(
+            pilot,
+            lambda: any(e.action == "shard.convert" for e in services.db.audit_entries()),
+            rounds=2000,
+            delay=0.01,
+        )
     await services.aclose()
 
 
@@ -139,7 +147,9 @@ async def test_cli_and_console_leave_the_same_audit_records(tmp_path: Path, dcp_
     runs = {side: _copies(tmp_path, dcp_run, side) for side in ("cli", "console")}
     cli_cfg, console_cfg = (tmp_path / "cli.toml", tmp_path / "console.toml")
     for side, cfg in (("cli", cli_cfg), ("console", console_cfg)):
-        cfg.write_text(f'[[nodes]]\nname = "here"\ntransport = "local"\n\n[state]\ndir = "{tmp_path / side / "state"}"\n')
+        cfg.write_text(
+            f'[[nodes]]\nname = "here"\ntransport = "local"\n\n[state]\ndir = "{tmp_path / side / "state"}"\n'
+        )
 
     await asyncio.to_thread(_cli, cli_cfg, *runs["cli"])  # the CLI runs its own event loop
     await _console(console_cfg, *runs["console"])
@@ -154,8 +164,16 @@ async def test_cli_and_console_leave_the_same_audit_records(tmp_path: Path, dcp_
 
     by_cli, by_console = records("cli"), records("console")
     actions: Callable[[list[dict[str, Any]]], list[str]] = lambda rs: [r["action"] for r in rs]  # noqa: E731
-    assert actions(by_cli) == ["retention.pin", "retention.milestone", "retention.unpin", "retention.unmilestone",
-                               "retention.apply", "ckpt.strip", "ckpt.upload", "shard.convert"]
+    assert actions(by_cli) == [
+        "retention.pin",
+        "retention.milestone",
+        "retention.unpin",
+        "retention.unmilestone",
+        "retention.apply",
+        "ckpt.strip",
+        "ckpt.upload",
+        "shard.convert",
+    ]
     assert actions(by_console) == actions(by_cli)
     for a, b in zip(by_cli, by_console, strict=True):
         assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True), a["action"]

@@ -35,8 +35,14 @@ def hostile_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[HostileS3]:
 
 def hostile_store_section(server: HostileS3, *, checksum: str | None = None) -> str:
     """A ``[stores.hostile]`` config section for the responder (no profile: env credentials)."""
-    lines = ["", "[stores.hostile]", 'url = "s3://evil"', f'endpoint_url = "{server.endpoint}"',
-             'region = "us-east-1"', 'addressing_style = "path"']
+    lines = [
+        "",
+        "[stores.hostile]",
+        'url = "s3://evil"',
+        f'endpoint_url = "{server.endpoint}"',
+        'region = "us-east-1"',
+        'addressing_style = "path"',
+    ]
     if checksum:
         lines.append(f'checksum = "{checksum}"')
     return "\n".join(lines) + "\n"
@@ -69,8 +75,9 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("a real full file system needs a tmpfs mount, which needs root")
     mnt = tmp_path / "full"
     mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(mnt)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
     try:

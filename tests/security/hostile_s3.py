@@ -125,8 +125,9 @@ class HostileS3:
             self.objects[(bucket, key)] = obj
         return obj
 
-    def swap_after_first_get(self, bucket: str, key: str, body: bytes, *, etag: str | None = None,
-                             restore_after: int | None = None) -> None:
+    def swap_after_first_get(
+        self, bucket: str, key: str, body: bytes, *, etag: str | None = None, restore_after: int | None = None
+    ) -> None:
         """From the second GET of ``key`` on, serve ``body`` (and its ETag); with ``restore_after``
         = N, the first version (and ETag) is back once N GETs were served."""
         with self.lock:
@@ -195,8 +196,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(n) if n else b""
 
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              *, head: bool = False) -> None:
+    def _send(
+        self, status: int, body: bytes = b"", headers: dict[str, str] | None = None, *, head: bool = False
+    ) -> None:
         self.send_response(status)
         hdrs = {"Content-Length": str(len(body)), "x-amz-request-id": secrets.token_hex(8), **(headers or {})}
         if body and "Content-Type" not in hdrs:
@@ -211,12 +213,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._send(status, ('<?xml version="1.0" encoding="UTF-8"?>\n' + text).encode())
 
     def _error(self, status: int, code: str, message: str) -> None:
-        self._xml(status, f"<Error><Code>{code}</Code><Message>{escape(message)}</Message>"
-                          f"<RequestId>{secrets.token_hex(8)}</RequestId></Error>")
+        self._xml(
+            status,
+            f"<Error><Code>{code}</Code><Message>{escape(message)}</Message>"
+            f"<RequestId>{secrets.token_hex(8)}</RequestId></Error>",
+        )
 
     def _checksum_headers(self) -> list[str]:
-        out = [k for k in self.headers if k.lower().startswith("x-amz-checksum-")
-               or k.lower() == "x-amz-sdk-checksum-algorithm"]
+        out = [
+            k
+            for k in self.headers
+            if k.lower().startswith("x-amz-checksum-") or k.lower() == "x-amz-sdk-checksum-algorithm"
+        ]
         if "checksum" in (self.headers.get("x-amz-trailer") or "").lower():
             out.append("x-amz-trailer")
         return out
@@ -269,8 +277,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for k, o in keys:
             if after and k <= after:
                 continue
-            if delimiter and delimiter in k[len(prefix):]:
-                cp = k[: len(prefix) + k[len(prefix):].index(delimiter) + len(delimiter)]
+            if delimiter and delimiter in k[len(prefix) :]:
+                cp = k[: len(prefix) + k[len(prefix) :].index(delimiter) + len(delimiter)]
                 if cp not in prefixes:
                     prefixes.append(cp)
                 continue
@@ -279,30 +287,45 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 break
             body, etag = views[k]
             mtime = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(o.mtime))
-            contents.append(f"<Contents><Key>{_xml_text(k)}</Key><LastModified>{mtime}</LastModified>"
-                            f"<ETag>&quot;{etag}&quot;</ETag><Size>{len(body)}</Size>"
-                            f"<StorageClass>{o.storage_class}</StorageClass></Contents>")
+            contents.append(
+                f"<Contents><Key>{_xml_text(k)}</Key><LastModified>{mtime}</LastModified>"
+                f"<ETag>&quot;{etag}&quot;</ETag><Size>{len(body)}</Size>"
+                f"<StorageClass>{o.storage_class}</StorageClass></Contents>"
+            )
             last = k
-        nxt = (f"<NextContinuationToken>{base64.urlsafe_b64encode(last.encode()).decode()}</NextContinuationToken>"
-               if truncated else "")
+        nxt = (
+            f"<NextContinuationToken>{base64.urlsafe_b64encode(last.encode()).decode()}</NextContinuationToken>"
+            if truncated
+            else ""
+        )
         cps = "".join(f"<CommonPrefixes><Prefix>{_xml_text(p)}</Prefix></CommonPrefixes>" for p in prefixes)
-        self._xml(200, f'<ListBucketResult xmlns="{NS}"><Name>{bucket}</Name><Prefix>{_xml_text(prefix)}</Prefix>'
-                       f"<KeyCount>{len(contents)}</KeyCount><MaxKeys>{max_keys}</MaxKeys>"
-                       f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>{nxt}"
-                       f"{''.join(contents)}{cps}</ListBucketResult>")
+        self._xml(
+            200,
+            f'<ListBucketResult xmlns="{NS}"><Name>{bucket}</Name><Prefix>{_xml_text(prefix)}</Prefix>'
+            f"<KeyCount>{len(contents)}</KeyCount><MaxKeys>{max_keys}</MaxKeys>"
+            f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>{nxt}"
+            f"{''.join(contents)}{cps}</ListBucketResult>",
+        )
 
     def _list_uploads(self, bucket: str, q: dict[str, list[str]]) -> None:
         prefix = q.get("prefix", [""])[0]
         with self.s3.lock:
-            ups = sorted((u.key, uid, u.initiated) for uid, u in self.s3.uploads.items()
-                         if u.bucket == bucket and u.key.startswith(prefix))
+            ups = sorted(
+                (u.key, uid, u.initiated)
+                for uid, u in self.s3.uploads.items()
+                if u.bucket == bucket and u.key.startswith(prefix)
+            )
         items = "".join(
             f"<Upload><Key>{_xml_text(k)}</Key><UploadId>{uid}</UploadId>"
             f"<Initiated>{time.strftime('%Y-%m-%dT%H:%M:%S.000Z', time.gmtime(t))}</Initiated></Upload>"
-            for k, uid, t in ups)
-        self._xml(200, f'<ListMultipartUploadsResult xmlns="{NS}"><Bucket>{bucket}</Bucket>'
-                       f"<Prefix>{_xml_text(prefix)}</Prefix><IsTruncated>false</IsTruncated>{items}"
-                       "</ListMultipartUploadsResult>")
+            for k, uid, t in ups
+        )
+        self._xml(
+            200,
+            f'<ListMultipartUploadsResult xmlns="{NS}"><Bucket>{bucket}</Bucket>'
+            f"<Prefix>{_xml_text(prefix)}</Prefix><IsTruncated>false</IsTruncated>{items}"
+            "</ListMultipartUploadsResult>",
+        )
 
     def _post_bucket(self, bucket: str, _key: str, q: dict[str, list[str]]) -> None:
         body = self._body()
@@ -322,7 +345,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for k in keys:
             if k in self.s3.delete_errors:
                 code, msg = self.s3.delete_errors[k]
-                out.append(f"<Error><Key>{_xml_text(k)}</Key><Code>{code}</Code><Message>{escape(msg)}</Message></Error>")
+                out.append(
+                    f"<Error><Key>{_xml_text(k)}</Key><Code>{code}</Code><Message>{escape(msg)}</Message></Error>"
+                )
             else:
                 with self.s3.lock:
                     self.s3.objects.pop((bucket, k), None)
@@ -332,9 +357,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # -- objects ----------------------------------------------------------------------------------
 
     def _obj_headers(self, body: bytes, etag: str, obj: StoredObject) -> dict[str, str]:
-        return {"ETag": f'"{etag}"', "Last-Modified": formatdate(obj.mtime, usegmt=True),
-                "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes",
-                "x-amz-storage-class": obj.storage_class}
+        return {
+            "ETag": f'"{etag}"',
+            "Last-Modified": formatdate(obj.mtime, usegmt=True),
+            "Content-Type": "application/octet-stream",
+            "Accept-Ranges": "bytes",
+            "x-amz-storage-class": obj.storage_class,
+        }
 
     def _head_object(self, bucket: str, key: str, _q: dict[str, list[str]]) -> None:
         with self.s3.lock:
@@ -373,7 +402,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._error(416, "InvalidRange", "The requested range is not satisfiable")
                 return
             hdrs["Content-Range"] = f"bytes {start}-{end}/{len(body)}"
-            self._send(206, body[start:end + 1], hdrs)
+            self._send(206, body[start : end + 1], hdrs)
         else:
             self._send(200, body, hdrs)
 
@@ -406,8 +435,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             uid = secrets.token_hex(12)
             with self.s3.lock:
                 self.s3.uploads[uid] = Upload(bucket, key, time.time())
-            self._xml(200, f'<InitiateMultipartUploadResult xmlns="{NS}"><Bucket>{bucket}</Bucket>'
-                           f"<Key>{_xml_text(key)}</Key><UploadId>{uid}</UploadId></InitiateMultipartUploadResult>")
+            self._xml(
+                200,
+                f'<InitiateMultipartUploadResult xmlns="{NS}"><Bucket>{bucket}</Bucket>'
+                f"<Key>{_xml_text(key)}</Key><UploadId>{uid}</UploadId></InitiateMultipartUploadResult>",
+            )
             return
         if "uploadId" not in q:
             self._error(405, "MethodNotAllowed", "POST on an object needs ?uploads or ?uploadId")
@@ -443,8 +475,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         obj = self.s3.put(bucket, key, b"".join(chunks), etag=multipart_etag(chunks))
         with self.s3.lock:
             self.s3.uploads.pop(uid, None)
-        self._xml(200, f'<CompleteMultipartUploadResult xmlns="{NS}"><Bucket>{bucket}</Bucket>'
-                       f'<Key>{_xml_text(key)}</Key><ETag>&quot;{obj.etag}&quot;</ETag></CompleteMultipartUploadResult>')
+        self._xml(
+            200,
+            f'<CompleteMultipartUploadResult xmlns="{NS}"><Bucket>{bucket}</Bucket>'
+            f"<Key>{_xml_text(key)}</Key><ETag>&quot;{obj.etag}&quot;</ETag></CompleteMultipartUploadResult>",
+        )
 
     def _delete_object(self, bucket: str, key: str, q: dict[str, list[str]]) -> None:
         self._body()

@@ -24,23 +24,39 @@ from backend.storage import LocalStore
 
 #: Globals an attacker would reach for, each spelled the ways pickle lets them be spelled.
 HOSTILE_GLOBALS = [
-    ("os", "system"), ("posix", "system"), ("builtins", "eval"), ("builtins", "exec"),
-    ("builtins", "getattr"), ("builtins", "__import__"), ("subprocess", "Popen"),
+    ("os", "system"),
+    ("posix", "system"),
+    ("builtins", "eval"),
+    ("builtins", "exec"),
+    ("builtins", "getattr"),
+    ("builtins", "__import__"),
+    ("subprocess", "Popen"),
     ("torch.distributed.checkpoint.metadata", "os.system"),  # dotted: followed by protocol 4
     ("torch.distributed.checkpoint.metadata", "dataclasses.sys.modules"),
     ("torch.distributed.checkpoint.filesystem", "os.system"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo.__init__.__globals__"),
-    ("torch", "load"), ("torch", "_C"), ("torch.serialization", "load"),
-    ("pathlib", "Path.write_text"), ("collections", "OrderedDict.fromkeys"),
+    ("torch", "load"),
+    ("torch", "_C"),
+    ("torch.serialization", "load"),
+    ("pathlib", "Path.write_text"),
+    ("collections", "OrderedDict.fromkeys"),
     ("torch.distributed.checkpoint.planner", "os.system"),
-    ("builtins", "set.__class__"), ("torch", "float32.__class__"),
+    ("builtins", "set.__class__"),
+    ("torch", "float32.__class__"),
 ]
 #: Names on the allow-list (and near it): the fuzzer mixes them in so the good path is walked too.
 ALLOWED = [
-    ("torch.distributed.checkpoint.metadata", "Metadata"), ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
-    ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"), ("torch", "Size"), ("torch", "float32"),
-    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("collections", "OrderedDict"),
-    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
+    ("torch.distributed.checkpoint.metadata", "Metadata"),
+    ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
+    ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"),
+    ("torch", "Size"),
+    ("torch", "float32"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
 ]
 
@@ -65,8 +81,15 @@ def opcode_streams(draw: st.DrawFn) -> bytes:
         module, name = draw(st.sampled_from(HOSTILE_GLOBALS + ALLOWED))
         how = draw(st.sampled_from(["reduce", "build", "newobj", "inst", "obj"]))
         if how == "inst":  # INST takes its module/name inline, after a MARK and the arguments
-            out += b"(" + draw(st.sampled_from([b"", b"\x8c\x02id"])) + b"i" + module.encode() + b"\n" \
-                   + name.encode() + b"\n"
+            out += (
+                b"("
+                + draw(st.sampled_from([b"", b"\x8c\x02id"]))
+                + b"i"
+                + module.encode()
+                + b"\n"
+                + name.encode()
+                + b"\n"
+            )
         elif how == "obj":
             out += b"(" + _global(module, name, proto) + b"o"
         else:
@@ -104,8 +127,9 @@ def test_metadata_unpickler_never_reaches_a_callable_off_the_list(canary: type[_
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(opcode_streams())
-def test_torch_file_skeleton_never_calls_anything(canary: type[_Canary], tmp_path_factory: pytest.TempPathFactory,
-                                                   raw: bytes) -> None:
+def test_torch_file_skeleton_never_calls_anything(
+    canary: type[_Canary], tmp_path_factory: pytest.TempPathFactory, raw: bytes
+) -> None:
     import zipfile
 
     p = tmp_path_factory.mktemp("tf") / "model.pt"
@@ -132,11 +156,16 @@ async def test_a_hostile_metadata_in_a_bucket_lists_as_corrupt_and_runs_nothing(
     class Evil:
         def __reduce__(self):  # type: ignore[no-untyped-def]
             import os
+
             return (os.system, (f"touch {marker}",))
 
     # the dotted-name trick: an allowed module, then os.system reached through it
-    dotted = (b"\x80\x04\x8c%torch.distributed.checkpoint.metadata\x8c\tos.system\x93\x8c"
-              + bytes([len(f"touch {marker}")]) + f"touch {marker}".encode() + b"\x85R.")
+    dotted = (
+        b"\x80\x04\x8c%torch.distributed.checkpoint.metadata\x8c\tos.system\x93\x8c"
+        + bytes([len(f"touch {marker}")])
+        + f"touch {marker}".encode()
+        + b"\x85R."
+    )
     for i, raw in enumerate((pickle.dumps(Evil()), dotted)):
         step = tmp_path / "run" / f"step-{i + 1}"
         step.mkdir(parents=True)
@@ -153,14 +182,21 @@ def _nested(depth: int) -> bytes:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.one_of(
-    st.binary(max_size=512),
-    st.integers(1, 200_000).map(lambda d: b'{"a":' + _nested(d) + b"}"),
-    st.dictionaries(st.text(max_size=8), st.recursive(
-        st.none() | st.integers() | st.text(max_size=4) | st.lists(st.integers(), max_size=3),
-        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
-        max_leaves=20), max_size=5).map(lambda d: json.dumps(d).encode()),
-))
+@given(
+    st.one_of(
+        st.binary(max_size=512),
+        st.integers(1, 200_000).map(lambda d: b'{"a":' + _nested(d) + b"}"),
+        st.dictionaries(
+            st.text(max_size=8),
+            st.recursive(
+                st.none() | st.integers() | st.text(max_size=4) | st.lists(st.integers(), max_size=3),
+                lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+                max_leaves=20,
+            ),
+            max_size=5,
+        ).map(lambda d: json.dumps(d).encode()),
+    )
+)
 def test_safetensors_headers_fail_with_a_clear_error(header: bytes) -> None:
     try:
         parse_header(header, 8 + len(header) + 64, where="fuzz.safetensors")
@@ -175,14 +211,24 @@ def test_a_deeply_nested_safetensors_header_is_one_line(tmp_path: Path) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.one_of(
-    st.text(max_size=300),
-    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=6),
-                 lambda c: st.lists(c, max_size=4) | st.dictionaries(
-                     st.sampled_from(["schema", "url", "actions", "policy", "hash", "created", "path", "action"]),
-                     c, max_size=6), max_leaves=30).map(json.dumps),
-    st.integers(1, 100_000).map(lambda d: '{"schema": 2, "actions": ' + "[" * d + "]" * d + "}"),
-))
+@given(
+    st.one_of(
+        st.text(max_size=300),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+            lambda c: (
+                st.lists(c, max_size=4)
+                | st.dictionaries(
+                    st.sampled_from(["schema", "url", "actions", "policy", "hash", "created", "path", "action"]),
+                    c,
+                    max_size=6,
+                )
+            ),
+            max_leaves=30,
+        ).map(json.dumps),
+        st.integers(1, 100_000).map(lambda d: '{"schema": 2, "actions": ' + "[" * d + "]" * d + "}"),
+    )
+)
 def test_plan_files_are_refused_with_a_clear_error(text: str) -> None:
     try:
         RetentionPlan.from_json(text, source="plan.json")

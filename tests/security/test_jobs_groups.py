@@ -52,8 +52,9 @@ def _group(groups: list[int], job_env: str | None = None) -> tuple[int, int]:
     env.pop("LOADMASTER_JOB_ID", None)
     if job_env is not None:
         env["LOADMASTER_JOB_ID"] = job_env
-    sh = subprocess.Popen(["sh", "-c", "sleep 300 & echo $!"], stdout=subprocess.PIPE, text=True,
-                          start_new_session=True, env=env)
+    sh = subprocess.Popen(
+        ["sh", "-c", "sleep 300 & echo $!"], stdout=subprocess.PIPE, text=True, start_new_session=True, env=env
+    )
     assert sh.stdout is not None
     member = int(sh.stdout.readline())
     sh.wait()
@@ -73,8 +74,16 @@ def _job_dir(lab: Lab, pidinfo: dict[str, object], *, beat_age: float, job_id: s
     d = lab.node("node-01").home / "jobs" / job_id
     d.mkdir(parents=True)
     dest = lab.node("node-01").scratch / f"pulls/groups-{job_id}"
-    spec = {"id": job_id, "kind": "pull", "node": "node-01", "label": "fabricated", "created": time.time() - 60,
-            "launched_by": "test", "launched_from": "test", "params": {"src": "s3://b/p/", "dest": str(dest)}}
+    spec = {
+        "id": job_id,
+        "kind": "pull",
+        "node": "node-01",
+        "label": "fabricated",
+        "created": time.time() - 60,
+        "launched_by": "test",
+        "launched_from": "test",
+        "params": {"src": "s3://b/p/", "dest": str(dest)},
+    }
     (d / "spec.json").write_text(json.dumps(spec))
     (d / "pid").write_text(json.dumps({**pidinfo, "job_id": job_id}))
     (d / "heartbeat").write_text(f"{time.time() - beat_age:.3f}\n")
@@ -104,20 +113,25 @@ async def test_a_reused_pid_is_left_alone(lab: Lab, svc: Services, groups: list[
     other = _leader(groups)
     st = _proc_starttime(other)
     assert st is not None
-    job_id, _d = _job_dir(lab, {"pid": other, "pgid": other, "starttime": st + 1000, "boot_id": _boot_id()},
-                          beat_age=60)
+    job_id, _d = _job_dir(
+        lab, {"pid": other, "pgid": other, "starttime": st + 1000, "boot_id": _boot_id()}, beat_age=60
+    )
     await _found_lost(svc, job_id)
     assert _alive(other)
     events = [r["event"] for r in svc.db.query("SELECT event FROM job_events WHERE job_id = ?", (job_id,))]
     assert "group-left-alone" in events
 
 
-async def test_after_a_reboot_a_group_with_that_number_is_left_alone(lab: Lab, svc: Services,
-                                                                    groups: list[int]) -> None:
+async def test_after_a_reboot_a_group_with_that_number_is_left_alone(
+    lab: Lab, svc: Services, groups: list[int]
+) -> None:
     # The leader even has the recorded start time: in another boot that proves nothing.
     other = _leader(groups)
-    job_id, _d = _job_dir(lab, {"pid": other, "pgid": other, "starttime": _proc_starttime(other),
-                                "boot_id": "0c0ffee0-another-boot"}, beat_age=60)
+    job_id, _d = _job_dir(
+        lab,
+        {"pid": other, "pgid": other, "starttime": _proc_starttime(other), "boot_id": "0c0ffee0-another-boot"},
+        beat_age=60,
+    )
     await _found_lost(svc, job_id)
     assert _alive(other)
 
@@ -144,8 +158,11 @@ async def test_leftovers_carrying_the_job_id_are_killed(lab: Lab, svc: Services,
 
 async def test_cancel_signals_only_a_proven_group(lab: Lab, svc: Services, groups: list[int]) -> None:
     other = _leader(groups)
-    job_id, d = _job_dir(lab, {"pid": other, "pgid": other, "starttime": (_proc_starttime(other) or 0) + 7,
-                               "boot_id": _boot_id()}, beat_age=0)
+    job_id, d = _job_dir(
+        lab,
+        {"pid": other, "pgid": other, "starttime": (_proc_starttime(other) or 0) + 7, "boot_id": _boot_id()},
+        beat_age=0,
+    )
     await svc.jobs.refresh(["node-01"])
     final = await svc.jobs.cancel(job_id, reason="security test")
     assert final.state == "cancelled"

@@ -10,15 +10,20 @@ from backend.jobs.remote import parse_scan
 
 def test_hostile_scan_lines_are_skipped_or_cleaned() -> None:
     spec = {"id": "j1", "kind": "pull", "label": "pull \x1b]0;pwned\x07\x1b[2J s3://b/x", "params": {"dest": "/d"}}
-    text = "\n".join([
-        "@@HOME /home/u/.loadmaster/jobs", "@@NOW 100.5",
-        "@@JOB j1", "@@SPEC " + json.dumps(spec),
-        "@@PROG " + "[" * 100_000 + "]" * 100_000,  # RecursionError in json.loads before
-        "@@PROG [1, 2, 3]",  # not an object
-        "@@PROG " + json.dumps({"t": 1, "bytes_done": 5}),
-        "@@RESULT " + json.dumps({"state": "failed", "error": "boom\x1b[31m red"}),
-        "@@JOB j2", "@@SPEC " + "{" * 50_000,
-    ])
+    text = "\n".join(
+        [
+            "@@HOME /home/u/.loadmaster/jobs",
+            "@@NOW 100.5",
+            "@@JOB j1",
+            "@@SPEC " + json.dumps(spec),
+            "@@PROG " + "[" * 100_000 + "]" * 100_000,  # RecursionError in json.loads before
+            "@@PROG [1, 2, 3]",  # not an object
+            "@@PROG " + json.dumps({"t": 1, "bytes_done": 5}),
+            "@@RESULT " + json.dumps({"state": "failed", "error": "boom\x1b[31m red"}),
+            "@@JOB j2",
+            "@@SPEC " + "{" * 50_000,
+        ]
+    )
     home, now, jobs = parse_scan(text)
     assert (home, now) == ("/home/u/.loadmaster/jobs", 100.5)
     (j,) = jobs  # j2's spec never parsed: it is not listed as a job

@@ -99,10 +99,12 @@ def proxied(lab: Lab, tmp_path: Path) -> Iterator[tuple[BlackHoleProxy, Path]]:
 
 
 async def test_a_black_holed_node_is_unreachable_after_keepalives_and_others_answer(
-        lab: Lab, proxied: tuple[BlackHoleProxy, Path]) -> None:
+    lab: Lab, proxied: tuple[BlackHoleProxy, Path]
+) -> None:
     proxy, kh = proxied
-    n1 = dataclasses.replace(lab.config.node("node-01"), host="127.0.0.1", port=proxy.port,
-                             known_hosts=str(kh), connect_timeout=2.0)
+    n1 = dataclasses.replace(
+        lab.config.node("node-01"), host="127.0.0.1", port=proxy.port, known_hosts=str(kh), connect_timeout=2.0
+    )
     nodes = [n1, lab.config.node("node-02"), lab.config.node("node-03")]
     pool = NodePool(nodes, keepalive_interval=KEEPALIVE_S, keepalive_count=KEEPALIVE_COUNT)
 
@@ -130,16 +132,24 @@ async def test_a_black_holed_node_is_unreachable_after_keepalives_and_others_ans
 
 def _cli(config: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LOADMASTER_SSH_PERSIST": "60s"}  # through the connection keeper
-    return subprocess.run([str(Path(sys.executable).parent / "loadmaster"), "--config", str(config), *argv],
-                          capture_output=True, text=True, env=env, timeout=240)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "loadmaster"), "--config", str(config), *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
 
 
 def test_jobs_and_top_through_the_keeper_name_the_black_holed_node(
-        lab: Lab, proxied: tuple[BlackHoleProxy, Path], tmp_path: Path) -> None:
+    lab: Lab, proxied: tuple[BlackHoleProxy, Path], tmp_path: Path
+) -> None:
     proxy, kh = proxied
     n1 = lab.node("node-01")
-    text = lab.config_text(f'\n[ssh]\nkeepalive_interval = "{KEEPALIVE_S}s"\nkeepalive_count = {KEEPALIVE_COUNT}\n'
-                           '\n[telemetry]\ninterval = 1\n')
+    text = lab.config_text(
+        f'\n[ssh]\nkeepalive_interval = "{KEEPALIVE_S}s"\nkeepalive_count = {KEEPALIVE_COUNT}\n'
+        "\n[telemetry]\ninterval = 1\n"
+    )
     text = text.replace(f'host = "{n1.ip}"', f'host = "127.0.0.1"\nport = {proxy.port}\nknown_hosts = "{kh}"', 1)
     text = text.replace(f'dir = "{lab.root / "state"}"', f'dir = "{tmp_path / "state"}"')
     cfg = tmp_path / "lm.toml"
@@ -163,11 +173,13 @@ def test_jobs_and_top_through_the_keeper_name_the_black_holed_node(
         stop_keeper(load_config_file(cfg))
 
 
-
-@pytest.mark.parametrize(("text", "needle"), [
-    ('keepalive_interval = "0.05s"', "ssh.keepalive_interval: expected a duration between 0.2s and 300s"),
-    ("keepalive_count = 0", "ssh.keepalive_count: expected a whole number between 1 and 100"),
-])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('keepalive_interval = "0.05s"', "ssh.keepalive_interval: expected a duration between 0.2s and 300s"),
+        ("keepalive_count = 0", "ssh.keepalive_count: expected a whole number between 1 and 100"),
+    ],
+)
 def test_keepalive_settings_are_checked(tmp_path: Path, text: str, needle: str) -> None:
     from backend.errors import ConfigError
 
@@ -179,8 +191,9 @@ def test_keepalive_settings_are_checked(tmp_path: Path, text: str, needle: str) 
 
 def test_the_pool_takes_its_keepalives_from_the_config(tmp_path: Path) -> None:
     cfg = tmp_path / "lm.toml"
-    cfg.write_text('[[nodes]]\nname = "n1"\nhost = "10.0.0.1"\n\n[ssh]\nkeepalive_interval = "2s"\n'
-                   "keepalive_count = 4\n")
+    cfg.write_text(
+        '[[nodes]]\nname = "n1"\nhost = "10.0.0.1"\n\n[ssh]\nkeepalive_interval = "2s"\nkeepalive_count = 4\n'
+    )
     pool = NodePool.from_config(load_config_file(cfg))
     t = pool.transport("n1")
     assert (t._keepalive, t._keepalive_count) == (2.0, 4)  # type: ignore[attr-defined]

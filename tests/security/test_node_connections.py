@@ -21,8 +21,7 @@ async def test_fifty_fresh_connections_to_one_node_all_succeed(lab: Lab) -> None
     node = lab.config.node("node-02")
     transports = [SshTransport(node, command_server=False) for _ in range(50)]
     try:
-        results = await asyncio.gather(*(t.run("echo $LOADMASTER_NODE") for t in transports),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(t.run("echo $LOADMASTER_NODE") for t in transports), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         assert not failures, f"{len(failures)} of 50 failed, e.g. {failures[0]}"
         assert {r.stdout for r in results} == {"node-02\n"}  # type: ignore[union-attr]
@@ -39,8 +38,7 @@ def home_with_includes(lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     (ssh / "conf.d").mkdir(parents=True)
     n3 = lab.node("node-03")
     (ssh / "config").write_text(f"Include conf.d/*.conf\nInclude {ssh / 'extra'}\n")
-    (ssh / "conf.d" / "lab.conf").write_text(
-        f"Host lab-three\n  HostName {n3.ip}\n  Include {ssh / 'port'}\n")
+    (ssh / "conf.d" / "lab.conf").write_text(f"Host lab-three\n  HostName {n3.ip}\n  Include {ssh / 'port'}\n")
     (ssh / "port").write_text(f"  Port {n3.port}\n")
     (ssh / "extra").write_text(f"Host lab-*\n  User root\n  IdentityFile {lab.user_key}\n")
     monkeypatch.setenv("HOME", str(home))

@@ -36,14 +36,17 @@ _uint32 = st.integers(min_value=0, max_value=2**32 - 1)
 
 
 @settings(max_examples=150, deadline=None)
-@given(targets=st.lists(_names, min_size=1, max_size=3, unique=True),
-       operator=st.lists(st.tuples(_names, st.text("0123456789", min_size=1, max_size=11)), max_size=8),
-       created=st.lists(st.tuples(_names, _uint32), max_size=6))
-def test_files_present_before_the_job_always_survive(targets: list[str], operator: list[tuple[str, str]],
-                                                     created: list[tuple[str, int]]) -> None:
+@given(
+    targets=st.lists(_names, min_size=1, max_size=3, unique=True),
+    operator=st.lists(st.tuples(_names, st.text("0123456789", min_size=1, max_size=11)), max_size=8),
+    created=st.lists(st.tuples(_names, _uint32), max_size=6),
+)
+def test_files_present_before_the_job_always_survive(
+    targets: list[str], operator: list[tuple[str, str]], created: list[tuple[str, int]]
+) -> None:
     def go_temp(target: str, n: int) -> str:
         pos = target.rfind("*")
-        return f"{target[:pos]}{n}{target[pos + 1:]}" if pos >= 0 else f"{target}{n}"
+        return f"{target[:pos]}{n}{target[pos + 1 :]}" if pos >= 0 else f"{target}{n}"
 
     with tempfile.TemporaryDirectory() as d:
         dest = Path(d)
@@ -71,8 +74,12 @@ def test_files_present_before_the_job_always_survive(targets: list[str], operato
 
 # -- real pulls -------------------------------------------------------------------------------
 
-OPERATOR_FILES = {"part-10": b"operator ten", "part-11": b"operator eleven", "part-2999": b"look-alike of part-2",
-                  "part-1x": b"not a look-alike"}
+OPERATOR_FILES = {
+    "part-10": b"operator ten",
+    "part-11": b"operator eleven",
+    "part-2999": b"look-alike of part-2",
+    "part-1x": b"not a look-alike",
+}
 
 
 @pytest.fixture
@@ -112,8 +119,9 @@ def _temps(dest: Path) -> list[str]:
     return [p.name for p in dest.iterdir() if p.name not in OPERATOR_FILES and p.name not in ("part-1", "part-2")]
 
 
-async def test_success_and_failures_leave_the_operators_files(lab: Lab, svc: Services,
-                                                             parts: tuple[str, dict[str, bytes]]) -> None:
+async def test_success_and_failures_leave_the_operators_files(
+    lab: Lab, svc: Services, parts: tuple[str, dict[str, bytes]]
+) -> None:
     url, bodies = parts
     dest = _dest_with_operator_files(lab)
     plan = await plan_pull(svc, url, str(dest), ["node-01"])
@@ -125,8 +133,16 @@ async def test_success_and_failures_leave_the_operators_files(lab: Lab, svc: Ser
 
     # s5cmd fails (one object of the spec is missing from the bucket): the same files survive.
     expected = [[o.rel, o.size, o.etag] for o in plan.objects] + [["part-3", 5, None]]
-    params = {"src": url, "dest": str(dest), "endpoint_url": plan.endpoint_url, "region": plan.region,
-              "numworkers": 4, "concurrency": 2, "part_size_mib": 5, "expected": expected}
+    params = {
+        "src": url,
+        "dest": str(dest),
+        "endpoint_url": plan.endpoint_url,
+        "region": plan.region,
+        "numworkers": 4,
+        "concurrency": 2,
+        "part_size_mib": 5,
+        "expected": expected,
+    }
     rec = await svc.jobs.launch("node-01", "pull", params, secrets=plan.credentials.as_env())
     final = await svc.jobs.wait(rec.id, timeout=120)
     assert final.state == "failed" and "part-3" in (final.error or ""), final.error
@@ -135,8 +151,7 @@ async def test_success_and_failures_leave_the_operators_files(lab: Lab, svc: Ser
 
     # Verification fails (the spec says another size): the wrong file goes, nothing else does.
     expected = [["part-1", len(bodies["part-1"]), None], ["part-2", 5, None]]
-    rec = await svc.jobs.launch("node-01", "pull", {**params, "expected": expected},
-                                secrets=plan.credentials.as_env())
+    rec = await svc.jobs.launch("node-01", "pull", {**params, "expected": expected}, secrets=plan.credentials.as_env())
     final = await svc.jobs.wait(rec.id, timeout=120)
     assert final.state == "failed" and "part-2 is" in (final.error or ""), final.error
     _assert_operator_files_intact(dest)
@@ -159,8 +174,7 @@ async def _held_with_a_temp(svc: Services, hostile: HostileS3, dest: Path):  # t
     return rec, job_dir, temps
 
 
-async def test_cancel_removes_its_temporaries_only(lab: Lab, hostile_s3: HostileS3,
-                                                  hostile_services: Services) -> None:
+async def test_cancel_removes_its_temporaries_only(lab: Lab, hostile_s3: HostileS3, hostile_services: Services) -> None:
     dest = _dest_with_operator_files(lab)
     try:
         rec, _job_dir, temps = await _held_with_a_temp(hostile_services, hostile_s3, dest)
@@ -172,8 +186,9 @@ async def test_cancel_removes_its_temporaries_only(lab: Lab, hostile_s3: Hostile
     assert not any((dest / t).exists() for t in temps)
 
 
-async def test_a_lost_runners_cleanup_removes_its_temporaries_only(lab: Lab, hostile_s3: HostileS3,
-                                                                  hostile_services: Services) -> None:
+async def test_a_lost_runners_cleanup_removes_its_temporaries_only(
+    lab: Lab, hostile_s3: HostileS3, hostile_services: Services
+) -> None:
     dest = _dest_with_operator_files(lab)
     try:
         rec, job_dir, temps = await _held_with_a_temp(hostile_services, hostile_s3, dest)

@@ -41,9 +41,17 @@ async def svc(lab: Lab, tmp_path: Path) -> Services:  # type: ignore[misc]
 
 async def _launch(svc: Services, source: str, dest: str, **extra: object):  # type: ignore[no-untyped-def]
     plan = await plan_pull(svc, source, dest, ["node-01"])
-    params = {"src": plan.src, "dest": plan.nodes[0].dest, "endpoint_url": plan.endpoint_url, "region": plan.region,
-              "numworkers": 4, "concurrency": 2, "part_size_mib": 5,
-              "expected": [list(o) for o in plan.objects], **extra}
+    params = {
+        "src": plan.src,
+        "dest": plan.nodes[0].dest,
+        "endpoint_url": plan.endpoint_url,
+        "region": plan.region,
+        "numworkers": 4,
+        "concurrency": 2,
+        "part_size_mib": 5,
+        "expected": [list(o) for o in plan.objects],
+        **extra,
+    }
     rec = await svc.jobs.launch("node-01", "pull", params, secrets=plan.credentials.as_env())
     return await svc.jobs.wait(rec.id, timeout=120)
 
@@ -52,10 +60,12 @@ async def test_error_lines_with_exit_status_zero_fail_a_real_job(svc: Services, 
     # The real s5cmd prints ERROR for a command line it rejects in run mode and still exits 0
     # (command/run.go). This wrapper hands it one such line after the job's own.
     wrapper = tmp_path / "s5cmd"
-    wrapper.write_text("#!/bin/sh\n"
-                       "for a in \"$@\"; do [ \"$a\" = run ] && { { cat; echo 'no-such-command x'; } | "
-                       f"'{REAL_S5CMD}' \"$@\"; exit $?; }}; done\n"
-                       f"exec '{REAL_S5CMD}' \"$@\"\n")
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do [ "$a" = run ] && { { cat; echo \'no-such-command x\'; } | '
+        f"'{REAL_S5CMD}' \"$@\"; exit $?; }}; done\n"
+        f"exec '{REAL_S5CMD}' \"$@\"\n"
+    )
     wrapper.chmod(0o755)
     probe = subprocess.run([str(wrapper), "run"], input="", capture_output=True, text=True)
     assert probe.returncode == 0 and "ERROR" not in probe.stdout and "not found" in probe.stderr  # exit 0
@@ -67,8 +77,11 @@ async def test_error_lines_with_exit_status_zero_fail_a_real_job(svc: Services, 
 async def test_a_full_destination_is_one_line_naming_path_and_space(lab: Lab, svc: Services, source: str) -> None:
     mnt = lab.node("node-01").scratch / f"tiny-{secrets.token_hex(2)}"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],  # noqa: ASYNC221
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],  # noqa: ASYNC221
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:

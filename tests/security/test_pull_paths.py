@@ -64,8 +64,9 @@ ESCAPING_KEYS = [
 
 
 @pytest.mark.parametrize(("template", "why"), ESCAPING_KEYS)
-async def test_escaping_key_refuses_the_pull_before_launch(hostile_s3: HostileS3, hostile_services: Services,
-                                                         lab: Lab, template: str, why: str) -> None:
+async def test_escaping_key_refuses_the_pull_before_launch(
+    hostile_s3: HostileS3, hostile_services: Services, lab: Lab, template: str, why: str
+) -> None:
     canary = "canary-" + secrets.token_hex(4)
     key = template.format(canary=canary)
     hostile_s3.put("evil", "data/ok.bin", b"fine" * 100)
@@ -74,9 +75,11 @@ async def test_escaping_key_refuses_the_pull_before_launch(hostile_s3: HostileS3
         from backend.jobs.pull import list_source, resolve_store
 
         with pytest.raises(StoreError) as err:
-            await list_source(parse_source("s3://evil/data/"),
-                              resolve_store(hostile_services.config, "s3://evil/data/", "hostile"),
-                              credentials=with_creds)
+            await list_source(
+                parse_source("s3://evil/data/"),
+                resolve_store(hostile_services.config, "s3://evil/data/", "hostile"),
+                credentials=with_creds,
+            )
         assert why in str(err.value) and canary in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(StoreError, match="refusing to pull"):
         await plan_pull(hostile_services, "s3://evil/data/", "pulls/sec-escape", ["node-01"], store="hostile")
@@ -87,11 +90,20 @@ async def test_escaping_key_refuses_the_pull_before_launch(hostile_s3: HostileS3
 # -- refused again by the runner on the node ------------------------------------------------------
 
 
-async def _run_forged(svc: Services, lab: Lab, hostile: HostileS3, expected: list[list[object]] | None,
-                      dest_rel: str) -> tuple[str, str | None]:
+async def _run_forged(
+    svc: Services, lab: Lab, hostile: HostileS3, expected: list[list[object]] | None, dest_rel: str
+) -> tuple[str, str | None]:
     dest = str(lab.node("node-01").scratch / dest_rel)
-    params = {"src": "s3://evil/data/", "dest": dest, "endpoint_url": hostile.endpoint, "region": "us-east-1",
-              "numworkers": 4, "concurrency": 2, "part_size_mib": 5, "expected": expected}
+    params = {
+        "src": "s3://evil/data/",
+        "dest": dest,
+        "endpoint_url": hostile.endpoint,
+        "region": "us-east-1",
+        "numworkers": 4,
+        "concurrency": 2,
+        "part_size_mib": 5,
+        "expected": expected,
+    }
     rec = await svc.jobs.launch("node-01", "pull", params, secrets=HOSTILE_SECRETS)
     final = await svc.jobs.wait(rec.id, timeout=120)
     return final.state, final.error
@@ -102,16 +114,18 @@ async def test_runner_refuses_a_forged_spec(hostile_s3: HostileS3, hostile_servi
     hostile_s3.put("evil", "data/ok.bin", b"ok")
     hostile_s3.put("evil", f"data/../../{canary}", b"evil")
     for rel, why in ((f"../../{canary}", "'..' segment"), (f"/tmp/{canary}", "absolute path")):
-        state, error = await _run_forged(hostile_services, lab, hostile_s3,
-                                         [["ok.bin", 2, md5_etag(b"ok")], [rel, 4, None]], "pulls/sec-forged")
+        state, error = await _run_forged(
+            hostile_services, lab, hostile_s3, [["ok.bin", 2, md5_etag(b"ok")], [rel, 4, None]], "pulls/sec-forged"
+        )
         assert state == "failed" and why in (error or ""), error
     assert not list(lab.node("node-01").root.rglob(f"*{canary}*"))
     assert not Path(f"/tmp/{canary}").exists()
     assert not any((lab.node("node-01").scratch / "pulls/sec-forged").glob("*"))  # nothing pulled at all
 
 
-async def test_runner_refuses_escaping_keys_in_its_own_listing(hostile_s3: HostileS3, hostile_services: Services,
-                                                              lab: Lab) -> None:
+async def test_runner_refuses_escaping_keys_in_its_own_listing(
+    hostile_s3: HostileS3, hostile_services: Services, lab: Lab
+) -> None:
     canary = "canary-" + secrets.token_hex(4)
     hostile_s3.put("evil", "data/ok.bin", b"ok")
     hostile_s3.put("evil", f"data/../../{canary}", b"evil")
@@ -140,15 +154,18 @@ def _services(lab: Lab, tmp_path: Path) -> Services:
 
 
 async def test_symlink_in_dest_leading_out_is_refused_and_nothing_is_written(
-        lab: Lab, linked_source: str, tmp_path: Path) -> None:
+    lab: Lab, linked_source: str, tmp_path: Path
+) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "precious").write_text("the operator's")
     node_scratch = lab.node("node-01").scratch
     svc = _services(lab, tmp_path)
     try:
-        for name, make in (("dir", lambda d: (d / "sub").symlink_to(outside)),
-                           ("file", lambda d: (d / "top.bin").symlink_to(outside / "precious"))):
+        for name, make in (
+            ("dir", lambda d: (d / "sub").symlink_to(outside)),
+            ("file", lambda d: (d / "top.bin").symlink_to(outside / "precious")),
+        ):
             dest = node_scratch / f"pulls/sec-link-{name}-{secrets.token_hex(2)}"
             dest.mkdir(parents=True)
             make(dest)

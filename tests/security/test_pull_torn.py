@@ -46,8 +46,9 @@ def _files(dest: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()} if dest.exists() else {}
 
 
-async def test_an_unchanged_pull_is_verified_byte_for_byte(hostile_services: Services, lab: Lab,
-                                                           bodies: dict[str, bytes]) -> None:
+async def test_an_unchanged_pull_is_verified_byte_for_byte(
+    hostile_services: Services, lab: Lab, bodies: dict[str, bytes]
+) -> None:
     state, error, dest = await _pull(hostile_services, lab)
     assert state == "succeeded", error
     assert _files(dest) == bodies
@@ -56,10 +57,12 @@ async def test_an_unchanged_pull_is_verified_byte_for_byte(hostile_services: Ser
 
 
 async def test_new_etag_between_ranged_gets_fails_and_the_torn_file_is_removed(
-        hostile_s3: HostileS3, hostile_services: Services, lab: Lab, bodies: dict[str, bytes]) -> None:
+    hostile_s3: HostileS3, hostile_services: Services, lab: Lab, bodies: dict[str, bytes]
+) -> None:
     other = os.urandom(12 * MiB)
     state, error, dest = await _pull(
-        hostile_services, lab, lambda: hostile_s3.swap_after_first_get("evil", "data/big.bin", other))
+        hostile_services, lab, lambda: hostile_s3.swap_after_first_get("evil", "data/big.bin", other)
+    )
     assert state == "failed", error
     assert "big.bin changed in the bucket during the pull" in (error or "") and "\n" not in (error or "")
     # The torn file is gone; the object that did not change is kept, verified.
@@ -67,22 +70,25 @@ async def test_new_etag_between_ranged_gets_fails_and_the_torn_file_is_removed(
 
 
 async def test_a_version_put_back_before_the_end_is_caught_by_the_md5(
-        hostile_s3: HostileS3, hostile_services: Services, lab: Lab, bodies: dict[str, bytes]) -> None:
+    hostile_s3: HostileS3, hostile_services: Services, lab: Lab, bodies: dict[str, bytes]
+) -> None:
     # GET 1 from the listed version, GETs 2-3 from another, then the listed version is back:
     # the ETag at the end equals the listing's, so only the bytes can tell.
     other = os.urandom(12 * MiB)
     state, error, dest = await _pull(
-        hostile_services, lab,
-        lambda: hostile_s3.swap_after_first_get("evil", "data/big.bin", other, restore_after=3))
+        hostile_services, lab, lambda: hostile_s3.swap_after_first_get("evil", "data/big.bin", other, restore_after=3)
+    )
     assert state == "failed", error
     assert "big.bin has MD5" in (error or "") and "torn" in (error or ""), error
     assert _files(dest) == {"small.bin": bodies["small.bin"]}
 
 
-async def test_an_object_resized_after_the_listing_fails(hostile_s3: HostileS3, hostile_services: Services,
-                                                        lab: Lab, bodies: dict[str, bytes]) -> None:
+async def test_an_object_resized_after_the_listing_fails(
+    hostile_s3: HostileS3, hostile_services: Services, lab: Lab, bodies: dict[str, bytes]
+) -> None:
     state, error, dest = await _pull(
-        hostile_services, lab, lambda: hostile_s3.put("evil", "data/big.bin", os.urandom(13 * MiB)))
+        hostile_services, lab, lambda: hostile_s3.put("evil", "data/big.bin", os.urandom(13 * MiB))
+    )
     assert state == "failed", error
     assert f"big.bin is {13 * MiB} bytes, the listing says {12 * MiB}" in (error or ""), error
     assert _files(dest) == {"small.bin": bodies["small.bin"]}

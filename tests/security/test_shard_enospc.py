@@ -40,16 +40,17 @@ def test_resume_finishes_once_there_is_room(tmp_path: Path, small_fs: Path, work
     done_before = sorted(p.name for p in dest.glob("*.tar"))
     assert done_before  # the shards that fitted are complete and kept
     subprocess.run(["mount", "-o", "remount,size=8m", str(small_fs)], check=True)
-    result = convert_sync(ShardRequest(str(src), str(dest), shard_size=400 * KB, workers=workers,
-                                       resume=True))
+    result = convert_sync(ShardRequest(str(src), str(dest), shard_size=400 * KB, workers=workers, resume=True))
     assert set(done_before) <= set(result.resumed)
-    got = {s["__key__"]: s["jpg"] for s in wds.WebDataset(sorted(str(p) for p in dest.glob("*.tar")),
-                                                          shardshuffle=False)}
+    got = {
+        s["__key__"]: s["jpg"] for s in wds.WebDataset(sorted(str(p) for p in dest.glob("*.tar")), shardshuffle=False)
+    }
     assert got == {k: v["jpg"] for k, v in data.items()}
 
 
-def test_the_cli_prints_it_without_a_traceback(tmp_path: Path, small_fs: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_prints_it_without_a_traceback(
+    tmp_path: Path, small_fs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = tmp_path / "src"
     make_dataset(src, n=30, jpg_size=(60 * KB, 70 * KB))
     assert main(["shard", str(src), str(small_fs / "out"), "--shard-size", "300KB"]) == 2

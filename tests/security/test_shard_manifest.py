@@ -28,13 +28,24 @@ json_values = st.recursive(
 )
 
 
-@pytest.mark.parametrize("text", [
-    DEEP, '{"format": ' * 100_000 + "1" + "}" * 100_000, "[]", '"x"', "null", "1e999999",
-    '{"format": "loadmaster-shards/1", "shards": "x"}', '{"format": "loadmaster-shards/1"}',
-    '{"format": "loadmaster-shards/1", "requests": [], "source": 1, "pattern": 2, '
-    '"shard_size_target": 3, "plan_hash": 4, "shards": [1]}',
-    "9" * 5000, "\x00\x1b[2J", '{"a": "\\ud800"}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        DEEP,
+        '{"format": ' * 100_000 + "1" + "}" * 100_000,
+        "[]",
+        '"x"',
+        "null",
+        "1e999999",
+        '{"format": "loadmaster-shards/1", "shards": "x"}',
+        '{"format": "loadmaster-shards/1"}',
+        '{"format": "loadmaster-shards/1", "requests": [], "source": 1, "pattern": 2, '
+        '"shard_size_target": 3, "plan_hash": 4, "shards": [1]}',
+        "9" * 5000,
+        "\x00\x1b[2J",
+        '{"a": "\\ud800"}',
+    ],
+)
 def test_hostile_manifests_are_a_clear_refusal(text: str) -> None:
     with pytest.raises(ValueError, match=r"^out/manifest\.json: not a loadmaster shard manifest \(") as info:
         Manifest.from_json(text, where="out/manifest.json")
@@ -79,7 +90,9 @@ def test_shard_verify_on_a_hostile_manifest_is_one_line(tmp_path: Path, capsys: 
     assert "nested too deeply" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("entry", [DEEP, "[1]", '"x"', "{}", '{"name": [], "bytes": {}}', "x" * (JOURNAL_MAX_BYTES + 1)])
+@pytest.mark.parametrize(
+    "entry", [DEEP, "[1]", '"x"', "{}", '{"name": [], "bytes": {}}', "x" * (JOURNAL_MAX_BYTES + 1)]
+)
 def test_a_hostile_journal_entry_only_means_that_shard_is_redone(tmp_path: Path, entry: str) -> None:
     src, dest = tmp_path / "src", tmp_path / "out"
     make_dataset(src, n=30)

@@ -42,8 +42,11 @@ def test_a_link_out_of_the_source_is_refused_naming_it(tmp_path: Path, credentia
     make_dataset(src, n=6)
     (src / "000003.jpg").unlink()
     (src / "000003.jpg").symlink_to(credentials)
-    with pytest.raises(ShardError, match=r"000003\.jpg \(symbolic link to .*/\.aws/credentials, outside "
-                                         r"the source: refused\)"):
+    with pytest.raises(
+        ShardError,
+        match=r"000003\.jpg \(symbolic link to .*/\.aws/credentials, outside "
+        r"the source: refused\)",
+    ):
         convert_sync(ShardRequest(str(src), str(dest), shard_size=10**6))
     assert SECRET not in _shard_bytes(dest)
     # A relative link climbing out (../) is the same escape.
@@ -87,7 +90,8 @@ def test_links_within_the_source_are_data(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_file_swapped_for_a_link_after_the_listing_is_refused(
-        tmp_path: Path, credentials: Path, workers: int) -> None:
+    tmp_path: Path, credentials: Path, workers: int
+) -> None:
     """The conversion runs the plan the operator saw (``prepared``): the source is not listed
     again, so only the check on the opened file can catch the swap."""
     src, dest = tmp_path / "src", tmp_path / "out"
@@ -97,8 +101,11 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_refused(
     assert shown.ok
     (src / "000004.jpg").unlink()
     (src / "000004.jpg").symlink_to(credentials)  # same size as listed: the size check passes
-    with pytest.raises(ShardError, match=r"000004\.jpg resolves to .*/\.aws/credentials, outside the "
-                                         r"source .*: refused"):
+    with pytest.raises(
+        ShardError,
+        match=r"000004\.jpg resolves to .*/\.aws/credentials, outside the "
+        r"source .*: refused",
+    ):
         convert_sync(req, prepared=shown)
     assert SECRET not in _shard_bytes(dest)
     assert not list(dest.glob(".*.partial"))

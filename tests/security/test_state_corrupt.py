@@ -28,7 +28,8 @@ def fill(path: Path) -> None:
     db.executemany(
         "INSERT INTO jobs (id, node, kind, state, created, launched_by, launched_from, updated)"
         " VALUES (?, 'node-01', 'pull', 'succeeded', ?, 'op@host', 'cli', ?)",
-        [(f"job-{i:05d}", float(i), float(i)) for i in range(JOBS)])
+        [(f"job-{i:05d}", float(i), float(i)) for i in range(JOBS)],
+    )
     for i in range(AUDITS):
         db.record_audit("retention.apply", f"s3://bucket/run/{i}", "ok", detail={"i": i})
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -79,7 +80,8 @@ def scribble(db: Path, offset: int, data: bytes) -> None:
 
 @pytest.mark.parametrize("argv", [["audit"], ["jobs", "--local"], ["egress", "report"]])
 def test_a_truncated_database_is_one_line_for_every_command(
-        state: tuple[Path, Path], capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    state: tuple[Path, Path], capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
     cfg, db = state
     truncate(db, 0.6)
     rc, _out, err = cli(capsys, cfg, *argv)
@@ -87,8 +89,9 @@ def test_a_truncated_database_is_one_line_for_every_command(
     assert_one_line_damaged(err, db)
 
 
-def test_repair_keeps_what_a_truncated_file_still_holds(state: tuple[Path, Path],
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_repair_keeps_what_a_truncated_file_still_holds(
+    state: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg, db = state
     truncate(db, 0.6)
     damaged = db.read_bytes()
@@ -114,7 +117,8 @@ def test_repair_keeps_what_a_truncated_file_still_holds(state: tuple[Path, Path]
 
 
 def test_an_overwritten_header_is_refused_and_repair_starts_fresh(
-        state: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    state: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg, db = state
     scribble(db, 0, os.urandom(100))
     rc, _out, err = cli(capsys, cfg, "audit")
@@ -129,7 +133,8 @@ def test_an_overwritten_header_is_refused_and_repair_starts_fresh(
 
 
 def test_a_damaged_page_is_found_when_read_and_repair_keeps_the_rest(
-        state: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    state: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg, db = state
     page = sqlite3.connect(db).execute("PRAGMA page_size").fetchone()[0]
     pages = os.path.getsize(db) // page
@@ -145,7 +150,8 @@ def test_a_damaged_page_is_found_when_read_and_repair_keeps_the_rest(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.floats(0.0, 1.0), where=st.floats(0.0, 1.0), length=st.integers(0, 20_000))
 def test_any_damage_is_a_state_error_and_repair_always_recovers(
-        template: Path, tmp_path_factory: pytest.TempPathFactory, cut: float, where: float, length: int) -> None:
+    template: Path, tmp_path_factory: pytest.TempPathFactory, cut: float, where: float, length: int
+) -> None:
     db = tmp_path_factory.mktemp("fuzz") / "state.sqlite3"
     shutil.copyfile(template, db)
     size = os.path.getsize(db)
@@ -183,7 +189,9 @@ def test_a_directory_in_the_way_is_one_line(tmp_path: Path) -> None:
         StateDB(tmp_path / "state.sqlite3")
 
 
-def test_repair_of_a_healthy_database_does_nothing(state: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_repair_of_a_healthy_database_does_nothing(
+    state: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg, db = state
     rc, out, _ = cli(capsys, cfg, "state", "repair")
     assert rc == 0 and "ok, nothing to repair" in out

@@ -19,8 +19,17 @@ from tests.security.hostile_s3 import HostileS3, multipart_etag
 
 def _store(server: HostileS3, checksum: str | None = None) -> S3Store:
     kwargs = {"checksum": checksum} if checksum else {}
-    return S3Store("s3://evil", StoreProfile(url="s3://evil", endpoint_url=server.endpoint, region="us-east-1",
-                                             addressing_style="path", name="hostile", **kwargs))
+    return S3Store(
+        "s3://evil",
+        StoreProfile(
+            url="s3://evil",
+            endpoint_url=server.endpoint,
+            region="us-east-1",
+            addressing_style="path",
+            name="hostile",
+            **kwargs,
+        ),
+    )
 
 
 @pytest.fixture
@@ -38,7 +47,7 @@ async def test_default_profile_takes_a_verified_upload_with_equal_parts(hostile_
         res = await upload_dir(store, step, "run/step-10", settings=UploadSettings(part_size=5 * MiB))
     big = next(o for o in res.objects if o.key.endswith("__0_0.distcp"))
     body = (step / "__0_0.distcp").read_bytes()
-    assert big.parts == 3 and big.etag == multipart_etag([body[:5 * MiB], body[5 * MiB:10 * MiB], body[10 * MiB:]])
+    assert big.parts == 3 and big.etag == multipart_etag([body[: 5 * MiB], body[5 * MiB : 10 * MiB], body[10 * MiB :]])
     assert hostile_s3.objects[("evil", "run/step-10/__0_0.distcp")].body == body
     assert hostile_s3.rejected == []
     sent = [h for _m, _p, _q, h in hostile_s3.requests]
@@ -49,19 +58,22 @@ async def test_the_responder_really_rejects_checksums_and_unequal_parts(hostile_
     hostile_s3.reject_checksums = True
     async with _store(hostile_s3) as store:
         with pytest.raises(UploadError, match="unsupported checksum header"):  # botocore's own CRC32 asked for
-            await upload_file(store, step / "__0_0.distcp", "x/big",
-                              settings=UploadSettings(part_size=5 * MiB, sdk_checksum=True))
+            await upload_file(
+                store, step / "__0_0.distcp", "x/big", settings=UploadSettings(part_size=5 * MiB, sdk_checksum=True)
+            )
         settings = UploadSettings(part_size=5 * MiB)
         async with upload_client(store, settings) as client:
             uid = (await client.create_multipart_upload(Bucket="evil", Key="x/uneven"))["UploadId"]
             parts = []
             for n, size in enumerate((6 * MiB, 5 * MiB, 1 * MiB), start=1):
-                r = await client.upload_part(Bucket="evil", Key="x/uneven", UploadId=uid, PartNumber=n,
-                                             Body=b"u" * size)
+                r = await client.upload_part(
+                    Bucket="evil", Key="x/uneven", UploadId=uid, PartNumber=n, Body=b"u" * size
+                )
                 parts.append({"PartNumber": n, "ETag": r["ETag"]})
             with pytest.raises(Exception, match="same length"):
-                await client.complete_multipart_upload(Bucket="evil", Key="x/uneven", UploadId=uid,
-                                                       MultipartUpload={"Parts": parts})
+                await client.complete_multipart_upload(
+                    Bucket="evil", Key="x/uneven", UploadId=uid, MultipartUpload={"Parts": parts}
+                )
 
 
 async def test_delete_objects_errors_are_parsed_from_the_wire_and_reported(hostile_s3: HostileS3) -> None:

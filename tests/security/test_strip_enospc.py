@@ -11,8 +11,7 @@ from tests.checkpoints.conftest import save_dcp, trained
 from tui.cli import main
 
 
-def test_strip_onto_a_full_disk_is_one_line(small_fs: Path, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_strip_onto_a_full_disk_is_one_line(small_fs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     save_dcp(run / "step-10", *trained())
     (small_fs / "filler").write_bytes(b"\0" * (1024 * 1024 - 16 * 1024))  # leave 16 KiB free

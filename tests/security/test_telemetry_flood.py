@@ -29,8 +29,9 @@ from backend.telemetry.settings import TelemetrySettings
 
 #: nvidia-smi stand-ins: 200 MB on one line; 200 MB of plausible CSV lines; escape sequences.
 FLOOD_ONE_LINE = "#!/bin/sh\nhead -c 200000000 /dev/zero | tr '\\0' x\n"
-FLOOD_LINES = ("#!/bin/sh\nyes '0, GPU-0000, NVIDIA H100 80GB HBM3, 97, 48, 70000, 81559, 71, 640.0, 700.0'"
-               " | head -c 200000000\n")
+FLOOD_LINES = (
+    "#!/bin/sh\nyes '0, GPU-0000, NVIDIA H100 80GB HBM3, 97, 48, 70000, 81559, 71, 640.0, 700.0' | head -c 200000000\n"
+)
 HOSTILE_NAME = "\x1b]0;owned\x07\x1b[2J\x1b[31mNVIDIA H100\x1b[0m\u202e"
 ESCAPES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]")
 
@@ -38,10 +39,12 @@ ESCAPES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]")
 #: VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child forked
 #: from a big pytest process (torch and DeepSpeed loaded by earlier tests) reported the parent's
 #: 800-900 MB as its own. VmHWM belongs to the child's own address space.
-RSS_PROBE = ("import re, sys\nfrom tui.cli import main\nrc = main(sys.argv[1:])\n"
-             "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
-             "sys.stderr.write(f'\\nmaxrss_kib={hwm}\\n')\n"
-             "sys.exit(rc)\n")
+RSS_PROBE = (
+    "import re, sys\nfrom tui.cli import main\nrc = main(sys.argv[1:])\n"
+    "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+    "sys.stderr.write(f'\\nmaxrss_kib={hwm}\\n')\n"
+    "sys.exit(rc)\n"
+)
 #: The command's peak RSS without a flood is ~100 MB; the unbounded reader used > 1 GB.
 RSS_BOUND_KIB = 400 * 1024
 
@@ -51,11 +54,17 @@ def flood_lab() -> Iterator[Lab]:
     """Three real sshd nodes: node-01 floods one line, node-02 floods lines, node-03 is healthy
     but names its GPUs with escape sequences."""
     root = Path(tempfile.mkdtemp(prefix="lm-flood-lab-"))
-    lab = Lab(root, nodes=3, with_s3=False, first_ip=90, options={
-        "node-01": LabNodeOptions(nvidia_smi=False),
-        "node-02": LabNodeOptions(nvidia_smi=False),
-        "node-03": LabNodeOptions(gpus=2, extra={"model": HOSTILE_NAME}),
-    }).up()
+    lab = Lab(
+        root,
+        nodes=3,
+        with_s3=False,
+        first_ip=90,
+        options={
+            "node-01": LabNodeOptions(nvidia_smi=False),
+            "node-02": LabNodeOptions(nvidia_smi=False),
+            "node-03": LabNodeOptions(gpus=2, extra={"model": HOSTILE_NAME}),
+        },
+    ).up()
     try:
         for name, script in (("node-01", FLOOD_ONE_LINE), ("node-02", FLOOD_LINES)):
             smi = lab.node(name).bin_dir / "nvidia-smi"
@@ -71,9 +80,14 @@ def flood_lab() -> Iterator[Lab]:
 
 def run_cli(config: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], int]:
     env = {**os.environ, "LOADMASTER_SSH_PERSIST": "0"}
-    res = subprocess.run([sys.executable, "-c", RSS_PROBE, "--config", str(config), *argv],
-                         capture_output=True, text=True, env=env, timeout=240,
-                         cwd=str(Path(__file__).resolve().parents[2]))
+    res = subprocess.run(
+        [sys.executable, "-c", RSS_PROBE, "--config", str(config), *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
     rss = int(re.findall(r"maxrss_kib=(\d+)", res.stderr)[-1])
     return res, rss
 
@@ -140,26 +154,31 @@ async def _hub_errors(tmp_path: Path, script: str) -> str | None:
 
 
 async def test_a_block_flooded_with_lines_is_dropped_and_reported(tmp_path: Path) -> None:
-    script = (f"while :; do echo {BEGIN}; yes '@@netdev' | head -n {MAX_BLOCK_LINES + 5000}; "
-              f"echo {END}; sleep 0.2; done")
+    script = f"while :; do echo {BEGIN}; yes '@@netdev' | head -n {MAX_BLOCK_LINES + 5000}; echo {END}; sleep 0.2; done"
     error = await _hub_errors(tmp_path, script)
     assert error == "malformed sample: more than 20,000 lines or 4 MiB in one block; dropped"
 
 
 async def test_a_line_flood_outside_the_sampler_is_cut_by_the_transport(tmp_path: Path) -> None:
     # No node-side cut here: the transport's own line limit is what bounds it.
-    script = (f"while :; do echo {BEGIN}; echo '@@gpu'; head -c 30000000 /dev/zero | tr '\\0' 7; echo; "
-              f"echo '@@gpu-rc 0'; echo {END}; sleep 0.2; done")
+    script = (
+        f"while :; do echo {BEGIN}; echo '@@gpu'; head -c 30000000 /dev/zero | tr '\\0' 7; echo; "
+        f"echo '@@gpu-rc 0'; echo {END}; sleep 0.2; done"
+    )
     error = await _hub_errors(tmp_path, script)
     assert error == "malformed sample: nvidia-smi printed a line over 64 KiB"
 
 
-@pytest.mark.parametrize("output", [
-    "\x1b]0;owned\x07\x1b[2JNVIDIA-SMI has failed \x1b[31mbecause it could not talk\x1b[0m",
-    "\x9b31mNo devices\x07 \u202eyug",
-])
-def test_escape_sequences_from_nvidia_smi_never_reach_the_table(tmp_path: Path, output: str,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "output",
+    [
+        "\x1b]0;owned\x07\x1b[2JNVIDIA-SMI has failed \x1b[31mbecause it could not talk\x1b[0m",
+        "\x9b31mNo devices\x07 \u202eyug",
+    ],
+)
+def test_escape_sequences_from_nvidia_smi_never_reach_the_table(
+    tmp_path: Path, output: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tui.cli import main
 
     smi = tmp_path / "nvidia-smi"
@@ -167,8 +186,10 @@ def test_escape_sequences_from_nvidia_smi_never_reach_the_table(tmp_path: Path, 
     smi.chmod(0o755)
     (tmp_path / "scratch").mkdir()
     cfg = tmp_path / "lm.toml"
-    cfg.write_text(f'[[nodes]]\nname = "here"\ntransport = "local"\nscratch = "{tmp_path / "scratch"}"\n\n'
-                   f'[telemetry]\ninterval = 0.2\nnvidia_smi = "{smi}"\n')
+    cfg.write_text(
+        f'[[nodes]]\nname = "here"\ntransport = "local"\nscratch = "{tmp_path / "scratch"}"\n\n'
+        f'[telemetry]\ninterval = 0.2\nnvidia_smi = "{smi}"\n'
+    )
     assert main(["--config", str(cfg), "top", "--once"]) == 0
     out = capsys.readouterr().out
     assert not ESCAPES.search(out)
@@ -181,7 +202,6 @@ def _sh_quote(text: str) -> str:
     return shlex.quote(text)
 
 
-
 def _strings(raw: Any) -> list[str]:
     """Every text a RawSample keeps (what can reach a screen)."""
     out = [raw.gpu_status, raw.boot_id or "", raw.scratch_error or "", *raw.malformed]
@@ -191,8 +211,18 @@ def _strings(raw: Any) -> list[str]:
     return out
 
 
-_SECTIONS = ["@@uptime 12.5 3", "@@boot x", "@@gpu", "@@gpu-rc 0", "@@netdev", "@@nic", "@@diskstats",
-             "@@block", "@@df", "@@df-rc 0"]
+_SECTIONS = [
+    "@@uptime 12.5 3",
+    "@@boot x",
+    "@@gpu",
+    "@@gpu-rc 0",
+    "@@netdev",
+    "@@nic",
+    "@@diskstats",
+    "@@block",
+    "@@df",
+    "@@df-rc 0",
+]
 
 
 @settings(max_examples=400, deadline=None)

@@ -66,8 +66,11 @@ async def _ids(store: S3Store) -> set[str]:
     return {uid for _k, uid, _t in await list_multipart(store)}
 
 
-async def test_finished_failed_and_cancelled_uploads_abort_only_their_own(s3, store: S3Store,  # type: ignore[no-untyped-def]
-                                                                         step: Path) -> None:
+async def test_finished_failed_and_cancelled_uploads_abort_only_their_own(
+    s3,
+    store: S3Store,  # type: ignore[no-untyped-def]
+    step: Path,
+) -> None:
     theirs = _foreign(s3, store, ["run/step-10/theirs.bin", "another-run/step-5/x.distcp"])
     async with store:
         res = await upload_dir(store, step, "run/step-10", settings=SMALL)
@@ -81,13 +84,23 @@ async def test_finished_failed_and_cancelled_uploads_abort_only_their_own(s3, st
             await upload_dir(store, step, "run/step-11", settings=SMALL, fault=broken)
         seen: list[int] = []
         with pytest.raises(UploadCancelled):
-            await upload_dir(store, step, "run/step-12", settings=SMALL,
-                             fault=lambda k, p, a, d: seen.append(p) or d, cancelled=lambda: len(seen) >= 1)
+            await upload_dir(
+                store,
+                step,
+                "run/step-12",
+                settings=SMALL,
+                fault=lambda k, p, a, d: seen.append(p) or d,
+                cancelled=lambda: len(seen) >= 1,
+            )
         assert await _ids(store) == theirs
 
 
-async def test_a_killed_jobs_cleanup_aborts_its_own_not_the_buckets(s3, lab: Lab, step: Path,  # type: ignore[no-untyped-def]
-                                                                    tmp_path: Path) -> None:
+async def test_a_killed_jobs_cleanup_aborts_its_own_not_the_buckets(
+    s3,
+    lab: Lab,
+    step: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     # The store is the bucket root and the prefix empty: the old sweep aborted every upload in it.
     store = lab_bucket_store(lab, s3, "root")
     theirs = _foreign(s3, store, ["theirs.bin", "deep/down/other.bin"])
@@ -98,25 +111,38 @@ async def test_a_killed_jobs_cleanup_aborts_its_own_not_the_buckets(s3, lab: Lab
         mine = await _ids(store) - theirs
         assert len(mine) == 1
     logs: list[str] = []
-    ctx = JobContext(job_id="j", kind="upload", params=upload_params(str(step), store, ""), job_dir=job_dir,
-                     on_log=logs.append, secrets={"AWS_ACCESS_KEY_ID": s3.access_key,
-                                                  "AWS_SECRET_ACCESS_KEY": s3.secret_key})
+    ctx = JobContext(
+        job_id="j",
+        kind="upload",
+        params=upload_params(str(step), store, ""),
+        job_dir=job_dir,
+        on_log=logs.append,
+        secrets={"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
+    )
     await asyncio.to_thread(cleanup, ctx)
     assert any(f"aborted 1 multipart upload(s) this job had started: {mine.pop()}" in m for m in logs), logs
     async with store:
         assert await _ids(store) == theirs
     # Without credentials the cleanup says what it could not do (never a traceback, never a guess).
     logs.clear()
-    (job_dir / JOURNAL_FILE).write_text(json.dumps({"op": "start", "bucket": store.bucket, "key": "k",
-                                                    "upload_id": "left-open"}) + "\n")
-    ctx = JobContext(job_id="j", kind="upload", params=upload_params(str(step), store, ""), job_dir=job_dir,
-                     on_log=logs.append, secrets={})
+    (job_dir / JOURNAL_FILE).write_text(
+        json.dumps({"op": "start", "bucket": store.bucket, "key": "k", "upload_id": "left-open"}) + "\n"
+    )
+    ctx = JobContext(
+        job_id="j",
+        kind="upload",
+        params=upload_params(str(step), store, ""),
+        job_dir=job_dir,
+        on_log=logs.append,
+        secrets={},
+    )
     await asyncio.to_thread(cleanup, ctx)
     assert any("no credentials reached the cleanup; ids: left-open" in m for m in logs), logs
 
 
-async def test_a_lost_upload_job_is_cleaned_up_with_its_credentials(lab: Lab, hostile_s3: HostileS3,
-                                                                   hostile_services: Services, step: Path) -> None:
+async def test_a_lost_upload_job_is_cleaned_up_with_its_credentials(
+    lab: Lab, hostile_s3: HostileS3, hostile_services: Services, step: Path
+) -> None:
     """A real upload job on a lab node, its runner SIGKILLed while a part is in flight."""
     hostile_s3.uploads.clear()
     theirs = "their-upload-id"

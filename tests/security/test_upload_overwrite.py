@@ -62,8 +62,9 @@ async def test_an_existing_step_is_refused_unless_overwrite(store: S3Store, tmp_
         assert await store.get_bytes("run/step-10/.metadata") == b"meta-B"
 
 
-async def test_a_node_job_is_refused_before_launch_and_rechecked_on_the_node(lab: Lab, store: S3Store,
-                                                                            s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_node_job_is_refused_before_launch_and_rechecked_on_the_node(
+    lab: Lab, store: S3Store, s3, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     step = _step(tmp_path / "step-20", b"C")
     svc = Services(config=load_config_file(write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state")))
     try:
@@ -75,16 +76,19 @@ async def test_a_node_job_is_refused_before_launch_and_rechecked_on_the_node(lab
             # The destination filled up after the launch: the job itself refuses on the node.
             params = upload_params(str(step), store, "run/step-21", settings=SMALL)
             await store.put_bytes("run/step-21/other", b"x")
-            ctx = JobContext.in_process("upload", params, secrets={"AWS_ACCESS_KEY_ID": s3.access_key,
-                                                                   "AWS_SECRET_ACCESS_KEY": s3.secret_key})
+            ctx = JobContext.in_process(
+                "upload", params, secrets={"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}
+            )
             with pytest.raises(UploadError, match="already holds 1 object"):
                 await asyncio.to_thread(run_upload_job, ctx)
             assert await store.get_bytes("run/step-21/other") == b"x"
             assert await store.stat("run/step-21/.metadata") is None
             # With overwrite the job goes through.
-            ctx = JobContext.in_process("upload", {**params, "overwrite": True},
-                                        secrets={"AWS_ACCESS_KEY_ID": s3.access_key,
-                                                 "AWS_SECRET_ACCESS_KEY": s3.secret_key})
+            ctx = JobContext.in_process(
+                "upload",
+                {**params, "overwrite": True},
+                secrets={"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
+            )
             result = await asyncio.to_thread(run_upload_job, ctx)
             assert result["overwrote"] == 1
     finally:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 
-def make_dataset(root: Path, n: int = 60, *, seed: int = 1, jpg_size: tuple[int, int] = (300, 3000),
-                 sub: str = "") -> dict[str, dict[str, bytes]]:
+def make_dataset(
+    root: Path, n: int = 60, *, seed: int = 1, jpg_size: tuple[int, int] = (300, 3000), sub: str = ""
+) -> dict[str, dict[str, bytes]]:
     """Write ``n`` jpg+json samples (random bytes) under ``root``; returns key -> ext -> bytes."""
     rng = random.Random(seed)
     base = root / sub if sub else root

@@ -113,8 +113,9 @@ def test_files_without_partner_are_reported_with_count_and_examples(
     manifest = json.loads((dest / MANIFEST_NAME).read_text())
     assert manifest["input_problems"]["incomplete"]["count"] == 2
     assert manifest["input_problems"]["unkeyed"]["examples"] == ["README"]
-    rc, out, _ = run(capsys, "shard", str(src), str(tmp_path / "keep"), "--shard-size", "16KB",
-                     "--incomplete", "keep", "--json")
+    rc, out, _ = run(
+        capsys, "shard", str(src), str(tmp_path / "keep"), "--shard-size", "16KB", "--incomplete", "keep", "--json"
+    )
     assert rc == 0 and json.loads(out)["samples"] == 20
 
 

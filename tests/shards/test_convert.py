@@ -39,10 +39,17 @@ def digests(dest: Path) -> dict[str, str]:
     return {Path(p).name: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in shard_paths(dest)}
 
 
-@pytest.mark.parametrize("name,size", [
-    ("000001.jpg", 0), ("a/b/000001.jpg", 51_234), ("x" * 100, 7), ("é" * 20 + ".json", 3),
-    ("d/" * 70 + "k.jpg", 5), ("z" * 300 + ".seg.png", 9),
-])
+@pytest.mark.parametrize(
+    "name,size",
+    [
+        ("000001.jpg", 0),
+        ("a/b/000001.jpg", 51_234),
+        ("x" * 100, 7),
+        ("é" * 20 + ".json", 3),
+        ("d/" * 70 + "k.jpg", 5),
+        ("z" * 300 + ".seg.png", 9),
+    ],
+)
 def test_fast_header_is_what_tarfile_writes(name: str, size: int) -> None:
     assert tarfmt.header(name, size) == tarfmt.slow_header(name, size)
     assert tarfmt.member_bytes(name, size) == len(tarfmt.slow_header(name, size)) + size + (-size % 512)
@@ -51,8 +58,21 @@ def test_fast_header_is_what_tarfile_writes(name: str, size: int) -> None:
 def test_keys_split_as_webdataset_does() -> None:
     from webdataset.tariterators import base_plus_ext
 
-    for path in ["000123.jpg", "a/000123.seg.png", "v1.0/x.tar.gz", "noext", ".hidden", "d/.h.json",
-                 "a.b/c", "dir/file.JSON", "a.", "x/.", "a\nb.c", "/abs.x", "k..j"]:
+    for path in [
+        "000123.jpg",
+        "a/000123.seg.png",
+        "v1.0/x.tar.gz",
+        "noext",
+        ".hidden",
+        "d/.h.json",
+        "a.b/c",
+        "dir/file.JSON",
+        "a.",
+        "x/.",
+        "a\nb.c",
+        "/abs.x",
+        "k..j",
+    ]:
         got = split_key(path)
         want = base_plus_ext(path)
         assert got == want, path
@@ -140,7 +160,9 @@ def test_byte_identical_twice_and_seeded_shuffle(dataset: tuple[Path, dict], tmp
 def test_plan_hash_is_stable_across_versions() -> None:
     # Resume compares this hash with the one a journal recorded, possibly by an older loadmaster:
     # faster planning must not change it (values from the per-file-update implementation).
-    files = [SourceFile(f"d/{i:05d}.{e}", 1000 + 37 * i + len(e)) for i in range(500) for e in ("jpg", "json", "seg.png")]
+    files = [
+        SourceFile(f"d/{i:05d}.{e}", 1000 + 37 * i + len(e)) for i in range(500) for e in ("jpg", "json", "seg.png")
+    ]
     samples, _ = group_samples(files)
     plain = plan_shards(samples, shard_size=100_000, pattern="shard-%06d.tar")
     shuffled = plan_shards(samples, shard_size=100_000, pattern="shard-%06d.tar", seed=5)
@@ -199,8 +221,11 @@ def test_cancel_keeps_completed_shards_and_resume_finishes(dataset: tuple[Path, 
         done[0] = p.shards_done
 
     with pytest.raises(ShardCancelled):
-        convert_sync(ShardRequest(str(src), str(dest), shard_size=8 * KB), on_progress=on_progress,
-                     cancelled=lambda: done[0] >= 2)
+        convert_sync(
+            ShardRequest(str(src), str(dest), shard_size=8 * KB),
+            on_progress=on_progress,
+            cancelled=lambda: done[0] >= 2,
+        )
     assert not (dest / MANIFEST_NAME).exists()
     assert not list(dest.glob(".*.partial"))
     kept = shard_paths(dest)
@@ -242,8 +267,9 @@ def test_get_price_comes_from_the_price_table_with_overrides() -> None:
     from backend.shards.manifest import DEFAULT_GET_PER_1000, get_price
 
     r2 = StoreProfile(url="s3://b", provider="r2", region="auto")
-    config = parse_config({"nodes": [{"name": "n", "transport": "local"}],
-                           "prices": {"providers": {"r2": {"get_per_1000": 0.00036}}}})
+    config = parse_config(
+        {"nodes": [{"name": "n", "transport": "local"}], "prices": {"providers": {"r2": {"get_per_1000": 0.00036}}}}
+    )
     assert get_price(config, r2) == (0.00036, "Cloudflare R2 GET price")
     local = StoreProfile(url="/data", provider="local")
     assert get_price(None, local, None) == (DEFAULT_GET_PER_1000, "S3 Standard GET price")

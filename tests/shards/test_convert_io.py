@@ -38,8 +38,23 @@ def tarfile_shard(members: list[tuple[str, bytes]]) -> bytes:
 
 def odd_sized_source(src: Path) -> dict[str, dict[str, bytes]]:
     """Members around and above the buffer size, empty ones, and block-aligned ones."""
-    sizes = [0, 1, 511, 512, 513, 70_000, CHUNK_BYTES - 512, CHUNK_BYTES, CHUNK_BYTES + 1,
-             2 * CHUNK_BYTES + 777, 5, 1024, 3 * CHUNK_BYTES, 4096, 333]
+    sizes = [
+        0,
+        1,
+        511,
+        512,
+        513,
+        70_000,
+        CHUNK_BYTES - 512,
+        CHUNK_BYTES,
+        CHUNK_BYTES + 1,
+        2 * CHUNK_BYTES + 777,
+        5,
+        1024,
+        3 * CHUNK_BYTES,
+        4096,
+        333,
+    ]
     src.mkdir()
     data: dict[str, dict[str, bytes]] = {}
     for i, size in enumerate(sizes):
@@ -76,9 +91,15 @@ def _prepared(src: Path, dest: Path, workers: int) -> tuple[ShardRequest, object
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("size,change", [
-    (3000, "grow"), (3000, "shrink"), (3 * CHUNK_BYTES + 5, "grow"), (3 * CHUNK_BYTES + 5, "shrink"),
-])
+@pytest.mark.parametrize(
+    "size,change",
+    [
+        (3000, "grow"),
+        (3000, "shrink"),
+        (3 * CHUNK_BYTES + 5, "grow"),
+        (3 * CHUNK_BYTES + 5, "shrink"),
+    ],
+)
 def test_a_file_changed_after_listing_is_refused(tmp_path: Path, workers: int, size: int, change: str) -> None:
     src, dest = tmp_path / "src", tmp_path / "out"
     src.mkdir()
@@ -154,7 +175,9 @@ def test_reader_threads_start_only_when_reads_sleep(tmp_path: Path, monkeypatch:
 
 @pytest.mark.parametrize("workers", [0, 4])
 def test_a_failed_write_stops_the_conversion_and_resume_finishes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
 ) -> None:
     import errno
     import os
@@ -174,8 +197,11 @@ def test_a_failed_write_stops_the_conversion_and_resume_finishes(
 
     monkeypatch.setattr(sinks.os, "pwritev", full_disk)
     # One line naming the shard being written and what to do (ShardError: printed, no traceback).
-    with pytest.raises(ShardError, match=r"cannot write .*/out/\.shard-\d+\.tar\.partial: No space left "
-                                         r"on device: free space there, then rerun with --resume"):
+    with pytest.raises(
+        ShardError,
+        match=r"cannot write .*/out/\.shard-\d+\.tar\.partial: No space left "
+        r"on device: free space there, then rerun with --resume",
+    ):
         convert_sync(ShardRequest(str(src), str(dest), shard_size=3 * MB, workers=workers))
     # Nothing is written after the failure (the writer thread may have started one more write
     # while the output thread's failure was on its way: that one fails too).
@@ -192,7 +218,9 @@ def test_a_failed_write_stops_the_conversion_and_resume_finishes(
 
 @pytest.mark.parametrize("backlog", [0, 5])
 def test_writes_by_either_thread_give_the_same_shards(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backlog: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    backlog: int,
 ) -> None:
     from backend.shards import sinks
 

@@ -28,9 +28,21 @@ async def test_shard_job_on_a_node_from_s3(lab: Any, s3: Any, tmp_path: Path) ->
     dest = lab.node("node-01").scratch / f"shards-{prefix}"
     svc = Services(config=config)
     try:
-        rc = await _cli(svc, ["--config", str(tmp_path / "loadmaster.toml"), "shard",
-                              f"s3://{lab.bucket}/{prefix}", str(dest), "--shard-size", "4KB",
-                              "--node", "node-01", "--json"])
+        rc = await _cli(
+            svc,
+            [
+                "--config",
+                str(tmp_path / "loadmaster.toml"),
+                "shard",
+                f"s3://{lab.bucket}/{prefix}",
+                str(dest),
+                "--shard-size",
+                "4KB",
+                "--node",
+                "node-01",
+                "--json",
+            ],
+        )
         assert rc["rc"] == 0, rc
         job_id = json.loads(rc["out"])["job"]
         final = await svc.jobs.wait(job_id, timeout=180)
@@ -76,8 +88,21 @@ async def test_node_job_from_node_files_to_s3_spools_on_scratch(lab: Any, s3: An
     dest = f"s3://{lab.bucket}/shards-{secrets.token_hex(3)}"
     svc = Services(config=config)
     try:
-        rc = await _cli(svc, ["--config", str(tmp_path / "loadmaster.toml"), "shard", str(src), dest,
-                              "--shard-size", "8KB", "--node", "node-02", "--json"])
+        rc = await _cli(
+            svc,
+            [
+                "--config",
+                str(tmp_path / "loadmaster.toml"),
+                "shard",
+                str(src),
+                dest,
+                "--shard-size",
+                "8KB",
+                "--node",
+                "node-02",
+                "--json",
+            ],
+        )
         assert rc["rc"] == 0, rc
         final = await svc.jobs.wait(json.loads(rc["out"])["job"], timeout=180)
         assert final.state == "succeeded", final.error

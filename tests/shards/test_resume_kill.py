@@ -50,8 +50,9 @@ def test_killed_conversion_resumes_to_the_same_shards(tmp_path: Path, capsys: py
     dest = tmp_path / "out"
     journal = dest / JOURNAL_PREFIX
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(src), str(dest), str(size)], env=env,
-                             stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(src), str(dest), str(size)], env=env, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -78,5 +79,7 @@ def test_killed_conversion_resumes_to_the_same_shards(tmp_path: Path, capsys: py
     assert result["written"] == total - result["resumed"]
     assert digests(dest) == digests(reference)
     assert not list(dest.glob(".*.partial"))
-    assert json.loads((dest / MANIFEST_NAME).read_text())["shards"] == json.loads(
-        (reference / MANIFEST_NAME).read_text())["shards"]
+    assert (
+        json.loads((dest / MANIFEST_NAME).read_text())["shards"]
+        == json.loads((reference / MANIFEST_NAME).read_text())["shards"]
+    )

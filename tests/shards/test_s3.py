@@ -45,8 +45,14 @@ def test_s3_to_s3_round_trip_and_verify(lab: Any, s3: Any, tmp_path: Path) -> No
     base = lab.config.stores["lab"]
     sprof = dataclasses.replace(base, url=f"s3://{src_bucket}")
     dprof = dataclasses.replace(base, url=f"s3://{dest_bucket}")
-    req = ShardRequest(f"s3://{src_bucket}/raw", f"s3://{dest_bucket}/shards", shard_size=64_000,
-                       fetch_concurrency=8, pending_uploads=1, spool_dir=str(tmp_path / "spool"))
+    req = ShardRequest(
+        f"s3://{src_bucket}/raw",
+        f"s3://{dest_bucket}/shards",
+        shard_size=64_000,
+        fetch_concurrency=8,
+        pending_uploads=1,
+        spool_dir=str(tmp_path / "spool"),
+    )
 
     pv = asyncio.run(preview(req, src_profile=sprof, dest_profile=dprof))
     assert (pv.files, pv.samples) == (1040, 520) and pv.ok
@@ -86,12 +92,12 @@ def test_s3_to_s3_round_trip_and_verify(lab: Any, s3: Any, tmp_path: Path) -> No
     from backend.storage.multipart import MultipartJournal
 
     killed = client.create_multipart_upload(Bucket=dest_bucket, Key=f"shards/{names[-1]}")["UploadId"]
-    MultipartJournal.for_destination(f"s3://{dest_bucket}/shards").started(dest_bucket, f"shards/{names[-1]}",
-                                                                            killed)
+    MultipartJournal.for_destination(f"s3://{dest_bucket}/shards").started(dest_bucket, f"shards/{names[-1]}", killed)
     theirs = client.create_multipart_upload(Bucket=dest_bucket, Key=f"shards/{names[0]}")["UploadId"]
     logs: list[str] = []
-    again = asyncio.run(convert(dataclasses.replace(req, resume=True), src_profile=sprof, dest_profile=dprof,
-                                on_log=logs.append))
+    again = asyncio.run(
+        convert(dataclasses.replace(req, resume=True), src_profile=sprof, dest_profile=dprof, on_log=logs.append)
+    )
     assert again.written == () and len(again.resumed) == len(names)
     left = client.list_multipart_uploads(Bucket=dest_bucket, Prefix="shards/").get("Uploads", [])
     assert [u["UploadId"] for u in left] == [theirs]
@@ -130,7 +136,6 @@ def test_large_shard_goes_up_in_several_parts(lab: Any, s3: Any, tmp_path: Path)
     assert head["ETag"].strip('"').endswith("-3") and head["ContentLength"] == entry.bytes
     report = asyncio.run(verify(f"s3://{bucket}/big", profile=prof))
     assert report.ok and report.samples == len(data)
-
 
 
 def test_closing_the_sink_aborts_an_upload_in_flight(lab: Any, s3: Any, tmp_path: Path) -> None:

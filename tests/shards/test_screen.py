@@ -142,8 +142,9 @@ async def test_a_node_job_started_from_the_form_is_followed_to_its_manifest(lab:
             await settle(pilot, lambda: not start.disabled)
             assert "is read on node-02" in str(screen.query_one("#shards-errors", Static).render())
             await pilot.click("#shards-start")
-            await wait_until(pilot, lambda: any(c.state != "running" for c in screen.conversions.values()),
-                             rounds=1800, delay=0.1)
+            await wait_until(
+                pilot, lambda: any(c.state != "running" for c in screen.conversions.values()), rounds=1800, delay=0.1
+            )
             (conv,) = screen.conversions.values()
             assert conv.state == "succeeded", conv.detail
             assert conv.job_id and conv.where == "node-02" and conv.detail == f"job {conv.job_id}"

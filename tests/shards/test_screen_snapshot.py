@@ -19,8 +19,9 @@ from tui.screens.shards import ShardsScreen
 
 
 @pytest.mark.parametrize("theme", ["loadmaster-dark", "loadmaster-light"], ids=["dark", "light"])
-def test_shards_screen_with_preview(snap_compare: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    theme: str) -> None:
+def test_shards_screen_with_preview(
+    snap_compare: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, theme: str
+) -> None:
     monkeypatch.chdir(tmp_path)  # relative paths keep the picture the same on every machine
     make_dataset(tmp_path / "images", n=24, seed=9)
 

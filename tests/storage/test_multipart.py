@@ -38,8 +38,9 @@ def big(tmp_path: Path) -> Path:
     return f
 
 
-async def upload_seeing_headers(store: S3Store, path: Path, key: str,
-                                settings: UploadSettings) -> tuple[multipart.UploadedObject, list[dict[str, str]]]:
+async def upload_seeing_headers(
+    store: S3Store, path: Path, key: str, settings: UploadSettings
+) -> tuple[multipart.UploadedObject, list[dict[str, str]]]:
     seen: list[dict[str, str]] = []
 
     def spy(request: Any, **_: Any) -> None:
@@ -78,7 +79,9 @@ async def test_when_required_profile_never_gets_crc32(store: S3Store, big: Path)
     assert store.profile is not None
     r2ish = S3Store(store.url, dataclasses.replace(store.profile, checksum="when_required"))
     async with r2ish:
-        _, seen = await upload_seeing_headers(r2ish, big, "c/big.bin", UploadSettings(part_size=PART, sdk_checksum=True))
+        _, seen = await upload_seeing_headers(
+            r2ish, big, "c/big.bin", UploadSettings(part_size=PART, sdk_checksum=True)
+        )
         assert seen and all(not [k for k in h if k.startswith("x-amz-checksum-")] for h in seen)
 
 
@@ -96,8 +99,14 @@ async def test_part_buffers_are_reused(store: S3Store, big: Path, monkeypatch: p
     async with store:
         async with upload_client(store, UploadSettings()) as client:
             for i in range(2):
-                await upload_file(store, big, f"d/{i}.bin", settings=UploadSettings(part_size=PART, concurrency=2),
-                                  parts_sem=sem, client=client)
+                await upload_file(
+                    store,
+                    big,
+                    f"d/{i}.bin",
+                    settings=UploadSettings(part_size=PART, concurrency=2),
+                    parts_sem=sem,
+                    client=client,
+                )
     assert len(taken) == 8 and len(set(taken)) <= 2  # 8 parts through at most 2 buffers
     assert len(multipart._BUFFERS[sem]) <= 2
 
@@ -108,7 +117,7 @@ def test_read_part_hashes_what_it_read_and_rejects_short_files(tmp_path: Path) -
     f.write_bytes(data)
     buf = bytearray(2 * MiB)
     digest = multipart._read_part(f, MiB, memoryview(buf))
-    assert bytes(buf) == data[MiB:3 * MiB] and digest == hashlib.md5(data[MiB:3 * MiB]).digest()
+    assert bytes(buf) == data[MiB : 3 * MiB] and digest == hashlib.md5(data[MiB : 3 * MiB]).digest()
     with pytest.raises(UploadError, match="short read"):
         multipart._read_part(f, 2 * MiB, memoryview(buf))  # only 1 MiB + 7 left
 

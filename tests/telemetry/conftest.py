@@ -14,10 +14,19 @@ def read(name: str) -> str:
     return (DATA / name).read_text()
 
 
-def make_block(*, gpu: str | None = None, gpu_rc: str = "0", netdev: str | None = None,
-               nic: str | None = None, diskstats: str | None = None, block: str | None = None,
-               df: str | None = None, df_rc: str = "0", uptime: float | None = 1000.0,
-               boot: str | None = "b0a7c1d2-0000-4000-8000-000000000001") -> str:
+def make_block(
+    *,
+    gpu: str | None = None,
+    gpu_rc: str = "0",
+    netdev: str | None = None,
+    nic: str | None = None,
+    diskstats: str | None = None,
+    block: str | None = None,
+    df: str | None = None,
+    df_rc: str = "0",
+    uptime: float | None = 1000.0,
+    boot: str | None = "b0a7c1d2-0000-4000-8000-000000000001",
+) -> str:
     """A sampler block as the node's sh loop prints it (sections in the script's order)."""
     out: list[str] = []
     if uptime is not None:
@@ -54,9 +63,12 @@ def block() -> Callable[..., str]:
 def full_block(**overrides: object) -> str:
     """A complete block of the recorded 8x H100 node."""
     parts: dict[str, object] = {
-        "gpu": read("h100_8x.csv"), "netdev": read("proc_net_dev.txt"),
-        "nic": read("nic_info.txt"), "diskstats": read("diskstats.txt"),
-        "block": read("block.txt"), "df": read("df.txt"),
+        "gpu": read("h100_8x.csv"),
+        "netdev": read("proc_net_dev.txt"),
+        "nic": read("nic_info.txt"),
+        "diskstats": read("diskstats.txt"),
+        "block": read("block.txt"),
+        "df": read("df.txt"),
     }
     parts.update(overrides)
     return make_block(**parts)  # type: ignore[arg-type]

@@ -55,11 +55,14 @@ def test_top_json_one_object_per_tick(config, capsys):
     assert any(n["kind"] == "loopback" for n in node["nics"])
 
 
-@pytest.mark.parametrize(("argv", "needle"), [
-    (["--interval", "0.05"], "--interval: interval must be between 0.2 and 60"),
-    (["--nodes", "nope-*"], "no node matches 'nope-*'"),
-    (["--count", "0"], "--count: must be at least 1"),
-])
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--interval", "0.05"], "--interval: interval must be between 0.2 and 60"),
+        (["--nodes", "nope-*"], "no node matches 'nope-*'"),
+        (["--count", "0"], "--count: must be at least 1"),
+    ],
+)
 def test_top_bad_input_is_one_clear_line(config, capsys, argv, needle):
     assert main(["--config", str(config), "top", *argv]) == 2
     err = capsys.readouterr().err

@@ -17,8 +17,12 @@ QUERY = [f"--query-gpu={GPU_FIELDS}", "--format=csv,noheader,nounits"]
 
 
 def smi(scenario: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), "--scenario", str(scenario), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--scenario", str(scenario), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_query_training(tmp_path):
@@ -34,8 +38,7 @@ def test_query_training(tmp_path):
 
 
 def test_starved_and_not_supported_power(tmp_path):
-    sc = write_scenario(tmp_path / "s.json", gpus=2, pattern="starved", power="not_supported",
-                        fixed_t=3.0)
+    sc = write_scenario(tmp_path / "s.json", gpus=2, pattern="starved", power="not_supported", fixed_t=3.0)
     res = smi(sc, *QUERY)
     assert "[Not Supported]" in res.stdout
     gpus, _ = parse_gpu_csv(res.stdout, "0")
@@ -72,8 +75,9 @@ def test_header_with_units_list_and_summary(tmp_path):
 
 def test_loop_ms_repeats(tmp_path):
     sc = write_scenario(tmp_path / "s.json", gpus=1)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--scenario", str(sc), *QUERY,
-                             "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--scenario", str(sc), *QUERY, "-lms", "50"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         first, second = proc.stdout.readline(), proc.stdout.readline()

@@ -36,9 +36,13 @@ class Fleet:
         self.nodes, self.gens = synthetic_fleet(count, starved=starved)
         self.t = 0.0
         # The fleet's own clock: deterministic times on screen (wall = 2023-11-14 22:13:20 UTC + t).
-        self.hub = TelemetryHub(SyntheticPool(self.nodes),
-                                TelemetrySettings(starved_window=window), feed_only=True,
-                                clock=lambda: self.t, wall_clock=lambda: 1_700_000_000.0 + self.t)
+        self.hub = TelemetryHub(
+            SyntheticPool(self.nodes),
+            TelemetrySettings(starved_window=window),
+            feed_only=True,
+            clock=lambda: self.t,
+            wall_clock=lambda: 1_700_000_000.0 + self.t,
+        )
         self.services = Services(Config(nodes=tuple(self.nodes), stores={}))
         self.services.__dict__["telemetry"] = self.hub  # the composition root's cached service
 
@@ -267,5 +271,4 @@ def test_node_detail_snapshot(snap_compare):
         pilot.app.screen.open_node("gpu-002")
         await pilot.pause()
 
-    assert snap_compare(LoadmasterApp(fleet.services), terminal_size=(160, 40),
-                        run_before=open_detail)
+    assert snap_compare(LoadmasterApp(fleet.services), terminal_size=(160, 40), run_before=open_detail)

@@ -15,8 +15,7 @@ from backend.telemetry.settings import TelemetrySettings
 pytestmark = pytest.mark.lab
 
 
-async def wait_for(hub: TelemetryHub, pred: Callable[[FleetSnapshot], bool],
-                   limit: float = 90.0) -> FleetSnapshot:
+async def wait_for(hub: TelemetryHub, pred: Callable[[FleetSnapshot], bool], limit: float = 90.0) -> FleetSnapshot:
     async def poll() -> FleetSnapshot:
         while True:
             snap = hub.snapshot()
@@ -38,14 +37,14 @@ def node(snap: FleetSnapshot, name: str) -> NodeSnapshot:
 
 
 async def test_fleet_over_ssh_with_stop_and_restart(lab):
-    settings = TelemetrySettings(interval=0.5, starved_window=2.0, backoff_initial=0.5,
-                                 backoff_max=2.0, latency_every=1.0)
+    settings = TelemetrySettings(
+        interval=0.5, starved_window=2.0, backoff_initial=0.5, backoff_max=2.0, latency_every=1.0
+    )
     pool = NodePool(lab.config.nodes)
     hub = TelemetryHub(pool, settings)
     await hub.start()
     try:
-        snap = await wait_for(hub, lambda s: all(
-            n.state == "up" and n.samples >= 2 for n in s.nodes))
+        snap = await wait_for(hub, lambda s: all(n.state == "up" and n.samples >= 2 for n in s.nodes))
         n1, n2, n3 = node(snap, "node-01"), node(snap, "node-02"), node(snap, "node-03")
         assert len(n1.gpus) == 8 and n1.util_mean is not None and n1.util_mean >= 90
         assert n1.site == "coreweave:us-east-04" and node(snap, "node-04").site == "aws:us-east-1"
@@ -86,8 +85,7 @@ async def test_console_fleet_screen_over_the_lab(lab, tmp_path):
     from tui.widgets.fleet_table import FleetTable
 
     settings = TelemetrySettings(interval=0.5, starved_window=2.0, latency_every=2.0)
-    config = dataclasses.replace(lab.config, sections={**lab.config.sections,
-                                                       "telemetry": settings})
+    config = dataclasses.replace(lab.config, sections={**lab.config.sections, "telemetry": settings})
     services = Services(config=config)
     app = LoadmasterApp(services)
     async with app.run_test(size=(220, 40)) as pilot:
@@ -95,8 +93,9 @@ async def test_console_fleet_screen_over_the_lab(lab, tmp_path):
         screen = app.screen
         assert isinstance(screen, FleetScreen)
         hub = services.telemetry
-        await wait_for(hub, lambda s: all(n.state == "up" and n.samples >= 2 for n in s.nodes)
-                       and bool(node(s, "node-02").alerts))
+        await wait_for(
+            hub, lambda s: all(n.state == "up" and n.samples >= 2 for n in s.nodes) and bool(node(s, "node-02").alerts)
+        )
         await pilot.pause(0.6)  # one more tick reaches the screen
         table = screen.query_one(FleetTable)
         table.flush_all()
@@ -116,8 +115,22 @@ def test_top_once_json_over_the_lab(lab, capsys):
 
     from tui.cli import main
 
-    assert main(["--config", str(lab.config_path), "top", "--once", "--json",
-                 "--interval", "0.5", "--nodes", "node-[01-03]"]) == 0
+    assert (
+        main(
+            [
+                "--config",
+                str(lab.config_path),
+                "top",
+                "--once",
+                "--json",
+                "--interval",
+                "0.5",
+                "--nodes",
+                "node-[01-03]",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1
     tick = json.loads(lines[0])

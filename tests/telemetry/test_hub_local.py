@@ -31,15 +31,16 @@ class LocalPool:
 
 def smi_wrapper(tmp_path: Path, scenario: Path) -> Path:
     script = tmp_path / "nvidia-smi"
-    script.write_text(f'#!/bin/sh\nexec {sys.executable} {fake_nvidia_smi.__file__} '
-                      f'--scenario {scenario} "$@"\n')
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} {fake_nvidia_smi.__file__} --scenario {scenario} "$@"\n')
     script.chmod(0o755)
     return script
 
 
-async def wait_node(hub: TelemetryHub, name: str, pred: Callable[[NodeSnapshot], bool],
-                    limit: float = 60.0) -> FleetSnapshot:
+async def wait_node(
+    hub: TelemetryHub, name: str, pred: Callable[[NodeSnapshot], bool], limit: float = 60.0
+) -> FleetSnapshot:
     """Wait (generously: the machine is shared) until ``pred`` holds for node ``name``."""
+
     async def poll() -> FleetSnapshot:
         while True:
             snap = hub.snapshot()
@@ -63,8 +64,9 @@ async def test_local_node_up_with_gpus_then_stale_then_back(tmp_path, scenario):
     settings = TelemetrySettings(interval=0.2, nvidia_smi=str(smi_wrapper(tmp_path, scenario)))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    hub = TelemetryHub(LocalPool([Node(name="local", host="localhost", transport="local",
-                                       scratch=str(scratch), site="lab")]), settings)
+    hub = TelemetryHub(
+        LocalPool([Node(name="local", host="localhost", transport="local", scratch=str(scratch), site="lab")]), settings
+    )
     assert hub.snapshot().node("local").state == "connecting"
     await hub.start()
     try:
@@ -89,8 +91,9 @@ async def test_local_node_up_with_gpus_then_stale_then_back(tmp_path, scenario):
 async def test_no_gpu_and_missing_scratch_are_not_errors(tmp_path):
     sc = write_scenario(tmp_path / "gpu.json", gpus=0)
     settings = TelemetrySettings(interval=0.2, nvidia_smi=str(smi_wrapper(tmp_path, sc)))
-    hub = TelemetryHub(LocalPool([Node(name="cpu", host="localhost", transport="local",
-                                       scratch=str(tmp_path / "absent"))]), settings)
+    hub = TelemetryHub(
+        LocalPool([Node(name="cpu", host="localhost", transport="local", scratch=str(tmp_path / "absent"))]), settings
+    )
     await hub.start()
     try:
         snap = await wait_node(hub, "cpu", lambda n: n.state == "up")
@@ -104,8 +107,9 @@ async def test_no_gpu_and_missing_scratch_are_not_errors(tmp_path):
 
 async def test_nvidia_smi_absent(tmp_path):
     settings = TelemetrySettings(interval=0.2, nvidia_smi=str(tmp_path / "no-such-nvidia-smi"))
-    hub = TelemetryHub(LocalPool([Node(name="cpu", host="localhost", transport="local",
-                                       scratch=str(tmp_path))]), settings)
+    hub = TelemetryHub(
+        LocalPool([Node(name="cpu", host="localhost", transport="local", scratch=str(tmp_path))]), settings
+    )
     await hub.start()
     try:
         snap = await wait_node(hub, "cpu", lambda n: n.state == "up")
@@ -116,8 +120,9 @@ async def test_nvidia_smi_absent(tmp_path):
 
 async def test_subscribers_and_iterator_get_ticks(tmp_path, scenario):
     settings = TelemetrySettings(interval=0.2, nvidia_smi=str(smi_wrapper(tmp_path, scenario)))
-    hub = TelemetryHub(LocalPool([Node(name="local", host="localhost", transport="local",
-                                       scratch=str(tmp_path))]), settings)
+    hub = TelemetryHub(
+        LocalPool([Node(name="local", host="localhost", transport="local", scratch=str(tmp_path))]), settings
+    )
     seen: list[int] = []
     unsubscribe = hub.subscribe(lambda s: seen.append(s.seq))
     await hub.start()

@@ -41,16 +41,17 @@ def test_power_not_supported_and_na(recorded):
 def test_gpu_lost_mid_stream(recorded):
     gpus, status = parse_gpu_csv(recorded("gpu_lost.csv"), "15")
     assert status == "ok"
-    assert [(g.index, g.lost) for g in gpus] == [(0, False), (1, False), (2, True), (3, False),
-                                                 (4, True)]
+    assert [(g.index, g.lost) for g in gpus] == [(0, False), (1, False), (2, True), (3, False), (4, True)]
     assert gpus[2].uuid == "0000:3A:00.0"  # the bus id from the handle error
     assert gpus[2].util_pct is None and gpus[4].mem_used_mib is None
 
 
 def test_units_and_header_tolerated():
-    text = ("index, uuid, name, utilization.gpu [%], utilization.memory [%], memory.used [MiB], "
-            "memory.total [MiB], temperature.gpu, power.draw [W], power.limit [W]\n"
-            "0, GPU-1, NVIDIA H100 80GB HBM3, 95 %, 47 %, 70140 MiB, 81559 MiB, 71, 650.10 W, 700.00 W\n")
+    text = (
+        "index, uuid, name, utilization.gpu [%], utilization.memory [%], memory.used [MiB], "
+        "memory.total [MiB], temperature.gpu, power.draw [W], power.limit [W]\n"
+        "0, GPU-1, NVIDIA H100 80GB HBM3, 95 %, 47 %, 70140 MiB, 81559 MiB, 71, 650.10 W, 700.00 W\n"
+    )
     gpus, status = parse_gpu_csv(text)
     assert status == "ok" and len(gpus) == 1
     assert (gpus[0].util_pct, gpus[0].mem_used_mib, gpus[0].power_w) == (95, 70140, 650.10)
@@ -71,8 +72,10 @@ def test_no_gpu_is_not_an_error(text, rc):
 
 
 def test_driver_failure_is_reported():
-    msg = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-           "Make sure that the latest NVIDIA driver is installed and running.")
+    msg = (
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running."
+    )
     gpus, status = parse_gpu_csv(msg + "\n", "9")
     assert gpus == () and status == msg
 
@@ -88,9 +91,15 @@ def test_netdev(recorded):
 def test_nic_classification(recorded):
     info = parse_nic_info(recorded("nic_info.txt"))
     kinds = {k: v.kind for k, v in info.items()}
-    assert kinds == {"bond0": "bond", "docker0": "virtual", "ens1f0": "member",
-                     "ens1f1": "member", "ib0": "physical", "lo": "loopback",
-                     "veth1a2b3c": "member"}
+    assert kinds == {
+        "bond0": "bond",
+        "docker0": "virtual",
+        "ens1f0": "member",
+        "ens1f1": "member",
+        "ib0": "physical",
+        "lo": "loopback",
+        "veth1a2b3c": "member",
+    }
     assert info["docker0"].speed_mbps is None  # -1 = unknown
     assert info["ib0"].speed_mbps == 400000
 

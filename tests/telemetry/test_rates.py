@@ -9,8 +9,10 @@ BLOCKS = "nvme0n1 d"
 
 
 def netdev(rx: int, tx: int) -> str:
-    return (f"Inter-| Receive | Transmit\n face |bytes packets|bytes packets\n"
-            f"  eth0: {rx} 10 0 0 0 0 0 0 {tx} 10 0 0 0 0 0 0")
+    return (
+        f"Inter-| Receive | Transmit\n face |bytes packets|bytes packets\n"
+        f"  eth0: {rx} 10 0 0 0 0 0 0 {tx} 10 0 0 0 0 0 0"
+    )
 
 
 def disk(rs: int, ws: int) -> str:
@@ -18,8 +20,7 @@ def disk(rs: int, ws: int) -> str:
 
 
 def sample(block, rx, tx, rs=0, ws=0, **kw):
-    return parse_block(block(netdev=netdev(rx, tx), nic=NIC, diskstats=disk(rs, ws),
-                             block=BLOCKS, **kw))
+    return parse_block(block(netdev=netdev(rx, tx), nic=NIC, diskstats=disk(rs, ws), block=BLOCKS, **kw))
 
 
 def test_plain_rates(block):

@@ -17,21 +17,26 @@ def test_defaults():
 
 
 def test_parse_durations_and_sizes():
-    s = parse_section(TelemetrySettings, {"interval": "500ms", "history_seconds": "30m",
-                                          "starved_memory_mib": "8GiB", "starved_window": "2m"},
-                      file="f.toml", key="telemetry")
-    assert (s.interval, s.history_seconds, s.starved_memory_mib, s.starved_window) == (
-        0.5, 1800.0, 8192, 120.0)
+    s = parse_section(
+        TelemetrySettings,
+        {"interval": "500ms", "history_seconds": "30m", "starved_memory_mib": "8GiB", "starved_window": "2m"},
+        file="f.toml",
+        key="telemetry",
+    )
+    assert (s.interval, s.history_seconds, s.starved_memory_mib, s.starved_window) == (0.5, 1800.0, 8192, 120.0)
     assert s.history_capacity == 3600
 
 
-@pytest.mark.parametrize(("raw", "needle"), [
-    ({"interval": 0.1}, "between 0.2 and 60"),
-    ({"interval": 61}, "between 0.2 and 60"),
-    ({"history_seconds": 60}, "at least 900"),
-    ({"starved_util_pct": 0}, "starved_util_pct"),
-    ({"intervall": 1}, "telemetry.intervall"),
-])
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"interval": 0.1}, "between 0.2 and 60"),
+        ({"interval": 61}, "between 0.2 and 60"),
+        ({"history_seconds": 60}, "at least 900"),
+        ({"starved_util_pct": 0}, "starved_util_pct"),
+        ({"intervall": 1}, "telemetry.intervall"),
+    ],
+)
 def test_bad_values_name_the_key(raw, needle):
     with pytest.raises(ConfigError) as exc:
         parse_section(TelemetrySettings, raw, file="lm.toml", key="telemetry")

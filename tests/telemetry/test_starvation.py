@@ -6,13 +6,11 @@ from backend.telemetry.model import GpuSample
 from backend.telemetry.settings import TelemetrySettings
 from backend.telemetry.starvation import StarvationDetector
 
-S = TelemetrySettings(starved_window=60, starved_util_pct=50, starved_memory_mib=2048,
-                      input_bound_pct=70)
+S = TelemetrySettings(starved_window=60, starved_util_pct=50, starved_memory_mib=2048, input_bound_pct=70)
 
 
 def gpus(util: float, mem: float = 70000, n: int = 8) -> tuple[GpuSample, ...]:
-    return tuple(GpuSample(index=i, util_pct=util, mem_used_mib=mem, mem_total_mib=81559)
-                 for i in range(n))
+    return tuple(GpuSample(index=i, util_pct=util, mem_used_mib=mem, mem_total_mib=81559) for i in range(n))
 
 
 def run(det, start, end, util, mem=70000, rx=2.0, pct=2.0):

@@ -34,10 +34,8 @@ STARVED = "gpu-a02"
 
 #: Stores the screens offer (never contacted by the snapshots: nothing is listed or pulled).
 STORES = {
-    "datasets": StoreProfile(url="s3://ml-datasets/laion-mini", provider="aws", region="us-east-1",
-                             name="datasets"),
-    "ckpt": StoreProfile(url="s3://ml-checkpoints/llama-70b", provider="aws", region="us-east-1",
-                         name="ckpt"),
+    "datasets": StoreProfile(url="s3://ml-datasets/laion-mini", provider="aws", region="us-east-1", name="datasets"),
+    "ckpt": StoreProfile(url="s3://ml-checkpoints/llama-70b", provider="aws", region="us-east-1", name="ckpt"),
 }
 
 #: Synthetic seconds of samples fed before a snapshot (the starvation window is 60 s).
@@ -51,9 +49,15 @@ def snapshot_config() -> Config:
 
 def feed_fleet(hub: TelemetryHub, seconds: int = FEED_SECONDS) -> None:
     """Feed ``seconds`` of synthetic samples (1 per second) for every node, then publish a tick."""
-    gens = [SyntheticNode(n.name, seed=i, pattern="starved" if n.name == STARVED else "training",
-                          rx_fraction=0.03 if n.name == STARVED else 0.2)
-            for i, n in enumerate(NODES, start=1)]
+    gens = [
+        SyntheticNode(
+            n.name,
+            seed=i,
+            pattern="starved" if n.name == STARVED else "training",
+            rx_fraction=0.03 if n.name == STARVED else 0.2,
+        )
+        for i, n in enumerate(NODES, start=1)
+    ]
     for t in range(seconds + 1):
         for g in gens:
             hub.ingest(g.name, g.block(float(t)), float(t))
@@ -64,8 +68,13 @@ def snapshot_services(*, readonly: bool = False, fed: bool = True) -> Services:
     """Services over the fixed config with a feed-only telemetry hub (optionally already fed)."""
     services = Services(config=snapshot_config(), readonly=readonly)
     # Hub times are synthetic seconds; the wall clock (alerts' "since") is frozen with them.
-    hub = TelemetryHub(SyntheticPool(NODES), TelemetrySettings(), clock=lambda: float(FEED_SECONDS),
-                       wall_clock=lambda: FROZEN_NOW, feed_only=True)
+    hub = TelemetryHub(
+        SyntheticPool(NODES),
+        TelemetrySettings(),
+        clock=lambda: float(FEED_SECONDS),
+        wall_clock=lambda: FROZEN_NOW,
+        feed_only=True,
+    )
     if fed:
         feed_fleet(hub)
     services.__dict__["telemetry"] = hub  # the composition root's cached service
@@ -76,12 +85,15 @@ def record_egress_month(services: Services) -> None:
     """A few finished pulls this month, so the Egress screen has month-to-date spend to show."""
     guard = services.egress
     day = 24 * 3600
-    for days_ago, store, site, gb in ((12, "datasets", "coreweave:us-east-04", 4200),
-                                      (6, "ckpt", "coreweave:us-east-04", 1960),
-                                      (2, "datasets", "aws:us-east-1", 3100),
-                                      (1, "ckpt", "coreweave:us-east-04", 980)):
-        guard.record_transfer(STORES[store], site, gb * 10**9, job_id=f"pull-{days_ago:02d}",
-                              when=FROZEN_NOW - days_ago * day)
+    for days_ago, store, site, gb in (
+        (12, "datasets", "coreweave:us-east-04", 4200),
+        (6, "ckpt", "coreweave:us-east-04", 1960),
+        (2, "datasets", "aws:us-east-1", 3100),
+        (1, "ckpt", "coreweave:us-east-04", 980),
+    ):
+        guard.record_transfer(
+            STORES[store], site, gb * 10**9, job_id=f"pull-{days_ago:02d}", when=FROZEN_NOW - days_ago * day
+        )
 
 
 @contextmanager

@@ -247,8 +247,7 @@ async def test_failing_workers_are_shown_and_the_console_keeps_running(services:
     async with app.run_test(size=SIZE, message_hook=hook) as pilot:
         await pilot.pause()
         app.run_worker(boom(), name="_list_checkpoints", group="checkpoints", exit_on_error=False)
-        app.screen.run_worker(screen_boom(), name="_list_pulls", group="transfers",
-                              exit_on_error=False)
+        app.screen.run_worker(screen_boom(), name="_list_pulls", group="transfers", exit_on_error=False)
         await wait_until(pilot, lambda: len(app.errors) == 2)
         assert app.is_running
         notes = [msg for sev, msg in hook.notes() if sev == "error"]
@@ -296,8 +295,12 @@ async def test_confirm_typed_accepts_only_the_exact_phrase(services: Services) -
     app = LoadmasterApp(services, mode="transfers")
     results: list[bool | None] = []
     async with app.run_test(size=SIZE) as pilot:
-        app.push_screen(ConfirmTyped(title="Delete 3 checkpoints", phrase="delete 3 checkpoints",
-                                     body="step-1000\nstep-2000\nstep-3000"), results.append)
+        app.push_screen(
+            ConfirmTyped(
+                title="Delete 3 checkpoints", phrase="delete 3 checkpoints", body="step-1000\nstep-2000\nstep-3000"
+            ),
+            results.append,
+        )
         await pilot.pause()
         dialog = app.screen
         assert isinstance(dialog, ConfirmTyped)

@@ -18,11 +18,18 @@ from tui.screens.errors import ErrorRecord, ErrorsScreen
 from tui.widgets import ConfirmTyped
 
 ERRORS = [
-    ErrorRecord(datetime(2026, 11, 29, 9, 58, 1), "_list_pulls (transfers)",
-                "bucket 'ckpt' does not exist", "bucket 'ckpt' does not exist"),
-    ErrorRecord(datetime(2026, 11, 29, 10, 0, 0), "_sample (telemetry)",
-                "NodeUnreachable: gpu-07: connection refused",
-                "gpu-07: connection refused (is sshd running on port 22?)"),
+    ErrorRecord(
+        datetime(2026, 11, 29, 9, 58, 1),
+        "_list_pulls (transfers)",
+        "bucket 'ckpt' does not exist",
+        "bucket 'ckpt' does not exist",
+    ),
+    ErrorRecord(
+        datetime(2026, 11, 29, 10, 0, 0),
+        "_sample (telemetry)",
+        "NodeUnreachable: gpu-07: connection refused",
+        "gpu-07: connection refused (is sshd running on port 22?)",
+    ),
 ]
 
 
@@ -39,8 +46,7 @@ class Backdrop(LoadmasterScreen):
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LoadmasterApp:
     monkeypatch.setenv("LOADMASTER_CONFIG_DIR", str(tmp_path / "cfg"))
     monkeypatch.setenv("LOADMASTER_DATA_DIR", str(tmp_path / "data"))
-    return LoadmasterApp(Services(config=default_config(), readonly=True),
-                         theme="loadmaster-contrast", mode="egress")
+    return LoadmasterApp(Services(config=default_config(), readonly=True), theme="loadmaster-contrast", mode="egress")
 
 
 def test_errors_screen_snapshot(snap_compare: Any, app: LoadmasterApp) -> None:
@@ -56,11 +62,13 @@ def test_confirm_typed_snapshot(snap_compare: Any, app: LoadmasterApp) -> None:
     async def show(pilot: Any) -> None:
         pilot.app.clear_notifications()
         await pilot.app.push_screen(Backdrop(pilot.app.services))
-        await pilot.app.push_screen(ConfirmTyped(
-            title="Delete 2 checkpoints from s3://ckpt/run-7",
-            phrase="delete 2 checkpoints",
-            body="step-1000  980 GB  delete\nstep-2000  980 GB  delete",
-        ))
+        await pilot.app.push_screen(
+            ConfirmTyped(
+                title="Delete 2 checkpoints from s3://ckpt/run-7",
+                phrase="delete 2 checkpoints",
+                body="step-1000  980 GB  delete\nstep-2000  980 GB  delete",
+            )
+        )
         await pilot.press(*"delete 2")
         await pilot.pause()
 

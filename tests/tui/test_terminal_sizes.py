@@ -30,8 +30,7 @@ IMPORTANT: dict[str, tuple[str, ...]] = {
 }
 
 #: (screen, size) -> why it is clipped today (strict: a fix turns these into XPASS)
-KNOWN: dict[tuple[str, str], str] = {
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def screen_text(svg: str) -> str:

@@ -33,9 +33,22 @@ log = logging.getLogger(__name__)
 #: still works through the full parser; tests/test_cli_commands.py keeps this table equal to
 #: what the modules' ``register`` functions add.
 COMMANDS: dict[str, str] = {
-    "agent": "jobs", "audit": "retention", "ckpt": "ckpt", "doctor": "fleet", "egress": "egress",
-    "job": "jobs", "jobs": "jobs", "keeper": "keeper", "lab": "lab", "nodes": "fleet", "pull": "jobs", "retention": "retention",
-    "shard": "shard", "state": "state", "top": "top", "upload": "ckpt",
+    "agent": "jobs",
+    "audit": "retention",
+    "ckpt": "ckpt",
+    "doctor": "fleet",
+    "egress": "egress",
+    "job": "jobs",
+    "jobs": "jobs",
+    "keeper": "keeper",
+    "lab": "lab",
+    "nodes": "fleet",
+    "pull": "jobs",
+    "retention": "retention",
+    "shard": "shard",
+    "state": "state",
+    "top": "top",
+    "upload": "ckpt",
 }
 
 #: Top-level options that take a value (the word after them is not the command).
@@ -69,10 +82,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Operations console for GPU training fleets. Without a command, opens the console.",
     )
     parser.add_argument("--version", action="version", version=f"loadmaster {__version__}")
-    parser.add_argument("--config", metavar="FILE", help="config file (default: $LOADMASTER_CONFIG, "
-                        "./loadmaster.toml, the platform config dir, else this machine alone)")
-    parser.add_argument("--readonly", action="store_true",
-                        help="monitor and plan only: nothing can be launched, cancelled or deleted")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="config file (default: $LOADMASTER_CONFIG, "
+        "./loadmaster.toml, the platform config dir, else this machine alone)",
+    )
+    parser.add_argument(
+        "--readonly", action="store_true", help="monitor and plan only: nothing can be launched, cancelled or deleted"
+    )
     parser.add_argument("--theme", help="console theme (loadmaster-dark, loadmaster-light, loadmaster-contrast)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in [only] if only else feature_modules():
@@ -100,9 +118,11 @@ def _exit_now(services: Services, code: int) -> None:
     os._exit(code)
 
 
-def _run_command(func: Callable[..., Any], args: argparse.Namespace, services: Services,
-                 *, exit_fast: bool = False) -> int:
+def _run_command(
+    func: Callable[..., Any], args: argparse.Namespace, services: Services, *, exit_fast: bool = False
+) -> int:
     if inspect.iscoroutinefunction(func):
+
         async def runner() -> int:
             try:
                 code = int(await func(args, services) or 0)
@@ -136,8 +156,11 @@ def services_for(args: argparse.Namespace) -> Services:
     log.debug("cli: config loaded")
     # Commands reach SSH nodes through the connection keeper (connections kept between commands,
     # [ssh] persist); the console holds its own, and `doctor` measures fresh ones.
-    return Services(config=config, readonly=args.readonly,
-                    keep_connections=args.command is not None and not getattr(args, "direct_ssh", False))
+    return Services(
+        config=config,
+        readonly=args.readonly,
+        keep_connections=args.command is not None and not getattr(args, "direct_ssh", False),
+    )
 
 
 def run(args: argparse.Namespace, services: Services, *, exit_fast: bool = False) -> int:

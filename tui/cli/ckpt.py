@@ -62,9 +62,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     st = cs.add_parser("strip", help="write a step's model weights as BF16 safetensors shards (+ index), verified")
     st.add_argument("src", metavar="SRC", help="the step folder (store/run/step-N, s3://..., or a directory)")
     st.add_argument("--out", metavar="DEST", help="output folder (default: into the step folder itself)")
-    st.add_argument("--model-prefix", default="auto", help="state-dict key prefix of the weights (default auto: found by structure, e.g. model., app.model., module., or torchtitan's flat keys)")
-    st.add_argument("--max-shard-size", type=size_arg, default=DEFAULT_MAX_SHARD_BYTES, metavar="SIZE",
-                    help="largest shard (default 5GB)")
+    st.add_argument(
+        "--model-prefix",
+        default="auto",
+        help="state-dict key prefix of the weights (default auto: found by structure, e.g. model., app.model., module., or torchtitan's flat keys)",
+    )
+    st.add_argument(
+        "--max-shard-size",
+        type=size_arg,
+        default=DEFAULT_MAX_SHARD_BYTES,
+        metavar="SIZE",
+        help="largest shard (default 5GB)",
+    )
     st.add_argument("--node", metavar="NAME", help="run as a durable job on this node instead of here")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(func=cmd_strip)
@@ -75,8 +84,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ins.set_defaults(func=cmd_inspect)
 
     bl = cs.add_parser("backlog", help="alert when an upload is still running when the next checkpoint is due")
-    bl.add_argument("--interval", type=duration_arg, metavar="DURATION",
-                    help="checkpoint interval (default: inferred from recent upload jobs)")
+    bl.add_argument(
+        "--interval",
+        type=duration_arg,
+        metavar="DURATION",
+        help="checkpoint interval (default: inferred from recent upload jobs)",
+    )
     bl.add_argument("--json", action="store_true", help="machine-readable output")
     bl.set_defaults(func=cmd_backlog)
 
@@ -87,19 +100,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up.add_argument("--part-size", type=size_arg, default=DEFAULT_PART_SIZE, metavar="SIZE", help="default 32MiB")
     up.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N", help="parts in flight")
     up.add_argument("--step", type=int, metavar="N", help="step number shown in progress")
-    up.add_argument("--overwrite", action="store_true",
-                    help="replace what the destination already holds (refused without it; audited)")
+    up.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace what the destination already holds (refused without it; audited)",
+    )
     up.add_argument("--json", action="store_true", help="machine-readable output")
     up.set_defaults(func=cmd_upload)
 
 
 # -- resolving names ------------------------------------------------------------------------------
 
+
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
 # -- commands --------------------------------------------------------------------------------------
+
 
 def cmd_size(args: argparse.Namespace, services: Services) -> int:
     """Print the footprint table."""
@@ -118,16 +136,33 @@ async def cmd_list(args: argparse.Namespace, services: Services) -> int:
     async with open_prefix(services, args.url) as store:
         cat = await list_checkpoints(store, "")
     if args.json:
-        _print_json({"url": cat.url, "prefix": cat.prefix, "bytes_by_kind": cat.bytes_by_kind(),
-                     "steps": [s.as_dict() for s in cat.steps]})
+        _print_json(
+            {
+                "url": cat.url,
+                "prefix": cat.prefix,
+                "bytes_by_kind": cat.bytes_by_kind(),
+                "steps": [s.as_dict() for s in cat.steps],
+            }
+        )
         return 0
     if not cat.steps:
         print(f"no step folders under {args.url}")
         return 0
     hdr = ("STEP", "FOLDER", "LAYOUT", "KIND", "SIZE", "OBJECTS", "AGE", "BF16 EXPORT", "WHY")
-    rows = [(str(s.step) if s.step is not None else "-", s.name, s.layout, s.kind, bytes_text(s.total_bytes),
-             str(s.object_count), age_of(s.mtime), "yes" if s.has_bf16_export else "no",
-             s.note if s.kind in ("corrupt", "unknown", "incomplete") else "") for s in cat.steps]
+    rows = [
+        (
+            str(s.step) if s.step is not None else "-",
+            s.name,
+            s.layout,
+            s.kind,
+            bytes_text(s.total_bytes),
+            str(s.object_count),
+            age_of(s.mtime),
+            "yes" if s.has_bf16_export else "no",
+            s.note if s.kind in ("corrupt", "unknown", "incomplete") else "",
+        )
+        for s in cat.steps
+    ]
     print("\n".join(line.rstrip() for line in align_columns([hdr, *rows])))
     totals = ", ".join(f"{k} {bytes_text(v)}" for k, v in sorted(cat.bytes_by_kind().items()))
     print(f"\n{len(cat.steps)} steps; by kind: {totals}")
@@ -142,9 +177,15 @@ def _print_done(done: Done, args: argparse.Namespace) -> None:
 
 async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
     """Strip a step locally or as a node job."""
-    done = await services.ops.checkpoints.strip(StripRequest(
-        src=args.src, node=args.node, out=args.out, model_prefix=args.model_prefix,
-        max_shard_bytes=args.max_shard_size))
+    done = await services.ops.checkpoints.strip(
+        StripRequest(
+            src=args.src,
+            node=args.node,
+            out=args.out,
+            model_prefix=args.model_prefix,
+            max_shard_bytes=args.max_shard_size,
+        )
+    )
     if done.job is not None:
         _print_done(done, args)
         return 0
@@ -153,8 +194,10 @@ async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
     if args.json:
         _print_json(res.as_dict())
     else:
-        print(f"stripped {res.source} -> {url_join(res.out_url, res.out_prefix)}: {res.tensor_count} tensors, "
-              f"{bytes_gib_text(res.weight_bytes)} BF16 in {len(res.shards)} shard(s), verified, {res.seconds:.1f}s")
+        print(
+            f"stripped {res.source} -> {url_join(res.out_url, res.out_prefix)}: {res.tensor_count} tensors, "
+            f"{bytes_gib_text(res.weight_bytes)} BF16 in {len(res.shards)} shard(s), verified, {res.seconds:.1f}s"
+        )
     return 0
 
 
@@ -167,8 +210,10 @@ async def cmd_inspect(args: argparse.Namespace, services: Services) -> int:
         _print_json(ins.as_dict())
         return 0
     s = ins.step
-    print(f"{s.path}: {s.layout}, {s.kind}, {bytes_gib_text(s.total_bytes)}, {s.object_count} objects, "
-          f"BF16 export: {'yes' if s.has_bf16_export else 'no'}")
+    print(
+        f"{s.path}: {s.layout}, {s.kind}, {bytes_gib_text(s.total_bytes)}, {s.object_count} objects, "
+        f"BF16 export: {'yes' if s.has_bf16_export else 'no'}"
+    )
     for t in ins.tensors:
         print(f"  {t.name:<60} {t.dtype:<9} {list(t.shape)!s:<18} {t.nbytes:>14,}  {t.file}")
     for p in ins.problems:
@@ -192,9 +237,16 @@ async def cmd_backlog(args: argparse.Namespace, services: Services) -> int:
 async def cmd_upload(args: argparse.Namespace, services: Services) -> int:
     """Upload a step folder here or as a node job."""
     settings = UploadSettings(part_size=args.part_size, concurrency=args.concurrency)
-    done = await services.ops.checkpoints.upload(UploadRequest(
-        local_dir=args.local_dir, dest=args.url, node=args.node, step=args.step, overwrite=args.overwrite,
-        settings=settings))
+    done = await services.ops.checkpoints.upload(
+        UploadRequest(
+            local_dir=args.local_dir,
+            dest=args.url,
+            node=args.node,
+            step=args.step,
+            overwrite=args.overwrite,
+            settings=settings,
+        )
+    )
     if done.job is not None:
         _print_done(done, args)
         return 0
@@ -203,6 +255,8 @@ async def cmd_upload(args: argparse.Namespace, services: Services) -> int:
     if args.json:
         _print_json(res.as_dict())
     else:
-        print(f"uploaded {len(res.objects)} objects, {bytes_gib_text(res.bytes)} in {res.seconds:.1f}s "
-              f"({gbps_text(res.gbps)}), every object verified (size + checksum)")
+        print(
+            f"uploaded {len(res.objects)} objects, {bytes_gib_text(res.bytes)} in {res.seconds:.1f}s "
+            f"({gbps_text(res.gbps)}), every object verified (size + checksum)"
+        )
     return 0

@@ -53,22 +53,56 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     es = p.add_subparsers(dest="egress_command", metavar="SUBCOMMAND", required=True)
 
     e = es.add_parser("estimate", help="monthly bytes out and $ for runs reading a dataset, with alternatives")
-    e.add_argument("--bytes", required=True, type=_arg(parse_size_text, "dataset size"), metavar="SIZE",
-                   help="dataset size, e.g. 40TB (GB = 10^9 bytes)")
-    e.add_argument("--runs", type=_arg(parse_count_text, "runs", minimum=1), default=1, metavar="N",
-                   help="training runs per month reading the dataset (default 1)")
-    e.add_argument("--source", required=True, type=_arg(parse_site_text, "source"), metavar="SITE",
-                   help="where the data lives, provider:region (aws:us-east-1, cloudflare-r2:auto)")
-    e.add_argument("--dest", required=True, type=_arg(parse_site_text, "destination"), metavar="SITE",
-                   help="where the nodes are, provider:region (coreweave:us-east-04)")
+    e.add_argument(
+        "--bytes",
+        required=True,
+        type=_arg(parse_size_text, "dataset size"),
+        metavar="SIZE",
+        help="dataset size, e.g. 40TB (GB = 10^9 bytes)",
+    )
+    e.add_argument(
+        "--runs",
+        type=_arg(parse_count_text, "runs", minimum=1),
+        default=1,
+        metavar="N",
+        help="training runs per month reading the dataset (default 1)",
+    )
+    e.add_argument(
+        "--source",
+        required=True,
+        type=_arg(parse_site_text, "source"),
+        metavar="SITE",
+        help="where the data lives, provider:region (aws:us-east-1, cloudflare-r2:auto)",
+    )
+    e.add_argument(
+        "--dest",
+        required=True,
+        type=_arg(parse_site_text, "destination"),
+        metavar="SITE",
+        help="where the nodes are, provider:region (coreweave:us-east-04)",
+    )
     e.add_argument("--nodes", type=_arg(parse_count_text, "nodes", minimum=1), default=1, metavar="N")
-    e.add_argument("--per-node", choices=("full", "sharded"), default="sharded",
-                   help="full: every node syncs the whole dataset (nodes x the bytes); "
-                        "sharded: nodes read disjoint shards (default)")
-    e.add_argument("--objects", type=_arg(parse_count_text, "objects"), default=0, metavar="N",
-                   help="objects in the dataset (one GET each per read), e.g. 500e6")
-    e.add_argument("--month-to-date", type=_arg(parse_size_text, "month-to-date"), default=0, metavar="SIZE",
-                   help="bytes already out of the source account this month (default: a fresh month)")
+    e.add_argument(
+        "--per-node",
+        choices=("full", "sharded"),
+        default="sharded",
+        help="full: every node syncs the whole dataset (nodes x the bytes); "
+        "sharded: nodes read disjoint shards (default)",
+    )
+    e.add_argument(
+        "--objects",
+        type=_arg(parse_count_text, "objects"),
+        default=0,
+        metavar="N",
+        help="objects in the dataset (one GET each per read), e.g. 500e6",
+    )
+    e.add_argument(
+        "--month-to-date",
+        type=_arg(parse_size_text, "month-to-date"),
+        default=0,
+        metavar="SIZE",
+        help="bytes already out of the source account this month (default: a fresh month)",
+    )
     e.add_argument("--json", action="store_true", help="print JSON")
     e.set_defaults(func=cmd_estimate)
 
@@ -76,12 +110,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q.add_argument("--store", required=True, help="store name from the config")
     where = q.add_mutually_exclusive_group(required=True)
     where.add_argument("--node", help="destination node (its site)")
-    where.add_argument("--dest", type=_arg(parse_site_text, "destination"), metavar="SITE",
-                       help="destination site, provider:region")
+    where.add_argument(
+        "--dest", type=_arg(parse_site_text, "destination"), metavar="SITE", help="destination site, provider:region"
+    )
     q.add_argument("--bytes", required=True, type=_arg(parse_size_text, "transfer size"), metavar="SIZE")
     q.add_argument("--objects", type=_arg(parse_count_text, "objects"), default=0, metavar="N")
-    q.add_argument("--allow-over-budget", metavar="REASON",
-                   help="proceed over a budget/limit under action = confirm (recorded with the reason)")
+    q.add_argument(
+        "--allow-over-budget",
+        metavar="REASON",
+        help="proceed over a budget/limit under action = confirm (recorded with the reason)",
+    )
     q.add_argument("--json", action="store_true", help="print JSON")
     q.set_defaults(func=cmd_quote)
 
@@ -99,9 +137,17 @@ def cmd_estimate(args: argparse.Namespace, services: Services) -> int:
     """Print the estimate for a month of runs and its alternatives."""
     table = price_table(services.config.section(PriceOverrides))
     try:
-        est = estimate(table, dataset_bytes=args.bytes, runs=args.runs, source=args.source, dest=args.dest,
-                       nodes=args.nodes, per_node=args.per_node, objects=args.objects,
-                       month_to_date_bytes=args.month_to_date)
+        est = estimate(
+            table,
+            dataset_bytes=args.bytes,
+            runs=args.runs,
+            source=args.source,
+            dest=args.dest,
+            nodes=args.nodes,
+            per_node=args.per_node,
+            objects=args.objects,
+            month_to_date_bytes=args.month_to_date,
+        )
     except ValueError as exc:
         raise PolicyError(str(exc)) from None
     if args.json:
@@ -118,8 +164,9 @@ def cmd_estimate(args: argparse.Namespace, services: Services) -> int:
 
 def cmd_quote(args: argparse.Namespace, services: Services) -> int:
     """Quote one transfer and show the guard's decision; exit 3 when it would not start."""
-    q = services.ops.egress.quote(args.store, args.bytes, objects=args.objects, node=args.node, site=args.dest,
-                                  reason=args.allow_over_budget)
+    q = services.ops.egress.quote(
+        args.store, args.bytes, objects=args.objects, node=args.node, site=args.dest, reason=args.allow_over_budget
+    )
     decision = q.decision
     if args.json:
         print(json.dumps({**decision.as_dict(), "audit_id": q.audit_id}, indent=2, default=str))
@@ -138,16 +185,21 @@ def _report_lines(rep: EgressReport) -> list[str]:
     else:
         rows = [["ROUTE", "KIND", "TRANSFERS", "BYTES", "USD", "PROJECTED"]]
         for r in rep.routes:
-            rows.append([r.label, r.kind, str(r.transfers), bytes_text(r.bytes), usd_text(r.usd),
-                         usd_text(r.projected_usd)])
+            rows.append(
+                [r.label, r.kind, str(r.transfers), bytes_text(r.bytes), usd_text(r.usd), usd_text(r.projected_usd)]
+            )
         lines += align_columns(rows)
-    lines.append(f"total: {bytes_text(rep.bytes)}, {usd_text(rep.usd)}; projected to month end: "
-                 f"{bytes_text(rep.projected_bytes)}, {usd_text(rep.projected_usd)}")
+    lines.append(
+        f"total: {bytes_text(rep.bytes)}, {usd_text(rep.usd)}; projected to month end: "
+        f"{bytes_text(rep.projected_bytes)}, {usd_text(rep.projected_usd)}"
+    )
     if rep.unpriced_bytes:
         lines.append(f"unpriced: {bytes_text(rep.unpriced_bytes)} from stores without prices")
     for b in rep.budgets:
-        lines.append(f"budget {b.scope} {b.key!r}: {usd_text(b.spent_usd)} of {usd_text(b.budget_usd)} "
-                     f"({b.fraction:.0%}), projected {usd_text(b.projected_usd)}")
+        lines.append(
+            f"budget {b.scope} {b.key!r}: {usd_text(b.spent_usd)} of {usd_text(b.budget_usd)} "
+            f"({b.fraction:.0%}), projected {usd_text(b.projected_usd)}"
+        )
     return lines
 
 
@@ -167,18 +219,33 @@ def cmd_prices(args: argparse.Namespace, services: Services) -> int:
     if args.json:
         out = {}
         for k, p in table.providers.items():
-            d = {f: getattr(p, f) for f in ("name", "aliases", "source", "checked", "confirmed", "unconfirmed",
-                                            "note", "storage_gb_month", "get_per_1000", "put_per_1000",
-                                            "inter_region_per_gb", "same_region_per_gb")}
+            d = {
+                f: getattr(p, f)
+                for f in (
+                    "name",
+                    "aliases",
+                    "source",
+                    "checked",
+                    "confirmed",
+                    "unconfirmed",
+                    "note",
+                    "storage_gb_month",
+                    "get_per_1000",
+                    "put_per_1000",
+                    "inter_region_per_gb",
+                    "same_region_per_gb",
+                )
+            }
             d["internet_tiers"] = [t.__dict__ for t in p.internet_tiers]
             d["aliases"] = list(p.aliases)
             d["unconfirmed"] = list(p.unconfirmed)
             d["known_regions"] = list(p.known_regions)
             out[k] = d
-        sites = {k: {"name": c.name, "aliases": list(c.aliases), "known_regions": list(c.known_regions)}
-                 for k, c in table.sites.items()}
-        print(json.dumps({"units": {"GB": 10**9, "currency": "USD"}, "providers": out, "sites": sites},
-                         indent=2))
+        sites = {
+            k: {"name": c.name, "aliases": list(c.aliases), "known_regions": list(c.known_regions)}
+            for k, c in table.sites.items()
+        }
+        print(json.dumps({"units": {"GB": 10**9, "currency": "USD"}, "providers": out, "sites": sites}, indent=2))
         return 0
     print("GB = 10^9 bytes; tiers are cumulative over the month's volume from one account")
     for k, p in table.providers.items():
@@ -192,13 +259,16 @@ def cmd_prices(args: argparse.Namespace, services: Services) -> int:
             bounds.append(f"{lower:,.0f}-{upper} GB ${t.usd_per_gb:g}{'' if t.confirmed else '?'}")
             lower = t.up_to_gb or lower
         print(f"  internet egress: {'; '.join(bounds)}")
-        print(f"  inter-region ${p.inter_region_per_gb:g}/GB, same region ${p.same_region_per_gb:g}/GB, "
-              f"GET ${p.get_per_1000:g}/1000, PUT/LIST ${p.put_per_1000:g}/1000, "
-              f"storage ${p.storage_gb_month:g}/GB-month")
+        print(
+            f"  inter-region ${p.inter_region_per_gb:g}/GB, same region ${p.same_region_per_gb:g}/GB, "
+            f"GET ${p.get_per_1000:g}/1000, PUT/LIST ${p.put_per_1000:g}/1000, "
+            f"storage ${p.storage_gb_month:g}/GB-month"
+        )
         if p.unconfirmed:
             print(f"  unconfirmed: {', '.join(p.unconfirmed)}")
         print(f"  regions: {', '.join(p.known_regions) if p.known_regions else 'any'}")
-    names = ", ".join(f"{k} ({c.name}{': ' + ' '.join(c.known_regions) if c.known_regions else ''})"
-                      for k, c in table.sites.items())
+    names = ", ".join(
+        f"{k} ({c.name}{': ' + ' '.join(c.known_regions) if c.known_regions else ''})" for k, c in table.sites.items()
+    )
     print(f"where nodes run (storage not priced; any region unless listed): {names}")
     return 0

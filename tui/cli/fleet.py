@@ -25,10 +25,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d = sub.add_parser("doctor", help="check every node: reachable, tools, GPUs, NICs, scratch space")
     d.add_argument("--json", action="store_true", help="print a JSON array, one object per node")
     d.add_argument("--nodes", metavar="PATTERN", help="only nodes matching a hostlist or glob")
-    d.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="per-node limit for the check command (default 60)")
-    d.add_argument("--require-gpus", action="store_true",
-                   help="also exit 1 when a node has no usable GPU (a GPU fleet)")
+    d.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="per-node limit for the check command (default 60)",
+    )
+    d.add_argument(
+        "--require-gpus", action="store_true", help="also exit 1 when a node has no usable GPU (a GPU fleet)"
+    )
     d.set_defaults(func=cmd_doctor, direct_ssh=True)  # fresh connections: it diagnoses them
 
 
@@ -44,16 +50,18 @@ def cmd_nodes(args: argparse.Namespace, services: Services) -> int:
         return 0
     table = [["NAME", "HOST", "USER", "PORT", "IDENTITY", "JUMP", "SITE", "TAGS"]]
     for r in rows:
-        table.append([
-            r["name"],
-            r["hostname"] if r["transport"] == "ssh" else f"{r['hostname']} (local)",
-            r["user"] or "-",
-            str(r["port"] or "-"),
-            ",".join(r["identity"]) or ("agent/default keys" if r["transport"] == "ssh" else "-"),
-            r["proxy_jump"] or "-",
-            r["site"] or "-",
-            ",".join(r["tags"]) or "-",
-        ])
+        table.append(
+            [
+                r["name"],
+                r["hostname"] if r["transport"] == "ssh" else f"{r['hostname']} (local)",
+                r["user"] or "-",
+                str(r["port"] or "-"),
+                ",".join(r["identity"]) or ("agent/default keys" if r["transport"] == "ssh" else "-"),
+                r["proxy_jump"] or "-",
+                r["site"] or "-",
+                ",".join(r["tags"]) or "-",
+            ]
+        )
     _print_table(table)
     print(f"{len(rows)} node(s) from {services.config.source}")
     return 0
@@ -94,11 +102,16 @@ def format_report(r: NodeReport) -> list[str]:
         lines.append(f"  why       {r.error}")
         return lines
     lat = f"{r.ssh_latency_ms:.0f} ms handshake, " if r.ssh_latency_ms is not None else ""
-    lines.append(f"  ssh       {lat}{r.command_ms or 0:.0f} ms check" if r.transport == "ssh"
-                 else f"  local     {r.command_ms or 0:.0f} ms check")
+    lines.append(
+        f"  ssh       {lat}{r.command_ms or 0:.0f} ms check"
+        if r.transport == "ssh"
+        else f"  local     {r.command_ms or 0:.0f} ms check"
+    )
     lines.append(f"  os        {r.os or '?'}, kernel {r.kernel or '?'} {r.arch or ''}".rstrip())
-    lines.append(f"  cpu/mem   {r.cpus or '?'} CPUs, {bytes_text(r.mem_total_bytes)} "
-                 f"({bytes_text(r.mem_available_bytes)} available)")
+    lines.append(
+        f"  cpu/mem   {r.cpus or '?'} CPUs, {bytes_text(r.mem_total_bytes)} "
+        f"({bytes_text(r.mem_available_bytes)} available)"
+    )
     lines.append(f"  python3   {r.python3 or 'MISSING'}")
     if r.agent is not None:
         lines.append(f"  agent     {_agent(r.agent)}")
@@ -113,8 +126,9 @@ def format_report(r: NodeReport) -> list[str]:
     nics = ", ".join(f"{n.name} {_speed(n.speed_mbps)} ({n.state})" for n in r.nics if n.name != "lo")
     lines.append(f"  nics      {nics or 'none besides lo'}")
     if r.scratch_exists:
-        lines.append(f"  scratch   {r.scratch}: {bytes_text(r.scratch_free_bytes)} free of "
-                     f"{bytes_text(r.scratch_total_bytes)}")
+        lines.append(
+            f"  scratch   {r.scratch}: {bytes_text(r.scratch_free_bytes)} free of {bytes_text(r.scratch_total_bytes)}"
+        )
     else:
         lines.append(f"  scratch   {r.scratch}: MISSING")
     for p in (*r.problems, *r.gpu_problems):
@@ -141,6 +155,8 @@ async def cmd_doctor(args: argparse.Namespace, services: Services) -> int:
             print("\n".join(format_report(r)))
         ready = sum(r.ready for r in reports)
         gpus = sum(r.gpu_ready for r in reports)
-        print(f"{ready} of {len(reports)} node(s) ready for data jobs; {gpus} of {len(reports)} with GPUs",
-              file=sys.stdout)
+        print(
+            f"{ready} of {len(reports)} node(s) ready for data jobs; {gpus} of {len(reports)} with GPUs",
+            file=sys.stdout,
+        )
     return doctor_exit_code(reports, require_gpus=args.require_gpus)

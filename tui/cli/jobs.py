@@ -58,24 +58,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.set_defaults(func=cmd_cancel)
 
     pl = sub.add_parser("pull", help="copy s3:// objects to a directory on nodes with s5cmd (durable jobs)")
-    pl.add_argument("src", metavar="SRC", help="s3://bucket/prefix/ (everything under it), a wildcard "
-                    "like 's3://b/p/*.tar', or one object")
-    pl.add_argument("dest", metavar="DEST", help="destination directory on each node (relative: under the "
-                    "node's scratch dir)")
+    pl.add_argument(
+        "src",
+        metavar="SRC",
+        help="s3://bucket/prefix/ (everything under it), a wildcard like 's3://b/p/*.tar', or one object",
+    )
+    pl.add_argument(
+        "dest", metavar="DEST", help="destination directory on each node (relative: under the node's scratch dir)"
+    )
     where = pl.add_mutually_exclusive_group(required=True)
     where.add_argument("--node", metavar="NAME", help="one node")
     where.add_argument("--nodes", metavar="PATTERN", help="a hostlist or glob: one job per node")
-    pl.add_argument("--store", metavar="PROFILE", help="store profile for endpoint, region and credentials "
-                    "(default: the configured store whose URL covers SRC)")
-    pl.add_argument("--preset", choices=["tuned", "large-objects", "small-objects", "gentle"],
-                    help="a tuned set of --numworkers/--concurrency/--part-size")
+    pl.add_argument(
+        "--store",
+        metavar="PROFILE",
+        help="store profile for endpoint, region and credentials (default: the configured store whose URL covers SRC)",
+    )
+    pl.add_argument(
+        "--preset",
+        choices=["tuned", "large-objects", "small-objects", "gentle"],
+        help="a tuned set of --numworkers/--concurrency/--part-size",
+    )
     pl.add_argument("--numworkers", type=int, metavar="N", help="s5cmd --numworkers (default 256)")
     pl.add_argument("--concurrency", type=int, metavar="C", help="s5cmd cp --concurrency (default 32)")
     pl.add_argument("--part-size", type=int, metavar="MiB", help="s5cmd cp --part-size in MiB (default 64)")
     pl.add_argument("--detach", action="store_true", help="start and return; follow with 'loadmaster jobs'")
     pl.add_argument("--yes", "-y", action="store_true", help="start without asking")
-    pl.add_argument("--allow-over-budget", metavar="REASON", help="start although the egress guard asks for "
-                    "confirmation (recorded with REASON)")
+    pl.add_argument(
+        "--allow-over-budget",
+        metavar="REASON",
+        help="start although the egress guard asks for confirmation (recorded with REASON)",
+    )
     pl.add_argument("--json", action="store_true", help="print the plan and the jobs as JSON")
     # The executable exits as soon as the pull is followed to its end (no SSH close handshakes).
     pl.set_defaults(func=cmd_pull, exit_fast=True)
@@ -161,8 +174,9 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
         _table(rows)
     if unread:
         sys.stdout.flush()
-        print(f"loadmaster: {unread_line(unread, len(names))}; their jobs may be missing or out of date",
-              file=sys.stderr)
+        print(
+            f"loadmaster: {unread_line(unread, len(names))}; their jobs may be missing or out of date", file=sys.stderr
+        )
         return PARTIAL_EXIT
     return 0
 
@@ -232,9 +246,11 @@ async def cmd_cancel(args: argparse.Namespace, services: Services) -> int:
     services.ops.jobs.refuse_if_readonly("cancel a job")
     rec = await services.ops.jobs.cancellable(args.id)
     grace = services.jobs.settings.cancel_grace
-    print(f"cancel {_t(rec.kind)} job {rec.id} on {rec.node} ({_t(progress_text(rec))}):\n"
-          f"  SIGTERM to its process group, SIGKILL after {grace:g}s, then remove its partial output",
-          file=sys.stderr)
+    print(
+        f"cancel {_t(rec.kind)} job {rec.id} on {rec.node} ({_t(progress_text(rec))}):\n"
+        f"  SIGTERM to its process group, SIGKILL after {grace:g}s, then remove its partial output",
+        file=sys.stderr,
+    )
     _confirm("cancel it?", args.yes)
     final = await services.ops.jobs.cancel(rec.id, reason=args.reason)
     print(_t(f"job {final.id}: {final.state}" + (f" ({final.error})" if final.error else "")))
@@ -245,12 +261,20 @@ def _pull_request(args: argparse.Namespace) -> PullRequest:
     from backend.jobs.pull import PRESETS
 
     nw, cc, ps = PRESETS[args.preset] if args.preset else (None, None, None)
+
     def knob(given: int | None, preset: int | None) -> int | None:
         return preset if given is None else given  # 0 is the operator's (refused), never the preset's
 
-    return PullRequest(src=args.src, dest=args.dest, nodes=args.node or args.nodes, store=args.store,
-                       numworkers=knob(args.numworkers, nw), concurrency=knob(args.concurrency, cc),
-                       part_size_mib=knob(args.part_size, ps), reason=args.allow_over_budget)
+    return PullRequest(
+        src=args.src,
+        dest=args.dest,
+        nodes=args.node or args.nodes,
+        store=args.store,
+        numworkers=knob(args.numworkers, nw),
+        concurrency=knob(args.concurrency, cc),
+        part_size_mib=knob(args.part_size, ps),
+        reason=args.allow_over_budget,
+    )
 
 
 async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
@@ -265,8 +289,11 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     for line in preview.lines():
         print(line, file=out)
     if not preview.startable:
-        raise JobError("not started: " + "; ".join(preview.blockers)
-                       + ("" if req.reason or preview.plan.problems else "; re-run with --allow-over-budget REASON"))
+        raise JobError(
+            "not started: "
+            + "; ".join(preview.blockers)
+            + ("" if req.reason or preview.plan.problems else "; re-run with --allow-over-budget REASON")
+        )
     for w in preview.warnings:
         print(f"warning: {w}", file=sys.stderr)
     _confirm(f"start {len(preview.plan.nodes)} pull job(s)?", args.yes)
@@ -278,8 +305,7 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
         print(f"started job {r.id} on {r.node}", file=out)
     if args.detach:
         if args.json:
-            print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in recs]}, indent=2,
-                             default=str))
+            print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in recs]}, indent=2, default=str))
         return 0
     return await _follow_pull(services, plan, recs, as_json=args.json)
 
@@ -308,13 +334,16 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
                 last_print = now
                 pct = f"{roll.fraction * 100:.0f}%" if roll.fraction is not None else "?"
                 # At the end nothing is running: show the whole pull's average instead of 0.
-                g = (roll.bytes_done * 8 / 1e9 / max(now - started, 1e-3) if done else roll.rate_bps * 8 / 1e9)
+                g = roll.bytes_done * 8 / 1e9 / max(now - started, 1e-3) if done else roll.rate_bps * 8 / 1e9
                 line_pct = f" ({g / (rate * len(ids)) * 100:.0f}% of line)" if rate else ""
                 when = "average" if done else f"ETA {duration_text(roll.eta_s)}"
-                print(f"{pct} {bytes_text(roll.bytes_done)}/{bytes_text(roll.bytes_total)} "
-                      f"{roll.items_done}/{roll.items_total} obj {gbps_text(g)}{line_pct} "
-                      f"{when}  [{roll.running} running, {roll.succeeded} ok, "
-                      f"{roll.failed} failed]", file=sys.stderr)
+                print(
+                    f"{pct} {bytes_text(roll.bytes_done)}/{bytes_text(roll.bytes_total)} "
+                    f"{roll.items_done}/{roll.items_total} obj {gbps_text(g)}{line_pct} "
+                    f"{when}  [{roll.running} running, {roll.succeeded} ok, "
+                    f"{roll.failed} failed]",
+                    file=sys.stderr,
+                )
             if done:
                 break
             if any(r.note for r in current):
@@ -327,14 +356,15 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
         ok = ok and r.state == "succeeded"
         msg = f"{r.node}: {r.state}"
         if r.state == "succeeded" and r.result:
-            msg += f" ({r.result.get('objects')} objects, {bytes_text(r.result.get('bytes'))} verified, " \
-                   f"{gbps_text(r.result.get('gbps'))})"
+            msg += (
+                f" ({r.result.get('objects')} objects, {bytes_text(r.result.get('bytes'))} verified, "
+                f"{gbps_text(r.result.get('gbps'))})"
+            )
         if r.error:
             msg += f": {r.error}"
         print(_t(msg), file=sys.stderr if as_json else sys.stdout)
     if as_json:
-        print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in current]}, indent=2,
-                         default=str))
+        print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in current]}, indent=2, default=str))
     log.debug("pull: done")
     return 0 if ok else 1
 

@@ -26,23 +26,38 @@ def cmd_status(args: argparse.Namespace, services: Services) -> int:
     persist = persist_seconds(services.config)
     report = keeper_status(services.config)
     if args.json:
-        print(json.dumps(report or {"running": False, "persist": persist,
-                                    "socket": str(socket_path(services.config))}, indent=2))
+        print(
+            json.dumps(
+                report or {"running": False, "persist": persist, "socket": str(socket_path(services.config))}, indent=2
+            )
+        )
         return 0 if report else 1
     if report is None:
-        state = f"commands keep connections for {persist:g}s" if persist > 0 else \
-            "off ([ssh] persist = 0): every command connects on its own"
+        state = (
+            f"commands keep connections for {persist:g}s"
+            if persist > 0
+            else "off ([ssh] persist = 0): every command connects on its own"
+        )
         print(f"no connection keeper running for {services.config.source} ({state})")
         return 1
     up = time.time() - report["started"]
     others = report["clients"]
-    print(f"keeper pid {report['pid']}: up {up:.0f}s, {report['requests']} requests, idle {report['idle_s']:.0f}s "
-          f"of {report['persist']:g}s, {others or 'no'} other command{'' if others == 1 else 's'} connected")
+    print(
+        f"keeper pid {report['pid']}: up {up:.0f}s, {report['requests']} requests, idle {report['idle_s']:.0f}s "
+        f"of {report['persist']:g}s, {others or 'no'} other command{'' if others == 1 else 's'} connected"
+    )
     rows = [["NODE", "STATE", "CONNECTED", "HANDSHAKE", "ERROR"]]
     for name, n in report["nodes"].items():
         hs = f"{n['handshake_ms']:.0f} ms" if n.get("handshake_ms") is not None else "-"
-        rows.append([name, n["state"] if n["connected"] or n["state"] != "up" else "closed",
-                     "yes" if n["connected"] else "no", hs, n.get("error") or "-"])
+        rows.append(
+            [
+                name,
+                n["state"] if n["connected"] or n["state"] != "up" else "closed",
+                "yes" if n["connected"] else "no",
+                hs,
+                n.get("error") or "-",
+            ]
+        )
     print("\n".join(align_columns(rows)))
     print(f"config {report['config']}")
     print(f"socket {report['socket']}")

@@ -95,8 +95,10 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
             try:
                 steps = seed.seed_checkpoints(client, lab.bucket)
             except ImportError:
-                print("torch is not installed: skipped sample checkpoints "
-                      "(pip install 'loadmaster[node]')", file=sys.stderr)
+                print(
+                    "torch is not installed: skipped sample checkpoints (pip install 'loadmaster[node]')",
+                    file=sys.stderr,
+                )
             seeded = seed.seeded_lines(lab.bucket, dataset, steps)
         lab.write_config(SANDBOX_EXTRA)
         lab.save_state()
@@ -110,13 +112,18 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
     )
     for n in lab.nodes:
         print(f"  {n.name}  {n.ip}:{n.port}  {lab.node_options(n.name).pattern}", file=sys.stderr)
-    print(f"  agent   every node's $LOADMASTER_HOME/agent/venv -> {lab.agent_venv} (this console's loadmaster, "
-          "run -I as on a real node)", file=sys.stderr)
+    print(
+        f"  agent   every node's $LOADMASTER_HOME/agent/venv -> {lab.agent_venv} (this console's loadmaster, "
+        "run -I as on a real node)",
+        file=sys.stderr,
+    )
     if lab.s3:
         print(f"  s3      {lab.s3.endpoint}  bucket {lab.bucket}  (store 'lab')", file=sys.stderr)
     if seeded:
-        print("sample data: pull or shard the dataset (Transfers, Shards), prune the run (Checkpoints, "
-              "Retention):", file=sys.stderr)
+        print(
+            "sample data: pull or shard the dataset (Transfers, Shards), prune the run (Checkpoints, Retention):",
+            file=sys.stderr,
+        )
         print("\n".join(seeded), file=sys.stderr)
     print("open the console on the sandbox with:", file=sys.stderr)
     print(cmd)
@@ -187,8 +194,14 @@ def lab_status(args: argparse.Namespace, services: Services) -> int:
     info = json.loads(state.read_text())
     for n in info["nodes"]:
         print(f"{n['name']:10} {n['ip']}:{n['port']:<6} {'up' if _pid_alive(n['pid']) else 'down'}")
-    print(f"s3         {info['s3']['endpoint']} {'up' if _pid_alive(info['s3']['pid']) else 'down'}"
-          + (f"  bucket {info['bucket']} (s3://{info['bucket']}/{DATASET_PREFIX}/, "
-             f"s3://{info['bucket']}/{CHECKPOINT_RUN}/)" if info.get("bucket") else ""))
+    print(
+        f"s3         {info['s3']['endpoint']} {'up' if _pid_alive(info['s3']['pid']) else 'down'}"
+        + (
+            f"  bucket {info['bucket']} (s3://{info['bucket']}/{DATASET_PREFIX}/, "
+            f"s3://{info['bucket']}/{CHECKPOINT_RUN}/)"
+            if info.get("bucket")
+            else ""
+        )
+    )
     print(f"config     {info['config']}")
     return 0

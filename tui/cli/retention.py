@@ -24,17 +24,28 @@ from backend.units import bytes_text, usd_text
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the retention and audit commands."""
-    ret = sub.add_parser("retention", help="plan and apply checkpoint retention (keep, strip to BF16, delete)",
-                         description="Plan which checkpoints of a run to keep full, strip to BF16 weights or "
-                                     "delete; review the plan file; apply it with --yes.")
+    ret = sub.add_parser(
+        "retention",
+        help="plan and apply checkpoint retention (keep, strip to BF16, delete)",
+        description="Plan which checkpoints of a run to keep full, strip to BF16 weights or "
+        "delete; review the plan file; apply it with --yes.",
+    )
     rs = ret.add_subparsers(dest="retention_command", metavar="ACTION", required=True)
 
     p = rs.add_parser("plan", help="compute a retention plan from a fresh listing of a run folder")
-    p.add_argument("url", metavar="URL", help="run folder: s3://bucket/run, STORE/run (a configured store), "
-                                                 "or a local directory (relative or absolute)")
+    p.add_argument(
+        "url",
+        metavar="URL",
+        help="run folder: s3://bucket/run, STORE/run (a configured store), or a local directory (relative or absolute)",
+    )
     _policy_flags(p)
-    p.add_argument("--in-flight", action="append", default=[], metavar="STEP_PATH",
-                   help="a step folder a running job is still writing (never touched); repeatable")
+    p.add_argument(
+        "--in-flight",
+        action="append",
+        default=[],
+        metavar="STEP_PATH",
+        help="a step folder a running job is still writing (never touched); repeatable",
+    )
     p.add_argument("--out", metavar="PLAN.json", help="write the plan file here for review and apply")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--dry-run", action="store_true", help="accepted for symmetry: planning never changes anything")
@@ -44,8 +55,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a.add_argument("plan", metavar="PLAN.json")
     a.add_argument("--yes", action="store_true", help="really delete/strip (without it nothing is changed)")
     a.add_argument("--dry-run", action="store_true", help="re-check and show what would happen, change nothing")
-    a.add_argument("--in-flight", action="append", default=[], metavar="STEP_PATH",
-                   help="a step folder a running job is still writing; repeatable")
+    a.add_argument(
+        "--in-flight",
+        action="append",
+        default=[],
+        metavar="STEP_PATH",
+        help="a step folder a running job is still writing; repeatable",
+    )
     a.add_argument("--json", action="store_true", help="print the result as JSON")
     a.set_defaults(func=cmd_apply)
 
@@ -80,8 +96,11 @@ def _policy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--milestones", metavar="S1,S2", help="explicit milestone steps, e.g. 48000,96000")
     g.add_argument("--milestone-marker", metavar="NAME", help="object name that marks a milestone (MILESTONE)")
     g.add_argument("--pin", action="append", default=[], metavar="STEP[:REASON]", help="keep a step untouched")
-    g.add_argument("--others", choices=["delete", "keep-weights"],
-                   help="what happens to steps that are neither recent nor milestones")
+    g.add_argument(
+        "--others",
+        choices=["delete", "keep-weights"],
+        help="what happens to steps that are neither recent nor milestones",
+    )
     g.add_argument("--min-age", metavar="DURATION", help="never touch steps younger than this, e.g. 2h")
 
 
@@ -120,14 +139,32 @@ def format_plan(plan: RetentionPlan) -> str:
         est = "~" if a.estimated else ""
         proof = "" if a.resumable is None else ("verified" if a.resumable == "verified" else "FAILED")
         reason = a.reason if a.resumable in (None, "verified") else f"{a.reason}; deep check: {a.resumable}"
-        rows.append((str(a.step) if a.step is not None else a.path, a.kind, a.action, bytes_text(a.bytes_before),
-                     est + bytes_text(a.bytes_after), est + bytes_text(a.bytes_freed), proof, reason))
+        rows.append(
+            (
+                str(a.step) if a.step is not None else a.path,
+                a.kind,
+                a.action,
+                bytes_text(a.bytes_before),
+                est + bytes_text(a.bytes_after),
+                est + bytes_text(a.bytes_freed),
+                proof,
+                reason,
+            )
+        )
     lines = align_columns(rows)
     t = plan.totals
-    money = (f", {usd_text(t.usd_month_saved)}/month saved ({plan.price_note})" if t.usd_month_saved is not None
-             else f" ({plan.price_note})" if plan.price_note else "")
-    counts = ", ".join(f"{plan.count(x)} {x}" for x in ("keep-full", "strip-to-weights", "keep-weights",
-                                                         "delete", "skip") if plan.count(x))
+    money = (
+        f", {usd_text(t.usd_month_saved)}/month saved ({plan.price_note})"
+        if t.usd_month_saved is not None
+        else f" ({plan.price_note})"
+        if plan.price_note
+        else ""
+    )
+    counts = ", ".join(
+        f"{plan.count(x)} {x}"
+        for x in ("keep-full", "strip-to-weights", "keep-weights", "delete", "skip")
+        if plan.count(x)
+    )
     lines += [
         "",
         f"plan {plan.hash[:12]} for {plan.url}: {counts}",
@@ -172,16 +209,19 @@ async def cmd_apply(args: argparse.Namespace, services: Services) -> int:
     plan = _load_plan(args.plan)
     if not args.yes and not args.dry_run:
         print(format_plan(plan))
-        raise PolicyError(f"nothing changed: add --yes to apply plan {plan.hash[:12]} "
-                          f"({len(plan.destructive_actions)} destructive actions), or --dry-run to re-check it")
+        raise PolicyError(
+            f"nothing changed: add --yes to apply plan {plan.hash[:12]} "
+            f"({len(plan.destructive_actions)} destructive actions), or --dry-run to re-check it"
+        )
     finished = 0
 
     def show(o: Any) -> None:
         nonlocal finished
         if not args.json and o.outcome != "running":
             finished += 1  # actions of different steps finish in any order
-            print(f"[{finished}/{o.total}] {o.path}: {o.action} -> {o.outcome}"
-                  + (f" ({o.detail})" if o.detail else ""))
+            print(
+                f"[{finished}/{o.total}] {o.path}: {o.action} -> {o.outcome}" + (f" ({o.detail})" if o.detail else "")
+            )
 
     report = await services.ops.retention.apply(plan, dry_run=args.dry_run, in_flight=args.in_flight, progress=show)
     if args.json:
@@ -189,11 +229,13 @@ async def cmd_apply(args: argparse.Namespace, services: Services) -> int:
     else:
         for c in report.changes:
             print(f"changed since the plan: {c}")
-        print(f"{'dry run of' if report.dry_run else 'applied'} plan {plan.hash[:12]}: {report.outcome}; "
-              f"{report.count('done')} done, {report.count('already-done')} already done, "
-              f"{report.count('stopped')} stopped, {report.count('failed')} failed; "
-              f"freed {bytes_text(report.bytes_freed)}"
-              + (f"; audit record #{report.audit_id}" if report.audit_id else ""))
+        print(
+            f"{'dry run of' if report.dry_run else 'applied'} plan {plan.hash[:12]}: {report.outcome}; "
+            f"{report.count('done')} done, {report.count('already-done')} already done, "
+            f"{report.count('stopped')} stopped, {report.count('failed')} failed; "
+            f"freed {bytes_text(report.bytes_freed)}"
+            + (f"; audit record #{report.audit_id}" if report.audit_id else "")
+        )
         if report.count("stopped"):
             print("stopped actions were left untouched: compute a new plan to act on the current listing")
     return 0 if report.ok else 1

@@ -18,29 +18,44 @@ from backend.shards.verify import verify
 from backend.units import bytes_text
 from tui.cli.argtypes import size_arg
 
-USAGE = ("loadmaster shard SRC DEST [--shard-size 512MB] [--pattern shard-%06d.tar] [--node NAME] "
-         "[--shuffle SEED] [--workers N] [--overwrite | --resume] [--incomplete error|skip|keep] "
-         "[--dry-run] [--json]\n       loadmaster shard verify DEST [--json]")
+USAGE = (
+    "loadmaster shard SRC DEST [--shard-size 512MB] [--pattern shard-%06d.tar] [--node NAME] "
+    "[--shuffle SEED] [--workers N] [--overwrite | --resume] [--incomplete error|skip|keep] "
+    "[--dry-run] [--json]\n       loadmaster shard verify DEST [--json]"
+)
 
 
 def register(sub: Any) -> None:
     """Add the ``shard`` command."""
     p = sub.add_parser(
-        "shard", usage=USAGE.replace("%", "%%"), help="pack many small files into WebDataset tar shards (or verify shards)",
+        "shard",
+        usage=USAGE.replace("%", "%%"),
+        help="pack many small files into WebDataset tar shards (or verify shards)",
         description="Pack a directory or s3:// prefix of small files into deterministic WebDataset tar "
         "shards with a manifest (sizes, sha256, GETs saved), locally or as a job on a node. "
         "'shard verify DEST' reads shards back with webdataset and checks them against the manifest.",
     )
     p.add_argument("paths", nargs="+", metavar="SRC DEST", help="source and destination (dir or s3://)")
-    p.add_argument("--shard-size", type=size_arg, metavar="SIZE", help="target shard size (default 512MB; 256MB-1GB advised)")
+    p.add_argument(
+        "--shard-size", type=size_arg, metavar="SIZE", help="target shard size (default 512MB; 256MB-1GB advised)"
+    )
     p.add_argument("--pattern", help="shard file name pattern (default shard-%%06d.tar)")
     p.add_argument("--node", metavar="NAME", help="run the conversion as a durable job on this node")
     p.add_argument("--shuffle", type=int, metavar="SEED", help="shuffle sample order with this seed")
-    p.add_argument("--workers", type=int, metavar="N", help="threads reading local files once reads wait on I/O (default 4; 0 reads and hashes in the writer thread)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="threads reading local files once reads wait on I/O (default 4; 0 reads and hashes in the writer thread)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace shards already in DEST")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
-    p.add_argument("--incomplete", choices=("error", "skip", "keep"), default="error",
-                   help="samples missing a file most samples have: refuse (default), leave out, or keep")
+    p.add_argument(
+        "--incomplete",
+        choices=("error", "skip", "keep"),
+        default="error",
+        help="samples missing a file most samples have: refuse (default), leave out, or keep",
+    )
     p.add_argument("--dry-run", action="store_true", help="preview sample/shard counts and GET savings only")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_shard)
@@ -52,8 +67,15 @@ def _location(services: Services, text: str) -> tuple[str, StoreProfile | None]:
 
 def _request(args: argparse.Namespace, services: Services, src: str, dest: str) -> ShardRequest:
     return ShardRequest.from_settings(
-        services.config.section(ShardSettings), src, dest, shard_size=args.shard_size, pattern=args.pattern,
-        seed=args.shuffle, workers=args.workers, overwrite=args.overwrite, resume=args.resume,
+        services.config.section(ShardSettings),
+        src,
+        dest,
+        shard_size=args.shard_size,
+        pattern=args.pattern,
+        seed=args.shuffle,
+        workers=args.workers,
+        overwrite=args.overwrite,
+        resume=args.resume,
         incomplete=args.incomplete,
     )
 
@@ -66,9 +88,13 @@ def _progress_printer(enabled: bool) -> Any:
         if not enabled or (now - last[0] < 1.0 and not p.final):
             return
         last[0] = now
-        print(f"\r  shards {p.shards_done}/{p.shards_total}  samples {p.samples_done:,}/{p.samples_total:,}"
-              f"  {p.samples_per_s:,.0f} samples/s  {p.mb_per_s:,.1f} MB/s", end="\n" if p.final else "",
-              file=sys.stderr, flush=True)
+        print(
+            f"\r  shards {p.shards_done}/{p.shards_total}  samples {p.samples_done:,}/{p.samples_total:,}"
+            f"  {p.samples_per_s:,.0f} samples/s  {p.mb_per_s:,.1f} MB/s",
+            end="\n" if p.final else "",
+            file=sys.stderr,
+            flush=True,
+        )
 
     return show
 
@@ -90,13 +116,18 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
         if args.json:
             print(json.dumps({"job": rec.id, "node": args.node, "src": src, "dest": dest}))
         else:
-            print(f"started shard job {rec.id} on {args.node}: {src} -> {dest}\n"
-                  f"  follow it with: loadmaster job logs {rec.id} --follow\n"
-                  f"  its state:      loadmaster job show {rec.id}")
+            print(
+                f"started shard job {rec.id} on {args.node}: {src} -> {dest}\n"
+                f"  follow it with: loadmaster job logs {rec.id} --follow\n"
+                f"  its state:      loadmaster job show {rec.id}"
+            )
         return 0
     pv = await shards.preview(req)
-    print(f"{src} -> {dest}: {pv.files:,} files, {pv.samples:,} samples, "
-          f"{bytes_text(pv.source_bytes)} -> {pv.shards:,} shard(s)", file=out)
+    print(
+        f"{src} -> {dest}: {pv.files:,} files, {pv.samples:,} samples, "
+        f"{bytes_text(pv.source_bytes)} -> {pv.shards:,} shard(s)",
+        file=out,
+    )
     print(f"  {pv.requests.summary()}", file=out)
     for w in pv.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -106,14 +137,17 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
         if args.json:
             print(json.dumps(pv.as_dict(), indent=1))
         return 0 if pv.ok else 2
-    result = await shards.convert_here(req, shown=pv,
-                                       on_progress=_progress_printer(sys.stderr.isatty() and not args.json))
+    result = await shards.convert_here(
+        req, shown=pv, on_progress=_progress_printer(sys.stderr.isatty() and not args.json)
+    )
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
     else:
         resumed = f" ({len(result.resumed)} resumed)" if result.resumed else ""
-        print(f"wrote {len(result.written)} shard(s){resumed} to {dest} in {result.elapsed:.1f}s\n"
-              f"  {result.manifest.summary().replace(chr(10), chr(10) + '  ')}")
+        print(
+            f"wrote {len(result.written)} shard(s){resumed} to {dest} in {result.elapsed:.1f}s\n"
+            f"  {result.manifest.summary().replace(chr(10), chr(10) + '  ')}"
+        )
     return 0
 
 

@@ -27,8 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c = ssub.add_parser("check", help="run SQLite's integrity check on the state database")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=cmd_check)
-    r = ssub.add_parser("repair", help="move a damaged state database aside and start a fresh one "
-                        "with every row that can still be read (stop the console first)")
+    r = ssub.add_parser(
+        "repair",
+        help="move a damaged state database aside and start a fresh one "
+        "with every row that can still be read (stop the console first)",
+    )
     r.add_argument("--force", action="store_true", help="rebuild even when the check finds no damage")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_repair)
@@ -39,8 +42,7 @@ def cmd_check(args: argparse.Namespace, services: Services) -> int:
     path = services.config.state_dir() / STATE_FILE
     problems = check_state(path)
     if args.json:
-        print(json.dumps({"path": str(path), "exists": path.exists(), "ok": not problems,
-                          "problems": problems}))
+        print(json.dumps({"path": str(path), "exists": path.exists(), "ok": not problems, "problems": problems}))
     elif not path.exists():
         print(f"{path}: no state database yet (it is created on first use)")
     elif problems:
@@ -57,17 +59,29 @@ def cmd_repair(args: argparse.Namespace, services: Services) -> int:
     path = services.config.state_dir() / STATE_FILE
     problems = check_state(path)
     if not problems and not args.force:
-        msg = f"{path}: ok, nothing to repair (--force rebuilds it anyway)" if path.exists() else \
-            f"{path}: no state database yet; nothing to repair"
+        msg = (
+            f"{path}: ok, nothing to repair (--force rebuilds it anyway)"
+            if path.exists()
+            else f"{path}: no state database yet; nothing to repair"
+        )
         print(json.dumps({"path": str(path), "repaired": False}) if args.json else msg)
         return 0
     report = repair_state(path)
     if args.json:
-        print(json.dumps({"path": str(report.path), "repaired": True, "backup": str(report.backup),
-                          "kept": report.kept, "lost": list(report.lost), "problems": problems}))
+        print(
+            json.dumps(
+                {
+                    "path": str(report.path),
+                    "repaired": True,
+                    "backup": str(report.backup),
+                    "kept": report.kept,
+                    "lost": list(report.lost),
+                    "problems": problems,
+                }
+            )
+        )
     else:
         print(report.summary())
     if report.lost:
-        print("loadmaster: some rows could not be read; they stay in the damaged file",
-              file=sys.stderr)
+        print("loadmaster: some rows could not be read; they stay in the damaged file", file=sys.stderr)
     return 0

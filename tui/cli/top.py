@@ -27,18 +27,25 @@ from tui.cli.argtypes import duration_arg
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``loadmaster top``."""
     p = sub.add_parser(
-        "top", help="live GPU/NIC/disk table of the fleet (like nvidia-smi for every node)",
+        "top",
+        help="live GPU/NIC/disk table of the fleet (like nvidia-smi for every node)",
         description="Sample every node over one long-lived stream and print the fleet table "
-                    "each interval. GPU-starved nodes are flagged with an input-/request-bound hint.")
+        "each interval. GPU-starved nodes are flagged with an input-/request-bound hint.",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per sample tick")
-    p.add_argument("--once", action="store_true",
-                   help="print one table (after two samples per node, so rates are known) and exit")
-    p.add_argument("--interval", type=duration_arg, metavar="S",
-                   help="seconds between samples, 0.2-60 (default: [telemetry] interval, 1s)")
-    p.add_argument("--nodes", metavar="PATTERN",
-                   help="only these nodes: hostlist (gpu-[01-04]), glob (gpu-*) or comma list")
-    p.add_argument("--count", type=int, metavar="N",
-                   help="stop after N ticks (default: run until interrupted)")
+    p.add_argument(
+        "--once", action="store_true", help="print one table (after two samples per node, so rates are known) and exit"
+    )
+    p.add_argument(
+        "--interval",
+        type=duration_arg,
+        metavar="S",
+        help="seconds between samples, 0.2-60 (default: [telemetry] interval, 1s)",
+    )
+    p.add_argument(
+        "--nodes", metavar="PATTERN", help="only these nodes: hostlist (gpu-[01-04]), glob (gpu-*) or comma list"
+    )
+    p.add_argument("--count", type=int, metavar="N", help="stop after N ticks (default: run until interrupted)")
     p.set_defaults(func=run_top)
 
 
@@ -72,8 +79,9 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
     try:
         updates = hub.updates()
         # --once waits for rates, but not forever for a node that neither answers nor fails.
-        deadline = time.monotonic() + max(15.0, 4 * settings.interval) + max(
-            (n.connect_timeout for n in nodes), default=10.0)
+        deadline = (
+            time.monotonic() + max(15.0, 4 * settings.interval) + max((n.connect_timeout for n in nodes), default=10.0)
+        )
         async for snap in updates:
             if args.once and not _ready(snap) and time.monotonic() < deadline:
                 continue
@@ -97,4 +105,3 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
         print(f"loadmaster: {unread_line(unread, len(last.nodes))}", file=sys.stderr)
         return PARTIAL_EXIT
     return 0
-

@@ -107,16 +107,21 @@ class LoadmasterScreen(Screen[None]):
         shared: list[PaletteCommand] = []
         if cls.FILTER_HINT:
             what = cls.SCREEN_TITLE or "rows"
-            shared = [(f"Filter {what.lower()}", f"Show only matching rows: {cls.FILTER_HINT} (key /)", "filter"),
-                      ("Clear filter", "Show every row again (key escape)", "clear_filter")]
+            shared = [
+                (f"Filter {what.lower()}", f"Show only matching rows: {cls.FILTER_HINT} (key /)", "filter"),
+                ("Clear filter", "Show every row again (key escape)", "clear_filter"),
+            ]
         return [*cls.PALETTE_COMMANDS, *shared]
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield ModeBar([(s.mode, s.key, s.title) for s in SCREEN_SPECS], id="mode-bar")
         if self.FILTER_HINT:
-            yield Input(placeholder=f"filter: {self.FILTER_HINT} (enter keeps it, escape clears it)",
-                        id="screen-filter", compact=True)
+            yield Input(
+                placeholder=f"filter: {self.FILTER_HINT} (enter keeps it, escape clears it)",
+                id="screen-filter",
+                compact=True,
+            )
         yield from self.compose_body()
         yield Footer()
 

@@ -36,8 +36,13 @@ if TYPE_CHECKING:
     from backend.services import Services
 
 #: Theme variable per kind (cells coloured by meaning, never by literal colour).
-KIND_STYLE = {"full": "action-keep", "weights": "action-strip", "incomplete": "job-running", "corrupt": "action-delete",
-              "unknown": "action-skip"}
+KIND_STYLE = {
+    "full": "action-keep",
+    "weights": "action-strip",
+    "incomplete": "job-running",
+    "corrupt": "action-delete",
+    "unknown": "action-skip",
+}
 
 
 class CatalogListed(Message):
@@ -126,11 +131,14 @@ class CheckpointsScreen(LoadmasterScreen):
             with Horizontal(classes="ckpt-row"):
                 yield Label("Store", classes="ckpt-label")
                 urls = {p.url for _, p in stores}
-                yield Select([(n, p.url) for n, p in stores], prompt="store", id="ckpt-store",
-                             value=first if first in urls else Select.NULL)
+                yield Select(
+                    [(n, p.url) for n, p in stores],
+                    prompt="store",
+                    id="ckpt-store",
+                    value=first if first in urls else Select.NULL,
+                )
                 yield Label("Run prefix", classes="ckpt-label")
-                yield Input(value=first, placeholder="s3://bucket/run, a store name/run or a directory",
-                            id="ckpt-url")
+                yield Input(value=first, placeholder="s3://bucket/run, a store name/run or a directory", id="ckpt-url")
             with Horizontal(classes="ckpt-row"):
                 yield Label("Params", classes="ckpt-label")
                 yield Input("70e9", id="ckpt-params", classes="ckpt-num")
@@ -140,7 +148,11 @@ class CheckpointsScreen(LoadmasterScreen):
                 yield Input(placeholder="run here", id="ckpt-node", classes="ckpt-num")
             yield Static("", id="ckpt-footprint", markup=False)
             yield Static("", id="ckpt-backlog", markup=False)
-            yield Static("Press o to type a run prefix (or pick a store), then enter to list it.", id="ckpt-summary", markup=False)
+            yield Static(
+                "Press o to type a run prefix (or pick a store), then enter to list it.",
+                id="ckpt-summary",
+                markup=False,
+            )
             yield DataTable(id="ckpt-steps", cursor_type="row", zebra_stripes=True)
             yield DataTable(id="ckpt-tensors", cursor_type="row", zebra_stripes=True)
             yield Static("", id="ckpt-status", markup=False)
@@ -148,12 +160,24 @@ class CheckpointsScreen(LoadmasterScreen):
 
     def on_mount(self) -> None:
         steps = self.query_one("#ckpt-steps", DataTable)
-        for key, label in (("step", "Step"), ("kind", "Kind"), ("layout", "Layout"), ("size", "Size"),
-                           ("objects", "Objects"), ("age", "Age"), ("export", "BF16 export")):
+        for key, label in (
+            ("step", "Step"),
+            ("kind", "Kind"),
+            ("layout", "Layout"),
+            ("size", "Size"),
+            ("objects", "Objects"),
+            ("age", "Age"),
+            ("export", "BF16 export"),
+        ):
             steps.add_column(label, key=key)
         tensors = self.query_one("#ckpt-tensors", DataTable)
-        for key, label in (("name", "Tensor"), ("dtype", "Dtype"), ("shape", "Shape"), ("bytes", "Bytes"),
-                           ("file", "File")):
+        for key, label in (
+            ("name", "Tensor"),
+            ("dtype", "Dtype"),
+            ("shape", "Shape"),
+            ("bytes", "Bytes"),
+            ("file", "File"),
+        ):
             tensors.add_column(label, key=key)
         tensors.display = False
         self.query_one("#ckpt-progress", ProgressBar).display = False
@@ -179,10 +203,12 @@ class CheckpointsScreen(LoadmasterScreen):
         except ValueError:
             out.update(f"Params: expected a number like 70e9, got {text!r}")
             return
-        out.update(f"{params / 1e9:g}B params: BF16 weights {bytes_gib_text(fp.weights_bytes)}, full AdamW state "
-                   f"{bytes_gib_text(fp.full_bytes)} (14 B/param); weights only saves {fp.saving_fraction:.1%}. "
-                   f"For {retained} full checkpoint(s): {bytes_gib_text(fp.retained_full_bytes)} vs "
-                   f"{bytes_gib_text(fp.retained_weights_bytes)}.  GB = 10^9 bytes")
+        out.update(
+            f"{params / 1e9:g}B params: BF16 weights {bytes_gib_text(fp.weights_bytes)}, full AdamW state "
+            f"{bytes_gib_text(fp.full_bytes)} (14 B/param); weights only saves {fp.saving_fraction:.1%}. "
+            f"For {retained} full checkpoint(s): {bytes_gib_text(fp.retained_full_bytes)} vs "
+            f"{bytes_gib_text(fp.retained_weights_bytes)}.  GB = 10^9 bytes"
+        )
 
     # ----------------------------------------------------------------- listing
 
@@ -261,15 +287,24 @@ class CheckpointsScreen(LoadmasterScreen):
         variables = getattr(self.app, "theme_variables", {}) or {}
         table = self.query_one("#ckpt-steps", DataTable)
         selected = self.selected()
-        shown = [s for s in cat.steps if self.filter_matches(str(s.step) if s.step is not None else "", s.name,
-                                                             s.kind, s.layout)]
+        shown = [
+            s
+            for s in cat.steps
+            if self.filter_matches(str(s.step) if s.step is not None else "", s.name, s.kind, s.layout)
+        ]
         with self.app.batch_update():
             table.clear()
             for s in shown:
-                table.add_row(str(s.step) if s.step is not None else s.name,
-                              Text(s.kind, style=variables.get(KIND_STYLE[s.kind], "")), s.layout,
-                              bytes_text(s.total_bytes), str(s.object_count), age_of(s.mtime),
-                              "yes" if s.has_bf16_export else "no", key=s.path)
+                table.add_row(
+                    str(s.step) if s.step is not None else s.name,
+                    Text(s.kind, style=variables.get(KIND_STYLE[s.kind], "")),
+                    s.layout,
+                    bytes_text(s.total_bytes),
+                    str(s.object_count),
+                    age_of(s.mtime),
+                    "yes" if s.has_bf16_export else "no",
+                    key=s.path,
+                )
             paths = [s.path for s in shown]
             if selected is not None and selected.path in paths:
                 table.move_cursor(row=paths.index(selected.path))
@@ -278,10 +313,12 @@ class CheckpointsScreen(LoadmasterScreen):
         bad = [s for s in cat.steps if s.kind == "corrupt"]
         if bad:  # red in the table; say which file is at fault, since the table has no room for it
             kinds += f"\ncorrupt (never counted or deleted): {bad[0].name}: {bad[0].note}" + (
-                f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
+                f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+            )
         matching = f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#ckpt-summary", Static).update(
-            f"{self.url}: {len(cat.steps)} steps, {bytes_text(sum(by.values()))}   by kind: {kinds or '-'}{matching}")
+            f"{self.url}: {len(cat.steps)} steps, {bytes_text(sum(by.values()))}   by kind: {kinds or '-'}{matching}"
+        )
         backlog = self.query_one("#ckpt-backlog", Static)
         backlog.display = bool(self.alerts)
         backlog.update("\n".join(f"ALERT {a.message}" for a in self.alerts))
@@ -326,7 +363,8 @@ class CheckpointsScreen(LoadmasterScreen):
             table.display = True
         problems = "; ".join(ins.problems)
         self.query_one("#ckpt-status", Static).update(
-            f"{ins.step.path}: {len(ins.tensors)} tensors/keys" + (f"  problems: {problems}" if problems else ""))
+            f"{ins.step.path}: {len(ins.tensors)} tensors/keys" + (f"  problems: {problems}" if problems else "")
+        )
 
     # ----------------------------------------------------------------- strip
 
@@ -339,34 +377,46 @@ class CheckpointsScreen(LoadmasterScreen):
             return
         if step.kind not in ("full", "weights") or step.layout in ("hf-safetensors", "unknown"):
             why = f": {step.note}" if step.note else ""
-            self.notify(f"{step.name} is {step.kind} ({step.layout}{why}); only complete checkpoints can be stripped.",
-                        severity="warning", markup=False)
+            self.notify(
+                f"{step.name} is {step.kind} ({step.layout}{why}); only complete checkpoints can be stripped.",
+                severity="warning",
+                markup=False,
+            )
             return
         if step.has_bf16_export:
             self.notify(f"{step.name} already has a BF16 export.", severity="warning", markup=False)
             return
         node = self.query_one("#ckpt-node", Input).value.strip() or None
-        body = (f"Read the model weights of {self.url}/{step.path} ({step.layout}, {bytes_text(step.total_bytes)}), cast "
-                f"to BF16 and write model-0000i-of-0000N.safetensors + model.safetensors.index.json into the same "
-                f"folder, then verify them. Nothing is deleted. Runs {'on ' + node if node else 'in this console'}.")
+        body = (
+            f"Read the model weights of {self.url}/{step.path} ({step.layout}, {bytes_text(step.total_bytes)}), cast "
+            f"to BF16 and write model-0000i-of-0000N.safetensors + model.safetensors.index.json into the same "
+            f"folder, then verify them. Nothing is deleted. Runs {'on ' + node if node else 'in this console'}."
+        )
         self._confirm_strip(step.path, node, body)
 
     @work(group="checkpoints-action", exit_on_error=False)
     async def _confirm_strip(self, path: str, node: str | None, body: str) -> None:
-        if not await self.app.push_screen_wait(ConfirmModal(title=f"Strip {path} to BF16?", body=body,
-                                                            yes_label="Strip")):
+        if not await self.app.push_screen_wait(
+            ConfirmModal(title=f"Strip {path} to BF16?", body=body, yes_label="Strip")
+        ):
             return
         req = StripRequest(src=f"{self.url}/{path}", node=node)
 
         async def run() -> str:
-            done = await self.services.ops.checkpoints.strip(req, progress=lambda **kw: self.post_message(
-                ActionProgressed(int(kw.get("bytes_done") or 0), int(kw.get("bytes_total") or 0))))
+            done = await self.services.ops.checkpoints.strip(
+                req,
+                progress=lambda **kw: self.post_message(
+                    ActionProgressed(int(kw.get("bytes_done") or 0), int(kw.get("bytes_total") or 0))
+                ),
+            )
             if done.job is not None:
                 return f"strip of {path} launched on {node} as job {done.job.id}"
             res = done.result
             assert isinstance(res, StripResult)
-            return (f"stripped {path}: {res.tensor_count} tensors, {bytes_text(res.weight_bytes)} BF16 in "
-                    f"{len(res.shards)} shard(s), verified")
+            return (
+                f"stripped {path}: {res.tensor_count} tensors, {bytes_text(res.weight_bytes)} BF16 in "
+                f"{len(res.shards)} shard(s), verified"
+            )
 
         await self._run_action("strip", path, f"Stripping {path} …", run)
 
@@ -388,13 +438,18 @@ class CheckpointsScreen(LoadmasterScreen):
             return
         local = self.query_one("#ckpt-local", Input).value.strip()
         if not local or not self.url:
-            self.notify("Type a local step folder in 'Local step' and list a run prefix first.",
-                        severity="warning", markup=False)
+            self.notify(
+                "Type a local step folder in 'Local step' and list a run prefix first.",
+                severity="warning",
+                markup=False,
+            )
             return
         node = self.query_one("#ckpt-node", Input).value.strip() or None
         name = os.path.basename(local.rstrip("/"))
-        body = (f"Upload every file of {local} to {self.url}/{name} (multipart, each object verified by size and "
-                f"checksum, DCP .metadata last). Runs {'as a job on ' + node if node else 'in this console'}.")
+        body = (
+            f"Upload every file of {local} to {self.url}/{name} (multipart, each object verified by size and "
+            f"checksum, DCP .metadata last). Runs {'as a job on ' + node if node else 'in this console'}."
+        )
         self._confirm_upload(local, name, node, body)
 
     @work(group="checkpoints-action", exit_on_error=False)
@@ -408,27 +463,35 @@ class CheckpointsScreen(LoadmasterScreen):
         overwrite = False
         if present:
             # A complete step must never be replaced by a keypress: the step's name is typed.
-            overwrite = bool(await self.app.push_screen_wait(ConfirmTyped(  # type: ignore[arg-type]
-                title=f"{dest} already holds {present} object(s)",
-                body=f"{body}\n\nUploading there replaces what it holds. Type the step's name to overwrite it.",
-                phrase=name, confirm_label="Overwrite")))
+            overwrite = bool(
+                await self.app.push_screen_wait(
+                    ConfirmTyped(  # type: ignore[arg-type]
+                        title=f"{dest} already holds {present} object(s)",
+                        body=f"{body}\n\nUploading there replaces what it holds. Type the step's name to overwrite it.",
+                        phrase=name,
+                        confirm_label="Overwrite",
+                    )
+                )
+            )
             if not overwrite:
                 self.notify(f"Nothing uploaded: {name} already exists in {self.url}.", markup=False)
                 return
-        elif not await self.app.push_screen_wait(ConfirmModal(title=f"Upload {name}?", body=body,
-                                                             yes_label="Upload")):
+        elif not await self.app.push_screen_wait(ConfirmModal(title=f"Upload {name}?", body=body, yes_label="Upload")):
             return
         req = UploadRequest(local_dir=local, dest=dest, node=node, overwrite=overwrite)
 
         async def run() -> str:
             done = await self.services.ops.checkpoints.upload(
-                req, progress=lambda done, total, _f, _ft: self.post_message(ActionProgressed(done, total)))
+                req, progress=lambda done, total, _f, _ft: self.post_message(ActionProgressed(done, total))
+            )
             if done.job is not None:
                 return f"upload of {name} launched on {node} as job {done.job.id}"
             res = done.result
             assert isinstance(res, UploadResult)
             verb = "overwrote" if overwrite else "uploaded"
-            return f"{verb} {name}: {len(res.objects)} objects, {bytes_text(res.bytes)}, {gbps_text(res.gbps)}, verified"
+            return (
+                f"{verb} {name}: {len(res.objects)} objects, {bytes_text(res.bytes)}, {gbps_text(res.gbps)}, verified"
+            )
 
         await self._run_action("upload", name, f"Uploading {local} …", run)
 
@@ -441,7 +504,9 @@ class CheckpointsScreen(LoadmasterScreen):
     @on(ActionFinished)
     def _action_finished(self, event: ActionFinished) -> None:
         self.query_one("#ckpt-progress", ProgressBar).display = False
-        self.query_one("#ckpt-status", Static).update(event.detail if event.ok else f"{event.what} failed: {event.detail}")
+        self.query_one("#ckpt-status", Static).update(
+            event.detail if event.ok else f"{event.what} failed: {event.detail}"
+        )
         if event.ok:
             self.notify(event.detail, markup=False)
             self.action_reload()

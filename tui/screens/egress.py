@@ -60,8 +60,13 @@ class CalculatorInputs:
 
 #: The routes table's columns, the decisive ones first (key, header).
 ROUTE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("route", "Store -> node site"), ("usd", "USD"), ("projected", "Projected"), ("bytes", "Bytes"),
-    ("n", "N"), ("kind", "Kind"))
+    ("route", "Store -> node site"),
+    ("usd", "USD"),
+    ("projected", "Projected"),
+    ("bytes", "Bytes"),
+    ("n", "N"),
+    ("kind", "Kind"),
+)
 #: The route column is bounded (longer routes are cut in the middle, the full route is the table's
 #: tooltip on the highlighted row) so that a long store or site name cannot push the money off.
 ROUTE_WIDTH = 32
@@ -101,8 +106,12 @@ def read_inputs(values: CalculatorInputs, table: PriceTable | None = None) -> tu
     take("dest", lambda t: parse_site_text(t, what="destination", table=table))
     take("objects", lambda t: parse_count_text(t or "0", what="objects"))
     kwargs = {
-        "dataset_bytes": parsed.get("size"), "runs": parsed.get("runs"), "nodes": parsed.get("nodes"),
-        "source": parsed.get("source"), "dest": parsed.get("dest"), "objects": parsed.get("objects"),
+        "dataset_bytes": parsed.get("size"),
+        "runs": parsed.get("runs"),
+        "nodes": parsed.get("nodes"),
+        "source": parsed.get("source"),
+        "dest": parsed.get("dest"),
+        "objects": parsed.get("objects"),
         "per_node": values.per_node,
     }
     return kwargs, errors
@@ -116,17 +125,21 @@ class EgressScreen(LoadmasterScreen):
     #: Below 120 columns the calculator goes under the month's routes (beside them at 100 columns it
     #: left the routes no room for Projected); up to 160 it keeps a fixed width beside them
     #: (themes/egress.tcss), so the routes table keeps room for USD and Projected.
-    HORIZONTAL_BREAKPOINTS: list[tuple[int, str]] | None = [
-        (0, "-narrow"), (120, "-medium"), (160, "-wide")]
+    HORIZONTAL_BREAKPOINTS: list[tuple[int, str]] | None = [(0, "-narrow"), (120, "-medium"), (160, "-wide")]
     FILTER_HINT: ClassVar[str] = "route (store or site) or kind"
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
         ("Refresh month-to-date", "Re-read the egress ledger (key r)", "refresh"),
-        ("Load the brief's scenario", "40 TB x 5 runs, aws:us-east-1 -> coreweave:us-east-04, 16 nodes (key x)",
-         "load_example"),
-        ("Toggle full sync / sharded", "Every node syncs the whole dataset vs disjoint shards (key f)",
-         "toggle_full"),
-        ("Show the selected route", "Account, sites, bytes, $ and projection of one route in full (key enter)",
-         "route_detail"),
+        (
+            "Load the brief's scenario",
+            "40 TB x 5 runs, aws:us-east-1 -> coreweave:us-east-04, 16 nodes (key x)",
+            "load_example",
+        ),
+        ("Toggle full sync / sharded", "Every node syncs the whole dataset vs disjoint shards (key f)", "toggle_full"),
+        (
+            "Show the selected route",
+            "Account, sites, bytes, $ and projection of one route in full (key enter)",
+            "route_detail",
+        ),
     ]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "refresh", "Reload"),
@@ -193,7 +206,9 @@ class EgressScreen(LoadmasterScreen):
                     yield Label("Per node", classes="egress-label")
                     yield Select(
                         [("disjoint shards (sharded)", "sharded"), ("every node syncs all (full)", "full")],
-                        value=BRIEF_SCENARIO.per_node, allow_blank=False, id="calc-per-node",
+                        value=BRIEF_SCENARIO.per_node,
+                        allow_blank=False,
+                        id="calc-per-node",
                     )
                 yield Static("", id="egress-calc-error", markup=False)
                 yield Static("", id="egress-quote", markup=False)
@@ -286,28 +301,43 @@ class EgressScreen(LoadmasterScreen):
         self.report = rep = event.report
         as_of = datetime.fromtimestamp(rep.as_of, UTC).strftime("%Y-%m-%d %H:%M UTC")
         self.query_one("#egress-month-title", Static).update(
-            f"Month to date {rep.month}  ({rep.elapsed:.0%} of the month, as of {as_of})")
-        self.query_one("#egress-summary", Summary).set_items([
-            ("spent", usd_text(rep.usd)),
-            ("moved", bytes_text(rep.bytes)),
-            ("projected", f"{usd_text(rep.projected_usd)} / {bytes_text(rep.projected_bytes)}"),
-            *([("unpriced", bytes_text(rep.unpriced_bytes))] if rep.unpriced_bytes else []),
-        ])
+            f"Month to date {rep.month}  ({rep.elapsed:.0%} of the month, as of {as_of})"
+        )
+        self.query_one("#egress-summary", Summary).set_items(
+            [
+                ("spent", usd_text(rep.usd)),
+                ("moved", bytes_text(rep.bytes)),
+                ("projected", f"{usd_text(rep.projected_usd)} / {bytes_text(rep.projected_bytes)}"),
+                *([("unpriced", bytes_text(rep.unpriced_bytes))] if rep.unpriced_bytes else []),
+            ]
+        )
         box = self.query_one("#egress-budgets", Vertical)
         box.remove_children()
         gauges: list[Any] = []
         for b in rep.budgets:
-            gauges.append(Gauge(
-                b.key, value=b.spent_usd, total=max(b.budget_usd, 1e-9),
-                text=f"{usd_text(b.spent_usd)}/{usd_text(b.budget_usd)} -> {usd_text(b.projected_usd)}",
-                warn_at=self.services.config.section(EgressSettings).warn_at, label_width=14,
-                classes="egress-budget",
-            ))
-            gauges[-1].tooltip = (f"{b.scope} {b.key!r}: {usd_text(b.spent_usd)} spent of "
-                                  f"{usd_text(b.budget_usd)} this month, {usd_text(b.projected_usd)} projected")
+            gauges.append(
+                Gauge(
+                    b.key,
+                    value=b.spent_usd,
+                    total=max(b.budget_usd, 1e-9),
+                    text=f"{usd_text(b.spent_usd)}/{usd_text(b.budget_usd)} -> {usd_text(b.projected_usd)}",
+                    warn_at=self.services.config.section(EgressSettings).warn_at,
+                    label_width=14,
+                    classes="egress-budget",
+                )
+            )
+            gauges[-1].tooltip = (
+                f"{b.scope} {b.key!r}: {usd_text(b.spent_usd)} spent of "
+                f"{usd_text(b.budget_usd)} this month, {usd_text(b.projected_usd)} projected"
+            )
         if not gauges:
-            gauges.append(Static("no budget configured: set [egress] monthly_budget_usd or budgets",
-                                 classes="egress-no-budget", markup=False))
+            gauges.append(
+                Static(
+                    "no budget configured: set [egress] monthly_budget_usd or budgets",
+                    classes="egress-no-budget",
+                    markup=False,
+                )
+            )
         box.mount_all(gauges)
         self._render_routes()
 
@@ -320,12 +350,17 @@ class EgressScreen(LoadmasterScreen):
         named = [(r, f"{r.store} -> {r.dest_site or '?'}") for r in rep.routes]
         self.shown_routes = [(r, name) for r, name in named if self.filter_matches(name, r.kind)]
         for r, route in self.shown_routes:
-            cells = {"route": short(route, ROUTE_WIDTH), "usd": usd_text(r.usd),
-                     "projected": usd_text(r.projected_usd), "bytes": bytes_text(r.bytes),
-                     "n": str(r.transfers), "kind": r.kind}
+            cells = {
+                "route": short(route, ROUTE_WIDTH),
+                "usd": usd_text(r.usd),
+                "projected": usd_text(r.projected_usd),
+                "bytes": bytes_text(r.bytes),
+                "n": str(r.transfers),
+                "kind": r.kind,
+            }
             table.add_row(*(cells[k] for k, _ in ROUTE_COLUMNS))
         if not self.shown_routes:
-            empty = (f"no route matches {self.filter_text!r}" if rep.routes else "no transfers recorded this month")
+            empty = f"no route matches {self.filter_text!r}" if rep.routes else "no transfers recorded this month"
             table.add_row(*(empty if k == "route" else "" for k, _ in ROUTE_COLUMNS))
 
     def apply_filter(self) -> None:
@@ -346,13 +381,19 @@ class EgressScreen(LoadmasterScreen):
         """The selected route in full (the table cuts the route name to fit)."""
         row = self.query_one("#egress-routes", DataTable).cursor_row
         if not 0 <= row < len(self.shown_routes):
-            self.notify("No route selected: nothing was transferred this month yet.", severity="warning",
-                        markup=False)
+            self.notify("No route selected: nothing was transferred this month yet.", severity="warning", markup=False)
             return
         r, name = self.shown_routes[row]
-        fields = [("route", name), ("store", r.store), ("account", r.account or "-"),
-                  ("from site", r.source_site or "unknown"), ("to site", r.dest_site or "unknown"),
-                  ("kind", r.kind), ("transfers", f"{r.transfers:,}"), ("moved", bytes_text(r.bytes)),
-                  ("spent", usd_text(r.usd)),
-                  ("projected", f"{usd_text(r.projected_usd)} / {bytes_text(r.projected_bytes)} by month end")]
+        fields = [
+            ("route", name),
+            ("store", r.store),
+            ("account", r.account or "-"),
+            ("from site", r.source_site or "unknown"),
+            ("to site", r.dest_site or "unknown"),
+            ("kind", r.kind),
+            ("transfers", f"{r.transfers:,}"),
+            ("moved", bytes_text(r.bytes)),
+            ("spent", usd_text(r.usd)),
+            ("projected", f"{usd_text(r.projected_usd)} / {bytes_text(r.projected_bytes)} by month end"),
+        ]
         self.app.push_screen(DetailModal(name, fields, hint="escape back"))

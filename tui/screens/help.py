@@ -84,9 +84,7 @@ class HelpScreen(ModalScreen[None]):
     @property
     def plain(self) -> str:
         """All rows as plain text (for logs and tests)."""
-        return "\n".join(
-            f"{title}\n" + "\n".join(f"{k} {d}" for k, d in rows) for title, rows in self.sections
-        )
+        return "\n".join(f"{title}\n" + "\n".join(f"{k} {d}" for k, d in rows) for title, rows in self.sections)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -29,9 +29,16 @@ PLOTS: tuple[tuple[str, str, str], ...] = (
     ("tx_gbps", "NIC tx", "Gbps"),
     ("disk_write_mbps", "Disk write", "MB/s"),
 )
-GPU_COLUMNS = (("gpu", "GPU", 4), ("name", "Name", 22), ("util", "Util", 18),
-               ("mem", "Memory", 30), ("temp", "Temp", 6), ("power", "Power", 16),
-               ("status", "Status", 12), ("trend", "Util trend", 24))
+GPU_COLUMNS = (
+    ("gpu", "GPU", 4),
+    ("name", "Name", 22),
+    ("util", "Util", 18),
+    ("mem", "Memory", 30),
+    ("temp", "Temp", 6),
+    ("power", "Power", 16),
+    ("status", "Status", 12),
+    ("trend", "Util trend", 24),
+)
 BAR = 10
 
 
@@ -39,10 +46,12 @@ def gpu_cells(g: Any) -> tuple[str, ...]:
     """One GPU's row in the detail table."""
     if g.lost:
         return (str(g.index), g.uuid or "", "", "", "", "", "GPU is lost")
-    mem_pct = (100.0 * g.mem_used_mib / g.mem_total_mib
-               if g.mem_used_mib is not None and g.mem_total_mib else None)
-    mem = (f"{bar(mem_pct, BAR)} {g.mem_used_mib / 1024:.1f}/{g.mem_total_mib / 1024:.0f} GiB"
-           if mem_pct is not None and g.mem_used_mib is not None and g.mem_total_mib else "-")
+    mem_pct = 100.0 * g.mem_used_mib / g.mem_total_mib if g.mem_used_mib is not None and g.mem_total_mib else None
+    mem = (
+        f"{bar(mem_pct, BAR)} {g.mem_used_mib / 1024:.1f}/{g.mem_total_mib / 1024:.0f} GiB"
+        if mem_pct is not None and g.mem_used_mib is not None and g.mem_total_mib
+        else "-"
+    )
     util = f"{bar(g.util_pct, BAR)} {num(g.util_pct, '{:.0f}%')}"
     if g.power_w is None:
         power = "n/a"
@@ -83,8 +92,7 @@ class NodeDetailScreen(LoadmasterScreen):
             with Vertical(id="node-plots"):
                 for key, title, _unit in PLOTS:
                     with Horizontal(classes="node-plot"):
-                        yield Static(title, id=f"plot-label-{key}", classes="plot-label",
-                                     markup=False)
+                        yield Static(title, id=f"plot-label-{key}", classes="plot-label", markup=False)
                         yield TimeSeriesPlot(id=f"plot-{key}", classes="plot")
 
     def on_mount(self) -> None:
@@ -139,8 +147,7 @@ class NodeDetailScreen(LoadmasterScreen):
 
     def _is_local(self) -> bool:
         """The node is this machine over the local transport (it has no SSH latency)."""
-        return any(c.name == self.node_name and c.transport == "local"
-                   for c in self.services.config.nodes)
+        return any(c.name == self.node_name and c.transport == "local" for c in self.services.config.nodes)
 
     def _gpus(self, n: NodeSnapshot) -> None:
         table = self.query_one("#node-gpus", DataTable)
@@ -172,12 +179,13 @@ class NodeDetailScreen(LoadmasterScreen):
             if nic.kind == "loopback":
                 continue
             speed = f"{nic.speed_mbps / 1000:g} Gb/s" if nic.speed_mbps else "speed unknown"
-            lines.append(f"{nic.name:<12} {nic.kind:<8} rx {rate_pct(nic.rx_gbps, nic.rx_pct):<12}"
-                         f" tx {rate_pct(nic.tx_gbps, nic.tx_pct):<12} {speed}")
+            lines.append(
+                f"{nic.name:<12} {nic.kind:<8} rx {rate_pct(nic.rx_gbps, nic.rx_pct):<12}"
+                f" tx {rate_pct(nic.tx_gbps, nic.tx_pct):<12} {speed}"
+            )
         for d in n.disks:
             kind = "" if d.physical else " (virtual)"
-            lines.append(f"{d.name:<12} disk{kind:<10} read {num(d.read_mbps)} MB/s  "
-                         f"write {num(d.write_mbps)} MB/s")
+            lines.append(f"{d.name:<12} disk{kind:<10} read {num(d.read_mbps)} MB/s  write {num(d.write_mbps)} MB/s")
         self.query_one("#node-io", Static).update("\n".join(lines) or "no NICs or disks reported")
 
     def _plots(self) -> None:
@@ -201,5 +209,4 @@ class NodeDetailScreen(LoadmasterScreen):
             else:
                 hi = max(s.max or 0.0, 1.0)
             self.query_one(f"#plot-label-{key}", Static).update(label)
-            self.query_one(f"#plot-{key}", TimeSeriesPlot).set_series(hist.series(key), lo=0.0,
-                                                                      hi=hi)
+            self.query_one(f"#plot-{key}", TimeSeriesPlot).set_series(hist.series(key), lo=0.0, hi=hi)

@@ -41,11 +41,20 @@ if TYPE_CHECKING:
     from backend.services import Services
 
 #: Theme variable per action (cells are coloured by meaning, never by literal colour).
-ACTION_STYLE = {"keep-full": "action-keep", "keep-weights": "action-keep", "strip-to-weights": "action-strip",
-                "delete": "action-delete", "skip": "action-skip"}
+ACTION_STYLE = {
+    "keep-full": "action-keep",
+    "keep-weights": "action-keep",
+    "strip-to-weights": "action-strip",
+    "delete": "action-delete",
+    "skip": "action-skip",
+}
 #: Storage bar segments: (css class, label, actions whose bytes-after fall in it).
-BAR_SEGMENTS = (("-keep", "full", ("keep-full",)), ("-strip", "weights", ("strip-to-weights", "keep-weights")),
-                ("-skip", "untouched", ("skip",)), ("-delete", "freed", ()))
+BAR_SEGMENTS = (
+    ("-keep", "full", ("keep-full",)),
+    ("-strip", "weights", ("strip-to-weights", "keep-weights")),
+    ("-skip", "untouched", ("skip",)),
+    ("-delete", "freed", ()),
+)
 
 
 #: Full steps deep-checked when a run is listed (newest first; a plan keeps only a few full).
@@ -65,9 +74,17 @@ class CatalogLoaded(Message):
     """A fresh listing of the run arrived (with the DB pins and milestones, running jobs, the
     price, and the deep resumable check of every full step)."""
 
-    def __init__(self, url: str, catalog: Catalog, pins: tuple[Pin, ...], in_flight: set[str],
-                 price: float | None, price_note: str, milestones: tuple[int, ...] = (),
-                 proofs: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        catalog: Catalog,
+        pins: tuple[Pin, ...],
+        in_flight: set[str],
+        price: float | None,
+        price_note: str,
+        milestones: tuple[int, ...] = (),
+        proofs: dict[str, str] | None = None,
+    ) -> None:
         super().__init__()
         self.url, self.catalog, self.pins, self.in_flight = url, catalog, pins, in_flight
         self.price, self.price_note = price, price_note
@@ -131,8 +148,7 @@ class RetentionScreen(LoadmasterScreen):
         ("Edit the run folder", "Type another run folder; enter lists it (key o)", "focus_url"),
         ("Pin or unpin the selected step", "A pinned step is never touched (key p)", "toggle_pin"),
         ("Mark or unmark a milestone", "Milestones stay as weights at least (key m)", "toggle_milestone"),
-        ("Dry run the retention plan", "Re-check the plan against a fresh listing, change nothing (key d)",
-         "dry_run"),
+        ("Dry run the retention plan", "Re-check the plan against a fresh listing, change nothing (key d)", "dry_run"),
         ("Apply retention plan", "Delete/strip as planned, after a typed confirmation (key a)", "apply_plan"),
         ("Show the selected step's plan", "Sizes, reason, pin and milestone in full (key enter)", "step_detail"),
     ]
@@ -164,22 +180,30 @@ class RetentionScreen(LoadmasterScreen):
         with Vertical(classes="screen-body", id="retention-body"):
             with Horizontal(id="retention-source", classes="retention-row"):
                 yield Label("Run folder", classes="retention-label")
-                yield Input(value=first, placeholder="s3://bucket/run, a store name or a directory",
-                            id="retention-url")
+                yield Input(value=first, placeholder="s3://bucket/run, a store name or a directory", id="retention-url")
             with Horizontal(id="retention-policy", classes="retention-row"):
                 yield Label("keep full", classes="retention-label")
                 yield Input(str(p.keep_full_latest), id="keep-full", classes="retention-num")
                 yield Label("milestone every", classes="retention-label")
-                yield Input(str(p.milestone_every or ""), placeholder="off", id="milestone-every",
-                            classes="retention-num")
+                yield Input(
+                    str(p.milestone_every or ""), placeholder="off", id="milestone-every", classes="retention-num"
+                )
                 yield Label("milestones", classes="retention-label")
                 yield Input(",".join(map(str, p.milestones)), placeholder="48000,96000", id="milestones")
                 yield Label("others", classes="retention-label")
-                yield Select([("delete", "delete"), ("keep weights", "keep-weights")], value=p.others,
-                             allow_blank=False, id="others")
+                yield Select(
+                    [("delete", "delete"), ("keep weights", "keep-weights")],
+                    value=p.others,
+                    allow_blank=False,
+                    id="others",
+                )
                 yield Label("min age", classes="retention-label")
-                yield Input(duration_spec(p.min_age) if p.min_age else "", placeholder="0", id="min-age",
-                            classes="retention-num")
+                yield Input(
+                    duration_spec(p.min_age) if p.min_age else "",
+                    placeholder="0",
+                    id="min-age",
+                    classes="retention-num",
+                )
             yield Static("Press o to type a run folder, then enter to list it.", id="retention-summary", markup=False)
             with Horizontal(id="retention-bar"):
                 for cls, label, _ in BAR_SEGMENTS:
@@ -190,8 +214,15 @@ class RetentionScreen(LoadmasterScreen):
 
     def on_mount(self) -> None:
         table = self.query_one("#retention-steps", DataTable)
-        for key, label in (("step", "Step"), ("action", "Action"), ("before", "Before"), ("after", "After"),
-                           ("freed", "Freed"), ("reason", "Reason"), ("result", "Result")):
+        for key, label in (
+            ("step", "Step"),
+            ("action", "Action"),
+            ("before", "Before"),
+            ("after", "After"),
+            ("freed", "Freed"),
+            ("reason", "Reason"),
+            ("result", "Result"),
+        ):
             table.add_column(label, key=key)
         self.query_one("#retention-progress", ProgressBar).display = False
         for seg in self.query(".retention-bar-seg"):
@@ -220,8 +251,7 @@ class RetentionScreen(LoadmasterScreen):
     def action_reload(self) -> None:
         url = self.query_one("#retention-url", Input).value.strip()
         if not url:
-            self.notify("Enter a run folder first (s3://bucket/run or a directory).", severity="warning",
-                        markup=False)
+            self.notify("Enter a run folder first (s3://bucket/run or a directory).", severity="warning", markup=False)
             return
         self.query_one("#retention-summary", Static).update(f"Listing {url} …")
         self._load_catalog(url)
@@ -268,6 +298,7 @@ class RetentionScreen(LoadmasterScreen):
 
     def policy(self) -> RetentionPolicy:
         """The policy the inputs describe; LoadmasterError naming the bad input otherwise."""
+
         def num(id_: str, what: str) -> int:
             text = self.query_one(f"#{id_}", Input).value.strip()
             if not text:
@@ -284,12 +315,16 @@ class RetentionScreen(LoadmasterScreen):
         others = self.query_one("#others", Select).value
         try:
             return dataclasses.replace(
-                self.base_policy, keep_full_latest=num("keep-full", "keep full"),
+                self.base_policy,
+                keep_full_latest=num("keep-full", "keep full"),
                 milestone_every=num("milestone-every", "milestone every"),
-                milestones=tuple(sorted(set(parse_step_list(self.query_one("#milestones", Input).value))
-                                        | self.db_milestones)),
+                milestones=tuple(
+                    sorted(set(parse_step_list(self.query_one("#milestones", Input).value)) | self.db_milestones)
+                ),
                 others=others if others in ("delete", "keep-weights") else "delete",  # type: ignore[arg-type]
-                min_age=min_age, pins=tuple(Pin(s, r) for s, r in self.pins.items()))
+                min_age=min_age,
+                pins=tuple(Pin(s, r) for s, r in self.pins.items()),
+            )
         except ValueError as exc:
             raise LoadmasterError(str(exc)) from None
 
@@ -308,9 +343,17 @@ class RetentionScreen(LoadmasterScreen):
         except LoadmasterError as exc:
             self.query_one("#retention-summary", Static).update(f"Policy: {exc}")
             return
-        plan = plan_retention(self.catalog.steps, policy, now=time.time(), in_flight=self.in_flight, url=self.url,
-                              prefix=self.catalog.prefix, usd_per_gb_month=self.price, price_note=self.price_note,
-                              proofs=self.proofs)
+        plan = plan_retention(
+            self.catalog.steps,
+            policy,
+            now=time.time(),
+            in_flight=self.in_flight,
+            url=self.url,
+            prefix=self.catalog.prefix,
+            usd_per_gb_month=self.price,
+            price_note=self.price_note,
+            proofs=self.proofs,
+        )
         self.plan = plan
         self.render_plan(plan)
         self.post_message(PlanComputed(plan))
@@ -320,31 +363,43 @@ class RetentionScreen(LoadmasterScreen):
         variables = getattr(self.app, "theme_variables", {}) or {}
         table = self.query_one("#retention-steps", DataTable)
         selected = self._selected()
-        shown = [a for a in plan.actions
-                 if self.filter_matches(str(a.step) if a.step is not None else "", a.path, a.action, a.reason)]
+        shown = [
+            a
+            for a in plan.actions
+            if self.filter_matches(str(a.step) if a.step is not None else "", a.path, a.action, a.reason)
+        ]
         with self.app.batch_update():
             table.clear()
             for a in shown:
                 style = variables.get(ACTION_STYLE[a.action], "")
                 est = "~" if a.estimated else ""
                 table.add_row(
-                    str(a.step) if a.step is not None else a.path, Text(a.action, style=style),
-                    bytes_text(a.bytes_before), est + bytes_text(a.bytes_after), est + bytes_text(a.bytes_freed),
-                    Text(_reason_text(a)), self.results.get(a.path, ""), key=a.path)
+                    str(a.step) if a.step is not None else a.path,
+                    Text(a.action, style=style),
+                    bytes_text(a.bytes_before),
+                    est + bytes_text(a.bytes_after),
+                    est + bytes_text(a.bytes_freed),
+                    Text(_reason_text(a)),
+                    self.results.get(a.path, ""),
+                    key=a.path,
+                )
             paths = [a.path for a in shown]
             if selected is not None and selected.path in paths:
                 table.move_cursor(row=paths.index(selected.path))
             t = plan.totals
-            money = (f"  {usd_text(t.usd_month_saved)}/month" if t.usd_month_saved is not None
-                     else f"  ({plan.price_note})")
-            counts = "  ".join(f"{plan.count(x)} {x}" for x in ("keep-full", "strip-to-weights", "keep-weights",
-                                                                "delete", "skip") if plan.count(x))
+            money = (
+                f"  {usd_text(t.usd_month_saved)}/month" if t.usd_month_saved is not None else f"  ({plan.price_note})"
+            )
+            counts = "  ".join(
+                f"{plan.count(x)} {x}"
+                for x in ("keep-full", "strip-to-weights", "keep-weights", "delete", "skip")
+                if plan.count(x)
+            )
             by = plan.bytes_by_action()
             sizes = [sum(by[x] for x in acts) if acts else by["freed"] for _c, _l, acts in BAR_SEGMENTS]
             total = sum(sizes) or 1
             width = max(self.size.width - 4, 20)
-            for seg, (_cls, label, _acts), n in zip(self.query(".retention-bar-seg"), BAR_SEGMENTS, sizes,
-                                                    strict=True):
+            for seg, (_cls, label, _acts), n in zip(self.query(".retention-bar-seg"), BAR_SEGMENTS, sizes, strict=True):
                 seg.display = n > 0
                 seg.styles.width = f"{max(n, 1)}fr"
                 text = f"{label} {bytes_text(n)}"
@@ -357,8 +412,11 @@ class RetentionScreen(LoadmasterScreen):
                 f"{plan.url}   before {bytes_text(t.bytes_before)} → after {bytes_text(t.bytes_after)}   "
                 f"saves {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}"
                 + (f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else "")
-                + "\nstorage: " + " · ".join(f"{label} {bytes_text(n)}" for (_c, label, _a), n
-                                           in zip(BAR_SEGMENTS, sizes, strict=True) if n))
+                + "\nstorage: "
+                + " · ".join(
+                    f"{label} {bytes_text(n)}" for (_c, label, _a), n in zip(BAR_SEGMENTS, sizes, strict=True) if n
+                )
+            )
 
     def _selected(self) -> Any:
         if self.plan is None:
@@ -378,20 +436,35 @@ class RetentionScreen(LoadmasterScreen):
             self.notify("List a run folder and select a step first.", severity="warning", markup=False)
             return
         est = " (estimated: no BF16 export yet)" if a.estimated else ""
-        fields = [("folder", f"{self.url}/{a.path}"), ("layout", f"{a.layout} ({a.kind})"),
-                  ("action", a.action), ("reason", a.reason),
-                  ("before", f"{bytes_text(a.bytes_before)} in {a.object_count:,} objects"),
-                  ("after", bytes_text(a.bytes_after) + est), ("freed", bytes_text(a.bytes_freed) + est),
-                  ("pinned", a.pinned or "no"), ("milestone", "yes" if a.milestone else "no")]
+        fields = [
+            ("folder", f"{self.url}/{a.path}"),
+            ("layout", f"{a.layout} ({a.kind})"),
+            ("action", a.action),
+            ("reason", a.reason),
+            ("before", f"{bytes_text(a.bytes_before)} in {a.object_count:,} objects"),
+            ("after", bytes_text(a.bytes_after) + est),
+            ("freed", bytes_text(a.bytes_freed) + est),
+            ("pinned", a.pinned or "no"),
+            ("milestone", "yes" if a.milestone else "no"),
+        ]
         if a.note:
             fields.append(("contents", a.note))
         if a.resumable is not None:
-            fields.append(("resumable", "verified (deep check passed)" if a.resumable == "verified"
-                           else f"NOT proven: {a.resumable}"))
+            fields.append(
+                (
+                    "resumable",
+                    "verified (deep check passed)" if a.resumable == "verified" else f"NOT proven: {a.resumable}",
+                )
+            )
         if a.path in self.results:
             fields.append(("result", self.results[a.path]))
-        self.app.push_screen(DetailModal(f"step {a.step}" if a.step is not None else a.path, fields,
-                                         hint="escape: back to the table, where p pins or unpins it and m marks it a milestone"))
+        self.app.push_screen(
+            DetailModal(
+                f"step {a.step}" if a.step is not None else a.path,
+                fields,
+                hint="escape: back to the table, where p pins or unpins it and m marks it a milestone",
+            )
+        )
 
     # ----------------------------------------------------------------- pins and milestones
 
@@ -404,8 +477,9 @@ class RetentionScreen(LoadmasterScreen):
             return
         if a.step in self.pins:
             if a.step not in self.db_pins:
-                self.notify(f"Step {a.step} is pinned in the config file ([retention] pins).",
-                            severity="warning", markup=False)
+                self.notify(
+                    f"Step {a.step} is pinned in the config file ([retention] pins).", severity="warning", markup=False
+                )
                 return
             del self.pins[a.step]
             self.db_pins.discard(a.step)
@@ -483,17 +557,26 @@ class RetentionScreen(LoadmasterScreen):
             self.notify("Nothing to apply: the plan keeps everything.", markup=False)
             return
         t = plan.totals
-        body = (f"{plan.count('delete')} steps deleted, {plan.count('strip-to-weights')} stripped to BF16 weights "
-                f"(optimizer state removed after the export verifies), {plan.count('keep-full')} kept full, "
-                f"{plan.count('skip')} untouched.\nFrees {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%). "
-                f"Plan {plan.hash[:12]}. The listing is checked again first; changed steps are skipped.")
+        body = (
+            f"{plan.count('delete')} steps deleted, {plan.count('strip-to-weights')} stripped to BF16 weights "
+            f"(optimizer state removed after the export verifies), {plan.count('keep-full')} kept full, "
+            f"{plan.count('skip')} untouched.\nFrees {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%). "
+            f"Plan {plan.hash[:12]}. The listing is checked again first; changed steps are skipped."
+        )
 
         def confirmed(ok: bool | None) -> None:
             if ok:
                 self._apply(plan)
 
-        self.app.push_screen(ConfirmTyped(title=f"Apply retention to {plan.url}?", phrase=self.confirm_phrase(plan),
-                                          body=body, confirm_label="Apply"), confirmed)
+        self.app.push_screen(
+            ConfirmTyped(
+                title=f"Apply retention to {plan.url}?",
+                phrase=self.confirm_phrase(plan),
+                body=body,
+                confirm_label="Apply",
+            ),
+            confirmed,
+        )
 
     def action_dry_run(self) -> None:
         if self.plan is None:
@@ -512,7 +595,8 @@ class RetentionScreen(LoadmasterScreen):
         bar.update(total=len(plan.actions), progress=0)
         try:
             report = await self.services.ops.retention.apply(
-                plan, dry_run=dry_run, progress=lambda o: self.post_message(ActionProgressed(o)))
+                plan, dry_run=dry_run, progress=lambda o: self.post_message(ActionProgressed(o))
+            )
         except LoadmasterError as exc:
             self.report_error("Applying the retention plan", exc)
             return
@@ -526,26 +610,32 @@ class RetentionScreen(LoadmasterScreen):
         self.results[o.path] = o.outcome
         table = self.query_one("#retention-steps", DataTable)
         try:
-            table.update_cell(o.path, "result", o.outcome + (f": {o.detail}" if o.outcome in ("failed", "stopped")
-                                                             else ""))
+            table.update_cell(
+                o.path, "result", o.outcome + (f": {o.detail}" if o.outcome in ("failed", "stopped") else "")
+            )
         except Exception:  # noqa: BLE001 - the row may be gone after a re-listing
             pass
         bar = self.query_one("#retention-progress", ProgressBar)
         if o.outcome != "running":
             bar.advance(1)  # actions of different steps finish in any order
         self.query_one("#retention-status", Static).update(
-            f"[{int(bar.progress)}/{o.total}] {o.path}: {o.action} → {o.outcome}")
+            f"[{int(bar.progress)}/{o.total}] {o.path}: {o.action} → {o.outcome}"
+        )
 
     @on(PlanApplied)
     def _plan_applied(self, event: PlanApplied) -> None:
         r = event.report
         if r.dry_run:
-            lines = [f"Dry run of plan {r.plan_hash[:12]}: {r.count('would-do')} would run, "
-                     f"{r.count('stopped')} would stop, {r.count('kept')} kept. Nothing was changed."]
+            lines = [
+                f"Dry run of plan {r.plan_hash[:12]}: {r.count('would-do')} would run, "
+                f"{r.count('stopped')} would stop, {r.count('kept')} kept. Nothing was changed."
+            ]
         else:
-            lines = [f"Applied plan {r.plan_hash[:12]}: {r.outcome}. {r.count('done')} done, "
-                     f"{r.count('already-done')} already done, {r.count('stopped')} stopped, "
-                     f"{r.count('failed')} failed; freed {bytes_text(r.bytes_freed)}. Audit record #{r.audit_id}."]
+            lines = [
+                f"Applied plan {r.plan_hash[:12]}: {r.outcome}. {r.count('done')} done, "
+                f"{r.count('already-done')} already done, {r.count('stopped')} stopped, "
+                f"{r.count('failed')} failed; freed {bytes_text(r.bytes_freed)}. Audit record #{r.audit_id}."
+            ]
         lines += [f"changed: {c}" for c in r.changes[:5]]
         lines += [f"failed: {o.path}: {o.detail}" for o in r.outcomes if o.outcome == "failed"][:5]
         self.query_one("#retention-status", Static).update("\n".join(lines))

@@ -46,8 +46,7 @@ class ShardsScreen(LoadmasterScreen):
     SCREEN_TITLE: ClassVar[str] = "Shards"
     #: Below 100 columns the conversions go under the form; up to 160 they get three fifths of the
     #: width (themes/shards.tcss), so the table keeps room for State, Shards and the paths.
-    HORIZONTAL_BREAKPOINTS: list[tuple[int, str]] | None = [
-        (0, "-narrow"), (100, "-medium"), (160, "-wide")]
+    HORIZONTAL_BREAKPOINTS: list[tuple[int, str]] | None = [(0, "-narrow"), (100, "-medium"), (160, "-wide")]
     AUTO_FOCUS = "#shards-table"  # the screen keys (digits, n, /) work at once; n goes to the form
     FILTER_HINT: ClassVar[str] = "state, source, destination or where it runs"
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
@@ -55,8 +54,11 @@ class ShardsScreen(LoadmasterScreen):
         ("Preview the conversion", "Sample/shard counts and GET savings from the source listing", "preview"),
         ("Start the conversion", "Convert the form's source into shards (asks nothing more) (key ctrl+s)", "start"),
         ("Cancel the selected conversion", "Stop it at the next sample; --resume continues it (key c)", "cancel"),
-        ("Show the selected conversion", "Paths, progress and manifest summary in full (key enter)",
-         "conversion_detail"),
+        (
+            "Show the selected conversion",
+            "Paths, progress and manifest summary in full (key enter)",
+            "conversion_detail",
+        ),
     ]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "new_conversion", "New"),
@@ -99,9 +101,11 @@ class ShardsScreen(LoadmasterScreen):
             super().__init__()
 
         def can_replace(self, message: Message) -> bool:
-            return (isinstance(message, ShardsScreen.ConversionUpdated)
-                    and message.conversion.key == self.conversion.key
-                    and message.conversion.state == "running")
+            return (
+                isinstance(message, ShardsScreen.ConversionUpdated)
+                and message.conversion.key == self.conversion.key
+                and message.conversion.state == "running"
+            )
 
     def __init__(self, services: Services, **kwargs: Any) -> None:
         super().__init__(services, **kwargs)
@@ -116,8 +120,9 @@ class ShardsScreen(LoadmasterScreen):
     def compose_body(self) -> ComposeResult:
         settings = self.services.config.section(ShardSettings)
         with Horizontal(id="shards-main", classes="screen-body"):
-            yield ShardForm(shard_size=settings.shard_size, nodes=[n.name for n in self.services.config.nodes],
-                            id="shards-form")
+            yield ShardForm(
+                shard_size=settings.shard_size, nodes=[n.name for n in self.services.config.nodes], id="shards-form"
+            )
             yield ShardRuns(id="shards-runs")
 
     def form(self) -> ShardFormValues:
@@ -146,8 +151,16 @@ class ShardsScreen(LoadmasterScreen):
             self.post_message(self.PreviewFailed(form, errors))
             return
         if form.node != LOCAL and not req.src.startswith("s3://"):
-            self.post_message(self.PreviewFailed(form, {"preview": (
-                f"{req.src} is read on {form.node}; the preview lists sources on this machine or in s3://")}))
+            self.post_message(
+                self.PreviewFailed(
+                    form,
+                    {
+                        "preview": (
+                            f"{req.src} is read on {form.node}; the preview lists sources on this machine or in s3://"
+                        )
+                    },
+                )
+            )
             return
         try:
             pv = await self.services.ops.shards.preview(req)
@@ -199,11 +212,13 @@ class ShardsScreen(LoadmasterScreen):
         if form.node == LOCAL:
             cancel = threading.Event()
             self._cancel_events[key] = cancel
-            self.run_worker(self._run_local(key, req, cancel), group=f"shards-run-{key}",
-                            exclusive=True, exit_on_error=False)
+            self.run_worker(
+                self._run_local(key, req, cancel), group=f"shards-run-{key}", exclusive=True, exit_on_error=False
+            )
         else:
-            self.run_worker(self._run_on_node(key, form.node, req), group=f"shards-run-{key}",
-                            exclusive=True, exit_on_error=False)
+            self.run_worker(
+                self._run_on_node(key, form.node, req), group=f"shards-run-{key}", exclusive=True, exit_on_error=False
+            )
 
     def on_unmount(self) -> None:
         # The writer thread outlives a cancelled worker; stop it at its next sample.
@@ -221,18 +236,28 @@ class ShardsScreen(LoadmasterScreen):
 
         try:
             result: ConvertResult = await self.services.ops.shards.convert_here(
-                req, shown=self.preview, on_progress=on_progress, cancelled=cancel.is_set)
+                req, shown=self.preview, on_progress=on_progress, cancelled=cancel.is_set
+            )
         except LoadmasterError as exc:
             state = "cancelled" if cancel.is_set() else "failed"
             # Built from the last progress seen, not from what the screen has applied so far:
             # progress messages may still be queued, and they are dropped once a run has ended.
-            self.post_message(self.ConversionUpdated(replace(
-                base, state=state, progress=last[0] if last else None, detail=str(exc))))
+            self.post_message(
+                self.ConversionUpdated(replace(base, state=state, progress=last[0] if last else None, detail=str(exc)))
+            )
             return
-        self.post_message(self.ConversionUpdated(replace(
-            base, state="succeeded", fraction=1.0, progress=last[0] if last else None,
-            detail=f"{len(result.written)} written, {len(result.resumed)} resumed in {result.elapsed:.1f}s",
-            summary=result.manifest.summary())))
+        self.post_message(
+            self.ConversionUpdated(
+                replace(
+                    base,
+                    state="succeeded",
+                    fraction=1.0,
+                    progress=last[0] if last else None,
+                    detail=f"{len(result.written)} written, {len(result.resumed)} resumed in {result.elapsed:.1f}s",
+                    summary=result.manifest.summary(),
+                )
+            )
+        )
 
     async def _run_on_node(self, key: str, node: str, req: ShardRequest) -> None:
         base = self.conversions[key]
@@ -273,8 +298,7 @@ class ShardsScreen(LoadmasterScreen):
             self.notify("No conversion selected: start one first (n).", severity="warning", markup=False)
             return
         if conv.state != "running":
-            self.notify(f"The conversion of {conv.src} already ended ({conv.state}).", severity="warning",
-                        markup=False)
+            self.notify(f"The conversion of {conv.src} already ended ({conv.state}).", severity="warning", markup=False)
             return
         event = self._cancel_events.get(conv.key)
         if event is not None:
@@ -284,15 +308,21 @@ class ShardsScreen(LoadmasterScreen):
             self.notify("The job is still being launched; try again in a moment.", severity="warning", markup=False)
             return
         job_id = conv.job_id
-        body = (f"shard job {job_id} on {conv.where}\n{conv.src} -> {conv.dest}\n"
-                "Its process group is stopped; completed shards stay, and --resume continues from them.")
+        body = (
+            f"shard job {job_id} on {conv.where}\n{conv.src} -> {conv.dest}\n"
+            "Its process group is stopped; completed shards stay, and --resume continues from them."
+        )
 
         def answered(ok: bool | None) -> None:
             if ok:
                 self._cancel_job(job_id)
 
-        self.app.push_screen(ConfirmTyped(title="Cancel this conversion?", phrase="cancel", body=body,
-                                          confirm_label="Cancel conversion"), answered)
+        self.app.push_screen(
+            ConfirmTyped(
+                title="Cancel this conversion?", phrase="cancel", body=body, confirm_label="Cancel conversion"
+            ),
+            answered,
+        )
 
     @work(group="shards-cancel", exit_on_error=False)
     async def _cancel_job(self, job_id: str) -> None:
@@ -315,7 +345,9 @@ class ShardsScreen(LoadmasterScreen):
             fields.append(("detail", conv.detail))
         if conv.summary:
             fields += [("manifest", line) for line in conv.summary.splitlines()]
-        self.app.push_screen(DetailModal(f"conversion {conv.key}", fields, hint="escape: back to the table, where c cancels it"))
+        self.app.push_screen(
+            DetailModal(f"conversion {conv.key}", fields, hint="escape: back to the table, where c cancels it")
+        )
 
     @on(DataTable.RowSelected, "#shards-table")
     def _row_selected(self, event: DataTable.RowSelected) -> None:

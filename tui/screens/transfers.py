@@ -110,10 +110,16 @@ class TransfersScreen(LoadmasterScreen):
     HORIZONTAL_BREAKPOINTS: list[tuple[int, str]] | None = [(0, "-narrow"), (150, "-wide")]
     PALETTE_COMMANDS: ClassVar[list[tuple[str, str, str]]] = [
         ("New pull", "Copy s3:// objects to nodes with s5cmd (estimate first) (key n)", "new_pull"),
-        ("Launch the estimated pull", "Start the pull the form describes, once its estimate allows it (key ctrl+s)",
-         "launch_pull"),
-        ("Cancel selected job", "Stop the selected job's process group and clean its partial output (key c)",
-         "cancel_job"),
+        (
+            "Launch the estimated pull",
+            "Start the pull the form describes, once its estimate allows it (key ctrl+s)",
+            "launch_pull",
+        ),
+        (
+            "Cancel selected job",
+            "Stop the selected job's process group and clean its partial output (key c)",
+            "cancel_job",
+        ),
         ("Refresh jobs", "Re-read every node's job directories now (key r)", "refresh_jobs"),
         ("Show or hide the job detail", "Throughput plot and log tail of the selected job (key d)", "toggle_detail"),
     ]
@@ -127,8 +133,11 @@ class TransfersScreen(LoadmasterScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(id="transfers-body", classes="screen-body"):
             yield Static("Reading jobs from every node...", id="transfers-summary", markup=False)
-            yield PullForm(stores=sorted(n for n, s in self.services.config.stores.items() if s.is_s3),
-                           id="transfers-form", classes="-hidden")
+            yield PullForm(
+                stores=sorted(n for n, s in self.services.config.stores.items() if s.is_s3),
+                id="transfers-form",
+                classes="-hidden",
+            )
             with Horizontal(id="transfers-main"):
                 yield TransfersTable(id="transfers-jobs")
                 yield TransferDetail(id="transfers-detail")
@@ -161,8 +170,11 @@ class TransfersScreen(LoadmasterScreen):
     def _show_records(self) -> None:
         """The jobs matching the filter in the table, and the fleet roll-up of all of them above it."""
         variables = getattr(self.app, "theme_variables", {}) or {}
-        shown = [r for r in self.records
-                 if self.filter_matches(r.node, r.kind, r.state, r.source, r.destination, r.id, r.label or "")]
+        shown = [
+            r
+            for r in self.records
+            if self.filter_matches(r.node, r.kind, r.state, r.source, r.destination, r.id, r.label or "")
+        ]
         self.query_one(TransfersTable).update_records(shown, variables)
         active = [r for r in self.records if not r.terminal]
         roll = fleet_rollup(active)
@@ -170,10 +182,16 @@ class TransfersScreen(LoadmasterScreen):
         total = len(self.services.config.nodes)
         # A partial view says so: the count is of the nodes that answered, not of the fleet.
         scope = f" on {total - len(unreachable)} of {total} nodes (partial view)" if unreachable else ""
-        text = (f"{len(self.records)} job(s){scope}: {roll.running} running"
-                + (f" | active {bytes_text(roll.bytes_done)}/{bytes_text(roll.bytes_total)}, "
-                   f"{rate_text(roll.rate_bps)}, ETA {duration_text(roll.eta_s)}" if active else "")
-                + (f" | not answering: {', '.join(unreachable)}" if unreachable else ""))
+        text = (
+            f"{len(self.records)} job(s){scope}: {roll.running} running"
+            + (
+                f" | active {bytes_text(roll.bytes_done)}/{bytes_text(roll.bytes_total)}, "
+                f"{rate_text(roll.rate_bps)}, ETA {duration_text(roll.eta_s)}"
+                if active
+                else ""
+            )
+            + (f" | not answering: {', '.join(unreachable)}" if unreachable else "")
+        )
         if self.filter_text:
             text += f" | showing {len(shown)} matching {self.filter_text!r} (escape shows all)"
         self.query_one("#transfers-summary", Static).update(text)
@@ -240,13 +258,19 @@ class TransfersScreen(LoadmasterScreen):
         """Launch the pull the form describes (its Launch button), once the estimate allows it."""
         form = self.query_one(PullForm)
         if form.has_class("-hidden"):
-            self.notify("Open the new-pull form first (n), fill it in and press enter for the estimate.",
-                        severity="warning", markup=False)
+            self.notify(
+                "Open the new-pull form first (n), fill it in and press enter for the estimate.",
+                severity="warning",
+                markup=False,
+            )
             return
         button = form.query_one("#pull-launch", Button)
         if button.disabled:
-            self.notify("Launch needs a fresh estimate that allows it: press enter in a field of the form.",
-                        severity="warning", markup=False)
+            self.notify(
+                "Launch needs a fresh estimate that allows it: press enter in a field of the form.",
+                severity="warning",
+                markup=False,
+            )
             return
         button.press()
 
@@ -284,8 +308,7 @@ class TransfersScreen(LoadmasterScreen):
 
     @on(PullLaunched)
     def _pull_launched(self, event: PullLaunched) -> None:
-        self.notify(f"started {len(event.records)} pull job(s): {', '.join(r.id for r in event.records)}",
-                    markup=False)
+        self.notify(f"started {len(event.records)} pull job(s): {', '.join(r.id for r in event.records)}", markup=False)
         self._close_form()  # the keys (c, /, digits) act on the jobs again
         self._refresh_jobs()
 
@@ -304,15 +327,18 @@ class TransfersScreen(LoadmasterScreen):
             self.notify(f"job {rec.id} already ended ({rec.state})", severity="warning", markup=False)
             return
         grace = self.services.config.section(JobSettings).cancel_grace
-        body = (f"{rec.kind} job {rec.id} on {rec.node}\n{rec.source} -> {rec.destination}\n"
-                f"SIGTERM to its process group, SIGKILL after {grace:g}s; partial output is removed.")
+        body = (
+            f"{rec.kind} job {rec.id} on {rec.node}\n{rec.source} -> {rec.destination}\n"
+            f"SIGTERM to its process group, SIGKILL after {grace:g}s; partial output is removed."
+        )
 
         def answered(ok: bool | None) -> None:
             if ok:
                 self._cancel_job(rec.id)
 
-        self.app.push_screen(ConfirmTyped(title="Cancel this job?", phrase="cancel", body=body,
-                                          confirm_label="Cancel job"), answered)
+        self.app.push_screen(
+            ConfirmTyped(title="Cancel this job?", phrase="cancel", body=body, confirm_label="Cancel job"), answered
+        )
 
     @work(exclusive=True, group="transfers-cancel", exit_on_error=False)
     async def _cancel_job(self, job_id: str) -> None:

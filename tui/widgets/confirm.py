@@ -157,8 +157,9 @@ class ConfirmTyped(ModalScreen[bool]):
             self.dismiss(True)
         else:
             self.app.bell()
-            self.notify(f"Type exactly '{self.phrase}' to confirm, or press escape to cancel.",
-                        severity="warning", markup=False)
+            self.notify(
+                f"Type exactly '{self.phrase}' to confirm, or press escape to cancel.", severity="warning", markup=False
+            )
 
     @on(Button.Pressed, "#confirm")
     def _confirm(self, event: Button.Pressed) -> None:

@@ -13,16 +13,22 @@ from backend.telemetry.model import Alert
 from tui.widgets.fleet_format import alert_cells
 
 # The decisive columns first, so Node and Hint stay on screen at 80 columns.
-COLUMNS = (("node", "Node", 12), ("hint", "Hint", 17), ("for", "For", 6), ("util", "Util", 5),
-           ("nic", "NIC rx Gbps (%)", 15), ("gpus", "GPUs", 15), ("since", "Since", 8),
-           ("status", "Status", 8))
+COLUMNS = (
+    ("node", "Node", 12),
+    ("hint", "Hint", 17),
+    ("for", "For", 6),
+    ("util", "Util", 5),
+    ("nic", "NIC rx Gbps (%)", 15),
+    ("gpus", "GPUs", 15),
+    ("since", "Since", 8),
+    ("status", "Status", 8),
+)
 
 
 class AlertList(DataTable[Any]):
     """Alerts as a table; rebuilt only when an alert's visible text changed."""
 
-    def __init__(self, *, name: str | None = None, id: str | None = None,
-                 classes: str | None = None) -> None:
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes, cursor_type="row")
         self._shown_rows: list[tuple[str, ...]] = []
         self._alert_style: str | None = None

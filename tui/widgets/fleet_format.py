@@ -80,8 +80,7 @@ def link_cell(n: NodeSnapshot, local: bool) -> str:
     return "local" if local else num(n.latency_ms, "{:.0f} ms")
 
 
-def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int, *,
-               local: bool = False) -> tuple[str, ...]:
+def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int, *, local: bool = False) -> tuple[str, ...]:
     """The Fleet table's cells for one node (plain strings; styling is the table's job).
 
     ``local``: the node is this machine over the local transport (no SSH latency to show).
@@ -89,8 +88,7 @@ def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int, *,
     util = "-" if n.util_mean is None else f"{n.util_mean:.0f}% / {n.util_min:.0f}%"
     mem = n.mem_used_mib
     total = n.mem_total_mib
-    mem_s = "-" if mem is None else (
-        f"{mem / 1024:.0f}/{total / 1024:.0f} GiB" if total else f"{mem / 1024:.0f} GiB")
+    mem_s = "-" if mem is None else (f"{mem / 1024:.0f}/{total / 1024:.0f} GiB" if total else f"{mem / 1024:.0f} GiB")
     return (  # in the Fleet table's column order (tui/widgets/fleet_table.py COLUMNS)
         n.name,
         state_cell(n),
@@ -115,8 +113,7 @@ def styled(text: str, style: str | None) -> Text | str:
 def alert_cells(a: Alert) -> tuple[str, ...]:
     """The alert list's cells: node, hint, duration, util, NIC, GPUs, since, status."""
     nic = rate_pct(a.rx_gbps, a.rx_pct)
-    since = "-" if a.started_wall is None else time.strftime("%H:%M:%S",
-                                                             time.localtime(a.started_wall))
+    since = "-" if a.started_wall is None else time.strftime("%H:%M:%S", time.localtime(a.started_wall))
     return (
         a.node,
         a.hint,

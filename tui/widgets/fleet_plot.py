@@ -21,7 +21,7 @@ def bucket_max(values: Sequence[float], width: int) -> list[float]:
         return list(values)
     out = []
     for i in range(width):
-        chunk = [v for v in values[i * n // width:(i + 1) * n // width] if not math.isnan(v)]
+        chunk = [v for v in values[i * n // width : (i + 1) * n // width] if not math.isnan(v)]
         out.append(max(chunk) if chunk else math.nan)
     return out
 
@@ -42,8 +42,7 @@ class TimeSeriesPlot(Widget):
     }
     """
 
-    def __init__(self, *, name: str | None = None, id: str | None = None,
-                 classes: str | None = None) -> None:
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self._values: list[float] = []
         self._lo = 0.0

@@ -53,8 +53,7 @@ SORT_KEYS: dict[str, Callable[[NodeSnapshot], Any]] = {
     "trend": lambda n: n.util_mean,
     "error": lambda n: n.error or "",
 }
-STATE_STYLE = {"up": "node-up", "stale": "node-stale", "unreachable": "node-down",
-               "connecting": "node-stale"}
+STATE_STYLE = {"up": "node-up", "stale": "node-stale", "unreachable": "node-down", "connecting": "node-stale"}
 
 
 def matches(n: NodeSnapshot, pattern: str) -> bool:
@@ -79,8 +78,14 @@ class FleetTable(DataTable[Any]):
     | S | Reverse the sort order. |
     """
 
-    def __init__(self, *, local_nodes: frozenset[str] = frozenset(), name: str | None = None,
-                 id: str | None = None, classes: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        local_nodes: frozenset[str] = frozenset(),
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
         super().__init__(name=name, id=id, classes=classes, cursor_type="row", zebra_stripes=True)
         #: Nodes reached over the local transport: their SSH column says ``local``.
         self.local_nodes = local_nodes
@@ -96,8 +101,7 @@ class FleetTable(DataTable[Any]):
         self._trend: Callable[[str], Sequence[float]] = lambda name: ()
 
     def on_mount(self) -> None:
-        self._column_keys = [self.add_column(label, key=key, width=width)
-                             for key, label, width in COLUMNS]
+        self._column_keys = [self.add_column(label, key=key, width=width) for key, label, width in COLUMNS]
         self._mark_sorted_column()
 
     def header_label(self, key: str) -> str:
@@ -166,7 +170,7 @@ class FleetTable(DataTable[Any]):
             return list(self._pending)  # not laid out yet: format everything
         top = int(self.scroll_y)
         margin = height // 2 + 1
-        return self._row_order[max(0, top - margin): top + height + margin]
+        return self._row_order[max(0, top - margin) : top + height + margin]
 
     def _flush_window(self, names: Sequence[str] | None = None) -> int:
         """Format the pending rows among ``names`` (default: the window); returns cells changed."""

@@ -117,9 +117,7 @@ class Gauge(Widget):
             return "warn"
         return "ok"
 
-    def update(
-        self, *, value: float | None = None, total: float | None = None, text: str | None = None
-    ) -> None:
+    def update(self, *, value: float | None = None, total: float | None = None, text: str | None = None) -> None:
         """Change any of value, total and text at once (one repaint)."""
         if total is not None:
             self.total = float(total)

@@ -49,7 +49,8 @@ class ShardFormValues:
 
 
 def form_request(
-    services: Services, form: ShardFormValues,
+    services: Services,
+    form: ShardFormValues,
 ) -> tuple[ShardRequest | None, dict[str, str], Any, Any]:
     """Validate the form: (request, errors by field, source profile, destination profile)."""
     errors: dict[str, str] = {}
@@ -78,8 +79,7 @@ def form_request(
             dest, dprof = url, prof
     if errors:
         return None, errors, sprof, dprof
-    req = ShardRequest.from_settings(settings, src, dest, shard_size=size, seed=seed,
-                                     incomplete=form.incomplete)
+    req = ShardRequest.from_settings(settings, src, dest, shard_size=size, seed=seed, incomplete=form.incomplete)
     try:
         req.validate()
     except LoadmasterError as exc:
@@ -113,8 +113,7 @@ class ShardForm(VerticalScroll):
     class StartPressed(Message):
         """The operator pressed Start."""
 
-    def __init__(self, *, shard_size: int, nodes: list[str], id: str | None = None,
-                 classes: str | None = None) -> None:
+    def __init__(self, *, shard_size: int, nodes: list[str], id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.default_size = f"{shard_size / 1e6:g}MB"
         self.nodes = nodes
@@ -124,17 +123,27 @@ class ShardForm(VerticalScroll):
         for key, label, hint in TEXT_FIELDS:
             with Horizontal(classes="shards-field"):
                 yield Label(label, classes="shards-label")
-                yield Input(self.default_size if key == "shard-size" else "", placeholder=hint,
-                            id=f"shards-{key}", compact=True)
+                yield Input(
+                    self.default_size if key == "shard-size" else "", placeholder=hint, id=f"shards-{key}", compact=True
+                )
         with Horizontal(classes="shards-field"):
             yield Label("Node", classes="shards-label")
-            yield Select([("this machine", LOCAL)] + [(n, n) for n in self.nodes], value=LOCAL,
-                         allow_blank=False, id="shards-node", compact=True)
+            yield Select(
+                [("this machine", LOCAL)] + [(n, n) for n in self.nodes],
+                value=LOCAL,
+                allow_blank=False,
+                id="shards-node",
+                compact=True,
+            )
         with Horizontal(classes="shards-field"):
             yield Label("Incomplete", classes="shards-label")
-            yield Select([("refuse (report them)", "error"), ("leave them out", "skip"),
-                          ("shard as they are", "keep")], value="error", allow_blank=False,
-                         id="shards-incomplete", compact=True)
+            yield Select(
+                [("refuse (report them)", "error"), ("leave them out", "skip"), ("shard as they are", "keep")],
+                value="error",
+                allow_blank=False,
+                id="shards-incomplete",
+                compact=True,
+            )
         yield Static("", id="shards-errors", markup=False)
         yield Static("Type a source and a destination to preview.", id="shards-preview", markup=False)
         with Horizontal(id="shards-buttons"):
@@ -142,11 +151,15 @@ class ShardForm(VerticalScroll):
 
     def values(self) -> ShardFormValues:
         """The form's current values."""
+
         def text(key: str) -> str:
             return self.query_one(f"#shards-{key}", Input).value
 
         return ShardFormValues(
-            src=text("src"), dest=text("dest"), shard_size=text("shard-size"), seed=text("seed"),
+            src=text("src"),
+            dest=text("dest"),
+            shard_size=text("shard-size"),
+            seed=text("seed"),
             node=str(self.query_one("#shards-node", Select).value),
             incomplete=str(self.query_one("#shards-incomplete", Select).value),
         )

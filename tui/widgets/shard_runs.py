@@ -28,8 +28,13 @@ if TYPE_CHECKING:
 #: The conversions table's columns, the decisive ones first (key, header): on a narrow terminal
 #: the columns that scroll off are the rates, never the state.
 RUN_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("state", "State"), ("shards", "Shards"), ("route", "Source -> destination"), ("where", "Where"),
-    ("rate", "smp/s"), ("mbps", "MB/s"))
+    ("state", "State"),
+    ("shards", "Shards"),
+    ("route", "Source -> destination"),
+    ("where", "Where"),
+    ("rate", "smp/s"),
+    ("mbps", "MB/s"),
+)
 #: Source -> destination is cut to this width (each path in the middle); the full paths are shown
 #: under the table for the selected conversion.
 ROUTE_WIDTH = 36
@@ -60,26 +65,42 @@ def from_job_record(conv: Conversion, rec: JobRecord) -> Conversion:
     prog = rec.progress
     if prog is not None:
         ex = prog.extra
-        conv = replace(conv, fraction=prog.fraction, progress=ShardProgress(
-            prog.items_done, prog.items_total or 0, prog.bytes_done, prog.bytes_total or 0,
-            int(ex.get("shards_done", 0)), int(ex.get("shards_total", 0)), 0.0,
-            float(ex.get("samples_per_s", 0.0)), float(ex.get("mb_per_s", 0.0))))
+        conv = replace(
+            conv,
+            fraction=prog.fraction,
+            progress=ShardProgress(
+                prog.items_done,
+                prog.items_total or 0,
+                prog.bytes_done,
+                prog.bytes_total or 0,
+                int(ex.get("shards_done", 0)),
+                int(ex.get("shards_total", 0)),
+                0.0,
+                float(ex.get("samples_per_s", 0.0)),
+                float(ex.get("mb_per_s", 0.0)),
+            ),
+        )
     if not rec.terminal:
         return conv
     res = rec.result or {}
     summary = ""
     if rec.state == "succeeded" and res:
         r = res.get("requests", {})
-        summary = (f"{res.get('shards', 0):,} shards, {res.get('samples', 0):,} samples, "
-                   f"{bytes_text(res.get('bytes', 0))}\nGETs per epoch {r.get('gets_before', 0):,} -> "
-                   f"{r.get('gets_after', 0):,} ({r.get('reduction', 0):,.0f}x fewer)")
+        summary = (
+            f"{res.get('shards', 0):,} shards, {res.get('samples', 0):,} samples, "
+            f"{bytes_text(res.get('bytes', 0))}\nGETs per epoch {r.get('gets_before', 0):,} -> "
+            f"{r.get('gets_after', 0):,} ({r.get('reduction', 0):,.0f}x fewer)"
+        )
     return replace(conv, state=rec.state, detail=rec.error or f"job {rec.id}", summary=summary)
 
 
 def progress_fields(p: ShardProgress) -> list[tuple[str, str]]:
     """A conversion's counters as (label, value): samples, shards and bytes done of all."""
-    return [("samples", f"{p.samples_done:,}/{p.samples_total:,}"), ("shards", f"{p.shards_done}/{p.shards_total}"),
-            ("bytes", f"{bytes_text(p.bytes_done)}/{bytes_text(p.bytes_total)}")]
+    return [
+        ("samples", f"{p.samples_done:,}/{p.samples_total:,}"),
+        ("shards", f"{p.shards_done}/{p.shards_total}"),
+        ("bytes", f"{bytes_text(p.bytes_done)}/{bytes_text(p.bytes_total)}"),
+    ]
 
 
 class ShardRuns(Vertical):
@@ -126,9 +147,12 @@ class ShardRuns(Vertical):
         p = conv.progress
         half = (ROUTE_WIDTH - 4) // 2  # both paths keep their ends; the full ones are under the table
         cells = {
-            "state": conv.state, "shards": f"{p.shards_done}/{p.shards_total}" if p else "",
-            "route": f"{short(conv.src, half)} -> {short(conv.dest, half)}", "where": conv.where,
-            "rate": f"{p.samples_per_s:,.0f}" if p else "", "mbps": f"{p.mb_per_s:,.1f}" if p else "",
+            "state": conv.state,
+            "shards": f"{p.shards_done}/{p.shards_total}" if p else "",
+            "route": f"{short(conv.src, half)} -> {short(conv.dest, half)}",
+            "where": conv.where,
+            "rate": f"{p.samples_per_s:,.0f}" if p else "",
+            "mbps": f"{p.mb_per_s:,.1f}" if p else "",
         }
         return [cells[k] for k, _ in RUN_COLUMNS]
 

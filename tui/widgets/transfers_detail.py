@@ -28,8 +28,9 @@ class TransferDetail(Vertical):
         yield Label("Log", classes="transfers-caption")
         yield Static("", id="transfers-log", markup=False)
 
-    def show(self, rec: JobRecord, history: Sequence[JobProgress], log_tail: str,
-             line_rate_gbps: float | None = None) -> None:
+    def show(
+        self, rec: JobRecord, history: Sequence[JobProgress], log_tail: str, line_rate_gbps: float | None = None
+    ) -> None:
         """Render ``rec`` with its throughput history and log tail."""
         self.job_id = rec.id
         p = rec.progress
@@ -37,8 +38,10 @@ class TransferDetail(Vertical):
         if rec.source:
             lines.append(f"{rec.source} -> {rec.destination}")
         if p is not None:
-            lines.append(f"{bar(p.fraction, 30)}  {bytes_text(p.bytes_done)} of {bytes_text(p.bytes_total)}"
-                         + (f", {p.items_done}/{p.items_total} objects" if p.items_total is not None else ""))
+            lines.append(
+                f"{bar(p.fraction, 30)}  {bytes_text(p.bytes_done)} of {bytes_text(p.bytes_total)}"
+                + (f", {p.items_done}/{p.items_total} objects" if p.items_total is not None else "")
+            )
             if rec.state in ("running", "cancelling") and p.gbps is not None:
                 pct = f" ({p.gbps / line_rate_gbps * 100:.0f}% of line rate)" if line_rate_gbps else ""
                 lines.append(f"{gbps_text(p.gbps)}{pct}, ETA {duration_text(p.eta_s)}")
@@ -49,8 +52,10 @@ class TransferDetail(Vertical):
         if rec.result:
             r = rec.result
             if "bytes" in r:
-                lines.append(f"result: {r.get('objects', '?')} objects, {bytes_text(r.get('bytes'))} verified"
-                             + (f", {gbps_text(r['gbps'])}" if r.get("gbps") is not None else ""))
+                lines.append(
+                    f"result: {r.get('objects', '?')} objects, {bytes_text(r.get('bytes'))} verified"
+                    + (f", {gbps_text(r['gbps'])}" if r.get("gbps") is not None else "")
+                )
         self.query_one("#transfers-detail-info", Static).update("\n".join(lines))
         self.query_one("#transfers-spark", Sparkline).data = [pt.gbps or 0.0 for pt in history] or [0.0]
         self.query_one("#transfers-log", Static).update(log_tail.rstrip() or "(empty log)")

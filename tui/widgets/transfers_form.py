@@ -56,25 +56,43 @@ class PullForm(Vertical):
             yield Input(placeholder="gpu-[01-04] or one name", id="pull-nodes", compact=True)
         with Horizontal(classes="pull-field"):
             yield Label("Store", classes="pull-label")
-            yield Select([(s, s) for s in [AUTO_STORE, *self.stores]], value=AUTO_STORE, allow_blank=False,
-                         id="pull-store", compact=True)
+            yield Select(
+                [(s, s) for s in [AUTO_STORE, *self.stores]],
+                value=AUTO_STORE,
+                allow_blank=False,
+                id="pull-store",
+                compact=True,
+            )
             yield Label("Preset", classes="pull-label-inner")
-            yield Select([(k, k) for k in PRESETS], value="tuned", allow_blank=False, id="pull-preset",
-                         compact=True)
+            yield Select([(k, k) for k in PRESETS], value="tuned", allow_blank=False, id="pull-preset", compact=True)
         with Horizontal(classes="pull-field"):
             yield Label("Workers", classes="pull-label")
-            yield Input(str(PRESETS["tuned"][0]), id="pull-numworkers", type="integer", compact=True,
-                        tooltip="s5cmd --numworkers: objects copied in parallel")
+            yield Input(
+                str(PRESETS["tuned"][0]),
+                id="pull-numworkers",
+                type="integer",
+                compact=True,
+                tooltip="s5cmd --numworkers: objects copied in parallel",
+            )
             yield Label("Concurrency", classes="pull-label-inner")
-            yield Input(str(PRESETS["tuned"][1]), id="pull-concurrency", type="integer", compact=True,
-                        tooltip="s5cmd cp --concurrency: parts of one object in parallel")
+            yield Input(
+                str(PRESETS["tuned"][1]),
+                id="pull-concurrency",
+                type="integer",
+                compact=True,
+                tooltip="s5cmd cp --concurrency: parts of one object in parallel",
+            )
             yield Label("Part MiB", classes="pull-label-inner")
-            yield Input(str(PRESETS["tuned"][2]), id="pull-part-size", type="integer", compact=True,
-                        tooltip="s5cmd cp --part-size in MiB")
+            yield Input(
+                str(PRESETS["tuned"][2]),
+                id="pull-part-size",
+                type="integer",
+                compact=True,
+                tooltip="s5cmd cp --part-size in MiB",
+            )
         with Horizontal(classes="pull-field"):
             yield Label("Reason", classes="pull-label")
-            yield Input(placeholder="over budget? why (only if the egress guard asks)", id="pull-reason",
-                        compact=True)
+            yield Input(placeholder="over budget? why (only if the egress guard asks)", id="pull-reason", compact=True)
             yield Button("Estimate", id="pull-estimate", variant="primary", compact=True)
             yield Button("Launch", id="pull-launch", variant="warning", disabled=True, compact=True)
         yield Static("", id="pull-estimate-text", markup=False)
@@ -93,6 +111,7 @@ class PullForm(Vertical):
 
     def request(self) -> PullRequest:
         """The form's current values."""
+
         def num(sel: str) -> int | None:
             v = self.query_one(sel, Input).value.strip()
             return int(v) if v.isdigit() and int(v) > 0 else None
@@ -104,8 +123,10 @@ class PullForm(Vertical):
             dest=self.query_one("#pull-dest", Input).value.strip(),
             nodes=self.query_one("#pull-nodes", Input).value.strip(),
             store=None if store == AUTO_STORE else store,
-            numworkers=num("#pull-numworkers"), concurrency=num("#pull-concurrency"),
-            part_size_mib=num("#pull-part-size"), reason=reason,
+            numworkers=num("#pull-numworkers"),
+            concurrency=num("#pull-concurrency"),
+            part_size_mib=num("#pull-part-size"),
+            reason=reason,
         )
 
     @on(Button.Pressed, "#pull-estimate")

@@ -19,4 +19,4 @@ def short(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     head = (width - 1) // 2
-    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]

@@ -14,8 +14,13 @@ from tui.widgets.transfers_format import bar, short
 
 #: Theme variable per job state (cells are coloured by meaning, never by literal colour).
 STATE_STYLE = {
-    "starting": "job-running", "running": "job-running", "cancelling": "warning",
-    "succeeded": "job-succeeded", "failed": "job-failed", "lost": "job-failed", "cancelled": "job-failed",
+    "starting": "job-running",
+    "running": "job-running",
+    "cancelling": "warning",
+    "succeeded": "job-succeeded",
+    "failed": "job-failed",
+    "lost": "job-failed",
+    "cancelled": "job-failed",
 }
 
 #: Fixed widths where content would otherwise push the live columns off screen (the detail pane
@@ -24,8 +29,16 @@ WIDTHS = {"state": 10, "what": 36, "progress": 31}  # state: "succeeded", "cance
 
 #: Most decisive first: on a narrow terminal the columns that scroll off are the long path and the
 #: job id, never the node, state or progress.
-COLUMNS = (("node", "Node"), ("kind", "Kind"), ("state", "State"), ("progress", "Progress"),
-           ("gbps", "Gbps"), ("eta", "ETA"), ("what", "Source -> Destination"), ("id", "Job"))
+COLUMNS = (
+    ("node", "Node"),
+    ("kind", "Kind"),
+    ("state", "State"),
+    ("progress", "Progress"),
+    ("gbps", "Gbps"),
+    ("eta", "ETA"),
+    ("what", "Source -> Destination"),
+    ("id", "Job"),
+)
 
 
 class TransfersTable(DataTable[Text]):
@@ -74,5 +87,13 @@ class TransfersTable(DataTable[Text]):
         eta = duration_text(p.eta_s) if p is not None and live else "-"
         state = r.state + (" ?" if r.note else "")
         style = variables.get(STATE_STYLE.get(r.state, ""), "")
-        return [Text(r.node), Text(r.kind), Text(state, style=style), prog, Text(gbps, justify="right"),
-                Text(eta, justify="right"), Text(what, overflow="ellipsis"), Text(r.id)]
+        return [
+            Text(r.node),
+            Text(r.kind),
+            Text(state, style=style),
+            prog,
+            Text(gbps, justify="right"),
+            Text(eta, justify="right"),
+            Text(what, overflow="ellipsis"),
+            Text(r.id),
+        ]

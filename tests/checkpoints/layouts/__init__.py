@@ -55,6 +55,7 @@ def register(name: str) -> Callable[[Builder], Builder]:
     def deco(fn: Builder) -> Builder:
         LAYOUTS[name] = fn
         return fn
+
     return deco
 
 

@@ -256,8 +256,7 @@ def _build(layout: _Layout, root: Path, steps: Sequence[int], states: Mapping[in
             layout.uncommit(root / name)
         elif kind == "corrupt":
             layout.corrupt(root / name)
-        specs.append(StepSpec(name=name, step=step, layout=layout.catalog, kind=kind,
-                              marker=layout.marker(name)))
+        specs.append(StepSpec(name=name, step=step, layout=layout.catalog, kind=kind, marker=layout.marker(name)))
     layout.finish(root, specs)
     return BuiltRun(root=root, layout=layout.builder, steps=tuple(specs))
 
@@ -297,8 +296,13 @@ def _fsdp2_rank(rank: int, store: str, out: str, steps: tuple[int, ...]) -> None
     from torch.distributed.fsdp import fully_shard
 
     warnings.simplefilter("ignore")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=FSDP2_TIMEOUT_S // 2))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=FSDP2_TIMEOUT_S // 2),
+    )
     try:
         mesh = init_device_mesh("cpu", (2,))
         model, _ = fresh()
@@ -311,8 +315,9 @@ def _fsdp2_rank(rank: int, store: str, out: str, steps: tuple[int, ...]) -> None
             loss(model, batch(i, rank)).backward()  # FSDP2 averages the two ranks' gradients
             opt.step()
             msd = get_model_state_dict(model)
-            dcp.save({"model": msd, "optim": get_optimizer_state_dict(model, opt)},
-                     checkpoint_id=f"{out}/full/step-{step}")
+            dcp.save(
+                {"model": msd, "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=f"{out}/full/step-{step}"
+            )
             dcp.save({"model": msd}, checkpoint_id=f"{out}/weights/step-{step}")
     finally:
         dist.destroy_process_group()
@@ -334,15 +339,27 @@ def _write_fsdp2_once(out: Path, steps: tuple[int, ...]) -> None:
     # Two fresh interpreters, as torchrun starts them (multiprocessing's spawn would re-import
     # whatever __main__ the caller runs under).
     repo = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+    }
     with tempfile.TemporaryDirectory(prefix="lm-fsdp2-") as tmp, contextlib.ExitStack() as logs:
-        code = ("import sys; from tests.checkpoints.layouts.dcp_family import _fsdp2_rank; "
-                f"_fsdp2_rank(int(sys.argv[1]), {str(Path(tmp) / 'store')!r}, {str(out)!r}, {steps!r})")
+        code = (
+            "import sys; from tests.checkpoints.layouts.dcp_family import _fsdp2_rank; "
+            f"_fsdp2_rank(int(sys.argv[1]), {str(Path(tmp) / 'store')!r}, {str(out)!r}, {steps!r})"
+        )
         paths = [Path(tmp) / f"rank{rank}.log" for rank in (0, 1)]
-        ranks = [subprocess.Popen([sys.executable, "-c", code, str(rank)], cwd=repo, env=env,
-                                  stdout=logs.enter_context(path.open("wb")), stderr=subprocess.STDOUT)
-                 for rank, path in enumerate(paths)]
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(rank)],
+                cwd=repo,
+                env=env,
+                stdout=logs.enter_context(path.open("wb")),
+                stderr=subprocess.STDOUT,
+            )
+            for rank, path in enumerate(paths)
+        ]
         try:
             deadline = time.monotonic() + FSDP2_TIMEOUT_S
             # Until both exit, or one fails (its peer would wait in a collective), or time is up.
@@ -361,20 +378,29 @@ def _write_fsdp2_once(out: Path, steps: tuple[int, ...]) -> None:
             raise RuntimeError(f"FSDP2 ranks exited {codes}:\n{tails}")
 
 
-_install(_Layout(
-    builder="dcp-fsdp2", catalog="dcp", name=_step_dir, marker=_dcp_marker, write=_write_fsdp2,
-    uncommit=_uncommit_dcp,
-    corrupt=_drop_rank_shard,  # rank 1's __1_0.distcp missing
-))
+_install(
+    _Layout(
+        builder="dcp-fsdp2",
+        catalog="dcp",
+        name=_step_dir,
+        marker=_dcp_marker,
+        write=_write_fsdp2,
+        uncommit=_uncommit_dcp,
+        corrupt=_drop_rank_shard,  # rank 1's __1_0.distcp missing
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # Single-process DCP layouts: one pass over the trajectory writes full/ and weights/ per step.
 
 
-def _write_each_step(out: Path, steps: tuple[int, ...],
-                     save: Callable[[Path, int, TinyLM, torch.optim.Optimizer | None], None],
-                     name: Callable[[int, int], str] = _step_dir) -> None:
+def _write_each_step(
+    out: Path,
+    steps: tuple[int, ...],
+    save: Callable[[Path, int, TinyLM, torch.optim.Optimizer | None], None],
+    name: Callable[[int, int], str] = _step_dir,
+) -> None:
     with _quiet():
         for index, (step, (model, opt)) in enumerate(zip(steps, trajectory(len(steps)), strict=True)):
             save(out / "full" / name(step, index), step, model, opt)
@@ -402,8 +428,9 @@ class AppState:
         if self.optimizer is None:
             set_model_state_dict(self.model, state_dict["model"])
         else:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                           optim_state_dict=state_dict["optim"])
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"]
+            )
 
 
 def _save_appstate(dest: Path, step: int, model: TinyLM, opt: torch.optim.Optimizer | None) -> None:
@@ -412,12 +439,17 @@ def _save_appstate(dest: Path, step: int, model: TinyLM, opt: torch.optim.Optimi
     dcp.save({"app": AppState(model, opt)}, checkpoint_id=str(dest))
 
 
-_install(_Layout(
-    builder="dcp-appstate", catalog="dcp", name=_step_dir, marker=_dcp_marker,
-    write=lambda out, steps, _w: _write_each_step(out, steps, _save_appstate),
-    uncommit=_uncommit_dcp,
-    corrupt=truncate_below_metadata,  # __0_0.distcp cut to half its size
-))
+_install(
+    _Layout(
+        builder="dcp-appstate",
+        catalog="dcp",
+        name=_step_dir,
+        marker=_dcp_marker,
+        write=lambda out, steps, _w: _write_each_step(out, steps, _save_appstate),
+        uncommit=_uncommit_dcp,
+        corrupt=truncate_below_metadata,  # __0_0.distcp cut to half its size
+    )
+)
 
 
 class TitanOptimizers:
@@ -432,8 +464,9 @@ class TitanOptimizers:
             get_optimizer_state_dict,
         )
 
-        return get_optimizer_state_dict(self.model, self.optimizer,
-                                        options=StateDictOptions(flatten_optimizer_state_dict=True))
+        return get_optimizer_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True)
+        )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import (
@@ -441,8 +474,9 @@ class TitanOptimizers:
             set_optimizer_state_dict,
         )
 
-        set_optimizer_state_dict(self.model, self.optimizer, state_dict,
-                                 options=StateDictOptions(flatten_optimizer_state_dict=True))
+        set_optimizer_state_dict(
+            self.model, self.optimizer, state_dict, options=StateDictOptions(flatten_optimizer_state_dict=True)
+        )
 
 
 def titan_states(step: int, model: TinyLM, opt: torch.optim.Optimizer | None) -> dict[str, Any]:
@@ -458,8 +492,10 @@ def titan_states(step: int, model: TinyLM, opt: torch.optim.Optimizer | None) ->
         "optimizer": TitanOptimizers(model, opt),
         "lr_scheduler": {"last_epoch": step},  # LRSchedulersContainer.state_dict
         # ParallelAwareDataloader: this dp rank's StatefulDataLoader state, pickled, + world size
-        "dataloader": {"dp_rank_0": pickle.dumps({"_num_yielded": step, "_sampler_iter_yielded": step}),
-                       "world_size": 1},
+        "dataloader": {
+            "dp_rank_0": pickle.dumps({"_num_yielded": step, "_sampler_iter_yielded": step}),
+            "world_size": 1,
+        },
         "train_state": {"step": step, "ntokens_seen": step * 16},  # Trainer.state_dict
     }
 
@@ -472,17 +508,24 @@ def _save_titan(dest: Path, step: int, model: TinyLM, opt: torch.optim.Optimizer
 
 def _titan_check(steps: tuple[int, ...], kinds: Mapping[int, str]) -> None:
     if any(k == "weights" for s, k in kinds.items() if s != steps[-1]):
-        raise ValueError("dcp-torchtitan: a model-only step is torchtitan's last save "
-                         "(last_save_model_only); only the run's newest step can be 'weights'")
+        raise ValueError(
+            "dcp-torchtitan: a model-only step is torchtitan's last save "
+            "(last_save_model_only); only the run's newest step can be 'weights'"
+        )
 
 
-_install(_Layout(
-    builder="dcp-torchtitan", catalog="dcp", name=_step_dir, marker=_dcp_marker,
-    write=lambda out, steps, _w: _write_each_step(out, steps, _save_titan),
-    uncommit=_uncommit_dcp,
-    corrupt=_empty_shard,  # __0_0.distcp is zero bytes
-    check=_titan_check,
-))
+_install(
+    _Layout(
+        builder="dcp-torchtitan",
+        catalog="dcp",
+        name=_step_dir,
+        marker=_dcp_marker,
+        write=lambda out, steps, _w: _write_each_step(out, steps, _save_titan),
+        uncommit=_uncommit_dcp,
+        corrupt=_empty_shard,  # __0_0.distcp is zero bytes
+        check=_titan_check,
+    )
+)
 
 
 def _save_safetensors(dest: Path, step: int, model: TinyLM, opt: torch.optim.Optimizer | None) -> None:
@@ -491,8 +534,10 @@ def _save_safetensors(dest: Path, step: int, model: TinyLM, opt: torch.optim.Opt
     from torch.distributed.checkpoint.filesystem import SerializationFormat
 
     # {"model": ..., "optim": ...} (or model only), keys model.* / optim.* as in conftest's saves
-    dcp.save(AppState(model, opt).state_dict(), storage_writer=FileSystemWriter(
-        str(dest), serialization_format=SerializationFormat.SAFETENSORS))
+    dcp.save(
+        AppState(model, opt).state_dict(),
+        storage_writer=FileSystemWriter(str(dest), serialization_format=SerializationFormat.SAFETENSORS),
+    )
 
 
 def safetensors_payload_start(step_dir: Path, shard: str = "__0_0.distcp") -> int:
@@ -501,9 +546,14 @@ def safetensors_payload_start(step_dir: Path, shard: str = "__0_0.distcp") -> in
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     md = FileSystemReader(str(step_dir)).read_metadata()
-    return max((info.offset + info.length for idx, info in md.storage_data.items()
-                if info.relative_path == shard
-                and isinstance(md.state_dict_metadata[idx.fqn], BytesStorageMetadata)), default=0)
+    return max(
+        (
+            info.offset + info.length
+            for idx, info in md.storage_data.items()
+            if info.relative_path == shard and isinstance(md.state_dict_metadata[idx.fqn], BytesStorageMetadata)
+        ),
+        default=0,
+    )
 
 
 def _cut_safetensors_payload(step_dir: Path) -> None:
@@ -518,12 +568,17 @@ def _cut_safetensors_payload(step_dir: Path) -> None:
     os.truncate(path, cut)
 
 
-_install(_Layout(
-    builder="dcp-safetensors", catalog="dcp", name=_step_dir, marker=_dcp_marker,
-    write=lambda out, steps, _w: _write_each_step(out, steps, _save_safetensors),
-    uncommit=_uncommit_dcp,
-    corrupt=_cut_safetensors_payload,
-))
+_install(
+    _Layout(
+        builder="dcp-safetensors",
+        catalog="dcp",
+        name=_step_dir,
+        marker=_dcp_marker,
+        write=lambda out, steps, _w: _write_each_step(out, steps, _save_safetensors),
+        uncommit=_uncommit_dcp,
+        corrupt=_cut_safetensors_payload,
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,13 +604,17 @@ def _uncommit_torch_save(step_dir: Path) -> None:
     _truncate_file(tmp)
 
 
-_install(_Layout(
-    builder="torch-save", catalog="torch-save", name=_step_dir,
-    marker=lambda name: f"{name}/{TORCH_SAVE_FILE}",
-    write=lambda out, steps, _w: _write_each_step(out, steps, _save_torch),
-    uncommit=_uncommit_torch_save,
-    corrupt=lambda d: _truncate_file(d / TORCH_SAVE_FILE),  # complete name, truncated zip
-))
+_install(
+    _Layout(
+        builder="torch-save",
+        catalog="torch-save",
+        name=_step_dir,
+        marker=lambda name: f"{name}/{TORCH_SAVE_FILE}",
+        write=lambda out, steps, _w: _write_each_step(out, steps, _save_torch),
+        uncommit=_uncommit_torch_save,
+        corrupt=lambda d: _truncate_file(d / TORCH_SAVE_FILE),  # complete name, truncated zip
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,8 +644,9 @@ def _megatron_params(model: TinyLM) -> list[tuple[str, list[nn.Parameter]]]:
     ]
 
 
-def _megatron_tensor(model: TinyLM, key: str, get: Callable[[nn.Parameter], torch.Tensor],
-                     layer: int | None = None) -> torch.Tensor:
+def _megatron_tensor(
+    model: TinyLM, key: str, get: Callable[[nn.Parameter], torch.Tensor], layer: int | None = None
+) -> torch.Tensor:
     """The value of Megatron tensor ``key`` (one layer's slice if ``layer``), read through ``get``."""
     params = dict(_megatron_params(model))[key]
     if key.endswith("linear_qkv.weight"):  # fused q, k, v rows
@@ -601,8 +661,9 @@ def _megatron_tensor(model: TinyLM, key: str, get: Callable[[nn.Parameter], torc
 
 def megatron_model_sd(model: TinyLM) -> dict[str, torch.Tensor]:
     """The model part of Megatron's sharded state dict, as DCP stores it (bf16)."""
-    return {key: _megatron_tensor(model, key, lambda p: p.detach()).to(MEGATRON_DTYPE)
-            for key, _ in _megatron_params(model)}
+    return {
+        key: _megatron_tensor(model, key, lambda p: p.detach()).to(MEGATRON_DTYPE) for key, _ in _megatron_params(model)
+    }
 
 
 def _megatron_buffer_params(model: TinyLM) -> list[tuple[str, int | None]]:
@@ -616,13 +677,18 @@ def _megatron_buffer_params(model: TinyLM) -> list[tuple[str, int | None]]:
 
 def megatron_optimizer_sd(model: TinyLM, opt: torch.optim.Optimizer, sharding: str) -> dict[str, Any]:
     """The DistOpt tensors in Megatron's sharded state dict for ``sharding``, as DCP keys."""
-    state = {"param": lambda p: p.detach().float(),
-             "exp_avg": lambda p: opt.state[p]["exp_avg"],
-             "exp_avg_sq": lambda p: opt.state[p]["exp_avg_sq"]}
+    state = {
+        "param": lambda p: p.detach().float(),
+        "exp_avg": lambda p: opt.state[p]["exp_avg"],
+        "exp_avg_sq": lambda p: opt.state[p]["exp_avg_sq"],
+    }
     if sharding == "fully_sharded_model_space":
         # sharded_param_state_fs_model_space: optimizer.state.<state key>.<model tensor key>
-        return {f"optimizer.state.{name}.{key}": _megatron_tensor(model, key, get).clone()
-                for name, get in state.items() for key, _ in _megatron_params(model)}
+        return {
+            f"optimizer.state.{name}.{key}": _megatron_tensor(model, key, get).clone()
+            for name, get in state.items()
+            for key, _ in _megatron_params(model)
+        }
     # dp_reshardable (the default since 2025): one flat fp32 tensor per bucket and state key,
     # params at 64-aligned starts, intra-param padding kept, trailing padding dropped.
     prefix = "optimizer.distributed.dp_group_idx_0"
@@ -638,7 +704,7 @@ def megatron_optimizer_sd(model: TinyLM, opt: torch.optim.Optimizer, sharding: s
         flat = torch.zeros(end, dtype=torch.float32)
         for key, layer, start in slots:
             value = _megatron_tensor(model, key, get, layer).flatten()
-            flat[start:start + value.numel()] = value
+            flat[start : start + value.numel()] = value
         out[f"{bucket}.{name}"] = flat
     padded = math.ceil(end / MEGATRON_PAD) * MEGATRON_PAD
     numel_key = (MEGATRON_DTYPE, torch.float32)
@@ -662,17 +728,25 @@ def _megatron_param_groups(opt: torch.optim.Optimizer) -> dict[str, Any]:
     # dropped from each group, "step" moved into the group.
     inner = opt.state_dict()
     step = int(next(iter(inner["state"].values()))["step"].item())
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "step": step}
-              for g in inner["param_groups"]]
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "step": step} for g in inner["param_groups"]]
     return {"param_groups": groups}
 
 
 def megatron_args(weights_only: bool) -> argparse.Namespace:
     """A few of the args Megatron saves in every checkpoint (the real Namespace has hundreds)."""
-    return argparse.Namespace(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=8,
-                              padded_vocab_size=96, bf16=True, ckpt_format="torch_dist",
-                              use_distributed_optimizer=True, no_save_optim=weights_only,
-                              no_save_rng=False, async_save=False)
+    return argparse.Namespace(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        seq_length=8,
+        padded_vocab_size=96,
+        bf16=True,
+        ckpt_format="torch_dist",
+        use_distributed_optimizer=True,
+        no_save_optim=weights_only,
+        no_save_rng=False,
+        async_save=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -690,10 +764,15 @@ def _save_megatron(fmt: _MegatronFormat) -> Callable[[Path, int, TinyLM, torch.o
         # opt_param_scheduler (both skipped under --no-save-optim), rng_state.
         sharded: dict[str, Any] = dict(megatron_model_sd(model))
         common: dict[str, Any] = {
-            "args": megatron_args(weights_only), "checkpoint_version": 3.0, "iteration": step,
+            "args": megatron_args(weights_only),
+            "checkpoint_version": 3.0,
+            "iteration": step,
             "num_floating_point_operations_so_far": float(step) * 1.5e9,
-            "content_metadata": {"distrib_optim_sharding_type": fmt.sharding,
-                                 "singleton_local_shards": False, "chained_optim_avoid_prefix": True},
+            "content_metadata": {
+                "distrib_optim_sharding_type": fmt.sharding,
+                "singleton_local_shards": False,
+                "chained_optim_avoid_prefix": True,
+            },
         }
         if opt is not None:
             sharded.update(megatron_optimizer_sd(model, opt, fmt.sharding))
@@ -702,15 +781,26 @@ def _save_megatron(fmt: _MegatronFormat) -> Callable[[Path, int, TinyLM, torch.o
                 optimizer_common["optimizer"] = _megatron_param_groups(opt)
             common["optimizer"] = optimizer_common
             common["opt_param_scheduler"] = {
-                "max_lr": 1e-3, "lr_warmup_steps": 0, "num_steps": step * 16, "lr_decay_style": "cosine",
-                "lr_decay_steps": 10**6, "min_lr": 1e-5, "start_wd": 0.1, "end_wd": 0.1,
-                "wd_incr_style": "constant", "wd_incr_steps": 10**6}
+                "max_lr": 1e-3,
+                "lr_warmup_steps": 0,
+                "num_steps": step * 16,
+                "lr_decay_style": "cosine",
+                "lr_decay_steps": 10**6,
+                "min_lr": 1e-5,
+                "start_wd": 0.1,
+                "end_wd": 0.1,
+                "wd_incr_style": "constant",
+                "wd_incr_steps": 10**6,
+            }
         # get_rng_state: ShardedObject "rng_state", global shape (pp, tp) = (1, 1). No CUDA here,
         # so the cuda_rng_state / rng_tracker_states entries of a GPU run are absent.
         import numpy as np
 
-        rng = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
-               "torch_rng_state": torch.get_rng_state()}
+        rng = {
+            "random_rng_state": random.getstate(),
+            "np_rng_state": np.random.get_state(),
+            "torch_rng_state": torch.get_rng_state(),
+        }
         sharded["rng_state/shard_0.0_1.1"] = _sharded_object([rng])
         dest.mkdir(parents=True)
         if fmt.common_in_dcp:
@@ -719,8 +809,9 @@ def _save_megatron(fmt: _MegatronFormat) -> Callable[[Path, int, TinyLM, torch.o
             torch.save(common, dest / "common.pt")  # save_common, rank 0, before the shards
         dcp.save(sharded, checkpoint_id=str(dest))
         # metadata_finalize_fn: CheckpointingConfig, written once every shard is saved
-        (dest / "metadata.json").write_text(json.dumps(
-            {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch"}))
+        (dest / "metadata.json").write_text(
+            json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch"})
+        )
 
     return save
 
@@ -744,15 +835,20 @@ for _builder, _fmt in {
     "megatron-torch-dist-model-space": _MegatronFormat("fully_sharded_model_space", common_in_dcp=False),
     "megatron-torch-dist-common-in-dcp": _MegatronFormat("dp_reshardable", common_in_dcp=True),
 }.items():
-    _install(_Layout(
-        builder=_builder, catalog="megatron", name=megatron_dir,
-        marker=lambda name: f"{name}/metadata.json",
-        write=lambda out, steps, _w, fmt=_fmt: _write_each_step(  # type: ignore[misc]
-            out, steps, _save_megatron(fmt), megatron_dir),
-        uncommit=_uncommit_megatron,
-        corrupt=truncate_below_metadata,  # __0_0.distcp cut to half, tracker names the step
-        finish=_megatron_tracker,
-    ))
+    _install(
+        _Layout(
+            builder=_builder,
+            catalog="megatron",
+            name=megatron_dir,
+            marker=lambda name: f"{name}/metadata.json",
+            write=lambda out, steps, _w, fmt=_fmt: _write_each_step(  # type: ignore[misc]
+                out, steps, _save_megatron(fmt), megatron_dir
+            ),
+            uncommit=_uncommit_megatron,
+            corrupt=truncate_below_metadata,  # __0_0.distcp cut to half, tracker names the step
+            finish=_megatron_tracker,
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -850,9 +946,16 @@ def _write_lightning(sharded: bool) -> Callable[[Path, tuple[int, ...], frozense
         try:
             with _quiet():
                 trainer = L.Trainer(
-                    accelerator="cpu", devices=1, max_steps=steps[-1], logger=False,
-                    callbacks=[callback], enable_progress_bar=False, enable_model_summary=False,
-                    default_root_dir=out, **({"strategy": _sharded_save_strategy()} if sharded else {}))
+                    accelerator="cpu",
+                    devices=1,
+                    max_steps=steps[-1],
+                    logger=False,
+                    callbacks=[callback],
+                    enable_progress_bar=False,
+                    enable_model_summary=False,
+                    default_root_dir=out,
+                    **({"strategy": _sharded_save_strategy()} if sharded else {}),
+                )
                 trainer.fit(lightning_module_class()(steps, sorted(weights)), loader)
         finally:
             for log, level in zip(quiet, levels, strict=True):
@@ -881,18 +984,30 @@ def _lightning_no_incomplete(steps: tuple[int, ...], kinds: Mapping[int, str]) -
         raise ValueError("lightning: Lightning never leaves an in-flight .ckpt file in the run folder")
 
 
-_install(_Layout(
-    builder="lightning", catalog="lightning", name=lightning_name, marker=lambda name: name,
-    write=_write_lightning(sharded=False), uncommit=None,
-    corrupt=_truncate_file,  # the .ckpt zip cut to half (a cut copy or upload)
-    check=_lightning_no_incomplete, weights_in_key=True,
-    kinds=("full", "weights", "corrupt"),
-))
+_install(
+    _Layout(
+        builder="lightning",
+        catalog="lightning",
+        name=lightning_name,
+        marker=lambda name: name,
+        write=_write_lightning(sharded=False),
+        uncommit=None,
+        corrupt=_truncate_file,  # the .ckpt zip cut to half (a cut copy or upload)
+        check=_lightning_no_incomplete,
+        weights_in_key=True,
+        kinds=("full", "weights", "corrupt"),
+    )
+)
 
-_install(_Layout(
-    builder="lightning-dir", catalog="lightning", name=lightning_name,
-    marker=lambda name: f"{name}/{LIGHTNING_META}",
-    write=_write_lightning(sharded=True), uncommit=_uncommit_lightning_dir,
-    corrupt=truncate_below_metadata,  # __0_0.distcp cut to half, meta.pt present
-    weights_in_key=True,
-))
+_install(
+    _Layout(
+        builder="lightning-dir",
+        catalog="lightning",
+        name=lightning_name,
+        marker=lambda name: f"{name}/{LIGHTNING_META}",
+        write=_write_lightning(sharded=True),
+        uncommit=_uncommit_lightning_dir,
+        corrupt=truncate_below_metadata,  # __0_0.distcp cut to half, meta.pt present
+        weights_in_key=True,
+    )
+)

@@ -49,10 +49,14 @@ def main() -> None:
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01, "torch_adam": True}},
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3,
-                                                     "warmup_num_steps": 10}},
-        "zero_optimization": {"stage": spec["stage"],
-                              "stage3_gather_16bit_weights_on_model_save": bool(spec.get("gather16"))},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3, "warmup_num_steps": 10},
+        },
+        "zero_optimization": {
+            "stage": spec["stage"],
+            "stage3_gather_16bit_weights_on_model_save": bool(spec.get("gather16")),
+        },
         "bf16": {"enabled": bool(spec["bf16"])},
         "steps_per_print": 10**9,
     }

@@ -51,8 +51,9 @@ def _template_dir(name: str, key: object) -> Path:
     return _TEMPLATES / f"{name}-{digest}"
 
 
-def _kinds(builder: str, steps: Sequence[int], states: Mapping[int, str], *,
-           allowed: Sequence[str], default: str = "full") -> dict[int, str]:
+def _kinds(
+    builder: str, steps: Sequence[int], states: Mapping[int, str], *, allowed: Sequence[str], default: str = "full"
+) -> dict[int, str]:
     """Each step's requested kind, oldest first; a request the library cannot produce is refused."""
     if not steps:
         raise ValueError(f"{builder}: give at least one step")
@@ -81,8 +82,10 @@ def _newest_committed(builder: str, kinds: Mapping[int, str]) -> int | None:
     newest = max(committed, default=None)
     stale = [s for s, k in kinds.items() if k == "incomplete" and newest is not None and s < newest]
     if stale:
-        raise ValueError(f"{builder}: in-flight steps {stale} are older than the committed step {newest}; "
-                         "only the newest saves can still be in flight")
+        raise ValueError(
+            f"{builder}: in-flight steps {stale} are older than the committed step {newest}; "
+            "only the newest saves can still be in flight"
+        )
     return newest
 
 
@@ -101,8 +104,15 @@ def _truncate(path: Path, size: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 #: A two-layer Llama small enough that a training step costs milliseconds on CPU.
-TINY_LLAMA = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+TINY_LLAMA = dict(
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=32,
+)
 
 
 def _quiet_transformers() -> None:
@@ -143,17 +153,38 @@ def trainer_args(output_dir: Path, max_steps: int, **overrides: Any) -> Any:
 
     never = max_steps + 1  # saves and evaluations come from _SaveAt, at the requested steps only
     kw: dict[str, Any] = dict(
-        output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=2,
-        per_device_eval_batch_size=2, eval_strategy="steps", save_strategy="steps", eval_steps=never,
-        save_steps=never, load_best_model_at_end=True, metric_for_best_model="score",
-        greater_is_better=True, save_total_limit=None, report_to="none", use_cpu=True,
-        logging_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0)
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=2,
+        eval_strategy="steps",
+        save_strategy="steps",
+        eval_steps=never,
+        save_steps=never,
+        load_best_model_at_end=True,
+        metric_for_best_model="score",
+        greater_is_better=True,
+        save_total_limit=None,
+        report_to="none",
+        use_cpu=True,
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+    )
     kw.update(overrides)
     return TrainingArguments(**kw)
 
 
-def make_trainer(output_dir: Path, max_steps: int, *, save_at: Mapping[int, bool] | None = None,
-                 best: int | None = None, model: Any = None, **overrides: Any) -> Any:
+def make_trainer(
+    output_dir: Path,
+    max_steps: int,
+    *,
+    save_at: Mapping[int, bool] | None = None,
+    best: int | None = None,
+    model: Any = None,
+    **overrides: Any,
+) -> Any:
     """A Trainer on ``tiny_llama`` that saves (model-only where ``save_at[step]``) and evaluates at ``save_at``.
 
     The metric ``eval_score`` is 1 at ``best`` and 0 elsewhere, so the Trainer's own
@@ -177,10 +208,14 @@ def make_trainer(output_dir: Path, max_steps: int, *, save_at: Mapping[int, bool
     def score(_: Any) -> dict[str, float]:
         return {"score": 1.0 if holder[0].state.global_step == best else 0.0}
 
-    trainer = Trainer(model=model if model is not None else tiny_llama(),
-                      args=trainer_args(output_dir, max_steps, **overrides),
-                      train_dataset=TokenDataset(64), eval_dataset=TokenDataset(2, seed=1),
-                      compute_metrics=score, callbacks=[_SaveAt()])
+    trainer = Trainer(
+        model=model if model is not None else tiny_llama(),
+        args=trainer_args(output_dir, max_steps, **overrides),
+        train_dataset=TokenDataset(64),
+        eval_dataset=TokenDataset(2, seed=1),
+        compute_metrics=score,
+        callbacks=[_SaveAt()],
+    )
     trainer.remove_callback(PrinterCallback)
     holder.append(trainer)
     return trainer
@@ -226,6 +261,7 @@ def hf_trainer(root: Path, steps: Sequence[int], states: Mapping[int, str]) -> B
 # accelerate
 # --------------------------------------------------------------------------------------------
 
+
 def make_accelerator(project_dir: Path | None = None, *, automatic_naming: bool = False) -> Any:
     """A fresh CPU ``Accelerator`` (accelerate's process-wide state reset first)."""
     from accelerate import Accelerator
@@ -235,8 +271,9 @@ def make_accelerator(project_dir: Path | None = None, *, automatic_naming: bool 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     PartialState._reset_state()
-    config = ProjectConfiguration(project_dir=str(project_dir) if project_dir else None,
-                                  automatic_checkpoint_naming=automatic_naming)
+    config = ProjectConfiguration(
+        project_dir=str(project_dir) if project_dir else None, automatic_checkpoint_naming=automatic_naming
+    )
     return Accelerator(cpu=True, project_config=config)
 
 
@@ -251,8 +288,9 @@ def accelerate_objects(accelerator: Any, seed: int = 0) -> tuple[Any, Any, Any]:
     return accelerator.prepare(model, opt, sched)
 
 
-def _accelerate_run(project: Path, run: Path, steps: Sequence[int], states: Mapping[int, str],
-                    *, builder: str, automatic_naming: bool) -> BuiltRun:
+def _accelerate_run(
+    project: Path, run: Path, steps: Sequence[int], states: Mapping[int, str], *, builder: str, automatic_naming: bool
+) -> BuiltRun:
     kinds = _kinds(builder, steps, states, allowed=KINDS)
     accelerator = make_accelerator(project, automatic_naming=automatic_naming)
     model, opt, sched = accelerate_objects(accelerator)
@@ -302,8 +340,7 @@ def accelerate_auto_run(root: Path, steps: Sequence[int], states: Mapping[int, s
     ``root`` is the project dir; the run folder returned is ``root/checkpoints``, the folder
     accelerate puts every save in. Files and states as for ``accelerate``.
     """
-    return _accelerate_run(root, root / "checkpoints", steps, states, builder="accelerate-auto",
-                           automatic_naming=True)
+    return _accelerate_run(root, root / "checkpoints", steps, states, builder="accelerate-auto", automatic_naming=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,12 +385,23 @@ def run_deepspeed(variant: str, spec: Mapping[str, Any]) -> str:
         # waits for it in a collective would hang both.
         procs = []
         for rank in range(v["ranks"]):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(v["ranks"]),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, DS_ACCELERATOR="cpu",
-                       CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(v["ranks"]),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                DS_ACCELERATOR="cpu",
+                CUDA_VISIBLE_DEVICES="",
+                OMP_NUM_THREADS="1",
+            )
             with open(Path(logs) / f"rank{rank}.log", "w") as log:
-                procs.append(subprocess.Popen([sys.executable, str(DEEPSPEED_WORKER), argv], env=env,
-                                              stdout=log, stderr=subprocess.STDOUT))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(DEEPSPEED_WORKER), argv], env=env, stdout=log, stderr=subprocess.STDOUT
+                    )
+                )
         failures = []
         for rank, p in enumerate(procs):
             try:
@@ -374,8 +422,9 @@ def _deepspeed_template(variant: str, steps: tuple[int, ...]) -> Path:
     out = _template_dir(variant, steps)
     if not (out / ".done").exists():
         shutil.rmtree(out, ignore_errors=True)
-        run_deepspeed(variant, {"out": str(out), "steps": list(steps),
-                                "gather16": DEEPSPEED_VARIANTS[variant]["gather16"]})
+        run_deepspeed(
+            variant, {"out": str(out), "steps": list(steps), "gather16": DEEPSPEED_VARIANTS[variant]["gather16"]}
+        )
         (out / ".done").touch()
     return out
 
@@ -414,9 +463,11 @@ def _register_deepspeed(variant: str) -> None:
 
     v = DEEPSPEED_VARIANTS[variant]
     builder.__name__ = variant.replace("-", "_")
-    builder.__doc__ = (f"``global_stepN/`` from ``engine.save_checkpoint`` (ZeRO-{v['stage']}, {v['ranks']} rank(s), "
-                       f"bf16={v['bf16']}) and the run-level ``latest``; corrupt = a rank's optim_states "
-                       "missing (zero bytes with one rank); incomplete = newer than ``latest``.")
+    builder.__doc__ = (
+        f"``global_stepN/`` from ``engine.save_checkpoint`` (ZeRO-{v['stage']}, {v['ranks']} rank(s), "
+        f"bf16={v['bf16']}) and the run-level ``latest``; corrupt = a rank's optim_states "
+        "missing (zero bytes with one rank); incomplete = newer than ``latest``."
+    )
     register(variant)(builder)
 
 
@@ -437,18 +488,49 @@ def megatron_args(*, tp: int, iteration: int, distributed_optimizer: bool, weigh
     """A slice of the argparse.Namespace Megatron pickles as ``args`` (the fields loaders read)."""
     s = MEGATRON_SHAPE
     return argparse.Namespace(
-        num_layers=s["layers"], hidden_size=s["hidden"], ffn_hidden_size=s["ffn"],
-        num_attention_heads=s["heads"], padded_vocab_size=s["vocab"], seq_length=64,
-        max_position_embeddings=64, tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
-        virtual_pipeline_model_parallel_size=None, expert_model_parallel_size=1, world_size=tp,
-        data_parallel_size=1, micro_batch_size=2, global_batch_size=2, train_iters=10**6,
-        iteration=iteration, consumed_train_samples=iteration * 2, consumed_valid_samples=0,
-        bf16=True, fp16=False, params_dtype=torch.bfloat16, swiglu=True, normalization="RMSNorm",
-        position_embedding_type="rope", untie_embeddings_and_output_weights=True,
-        transformer_impl="transformer_engine", use_distributed_optimizer=distributed_optimizer,
-        optimizer="adam", lr=3e-4, min_lr=3e-5, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95,
-        ckpt_format="torch", use_dist_ckpt=False, no_save_optim=weights_only, no_save_rng=weights_only,
-        save="/checkpoints/gpt-tiny", load="/checkpoints/gpt-tiny", save_interval=100, async_save=False)
+        num_layers=s["layers"],
+        hidden_size=s["hidden"],
+        ffn_hidden_size=s["ffn"],
+        num_attention_heads=s["heads"],
+        padded_vocab_size=s["vocab"],
+        seq_length=64,
+        max_position_embeddings=64,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=1,
+        virtual_pipeline_model_parallel_size=None,
+        expert_model_parallel_size=1,
+        world_size=tp,
+        data_parallel_size=1,
+        micro_batch_size=2,
+        global_batch_size=2,
+        train_iters=10**6,
+        iteration=iteration,
+        consumed_train_samples=iteration * 2,
+        consumed_valid_samples=0,
+        bf16=True,
+        fp16=False,
+        params_dtype=torch.bfloat16,
+        swiglu=True,
+        normalization="RMSNorm",
+        position_embedding_type="rope",
+        untie_embeddings_and_output_weights=True,
+        transformer_impl="transformer_engine",
+        use_distributed_optimizer=distributed_optimizer,
+        optimizer="adam",
+        lr=3e-4,
+        min_lr=3e-5,
+        weight_decay=0.1,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        ckpt_format="torch",
+        use_dist_ckpt=False,
+        no_save_optim=weights_only,
+        no_save_rng=weights_only,
+        save="/checkpoints/gpt-tiny",
+        load="/checkpoints/gpt-tiny",
+        save_interval=100,
+        async_save=False,
+    )
 
 
 def megatron_model(tp_rank: int, tp: int, seed: int) -> dict[str, torch.Tensor]:
@@ -501,9 +583,15 @@ def _megatron_adam(model: dict[str, torch.Tensor], iteration: int) -> tuple[list
     decay = [p for k, p in zip(names, main, strict=True) if not k.endswith("norm_weight") and "layernorm" not in k]
     no_decay = [p for k, p in zip(names, main, strict=True) if k.endswith("norm_weight") or "layernorm" in k]
     group_extra = dict(wd_mult=1.0, lr_mult=1.0, is_expert_parallel=False, is_decoupled_lr=False)
-    opt = torch.optim.Adam([dict(params=decay, weight_decay=0.1, **group_extra),
-                            dict(params=no_decay, weight_decay=0.0, **dict(group_extra, wd_mult=0.0))],
-                           lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.Adam(
+        [
+            dict(params=decay, weight_decay=0.1, **group_extra),
+            dict(params=no_decay, weight_decay=0.0, **dict(group_extra, wd_mult=0.0)),
+        ],
+        lr=3e-4,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     for p in main:
         p.grad = torch.full_like(p, 1e-3)
     opt.step()
@@ -523,20 +611,34 @@ def _megatron_rng(seed: int) -> list[dict[str, Any]]:
     def cuda_like() -> torch.Tensor:  # a CUDA philox generator state is 16 bytes (seed, offset)
         return torch.tensor(list(seed.to_bytes(8, "little")) + [0] * 8, dtype=torch.uint8)
 
-    return [{"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
-             "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": cuda_like(),
-             "rng_tracker_states": {"model-parallel-rng": cuda_like(), "expert-parallel-rng": cuda_like(),
-                                    "data-parallel-rng": cuda_like()}}]
+    return [
+        {
+            "random_rng_state": random.getstate(),
+            "np_rng_state": np.random.get_state(),
+            "torch_rng_state": torch.get_rng_state(),
+            "cuda_rng_state": cuda_like(),
+            "rng_tracker_states": {
+                "model-parallel-rng": cuda_like(),
+                "expert-parallel-rng": cuda_like(),
+                "data-parallel-rng": cuda_like(),
+            },
+        }
+    ]
 
 
-def megatron_state(*, tp: int, tp_rank: int, iteration: int, distributed_optimizer: bool,
-                   weights_only: bool) -> tuple[dict[str, Any], dict[Any, Any] | None]:
+def megatron_state(
+    *, tp: int, tp_rank: int, iteration: int, distributed_optimizer: bool, weights_only: bool
+) -> tuple[dict[str, Any], dict[Any, Any] | None]:
     """(model_optim_rng.pt contents, distrib_optim.pt contents or None) for one rank of one save."""
     model = megatron_model(tp_rank, tp, seed=1000 * iteration + tp_rank)
     state: dict[str, Any] = {
-        "args": megatron_args(tp=tp, iteration=iteration, distributed_optimizer=distributed_optimizer,
-                              weights_only=weights_only),
-        "checkpoint_version": 3.0, "iteration": iteration, "model": model}
+        "args": megatron_args(
+            tp=tp, iteration=iteration, distributed_optimizer=distributed_optimizer, weights_only=weights_only
+        ),
+        "checkpoint_version": 3.0,
+        "iteration": iteration,
+        "model": model,
+    }
     distrib = None
     if not weights_only:
         groups_main, adam = _megatron_adam(model, iteration)
@@ -546,18 +648,30 @@ def megatron_state(*, tp: int, tp_rank: int, iteration: int, distributed_optimiz
             # the per-parameter state lives in distrib_optim.pt (get_parameter_state_dp_zero).
             groups = [{k: v for k, v in g.items() if k != "params"} | {"step": iteration} for g in adam["param_groups"]]
             state["optimizer"] = {"optimizer": {"param_groups": groups}}
-            flat = {key: torch.cat([adam["state"][i][key].flatten() for i in range(len(main))][::-1])
-                    for key in ("exp_avg", "exp_avg_sq")}
+            flat = {
+                key: torch.cat([adam["state"][i][key].flatten() for i in range(len(main))][::-1])
+                for key in ("exp_avg", "exp_avg_sq")
+            }
             param = torch.cat([p.flatten() for p in main][::-1])  # grad buffers hold params in reverse
-            distrib = {"buckets_coalesced": True,
-                       0: {(torch.bfloat16, torch.float32): {"param": param, **flat, "numel_unpadded": param.numel()}}}
+            distrib = {
+                "buckets_coalesced": True,
+                0: {(torch.bfloat16, torch.float32): {"param": param, **flat, "numel_unpadded": param.numel()}},
+            }
         else:
             # Float16OptimizerWithFloat16Params.state_dict() (bf16, so no grad_scaler entry).
             state["optimizer"] = {"optimizer": adam, "fp32_from_fp16_params": groups_main}
         state["opt_param_scheduler"] = {
-            "max_lr": 3e-4, "lr_warmup_steps": 10, "num_steps": iteration * 2, "lr_decay_style": "cosine",
-            "lr_decay_steps": 10**6, "min_lr": 3e-5, "start_wd": 0.1, "end_wd": 0.1,
-            "wd_incr_style": "constant", "wd_incr_steps": 10**6}
+            "max_lr": 3e-4,
+            "lr_warmup_steps": 10,
+            "num_steps": iteration * 2,
+            "lr_decay_style": "cosine",
+            "lr_decay_steps": 10**6,
+            "min_lr": 3e-5,
+            "start_wd": 0.1,
+            "end_wd": 0.1,
+            "wd_incr_style": "constant",
+            "wd_incr_steps": 10**6,
+        }
         state["rng_state"] = _megatron_rng(iteration + tp_rank)
     state["num_floating_point_operations_so_far"] = float(iteration) * 1.5e12
     return state, distrib
@@ -568,8 +682,9 @@ def megatron_iter_dir(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 
 
-def _megatron_run(builder: str, root: Path, steps: Sequence[int], states: Mapping[int, str], *,
-                  tp: int, distributed_optimizer: bool) -> BuiltRun:
+def _megatron_run(
+    builder: str, root: Path, steps: Sequence[int], states: Mapping[int, str], *, tp: int, distributed_optimizer: bool
+) -> BuiltRun:
     kinds = _kinds(builder, steps, states, allowed=KINDS)
     newest = _newest_committed(builder, kinds)
     specs = []
@@ -578,9 +693,13 @@ def _megatron_run(builder: str, root: Path, steps: Sequence[int], states: Mappin
         for tp_rank in range(tp):
             rank_dir = root / name / f"mp_rank_{tp_rank:02d}"
             rank_dir.mkdir(parents=True)
-            state, distrib = megatron_state(tp=tp, tp_rank=tp_rank, iteration=step,
-                                            distributed_optimizer=distributed_optimizer,
-                                            weights_only=kind == "weights")
+            state, distrib = megatron_state(
+                tp=tp,
+                tp_rank=tp_rank,
+                iteration=step,
+                distributed_optimizer=distributed_optimizer,
+                weights_only=kind == "weights",
+            )
             if distrib is not None:  # save_checkpoint writes distrib_optim.pt before the model file
                 torch.save(distrib, rank_dir / "distrib_optim.pt")
             torch.save(state, rank_dir / "model_optim_rng.pt")

@@ -37,18 +37,44 @@ MEGATRON = ("megatron-torch-dist", "megatron-torch-dist-model-space", "megatron-
 #: builder -> catalog layout id, and the files of one step per kind (the report's file table).
 DCP_FILES = {".metadata", "__0_0.distcp"}
 FILES: dict[str, tuple[str, dict[str, set[str]]]] = {
-    "dcp-fsdp2": ("dcp", {"full": DCP_FILES | {"__1_0.distcp"}, "weights": DCP_FILES | {"__1_0.distcp"},
-                          "incomplete": {"__0_0.distcp", "__1_0.distcp"}, "corrupt": DCP_FILES}),
-    **{b: ("dcp", {"full": DCP_FILES, "weights": DCP_FILES, "incomplete": {"__0_0.distcp"},
-                   "corrupt": DCP_FILES}) for b in ("dcp-appstate", "dcp-torchtitan", "dcp-safetensors")},
-    "lightning-dir": ("lightning", {k: DCP_FILES | {"meta.pt"} for k in ("full", "weights", "corrupt")}
-                      | {"incomplete": DCP_FILES}),
-    **{b: ("megatron", {k: DCP_FILES | {"common.pt", "metadata.json"} for k in ("full", "weights", "corrupt")}
-           | {"incomplete": {"__0_0.distcp", "common.pt"}}) for b in MEGATRON[:2]},
-    MEGATRON[2]: ("megatron", {k: DCP_FILES | {"metadata.json"} for k in ("full", "weights", "corrupt")}
-                  | {"incomplete": {"__0_0.distcp"}}),
-    "torch-save": ("torch-save", {"full": {"checkpoint.pt"}, "weights": {"checkpoint.pt"},
-                                  "incomplete": {"checkpoint.pt.tmp"}, "corrupt": {"checkpoint.pt"}}),
+    "dcp-fsdp2": (
+        "dcp",
+        {
+            "full": DCP_FILES | {"__1_0.distcp"},
+            "weights": DCP_FILES | {"__1_0.distcp"},
+            "incomplete": {"__0_0.distcp", "__1_0.distcp"},
+            "corrupt": DCP_FILES,
+        },
+    ),
+    **{
+        b: ("dcp", {"full": DCP_FILES, "weights": DCP_FILES, "incomplete": {"__0_0.distcp"}, "corrupt": DCP_FILES})
+        for b in ("dcp-appstate", "dcp-torchtitan", "dcp-safetensors")
+    },
+    "lightning-dir": (
+        "lightning",
+        {k: DCP_FILES | {"meta.pt"} for k in ("full", "weights", "corrupt")} | {"incomplete": DCP_FILES},
+    ),
+    **{
+        b: (
+            "megatron",
+            {k: DCP_FILES | {"common.pt", "metadata.json"} for k in ("full", "weights", "corrupt")}
+            | {"incomplete": {"__0_0.distcp", "common.pt"}},
+        )
+        for b in MEGATRON[:2]
+    },
+    MEGATRON[2]: (
+        "megatron",
+        {k: DCP_FILES | {"metadata.json"} for k in ("full", "weights", "corrupt")} | {"incomplete": {"__0_0.distcp"}},
+    ),
+    "torch-save": (
+        "torch-save",
+        {
+            "full": {"checkpoint.pt"},
+            "weights": {"checkpoint.pt"},
+            "incomplete": {"checkpoint.pt.tmp"},
+            "corrupt": {"checkpoint.pt"},
+        },
+    ),
 }
 
 
@@ -83,8 +109,12 @@ def _exp_avg(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str) -> t
     return opt.state[dict(model.named_parameters())[name]]["exp_avg"]
 
 
-def _same_state(got: tuple[torch.nn.Module, torch.optim.Optimizer],
-                want: tuple[torch.nn.Module, torch.optim.Optimizer], *, atol: float = 0.0) -> None:
+def _same_state(
+    got: tuple[torch.nn.Module, torch.optim.Optimizer],
+    want: tuple[torch.nn.Module, torch.optim.Optimizer],
+    *,
+    atol: float = 0.0,
+) -> None:
     """Every weight and every AdamW exp_avg / exp_avg_sq / step equal (within ``atol``)."""
     (gm, go), (wm, wo) = got, want
     for (name, g), (_, w) in zip(gm.state_dict().items(), wm.state_dict().items(), strict=True):
@@ -92,8 +122,9 @@ def _same_state(got: tuple[torch.nn.Module, torch.optim.Optimizer],
     gp, wp = dict(gm.named_parameters()), dict(wm.named_parameters())
     for name in wp:
         for key in ("exp_avg", "exp_avg_sq", "step"):
-            torch.testing.assert_close(go.state[gp[name]][key], wo.state[wp[name]][key],
-                                       atol=atol, rtol=0, msg=f"{name}.{key}")
+            torch.testing.assert_close(
+                go.state[gp[name]][key], wo.state[wp[name]][key], atol=atol, rtol=0, msg=f"{name}.{key}"
+            )
 
 
 def _keys(step_dir: Path) -> set[str]:
@@ -130,7 +161,11 @@ def test_step_folders_hold_the_files_the_library_writes(runs: Callable[[str], Bu
 def test_lightning_steps_are_files_named_by_epoch_and_step(runs: Callable[[str], BuiltRun]) -> None:
     run = runs("lightning")
     assert sorted(p.name for p in run.root.iterdir()) == [
-        "epoch=0-step=100.ckpt", "epoch=0-step=200.ckpt", "epoch=1-step=300.ckpt", "epoch=1-step=400.ckpt"]
+        "epoch=0-step=100.ckpt",
+        "epoch=0-step=200.ckpt",
+        "epoch=1-step=300.ckpt",
+        "epoch=1-step=400.ckpt",
+    ]
     assert all(_path(run, s).is_file() and run.spec(s).marker == run.spec(s).name for s in STEPS)
 
 
@@ -207,8 +242,13 @@ def test_torchtitan_flat_states_load_like_its_checkpointer(runs: Callable[[str],
     run = runs("dcp-torchtitan")
     keys = _keys(_path(run, 100))
     assert "tok_embeddings.weight" in keys and not any(k.startswith("model.") for k in keys)
-    assert {"optimizer.state.layers.0.wq.weight.exp_avg", "optimizer.param_groups.layers.0.wq.weight.lr",
-            "lr_scheduler.last_epoch", "dataloader.dp_rank_0", "train_state.step"} <= keys
+    assert {
+        "optimizer.state.layers.0.wq.weight.exp_avg",
+        "optimizer.param_groups.layers.0.wq.weight.lr",
+        "lr_scheduler.last_epoch",
+        "dataloader.dp_rank_0",
+        "train_state.step",
+    } <= keys
 
     model, opt = F.fresh()
     states = F.titan_states(0, model, opt)
@@ -240,8 +280,9 @@ def test_safetensors_format_dcp_is_read_by_safetensors_not_dcp_load(runs: Callab
     _refuses(dict(zip(("model", "optim"), get_state_dict(*F.fresh()), strict=True)), full)
     md = FileSystemReader(str(full)).read_metadata()
     start = F.safetensors_payload_start(full)
-    tensor_offsets = {i.offset for k, i in md.storage_data.items()
-                      if isinstance(md.state_dict_metadata[k.fqn], TensorStorageMetadata)}
+    tensor_offsets = {
+        i.offset for k, i in md.storage_data.items() if isinstance(md.state_dict_metadata[k.fqn], TensorStorageMetadata)
+    }
     assert tensor_offsets == {start}  # every tensor "starts" at the same place
 
     blob = load_safetensors((full / "__0_0.distcp").read_bytes()[start:])
@@ -260,7 +301,7 @@ def test_safetensors_format_dcp_is_read_by_safetensors_not_dcp_load(runs: Callab
     ends = [i.offset + i.length for i in FileSystemReader(str(corrupt)).read_metadata().storage_data.values()]
     assert max(ends) <= size  # .metadata's ranges all fit: only the safetensors header shows the cut
     with pytest.raises(Exception, match="(?i)incomplete|invalid|header|metadata"):
-        load_safetensors((corrupt / "__0_0.distcp").read_bytes()[F.safetensors_payload_start(corrupt):])
+        load_safetensors((corrupt / "__0_0.distcp").read_bytes()[F.safetensors_payload_start(corrupt) :])
     assert not (_path(run, 400) / ".metadata").exists()
 
 
@@ -293,7 +334,7 @@ def _lightning_reference(upto: int) -> tuple[torch.nn.Module, torch.optim.Optimi
     opt = F.lightning_optimizer(model.parameters())
     done = 0
     with F.one_thread():
-        for i, target in enumerate(STEPS[:upto + 1]):
+        for i, target in enumerate(STEPS[: upto + 1]):
             F.loss(model, F.batch(i % F.LIGHTNING_BATCHES_PER_EPOCH)).backward()
             for _ in range(target - done):
                 opt.step()
@@ -313,8 +354,7 @@ def test_lightning_ckpt_files_load_with_lightning(runs: Callable[[str], BuiltRun
             module.load_from_checkpoint(_path(run, 200))
     want_model, want_opt = _lightning_reference(0)
     torch.testing.assert_close(full.model.state_dict(), want_model.state_dict(), atol=0, rtol=0)
-    torch.testing.assert_close(weights.model.state_dict(), _lightning_reference(2)[0].state_dict(),
-                               atol=0, rtol=0)
+    torch.testing.assert_close(weights.model.state_dict(), _lightning_reference(2)[0].state_dict(), atol=0, rtol=0)
 
     ck = torch.load(_path(run, 100), weights_only=False)  # fine in a test, never in the backend
     assert ck["global_step"] == 100 and ck["epoch"] == 0
@@ -340,8 +380,10 @@ def test_lightning_sharded_folders_load_with_lightning(runs: Callable[[str], Bui
     want_model, want_opt = _lightning_reference(0)
     assert ck["global_step"] == 100
     assert torch.equal(ck["model"]["model.output.weight"], want_model.output.weight.detach())
-    assert torch.equal(ck["optimizer_0"]["state"]["model.layers.0.wq.weight"]["exp_avg"],
-                       _exp_avg(want_model, want_opt, "layers.0.wq.weight"))
+    assert torch.equal(
+        ck["optimizer_0"]["state"]["model.layers.0.wq.weight"]["exp_avg"],
+        _exp_avg(want_model, want_opt, "layers.0.wq.weight"),
+    )
     assert "optimizer_0" not in weights and weights["global_step"] == 300
     assert torch.equal(weights["model"]["model.output.weight"], _lightning_reference(2)[0].output.weight.detach())
 
@@ -384,8 +426,10 @@ def test_megatron_torch_dist_iterations(runs: Callable[[str], BuiltRun], layout:
     want = {**F.megatron_model_sd(model), **F.megatron_optimizer_sd(model, opt, sharding)}
     keys = _keys(full)
     assert "decoder.layers.self_attention.linear_qkv.weight" in keys  # layers stacked, no "model."
-    assert all(k.startswith(("embedding.", "decoder.", "output_layer.", "optimizer.", "rng_state/",
-                             "common_state/")) for k in keys)
+    assert all(
+        k.startswith(("embedding.", "decoder.", "output_layer.", "optimizer.", "rng_state/", "common_state/"))
+        for k in keys
+    )
     got = _megatron_load(full, {k: v for k, v in want.items() if isinstance(v, torch.Tensor)})
     assert all(torch.equal(got[k], want[k]) for k in got)
     assert got["decoder.layers.self_attention.linear_qkv.weight"].shape == (2, 64, 32)
@@ -411,5 +455,6 @@ def test_megatron_torch_dist_iterations(runs: Callable[[str], BuiltRun], layout:
 def test_step_specs_are_what_the_interface_says(runs: Callable[[str], BuiltRun]) -> None:
     run = runs("megatron-torch-dist")
     assert run.layout == "megatron-torch-dist"
-    assert run.spec(300) == StepSpec(name="iter_0000300", step=300, layout="megatron", kind="weights",
-                                     marker="iter_0000300/metadata.json")
+    assert run.spec(300) == StepSpec(
+        name="iter_0000300", step=300, layout="megatron", kind="weights", marker="iter_0000300/metadata.json"
+    )

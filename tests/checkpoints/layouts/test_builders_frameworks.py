@@ -48,15 +48,27 @@ def _per_step_markers_hold(run: BuiltRun) -> None:
 # Hugging Face Trainer
 # --------------------------------------------------------------------------------------------
 
-HF_FULL = {"config.json", "generation_config.json", "model.safetensors", "optimizer.pt", "rng_state.pth",
-           "scheduler.pt", "trainer_state.json", "training_args.bin"}
+HF_FULL = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "optimizer.pt",
+    "rng_state.pth",
+    "scheduler.pt",
+    "trainer_state.json",
+    "training_args.bin",
+}
 HF_MODEL_ONLY = HF_FULL - {"optimizer.pt", "rng_state.pth", "scheduler.pt"}
 
 
 @pytest.fixture(scope="module")
 def trainer_run(tmp_path_factory: pytest.TempPathFactory) -> BuiltRun:
-    return _build("hf-trainer", tmp_path_factory.mktemp("hf") / "run", [2, 4, 6, 8, 10],
-                  {4: "weights", 8: "corrupt", 10: "incomplete"})
+    return _build(
+        "hf-trainer",
+        tmp_path_factory.mktemp("hf") / "run",
+        [2, 4, 6, 8, 10],
+        {4: "weights", 8: "corrupt", 10: "incomplete"},
+    )
 
 
 def test_trainer_steps_hold_the_files_the_trainer_writes(trainer_run: BuiltRun) -> None:
@@ -144,15 +156,23 @@ ACC_FULL = {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_state
 
 @pytest.fixture(scope="module")
 def accelerate_run(tmp_path_factory: pytest.TempPathFactory) -> BuiltRun:
-    return _build("accelerate", tmp_path_factory.mktemp("acc") / "run", [1, 2, 3, 4],
-                  {2: "weights", 3: "corrupt", 4: "incomplete"})
+    return _build(
+        "accelerate",
+        tmp_path_factory.mktemp("acc") / "run",
+        [1, 2, 3, 4],
+        {2: "weights", 3: "corrupt", 4: "incomplete"},
+    )
 
 
 def test_accelerate_steps_hold_the_files_save_state_writes(accelerate_run: BuiltRun) -> None:
     _per_step_markers_hold(accelerate_run)
     got = {s.kind: _files(accelerate_run.root / s.name) for s in accelerate_run.steps}
-    assert got == {"full": ACC_FULL, "weights": {"model.safetensors"}, "corrupt": ACC_FULL,
-                   "incomplete": ACC_FULL - {"random_states_0.pkl"}}
+    assert got == {
+        "full": ACC_FULL,
+        "weights": {"model.safetensors"},
+        "corrupt": ACC_FULL,
+        "incomplete": ACC_FULL - {"random_states_0.pkl"},
+    }
     assert [s.layout for s in accelerate_run.steps] == ["accelerate", "hf-safetensors", "accelerate", "accelerate"]
 
 
@@ -176,8 +196,9 @@ def test_accelerate_model_only_step_loads_as_a_model(accelerate_run: BuiltRun) -
     assert all(torch.equal(model.state_dict()[k], v) for k, v in on_disk.items())
 
 
-def test_accelerate_resumes_an_unfinished_save_without_complaint(accelerate_run: BuiltRun,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_accelerate_resumes_an_unfinished_save_without_complaint(
+    accelerate_run: BuiltRun, caplog: pytest.LogCaptureFixture
+) -> None:
     # Surprise: load_state swallows the missing random_states_0.pkl (an info-level log line), so
     # a folder whose save never finished "resumes"; only its absence tells it was in flight.
     accelerator = fw.make_accelerator()
@@ -290,15 +311,21 @@ def test_deepspeed_zero3_weights_live_only_in_the_optimizer_partitions(ds_runs: 
         # The optimizer files are refused by weights_only=True (LossScaler, ZeroStageEnum).
         with pytest.raises(Exception, match="Weights only load failed"):
             torch.load(step / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", weights_only=True)
-    parts = [torch.load(step / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt", weights_only=False)
-             ["optimizer_state_dict"]["fp32_flat_groups"][0] for r in (0, 1)]
-    numel = sum(t.numel() for t in get_fp32_state_dict_from_zero_checkpoint(str(step.parent), tag="global_step10").values())
+    parts = [
+        torch.load(step / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt", weights_only=False)[
+            "optimizer_state_dict"
+        ]["fp32_flat_groups"][0]
+        for r in (0, 1)
+    ]
+    numel = sum(
+        t.numel() for t in get_fp32_state_dict_from_zero_checkpoint(str(step.parent), tag="global_step10").values()
+    )
     assert parts[0].numel() == parts[1].numel() and 2 * parts[0].numel() >= numel  # each rank a half (padded)
 
 
 def _engine_load(run: BuiltRun, tag: str | None) -> dict[str, object]:
     out = fw.run_deepspeed("deepspeed-zero3", {"load": str(run.root), "tag": tag})
-    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT ") :])
 
 
 @deepspeed_test
@@ -319,7 +346,9 @@ def test_deepspeed_zero3_resumes_in_the_engine(ds_runs: _DeepSpeedRuns) -> None:
 def test_deepspeed_engine_follows_latest_into_the_corrupt_step(ds_runs: _DeepSpeedRuns) -> None:
     # `latest` names global_step20, whose rank-1 partition is missing: the engine's own resume
     # (tag from `latest`) fails; `latest` proves the save was started by rank 0, not that it landed.
-    with pytest.raises(RuntimeError, match="No such file or directory: .*global_step20/bf16_zero_pp_rank_1_mp_rank_00_optim"):
+    with pytest.raises(
+        RuntimeError, match="No such file or directory: .*global_step20/bf16_zero_pp_rank_1_mp_rank_00_optim"
+    ):
         _engine_load(ds_runs["deepspeed-zero3"], None)
 
 
@@ -339,6 +368,7 @@ def test_deepspeed_zero3_16bit_export_matches_the_partitions(ds_runs: _DeepSpeed
 # Megatron-LM legacy
 # --------------------------------------------------------------------------------------------
 
+
 def _load_megatron(path: Path) -> dict[str, object]:
     """What Megatron's load_checkpoint does: torch.load with weights_only=False."""
     return torch.load(path, weights_only=False)
@@ -355,8 +385,16 @@ def test_megatron_file_set_and_contents(tmp_path: Path, builder: str) -> None:
     assert _files(run.root / "iter_0000200") == {f"{r}/model_optim_rng.pt" for r in ranks}
 
     full = _load_megatron(run.root / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt")
-    assert set(full) == {"args", "checkpoint_version", "iteration", "model", "optimizer", "opt_param_scheduler",
-                         "rng_state", "num_floating_point_operations_so_far"}
+    assert set(full) == {
+        "args",
+        "checkpoint_version",
+        "iteration",
+        "model",
+        "optimizer",
+        "opt_param_scheduler",
+        "rng_state",
+        "num_floating_point_operations_so_far",
+    }
     assert full["iteration"] == 100 and full["checkpoint_version"] == 3.0
     assert full["args"].use_distributed_optimizer is distopt
     weights = _load_megatron(run.root / "iter_0000200" / "mp_rank_00" / "model_optim_rng.pt")
@@ -390,6 +428,7 @@ def test_megatron_in_flight_steps_must_be_the_newest(tmp_path: Path) -> None:
 # save_pretrained export
 # --------------------------------------------------------------------------------------------
 
+
 def test_hf_export_is_a_sharded_save_pretrained(tmp_path: Path) -> None:
     from transformers import LlamaForCausalLM
 
@@ -399,13 +438,18 @@ def test_hf_export_is_a_sharded_save_pretrained(tmp_path: Path) -> None:
     index = json.loads((run.root / "step-1" / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) >= 2 and index["metadata"]["total_size"] > 0
-    assert _files(run.root / "step-1") == {"config.json", "generation_config.json",
-                                           "model.safetensors.index.json", *shards}
+    assert _files(run.root / "step-1") == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors.index.json",
+        *shards,
+    }
     model = LlamaForCausalLM.from_pretrained(run.root / "step-1")
     assert model.dtype == torch.bfloat16
     assert _files(run.root / "step-2") == _files(run.root / "step-1") - {"model.safetensors.index.json"}
-    missing = sorted(set(json.loads((run.root / "step-3" / "model.safetensors.index.json").read_text())
-                         ["weight_map"].values()))[-1]
+    missing = sorted(
+        set(json.loads((run.root / "step-3" / "model.safetensors.index.json").read_text())["weight_map"].values())
+    )[-1]
     with pytest.raises(FileNotFoundError, match=missing):  # the index names a shard that is not there
         LlamaForCausalLM.from_pretrained(run.root / "step-3")
 
