@@ -1,6 +1,7 @@
 """Retention: compute plans from fresh listings and apply them safely (journal, re-check, audit).
 
-The pure policy and planner live in :mod:`backend.policy.retention`; this package does the I/O.
+The pure policy and planner live in :mod:`backend.policy.retention` and
+:mod:`backend.policy.retention_planner`; this package does the I/O.
 """
 
 from backend.retention.apply import (

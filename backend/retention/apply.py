@@ -21,16 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import PolicyError, StoreError
 from backend.policy.prices import PriceOverrides
-from backend.policy.retention import (
-    STRIPPABLE_LAYOUTS,
-    PlannedAction,
-    RetentionPlan,
-    RetentionPolicy,
-    is_export_file,
-    plan_retention,
-    recheck_plan,
-    rel_name,
-)
+from backend.policy.retention import STRIPPABLE_LAYOUTS, PlannedAction, RetentionPlan, RetentionPolicy
+from backend.policy.retention_planner import is_export_file, plan_retention, recheck_plan, rel_name
 from backend.retention.marks import canonical_run, effective_policy, norm_url
 
 if TYPE_CHECKING:

@@ -205,7 +205,7 @@ async def test_model_only_saves_list_as_weights_and_never_count_as_resumable(lay
     """A weights-only save (Lightning save_weights_only, Megatron --no-save-optim, a model-only
     DCP) carries names like ``optim_progress`` or an ``optimizer`` entry of counters: it must not
     count toward keep-full-N, or the real full step it displaces gets deleted."""
-    from backend.policy.retention import plan_retention
+    from backend.policy.retention_planner import plan_retention
 
     try:
         run = build(layout, tmp_path / "run", (1, 2, 3), states={2: "weights"})

@@ -9,17 +9,8 @@ import pytest
 from backend.checkpoints.steps import CheckpointStep
 from backend.config import parse_config
 from backend.errors import ConfigError, PolicyError
-from backend.policy.retention import (
-    Pin,
-    RetentionPlan,
-    RetentionPolicy,
-    parse_pin,
-    parse_step_list,
-    plan_retention,
-    recheck_plan,
-    saving_percent,
-    step_fingerprint,
-)
+from backend.policy.retention import Pin, RetentionPlan, RetentionPolicy, parse_pin, parse_step_list, saving_percent
+from backend.policy.retention_planner import plan_retention, recheck_plan, step_fingerprint
 from backend.storage import ObjectInfo
 
 NOW = 1_800_000_000.0

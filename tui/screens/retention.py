@@ -21,13 +21,8 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
 
 from backend.errors import LoadmasterError
-from backend.policy.retention import (
-    Pin,
-    RetentionPlan,
-    RetentionPolicy,
-    parse_step_list,
-    plan_retention,
-)
+from backend.policy.retention import Pin, RetentionPlan, RetentionPolicy, parse_step_list
+from backend.policy.retention_planner import plan_retention
 from backend.schema import parse_duration
 from backend.units import bytes_text, duration_spec, usd_text
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
