@@ -124,8 +124,9 @@ def _quit(term: Tmux) -> str:
     term.wait_for(lambda s: s.rstrip().endswith(PROMPT.strip()), timeout=60, what="the shell prompt after q")
     term.type("echo console-exit=$?")
     term.send("Enter")
-    screen = term.wait_for("console-exit=", timeout=30)
-    assert "console-exit=0" in screen, screen
+    # The typed command holds "console-exit=" too: wait for the line the shell printed.
+    screen = term.wait_for(lambda s: re.search(r"^console-exit=\d", s, re.M), timeout=30, what="the exit code")
+    assert re.search(r"^console-exit=0$", screen, re.M), screen
     return screen
 
 

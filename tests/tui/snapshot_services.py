@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,12 +24,17 @@ from backend.telemetry.synthetic import SyntheticNode, SyntheticPool
 #: The instant every snapshot is taken at: 03:12 UTC on 17 Nov 2026 (the page went off at 03:04).
 FROZEN_NOW = datetime(2026, 11, 17, 3, 12, 0, tzinfo=UTC).timestamp()
 
-#: The fleet of the snapshots: four 8-GPU nodes, gpu-a02 starved, gpu-b01 in AWS.
-NODES = (
-    Node(name="gpu-a01", host="10.0.0.11", site="coreweave:us-east-04", scratch="/mnt/local-nvme"),
-    Node(name="gpu-a02", host="10.0.0.12", site="coreweave:us-east-04", scratch="/mnt/local-nvme"),
-    Node(name="gpu-a03", host="10.0.0.13", site="coreweave:us-east-04", scratch="/mnt/local-nvme"),
-    Node(name="gpu-b01", host="10.0.1.21", site="aws:us-east-1", scratch="/mnt/local-nvme"),
+#: The fleet of the snapshots: four 8-GPU nodes, gpu-a02 starved, gpu-b01 in AWS. Their SSH
+#: address is a closed port on this machine: screens that reach nodes show them as not answering
+#: at once (an unroutable address costs a retried handshake per node, seconds per test).
+NODES = tuple(
+    replace(n, host="127.0.0.1", port=1)
+    for n in (
+        Node(name="gpu-a01", host="10.0.0.11", site="coreweave:us-east-04", scratch="/mnt/local-nvme"),
+        Node(name="gpu-a02", host="10.0.0.12", site="coreweave:us-east-04", scratch="/mnt/local-nvme"),
+        Node(name="gpu-a03", host="10.0.0.13", site="coreweave:us-east-04", scratch="/mnt/local-nvme"),
+        Node(name="gpu-b01", host="10.0.1.21", site="aws:us-east-1", scratch="/mnt/local-nvme"),
+    )
 )
 STARVED = "gpu-a02"
 
