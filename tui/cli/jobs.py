@@ -282,8 +282,7 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     log.debug("pull: start")
     req = _pull_request(args)
     pulls = services.ops.pulls
-    if services.readonly:  # before the listing: the start would refuse anyway
-        pulls.refuse_if_readonly("launch a pull")
+    pulls.refuse_if_readonly("launch a pull")  # before the listing: the start would refuse anyway
     preview = await pulls.plan(req)
     out = sys.stderr if args.json else sys.stdout
     for line in preview.lines():
