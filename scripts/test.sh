@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what is needed (venv, openssh-server, tmux), run the static checks (scripts/lint.sh:
+# Install what is needed (venv, openssh-server, tmux, postgresql), run the static checks (scripts/lint.sh:
 # ruff lint + format, import-linter, mypy; LOADMASTER_SKIP_LINT=1 skips them) and then the full
 # test suite against the real lab: sshd nodes on 127.0.0.x, SeaweedFS S3, s5cmd. Extra arguments
 # go to pytest.
@@ -10,5 +10,9 @@ source "$ROOT/scripts/bootstrap.sh" test
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || apt_install openssh-server
 command -v ssh-keygen >/dev/null 2>&1 || apt_install openssh-client
 command -v tmux >/dev/null 2>&1 || apt_install tmux
+# The PostgreSQL server for the tests' private clusters (tests/pg_fixtures.py starts them): Debian
+# keeps initdb and pg_ctl off PATH, in /usr/lib/postgresql/*/bin.
+[ -x "${LOADMASTER_PG_BINDIR:-/nonexistent}/pg_ctl" ] || command -v pg_ctl >/dev/null 2>&1 \
+  || compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null || apt_install postgresql
 [ "${LOADMASTER_SKIP_LINT:-0}" = 1 ] || bash "$ROOT/scripts/lint.sh"
 exec .venv/bin/python -m pytest "$@"

@@ -16,6 +16,8 @@ import pytest
 
 from backend.lab import Lab, LabNodeOptions
 
+pytest_plugins = ["tests.pg_fixtures"]
+
 LAB_NODE_OPTIONS = {
     "node-01": LabNodeOptions(gpus=8, pattern="training"),
     "node-02": LabNodeOptions(gpus=8, pattern="starved"),

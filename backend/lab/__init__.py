@@ -6,7 +6,8 @@ stand-in script (these machines have no GPU).
 """
 
 from backend.lab.fleet import Lab, LabNodeOptions
+from backend.lab.postgres import PrivateCluster
 from backend.lab.seaweed import SeaweedS3
 from backend.lab.sshd import SshdNode
 
-__all__ = ["Lab", "LabNodeOptions", "SeaweedS3", "SshdNode"]
+__all__ = ["Lab", "LabNodeOptions", "PrivateCluster", "SeaweedS3", "SshdNode"]
