@@ -1,4 +1,5 @@
-"""A whole lab fleet: N sshd nodes, SeaweedFS S3, user key, known_hosts, and a config for them."""
+"""A whole lab fleet: N sshd nodes, SeaweedFS S3, user key, known_hosts, and a config for them;
+optionally a private PostgreSQL for the shared state (``postgres=True``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from backend.config import Config, load_config_file
 from backend.errors import LoadmasterError
 from backend.lab.agent import link_agent_venv, make_agent_venv
+from backend.lab.postgres import PrivateCluster
 from backend.lab.seaweed import SeaweedS3
 from backend.lab.sshd import SshdNode, keygen, port_free
 
@@ -70,6 +72,7 @@ class Lab:
         with_s3: bool = True,
         first_ip: int = 2,
         port: int | None = None,
+        postgres: bool = False,
     ) -> None:
         if not 1 <= nodes <= 200:
             raise LoadmasterError(f"--nodes must be between 1 and 200, got {nodes}")
@@ -82,6 +85,9 @@ class Lab:
         self.nodes: list[SshdNode] = []
         self.s3: SeaweedS3 | None = None
         self.bucket: str | None = None
+        #: A private PostgreSQL in ``root/postgres`` for ``[state] url`` (its data outlives ``down()``).
+        self.with_postgres = postgres
+        self.postgres: PrivateCluster | None = None
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -148,6 +154,9 @@ class Lab:
             self.s3 = SeaweedS3(self.root / "s3")
             self.s3.start()
             self.bucket = self.s3.new_bucket("lab")
+        if self.with_postgres:
+            self.postgres = PrivateCluster(self.root / "postgres")
+            self.postgres.start()
         self.write_config()
         self.save_state()
 
@@ -188,6 +197,8 @@ class Lab:
                 pass
         if self.s3:
             self.s3.stop()
+        if self.postgres:
+            self.postgres.stop()
         state = self.root / "lab.json"
         if state.exists():
             state.unlink()
@@ -233,7 +244,10 @@ class Lab:
                 'addressing_style = "path"',
                 "",
             ]
-        lines += ["[state]", f'dir = "{self.root / "state"}"', ""]
+        lines += ["[state]", f'dir = "{self.root / "state"}"']
+        if self.postgres:
+            lines.append(f'url = "{self.postgres.url}"')
+        lines.append("")
         return "\n".join(lines) + extra
 
     def write_config(self, extra: str = "") -> Path:
@@ -251,6 +265,8 @@ class Lab:
             env["AWS_SHARED_CREDENTIALS_FILE"] = str(self.s3.credentials_file)
             env["AWS_CONFIG_FILE"] = str(self.root / "aws-config-empty")
             (self.root / "aws-config-empty").touch()
+        if self.postgres:
+            env.update(self.postgres.env())
         return env
 
     def save_state(self) -> None:
@@ -265,4 +281,12 @@ class Lab:
             "bucket": self.bucket,
             "config": str(self.config_path),
         }
+        if self.postgres:
+            state["postgres"] = {
+                "pid": self.postgres.pid(),
+                "port": self.postgres.port,
+                "url": self.postgres.url,
+                "pgpass": str(self.postgres.pgpass),
+                "root": str(self.postgres.root),
+            }
         (self.root / "lab.json").write_text(json.dumps(state, indent=2))

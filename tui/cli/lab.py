@@ -25,6 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up.add_argument("--nodes", type=int, default=4, help="number of sshd nodes (default 4)")
     up.add_argument("--dir", help="where the lab lives (default: <data dir>/lab)")
     up.add_argument("--no-seed", action="store_true", help="do not upload sample data and checkpoints")
+    up.add_argument(
+        "--postgres",
+        action="store_true",
+        help="also start a private PostgreSQL for the shared state ([state] url; its data outlives 'lab down'). "
+        "Under root it runs as the postgres user: give --dir a directory that user can reach",
+    )
     up.set_defaults(func=lab_up)
     down = lsub.add_parser("down", help="stop everything the sandbox started")
     down.add_argument("--dir", help="the lab's directory (default: <data dir>/lab)")
@@ -79,8 +85,10 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
         info = json.loads(state.read_text())
         if any(_pid_alive(n.get("pid")) for n in info.get("nodes", [])):
             raise LoadmasterError(f"a lab is already running in {root}; run 'loadmaster lab down' first")
-    lab = Lab(root, nodes=args.nodes, options=sandbox_options(args.nodes))
-    print(f"starting {args.nodes} sshd nodes and SeaweedFS S3 in {root} ...", file=sys.stderr)
+    postgres = bool(getattr(args, "postgres", False))
+    lab = Lab(root, nodes=args.nodes, options=sandbox_options(args.nodes), postgres=postgres)
+    parts = "sshd nodes, SeaweedFS S3 and PostgreSQL" if postgres else "sshd nodes and SeaweedFS S3"
+    print(f"starting {args.nodes} {parts} in {root} ...", file=sys.stderr)
     lab.up()
     seeded: list[str] = []
     try:
@@ -106,10 +114,8 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
         lab.down()
         raise
     env = lab.env()
-    cmd = " ".join(
-        [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k != "LOADMASTER_CONFIG"]
-        + [shlex.quote(_console_program()), "--config", shlex.quote(str(lab.config_path))]
-    )
+    env_words = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k != "LOADMASTER_CONFIG"]
+    cmd = " ".join(env_words + [shlex.quote(_console_program()), "--config", shlex.quote(str(lab.config_path))])
     for n in lab.nodes:
         print(f"  {n.name}  {n.ip}:{n.port}  {lab.node_options(n.name).pattern}", file=sys.stderr)
     print(
@@ -119,6 +125,8 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
     )
     if lab.s3:
         print(f"  s3      {lab.s3.endpoint}  bucket {lab.bucket}  (store 'lab')", file=sys.stderr)
+    if lab.postgres:
+        print(f"  state   {lab.postgres.url}  (password in {lab.postgres.pgpass})", file=sys.stderr)
     if seeded:
         print(
             "sample data: pull or shard the dataset (Transfers, Shards), prune the run (Checkpoints, Retention):",
@@ -127,6 +135,12 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
         print("\n".join(seeded), file=sys.stderr)
     print("open the console on the sandbox with:", file=sys.stderr)
     print(cmd)
+    if lab.postgres:
+        second = " ".join(
+            ['HOME="$(mktemp -d)"', *env_words, f"LOADMASTER_CONFIG={shlex.quote(str(lab.config_path))}"]
+            + [shlex.quote(_console_program())]
+        )
+        print(f"a second operator on the same database, with another HOME: {second}", file=sys.stderr)
     return 0
 
 
@@ -173,6 +187,13 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
     for pid in lab_processes(root):
         _kill(pid)
         stopped += 1
+    if info.get("postgres"):
+        from backend.lab.postgres import PrivateCluster
+
+        cluster = PrivateCluster(Path(info["postgres"]["root"]))
+        if cluster.is_running():
+            cluster.stop()  # a clean shutdown: its data stays for the next 'lab up --postgres'
+            stopped += 1
     state.unlink()
     print(f"stopped {stopped} lab processes in {root}", file=sys.stderr)
     return 0
@@ -203,5 +224,8 @@ def lab_status(args: argparse.Namespace, services: Services) -> int:
             else ""
         )
     )
+    pg = info.get("postgres")
+    if pg:
+        print(f"postgres   {pg['url']} {'up' if _pid_alive(pg['pid']) else 'down'}  pgpass {pg['pgpass']}")
     print(f"config     {info['config']}")
     return 0
