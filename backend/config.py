@@ -159,9 +159,28 @@ class UISettings:
     refresh_seconds: float = 1.0
 
 
+def _state_url(value: Any) -> str:
+    """``[state] url``: a postgresql:// URL without a password (libpq finds the password)."""
+    from urllib.parse import urlsplit
+
+    text = str(value).strip()
+    if not text.startswith(("postgresql://", "postgres://")):
+        raise ValueError(f"expected a postgresql://user@host:5432/dbname URL, got {text!r}")
+    if urlsplit(text).password is not None or "password=" in text:
+        raise ValueError(
+            "the URL holds a password: remove it and put it in ~/.pgpass, PGPASSWORD or a PostgreSQL "
+            "service file (libpq reads those; loadmaster never stores it)"
+        )
+    return text
+
+
 @dataclass(frozen=True)
 class StateSettings:
+    #: Where the embedded SQLite file lives (default: the data dir).
     dir: str | None = None
+    #: A shared PostgreSQL database for the team (``postgresql://user@host:5432/loadmaster``);
+    #: unset, state is the local SQLite file.
+    url: str | None = field(default=None, metadata={"parse": _state_url})
 
 
 @dataclass(frozen=True)

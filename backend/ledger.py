@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
+import time
 from collections import defaultdict
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -61,34 +61,18 @@ from backend.policy.prices import (
     PriceOverrides,
     PriceTable,
     TierSlice,
+    TransferPrice,
     parse_site,
     price_table,
     price_transfer,
     request_cost,
     tiered_cost,
 )
-from backend.state import StateDB
+from backend.state import StateDB, actor
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS egress_ledger (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    ts REAL NOT NULL,
-    month TEXT NOT NULL,
-    job_id TEXT,
-    store TEXT NOT NULL,
-    account TEXT,
-    source_site TEXT,
-    dest_site TEXT,
-    kind TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    usd REAL,
-    priced INTEGER NOT NULL,
-    month_to_date_bytes INTEGER NOT NULL DEFAULT 0,
-    tiers TEXT NOT NULL DEFAULT '[]',
-    note TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS egress_ledger_month ON egress_ledger(month, account);
-"""
+#: The ledger rows that count against budgets and tiers: finished transfers and the reservations
+#: of running ones (a released reservation, whose job moved nothing, does not).
+COUNTED = "state <> 'released'"
 
 
 @dataclass(frozen=True)
@@ -110,6 +94,13 @@ class LedgerEntry:
     month_to_date_bytes: int
     tiers: tuple[TierSlice, ...]
     note: str
+    #: ``reserved`` (quoted, the job runs), ``settled`` (the real bytes) or ``released``
+    state: str = "settled"
+    #: What the reservation was for, as quoted at launch (None for rows recorded without one).
+    quoted_bytes: int | None = None
+    quoted_usd: float | None = None
+    #: Who launched the transfer (``user@host``).
+    who: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -131,6 +122,9 @@ class RouteSpend:
     usd: float | None
     projected_bytes: int
     projected_usd: float | None
+    #: Transfers still running (their quoted bytes and $ are in the figures above).
+    in_flight: int = 0
+    in_flight_usd: float = 0.0
 
     @property
     def label(self) -> str:
@@ -174,9 +168,14 @@ class EgressReport:
     projected_bytes: int
     projected_usd: float
     unpriced_bytes: int
+    #: Running transfers, counted at their quote until they settle.
+    in_flight: int = 0
+    in_flight_usd: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "in_flight": self.in_flight,
+            "in_flight_usd": self.in_flight_usd,
             "month": self.month,
             "as_of": self.as_of,
             "elapsed": self.elapsed,
@@ -222,6 +221,10 @@ def _row_entry(r: Any) -> LedgerEntry:
         r["month_to_date_bytes"],
         tiers,
         r["note"],
+        r["state"],
+        None if r["quoted_bytes"] is None else int(r["quoted_bytes"]),
+        r["quoted_usd"],
+        r["who"],
     )
 
 
@@ -230,31 +233,42 @@ class EgressLedger:
 
     def __init__(self, db: StateDB) -> None:
         self.db = db
-        db.ensure(_DDL)
 
-    def _lock(self) -> AbstractContextManager[Any]:
-        # Reading the month-to-date volume and appending must not interleave with another thread's
-        # append on the same connection, or two transfers would both be priced from the same start.
-        lock = getattr(self.db, "_lock", None)
-        return lock if lock is not None else threading.RLock()
-
-    def internet_bytes(self, account: str | None, month: str) -> int:
-        """Bytes out to the internet from ``account`` in ``month`` (what the tiers count)."""
+    def internet_bytes(self, account: str | None, month: str, *, before_id: int | None = None) -> int:
+        """Bytes out to the internet from ``account`` in ``month`` (what the tiers count):
+        finished transfers and the reservations of running ones; with ``before_id``, only rows
+        recorded before that one."""
         if account is None:
             return 0
         rows = self.db.query(
-            "SELECT COALESCE(SUM(bytes), 0) AS b FROM egress_ledger WHERE month = ? AND account = ? AND kind = 'internet'",
-            (month, account),
+            "SELECT COALESCE(SUM(bytes), 0) AS b FROM egress_ledger WHERE month = ? AND account = ?"
+            f" AND kind = 'internet' AND {COUNTED}" + (" AND id < ?" if before_id is not None else ""),
+            (month, account, *(() if before_id is None else (before_id,))),
         )
         return int(rows[0]["b"])
 
     def spent_usd(self, month: str, *, store: str | None = None, account: str | None = None) -> float:
-        """Dollars recorded in ``month`` for one store or one account."""
+        """Dollars recorded or reserved in ``month`` for one store or one account."""
         col, val = ("store", store) if store is not None else ("account", account)
         rows = self.db.query(
-            f"SELECT COALESCE(SUM(usd), 0) AS u FROM egress_ledger WHERE month = ? AND {col} = ?", (month, val)
+            f"SELECT COALESCE(SUM(usd), 0) AS u FROM egress_ledger WHERE month = ? AND {col} = ? AND {COUNTED}",
+            (month, val),
         )
         return float(rows[0]["u"])
+
+    def provider_spent_usd(self, month: str, provider: str) -> float:
+        """Dollars recorded or reserved in ``month`` on every account of ``provider``."""
+        rows = self.db.query(
+            "SELECT COALESCE(SUM(usd), 0) AS u FROM egress_ledger WHERE month = ?"
+            f" AND (account = ? OR account LIKE ?) AND {COUNTED}",
+            (month, provider, f"{provider}/%"),
+        )
+        return float(rows[0]["u"])
+
+    def for_job(self, job_id: str) -> LedgerEntry | None:
+        """The one row of ``job_id`` (a reservation, a settled transfer or a released one)."""
+        rows = self.db.query("SELECT * FROM egress_ledger WHERE job_id = ?", (job_id,))
+        return _row_entry(rows[0]) if rows else None
 
     def append(
         self,
@@ -266,41 +280,89 @@ class EgressLedger:
         source_site: str | None,
         dest_site: str | None,
         nbytes: int,
-        price: Any,
+        price: Callable[[int], TransferPrice],
         kind: str | None = None,
+        state: str = "settled",
+        note: str = "",
     ) -> LedgerEntry:
-        """Insert one entry (``price`` is a callable(mtd_bytes) -> TransferPrice, run under the lock)."""
+        """Insert one row priced by ``price(month-to-date bytes)``, in one transaction under the
+        month's lock. A job already in the ledger is settled to ``nbytes`` instead: one row per
+        job, however many consoles record it."""
         month = month_key(when)
-        with self._lock():
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                mtd = self.internet_bytes(account, month)
-                p = price(mtd)
-                cur = self.db.execute(
-                    "INSERT INTO egress_ledger (ts, month, job_id, store, account, source_site, dest_site, kind,"
-                    " bytes, usd, priced, month_to_date_bytes, tiers, note) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (
-                        when.timestamp(),
-                        month,
-                        job_id,
-                        store,
-                        account,
-                        source_site,
-                        dest_site,
-                        kind or p.kind,
-                        nbytes,
-                        p.usd,
-                        int(p.priced),
-                        mtd,
-                        json.dumps([t.as_dict() for t in p.tiers]),
-                        p.note,
-                    ),
-                )
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-        return self.entry(int(cur.lastrowid or 0))
+
+        def body(db: StateDB) -> int:
+            if job_id is not None and (row := self.for_job(job_id)) is not None:
+                return self._settle_row(row, nbytes, price, note=note) if state == "settled" else row.id
+            mtd = self.internet_bytes(account, month)
+            p = price(mtd)
+            return db.execute(
+                "INSERT INTO egress_ledger (ts, month, job_id, store, account, source_site, dest_site, kind,"
+                " bytes, usd, priced, month_to_date_bytes, tiers, note, state, quoted_bytes, quoted_usd, who,"
+                " settled_ts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+                (
+                    when.timestamp(),
+                    month,
+                    job_id,
+                    store,
+                    account,
+                    source_site,
+                    dest_site,
+                    kind or p.kind,
+                    nbytes,
+                    p.usd,
+                    int(p.priced),
+                    mtd,
+                    json.dumps([t.as_dict() for t in p.tiers]),
+                    " ".join(x for x in (p.note, note) if x),
+                    state,
+                    nbytes if state == "reserved" else None,
+                    p.usd if state == "reserved" else None,
+                    actor(),
+                    time.time() if state == "settled" else None,
+                ),
+            ).id
+
+        return self.entry(self.db.transact(body, lock=f"egress:{month}"))
+
+    def _settle_row(self, row: LedgerEntry, nbytes: int, price: Callable[[int], TransferPrice], *, note: str) -> int:
+        """Inside the month's transaction: a reserved (or released) row becomes the real bytes,
+        priced at the tier they fell in given the rows before it; a settled row stays as it is."""
+        if row.state == "settled":
+            return row.id
+        mtd = self.internet_bytes(row.account, row.month, before_id=row.id)
+        p = price(mtd)
+        self.db.execute(
+            "UPDATE egress_ledger SET bytes = ?, usd = ?, priced = ?, month_to_date_bytes = ?, tiers = ?,"
+            " state = 'settled', settled_ts = ?, note = ? WHERE id = ?",
+            (
+                nbytes,
+                p.usd,
+                int(p.priced),
+                mtd,
+                json.dumps([t.as_dict() for t in p.tiers]),
+                time.time(),
+                " ".join(x for x in (p.note, note) if x),
+                row.id,
+            ),
+        )
+        return row.id
+
+    def release(self, job_id: str, note: str) -> LedgerEntry | None:
+        """A reservation whose job moved no bytes (failed to start, cancelled early, lost) stops
+        counting; a settled row is left as it is. None when the job has no row."""
+        row = self.for_job(job_id)
+        if row is None:
+            return None
+
+        def body(db: StateDB) -> None:
+            db.execute(
+                "UPDATE egress_ledger SET state = 'released', settled_ts = ?, note = ?"
+                " WHERE job_id = ? AND state = 'reserved'",
+                (time.time(), note, job_id),
+            )
+
+        self.db.transact(body, lock=f"egress:{row.month}")
+        return self.for_job(job_id)
 
     def entry(self, entry_id: int) -> LedgerEntry:
         rows = self.db.query("SELECT * FROM egress_ledger WHERE id = ?", (entry_id,))
@@ -314,6 +376,24 @@ class EgressLedger:
             _row_entry(r)
             for r in self.db.query("SELECT * FROM egress_ledger WHERE month = ? ORDER BY ts, id", (month,))
         ]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One job's share of a launch: what its node will receive from the store."""
+
+    job_id: str
+    dest_site: str | None
+    nbytes: int
+    objects: int = 0
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """A launch's reservations, and the guard's decision on them (None: all were made before)."""
+
+    decision: GuardDecision | None
+    entries: tuple[LedgerEntry, ...]
 
 
 class EgressGuard:
@@ -397,12 +477,7 @@ class EgressGuard:
                 if budget.scope == "store":
                     spent = self.ledger.spent_usd(quote.month, store=budget.key)
                 elif budget.key == provider and quote.account != provider:
-                    rows = self.db.query(
-                        "SELECT COALESCE(SUM(usd), 0) AS u FROM egress_ledger WHERE month = ?"
-                        " AND (account = ? OR account LIKE ?)",
-                        (quote.month, provider, f"{provider}/%"),
-                    )
-                    spent = float(rows[0]["u"])
+                    spent = self.ledger.provider_spent_usd(quote.month, provider)
                 else:
                     spent = self.ledger.spent_usd(quote.month, account=budget.key)
         return decide(
@@ -445,8 +520,13 @@ class EgressGuard:
         *,
         job_id: str | None,
         when: datetime | float | None = None,
+        note: str = "",
     ) -> LedgerEntry:
-        """Record a finished transfer, priced at the tier it fell in given the ledger before it."""
+        """Record a finished transfer, priced at the tier it fell in given the ledger before it.
+
+        A job with a reservation settles it to ``nbytes``; a job already settled is left as it is
+        (several consoles that see the same job end record it once).
+        """
         if nbytes < 0:
             raise PolicyError(f"cannot record a negative byte count ({nbytes})")
         at = _now(when)
@@ -462,7 +542,111 @@ class EgressGuard:
             nbytes=nbytes,
             kind="local" if _is_local(store) else None,
             price=lambda mtd: price_transfer(self.prices, source, dest_site, nbytes, month_to_date_bytes=mtd),
+            note=note,
         )
+
+    def reserve(
+        self,
+        store: StoreProfile,
+        items: Sequence[Reservation],
+        *,
+        allow_over_budget_reason: str | None = None,
+        now: datetime | float | None = None,
+    ) -> Reserved:
+        """Check the budget and reserve every item's quoted cost, in one transaction.
+
+        The month's lock is held from the first read of what is spent to the last reservation
+        written (a row lock on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite), so two launches against
+        one budget, from one console or from two operators, decide one after the other: the
+        second sees the first's reservation. A launch the guard blocks (or that needs a reason it
+        was not given) raises PolicyError and reserves nothing. Items already reserved (the same
+        job ids: a retry after a lost connection) are returned as they are.
+        """
+        for it in items:
+            if it.nbytes < 0:
+                raise PolicyError(f"cannot reserve a negative byte count ({it.nbytes})")
+        at = _now(now)
+        month = month_key(at)
+        account = self.account_of(store)
+        source = self._source_site(store)
+        order = {"allow": 0, "warn": 1, "confirm": 2, "block": 3}
+
+        def body(db: StateDB) -> Reserved:
+            have = [e for e in (self.ledger.for_job(it.job_id) for it in items) if e is not None]
+            if len(have) == len(items):
+                return Reserved(None, tuple(have))
+            done = {e.job_id for e in have}
+            worst: GuardDecision | None = None
+            entries = list(have)
+            # Nodes at one site are quoted together (their tiers in sequence), as the plan was.
+            by_site: dict[str | None, list[Reservation]] = {}
+            for it in items:
+                if it.job_id not in done:
+                    by_site.setdefault(it.dest_site, []).append(it)
+            for site, group in by_site.items():
+                quote = self.quote_transfer(
+                    store, site, sum(g.nbytes for g in group), objects=sum(g.objects for g in group), now=at
+                )
+                dec = self.check(quote, allow_over_budget_reason=allow_over_budget_reason)
+                if dec.action == "block":
+                    raise PolicyError(f"not started: the egress guard blocks this pull: {dec.message}")
+                if dec.action == "confirm" and not dec.override_reason:
+                    raise PolicyError(
+                        f"not started: the egress guard needs a reason to go over budget: {dec.message}"
+                        " (--allow-over-budget REASON)"
+                    )
+                if worst is None or order.get(dec.action, 0) > order.get(worst.action, 0):
+                    worst = dec
+                for it in group:
+                    entries.append(
+                        self.ledger.entry(self._insert_reserved(db, it, store, account, source, site, month, at))
+                    )
+            return Reserved(worst, tuple(entries))
+
+        return self.db.transact(body, lock=f"egress:{month}")
+
+    def _insert_reserved(
+        self,
+        db: StateDB,
+        it: Reservation,
+        store: StoreProfile,
+        account: str | None,
+        source: str | None,
+        site: str | None,
+        month: str,
+        at: datetime,
+    ) -> int:
+        mtd = self.ledger.internet_bytes(account, month)
+        p = price_transfer(self.prices, source, site, it.nbytes, month_to_date_bytes=mtd)
+        kind = "local" if _is_local(store) else p.kind
+        return db.execute(
+            "INSERT INTO egress_ledger (ts, month, job_id, store, account, source_site, dest_site, kind, bytes, usd,"
+            " priced, month_to_date_bytes, tiers, note, state, quoted_bytes, quoted_usd, who)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,'reserved',?,?,?) RETURNING id",
+            (
+                at.timestamp(),
+                month,
+                it.job_id,
+                store.name,
+                account,
+                source,
+                site,
+                kind,
+                it.nbytes,
+                p.usd,
+                int(p.priced),
+                mtd,
+                json.dumps([t.as_dict() for t in p.tiers]),
+                p.note,
+                it.nbytes,
+                p.usd,
+                actor(),
+            ),
+        ).id
+
+    def release(self, job_id: str, why: str) -> LedgerEntry | None:
+        """The reservation of a job that moved nothing stops counting (see EgressLedger.release)."""
+        return self.ledger.release(job_id, why)
 
     # -- reporting -------------------------------------------------------------------------
 
@@ -474,9 +658,11 @@ class EgressGuard:
         elapsed = month_elapsed(month, at)
         rows = self.db.query(
             "SELECT store, account, source_site, dest_site, kind, COUNT(*) AS n, SUM(bytes) AS b,"
-            " SUM(CASE WHEN priced THEN usd END) AS u, MIN(priced) AS all_priced"
-            " FROM egress_ledger WHERE month = ? GROUP BY store, account, source_site, dest_site, kind"
-            " ORDER BY u DESC, b DESC",
+            " SUM(CASE WHEN priced = 1 THEN usd END) AS u, MIN(priced) AS all_priced,"
+            " SUM(CASE WHEN state = 'reserved' THEN 1 ELSE 0 END) AS nr,"
+            " SUM(CASE WHEN state = 'reserved' AND priced = 1 THEN usd ELSE 0 END) AS ru"
+            f" FROM egress_ledger WHERE month = ? AND {COUNTED} GROUP BY store, account, source_site, dest_site, kind"
+            " ORDER BY u DESC NULLS LAST, b DESC",
             (month,),
         )
         # Project per account through the tiers (a linear $ projection would ignore that later
@@ -513,6 +699,8 @@ class EgressGuard:
                     u,
                     projected_bytes(b, month, at),
                     pu,
+                    int(r["nr"] or 0),
+                    float(r["ru"] or 0.0),
                 )
             )
             total_b += b
@@ -533,6 +721,8 @@ class EgressGuard:
             projected_bytes(total_b, month, at),
             proj_usd,
             unpriced,
+            sum(r.in_flight for r in routes),
+            sum(r.in_flight_usd for r in routes),
         )
 
     def _project_internet_usd(self, account: str | None, rows: list[Any], month: str, at: datetime) -> float:
@@ -585,6 +775,8 @@ __all__ = [
     "EgressLedger",
     "EgressReport",
     "LedgerEntry",
+    "Reservation",
+    "Reserved",
     "RouteSpend",
     "describe_decision",
 ]

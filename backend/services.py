@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from backend.config import Config
-from backend.state import StateDB
+from backend.state import StateDB, open_state
 
 if TYPE_CHECKING:
     from backend.jobs.manager import JobManager
@@ -35,7 +35,8 @@ class Services:
 
     @cached_property
     def db(self) -> StateDB:
-        return StateDB(self.config.state_dir() / "state.sqlite3")
+        """The state database: ``[state] url`` (PostgreSQL, shared) or the local SQLite file."""
+        return open_state(self.config)
 
     @cached_property
     def pool(self) -> NodePool:

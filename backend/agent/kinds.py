@@ -3,8 +3,9 @@
 A kind has a node side and a console side. On the node, ``agent run JOBDIR`` calls
 :meth:`JobKind.run`, which returns the result details after verifying its output (raising =
 failed with the message), and :meth:`JobKind.cleanup` removes partial output when the job is
-cancelled or found lost. On the console, :meth:`JobKind.on_succeeded` runs once when the console
-first sees the job succeeded (a pull's egress ledger entry), and :meth:`JobKind.cleanup_secrets`
+cancelled or found lost. On the console, :meth:`JobKind.on_ended` runs when a console first sees
+the job ended, in any state (a pull settles or releases its egress reservation), and again until it
+returns without raising; :meth:`JobKind.cleanup_secrets`
 supplies a cleanup run for a dead runner with the secrets that runner deleted at start.
 
 Node start-up stays fast: :data:`KINDS` names the module that defines each kind, imported only
@@ -39,8 +40,10 @@ class JobKind:
     def cleanup(self, ctx: JobContext) -> None:
         """Node side: remove the partial output of a cancelled or lost job (none by default)."""
 
-    def on_succeeded(self, config: Config, db: StateDB, record: JobRecord) -> None:
-        """Console side: called once, when this console first sees the job succeeded."""
+    def on_ended(self, config: Config, db: StateDB, record: JobRecord) -> None:
+        """Console side: the job ended (``record.state`` is terminal). Called when a console first
+        sees it end, and on later refreshes until it returns (a state database that was down);
+        it must be safe to call again, and from several consoles."""
 
     async def cleanup_secrets(self, config: Config, params: dict[str, Any]) -> dict[str, str]:
         """Console side: the secrets a cleanup of a dead runner needs, resolved again as for the

@@ -11,6 +11,7 @@ without a result (dead pid and stale heartbeat) becomes ``lost``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shlex
@@ -109,8 +110,13 @@ class JobManager:
         *,
         secrets: dict[str, str] | None = None,
         label: str = "",
+        job_id: str | None = None,
     ) -> JobRecord:
-        """Start a ``kind`` job on ``node`` detached from this console; returns its record."""
+        """Start a ``kind`` job on ``node`` detached from this console; returns its record.
+
+        ``job_id`` is given when something was recorded under it before the start (the pull's
+        egress reservation); by default a new one is made.
+        """
         check_known(kind)
         self.config.node(node)
         try:
@@ -118,7 +124,7 @@ class JobManager:
         except TypeError as exc:
             raise JobError(f"job parameters must be JSON values: {exc}") from None
         t: Transport = self.pool.transport(node)
-        job_id = new_job_id()
+        job_id = job_id or new_job_id()
         known = self._homes.get(node)
         job_dir = f"{known}/{job_id}" if known else None
         now = time.time()
@@ -131,6 +137,9 @@ class JobManager:
             "created": now,
             "launched_by": actor(),
             "launched_from": socket.gethostname(),
+            # The database this job counts in: a console of another one adopts it for display
+            # but never puts its bytes in its own ledger.
+            "state_id": self.db.state_id,
         }
         self.store.insert(spec, job_dir)
         self.store.event(job_id, "launch", f"{kind} on {node}")
@@ -244,6 +253,8 @@ class JobManager:
             _home, now, remote = res
             for rj in remote:
                 await self._merge(node, rj, now)
+        for rec in self.store.end_pending():
+            self._on_ended(rec)
         out = []
         for rec in self.records():
             if rec.node in notes and not rec.terminal:
@@ -263,6 +274,7 @@ class JobManager:
                 self.store.update(
                     rec.id, state="lost", error="the job directory is gone from the node", finished=time.time()
                 )
+                self._on_ended(self.get(rec.id))
             return self.get(rec.id)
         return await self._merge(rec.node, remote[0], now)
 
@@ -309,16 +321,21 @@ class JobManager:
             cols["progress"] = {k: v for k, v in prog.__dict__.items()}
         self.store.update(rj.id, **cols)
         rec = self.get(rj.id)
-        if rec.state == "succeeded" and before != "succeeded":
-            self._on_succeeded(rec)
+        if rec.terminal and before not in TERMINAL:
+            self._on_ended(rec)
         return replace(rec, heartbeat_age=beat_age)
 
-    def _on_succeeded(self, rec: JobRecord) -> None:
-        """The kind's console-side hook (a pull's egress ledger entry), once per job."""
+    def _on_ended(self, rec: JobRecord) -> None:
+        """The kind's console-side end hook (a pull settles its egress reservation). Recorded as
+        done only when it returns; a failure (the state database down) is tried again on the next
+        refresh, by this console or another."""
         try:
-            job_kind(rec.kind).on_succeeded(self.config, self.db, rec)
+            job_kind(rec.kind).on_ended(self.config, self.db, rec)
+            self.store.end_recorded(rec.id)
         except LoadmasterError as exc:
-            self.store.event(rec.id, "on-succeeded-failed", str(exc))
+            log.warning("%s: recording the end of job %s failed: %s", rec.node, rec.id, exc)
+            with contextlib.suppress(LoadmasterError):
+                self.store.event(rec.id, "end-record-failed", str(exc))
 
     @staticmethod
     def _lost_message(rj: RemoteJob, age: float) -> str:

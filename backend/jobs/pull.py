@@ -475,8 +475,9 @@ async def plan_pull(
 
 # ---- EGRESS INTEGRATION POINT ------------------------------------------------------------------
 # services.egress (backend.ledger.EgressGuard) prices and decides. A plan carries the guard's
-# decision (egress_check); the gate and the override audit are backend.ops.pull's; the ledger entry
-# of a succeeded pull is the pull kind's on_succeeded (backend.jobs.pull_runner.PullKind).
+# decision (egress_check); the reservation (budget check and hold in one transaction), the gate and
+# the override audit are backend.ops.pull's; the settle of an ended pull is the pull kind's
+# on_ended (backend.jobs.pull_runner.PullKind).
 
 
 def egress_profile(config: Config, store: str | None, src: str) -> StoreProfile:
@@ -518,8 +519,14 @@ def egress_check(
 # ---- end of egress integration point -----------------------------------------------------------
 
 
-async def launch_pull(services: Services, plan: PullPlan, *, label: str = "") -> list[JobRecord]:
-    """Start one pull job per node of the plan (credentials via each job's 0600 secrets file)."""
+async def launch_pull(
+    services: Services, plan: PullPlan, *, label: str = "", job_ids: dict[str, str] | None = None
+) -> list[JobRecord]:
+    """Start one pull job per node of the plan (credentials via each job's 0600 secrets file).
+
+    ``job_ids`` (node -> id) are the ids the egress reservations were made under; a node whose job
+    does not start has its reservation, and those of the nodes after it, released.
+    """
     if plan.problems:
         raise JobError("; ".join(plan.problems))
     creds = plan.credentials
@@ -538,7 +545,8 @@ async def launch_pull(services: Services, plan: PullPlan, *, label: str = "") ->
     expected = [list(o) for o in plan.objects] if len(plan.objects) <= settings.max_spec_objects else None
     manager: JobManager = services.jobs
     out = []
-    for est in plan.nodes:
+    ids = job_ids or {}
+    for i, est in enumerate(plan.nodes):
         params = {
             "src": plan.src,
             "dest": est.dest,
@@ -553,11 +561,22 @@ async def launch_pull(services: Services, plan: PullPlan, *, label: str = "") ->
             "objects_total": len(plan.objects),
             "expected": expected,
         }
-        out.append(
-            await manager.launch(
-                est.node, "pull", params, secrets=secrets, label=label or f"pull {plan.src} -> {est.dest}"
+        try:
+            out.append(
+                await manager.launch(
+                    est.node,
+                    "pull",
+                    params,
+                    secrets=secrets,
+                    label=label or f"pull {plan.src} -> {est.dest}",
+                    job_id=ids.get(est.node),
+                )
             )
-        )
+        except BaseException as exc:
+            for later in plan.nodes[i:]:
+                if later.node in ids:
+                    services.egress.release(ids[later.node], f"not started: {type(exc).__name__}: {exc}"[:300])
+            raise
     return out
 
 

@@ -10,7 +10,7 @@ removes only s5cmd temporaries the job created (look-alikes present before it st
 recorded and left alone).
 
 The runner imports this module on every job start: nothing here imports the console's modules
-(the kind's console-side hook, :meth:`PullKind.on_succeeded`, imports them when it runs).
+(the kind's console-side hook, :meth:`PullKind.on_ended`, imports them when it runs).
 """
 
 from __future__ import annotations
@@ -398,7 +398,7 @@ def cleanup(ctx: JobContext) -> None:
 
 class PullKind(JobKind):
     """Kind "pull": :func:`run_pull_job` and :func:`cleanup` on the node; on the console, a
-    succeeded pull's bytes go into the egress ledger."""
+    ended pull settles its egress reservation."""
 
     name = "pull"
 
@@ -408,19 +408,48 @@ class PullKind(JobKind):
     def cleanup(self, ctx: JobContext) -> None:
         cleanup(ctx)
 
-    def on_succeeded(self, config: Config, db: StateDB, record: JobRecord) -> None:
-        """Put the succeeded pull's bytes in the egress ledger (called once per job)."""
+    def on_ended(self, config: Config, db: StateDB, record: JobRecord) -> None:
+        """Settle the pull's egress reservation to the bytes the store really sent.
+
+        Succeeded: the result's bytes. Failed, cancelled or lost: the bytes it had moved by its
+        last progress line (paid for all the same), or, with none, the reservation is released.
+        A job launched against another state database (its spec's ``state_id``), or found on a
+        node by a console that did not launch it and with no id at all (an older loadmaster), is
+        not this ledger's to count.
+        """
         # Console side only: the runner never imports the console's pull module or the ledger.
         from backend.jobs.pull import egress_profile
+        from backend.jobs.store import JobStore
         from backend.ledger import EgressGuard
 
-        node = config.node(record.node)
-        nbytes = int((record.result or {}).get("bytes", 0))
-        EgressGuard(config, db).record_transfer(
+        store = JobStore(db)
+        launched_against, adopted = store.origin_of(record.id)
+        if launched_against != db.state_id and (launched_against is not None or adopted):
+            store.event(
+                record.id,
+                "ledger-skipped",
+                f"launched against state database {launched_against or '(unknown: an older loadmaster)'}, "
+                "not this one: its bytes count in that ledger",
+            )
+            return
+        guard = EgressGuard(config, db)
+        if record.state == "succeeded":
+            nbytes = int((record.result or {}).get("bytes", 0))
+            note = ""
+        else:
+            nbytes = int(record.progress.bytes_done) if record.progress else 0
+            note = f"{record.state} after {nbytes} bytes"
+        if nbytes == 0 and record.state != "succeeded":
+            guard.release(record.id, f"{record.state}: no bytes moved")
+            return
+        # A node since removed from this config is priced as the reservation was (its row's site).
+        site = next((n.site for n in config.nodes if n.name == record.node), None)
+        guard.record_transfer(
             egress_profile(config, record.params.get("store"), str(record.params.get("src", ""))),
-            node.site,
+            site,
             nbytes,
             job_id=record.id,
+            note=note,
         )
 
 

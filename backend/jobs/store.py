@@ -13,39 +13,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from backend.errors import JobError
-from backend.jobs.records import JobProgress, JobRecord
+from backend.jobs.records import TERMINAL, JobProgress, JobRecord
 from backend.state import StateDB
-
-JOBS_DDL = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    node TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    label TEXT NOT NULL DEFAULT '',
-    params TEXT NOT NULL DEFAULT '{}',
-    state TEXT NOT NULL,
-    created REAL NOT NULL,
-    launched_by TEXT NOT NULL,
-    launched_from TEXT NOT NULL,
-    job_dir TEXT,
-    pid INTEGER,
-    started REAL,
-    finished REAL,
-    error TEXT,
-    result TEXT,
-    progress TEXT,
-    updated REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created);
-CREATE TABLE IF NOT EXISTS job_events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    job_id TEXT NOT NULL,
-    ts REAL NOT NULL,
-    event TEXT NOT NULL,
-    detail TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS job_events_job ON job_events(job_id);
-"""
 
 
 class JobStore:
@@ -53,7 +22,6 @@ class JobStore:
 
     def __init__(self, db: StateDB) -> None:
         self.db = db
-        db.ensure(JOBS_DDL)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -61,7 +29,7 @@ class JobStore:
         """Record a job this console is about to start (state ``starting``)."""
         self.db.execute(
             "INSERT INTO jobs (id, node, kind, label, params, state, created, launched_by, launched_from, job_dir,"
-            " updated) VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?)",
+            " updated, state_id, end_recorded) VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, 0)",
             (
                 spec["id"],
                 spec["node"],
@@ -73,14 +41,18 @@ class JobStore:
                 spec["launched_from"],
                 job_dir,
                 spec["created"],
+                spec.get("state_id"),
             ),
         )
 
     def adopt(self, job_id: str, node: str, spec: dict[str, Any], job_dir: str, now: float) -> None:
-        """Record a job found on ``node`` that another console (or the CLI elsewhere) launched."""
+        """Record a job found on ``node`` that another console (or the CLI elsewhere) launched;
+        ``state_id`` is the database it was launched against (None: an older loadmaster)."""
         self.db.execute(
-            "INSERT OR IGNORE INTO jobs (id, node, kind, label, params, state, created, launched_by,"
-            " launched_from, job_dir, updated) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+            "INSERT INTO jobs (id, node, kind, label, params, state, created, launched_by,"
+            " launched_from, job_dir, updated, state_id, adopted, end_recorded)"
+            " VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, 1, 0)"
+            " ON CONFLICT (id) DO NOTHING",
             (
                 job_id,
                 node,
@@ -92,6 +64,7 @@ class JobStore:
                 spec.get("launched_from", "?"),
                 job_dir,
                 time.time(),
+                spec.get("state_id"),
             ),
         )
 
@@ -121,6 +94,11 @@ class JobStore:
         """The recorded state of the job with exactly this id; None when there is no such row."""
         rows = self.db.query("SELECT state FROM jobs WHERE id = ?", (job_id,))
         return str(rows[0]["state"]) if rows else None
+
+    def origin_of(self, job_id: str) -> tuple[str | None, bool]:
+        """(the state database id the job was launched against, whether this database adopted it)."""
+        rows = self.db.query("SELECT state_id, adopted FROM jobs WHERE id = ?", (job_id,))
+        return (rows[0]["state_id"], bool(rows[0]["adopted"])) if rows else (None, False)
 
     def pid_of(self, job_id: str) -> int | None:
         rows = self.db.query("SELECT pid FROM jobs WHERE id = ?", (job_id,))
@@ -175,6 +153,19 @@ class JobStore:
         """The job's last known record (its id or a unique prefix)."""
         jid = self.resolve_id(job_id)
         return self._row_record(self.db.query("SELECT * FROM jobs WHERE id = ?", (jid,))[0])
+
+    def end_pending(self, *, limit: int = 200) -> list[JobRecord]:
+        """Ended jobs whose kind has not recorded the end yet (the state database was down when
+        a console saw them end, or that console stopped first)."""
+        rows = self.db.query(
+            f"SELECT * FROM jobs WHERE end_recorded = 0 AND state IN ({','.join('?' * len(TERMINAL))})"
+            " ORDER BY created LIMIT ?",
+            (*sorted(TERMINAL), limit),
+        )
+        return [self._row_record(r) for r in rows]
+
+    def end_recorded(self, job_id: str) -> None:
+        self.db.execute("UPDATE jobs SET end_recorded = 1 WHERE id = ?", (job_id,))
 
     def records(self, *, limit: int = 500) -> list[JobRecord]:
         """Every recorded job, newest first."""

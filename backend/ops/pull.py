@@ -17,6 +17,7 @@ from backend.ops.base import Operation
 if TYPE_CHECKING:
     from backend.jobs.pull import PullPlan
     from backend.jobs.records import JobRecord
+    from backend.ledger import Reserved
 
 #: How long a plan the operator was shown stands for its listing and free space. Older, the
 #: start lists the source and probes the nodes again; the egress quote is always made afresh.
@@ -144,6 +145,7 @@ class Pulls(Operation):
     async def start(self, req: PullRequest, *, shown: PullPreview | None = None, label: str = "") -> PullStarted:
         """Start the pull: refuse in read-only mode, re-check, gate on egress, launch, audit."""
         from backend.jobs.pull import launch_pull
+        from backend.jobs.records import new_job_id
 
         self.refuse_if_readonly("launch a pull")
         preview = await self._fresh(req, shown)
@@ -156,10 +158,12 @@ class Pulls(Operation):
                 + "; ".join(preview.blockers)
                 + ("" if req.reason else "; give a reason to go over budget (--allow-over-budget)")
             )
-        dec = plan.egress
+        job_ids = {n.node: new_job_id() for n in plan.nodes}
+        reserved = self._reserve(req, plan, job_ids)
+        dec = reserved.decision or plan.egress
         if dec is not None and dec.override_reason:
             self.services.egress.record_override(dec, dec.override_reason)
-        records = tuple(await launch_pull(self.services, plan, label=label))
+        records = tuple(await launch_pull(self.services, plan, label=label, job_ids=job_ids))
         audit_id = self.audit(
             "pull.launch",
             plan.src,
@@ -174,3 +178,18 @@ class Pulls(Operation):
             },
         )
         return PullStarted(plan, records, audit_id, preview.warnings)
+
+    def _reserve(self, req: PullRequest, plan: PullPlan, job_ids: dict[str, str]) -> Reserved:
+        """Step 4: the budget check and every node's reservation, in one transaction, before any
+        job starts (each node's job is reserved what the store will send it: the whole pull)."""
+        from backend.jobs.pull import egress_profile, resolve_store
+        from backend.ledger import Reservation
+
+        profile = resolve_store(self.services.config, plan.src, plan.store) or egress_profile(
+            self.services.config, None, plan.src
+        )
+        items = [
+            Reservation(job_ids[n.node], self.services.config.node(n.node).site, plan.total_bytes, len(plan.objects))
+            for n in plan.nodes
+        ]
+        return self.services.egress.reserve(profile, items, allow_over_budget_reason=req.reason)

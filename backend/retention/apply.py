@@ -31,18 +31,6 @@ if TYPE_CHECKING:
     from backend.state import StateDB
     from backend.storage import ObjectStore
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS retention_journal (
-    plan_hash TEXT NOT NULL,
-    path TEXT NOT NULL,
-    action TEXT NOT NULL,
-    state TEXT NOT NULL,
-    detail TEXT NOT NULL DEFAULT '{}',
-    ts REAL NOT NULL,
-    PRIMARY KEY (plan_hash, path)
-);
-"""
-
 #: Files in a step folder that describe the run rather than hold its state: kept by a strip.
 _KEEP_AFTER_STRIP = re.compile(r"^[^/]+\.(json|txt|yaml|yml|md|model|tiktoken)$", re.IGNORECASE)
 _KEEP_MAX_BYTES = 16 * 1024 * 1024
@@ -64,7 +52,6 @@ class Journal:
     def __init__(self, db: StateDB, plan_hash: str) -> None:
         self.db = db
         self.plan_hash = plan_hash
-        db.ensure(_DDL)
 
     def entries(self) -> dict[str, tuple[str, dict[str, Any]]]:
         rows = self.db.query("SELECT path, state, detail FROM retention_journal WHERE plan_hash = ?", (self.plan_hash,))
@@ -72,8 +59,9 @@ class Journal:
 
     def set(self, a: PlannedAction, state: str, detail: Mapping[str, Any] | None = None) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO retention_journal (plan_hash, path, action, state, detail, ts)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO retention_journal (plan_hash, path, action, state, detail, ts) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (plan_hash, path) DO UPDATE SET action = excluded.action, state = excluded.state,"
+            " detail = excluded.detail, ts = excluded.ts",
             (self.plan_hash, a.path, a.action, state, json.dumps(dict(detail or {}), default=str), time.time()),
         )
 

@@ -15,24 +15,6 @@ if TYPE_CHECKING:
     from backend.services import Services
     from backend.state import StateDB
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS retention_pins (
-    url TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    reason TEXT NOT NULL DEFAULT '',
-    who TEXT NOT NULL DEFAULT '',
-    ts REAL NOT NULL,
-    PRIMARY KEY (url, step)
-);
-CREATE TABLE IF NOT EXISTS retention_milestones (
-    url TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    who TEXT NOT NULL DEFAULT '',
-    ts REAL NOT NULL,
-    PRIMARY KEY (url, step)
-);
-"""
-
 
 class PinStore:
     """Operator pins per run, in the state DB (so a pin made after a plan stops it).
@@ -46,7 +28,6 @@ class PinStore:
 
     def __init__(self, db: StateDB) -> None:
         self.db = db
-        db.ensure(_DDL)
 
     def _keys(self, url: str, keys: Iterable[str] = ()) -> list[str]:
         return list(dict.fromkeys([norm_url(url), *(norm_url(k) for k in keys)]))
@@ -64,7 +45,8 @@ class PinStore:
         from backend.state import actor
 
         self.db.execute(
-            "INSERT OR REPLACE INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (url, step) DO UPDATE SET reason = excluded.reason, who = excluded.who, ts = excluded.ts",
             (norm_url(url), step, reason, actor(), time.time()),
         )
         self.db.record_audit("retention.pin", f"{norm_url(url)}#{step}", "ok", reason=reason or None)
@@ -95,7 +77,8 @@ class MilestoneStore(PinStore):
         from backend.state import actor
 
         self.db.execute(
-            "INSERT OR REPLACE INTO retention_milestones (url, step, who, ts) VALUES (?, ?, ?, ?)",
+            "INSERT INTO retention_milestones (url, step, who, ts) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (url, step) DO UPDATE SET who = excluded.who, ts = excluded.ts",
             (norm_url(url), step, actor(), time.time()),
         )
         self.db.record_audit("retention.milestone", f"{norm_url(url)}#{step}", "ok")

@@ -10,7 +10,7 @@ import pytest
 
 from backend.config import load_config
 from backend.ledger import EgressGuard
-from backend.state import StateDB
+from backend.state import SQLiteState
 from tui.cli import main
 
 CONFIG = """
@@ -132,7 +132,7 @@ def test_quote_block_confirm_override_and_report(cfg, capsys: pytest.CaptureFixt
     d = json.loads(capsys.readouterr().out)
     assert d["action"] == "allow" and d["override_reason"] == "deadline" and d["audit_id"]
     config = load_config()
-    db = StateDB(config.state_dir() / "state.sqlite3")
+    db = SQLiteState(config.state_dir() / "state.sqlite3")
     (audit,) = db.audit_entries(action="egress.override")
     assert audit.reason == "deadline"
     # A finished transfer in the ledger shows up in the report.

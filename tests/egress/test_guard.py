@@ -11,7 +11,7 @@ from backend.config import Config, Node, StoreProfile
 from backend.errors import PolicyError
 from backend.ledger import EgressGuard
 from backend.policy.egress import EgressSettings
-from backend.state import StateDB
+from backend.state import SQLiteState
 
 TB = 10**12
 GB = 10**9
@@ -31,7 +31,7 @@ def guard(tmp_path: Path, **settings) -> EgressGuard:  # type: ignore[no-untyped
         stores={s.name: s for s in (DATASETS, OTHER, PROD, MYSTERY, LOCAL)},
         sections={"egress": EgressSettings(**settings)},
     )
-    return EgressGuard(cfg, StateDB(tmp_path / "state.sqlite3"))
+    return EgressGuard(cfg, SQLiteState(tmp_path / "state.sqlite3"))
 
 
 def test_over_budget_under_block_is_blocked_and_names_the_numbers(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 from backend.config import Config, load_config_file
 from backend.lab import Lab
 from backend.services import Services
-from backend.state import StateDB
+from backend.state import SQLiteState
 from tests.helpers import write_lab_config
 
 MiB = 1024 * 1024
@@ -40,7 +40,7 @@ async def services(jobs_config: Config) -> AsyncIterator[Services]:
 def fresh_services(config: Config, db_path: Path) -> Services:
     """Another console: its own pool (new SSH connections) and its own local state."""
     svc = Services(config=config)
-    svc.__dict__["db"] = StateDB(db_path)
+    svc.__dict__["db"] = SQLiteState(db_path)
     return svc
 
 

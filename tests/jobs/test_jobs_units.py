@@ -163,7 +163,7 @@ async def test_kind_hooks_default_to_nothing() -> None:
     k.cleanup(None)  # type: ignore[arg-type]
     assert calls == ["cleanup"]
     assert await k.cleanup_secrets(None, {}) == {}  # type: ignore[arg-type]
-    assert k.on_succeeded(None, None, None) is None  # type: ignore[func-returns-value,arg-type]
+    assert k.on_ended(None, None, None) is None  # type: ignore[func-returns-value,arg-type]
     # Only an upload's cleanup needs its secrets again; a local store needs none.
     assert await kind("pull").cleanup_secrets(None, {}) == {}  # type: ignore[arg-type]
     assert await kind("upload").cleanup_secrets(None, {"store": {"url": "/tmp/x"}}) == {}  # type: ignore[arg-type]

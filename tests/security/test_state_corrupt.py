@@ -13,8 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.jobs.store import JOBS_DDL
-from backend.state import StateCorrupt, StateDB, StateError, check_state, repair_state
+from backend.state import SQLiteState, StateCorrupt, StateError, check_state, repair_state
 from tui.cli import main
 
 AUDITS = 3000
@@ -23,8 +22,7 @@ JOBS = 400
 
 def fill(path: Path) -> None:
     """A state database as loadmaster writes it: jobs and audit records, checkpointed to the file."""
-    db = StateDB(path)
-    db.ensure(JOBS_DDL)
+    db = SQLiteState(path)
     db.executemany(
         "INSERT INTO jobs (id, node, kind, state, created, launched_by, launched_from, updated)"
         " VALUES (?, 'node-01', 'pull', 'succeeded', ?, 'op@host', 'cli', ?)",
@@ -125,7 +123,7 @@ def test_an_overwritten_header_is_refused_and_repair_starts_fresh(
     assert rc == 2
     assert_one_line_damaged(err, db)
     with pytest.raises(StateCorrupt):  # the class a front end catches to offer the repair
-        StateDB(db)
+        SQLiteState(db)
     rc, out, err = cli(capsys, cfg, "state", "repair", "--json")
     assert rc == 0 and '"repaired": true' in out
     assert "could not be read" in err
@@ -158,9 +156,8 @@ def test_any_damage_is_a_state_error_and_repair_always_recovers(
     scribble(db, int(where * size), os.urandom(length))
     truncate(db, cut)
     try:
-        s = StateDB(db)
+        s = SQLiteState(db)
         try:
-            s.ensure(JOBS_DDL)
             s.query("SELECT * FROM jobs")
             s.audit_entries(limit=100_000)
             s.record_audit("x", "y", "ok")
@@ -170,11 +167,11 @@ def test_any_damage_is_a_state_error_and_repair_always_recovers(
         pass  # one line; anything else (sqlite3.DatabaseError) fails the test
     repair_state(db)
     assert check_state(db) == []
-    StateDB(db).close()
+    SQLiteState(db).close()
 
 
 def test_a_full_disk_is_one_line(tmp_path: Path, small_fs: Path) -> None:
-    db = StateDB(small_fs / "state.sqlite3")
+    db = SQLiteState(small_fs / "state.sqlite3")
     try:
         with pytest.raises(StateError, match=rf"^no space left on the disk of state database {small_fs}/"):
             for i in range(10_000):
@@ -186,7 +183,7 @@ def test_a_full_disk_is_one_line(tmp_path: Path, small_fs: Path) -> None:
 def test_a_directory_in_the_way_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "state.sqlite3").mkdir()
     with pytest.raises(StateError, match="is not a regular file; move it away"):
-        StateDB(tmp_path / "state.sqlite3")
+        SQLiteState(tmp_path / "state.sqlite3")
 
 
 def test_repair_of_a_healthy_database_does_nothing(

@@ -1,8 +1,4 @@
-"""Local SQLite state: job records, egress ledger, audit log (one file under the data dir).
-
-Each feature module owns its tables and calls :meth:`StateDB.ensure` with its DDL (``CREATE ...
-IF NOT EXISTS``); the audit log lives here because every destructive action in every feature
-writes to it.
+"""The embedded backend: one SQLite file under the data dir (the default without ``[state] url``).
 
 A damaged file (truncated, overwritten, a bad sector) is found when it is opened, or when a damaged
 page is first read, and raises :class:`StateCorrupt` with one line naming the file and the way
@@ -14,37 +10,17 @@ long and an unopenable file are one-line :class:`StateError` too, never a traceb
 from __future__ import annotations
 
 import contextlib
-import getpass
-import json
 import os
 import shutil
-import socket
 import sqlite3
 import tempfile
-import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.errors import LoadmasterError
-
-_AUDIT_DDL = """
-CREATE TABLE IF NOT EXISTS audit (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    ts REAL NOT NULL,
-    actor TEXT NOT NULL,
-    action TEXT NOT NULL,
-    target TEXT NOT NULL,
-    outcome TEXT NOT NULL,
-    plan_hash TEXT,
-    reason TEXT,
-    detail TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX IF NOT EXISTS audit_ts ON audit(ts);
-"""
-
+from backend.state.base import Result, StateCorrupt, StateDB, StateError
 
 #: What an operator runs to get going again with a damaged state database.
 REPAIR_HINT = (
@@ -57,14 +33,6 @@ _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_AUTH, _SQLITE_NOTADB = 
 _SIDE_FILES = ("", "-wal", "-shm")
 
 
-class StateError(LoadmasterError):
-    """The state database cannot be used now: the message names the file and what to do."""
-
-
-class StateCorrupt(StateError):
-    """The state database is damaged; :func:`repair_state` keeps what can be read."""
-
-
 def state_error(path: Path | str, exc: BaseException) -> StateError | None:
     """``exc`` from SQLite as a one-line StateError naming ``path``; None for a programming error."""
     if isinstance(exc, OSError):
@@ -73,7 +41,8 @@ def state_error(path: Path | str, exc: BaseException) -> StateError | None:
         return None
     code = getattr(exc, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
-    if primary is None and ("malformed" in str(exc) or "not a database" in str(exc)):
+    if primary is None and any(m in str(exc) for m in ("malformed", "not a database", "Could not decode")):
+        # "Could not decode to UTF-8": loadmaster writes only UTF-8, so a scribbled page.
         primary = _SQLITE_CORRUPT
     if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
         return StateCorrupt(f"state database {path} is damaged ({exc}); {REPAIR_HINT}")
@@ -89,37 +58,14 @@ def state_error(path: Path | str, exc: BaseException) -> StateError | None:
     return None
 
 
-def actor() -> str:
-    """Who is acting: ``user@host`` of the console (recorded on jobs and audit entries)."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+class SQLiteState(StateDB):
+    """A thread-safe handle on one SQLite state file (WAL mode, short transactions)."""
 
-
-@dataclass(frozen=True)
-class AuditEntry:
-    id: int
-    ts: float
-    actor: str
-    action: str
-    target: str
-    outcome: str
-    plan_hash: str | None
-    reason: str | None
-    detail: dict[str, Any]
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-class StateDB:
-    """A thread-safe handle on the state database (WAL mode, short transactions)."""
+    dialect = "sqlite"
 
     def __init__(self, path: Path | str) -> None:
+        super().__init__()
         self.path = Path(path)
-        self._lock = threading.RLock()
         with self._guard():
             if str(path) != ":memory:":
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +80,12 @@ class StateDB:
                 self._conn.execute("PRAGMA synchronous=NORMAL")
                 self._conn.execute("PRAGMA busy_timeout=30000")
                 self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        self.ensure(_AUDIT_DDL)
+        from backend.state.migrations import upgrade
+
+        upgrade(self)
+
+    def where(self) -> str:
+        return str(self.path)
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -147,84 +98,38 @@ class StateDB:
                 raise
             raise err from None
 
-    def ensure(self, ddl: str) -> None:
-        """Create a feature's tables if they do not exist yet."""
-        with self._lock, self._guard():
-            self._conn.executescript(ddl)
+    def _run(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> Result:
+        with self._guard():
+            cur = self._conn.execute(sql, params)
+            rows = cur.fetchall() if cur.description else []
+            return Result(rows, cur.rowcount)
 
-    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
-        """Run one statement (its cursor: ``lastrowid``, ``rowcount``)."""
-        with self._lock, self._guard():
-            return self._conn.execute(sql, params)
+    def _run_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self._tx(), self._guard():
+            self._conn.executemany(sql, rows)
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Run one statement for every row, in one transaction."""
-        with self._lock, self._guard():
-            self._conn.execute("BEGIN")
-            try:
-                self._conn.executemany(sql, rows)
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        # IMMEDIATE takes the write lock at BEGIN: a budget read and the reservation after it see
+        # no other writer in between.
+        with self._guard():
+            self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+            raise
+        try:
+            with self._guard():
                 self._conn.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    self._conn.execute("ROLLBACK")
-                raise
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+            raise
 
-    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
-        """Every row ``sql`` selects."""
-        with self._lock, self._guard():
-            return self._conn.execute(sql, params).fetchall()
-
-    def record_audit(
-        self,
-        action: str,
-        target: str,
-        outcome: str,
-        *,
-        detail: dict[str, Any] | None = None,
-        plan_hash: str | None = None,
-        reason: str | None = None,
-        who: str | None = None,
-    ) -> int:
-        """Append one audit record; returns its id. Never pass secrets in ``detail``."""
-        cur = self.execute(
-            "INSERT INTO audit (ts, actor, action, target, outcome, plan_hash, reason, detail)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                time.time(),
-                who or actor(),
-                action,
-                target,
-                outcome,
-                plan_hash,
-                reason,
-                json.dumps(detail or {}, sort_keys=True, default=str),
-            ),
-        )
-        return int(cur.lastrowid or 0)
-
-    def audit_entries(self, *, limit: int = 1000, action: str | None = None) -> list[AuditEntry]:
-        """Newest first."""
-        sql = "SELECT * FROM audit"
-        params: list[Any] = []
-        if action:
-            sql += " WHERE action = ?"
-            params.append(action)
-        sql += " ORDER BY id DESC LIMIT ?"
-        params.append(limit)
-        return [
-            AuditEntry(
-                r["id"],
-                r["ts"],
-                r["actor"],
-                r["action"],
-                r["target"],
-                r["outcome"],
-                r["plan_hash"],
-                r["reason"],
-                _detail(r["detail"]),
-            )
-            for r in self.query(sql, params)
-        ]
+    def schema_lock(self) -> None:
+        """Nothing more to take: BEGIN IMMEDIATE already holds the database's write lock."""
 
     def close(self) -> None:
         """Close the connection."""
@@ -399,11 +304,3 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) -> 
     if why is not None:
         take(f"SELECT rowid, * FROM {q} ORDER BY rowid DESC")
     return copied, why
-
-
-def _detail(raw: Any) -> Any:
-    """An audit record's detail; a damaged one (a scribbled page) reads as such, never a crash."""
-    try:
-        return json.loads(raw) if raw else {}
-    except (ValueError, TypeError, RecursionError):
-        return {"unreadable_detail": True}
