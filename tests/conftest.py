@@ -85,12 +85,16 @@ def lab_node_down(lab: Lab) -> Iterator[object]:
 
 
 @pytest.fixture
-def local_services(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """Services for a machine-local config (stores are plain directories)."""
+def local_services(tmp_path: Path, state_url: str | None):  # type: ignore[no-untyped-def]
+    """Services for a machine-local config (stores are plain directories), on each state
+    backend: the embedded SQLite file and a fresh PostgreSQL database (``state_url``)."""
     from backend.config import parse_config
     from backend.services import Services
 
-    config = parse_config({"nodes": [{"name": "here", "transport": "local"}]}, file="test.toml", base=tmp_path)
+    raw: dict[str, object] = {"nodes": [{"name": "here", "transport": "local"}]}
+    if state_url is not None:
+        raw["state"] = {"url": state_url}
+    config = parse_config(raw, file="test.toml", base=tmp_path)
     services = Services(config)
     yield services
     services.db.close()

@@ -24,10 +24,13 @@ nic_gbps = 10.0
 """
 
 
-def write_lab_config(lab: Lab, path: Path, state_dir: Path, extra: str = "") -> Path:
-    """The lab's config with its own state dir and short job timings (the shared file is untouched)."""
+def write_lab_config(lab: Lab, path: Path, state_dir: Path, extra: str = "", *, state_url: str | None = None) -> Path:
+    """The lab's config with its own state dir and short job timings (the shared file is untouched);
+    ``state_url`` puts state in that PostgreSQL database instead."""
     text = lab.config_text(JOBS_SECTION + extra)
     text = re.sub(r'(\[state\]\ndir = )"[^"]*"', lambda m: f'{m.group(1)}"{state_dir}"', text)
+    if state_url is not None:
+        text = text.replace(f'[state]\ndir = "{state_dir}"', f'[state]\ndir = "{state_dir}"\nurl = "{state_url}"')
     path.write_text(text)
     return path
 

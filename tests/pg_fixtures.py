@@ -17,6 +17,8 @@ import pytest
 
 from backend.errors import LoadmasterError
 from backend.lab.postgres import PostgresNotInstalled, PrivateCluster
+from backend.state import SQLiteState, StateDB
+from backend.state.postgres import PostgresState
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +63,14 @@ def state_url(request: pytest.FixtureRequest) -> str | None:
         return None
     url: str = request.getfixturevalue("pg_url")
     return url
+
+
+@pytest.fixture
+def state_db(state_url: str | None, tmp_path: Path) -> Iterator[StateDB]:
+    """An open state database on each backend: a SQLite file under ``tmp_path``, or a fresh
+    PostgreSQL database."""
+    db: StateDB = SQLiteState(tmp_path / "state.sqlite3") if state_url is None else PostgresState(state_url)
+    try:
+        yield db
+    finally:
+        db.close()

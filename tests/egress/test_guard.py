@@ -1,9 +1,9 @@
-"""EgressGuard + ledger against a real StateDB file: block, warn, confirm + audited override, tiers."""
+"""EgressGuard + ledger on each real state backend (SQLite file, PostgreSQL): block, warn, confirm +
+audited override, tiers, reservations."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +11,7 @@ from backend.config import Config, Node, StoreProfile
 from backend.errors import PolicyError
 from backend.ledger import EgressGuard
 from backend.policy.egress import EgressSettings
-from backend.state import SQLiteState
+from backend.state import StateDB
 
 TB = 10**12
 GB = 10**9
@@ -25,17 +25,17 @@ MYSTERY = StoreProfile(url="s3://m/x", provider="coreweave", region="us-east-04"
 LOCAL = StoreProfile(url="/srv/ckpt", provider="local", name="local")
 
 
-def guard(tmp_path: Path, **settings) -> EgressGuard:  # type: ignore[no-untyped-def]
+def guard(state_db: StateDB, **settings) -> EgressGuard:  # type: ignore[no-untyped-def]
     cfg = Config(
         nodes=(Node(name="gpu-01", host="localhost", transport="local", site=DEST),),
         stores={s.name: s for s in (DATASETS, OTHER, PROD, MYSTERY, LOCAL)},
         sections={"egress": EgressSettings(**settings)},
     )
-    return EgressGuard(cfg, SQLiteState(tmp_path / "state.sqlite3"))
+    return EgressGuard(cfg, state_db)
 
 
-def test_over_budget_under_block_is_blocked_and_names_the_numbers(tmp_path: Path) -> None:
-    g = guard(tmp_path, budgets={"datasets": 500}, action="block")
+def test_over_budget_under_block_is_blocked_and_names_the_numbers(state_db: StateDB) -> None:
+    g = guard(state_db, budgets={"datasets": 500}, action="block")
     q = g.quote_transfer(DATASETS, DEST, 10 * TB)
     # 10 TB from zero: 100 GB free + 9,900 GB x $0.09 = $891.
     assert q.usd == pytest.approx(891) and q.month_to_date_bytes == 0
@@ -48,15 +48,15 @@ def test_over_budget_under_block_is_blocked_and_names_the_numbers(tmp_path: Path
         g.record_override(d, "please")
 
 
-def test_over_budget_under_warn_proceeds_with_a_warning(tmp_path: Path) -> None:
-    g = guard(tmp_path, monthly_budget_usd=100, action="warn")
+def test_over_budget_under_warn_proceeds_with_a_warning(state_db: StateDB) -> None:
+    g = guard(state_db, monthly_budget_usd=100, action="warn")
     d = g.check(g.quote_transfer(DATASETS, DEST, 10 * TB))
     assert d.action == "warn" and d.may_start
     assert d.budget is not None and d.budget.key == "aws" and "$100.00" in d.message
 
 
-def test_confirm_then_override_is_audited_with_its_reason(tmp_path: Path) -> None:
-    g = guard(tmp_path, per_transfer_limit_usd=250, action="confirm")
+def test_confirm_then_override_is_audited_with_its_reason(state_db: StateDB) -> None:
+    g = guard(state_db, per_transfer_limit_usd=250, action="confirm")
     q = g.quote_transfer(DATASETS, DEST, 5 * TB)
     asked = g.check(q)
     assert asked.action == "confirm" and asked.exceeded == ("per_transfer_limit",)
@@ -72,8 +72,8 @@ def test_confirm_then_override_is_audited_with_its_reason(tmp_path: Path) -> Non
     assert "datasets" in entry.target and DEST in entry.target
 
 
-def test_within_budget_allows_and_near_budget_warns(tmp_path: Path) -> None:
-    g = guard(tmp_path, budgets={"datasets": 1000}, action="block", warn_at=0.8)
+def test_within_budget_allows_and_near_budget_warns(state_db: StateDB) -> None:
+    g = guard(state_db, budgets={"datasets": 1000}, action="block", warn_at=0.8)
     assert g.check(g.quote_transfer(DATASETS, DEST, 1 * TB)).action == "allow"  # $81
     d = g.check(g.quote_transfer(DATASETS, DEST, 10 * TB))  # $891 = 89% of $1,000
     assert d.action == "warn" and "89%" in d.message
@@ -81,8 +81,8 @@ def test_within_budget_allows_and_near_budget_warns(tmp_path: Path) -> None:
         g.record_override(d, "why not")
 
 
-def test_ledger_prices_each_transfer_at_the_tier_it_fell_in(tmp_path: Path) -> None:
-    g = guard(tmp_path)
+def test_ledger_prices_each_transfer_at_the_tier_it_fell_in(state_db: StateDB) -> None:
+    g = guard(state_db)
     first = g.record_transfer(DATASETS, DEST, 6 * TB, job_id="pull-1", when=NOV)
     # 6,000 GB from zero: 100 free + 5,900 x 0.09 = $531.
     assert first.usd == pytest.approx(531) and first.month_to_date_bytes == 0
@@ -101,16 +101,16 @@ def test_ledger_prices_each_transfer_at_the_tier_it_fell_in(tmp_path: Path) -> N
     assert g.quote_transfer(DATASETS, DEST, 0, now=NOV).month_to_date_bytes == 12 * TB
 
 
-def test_budget_counts_spend_already_in_the_ledger(tmp_path: Path) -> None:
-    g = guard(tmp_path, budgets={"datasets": 1000}, action="block")
+def test_budget_counts_spend_already_in_the_ledger(state_db: StateDB) -> None:
+    g = guard(state_db, budgets={"datasets": 1000}, action="block")
     g.record_transfer(DATASETS, DEST, 6 * TB, job_id="pull-1", when=NOV)  # $531
     d = g.check(g.quote_transfer(DATASETS, DEST, 6 * TB, now=NOV))  # $530 more
     assert d.action == "block" and d.spent_usd == pytest.approx(531)
     assert "$531.00 spent + $530.00 = $1,061.00" in d.message
 
 
-def test_unpriced_and_local_stores(tmp_path: Path) -> None:
-    g = guard(tmp_path, monthly_budget_usd=1, action="block", unpriced_action="confirm")
+def test_unpriced_and_local_stores(state_db: StateDB) -> None:
+    g = guard(state_db, monthly_budget_usd=1, action="block", unpriced_action="confirm")
     q = g.quote_transfer(MYSTERY, DEST, TB)
     assert not q.priced and q.usd is None and "unpriced" in q.note
     d = g.check(q)
@@ -121,8 +121,8 @@ def test_unpriced_and_local_stores(tmp_path: Path) -> None:
     assert e.usd is None and not e.priced
 
 
-def test_report_per_route_with_projection(tmp_path: Path) -> None:
-    g = guard(tmp_path, budgets={"datasets": 2000})
+def test_report_per_route_with_projection(state_db: StateDB) -> None:
+    g = guard(state_db, budgets={"datasets": 2000})
     g.record_transfer(DATASETS, DEST, 6 * TB, job_id="a", when=datetime(2026, 11, 2, tzinfo=UTC))
     g.record_transfer(DATASETS, DEST, 4 * TB, job_id="b", when=datetime(2026, 11, 5, tzinfo=UTC))
     g.record_transfer(DATASETS, "aws:us-west-2", TB, job_id="c", when=datetime(2026, 11, 6, tzinfo=UTC))
@@ -146,13 +146,13 @@ def test_report_per_route_with_projection(tmp_path: Path) -> None:
     assert g.report("2026-10").routes == ()
 
 
-def test_concurrent_transfers_are_priced_one_after_another(tmp_path: Path) -> None:
+def test_concurrent_transfers_are_priced_one_after_another(state_db: StateDB) -> None:
     # Eight pulls finishing at once from threads: each must start where the previous one ended,
     # so together they cost exactly what 16 TB in one month costs: 100 GB free,
     # 9,900 x 0.09 = 891, 6,000 x 0.085 = 510 -> $1,401.
     import threading
 
-    g = guard(tmp_path)
+    g = guard(state_db)
     barrier = threading.Barrier(8)
 
     def pull(i: int) -> None:
@@ -169,7 +169,7 @@ def test_concurrent_transfers_are_priced_one_after_another(tmp_path: Path) -> No
     assert sum(e.usd or 0 for e in entries) == pytest.approx(1_401)
 
 
-def test_egress_section_from_toml(tmp_path: Path) -> None:
+def test_egress_section_from_toml(state_db: StateDB) -> None:
     from backend.config import parse_config
     from backend.errors import ConfigError
 
