@@ -1,9 +1,11 @@
-"""``loadmaster state check|repair``: find and get past a damaged state database.
+"""``loadmaster state check|repair|migrate``: the state database's health, and moving it.
 
-``check`` runs SQLite's integrity check on the state file; ``repair`` moves a damaged file aside
+``check`` runs SQLite's integrity check on the state file (with ``[state] url``: connects to the
+PostgreSQL database and reads its schema version); ``repair`` moves a damaged SQLite file aside
 (kept as ``state.sqlite3.damaged-<time>``, with its -wal/-shm) and builds a fresh database from
-every row that can still be read. Neither opens the database the usual way, so both work when
-every other command stops with "state database ... is damaged".
+every row that can still be read. Neither opens the SQLite file the usual way, so both work when
+every other command stops with "state database ... is damaged". ``migrate --to URL`` copies the
+local SQLite state into a PostgreSQL database (:mod:`backend.state.copy`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from backend.config import config_dir
 from backend.errors import LoadmasterError
 from backend.services import Services
-from backend.state import check_state, repair_state
+from backend.state import StateError, check_state, repair_state, state_where
 
 #: The file name under the state dir (as Services opens it).
 STATE_FILE = "state.sqlite3"
@@ -22,9 +26,12 @@ STATE_FILE = "state.sqlite3"
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``loadmaster state``."""
-    p = sub.add_parser("state", help="check or repair the local state database (jobs, ledger, audit)")
+    p = sub.add_parser("state", help="check, repair or migrate the state database (jobs, ledger, audit) to PostgreSQL")
     ssub = p.add_subparsers(dest="state_command", metavar="ACTION", required=True)
-    c = ssub.add_parser("check", help="run SQLite's integrity check on the state database")
+    c = ssub.add_parser(
+        "check",
+        help="run SQLite's integrity check on the state database ([state] url: connect and read its schema version)",
+    )
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=cmd_check)
     r = ssub.add_parser(
@@ -35,10 +42,35 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--force", action="store_true", help="rebuild even when the check finds no damage")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_repair)
+    m = ssub.add_parser(
+        "migrate",
+        help="copy the local SQLite state (jobs, egress ledger and reservations, audit, pins, milestones, "
+        "retention journals, locks, the database id) into a PostgreSQL database, in one transaction",
+        description="Copy the local SQLite state into PostgreSQL, check every table's row count, and say "
+        "what to put in the config. The password is never in the URL: libpq reads ~/.pgpass (PGPASSFILE), "
+        "PGPASSWORD or a service file.",
+    )
+    m.add_argument("--to", required=True, metavar="URL", help="postgresql://user@host:5432/dbname (no password)")
+    m.add_argument(
+        "--merge",
+        action="store_true",
+        help="the target already holds rows: add the local ones to them; rows whose key is already there are "
+        "kept as they are (counted as skipped), audit, job events and ledger rows get new ids (theirs would "
+        "collide), the target keeps its database id and the local jobs count in its ledger",
+    )
+    m.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="copy and check inside a transaction that is rolled back (the target's schema is still created)",
+    )
+    m.add_argument("--json", action="store_true", help="print one JSON object")
+    m.set_defaults(func=cmd_migrate)
 
 
 def cmd_check(args: argparse.Namespace, services: Services) -> int:
     """Print whether the state database is healthy; exit 1 when it is damaged."""
+    if services.config.state.url:
+        return _check_postgres(args, services)
     path = services.config.state_dir() / STATE_FILE
     problems = check_state(path)
     if args.json:
@@ -56,6 +88,13 @@ def cmd_repair(args: argparse.Namespace, services: Services) -> int:
     """Rebuild a damaged state database, keeping what can be read."""
     if services.readonly:
         raise LoadmasterError("read-only mode: cannot repair the state database")
+    if services.config.state.url:
+        print(
+            f"loadmaster: error: state repair is for the local SQLite file; [state] url points at "
+            f"{state_where(services.config)}: use PostgreSQL's own tools there (pg_amcheck, a backup)",
+            file=sys.stderr,
+        )
+        return 1
     path = services.config.state_dir() / STATE_FILE
     problems = check_state(path)
     if not problems and not args.force:
@@ -84,4 +123,94 @@ def cmd_repair(args: argparse.Namespace, services: Services) -> int:
         print(report.summary())
     if report.lost:
         print("loadmaster: some rows could not be read; they stay in the damaged file", file=sys.stderr)
+    return 0
+
+
+def _check_postgres(args: argparse.Namespace, services: Services) -> int:
+    """``state check`` with ``[state] url``: connect, read the schema version."""
+    from backend.state.migrations import version
+    from backend.state.postgres import PostgresState
+
+    where = state_where(services.config)
+    problem: str | None = None
+    schema = 0
+    db: PostgresState | None = None
+    try:
+        db = PostgresState(services.config.state.url or "")
+        down = db.available()
+        if down is not None:
+            raise down
+        schema = version(db)
+    except StateError as exc:
+        problem = str(exc)
+    finally:
+        if db is not None:
+            db.close()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "where": where,
+                    "ok": problem is None,
+                    "schema_version": schema,
+                    "problems": [problem] if problem else [],
+                }
+            )
+        )
+    elif problem:
+        print(problem)
+    else:
+        print(f"{where}: ok (schema version {schema})")
+    return 1 if problem else 0
+
+
+def config_file(services: Services) -> tuple[Path, bool]:
+    """The config file this loadmaster reads, and whether it exists (the default config: the
+    platform config file to create)."""
+    source = services.config.source
+    if source == "<embedded default>":
+        return config_dir() / "loadmaster.toml", False
+    return Path(source).absolute(), True
+
+
+def cmd_migrate(args: argparse.Namespace, services: Services) -> int:
+    """Copy the local SQLite state into the PostgreSQL database ``--to``."""
+    from backend.state.copy import NothingToMigrate, check_target_url, migrate_state
+
+    if services.readonly:
+        raise LoadmasterError("read-only mode: cannot migrate the state database")
+    check_target_url(args.to)
+    path = services.config.state_dir() / STATE_FILE
+    try:
+        report = migrate_state(path, args.to, merge=args.merge, dry_run=args.dry_run)
+    except NothingToMigrate as exc:
+        print(json.dumps({"source": str(path), "migrated": False, "reason": str(exc)}) if args.json else str(exc))
+        return 0
+    except StateError as exc:
+        print(f"loadmaster: error: {exc}", file=sys.stderr)
+        return 1
+    cfg, exists = config_file(services)
+    setting = f'[state] url = "{args.to}"'
+    if args.json:
+        print(json.dumps({**report.as_dict(), "migrated": not report.dry_run, "config": str(cfg), "set": setting}))
+        return 0
+    for t in report.tables:
+        print(t.line())
+    if report.jobs_relabelled:
+        print(
+            f"{report.jobs_relabelled} job record(s) launched against the local state ({report.source_id}) now "
+            f"count in the ledger of {report.target} ({report.state_id})"
+        )
+    took = f"{report.seconds:.2f} s"
+    if report.dry_run:
+        print(
+            f"dry run: {report.copied} row(s) from {report.source} would go to {report.target} ({took}); "
+            "nothing was written"
+        )
+        return 0
+    where = f"in {cfg}" if exists else f"in {cfg} (create it)"
+    print(
+        f"copied {report.copied} row(s) from {report.source} to {report.target} in {took}; now set "
+        f"{setting} {where} (the local file stays where it is; nothing reads it once the url is set)"
+    )
     return 0
