@@ -61,6 +61,7 @@ class LoadmasterCommands(Provider):
             out.append((f"Theme: {name}", "Use this theme (remembered for next time)", partial(app.set_theme, name)))
         out.append(("Help: keys", "List every key binding (key ?)", app.action_help))
         out.append(("Errors", "Recent errors with details (key e)", app.action_errors))
+        out.append(("Audit log", "Every operator's guarded and destructive actions (key L)", app.action_audit))
         out.append(("Quit", "Close the console (key q)", app.action_quit))
         for spec in SCREEN_SPECS:
             cls = app.screen_class(spec)
@@ -94,6 +95,7 @@ class LoadmasterApp(App[int]):
         *(Binding(s.key, f"switch_mode('{s.mode}')", s.title, show=False) for s in SCREEN_SPECS),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("e", "errors", "Errors"),
+        Binding("L", "audit", "Audit log", show=False),
         Binding("ctrl+t", "cycle_theme", "Next theme", show=False),
         Binding("escape", "back", "Back", show=False),
         Binding("q", "quit", "Quit"),
@@ -105,6 +107,7 @@ class LoadmasterApp(App[int]):
     | 1-6 | Fleet, Transfers, Checkpoints, Retention, Egress, Shards. |
     | ? | Keys of the console and the current screen. |
     | e | Recent errors with details. |
+    | L | The audit log: every operator's guarded and destructive actions. |
     | ctrl+t | Next loadmaster theme (remembered). |
     | ctrl+p | Command palette. |
     | escape | Close a pushed screen (help, errors, dialogs). |
@@ -254,6 +257,13 @@ class LoadmasterApp(App[int]):
         """Show recent errors with their details."""
         if not isinstance(self.screen, ErrorsScreen):
             self.push_screen(ErrorsScreen(self.errors))
+
+    def action_audit(self) -> None:
+        """Show the audit log (the team's, with a shared state database)."""
+        from tui.screens.audit import AuditScreen
+
+        if not isinstance(self.screen, AuditScreen):
+            self.push_screen(AuditScreen(self.services))
 
     async def action_back(self) -> None:
         """Close the top pushed screen (never the screen of a mode)."""

@@ -86,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     au.add_argument("--json", action="store_true", help="print entries as JSON (newest first)")
     au.add_argument("--limit", type=int, default=50, help="how many entries (default 50)")
     au.add_argument("--action", help="only this action, e.g. retention.apply")
+    au.add_argument("--actor", metavar="WHO", help="only what this operator did (user or user@host, a prefix)")
     au.set_defaults(func=cmd_audit)
 
 
@@ -279,7 +280,7 @@ async def cmd_unlock(args: argparse.Namespace, services: Services) -> int:
 
 def cmd_audit(args: argparse.Namespace, services: Services) -> int:
     """Show the audit log."""
-    entries = services.db.audit_entries(limit=args.limit, action=args.action)
+    entries = services.db.audit_entries(limit=args.limit, action=args.action, actor_like=args.actor)
     if args.json:
         print(json.dumps([e.as_dict() for e in entries], indent=2, sort_keys=True, default=str))
         return 0
