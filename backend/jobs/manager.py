@@ -56,7 +56,7 @@ from backend.jobs.settings import JobSettings
 from backend.jobs.store import JobStore
 from backend.nodes.agent import agent_command as node_agent_command
 from backend.nodes.transport import Transport
-from backend.state import StateDB, actor
+from backend.state import StateDB, StateUnavailable, actor
 
 if TYPE_CHECKING:
     from backend.nodes.pool import NodePool
@@ -246,15 +246,25 @@ class JobManager:
             timeout=60 + max_wait,
         )
         notes: dict[str, str] = {}
-        for node, res in results.items():
-            if isinstance(res, BaseException):
-                notes[node] = _read_note(res)
-                continue
-            _home, now, remote = res
-            for rj in remote:
-                await self._merge(node, rj, now)
-        for rec in self.store.end_pending():
-            self._on_ended(rec)
+        try:
+            for node, res in results.items():
+                if isinstance(res, BaseException):
+                    notes[node] = _read_note(res)
+                    continue
+                _home, now, remote = res
+                for rj in remote:
+                    await self._merge(node, rj, now)
+            for rec in self.store.end_pending():
+                self._on_ended(rec)
+        except StateUnavailable as exc:
+            # Monitoring goes on without the state database: what the nodes say, not recorded
+            # (the next refresh with the database back records it, ends included).
+            return [
+                self._unrecorded(node, rj, res[1], str(exc))
+                for node, res in results.items()
+                if not isinstance(res, BaseException)
+                for rj in res[2]
+            ]
         out = []
         for rec in self.records():
             if rec.node in notes and not rec.terminal:
@@ -324,6 +334,36 @@ class JobManager:
         if rec.terminal and before not in TERMINAL:
             self._on_ended(rec)
         return replace(rec, heartbeat_age=beat_age)
+
+    @staticmethod
+    def _unrecorded(node: str, rj: RemoteJob, now: float, why: str) -> JobRecord:
+        """A job as its directory on ``node`` shows it, for display while the state database is
+        down (nothing is written)."""
+        spec = rj.spec
+        res = rj.result or {}
+        if rj.result is not None:
+            state = str(res.get("state", "failed"))
+            state = state if state in TERMINAL else "failed"
+        else:
+            state = ("cancelling" if rj.cancel_requested else "running") if rj.alive else "unknown"
+        lines = [res["progress"]] if res.get("progress") else rj.progress
+        return JobRecord(
+            id=rj.id,
+            node=node,
+            kind=str(spec.get("kind", "?")),
+            state=state,
+            created=float(spec.get("created", now)),
+            launched_by=str(spec.get("launched_by", "?")),
+            launched_from=str(spec.get("launched_from", "?")),
+            label=str(spec.get("label", "")),
+            params=spec.get("params") if isinstance(spec.get("params"), dict) else {},
+            error=res.get("error"),
+            finished=res.get("finished"),
+            result=res.get("details") or None,
+            progress=progress_from_lines(lines),
+            heartbeat_age=None if rj.beat is None else max(0.0, now - rj.beat),
+            note=f"not recorded: {why}",
+        )
 
     def _on_ended(self, rec: JobRecord) -> None:
         """The kind's console-side end hook (a pull settles its egress reservation). Recorded as

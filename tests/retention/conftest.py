@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from retention_helpers import IN_FLIGHT, STEPS, DcpRun, save_step  # type: ignore[import-not-found]
 
+from tests.jobs.conftest import source  # noqa: F401 - a fixture (the seeded source prefix), used by name
+
 
 @pytest.fixture(scope="session")
 def dcp_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DcpRun]:

@@ -23,7 +23,7 @@ from backend.config import load_config_file
 from backend.lab import Lab
 from backend.services import Services
 from tests.helpers import Recorder, wait_until, write_lab_config
-from tests.jobs.conftest import SourceData, source  # noqa: F401 - the seeded source prefix fixture
+from tests.jobs.conftest import SourceData
 from tui.app import LoadmasterApp
 from tui.cli import main as cli_main
 from tui.screens.egress import EgressScreen
