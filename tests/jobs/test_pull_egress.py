@@ -66,3 +66,56 @@ def test_blocked_pull_does_not_start(
     assert rc == 2
     assert "blocks this pull" in capsys.readouterr().err
     assert not (lab.node("node-01").scratch / "pulls/blocked").exists()
+
+
+def test_jobs_found_by_another_state_database_are_shown_but_never_counted_there(
+    lab: Lab, source: SourceData, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Console A launches (and settles) a pull; console B, with its own state, lists the node's
+    # jobs: it adopts A's job for display and leaves its bytes to A's ledger (the $5,000 ledger
+    # of "3 pulls" came from adopting every job on the nodes).
+    mine = write_lab_config(lab, tmp_path / "a.toml", tmp_path / "state-a")
+    other = write_lab_config(lab, tmp_path / "b.toml", tmp_path / "state-b")
+    args = ["--config", str(mine), "pull", source.url, "pulls/adopted", "--node", "node-01", "--yes", "--json"]
+    assert cli_main(args) == 0
+    [job] = json.loads(capsys.readouterr().out)["jobs"]
+    assert job["state"] == "succeeded"
+    for _ in range(2):  # twice: a second look adopts nothing again and counts nothing
+        assert cli_main(["--config", str(other), "jobs", "--json"]) == 0
+        rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+        assert rows[job["id"]]["state"] == "succeeded"
+    b = sqlite3.connect(tmp_path / "state-b" / "state.sqlite3")
+    assert b.execute("SELECT COUNT(*) FROM egress_ledger").fetchone() == (0,)
+    (event,) = b.execute("SELECT detail FROM job_events WHERE job_id = ? AND event = 'ledger-skipped'", (job["id"],))
+    assert "launched against state database" in event[0]
+    a = sqlite3.connect(tmp_path / "state-a" / "state.sqlite3")
+    assert a.execute("SELECT bytes, state FROM egress_ledger WHERE job_id = ?", (job["id"],)).fetchall() == [
+        (source.total, "settled")
+    ]
+
+
+def test_detached_pulls_count_against_the_budget_from_their_launch(
+    lab: Lab, source: SourceData, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each pull costs ~$2.55 at $100/GB; the budget holds two. Launched detached, one after
+    # another, with no console watching them end: the third is refused at launch.
+    cost = source.total / 1e9 * 100
+    cfg = write_lab_config(
+        lab,
+        tmp_path / "lm.toml",
+        tmp_path / "state",
+        "\n[prices.providers.aws]\ninternet_tiers = [{usd_per_gb = 100.0}]\n"
+        f'\n[egress]\nbudgets = {{ lab = {2.5 * cost:.4f} }}\naction = "block"\n',
+    )
+    launched = []
+    for i in range(3):
+        rc = cli_main(
+            ["--config", str(cfg), "pull", source.url, f"pulls/detached-{i}", "--node", "node-01", "--yes", "--detach"]
+        )
+        out, err = capsys.readouterr()
+        launched.append(rc)
+    assert launched == [0, 0, 2]
+    assert "blocks this pull" in err and "spent" in err
+    assert not (lab.node("node-01").scratch / "pulls/detached-2").exists()
+    db = sqlite3.connect(tmp_path / "state" / "state.sqlite3")
+    assert db.execute("SELECT COUNT(*) FROM egress_ledger WHERE state = 'reserved'").fetchone() == (2,)
