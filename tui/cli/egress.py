@@ -193,6 +193,11 @@ def _report_lines(rep: EgressReport) -> list[str]:
         f"total: {bytes_text(rep.bytes)}, {usd_text(rep.usd)}; projected to month end: "
         f"{bytes_text(rep.projected_bytes)}, {usd_text(rep.projected_usd)}"
     )
+    if rep.in_flight:
+        lines.append(
+            f"in flight: {rep.in_flight} running transfer(s) counted at their quote, {usd_text(rep.in_flight_usd)},"
+            " until they settle"
+        )
     if rep.unpriced_bytes:
         lines.append(f"unpriced: {bytes_text(rep.unpriced_bytes)} from stores without prices")
     for b in rep.budgets:

@@ -308,6 +308,7 @@ class EgressScreen(LoadmasterScreen):
                 ("spent", usd_text(rep.usd)),
                 ("moved", bytes_text(rep.bytes)),
                 ("projected", f"{usd_text(rep.projected_usd)} / {bytes_text(rep.projected_bytes)}"),
+                *([("in flight", f"{rep.in_flight} at {usd_text(rep.in_flight_usd)}")] if rep.in_flight else []),
                 *([("unpriced", bytes_text(rep.unpriced_bytes))] if rep.unpriced_bytes else []),
             ]
         )
