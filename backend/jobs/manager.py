@@ -363,6 +363,7 @@ class JobManager:
             progress=progress_from_lines(lines),
             heartbeat_age=None if rj.beat is None else max(0.0, now - rj.beat),
             note=f"not recorded: {why}",
+            recorded=False,
         )
 
     def _on_ended(self, rec: JobRecord) -> None:

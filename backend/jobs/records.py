@@ -92,6 +92,8 @@ class JobRecord:
     heartbeat_age: float | None = None
     #: Why the remote state could not be read just now (node unreachable); None when fresh.
     note: str | None = None
+    #: False when this is what the node said while the state database was down (not recorded).
+    recorded: bool = True
 
     @property
     def terminal(self) -> bool:
@@ -126,6 +128,7 @@ class JobRecord:
             "progress": self.progress.as_dict() if self.progress else None,
             "heartbeat_age": self.heartbeat_age,
             "note": self.note,
+            "recorded": self.recorded,
         }
 
 

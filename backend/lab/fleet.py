@@ -3,6 +3,7 @@ optionally a private PostgreSQL for the shared state (``postgres=True``)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -85,7 +86,7 @@ class Lab:
         self.nodes: list[SshdNode] = []
         self.s3: SeaweedS3 | None = None
         self.bucket: str | None = None
-        #: A private PostgreSQL in ``root/postgres`` for ``[state] url`` (its data outlives ``down()``).
+        #: A private PostgreSQL (:meth:`postgres_root`) for ``[state] url`` (its data outlives ``down()``).
         self.with_postgres = postgres
         self.postgres: PrivateCluster | None = None
 
@@ -155,7 +156,7 @@ class Lab:
             self.s3.start()
             self.bucket = self.s3.new_bucket("lab")
         if self.with_postgres:
-            self.postgres = PrivateCluster(self.root / "postgres")
+            self.postgres = PrivateCluster(self.postgres_root())
             self.postgres.start()
         self.write_config()
         self.save_state()
@@ -202,6 +203,16 @@ class Lab:
         state = self.root / "lab.json"
         if state.exists():
             state.unlink()
+
+    def postgres_root(self) -> Path:
+        """Where the lab's PostgreSQL lives: ``root/postgres``, or, when the server's user cannot
+        reach the lab (root's lab under a 0700 ``/root``), a directory of its own under /var/tmp
+        named after the lab (the same one on every ``lab up``, so its data is kept)."""
+        preferred = self.root / "postgres"
+        if PrivateCluster(preferred).unreachable() is None:
+            return preferred
+        digest = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
+        return Path("/var/tmp") / f"loadmaster-lab-{digest}" / "postgres"
 
     def node(self, name: str) -> SshdNode:
         for n in self.nodes:

@@ -263,6 +263,15 @@ class PrivateCluster:
         except subprocess.TimeoutExpired:
             raise ClusterError(f"{Path(args[0]).name} did not finish within {timeout:.0f} s ({self.root})") from None
 
+    def unreachable(self) -> str | None:
+        """Why the server user could not reach this cluster's directory (None: it can)."""
+        try:
+            name, uid, gid = self._server_user()
+            self._check_reachable(uid, gid, name)
+        except LoadmasterError as exc:
+            return str(exc)
+        return None
+
     def _check_reachable(self, uid: int, gid: int, name: str) -> None:
         """Under root, the server user must be able to enter every directory above ``root``."""
         if os.geteuid() != 0:

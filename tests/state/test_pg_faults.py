@@ -111,6 +111,7 @@ async def test_postgresql_restarted_while_a_pull_runs_loses_nothing(
             while True:
                 seen = {r.id: r for r in await services.jobs.refresh(["node-01"])}
                 assert "not recorded" in (seen[job.id].note or "") and "unreachable" in (seen[job.id].note or "")
+                assert not seen[job.id].recorded
                 if seen[job.id].state == "succeeded":
                     break
                 assert time.monotonic() < deadline, seen[job.id]

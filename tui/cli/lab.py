@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--postgres",
         action="store_true",
         help="also start a private PostgreSQL for the shared state ([state] url; its data outlives 'lab down'). "
-        "Under root it runs as the postgres user: give --dir a directory that user can reach",
+        "Under root it runs as the postgres user, under /var/tmp when that user cannot reach the lab's directory",
     )
     up.set_defaults(func=lab_up)
     down = lsub.add_parser("down", help="stop everything the sandbox started")

@@ -178,7 +178,8 @@ class TransfersScreen(LoadmasterScreen):
         self.query_one(TransfersTable).update_records(shown, variables)
         active = [r for r in self.records if not r.terminal]
         roll = fleet_rollup(active)
-        unreachable = sorted({r.node for r in self.records if r.note} | set(self.unread))
+        unreachable = sorted({r.node for r in self.records if r.note and r.recorded} | set(self.unread))
+        unrecorded = any(not r.recorded for r in self.records)
         total = len(self.services.config.nodes)
         # A partial view says so: the count is of the nodes that answered, not of the fleet.
         scope = f" on {total - len(unreachable)} of {total} nodes (partial view)" if unreachable else ""
@@ -191,6 +192,7 @@ class TransfersScreen(LoadmasterScreen):
                 else ""
             )
             + (f" | not answering: {', '.join(unreachable)}" if unreachable else "")
+            + (" | state database unreachable: as the nodes report them, not recorded" if unrecorded else "")
         )
         if self.filter_text:
             text += f" | showing {len(shown)} matching {self.filter_text!r} (escape shows all)"
