@@ -356,7 +356,7 @@ class JobManager:
             launched_by=str(spec.get("launched_by", "?")),
             launched_from=str(spec.get("launched_from", "?")),
             label=str(spec.get("label", "")),
-            params=spec.get("params") if isinstance(spec.get("params"), dict) else {},
+            params=params if isinstance(params := spec.get("params"), dict) else {},
             error=res.get("error"),
             finished=res.get("finished"),
             result=res.get("details") or None,
