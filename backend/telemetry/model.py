@@ -32,6 +32,10 @@ class GpuSample:
     #: The GPU fell off the bus ("GPU is lost"); the other fields are None.
     lost: bool = False
     error: str | None = None
+    #: The last Xid the driver reported for this GPU (0 or None: none); backend.telemetry.xid.
+    xid: int | None = None
+    #: Fraction of time the graphics engine was active (DCGM_FI_PROF_GR_ENGINE_ACTIVE, 0-1).
+    gr_engine_active: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,30 @@ HINT_ADVICE = {
 
 
 @dataclass(frozen=True)
+class XidEvent:
+    """A new Xid on one GPU of one node, with what it means and what to do (backend.telemetry.xid)."""
+
+    node: str
+    gpu: int
+    code: int
+    mnemonic: str
+    meaning: str
+    action: str
+    #: Whether the node should be drained until someone acts.
+    drain: bool
+    #: Wall-clock epoch seconds the console first saw it.
+    seen: float
+
+    @property
+    def message(self) -> str:
+        return f"{self.node}: GPU {self.gpu} Xid {self.code} ({self.mnemonic}): {self.meaning} - {self.action}"
+
+
+#: Where a node's numbers come from.
+SourceKind = Literal["ssh", "prometheus"]
+
+
+@dataclass(frozen=True)
 class NodeSnapshot:
     """Everything known about one node at one tick.
 
@@ -143,6 +171,10 @@ class NodeSnapshot:
     alerts: tuple[Alert, ...] = ()
     #: Samples ingested from this node so far (rates need two in a row from one boot).
     samples: int = 0
+    #: ``ssh`` (the node's own sampler stream) or ``prometheus`` (the site's Prometheus).
+    source: SourceKind = "ssh"
+    #: Xids seen on this node's GPUs since the console started (newest last).
+    xids: tuple[XidEvent, ...] = ()
 
     @cached_property
     def live_gpus(self) -> tuple[GpuSample, ...]:
