@@ -22,14 +22,25 @@ from backend.config import Node
 from backend.errors import NodeUnreachable
 from backend.nodes.untrusted import clean_text
 from backend.telemetry.history import NodeHistory
-from backend.telemetry.model import Alert, FleetSnapshot, NodeSnapshot, NodeState
+from backend.telemetry.model import (
+    Alert,
+    FleetSnapshot,
+    GpuSample,
+    NodeSnapshot,
+    NodeState,
+    Observed,
+    SourceKind,
+    XidEvent,
+)
 from backend.telemetry.parse import MALFORMED, MESSAGE_LIMIT, RawSample, compute_rates, parse_block
 from backend.telemetry.sampler import BEGIN, END, MAX_BLOCK_BYTES, MAX_BLOCK_LINES, sampler_script
 from backend.telemetry.settings import TelemetrySettings
 from backend.telemetry.starvation import StarvationDetector
+from backend.telemetry.xid import describe as xid_info
 
 if TYPE_CHECKING:
     from backend.nodes.pool import NodePool
+    from backend.telemetry.prometheus import Reading
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +50,8 @@ Subscriber = Callable[[FleetSnapshot], Any]
 RECENT_ALERTS = 50
 #: Seconds stop() waits for the samplers to close their streams.
 STOP_TIMEOUT = 5.0
+#: Xid events kept per node.
+MAX_XIDS = 20
 
 
 class _NodeState:
@@ -58,6 +71,9 @@ class _NodeState:
         self.history = NodeHistory(settings.history_capacity)
         self.detector = StarvationDetector(node.name, settings, to_wall)
         self.changed = True
+        self.source: SourceKind = "ssh"
+        #: GPU index -> the last Xid code seen (0: none), so only a new one is an event.
+        self.xid_seen: dict[int, int] = {}
 
 
 def _nodes_of(pool: NodePool) -> list[Node]:
@@ -85,6 +101,7 @@ class TelemetryHub:
         self.feed_only = feed_only
         self.settings = settings or TelemetrySettings()
         self.clock = clock
+        self.wall_clock = wall_clock
         only = set(nodes) if nodes is not None else None
         # Hub times are monotonic (immune to clock steps); alerts also carry wall time.
         offset = wall_clock() - clock()
@@ -97,6 +114,11 @@ class TelemetryHub:
         self._subscribers: list[Subscriber] = []
         self._queues: list[asyncio.Queue[FleetSnapshot]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._ssh: dict[str, tuple[asyncio.Task[None], asyncio.Task[None]]] = {}
+        #: Why the configured source is not working now (Prometheus unreachable), for the screen.
+        self.source_note: str | None = None
+        #: The last Prometheus refresh (queries made, seconds taken), for benches and doctor.
+        self.last_reading: Reading | None = None
         self._stopping = False
         self._seq = 0
         self._last: FleetSnapshot = self._build(self.clock(), changed=set(self._nodes))
@@ -109,20 +131,89 @@ class TelemetryHub:
         return bool(self._tasks) or self.feed_only
 
     async def start(self, nodes: Iterable[str] | None = None) -> None:
-        """Start the per-node samplers and the ticker (idempotent)."""
+        """Start sampling (per ``[telemetry] source``) and the ticker (idempotent)."""
         if self._tasks or self.feed_only:
             return
-        names = list(nodes) if nodes is not None else list(self._nodes)
-        for name in names:
-            if name not in self._nodes:
-                continue
-            self._tasks.append(asyncio.create_task(self._run_node(name), name=f"telemetry:{name}"))
-            self._tasks.append(asyncio.create_task(self._probe_latency(name), name=f"telemetry-latency:{name}"))
+        names = [n for n in (list(nodes) if nodes is not None else list(self._nodes)) if n in self._nodes]
+        if self.settings.source == "ssh":
+            for name in names:
+                self._start_ssh(name)
+        else:
+            self._tasks.append(asyncio.create_task(self._run_prometheus(names), name="telemetry:prometheus"))
         self._tasks.append(asyncio.create_task(self._ticker(), name="telemetry:ticker"))
+
+    def _start_ssh(self, name: str) -> None:
+        """Sample ``name`` over SSH (its sampler stream and latency probe), unless it is already."""
+        if name in self._ssh:
+            return
+        pair = (
+            asyncio.create_task(self._run_node(name), name=f"telemetry:{name}"),
+            asyncio.create_task(self._probe_latency(name), name=f"telemetry-latency:{name}"),
+        )
+        self._ssh[name] = pair
+        self._tasks.extend(pair)
+
+    def _stop_ssh(self, name: str) -> None:
+        """Stop sampling ``name`` over SSH (Prometheus has it again)."""
+        pair = self._ssh.pop(name, None)
+        for task in pair or ():
+            task.cancel()
+            with contextlib.suppress(ValueError):
+                self._tasks.remove(task)
+
+    async def _run_prometheus(self, names: list[str]) -> None:
+        """Read the fleet from Prometheus every ``prometheus_interval``; SSH for what it lacks
+        (``auto``), or for everything while it does not answer (``prometheus_fallback_ssh``)."""
+        from backend.telemetry.prometheus import PrometheusSource, PrometheusUnavailable
+
+        s = self.settings
+        source = PrometheusSource(s, [self._nodes[n].node for n in names])
+        try:
+            while not self._stopping:
+                try:
+                    reading = await source.read()
+                except PrometheusUnavailable as exc:
+                    fallback = s.prometheus_fallback_ssh
+                    self.source_note = f"{exc}; " + (
+                        "sampling over SSH meanwhile" if fallback else "nodes go stale until it answers"
+                    )
+                    if fallback:
+                        for name in names:
+                            self._start_ssh(name)
+                except Exception as exc:  # a bad answer must not stop telemetry
+                    log.warning("telemetry: reading Prometheus failed", exc_info=True)
+                    self.source_note = f"Prometheus {s.prometheus_url}: {type(exc).__name__}: {exc}"
+                else:
+                    self.source_note = None
+                    self.last_reading = reading
+                    self._apply_reading(names, reading)
+                await asyncio.sleep(s.prometheus_interval)
+        finally:
+            await source.close()
+
+    def _apply_reading(self, names: list[str], reading: Reading) -> None:
+        s = self.settings
+        t = self.clock()
+        for name in names:
+            if name in reading.down:
+                self._stop_ssh(name)
+                self.mark_stale(name, reading.down[name])
+            elif name in reading.nodes:
+                self._stop_ssh(name)
+                self.ingest_observed(name, reading.nodes[name], t)
+            elif s.source == "auto":
+                self._start_ssh(name)  # Prometheus does not have it: SSH does
+            else:
+                self._stop_ssh(name)
+                self.mark_unreachable(
+                    name,
+                    f"not in Prometheus: no series with {s.dcgm_node_label} or {s.node_exporter_node_label} = {name}",
+                )
 
     async def stop(self) -> None:
         """Stop every sampler stream (closing them kills the loops on the nodes)."""
         tasks, self._tasks = self._tasks, []
+        self._ssh.clear()
         if not tasks:
             return
         self._stopping = True
@@ -194,31 +285,66 @@ class TelemetryHub:
             elif st.prev_t is not None and raw.boot_id == st.prev.boot_id:
                 dt = t - st.prev_t
         nics, disks = compute_rates(st.prev, raw, dt)
-        st.prev, st.prev_t, st.last_t = raw, t, t
+        st.prev, st.prev_t = raw, t
         # A malformed part (a flood from nvidia-smi) is reported beside the node; the rest counts.
         error = f"{MALFORMED} sample: {'; '.join(raw.malformed)}" if raw.malformed else None
         if error is not None and error != st.error:
             log.warning("telemetry: malformed sample from %s: %s", node, error)
+        return self._apply(
+            st,
+            t,
+            Observed(
+                gpus=raw.gpus,
+                gpu_status=raw.gpu_status,
+                nics=nics,
+                disks=disks,
+                scratch_free_bytes=raw.scratch_free_bytes,
+                scratch_total_bytes=raw.scratch_total_bytes,
+                scratch_error=raw.scratch_error,
+            ),
+            error=error,
+            boot_id=raw.boot_id,
+            source="ssh",
+        )
+
+    def ingest_observed(
+        self, node: str, obs: Observed, t: float | None = None, *, error: str | None = None
+    ) -> NodeSnapshot:
+        """Apply one node's numbers as Prometheus has them (rates already computed there)."""
+        st = self._nodes[node]
+        t = self.clock() if t is None else t
+        return self._apply(st, t, obs, error=error, boot_id=None, source="prometheus")
+
+    def _apply(
+        self, st: _NodeState, t: float, obs: Observed, *, error: str | None, boot_id: str | None, source: SourceKind
+    ) -> NodeSnapshot:
+        """The one way a sample becomes the node's snapshot: state, alerts, Xids, history."""
+        node = st.node.name
+        st.last_t = t
+        st.source = source
         st.state, st.error = "up", error
+        xids = self._new_xids(st, obs.gpus)
         snap = NodeSnapshot(
             name=node,
             site=st.node.site,
             state="up",
             error=error,
             latency_ms=st.latency_ms,
-            gpus=raw.gpus,
-            gpu_status=raw.gpu_status,
-            nics=nics,
-            disks=disks,
+            gpus=obs.gpus,
+            gpu_status=obs.gpu_status,
+            nics=obs.nics,
+            disks=obs.disks,
             scratch=st.node.scratch,
-            scratch_free_bytes=raw.scratch_free_bytes,
-            scratch_total_bytes=raw.scratch_total_bytes,
-            scratch_error=raw.scratch_error,
+            scratch_free_bytes=obs.scratch_free_bytes,
+            scratch_total_bytes=obs.scratch_total_bytes,
+            scratch_error=obs.scratch_error,
             sampled_at=t,
-            boot_id=raw.boot_id,
+            boot_id=boot_id,
             samples=st.snap.samples + 1,
+            source=source,
+            xids=xids,
         )
-        alert, cleared = st.detector.update(t, raw.gpus, snap.rx_gbps, snap.rx_pct)
+        alert, cleared = st.detector.update(t, obs.gpus, snap.rx_gbps, snap.rx_pct)
         if cleared is not None:
             self._recent.appendleft(cleared)
         if alert is not None:
@@ -234,11 +360,34 @@ class TelemetryHub:
                 "disk_write_mbps": snap.disk_write_mbps,
                 "disk_read_mbps": snap.disk_read_mbps,
             },
-            ((g.index, g.util_pct) for g in raw.gpus),
+            ((g.index, g.util_pct) for g in obs.gpus),
         )
         st.snap = snap
         st.changed = True
         return snap
+
+    def _new_xids(self, st: _NodeState, gpus: tuple[GpuSample, ...]) -> tuple[XidEvent, ...]:
+        """The node's Xid events, with one more for each GPU whose last Xid changed to a code."""
+        events = list(st.snap.xids)
+        for g in gpus:
+            code = g.xid or 0
+            before = st.xid_seen.get(g.index)
+            st.xid_seen[g.index] = code
+            if code and code != before:
+                info = xid_info(code)
+                ev = XidEvent(
+                    node=st.node.name,
+                    gpu=g.index,
+                    code=code,
+                    mnemonic=info.mnemonic,
+                    meaning=info.meaning,
+                    action=info.action,
+                    drain=info.drain,
+                    seen=self.wall_clock(),
+                )
+                events.append(ev)
+                log.warning("telemetry: %s", ev.message)
+        return tuple(events[-MAX_XIDS:])
 
     def mark_unreachable(self, node: str, error: str, t: float | None = None) -> None:
         """The transport says ``node`` cannot be reached: show it, clear its alert."""
@@ -252,6 +401,15 @@ class TelemetryHub:
         if st.state != "unreachable" or st.error != error:
             st.state, st.error = "unreachable", error
             st.snap = replace(st.snap, state="unreachable", error=error, alerts=(), samples=0)
+            st.changed = True
+
+    def mark_stale(self, node: str, error: str) -> None:
+        """The source has no fresh numbers for ``node`` (its Prometheus target is down)."""
+        st = self._nodes[node]
+        error = clean_text(error, MESSAGE_LIMIT)
+        if st.state != "stale" or st.error != error:
+            st.state, st.error = "stale", error
+            st.snap = replace(st.snap, state="stale", error=error)
             st.changed = True
 
     def note_error(self, node: str, error: str) -> None:
@@ -274,10 +432,14 @@ class TelemetryHub:
     def tick(self, t: float | None = None) -> FleetSnapshot:
         """Age every node (up -> stale after the missed samples), build and publish a snapshot."""
         t = self.clock() if t is None else t
-        limit = self.settings.interval * (self.settings.stale_after_missed + 0.5) + 0.5
+        s = self.settings
+        limits = {
+            source: every * (s.stale_after_missed + 0.5) + 0.5
+            for source, every in (("ssh", s.interval), ("prometheus", s.prometheus_interval))
+        }
         changed: set[str] = set()
         for name, st in self._nodes.items():
-            if st.state == "up" and st.last_t is not None and t - st.last_t > limit:
+            if st.state == "up" and st.last_t is not None and t - st.last_t > limits[st.source]:
                 st.state = "stale"
                 st.snap = replace(st.snap, state="stale")
                 st.changed = True
@@ -307,6 +469,7 @@ class TelemetryHub:
             nodes=tuple(nodes),
             alerts=tuple(active) + tuple(self._recent),
             changed=frozenset(changed),
+            source_note=getattr(self, "source_note", None),
         )
 
     def _publish(self, snap: FleetSnapshot) -> None:

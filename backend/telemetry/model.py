@@ -138,6 +138,20 @@ class XidEvent:
         return f"{self.node}: GPU {self.gpu} Xid {self.code} ({self.mnemonic}): {self.meaning} - {self.action}"
 
 
+@dataclass(frozen=True)
+class Observed:
+    """One node's numbers at one instant as the hub applies them: from a sampler block (rates computed
+    from two blocks) or from Prometheus (rates computed there)."""
+
+    gpus: tuple[GpuSample, ...] = ()
+    gpu_status: str = "ok"
+    nics: tuple[NicRate, ...] = ()
+    disks: tuple[DiskRate, ...] = ()
+    scratch_free_bytes: int | None = None
+    scratch_total_bytes: int | None = None
+    scratch_error: str | None = None
+
+
 #: Where a node's numbers come from.
 SourceKind = Literal["ssh", "prometheus"]
 
@@ -252,6 +266,8 @@ class FleetSnapshot:
     alerts: tuple[Alert, ...] = ()
     #: Names of nodes whose data changed since the previous tick (front ends redraw only these).
     changed: frozenset[str] = field(default_factory=frozenset)
+    #: Why the configured telemetry source is not working now (Prometheus unreachable), or None.
+    source_note: str | None = None
 
     def node(self, name: str) -> NodeSnapshot | None:
         """The node called ``name``, or None."""
@@ -294,10 +310,13 @@ class FleetSnapshot:
     def summary_line(self) -> str:
         """'nodes 3/4 up · GPUs 24 · util 71% · rx 12.3 Gbps · tx 0.40 Gbps · alerts 1'."""
         util = "-" if self.util_mean is None else f"{self.util_mean:.0f}%"
+        xids = sum(1 for n in self.nodes if n.xids)
         return (
             f"nodes {self.nodes_up}/{len(self.nodes)} up · GPUs {self.gpu_count} · util {util} · "
             f"rx {gbps_text(self.rx_gbps)} · tx {gbps_text(self.tx_gbps)} · "
             f"alerts {len(self.active_alerts)}"
+            + (f" · Xid on {xids} node(s)" if xids else "")
+            + (f" · telemetry degraded: {self.source_note}" if self.source_note else "")
         )
 
 

@@ -1,8 +1,10 @@
-"""The ``[telemetry]`` config section: sampling interval, history length, starvation thresholds."""
+"""The ``[telemetry]`` config section: where samples come from (SSH, Prometheus), sampling interval,
+history length, starvation thresholds."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from backend.schema import parse_duration, parse_size
 
@@ -41,6 +43,24 @@ class TelemetrySettings:
     #: First and largest wait (seconds) before restarting a node's stream after it failed.
     backoff_initial: float = 1.0
     backoff_max: float = 30.0
+    #: Where the numbers come from: ``ssh`` (a sampler stream per node), ``prometheus`` (the
+    #: site's Prometheus: dcgm-exporter and node_exporter), or ``auto`` (Prometheus for the nodes
+    #: it has, SSH for the rest).
+    source: Literal["ssh", "prometheus", "auto"] = "ssh"
+    #: The Prometheus HTTP API (``http://prometheus.internal:9090``).
+    prometheus_url: str | None = None
+    #: The label that names a node on dcgm-exporter series (dcgm-exporter sets ``Hostname``).
+    dcgm_node_label: str = "Hostname"
+    #: The label that names a node on node_exporter series (``instance``, port stripped).
+    node_exporter_node_label: str = "instance"
+    #: Seconds between Prometheus refreshes (each is a few instant queries for the whole fleet).
+    prometheus_interval: float = field(default=5.0, metadata={"parse": parse_duration})
+    #: The range of rate() over node_exporter counters (at least 4 scrape intervals).
+    prometheus_rate_window: float = field(default=60.0, metadata={"parse": parse_duration})
+    #: How long one Prometheus request may take before the source counts as unreachable.
+    prometheus_timeout: float = field(default=5.0, metadata={"parse": parse_duration})
+    #: With Prometheus unreachable, sample over SSH meanwhile (false: show the nodes stale).
+    prometheus_fallback_ssh: bool = True
 
     def __post_init__(self) -> None:
         if not 0.2 <= self.interval <= 60:
@@ -61,6 +81,16 @@ class TelemetrySettings:
             raise ValueError("backoff_initial must be positive and not above backoff_max")
         if not self.nvidia_smi.strip():
             raise ValueError("nvidia_smi must name a command")
+        if self.source != "ssh" and not self.prometheus_url:
+            raise ValueError(f'source = "{self.source}" needs prometheus_url (http://host:9090)')
+        if self.prometheus_url and not self.prometheus_url.startswith(("http://", "https://")):
+            raise ValueError(f"prometheus_url must be an http:// or https:// URL, got {self.prometheus_url!r}")
+        if not 1 <= self.prometheus_interval <= 300:
+            raise ValueError(f"prometheus_interval must be between 1 and 300 seconds, got {self.prometheus_interval:g}")
+        if self.prometheus_rate_window < 2:
+            raise ValueError(f"prometheus_rate_window must be at least 2 seconds, got {self.prometheus_rate_window:g}")
+        if self.prometheus_timeout <= 0:
+            raise ValueError("prometheus_timeout must be positive")
 
     @property
     def history_capacity(self) -> int:

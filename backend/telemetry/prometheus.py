@@ -1,0 +1,340 @@
+"""The Prometheus telemetry source: the site's Prometheus (dcgm-exporter, node_exporter) instead of
+one SSH stream per node.
+
+Each refresh is a fixed handful of instant queries for the whole fleet, whatever its size
+(:data:`QUERY_COUNT`), plus one read of ``/api/v1/targets``:
+
+1. every dcgm-exporter gauge the console shows, in one selector on ``__name__``
+   (``DCGM_FI_DEV_GPU_UTIL``, ``FB_USED``/``FB_FREE``, ``POWER_USAGE``, ``GPU_TEMP``,
+   ``XID_ERRORS``, and ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` where the GPU has profiling metrics);
+2. ``rate()`` of ``node_network_receive_bytes_total`` and ``..._transmit_...``, tagged and joined
+   with ``or``;
+3. ``rate()`` of ``node_disk_read_bytes_total`` and ``..._written_...``, the same way;
+4. ``node_network_speed_bytes``, ``node_filesystem_avail_bytes`` and ``..._size_bytes``.
+
+Series are matched to loadmaster's nodes by a label: ``dcgm_node_label`` (dcgm-exporter's
+``Hostname``) and ``node_exporter_node_label`` (``instance``, its ``:port`` dropped), each compared
+with the node's name and its host. A target Prometheus reports down (``/api/v1/targets``) makes its
+node stale, with the scrape error. Everything lands in the hub as an :class:`Observed`, so the
+FleetSnapshot, the starvation detector, ``top`` and ``--json`` do not know where it came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.config import Node
+from backend.errors import LoadmasterError
+from backend.nodes.untrusted import clean_text
+from backend.telemetry.model import DiskRate, GpuSample, NicKind, NicRate, Observed
+from backend.telemetry.settings import TelemetrySettings
+
+#: dcgm-exporter fields read, and what each becomes.
+DCGM_FIELDS = (
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+)
+#: The instant queries of one refresh (the targets read is not a query).
+QUERY_COUNT = 4
+#: Longest error text kept from Prometheus (it reaches the screen).
+_ERROR_LIMIT = 300
+#: Interfaces that never count towards a node's NIC totals.
+_VIRTUAL = re.compile(r"^(veth|docker|br-|virbr|cni|flannel|cali|tun|tap|vxlan|genev|kube|lxc|ib\d+\.|dummy)")
+#: Whole disks that are not hardware (device-mapper, md RAID, loop, ram).
+_NOT_PHYSICAL = re.compile(r"^(dm-|md|loop|ram|zram|nbd)")
+
+
+class PrometheusUnavailable(LoadmasterError):
+    """The Prometheus API did not answer (or answered with an error): one line, naming it."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One refresh: what each covered node showed, and the nodes whose targets are down."""
+
+    nodes: dict[str, Observed] = field(default_factory=dict)
+    #: node -> the scrape error of its down target(s)
+    down: dict[str, str] = field(default_factory=dict)
+    queries: int = 0
+    seconds: float = 0.0
+
+
+def queries(settings: TelemetrySettings) -> tuple[str, str, str, str]:
+    """The instant queries of one refresh."""
+    w = f"{max(2, round(settings.prometheus_rate_window))}s"
+    names = "|".join(DCGM_FIELDS)
+    return (
+        f'{{__name__=~"{names}"}}',
+        f'label_replace(rate(node_network_receive_bytes_total[{w}]), "lm", "rx", "", "")'
+        f' or label_replace(rate(node_network_transmit_bytes_total[{w}]), "lm", "tx", "", "")',
+        f'label_replace(rate(node_disk_read_bytes_total[{w}]), "lm", "read", "", "")'
+        f' or label_replace(rate(node_disk_written_bytes_total[{w}]), "lm", "write", "", "")',
+        '{__name__=~"node_network_speed_bytes|node_filesystem_avail_bytes|node_filesystem_size_bytes"}',
+    )
+
+
+class NodeIndex:
+    """Which loadmaster node a label value names: its name, its host, either with ``:port``."""
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        self._by: dict[str, str] = {}
+        for n in nodes:
+            self._by.setdefault(n.host, n.name)
+        for n in nodes:
+            self._by[n.name] = n.name  # a name wins over another node's host
+
+    def find(self, value: str | None) -> str | None:
+        if not value:
+            return None
+        hit = self._by.get(value)
+        if hit is None and ":" in value:
+            hit = self._by.get(value.rsplit(":", 1)[0].strip("[]"))
+        return hit
+
+
+class PrometheusClient:
+    """The few HTTP API calls the source makes (aiohttp), with one-line errors."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self._session: Any = None
+
+    async def _get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        try:
+            async with self._session.get(f"{self.url}{path}", params=params) as resp:
+                body = await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
+            raise PrometheusUnavailable(f"Prometheus {self.url} unreachable ({why})") from None
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise PrometheusUnavailable(
+                f"Prometheus {self.url} answered HTTP {resp.status} with something that is not its API's JSON"
+            ) from None
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            err = clean_text(str(doc.get("error") if isinstance(doc, dict) else doc), _ERROR_LIMIT)
+            raise PrometheusUnavailable(f"Prometheus {self.url} refused {path}: {err}")
+        return doc.get("data")
+
+    async def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
+        """An instant query at now: (labels, value) per series; NaN values are skipped."""
+        data = await self._get("/api/v1/query", {"query": expr})
+        out: list[tuple[dict[str, str], float]] = []
+        if not isinstance(data, dict) or data.get("resultType") != "vector":
+            return out
+        for item in data.get("result") or ():
+            try:
+                labels = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
+                value = float(item["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+                continue
+            if value == value:  # not NaN
+                out.append((labels, value))
+        return out
+
+    async def targets(self) -> list[dict[str, Any]]:
+        """The active scrape targets (labels, health, lastError)."""
+        data = await self._get("/api/v1/targets", {"state": "active"})
+        got = data.get("activeTargets") if isinstance(data, dict) else None
+        return [t for t in got or () if isinstance(t, dict)]
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class PrometheusSource:
+    """Reads the whole fleet from Prometheus in :data:`QUERY_COUNT` queries per refresh."""
+
+    def __init__(self, settings: TelemetrySettings, nodes: Iterable[Node]) -> None:
+        if not settings.prometheus_url:
+            raise LoadmasterError("[telemetry] prometheus_url is not set")
+        self.settings = settings
+        self.nodes = {n.name: n for n in nodes}
+        self.index = NodeIndex(self.nodes.values())
+        self.client = PrometheusClient(settings.prometheus_url, settings.prometheus_timeout)
+        self.queries = queries(settings)
+
+    async def read(self) -> Reading:
+        """One refresh of every node Prometheus has (raises PrometheusUnavailable)."""
+        t0 = time.perf_counter()
+        q_dcgm, q_net, q_disk, q_gauges = self.queries
+        dcgm, net, disk, gauges, targets = await asyncio.gather(
+            self.client.query(q_dcgm),
+            self.client.query(q_net),
+            self.client.query(q_disk),
+            self.client.query(q_gauges),
+            self.client.targets(),
+        )
+        s = self.settings
+        gpus: dict[str, dict[int, dict[str, Any]]] = {}
+        for labels, v in dcgm:
+            node = self.index.find(labels.get(s.dcgm_node_label))
+            if node is None:
+                continue
+            try:
+                idx = int(labels.get("gpu", ""))
+            except ValueError:
+                continue
+            g = gpus.setdefault(node, {}).setdefault(
+                idx, {"uuid": labels.get("UUID", ""), "name": labels.get("modelName", "")}
+            )
+            g[labels.get("__name__", "")] = v
+        nic: dict[str, dict[str, dict[str, float]]] = {}
+        for labels, v in net:
+            node = self.index.find(labels.get(s.node_exporter_node_label))
+            dev = labels.get("device")
+            if node and dev:
+                nic.setdefault(node, {}).setdefault(dev, {})[labels.get("lm", "")] = v
+        dsk: dict[str, dict[str, dict[str, float]]] = {}
+        for labels, v in disk:
+            node = self.index.find(labels.get(s.node_exporter_node_label))
+            dev = labels.get("device")
+            if node and dev:
+                dsk.setdefault(node, {}).setdefault(dev, {})[labels.get("lm", "")] = v
+        speed: dict[str, dict[str, float]] = {}
+        fs: dict[str, dict[str, dict[str, float]]] = {}
+        for labels, v in gauges:
+            node = self.index.find(labels.get(s.node_exporter_node_label))
+            if node is None:
+                continue
+            name = labels.get("__name__", "")
+            if name == "node_network_speed_bytes" and labels.get("device"):
+                speed.setdefault(node, {})[labels["device"]] = v
+            elif name.startswith("node_filesystem_") and labels.get("mountpoint"):
+                key = "avail" if name.endswith("avail_bytes") else "size"
+                fs.setdefault(node, {}).setdefault(labels["mountpoint"], {})[key] = v
+        covered = set(gpus) | set(nic) | set(dsk) | set(fs)
+        observed = {
+            node: self._observed(
+                node, gpus.get(node, {}), nic.get(node, {}), speed.get(node, {}), dsk.get(node, {}), fs.get(node, {})
+            )
+            for node in covered
+        }
+        down: dict[str, str] = {}
+        for t in targets:
+            if t.get("health") != "down":
+                continue
+            labels = {str(k): str(v) for k, v in (t.get("labels") or {}).items()}
+            node = (
+                self.index.find(labels.get("node"))
+                or self.index.find(labels.get(s.node_exporter_node_label))
+                or self.index.find(labels.get(s.dcgm_node_label))
+                or self.index.find(labels.get("instance"))
+            )
+            if node is None:
+                continue
+            err = clean_text(str(t.get("lastError") or "scrape failed"), _ERROR_LIMIT)
+            job = labels.get("job", "target")
+            down[node] = "; ".join(x for x in (down.get(node), f"{job} target down: {err}") if x)
+        return Reading(observed, down, QUERY_COUNT, time.perf_counter() - t0)
+
+    def _observed(
+        self,
+        node: str,
+        gpus: dict[int, dict[str, Any]],
+        nics: dict[str, dict[str, float]],
+        speeds: dict[str, float],
+        disks: dict[str, dict[str, float]],
+        fs: dict[str, dict[str, float]],
+    ) -> Observed:
+        samples = []
+        for idx in sorted(gpus):
+            g = gpus[idx]
+            used, free = g.get("DCGM_FI_DEV_FB_USED"), g.get("DCGM_FI_DEV_FB_FREE")
+            xid = g.get("DCGM_FI_DEV_XID_ERRORS")
+            samples.append(
+                GpuSample(
+                    index=idx,
+                    uuid=str(g.get("uuid", "")),
+                    name=str(g.get("name", "")),
+                    util_pct=g.get("DCGM_FI_DEV_GPU_UTIL"),
+                    mem_used_mib=used,
+                    mem_total_mib=(used + free) if used is not None and free is not None else None,
+                    temp_c=g.get("DCGM_FI_DEV_GPU_TEMP"),
+                    power_w=g.get("DCGM_FI_DEV_POWER_USAGE"),
+                    xid=int(xid) if xid else None,
+                    gr_engine_active=g.get("DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+                )
+            )
+        rates = []
+        for dev in sorted(nics):
+            r = nics[dev]
+            sp = speeds.get(dev)
+            rates.append(
+                NicRate(
+                    name=dev,
+                    kind=_nic_kind(dev),
+                    rx_gbps=r["rx"] * 8 / 1e9 if "rx" in r else None,
+                    tx_gbps=r["tx"] * 8 / 1e9 if "tx" in r else None,
+                    speed_mbps=int(sp * 8 / 1e6) if sp and sp > 0 else None,
+                )
+            )
+        drates = [
+            DiskRate(
+                name=dev,
+                read_mbps=d["read"] / 1e6 if "read" in d else None,
+                write_mbps=d["write"] / 1e6 if "write" in d else None,
+                physical=not _NOT_PHYSICAL.match(dev),
+            )
+            for dev, d in sorted(disks.items())
+        ]
+        scratch = self.nodes[node].scratch
+        free = total = None
+        scratch_error = None
+        mount = _mount_of(scratch, fs) if scratch else None
+        if mount is not None:
+            free = int(fs[mount]["avail"]) if "avail" in fs[mount] else None
+            total = int(fs[mount]["size"]) if "size" in fs[mount] else None
+        elif scratch and fs:
+            scratch_error = f"no node_filesystem series for a mount holding {scratch}"
+        return Observed(
+            gpus=tuple(samples),
+            gpu_status="ok" if samples else "no dcgm-exporter series (no NVIDIA GPU, or not exported)",
+            nics=tuple(rates),
+            disks=tuple(drates),
+            scratch_free_bytes=free,
+            scratch_total_bytes=total,
+            scratch_error=scratch_error,
+        )
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def _nic_kind(dev: str) -> NicKind:
+    if dev == "lo":
+        return "loopback"
+    if dev.startswith("bond"):
+        return "bond"
+    if _VIRTUAL.match(dev):
+        return "virtual"
+    return "physical"
+
+
+def _mount_of(path: str, fs: Mapping[str, Any]) -> str | None:
+    """The longest mountpoint holding ``path``."""
+    best = None
+    for mp in fs:
+        root = mp.rstrip("/") + "/"
+        if (path == mp or path.startswith(root) or mp == "/") and (best is None or len(mp) > len(best)):
+            best = mp
+    return best
