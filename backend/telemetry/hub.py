@@ -74,6 +74,8 @@ class _NodeState:
         self.source: SourceKind = "ssh"
         #: GPU index -> the last Xid code seen (0: none), so only a new one is an event.
         self.xid_seen: dict[int, int] = {}
+        #: Kernel-log Xid lines already reported (insertion-ordered, bounded).
+        self.xid_lines: dict[str, None] = {}
 
 
 def _nodes_of(pool: NodePool) -> list[Node]:
@@ -305,6 +307,7 @@ class TelemetryHub:
             error=error,
             boot_id=raw.boot_id,
             source="ssh",
+            log_xids=raw.xids,
         )
 
     def ingest_observed(
@@ -316,14 +319,22 @@ class TelemetryHub:
         return self._apply(st, t, obs, error=error, boot_id=None, source="prometheus")
 
     def _apply(
-        self, st: _NodeState, t: float, obs: Observed, *, error: str | None, boot_id: str | None, source: SourceKind
+        self,
+        st: _NodeState,
+        t: float,
+        obs: Observed,
+        *,
+        error: str | None,
+        boot_id: str | None,
+        source: SourceKind,
+        log_xids: tuple[tuple[str, int, int], ...] | None = None,
     ) -> NodeSnapshot:
         """The one way a sample becomes the node's snapshot: state, alerts, Xids, history."""
         node = st.node.name
         st.last_t = t
         st.source = source
         st.state, st.error = "up", error
-        xids = self._new_xids(st, obs.gpus)
+        xids = self._new_xids(st, obs.gpus, log_xids)
         snap = NodeSnapshot(
             name=node,
             site=st.node.site,
@@ -366,27 +377,39 @@ class TelemetryHub:
         st.changed = True
         return snap
 
-    def _new_xids(self, st: _NodeState, gpus: tuple[GpuSample, ...]) -> tuple[XidEvent, ...]:
-        """The node's Xid events, with one more for each GPU whose last Xid changed to a code."""
+    def _new_xids(
+        self, st: _NodeState, gpus: tuple[GpuSample, ...], log_xids: tuple[tuple[str, int, int], ...] | None
+    ) -> tuple[XidEvent, ...]:
+        """The node's Xid events, with one more for each GPU whose last Xid (dcgm-exporter's
+        gauge) changed to a code, and for each kernel-log Xid line not seen before (SSH)."""
         events = list(st.snap.xids)
+        new: list[tuple[int, int]] = []
         for g in gpus:
             code = g.xid or 0
             before = st.xid_seen.get(g.index)
             st.xid_seen[g.index] = code
             if code and code != before:
-                info = xid_info(code)
-                ev = XidEvent(
-                    node=st.node.name,
-                    gpu=g.index,
-                    code=code,
-                    mnemonic=info.mnemonic,
-                    meaning=info.meaning,
-                    action=info.action,
-                    drain=info.drain,
-                    seen=self.wall_clock(),
-                )
-                events.append(ev)
-                log.warning("telemetry: %s", ev.message)
+                new.append((g.index, code))
+        for key, gpu, code in log_xids or ():
+            if key not in st.xid_lines:
+                st.xid_lines[key] = None
+                new.append((gpu, code))
+        while len(st.xid_lines) > 4 * MAX_XIDS:
+            st.xid_lines.pop(next(iter(st.xid_lines)))
+        for gpu, code in new:
+            info = xid_info(code)
+            ev = XidEvent(
+                node=st.node.name,
+                gpu=gpu,
+                code=code,
+                mnemonic=info.mnemonic,
+                meaning=info.meaning,
+                action=info.action,
+                drain=info.drain,
+                seen=self.wall_clock(),
+            )
+            events.append(ev)
+            log.warning("telemetry: %s", ev.message)
         return tuple(events[-MAX_XIDS:])
 
     def mark_unreachable(self, node: str, error: str, t: float | None = None) -> None:

@@ -110,6 +110,11 @@ class RawSample:
     scratch_error: str | None = None
     #: One line per malformed part of the block (a line over the limit, output cut on the node).
     malformed: tuple[str, ...] = ()
+    #: Xids in the node's kernel log: (kernel timestamp or line, GPU index or -1, code); None
+    #: when this block did not read the log (it does every few blocks).
+    xids: tuple[tuple[str, int, int], ...] | None = None
+    #: Why the kernel log could not be read (``dmesg: ... Operation not permitted``), if so.
+    xid_error: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,9 +391,12 @@ def parse_block(block: str) -> RawSample:
         free, total, serr = parse_df(*s["df"])
         if "df" in bad:
             free, total, serr = None, None, f"{MALFORMED} sample: {bad['df']}"
+    xids, xid_error = parse_xid_log(s["xid"], s.get("xidbus", ("", None))[0]) if "xid" in s else (None, None)
     return RawSample(
         uptime=uptime,
         boot_id=boot,
+        xids=xids,
+        xid_error=xid_error,
         gpus=gpus,
         gpu_status=gstatus,
         netdev=parse_netdev(s.get("netdev", ("", None))[0]),
@@ -400,6 +408,51 @@ def parse_block(block: str) -> RawSample:
         scratch_error=serr,
         malformed=tuple(bad.values()),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Xids from the kernel log
+
+#: ``[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.``
+_XID_LINE = re.compile(r"^(?:\[\s*(?P<ts>[0-9.]+)\])?.*?NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f:.]+)\): (?P<code>\d+)")
+
+
+def _bus_key(bus: str) -> str:
+    """A PCI address as ``dddd:bb:dd`` lower-case (nvidia-smi prints 8 domain digits, the log 4)."""
+    parts = bus.strip().lower().split(":")
+    if len(parts) >= 3:
+        dom, b, dev = parts[-3], parts[-2], parts[-1].split(".")[0]
+        return f"{int(dom, 16):04x}:{b[-2:]}:{dev[-2:]}"
+    return bus.strip().lower()
+
+
+def parse_xid_log(
+    section: tuple[str, str | None], bus_text: str
+) -> tuple[tuple[tuple[str, int, int], ...], str | None]:
+    """The Xid lines of the kernel log -> ((timestamp or line, GPU index or -1, code), ...), and
+    why the log could not be read (dmesg refused: kernel.dmesg_restrict), if so."""
+    body, rc = section
+    bus_to_gpu: dict[str, int] = {}
+    for ln in bus_text.splitlines():
+        idx, _, bus = ln.partition(",")
+        try:
+            bus_to_gpu[_bus_key(bus)] = int(idx.strip())
+        except ValueError:
+            continue
+    out: list[tuple[str, int, int]] = []
+    error = None
+    for ln in body.splitlines():
+        if ln.startswith("dmesg:"):
+            error = _message(ln)
+            continue
+        m = _XID_LINE.search(ln)
+        if not m:
+            continue
+        key = m.group("ts") or _message(ln)
+        out.append((key, bus_to_gpu.get(_bus_key(m.group("bus")), -1), int(m.group("code"))))
+    if error is None and rc not in (None, "0") and not out:
+        error = f"dmesg exited {rc}"
+    return tuple(out), error
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,9 +26,12 @@ MAX_BLOCK_BYTES = 4 * 1024 * 1024
 #: driver printing 200 MB costs neither the link nor the console; the cut output lacks its
 #: ``@@gpu-rc`` line, which marks the sample's GPU part malformed.
 MAX_GPU_BYTES = 256 * 1024
+#: How often (seconds) the sampler reads the kernel log for Xids: a read of the whole ring buffer
+#: is cheap, but not free at every block.
+XID_EVERY_S = 10.0
 
 _SCRIPT = r"""
-i={interval}; cs={centis}; smi={smi}; scratch={scratch}
+i={interval}; cs={centis}; smi={smi}; scratch={scratch}; n=0
 while :; do
   up=; read -r up _ </proc/uptime 2>/dev/null
   echo '@@lm-begin'
@@ -58,6 +61,15 @@ while :; do
   done
   echo '@@df'
   if [ -d "$scratch" ]; then df -P -k "$scratch" 2>&1; echo "@@df-rc $?"; else echo '@@df-rc missing'; fi
+  # Xids: the driver writes them to the kernel log ("NVRM: Xid (PCI:0000:3b:00): 79, ...").
+  # Every {xid_every}th block: the log's Xid lines and each GPU's PCI bus id, both cut short.
+  n=$((n + 1))
+  if [ $((n % {xid_every})) -eq 1 ] || [ {xid_every} -eq 1 ]; then
+    echo '@@xidbus'
+    command -v "$smi" >/dev/null 2>&1 && "$smi" --query-gpu=index,pci.bus_id --format=csv,noheader 2>/dev/null | head -c 4096
+    echo '@@xid'
+    {{ dmesg 2>&1; echo "@@xid-rc $?"; }} | grep -a -e 'NVRM: Xid' -e '^@@xid-rc' -e 'dmesg:' | tail -n 33 | head -c 16384
+  fi
   echo '@@lm-end'
   # Sleep what is left of the interval (builtins only: /proc/uptime in centiseconds), so the
   # period stays at the interval however long nvidia-smi took.
@@ -84,6 +96,7 @@ def sampler_script(*, interval: float, scratch: str, nvidia_smi: str = "nvidia-s
         scratch=shlex.quote(scratch),
         fields=GPU_FIELDS,
         gpu_bytes=MAX_GPU_BYTES,
+        xid_every=max(1, round(XID_EVERY_S / interval)),
     )
     # Run by an explicit sh so the node's login shell (bash, zsh, fish) does not matter.
     return f"exec sh -c {shlex.quote(body)}"

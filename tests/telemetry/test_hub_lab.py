@@ -141,3 +141,38 @@ def test_top_once_json_over_the_lab(lab, capsys):
     assert nodes["node-03"]["gpu_status"] == "no NVIDIA GPU"
     assert nodes["node-01"]["rx_gbps"] is not None
     assert tick["summary"]["gpus"] == 16
+
+
+#: A stand-in kernel log in the driver's documented format: what ``dmesg`` prints on a node whose
+#: GPU 2 (bus 3A, see backend/lab/fake_nvidia_smi.py BUS_IDS) fell off the bus, plus noise.
+_DMESG = """#!/bin/sh
+cat <<'LOG'
+[    1.000000] Linux version 6.1.0 (debian-kernel@lists.debian.org)
+[ 4242.123456] NVRM: Xid (PCI:0000:3a:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
+[ 4242.123999] NVRM: GPU 0000:3a:00.0: GPU has fallen off the bus.
+LOG
+"""
+
+
+async def test_a_kernel_log_xid_over_ssh_is_flagged_with_its_meaning(lab):
+    n1 = lab.node("node-01")
+    fake = n1.bin_dir / "dmesg"
+    fake.write_text(_DMESG)
+    fake.chmod(0o755)
+    try:
+        settings = TelemetrySettings(interval=0.5, backoff_initial=0.5, backoff_max=2.0)
+        hub = TelemetryHub(NodePool(lab.config.nodes), settings, nodes=["node-01"])
+        await hub.start()
+        try:
+            snap = await wait_for(hub, lambda s: bool(node(s, "node-01").xids), limit=60)
+            (ev,) = node(snap, "node-01").xids
+            assert (ev.gpu, ev.code, ev.mnemonic) == (2, 79, "GPU_FELL_OFF_BUS")
+            assert "fallen off the bus" in ev.meaning and "reboot" in ev.action and ev.drain
+            assert "Xid on 1 node(s)" in snap.summary_line()
+            # Read again every 10 s: the same log line is not a second event.
+            await asyncio.sleep(11)
+            assert len(node(hub.snapshot(), "node-01").xids) == 1
+        finally:
+            await hub.stop()
+    finally:
+        fake.unlink()

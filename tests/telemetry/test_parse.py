@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backend.telemetry.model import NO_GPU
 from backend.telemetry.parse import (
@@ -154,3 +156,29 @@ def test_sections_ignore_frame_lines():
     s = split_sections("@@lm-begin\n@@uptime 5.0 1\n@@gpu\nx, y\n@@gpu-rc 0\n@@lm-end")
     assert s["uptime"] == ("5.0 1", None)
     assert s["gpu"] == ("x, y", "0")
+
+
+def test_xid_lines_of_the_kernel_log_map_to_gpus_by_pci_bus() -> None:
+    from backend.telemetry.parse import parse_xid_log
+
+    bus = "0, 00000000:18:00.0\n1, 00000000:2A:00.0\n"
+    log = (
+        "[ 12.5] NVRM: Xid (PCI:0000:2a:00): 48, pid=7, DBE (double bit error) ECC error\n"
+        "Dec 01 10:00:00 gpu-01 kernel: NVRM: Xid (PCI:0000:18:00): 94, pid=8, Contained: SM\n"
+        "[ 13.0] NVRM: Xid (PCI:0000:ff:00): 13, unknown bus\n"
+        "[ 14.0] eth0: link up\n"
+    )
+    xids, err = parse_xid_log((log, "0"), bus)
+    assert err is None
+    assert [(g, c) for _k, g, c in xids] == [(1, 48), (0, 94), (-1, 13)]
+    _, refused = parse_xid_log(("dmesg: read kernel buffer failed: Operation not permitted", "1"), bus)
+    assert refused and "not permitted" in refused
+
+
+@settings(max_examples=200)
+@given(st.text(max_size=4000))
+def test_any_kernel_log_text_parses_without_raising(text: str) -> None:
+    from backend.telemetry.parse import parse_xid_log
+
+    xids, _ = parse_xid_log((text, "0"), text[:200])
+    assert all(isinstance(c, int) and isinstance(g, int) for _k, g, c in xids)
