@@ -57,6 +57,8 @@ def node_dict(n: NodeSnapshot, now: float) -> dict[str, Any]:
             {**dataclasses.asdict(d), "read_mbps": _r(d.read_mbps), "write_mbps": _r(d.write_mbps)} for d in n.disks
         ],
         "alerts": [alert_dict(a) for a in n.alerts],
+        "source": n.source,
+        "xids": [{**dataclasses.asdict(x), "message": x.message} for x in n.xids],
     }
 
 
@@ -83,6 +85,8 @@ def fleet_dict(snap: FleetSnapshot, *, wall_time: float) -> dict[str, Any]:
             "rx_gbps": _r(snap.rx_gbps, 3),
             "tx_gbps": _r(snap.tx_gbps, 3),
             "active_alerts": len(snap.active_alerts),
+            "xid_nodes": sum(1 for n in snap.nodes if n.xids),
+            "source_note": snap.source_note,
         },
         "nodes": [node_dict(n, snap.t) for n in snap.nodes],
         "alerts": [alert_dict(a) for a in snap.alerts],
@@ -135,6 +139,9 @@ def fleet_table(snap: FleetSnapshot, *, local: frozenset[str] = frozenset()) -> 
             lost = sum(1 for g in n.gpus if g.lost)
             gpus = f"{len(n.gpus) - lost}/{len(n.gpus)}" if lost else str(len(n.gpus))
         alert = f"GPU starved {n.alerts[0].duration:.0f}s: {n.alerts[0].hint}" if n.alerts else ""
+        if n.xids:
+            x = n.xids[-1]
+            alert = "; ".join(a for a in (alert, f"Xid {x.code} on GPU {x.gpu}{' - drain' if x.drain else ''}") if a)
         rows.append(
             (
                 n.name,
@@ -154,4 +161,7 @@ def fleet_table(snap: FleetSnapshot, *, local: frozenset[str] = frozenset()) -> 
     lines = [snap.summary_line(), *align_columns(rows)]
     for a in snap.active_alerts:
         lines.append(f"! {a.message}")
+    for n in snap.nodes:
+        for x in n.xids[-3:]:
+            lines.append(f"! {x.message}")
     return "\n".join(lines)

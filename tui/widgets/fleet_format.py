@@ -69,10 +69,11 @@ def error_cell(n: NodeSnapshot) -> str:
 
 
 def alert_cell(n: NodeSnapshot) -> str:
-    if not n.alerts:
-        return ""
-    a = n.alerts[0]
-    return f"STARVED {a.hint}"
+    parts = [f"STARVED {n.alerts[0].hint}"] if n.alerts else []
+    if n.xids:
+        x = n.xids[-1]
+        parts.append(f"XID {x.code} GPU {x.gpu}")
+    return " · ".join(parts)
 
 
 def link_cell(n: NodeSnapshot, local: bool) -> str:
