@@ -1,5 +1,10 @@
 """Fleet screen: every node's GPUs, NICs and disks live, with the "GPU starved" alert list.
 
+Two views of the same ticks, ``v`` switches: the node table (one row per node, the default for
+up to 16 nodes) and the heatmap (one cell per GPU, grouped by site, tag or hostlist prefix, with
+the nodes that need attention on top: the default above 16 nodes). A tick updates the view on
+screen; the other one is brought up to the latest tick when it is switched to.
+
 The backend (``services.telemetry``, a TelemetryHub) samples the nodes; this screen only renders
 its FleetSnapshots. Ticks arrive as :class:`FleetSampled` messages that replace each other when
 the UI falls behind (``can_replace``) and are applied inside ``batch_update()``, touching only
@@ -9,7 +14,8 @@ the cells whose text changed.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -23,13 +29,16 @@ from tui.messages import FleetSampled
 from tui.screens.base import LoadmasterScreen, PaletteCommand
 from tui.screens.node_detail import NodeDetailScreen
 from tui.widgets.fleet_alerts import AlertList
-from tui.widgets.fleet_table import TREND_WIDTH, FleetTable
+from tui.widgets.fleet_heatmap import HEATMAP_ABOVE, FleetHeatmap, HeatmapGrid, group_key
+from tui.widgets.fleet_table import TREND_WIDTH, FleetTable, matches
 from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
     from backend.services import Services
 
 STYLE_NAMES = ("node-up", "node-down", "node-stale", "alert")
+
+View = Literal["table", "heatmap"]
 
 
 class FleetScreen(LoadmasterScreen):
@@ -40,18 +49,26 @@ class FleetScreen(LoadmasterScreen):
     PALETTE_COMMANDS: ClassVar[list[PaletteCommand]] = [
         ("Open node detail", "Per-GPU rows and time series of the selected node (key enter)", "open_node"),
         ("Sort by next column", "Cycle the node table's sort column (key s)", "sort"),
+        (
+            "Switch heatmap / table",
+            "One cell per GPU, grouped, problems on top; or one row per node (key v)",
+            "toggle_view",
+        ),
     ]
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("enter", "open_node", "Node detail", show=True),
+        Binding("v", "toggle_view", "Heatmap/table"),
     ]
     """
     | Key(s) | Description |
     | :- | :- |
     | / | Filter nodes by name, site or state (glob or substring). |
     | enter | Open the selected node's detail (per-GPU rows and time series). |
-    | s / S | Sort by the next column / reverse (clicking a header also sorts). |
+    | v | Switch between the heatmap (one cell per GPU) and the node table. |
+    | s / S | Table: sort by the next column / reverse (clicking a header also sorts). |
+    | arrows | Heatmap: move the cursor over GPUs and nodes (home / end, pageup / pagedown). |
     | escape | Leave / clear the filter. |
     """
 
@@ -63,6 +80,8 @@ class FleetScreen(LoadmasterScreen):
         self.apply_times: list[float] = []
         self.apply_cpu_times: list[float] = []
         self._theme_name: str | None = None
+        #: The view on screen; None until mounted (then chosen by the fleet's size).
+        self.view: View | None = None
 
     @property
     def hub(self) -> Any:
@@ -73,14 +92,18 @@ class FleetScreen(LoadmasterScreen):
             yield Static("", id="fleet-summary", markup=False)
             local = frozenset(n.name for n in self.services.config.nodes if n.transport == "local")
             yield FleetTable(local_nodes=local, id="fleet-table")
+            yield FleetHeatmap(id="fleet-heatmap")
             yield Static("Alerts", id="fleet-alerts-title", markup=False)
             yield AlertList(id="fleet-alerts")
 
     def on_mount(self) -> None:
         self._apply_theme()
         self._unsubscribe = self.hub.subscribe(self._on_tick)
-        self.apply_snapshot(self.hub.snapshot())
-        self.query_one(FleetTable).focus()
+        tags = {n.name: n.tags for n in self.services.config.nodes}
+        self.query_one(FleetHeatmap).grid.groups = lambda n: group_key(n.name, n.site, tags.get(n.name, ()))
+        first = self.hub.snapshot()
+        self.show_view("heatmap" if len(first.nodes) > HEATMAP_ABOVE else "table")
+        self.apply_snapshot(first)
         if not getattr(self.hub, "running", False):
             self._start_sampling()
 
@@ -106,6 +129,7 @@ class FleetScreen(LoadmasterScreen):
         styles = {k: variables[k] for k in STYLE_NAMES if variables.get(k)}
         self.query_one(FleetTable).set_theme_styles(styles)
         self.query_one(AlertList).set_style(styles.get("alert"))
+        self.query_one(FleetHeatmap).restyle()
         self._theme_name = self.app.theme
 
     def apply_snapshot(self, snapshot: FleetSnapshot) -> None:
@@ -113,13 +137,12 @@ class FleetScreen(LoadmasterScreen):
         start, cpu = time.perf_counter(), time.thread_time()
         if self._theme_name != self.app.theme:
             self._apply_theme()
-        table = self.query_one(FleetTable)
         with self.app.batch_update():
             unread = unread_nodes(snapshot)
             # A partial view says so, naming the nodes whose figures are missing from the totals.
             partial = ("   partial view: " + ", ".join(f"{n} ({why})" for n, why in unread.items())) if unread else ""
             self.query_one("#fleet-summary", Static).update(snapshot.summary_line() + partial)
-            table.show(snapshot.nodes, self._trend)
+            self._show_nodes(snapshot)
             alerts = self.query_one(AlertList)
             alerts.show(snapshot.alerts)
             title = self.query_one("#fleet-alerts-title", Static)
@@ -130,6 +153,16 @@ class FleetScreen(LoadmasterScreen):
         self.apply_times.append(time.perf_counter() - start)
         self.apply_cpu_times.append(time.thread_time() - cpu)
         del self.apply_times[:-10000], self.apply_cpu_times[:-10000]
+
+    def _show_nodes(self, snapshot: FleetSnapshot) -> None:
+        """Apply the nodes to the view on screen; the other one catches up when it is shown
+        (a hidden 256-node table would format every row on every tick)."""
+        if self.view == "heatmap":
+            nodes = [n for n in snapshot.nodes if matches(n, self.filter_text)] if self.filter_text else snapshot.nodes
+            empty = f"no node matches {self.filter_text!r}" if self.filter_text else "no nodes configured"
+            self.query_one(FleetHeatmap).show(nodes, empty=empty)
+        else:
+            self.query_one(FleetTable).show(snapshot.nodes, self._trend)
 
     def _trend(self, name: str) -> list[float]:
         try:
@@ -150,15 +183,64 @@ class FleetScreen(LoadmasterScreen):
         table.filter = self.filter_text
         if self.last_snapshot is not None:
             with self.app.batch_update():
-                table.show(self.last_snapshot.nodes, self._trend)
+                self._show_nodes(self.last_snapshot)
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def show_view(self, view: View) -> None:
+        """Show the node table or the heatmap (the alert list goes with the table), as of the
+        latest tick."""
+        self.view = view
+        heatmap = view == "heatmap"
+        self.query_one(FleetTable).display = not heatmap
+        self.query_one(FleetHeatmap).display = heatmap
+        # The heatmap marks starved nodes itself; its rows need the alert list's lines at 120x40.
+        self.query_one(AlertList).display = not heatmap
+        if self.last_snapshot is not None:
+            with self.app.batch_update():
+                self._show_nodes(self.last_snapshot)
+        self._focus_view()
+
+    def _focus_view(self) -> None:
+        if self.view == "heatmap":
+            self.query_one(FleetHeatmap).grid.focus()
+        else:
+            self.query_one(FleetTable).focus()
+
+    def action_toggle_view(self) -> None:
+        """Switch between the heatmap and the node table."""
+        self.show_view("table" if self.view == "heatmap" else "heatmap")
+
+    def action_leave_input(self) -> None:
+        """Leave the filter box for the view on screen."""
+        self._focus_view()
+
+    def _escape_step(self) -> Callable[[], None] | None:
+        # The heatmap is the screen's main view, not a form field: escape clears the filter
+        # there, or goes on to the app, as it does from the table.
+        if self.focused is self.query_one(FleetHeatmap).grid:
+            box = self._filter_box()
+            if box is not None and (self.filter_text or box.display):
+                return self.action_clear_filter
+            return None
+        return super()._escape_step()
 
     # -- detail --------------------------------------------------------------------------------
 
     def action_open_node(self) -> None:
-        """Open the node under the cursor."""
-        name = cursor_row_key(self.query_one(FleetTable))
+        """Open the node under the cursor (the table's row or the heatmap's cell)."""
+        if self.view == "heatmap":
+            cursor = self.query_one(FleetHeatmap).grid.cursor
+            name = cursor[0] if cursor is not None else None
+        else:
+            name = cursor_row_key(self.query_one(FleetTable))
         if name is not None:
             self.open_node(name)
+
+    @on(HeatmapGrid.NodeSelected)
+    def _cell_selected(self, event: HeatmapGrid.NodeSelected) -> None:
+        event.stop()
+        self.open_node(event.node)
 
     @on(DataTable.RowSelected, "#fleet-table")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
