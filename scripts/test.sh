@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Install what is needed (venv, openssh-server, tmux, postgresql), run the static checks (scripts/lint.sh:
-# ruff lint + format, import-linter, mypy; LOADMASTER_SKIP_LINT=1 skips them) and then the full
-# test suite against the real lab: sshd nodes on 127.0.0.x, SeaweedFS S3, s5cmd. Extra arguments
-# go to pytest.
+# Install what is needed (venv, openssh-server, tmux, postgresql, prometheus, prometheus-node-exporter),
+# run the static checks (scripts/lint.sh: ruff lint + format, import-linter, mypy; LOADMASTER_SKIP_LINT=1
+# skips them) and then the full test suite against the real lab: sshd nodes on 127.0.0.x, SeaweedFS S3,
+# s5cmd. Extra arguments go to pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -14,5 +14,11 @@ command -v tmux >/dev/null 2>&1 || apt_install tmux
 # keeps initdb and pg_ctl off PATH, in /usr/lib/postgresql/*/bin.
 [ -x "${LOADMASTER_PG_BINDIR:-/nonexistent}/pg_ctl" ] || command -v pg_ctl >/dev/null 2>&1 \
   || compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null || apt_install postgresql
+# The real Prometheus (with promtool) and node_exporter for the telemetry tests (tests/prom_fixtures.py
+# starts them as plain processes on loopback; their systemd services are not used).
+{ command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ]; } \
+  && { command -v promtool >/dev/null 2>&1 || [ -x /usr/bin/promtool ]; } || apt_install prometheus
+command -v prometheus-node-exporter >/dev/null 2>&1 || command -v node_exporter >/dev/null 2>&1 \
+  || [ -x /usr/bin/prometheus-node-exporter ] || apt_install prometheus-node-exporter
 [ "${LOADMASTER_SKIP_LINT:-0}" = 1 ] || bash "$ROOT/scripts/lint.sh"
 exec .venv/bin/python -m pytest "$@"

@@ -1,5 +1,7 @@
 """A whole lab fleet: N sshd nodes, SeaweedFS S3, user key, known_hosts, and a config for them;
-optionally a private PostgreSQL for the shared state (``postgres=True``)."""
+optionally a private PostgreSQL for the shared state (``postgres=True``) and the site telemetry a
+real fleet has (``prometheus=True``: node_exporter on every node, the dcgm-exporter stand-in on the
+GPU nodes, a Prometheus scraping them; the config's ``[telemetry]`` points the console at it)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from backend.config import Config, load_config_file
 from backend.errors import LoadmasterError
 from backend.lab.agent import link_agent_venv, make_agent_venv
 from backend.lab.postgres import PrivateCluster
+from backend.lab.prometheus import StackNode, TelemetryStack
 from backend.lab.seaweed import SeaweedS3
 from backend.lab.sshd import SshdNode, keygen, port_free
 
@@ -74,6 +77,8 @@ class Lab:
         first_ip: int = 2,
         port: int | None = None,
         postgres: bool = False,
+        prometheus: bool = False,
+        prometheus_interval: float = 5.0,
     ) -> None:
         if not 1 <= nodes <= 200:
             raise LoadmasterError(f"--nodes must be between 1 and 200, got {nodes}")
@@ -89,6 +94,10 @@ class Lab:
         #: A private PostgreSQL (:meth:`postgres_root`) for ``[state] url`` (its data outlives ``down()``).
         self.with_postgres = postgres
         self.postgres: PrivateCluster | None = None
+        #: node_exporters, the dcgm-exporter stand-in and Prometheus (``[telemetry] source = "auto"``).
+        self.with_prometheus = prometheus
+        self.prometheus_interval = prometheus_interval
+        self.telemetry: TelemetryStack | None = None
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -158,6 +167,10 @@ class Lab:
         if self.with_postgres:
             self.postgres = PrivateCluster(self.postgres_root())
             self.postgres.start()
+        if self.with_prometheus:
+            self.telemetry = TelemetryStack(
+                self.root / "prometheus", self.telemetry_nodes(), scrape_interval=self.prometheus_interval
+            ).start()
         self.write_config()
         self.save_state()
 
@@ -188,9 +201,22 @@ class Lab:
         )
         script.chmod(0o755)
 
+    def telemetry_nodes(self) -> list[StackNode]:
+        """The started nodes as the telemetry stack sees them: its IP, and its GPUs read from the
+        node's own stand-in nvidia-smi scenario (so both sources show the same GPUs)."""
+        out = []
+        for node in self.nodes:
+            opts = self.node_options(node.name)
+            gpus = opts.gpus if opts.nvidia_smi else 0
+            scenario = node.root / "gpu-scenario.json" if gpus > 0 else None
+            out.append(StackNode(node.name, node.ip, gpus=gpus, pattern=opts.pattern, scenario=scenario))
+        return out
+
     def down(self) -> None:
         """Stop every part that was started (safe to call twice)."""
         stop_lab_keeper(self.config_path)
+        if self.telemetry:
+            self.telemetry.stop()
         for node in self.nodes:
             try:
                 node.stop()
@@ -259,7 +285,20 @@ class Lab:
         if self.postgres:
             lines.append(f'url = "{self.postgres.url}"')
         lines.append("")
+        telemetry = self.telemetry_keys()
+        if telemetry and "[telemetry]" in extra.splitlines():
+            # The caller's extra text has a [telemetry] table of its own: the keys go into it.
+            extra = "\n".join(
+                "\n".join(["[telemetry]", *telemetry]) if ln == "[telemetry]" else ln for ln in extra.split("\n")
+            )
+        elif telemetry:
+            lines += ["[telemetry]", *telemetry, ""]
         return "\n".join(lines) + extra
+
+    def telemetry_keys(self) -> list[str]:
+        """The ``[telemetry]`` keys for the lab's Prometheus (none without one): ``source = "auto"``
+        (Prometheus for the nodes it covers, SSH for the rest)."""
+        return self.telemetry.telemetry_keys("auto") if self.telemetry else []
 
     def write_config(self, extra: str = "") -> Path:
         self.config_path.write_text(self.config_text(extra))
@@ -300,4 +339,6 @@ class Lab:
                 "pgpass": str(self.postgres.pgpass),
                 "root": str(self.postgres.root),
             }
+        if self.telemetry:
+            state["prometheus"] = self.telemetry.state()
         (self.root / "lab.json").write_text(json.dumps(state, indent=2))

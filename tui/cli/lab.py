@@ -31,6 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="also start a private PostgreSQL for the shared state ([state] url; its data outlives 'lab down'). "
         "Under root it runs as the postgres user, under /var/tmp when that user cannot reach the lab's directory",
     )
+    up.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also start the site telemetry of a real fleet: node_exporter on every node, a dcgm-exporter "
+        'stand-in on the GPU nodes and a Prometheus scraping them ([telemetry] source = "auto")',
+    )
     up.set_defaults(func=lab_up)
     down = lsub.add_parser("down", help="stop everything the sandbox started")
     down.add_argument("--dir", help="the lab's directory (default: <data dir>/lab)")
@@ -86,8 +92,12 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
         if any(_pid_alive(n.get("pid")) for n in info.get("nodes", [])):
             raise LoadmasterError(f"a lab is already running in {root}; run 'loadmaster lab down' first")
     postgres = bool(getattr(args, "postgres", False))
-    lab = Lab(root, nodes=args.nodes, options=sandbox_options(args.nodes), postgres=postgres)
-    parts = "sshd nodes, SeaweedFS S3 and PostgreSQL" if postgres else "sshd nodes and SeaweedFS S3"
+    prometheus = bool(getattr(args, "prometheus", False))
+    lab = Lab(root, nodes=args.nodes, options=sandbox_options(args.nodes), postgres=postgres, prometheus=prometheus)
+    names = (
+        ["sshd nodes", "SeaweedFS S3"] + (["PostgreSQL"] if postgres else []) + (["Prometheus"] if prometheus else [])
+    )
+    parts = ", ".join(names[:-1]) + " and " + names[-1]
     print(f"starting {args.nodes} {parts} in {root} ...", file=sys.stderr)
     lab.up()
     seeded: list[str] = []
@@ -127,6 +137,13 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
         print(f"  s3      {lab.s3.endpoint}  bucket {lab.bucket}  (store 'lab')", file=sys.stderr)
     if lab.postgres:
         print(f"  state   {lab.postgres.url}  (password in {lab.postgres.pgpass})", file=sys.stderr)
+    if lab.telemetry:
+        dcgm = len(lab.telemetry.dcgm.nodes) if lab.telemetry.dcgm else 0
+        print(
+            f"  prometheus  {lab.telemetry.url}  (node_exporter on {len(lab.telemetry.exporters)} nodes, "
+            f'dcgm-exporter stand-in on {dcgm}; [telemetry] source = "auto")',
+            file=sys.stderr,
+        )
     if seeded:
         print(
             "sample data: pull or shard the dataset (Transfers, Shards), prune the run (Checkpoints, Retention):",
@@ -187,6 +204,15 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
     for pid in lab_processes(root):
         _kill(pid)
         stopped += 1
+    prom = info.get("prometheus")
+    if prom:
+        # Prometheus first (no scrape errors for the exporters going away), then the exporters.
+        pids = [prom.get("pid"), (prom.get("dcgm") or {}).get("pid")]
+        pids += [e.get("pid") for e in prom.get("node_exporters", [])]
+        for pid in pids:
+            if _pid_alive(pid):
+                _stop_group(pid)
+                stopped += 1
     if info.get("postgres"):
         from backend.lab.postgres import PrivateCluster
 
@@ -197,6 +223,22 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
     state.unlink()
     print(f"stopped {stopped} lab processes in {root}", file=sys.stderr)
     return 0
+
+
+def _stop_group(pid: int, timeout: float = 20.0) -> None:
+    """SIGTERM a process group the lab started (its leader's pid); SIGKILL what is left of it
+    once the leader is gone or ``timeout`` has passed."""
+    from backend.lab.sshd import _wait_gone
+
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    _wait_gone([pid], timeout)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _kill(pid: int) -> None:
@@ -227,5 +269,20 @@ def lab_status(args: argparse.Namespace, services: Services) -> int:
     pg = info.get("postgres")
     if pg:
         print(f"postgres   {pg['url']} {'up' if _pid_alive(pg['pid']) else 'down'}  pgpass {pg['pgpass']}")
+    prom = info.get("prometheus")
+    if prom:
+        exporters = prom.get("node_exporters", [])
+        alive = sum(1 for e in exporters if _pid_alive(e.get("pid")))
+        dcgm = prom.get("dcgm") or {}
+        print(
+            f"prometheus {prom['url']} {'up' if _pid_alive(prom.get('pid')) else 'down'}  "
+            f"node_exporter {alive}/{len(exporters)} up"
+            + (
+                f", dcgm-exporter stand-in ({len(dcgm.get('addresses', {}))} nodes) "
+                f"{'up' if _pid_alive(dcgm.get('pid')) else 'down'}"
+                if dcgm
+                else ""
+            )
+        )
     print(f"config     {info['config']}")
     return 0
