@@ -74,8 +74,12 @@ def queries(settings: TelemetrySettings) -> tuple[str, str, str, str]:
     """The instant queries of one refresh."""
     w = f"{max(2, round(settings.prometheus_rate_window))}s"
     names = "|".join(DCGM_FIELDS)
+    node = settings.dcgm_node_label
+    # One series per GPU and field, with only the labels the console reads: the metric name moves
+    # to a label (aggregation drops __name__), and UUID, model, PCI id, driver and Xid message
+    # labels stay on Prometheus (at 1,024 nodes x 8 GPUs they are most of the answer's bytes).
     return (
-        f'{{__name__=~"{names}"}}',
+        f'max by ({node}, gpu, f) (label_replace({{__name__=~"{names}"}}, "f", "$1", "__name__", "(.+)"))',
         f'label_replace(rate(node_network_receive_bytes_total[{w}]), "lm", "rx", "", "")'
         f' or label_replace(rate(node_network_transmit_bytes_total[{w}]), "lm", "tx", "", "")',
         f'label_replace(rate(node_disk_read_bytes_total[{w}]), "lm", "read", "", "")'
@@ -194,10 +198,8 @@ class PrometheusSource:
                 idx = int(labels.get("gpu", ""))
             except ValueError:
                 continue
-            g = gpus.setdefault(node, {}).setdefault(
-                idx, {"uuid": labels.get("UUID", ""), "name": labels.get("modelName", "")}
-            )
-            g[labels.get("__name__", "")] = v
+            g = gpus.setdefault(node, {}).setdefault(idx, {})
+            g[labels.get("f", "")] = v
         nic: dict[str, dict[str, dict[str, float]]] = {}
         for labels, v in net:
             node = self.index.find(labels.get(s.node_exporter_node_label))
@@ -264,8 +266,6 @@ class PrometheusSource:
             samples.append(
                 GpuSample(
                     index=idx,
-                    uuid=str(g.get("uuid", "")),
-                    name=str(g.get("name", "")),
                     util_pct=g.get("DCGM_FI_DEV_GPU_UTIL"),
                     mem_used_mib=used,
                     mem_total_mib=(used + free) if used is not None and free is not None else None,
