@@ -299,10 +299,30 @@ class HeatmapGrid(ScrollView, can_focus=True):
         #: (node, GPU index) under the cursor.
         self.cursor: tuple[str, int] | None = None
         self._cursor_moved = False
-        #: Groups by node name (site, first tag or hostlist prefix); see :func:`group_key`.
-        self.groups: Callable[[NodeSnapshot], str] = lambda n: group_key(n.name, n.site)
+        self._groups: Callable[[NodeSnapshot], str] = lambda n: group_key(n.name, n.site)
+        #: Name -> (the site it was grouped with, its group): a node's group is worked out once.
+        self._group_cache: dict[str, tuple[str | None, str]] = {}
         #: Lines refreshed by the last :meth:`show` (tests and benchmarks read it).
         self.last_refreshed = 0
+
+    @property
+    def groups(self) -> Callable[[NodeSnapshot], str]:
+        """A node's group (site, first tag or hostlist prefix); see :func:`group_key`."""
+        return self._groups
+
+    @groups.setter
+    def groups(self, groups: Callable[[NodeSnapshot], str]) -> None:
+        self._groups = groups
+        self._group_cache = {}
+        self._layout_width = -1  # re-group on the next tick
+
+    def _group(self, n: NodeSnapshot) -> str:
+        cached = self._group_cache.get(n.name)
+        if cached is not None and cached[0] == n.site:
+            return cached[1]
+        group = self._groups(n)
+        self._group_cache[n.name] = (n.site, group)
+        return group
 
     # -- applying ticks ------------------------------------------------------------------------
 
@@ -321,7 +341,7 @@ class HeatmapGrid(ScrollView, can_focus=True):
             code = problem_code(n) or ""
             cells = (code, gpu_cells(n))
             self._snaps[n.name] = n
-            group = self.groups(n)
+            group = self._group(n)
             if self._group_of.get(n.name) != group or code != old_code or len(n.gpus) > self._gpu_width:
                 relayout = True
             self._group_of[n.name] = group
