@@ -231,7 +231,8 @@ def decide(
                 f"{usd_text(spent_usd)} spent + {usd_text(cost)} = {usd_text(after)}, "
                 f"over by {usd_text(after - budget.usd)}"
             )
-        elif after >= settings.warn_at * budget.usd:
+        elif budget.usd > 0 and after >= settings.warn_at * budget.usd:
+            # (A $0 budget is never "near": it is within or over.)
             near = True
             parts.append(
                 f"{budget.scope} {budget.key!r} budget {usd_text(budget.usd)} would be "

@@ -214,15 +214,19 @@ def repair_state(path: Path | str, *, stamp: str | None = None) -> RepairReport:
         ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            fresh.unlink()
+        for side in _SIDE_FILES:
+            with contextlib.suppress(OSError):
+                Path(f"{fresh}{side}").unlink()
     return RepairReport(p, backup, kept, tuple(lost))
 
 
 def _salvage(damaged: Path, fresh: Path) -> tuple[dict[str, int], list[str]]:
-    """Copy every readable row of every table of ``damaged`` into a new database at ``fresh``."""
+    """A new database at ``fresh`` with the current schema (every migration applied), holding
+    every readable row of every table of ``damaged``: by column name, so a table the damage took
+    (or an older file's table) comes back whole, in today's shape."""
     kept: dict[str, int] = {}
     lost: list[str] = []
+    SQLiteState(fresh).close()
     src = sqlite3.connect(str(damaged), isolation_level=None)
     dst = sqlite3.connect(str(fresh), isolation_level=None)
     try:
@@ -236,21 +240,29 @@ def _salvage(damaged: Path, fresh: Path) -> tuple[dict[str, int], list[str]]:
             ).fetchall()
         except sqlite3.Error as exc:
             return kept, [f"the schema ({exc}): nothing could be kept"]
+        have = {r[0] for r in dst.execute("SELECT name FROM sqlite_master")}
         dst.execute("BEGIN")
         for kind, name, sql in schema:
-            if kind != "table":
+            # The fresh file's own migration record says what its schema is; keep it.
+            if kind != "table" or name == "schema_migrations":
                 continue
-            try:
-                dst.execute(sql)
-            except sqlite3.Error as exc:
-                lost.append(f"table {name} ({exc})")
+            if name not in have:  # a table loadmaster does not know: kept as it was
+                try:
+                    dst.execute(sql)
+                except sqlite3.Error as exc:
+                    lost.append(f"table {name} ({exc})")
+                    continue
+            cols = _common_columns(src, dst, name)
+            if not cols:
+                lost.append(f"table {name} (its columns could not be read)")
                 continue
-            n, why = _copy_rows(src, dst, name)
+            # The damaged file's database id wins over the fresh one's: jobs carry it.
+            n, why = _copy_rows(src, dst, name, cols, replace=name == "state_meta")
             kept[name] = n
             if why:
                 lost.append(f"part of table {name} ({why})")
         for kind, name, sql in schema:
-            if kind == "table":
+            if kind == "table" or name in have:
                 continue
             try:
                 dst.execute(sql)
@@ -263,10 +275,24 @@ def _salvage(damaged: Path, fresh: Path) -> tuple[dict[str, int], list[str]]:
     return kept, lost
 
 
-def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) -> tuple[int, str | None]:
+def _common_columns(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) -> list[str]:
+    q = '"' + table.replace('"', '""') + '"'
+    try:
+        theirs = [r[1] for r in src.execute(f"PRAGMA table_info({q})")]
+    except sqlite3.Error:
+        return []
+    ours = {r[1] for r in dst.execute(f"PRAGMA table_info({q})")}
+    return [c for c in theirs if c in ours]
+
+
+def _copy_rows(
+    src: sqlite3.Connection, dst: sqlite3.Connection, table: str, cols: list[str], *, replace: bool = False
+) -> tuple[int, str | None]:
     """Rows of ``table`` readable from ``src``, from both ends of the rowid order (a damaged page
     in the middle loses only the rows it held); (rows copied, why some were lost or None)."""
     q = '"' + table.replace('"', '""') + '"'
+    names = ", ".join('"' + c.replace('"', '""') + '"' for c in cols)
+    verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
     copied = 0
     why: str | None = None
     seen: set[int] = set()
@@ -283,7 +309,7 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) -> 
 
     def insert(values: Sequence[Any]) -> None:
         nonlocal copied
-        dst.execute(f"INSERT OR IGNORE INTO {q} VALUES ({', '.join('?' * len(values))})", tuple(values))
+        dst.execute(f"{verb} INTO {q} ({names}) VALUES ({', '.join('?' * len(values))})", tuple(values))
         copied += 1
 
     def take(sql: str) -> None:
@@ -297,10 +323,10 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) -> 
         src.execute(f"SELECT rowid FROM {q} LIMIT 0")
     except sqlite3.Error:
         # WITHOUT ROWID (or unreadable): one pass, as far as it goes.
-        for row in rows(f"SELECT * FROM {q}"):
+        for row in rows(f"SELECT {names} FROM {q}"):
             insert(row)
         return copied, why
-    take(f"SELECT rowid, * FROM {q} ORDER BY rowid")
+    take(f"SELECT rowid, {names} FROM {q} ORDER BY rowid")
     if why is not None:
-        take(f"SELECT rowid, * FROM {q} ORDER BY rowid DESC")
+        take(f"SELECT rowid, {names} FROM {q} ORDER BY rowid DESC")
     return copied, why

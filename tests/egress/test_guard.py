@@ -200,3 +200,11 @@ def test_egress_section_from_toml(state_db: StateDB) -> None:
         parse_config({**base, "egress": {"budget": 5}}, file="lm.toml")
     with pytest.raises(ConfigError, match="must not be negative"):
         parse_config({**base, "egress": {"per_transfer_limit_usd": -1}}, file="lm.toml")
+
+
+def test_a_zero_budget_allows_free_transfers_and_blocks_the_rest(state_db: StateDB) -> None:
+    g = guard(state_db, budgets={"datasets": 0}, action="block")
+    free = g.check(g.quote_transfer(DATASETS, DEST, 10**9))  # inside the 100 GB free tier: $0
+    assert free.action == "allow", free.message
+    paid = g.check(g.quote_transfer(DATASETS, DEST, 200 * 10**9))
+    assert paid.action == "block" and "over by" in paid.message
