@@ -70,6 +70,13 @@ def _expected_action(spec: StepSpec, run: BuiltRun) -> str:
     return "delete"
 
 
+@pytest.fixture
+def state_url() -> None:
+    """These tests are about checkpoint truth, not state: the embedded SQLite state only (the
+    state paths they touch, pins and the apply audit, run on both backends in tests/retention)."""
+    return None
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, BuiltRun]:
     return {}
