@@ -107,6 +107,10 @@ class Transport(ABC):
     async def _run_bytes(self, command: str, *, input: bytes | None = None) -> tuple[int | None, bytes, bytes]:
         """Run a command with binary stdin/stdout (file transfer)."""
 
+    async def connect(self) -> object:  # noqa: B027 - optional hook, a no-op for local
+        """Open the connection now, waiting for a handshake slot (a no-op for local)."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for local
         """Release the connection (a no-op for local)."""
 

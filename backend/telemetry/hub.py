@@ -538,6 +538,9 @@ class TelemetryHub:
         while not self._stopping:
             try:
                 transport = await self._transport(name)
+                # Connect first: at fleet scale the wait for a handshake slot (sshd's
+                # MaxStartups) is not the stream's silence, and must not restart it.
+                await transport.connect()
                 got_block = False
                 # One deadline per block, pushed forward at each block's end. (Not
                 # asyncio.wait_for per line: on Python 3.11 it can swallow a cancellation that
@@ -560,7 +563,10 @@ class TelemetryHub:
                                     self.note_error(name, flood)
                                 got_block = True
                                 backoff = s.backoff_initial
-                                deadline.reschedule(loop.time() + silence)
+                                # A deadline already expiring cannot be moved (3.11 raises): its
+                                # TimeoutError is on its way and restarts the stream.
+                                if not deadline.expired():
+                                    deadline.reschedule(loop.time() + silence)
                             lines = None
                         elif lines is not None and flood is None:
                             size += len(line) + 1

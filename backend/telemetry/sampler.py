@@ -34,6 +34,10 @@ _SCRIPT = r"""
 i={interval}; cs={centis}; smi={smi}; scratch={scratch}; n=0
 while :; do
   up=; read -r up _ </proc/uptime 2>/dev/null
+  n=$((n + 1))
+  # The block is made whole, then written at once: one write (one SSH packet) per block, not
+  # one per line, which is what the console pays for at fleet scale.
+  blk=$(
   echo '@@lm-begin'
   echo "@@uptime $up"
   echo "@@boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
@@ -63,7 +67,6 @@ while :; do
   if [ -d "$scratch" ]; then df -P -k "$scratch" 2>&1; echo "@@df-rc $?"; else echo '@@df-rc missing'; fi
   # Xids: the driver writes them to the kernel log ("NVRM: Xid (PCI:0000:3b:00): 79, ...").
   # Every {xid_every}th block: the log's Xid lines and each GPU's PCI bus id, both cut short.
-  n=$((n + 1))
   if [ $((n % {xid_every})) -eq 1 ] || [ {xid_every} -eq 1 ]; then
     echo '@@xidbus'
     command -v "$smi" >/dev/null 2>&1 && "$smi" --query-gpu=index,pci.bus_id --format=csv,noheader 2>/dev/null | head -c 4096
@@ -71,6 +74,8 @@ while :; do
     {{ dmesg 2>&1; echo "@@xid-rc $?"; }} | grep -a -e 'NVRM: Xid' -e '^@@xid-rc' -e 'dmesg:' | tail -n 33 | head -c 16384
   fi
   echo '@@lm-end'
+  )
+  printf '%s\n' "$blk"
   # Sleep what is left of the interval (builtins only: /proc/uptime in centiseconds), so the
   # period stays at the interval however long nvidia-smi took.
   now=; read -r now _ </proc/uptime 2>/dev/null
