@@ -1,0 +1,1 @@
+"""On-call alerting: the console's side of paging through Alertmanager."""
