@@ -42,6 +42,7 @@ FEATURE_SECTIONS: dict[str, str] = {
     "prices": "backend.policy.prices:PriceOverrides",
     "shards": "backend.shards.settings:ShardSettings",
     "ssh": "backend.nodes.settings:SshSettings",
+    "alerts": "backend.alerts.settings:AlertSettings",
 }
 
 

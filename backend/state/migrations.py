@@ -173,9 +173,33 @@ _V2 = (
     "CREATE INDEX audit_actor ON audit(actor)",
 )
 
+_V3 = (
+    # The alerts loadmaster raises (``loadmaster watch``): one row per condition, keyed by the
+    # fingerprint of its labels, so a restarted watcher or a second one sends the same alert
+    # (Alertmanager deduplicates on the labels) and resolves what cleared while it was down.
+    # ``am_state``/``hook_state``: what Alertmanager / the webhook last acknowledged ('' = not
+    # yet); a row whose state differs from what its sink acknowledged is queued for that sink.
+    """CREATE TABLE alerts (
+        fingerprint TEXT PRIMARY KEY,
+        alertname TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        annotations TEXT NOT NULL,
+        state TEXT NOT NULL,
+        starts_at {real} NOT NULL,
+        ends_at {real},
+        updated {real} NOT NULL,
+        am_state TEXT NOT NULL DEFAULT '',
+        am_sent {real},
+        hook_state TEXT NOT NULL DEFAULT '',
+        last_error TEXT
+    )""",
+    "CREATE INDEX alerts_state ON alerts(state)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, ledger, audit, retention journal, pins and milestones", _V1),
     Migration(2, "egress reservations, named locks, the database's id, job origins", _V2),
+    Migration(3, "the alerts loadmaster watch raises, and what each sink acknowledged", _V3),
 )
 
 #: The version this loadmaster writes.
@@ -192,6 +216,7 @@ TABLES = (
     "retention_milestones",
     "retention_journal",
     "state_locks",
+    "alerts",
 )
 #: Tables with an identity ``id`` column (their sequence moves past copied rows).
 ID_TABLES = ("job_events", "egress_ledger", "audit")

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from backend.alerts.conditions import Condition
+from backend.alerts.store import AlertStore
 from backend.config import StoreProfile, load_config_file
 from backend.jobs.store import JobStore
 from backend.lab.postgres import PrivateCluster
@@ -87,6 +89,9 @@ def fill(cfg: Path) -> Services:
             step, f"s3://ckpt/run-a/step-{step}", "delete", "older than 7d", "dcp", "full", 10 * GB, 0, 12, "fp"
         )
         journal.set(action, state, {"objects": 12})
+    alerts = AlertStore(db)
+    alerts.sync([Condition("GPUStarved", {"node": "node-02"}, "node-02: GPU starved", "why")], now=1_700_000_200.0)
+    alerts.acknowledge("am", alerts.pending("am"), now=1_700_000_201.0)
     return services
 
 

@@ -49,6 +49,7 @@ COMMANDS: dict[str, str] = {
     "state": "state",
     "top": "top",
     "upload": "ckpt",
+    "watch": "watch",
 }
 
 #: Top-level options that take a value (the word after them is not the command).

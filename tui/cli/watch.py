@@ -1,0 +1,103 @@
+"""``loadmaster watch``: page through Alertmanager with no console open (run it under systemd).
+
+Each ``[alerts] interval`` it evaluates loadmaster's own conditions (GPU starved, a new Xid,
+upload backlog, a stalled transfer, a lost job, a failed verification, the egress budget, an
+interrupted retention apply, an unreachable node), records them in the state database and sends
+them to ``[alerts] alertmanager_url`` (API v2) and ``webhook_url``. It prints one line per change
+("firing ..." / "resolved ..."), and "alerting degraded: ..." while a sink is down (the alerts stay
+queued and are sent when it is back). ``--metrics HOST:PORT`` also serves ``/metrics`` for the
+site's Prometheus. SIGTERM (systemd stop) ends it after the round in progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from typing import Any
+
+from backend.services import Services
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``loadmaster watch``."""
+    p = sub.add_parser(
+        "watch",
+        help="headless watcher: raise loadmaster's alerts to Alertmanager / a webhook, serve /metrics",
+        description="Evaluate loadmaster's alert conditions every [alerts] interval and send them to "
+        "Alertmanager (API v2) and/or a webhook; one line per change. Run it under systemd (see README).",
+    )
+    p.add_argument("--metrics", metavar="HOST:PORT", help="also serve Prometheus metrics on http://HOST:PORT/metrics")
+    p.add_argument("--once", action="store_true", help="one round (evaluate, record, send), print it, exit")
+    p.add_argument("--rounds", type=int, metavar="N", help="stop after N rounds (default: until stopped)")
+    # A long-lived process holds its own connections (the keeper is for short commands).
+    p.set_defaults(func=run_watch, direct_ssh=True)
+
+
+def _line(prefix: str, labels: dict[str, str], summary: str) -> str:
+    keys = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity"))
+    return f"{prefix} {labels.get('alertname', '?')} [{labels.get('severity', '')}] {keys}: {summary}"
+
+
+def _printer(out: Any) -> Any:
+    last_degraded: list[str | None] = [None]
+
+    def on_round(r: Any) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(r.at))
+        if r.changes is not None:
+            for a in r.changes.fired:
+                print(f"{stamp} {_line('firing', a.labels, a.annotations.get('summary', ''))}", file=out)
+            for a in r.changes.resolved:
+                print(f"{stamp} {_line('resolved', a.labels, a.annotations.get('summary', ''))}", file=out)
+        degraded = r.degraded
+        if degraded != last_degraded[0]:
+            print(f"{stamp} {degraded or 'alerting ok'}", file=out)
+            last_degraded[0] = degraded
+        out.flush()
+
+    return on_round
+
+
+async def run_watch(args: argparse.Namespace, services: Services) -> int:
+    from backend.alerts.settings import AlertSettings
+    from backend.alerts.watch import Watcher
+    from backend.errors import ConfigError
+
+    if args.rounds is not None and args.rounds < 1:
+        raise ConfigError(f"must be at least 1, got {args.rounds}", key="--rounds")
+    settings = services.config.section(AlertSettings)
+    holder = server = None
+    if args.metrics:
+        from backend.alerts.metrics import MetricsHolder, parse_listen, serve_metrics
+
+        holder = MetricsHolder()
+        host, port = parse_listen(args.metrics)
+        server = serve_metrics(host, port, holder)
+        print(f"serving metrics on http://{args.metrics}/metrics", flush=True)
+    if not settings.alertmanager_url and not settings.webhook_url:
+        print(
+            "loadmaster: [alerts] alertmanager_url and webhook_url are unset: alerts are only printed here",
+            file=sys.stderr,
+        )
+    watcher = Watcher(services, on_round=_printer(sys.stdout), on_metrics=holder.set if holder else None)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        rounds = 1 if args.once else args.rounds
+        last = await watcher.run(rounds=rounds, stop=stop)
+    finally:
+        if server is not None:
+            from backend.alerts.metrics import close_metrics_server
+
+            close_metrics_server(*server)
+    if args.once and last is not None:
+        for c in last.conditions:
+            print(_line("holds", c.all_labels, c.summary))
+        print(f"{len(last.conditions)} condition(s) hold")
+    return 0
