@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install what is needed (venv, openssh-server, tmux, postgresql, prometheus, prometheus-node-exporter),
+# Install what is needed (venv, openssh-server, tmux, postgresql, prometheus, prometheus-node-exporter,
+# prometheus-alertmanager),
 # run the static checks (scripts/lint.sh: ruff lint + format, import-linter, mypy; LOADMASTER_SKIP_LINT=1
 # skips them) and then the full test suite against the real lab: sshd nodes on 127.0.0.x, SeaweedFS S3,
 # s5cmd. Extra arguments go to pytest.
@@ -20,5 +21,8 @@ command -v tmux >/dev/null 2>&1 || apt_install tmux
   && { command -v promtool >/dev/null 2>&1 || [ -x /usr/bin/promtool ]; } || apt_install prometheus
 command -v prometheus-node-exporter >/dev/null 2>&1 || command -v node_exporter >/dev/null 2>&1 \
   || [ -x /usr/bin/prometheus-node-exporter ] || apt_install prometheus-node-exporter
+# The real Alertmanager and amtool for the alerting tests (tests/am_fixtures.py starts it on loopback).
+{ command -v prometheus-alertmanager >/dev/null 2>&1 || [ -x /usr/bin/prometheus-alertmanager ]; } \
+  && { command -v amtool >/dev/null 2>&1 || [ -x /usr/bin/amtool ]; } || apt_install prometheus-alertmanager
 [ "${LOADMASTER_SKIP_LINT:-0}" = 1 ] || bash "$ROOT/scripts/lint.sh"
 exec .venv/bin/python -m pytest "$@"

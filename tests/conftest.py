@@ -16,7 +16,7 @@ import pytest
 
 from backend.lab import Lab, LabNodeOptions
 
-pytest_plugins = ["tests.pg_fixtures", "tests.prom_fixtures"]
+pytest_plugins = ["tests.pg_fixtures", "tests.prom_fixtures", "tests.am_fixtures"]
 
 LAB_NODE_OPTIONS = {
     "node-01": LabNodeOptions(gpus=8, pattern="training"),

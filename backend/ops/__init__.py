@@ -23,6 +23,7 @@ one order, whichever front end asked:
 | cancel | ``ops.jobs.cancel(job_id, reason=)`` |
 | retention apply, pin, unpin, milestone, unlock | ``ops.retention.apply(plan)``, ``.pin``, ``.unpin``, ``.mark_milestone``, ``.unmark_milestone``, ``.unlock`` |
 | egress override | ``ops.egress.quote(store, nbytes, node=, reason=)`` |
+| site alerts, silence, expire | ``ops.alerts.site()``, ``ops.alerts.silence(req)``, ``ops.alerts.expire(id)``, ``ops.alerts.status()`` |
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from backend.ops.retention import Retention
 from backend.ops.shards import Shards
 
 if TYPE_CHECKING:
+    from backend.ops.alerts import Alerts
     from backend.services import Services
 
 
@@ -70,6 +72,12 @@ class Operations:
     @cached_property
     def egress(self) -> Egress:
         return Egress(self.services)
+
+    @cached_property
+    def alerts(self) -> Alerts:
+        from backend.ops.alerts import Alerts
+
+        return Alerts(self.services)
 
 
 __all__ = ["Operations", "PullPreview", "PullRequest", "PullStarted", "StripRequest", "UploadRequest"]

@@ -73,7 +73,7 @@ def test_two_watchers_on_one_database_make_one_row(state_db: StateDB, tmp_path: 
 
 
 labels = st.dictionaries(
-    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=8),
     st.text(max_size=12),
     max_size=5,
 )
