@@ -76,7 +76,8 @@ async def run_watch(args: argparse.Namespace, services: Services) -> int:
         holder = MetricsHolder()
         host, port = parse_listen(args.metrics)
         server = serve_metrics(host, port, holder)
-        print(f"serving metrics on http://{args.metrics}/metrics", flush=True)
+        shown = f"[{host}]" if ":" in host else (host or "0.0.0.0")  # noqa: S104 - what ":PORT" listens on
+        print(f"serving metrics on http://{shown}:{server[0].server_port}/metrics", flush=True)
     if not settings.alertmanager_url and not settings.webhook_url:
         print(
             "loadmaster: [alerts] alertmanager_url and webhook_url are unset: alerts are only printed here",
