@@ -364,9 +364,15 @@ async def test_nodes_are_grouped_by_site_tag_or_prefix() -> None:
         assert " · rx 120.0 Gbps" in grid.group_lines()[3]
 
 
-def test_heatmap_snapshot(snap_compare: Any) -> None:
-    """64 nodes at 120x40, dark theme: a starved, an Xid and a stale node on top."""
-    fleet = Fleet.synthetic(64, starved=(9,))
+@pytest.mark.parametrize(
+    ("count", "size"),
+    [(64, (80, 24)), (64, (120, 40)), (256, (80, 24)), (256, (120, 40))],
+    ids=["64-nodes-80x24", "64-nodes-120x40", "256-nodes-80x24", "256-nodes-120x40"],
+)
+def test_heatmap_snapshot(snap_compare: Any, count: int, size: tuple[int, int]) -> None:
+    """The heatmap, dark theme: a starved, an Xid and a stale node on top; at 256 x 8 on 120x40
+    every node is on screen, at 80x24 the problem nodes are in the first rows."""
+    fleet = Fleet.synthetic(count, starved=(9,), sites=4 if count > 64 else 1)
 
     async def feed(pilot: Any) -> None:
         await pilot.pause()
@@ -376,7 +382,7 @@ def test_heatmap_snapshot(snap_compare: Any) -> None:
         await pilot.pause()
 
     app = LoadmasterApp(fleet.services, theme="loadmaster-dark")
-    assert snap_compare(app, terminal_size=(120, 40), run_before=feed)
+    assert snap_compare(app, terminal_size=size, run_before=feed)
 
 
 async def test_cells_take_their_colours_from_the_theme() -> None:
