@@ -50,8 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-log = logging.getLogger(__name__)
-
 #: Presets offered by the console and ``--preset``: (numworkers, concurrency, part size MiB).
 PRESETS: dict[str, tuple[int, int, int]] = {
     "tuned": (256, 32, 64),  # the brief's tuned command: many objects, big parts
@@ -75,6 +73,11 @@ class NodeEstimate:
     error: str | None = None
     #: The destination directory already exists (files in it may count as present).
     dest_exists: bool = False
+    #: The node's own addresses and the TCP ports listening there (for a relay's peers).
+    addresses: tuple[str, ...] = ()
+    listening: frozenset[int] = frozenset()
+    #: False for a relay receiver: its data comes from a peer, not from s5cmd.
+    needs_s5cmd: bool = True
 
     def needed(self, total: int) -> int:
         return max(0, total - self.present_bytes)
@@ -91,7 +94,7 @@ class NodeEstimate:
         """Why this node cannot take the pull, or None."""
         if self.error:
             return self.error
-        if not self.s5cmd:
+        if not self.s5cmd and self.needs_s5cmd:
             return f"{self.node}: s5cmd is not installed on the node (install it or set [jobs] s5cmd)"
         if not self.fits(total):
             return (
@@ -121,10 +124,38 @@ class PullPlan:
     egress_note: str | None = None
     #: The store's resolved credentials for the jobs' secrets files (never shown or serialised).
     credentials: Any = field(default=None, repr=False, compare=False)
+    #: ``direct`` (every node from the store), ``relay`` or ``relay-ssh`` (seeds from the store).
+    fanout: str = "direct"
+    #: Who feeds whom (backend.relay.planner.RelayTopology) for a relay, else None.
+    topology: Any = None
+    #: node -> (address, port) its relay listens on.
+    relay_listen: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: What the store would send (bytes, $) to every node directly, and what it sends in this plan.
+    direct_cost: tuple[int, float | None] | None = None
+    store_cost: tuple[int, float | None] | None = None
+    #: Why the fan-out is what it is (auto's choice), one line.
+    fanout_note: str = ""
+    #: Problems of the plan as a whole (no seed at a site, no relay address), one line each.
+    plan_problems: tuple[str, ...] = ()
 
     @property
     def problems(self) -> list[str]:
-        return [p for n in self.nodes if (p := n.problem(self.total_bytes))]
+        return [*self.plan_problems, *(p for n in self.nodes if (p := n.problem(self.total_bytes)))]
+
+    @property
+    def store_nodes(self) -> list[str]:
+        """The nodes the store sends the data to: every node, or a relay's seeds."""
+        if self.topology is None:
+            return [n.node for n in self.nodes]
+        return list(self.topology.seeds)
+
+    @property
+    def saved_usd(self) -> float | None:
+        if self.direct_cost is None or self.store_cost is None:
+            return None
+        if self.direct_cost[1] is None or self.store_cost[1] is None:
+            return None
+        return max(0.0, self.direct_cost[1] - self.store_cost[1])
 
     @property
     def eta_s(self) -> float | None:
@@ -158,6 +189,20 @@ class PullPlan:
             ],
             "egress": self.egress.as_dict() if self.egress is not None and hasattr(self.egress, "as_dict") else None,
             "egress_note": self.egress_note,
+            "fanout": self.fanout,
+            "fanout_note": self.fanout_note,
+            "relay": None
+            if self.topology is None
+            else {
+                "seeds": list(self.topology.seeds),
+                "parent": dict(self.topology.parent),
+                "listen": {k: list(v) for k, v in self.relay_listen.items()},
+            },
+            "store_bytes": self.store_cost[0] if self.store_cost else None,
+            "store_usd": self.store_cost[1] if self.store_cost else None,
+            "direct_bytes": self.direct_cost[0] if self.direct_cost else None,
+            "direct_usd": self.direct_cost[1] if self.direct_cost else None,
+            "saved_usd": self.saved_usd,
         }
 
 
@@ -180,6 +225,8 @@ if [ -d "$D" ]; then
   while IFS= read -r f; do [ -f "$D/$f" ] && present=$((present + $(stat -c %s "$D/$f"))); done
 fi
 echo "@@PRESENT $present"
+for a in $( (ip -o addr show 2>/dev/null | awk '{print $4}'; hostname -I 2>/dev/null) ); do echo "@@ADDR ${a%/*}"; done
+awk 'FNR > 1 && $4 == "0A" { n = split($2, a, ":"); print "@@LISTEN " a[n] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
 """
 
 
@@ -195,6 +242,8 @@ async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> 
     s5 = False
     present = 0
     dest_exists = False
+    addrs: list[str] = []
+    listening: set[int] = set()
     for line in res.stdout.splitlines():
         tag, _, v = line.partition(" ")
         v = v.strip()
@@ -208,6 +257,11 @@ async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> 
             present = int(v)
         elif tag == "@@DEST":
             dest_exists = True
+        elif tag == "@@ADDR" and v and v not in addrs:
+            addrs.append(v)
+        elif tag == "@@LISTEN":
+            with contextlib.suppress(ValueError):
+                listening.add(int(v, 16))
     err = None if free is not None else f"{transport.name}: cannot read free space at {dest}: {res.stderr.strip()}"
     return NodeEstimate(
         node=transport.name,
@@ -219,6 +273,8 @@ async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> 
         s5cmd=s5,
         error=err,
         dest_exists=dest_exists,
+        addresses=tuple(addrs),
+        listening=frozenset(listening),
     )
 
 
@@ -369,6 +425,9 @@ async def plan_pull(
     concurrency: int | None = None,
     part_size_mib: int | None = None,
     allow_over_budget: str | None = None,
+    fanout: str | None = None,
+    seeds: int | None = None,
+    degree: int | None = None,
 ) -> PullPlan:
     """List the source, probe each node and price the egress: the plan shown before launch."""
     import asyncio
@@ -377,6 +436,7 @@ async def plan_pull(
     settings = config.section(JobSettings)
     pattern = parse_source(src)
     profile = resolve_store(config, src, store)
+    mode = fanout
 
     async def early(t: Any) -> NodeEstimate:
         n = config.node(t.name)
@@ -412,12 +472,12 @@ async def plan_pull(
     listing = asyncio.ensure_future(list_and_price())
     await asyncio.sleep(0)
     try:
-        fanout = services.pool.fanout(early, nodes, timeout=120)
+        probing = services.pool.fanout(early, nodes, timeout=120)
     except BaseException:
         listing.cancel()
         raise
     # A listing error (no such bucket, bad credentials) is raised at once, as before.
-    (objects, creds, decision, note), first = await asyncio.gather(listing, fanout)
+    (objects, creds, decision, note), first = await asyncio.gather(listing, probing)
     log.debug("plan: listed %d objects, connected", len(objects))
     if not objects:
         raise StoreError(f"no objects match {src}")
@@ -454,7 +514,7 @@ async def plan_pull(
             if not r.line_rate_known:
                 r = NodeEstimate(**{**r.__dict__, "line_rate_gbps": settings.nic_gbps})
             ests.append(r)
-    return PullPlan(
+    plan = PullPlan(
         src=pattern.url,
         dest=dest,
         store=profile.name if profile else None,
@@ -470,6 +530,148 @@ async def plan_pull(
         egress=decision,
         egress_note=note,
         credentials=creds,
+    )
+    return with_fanout(
+        services, plan, profile, fanout=mode, seeds=seeds, degree=degree, allow_over_budget=allow_over_budget
+    )
+
+
+# ---- fan-out: direct or relay --------------------------------------------------------------------
+
+
+def egress_costs(
+    services: Services, profile: StoreProfile | None, nodes: list[Any], total: int, objects: int, src: str = ""
+) -> tuple[int, float | None]:
+    """(bytes, $) the store sends when each of ``nodes`` takes ``total`` bytes from it ($ None
+    when any route is unpriced)."""
+    guard = services.egress
+    prof = profile or egress_profile(services.config, None, src)
+    by_site: dict[str | None, int] = {}
+    for n in nodes:
+        by_site[n.site] = by_site.get(n.site, 0) + 1
+    usd: float | None = 0.0
+    for site, count in by_site.items():
+        q = guard.quote_transfer(prof, site, total * count, objects=objects * count)
+        usd = None if usd is None or q.total_usd is None or not q.priced else usd + q.total_usd
+    return total * len(nodes), usd
+
+
+def _relay_address(node: Any, est: NodeEstimate, network: str) -> str:
+    """Where a node's relay listens: its configured host's address, or its own address in ``network``."""
+    import ipaddress
+    import socket
+
+    if network == "host":
+        if node.transport == "local":
+            raise ConfigError(f"{node.name}: a local node has no cluster address; relay needs SSH nodes")
+        try:
+            infos = socket.getaddrinfo(node.host, None, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ConfigError(
+                f"{node.name}: cannot resolve {node.host} for the relay ({exc}); set [jobs] relay_network"
+            ) from None
+        return str(infos[0][4][0])
+    net = ipaddress.ip_network(network, strict=False)
+    for a in est.addresses:
+        with contextlib.suppress(ValueError):
+            if ipaddress.ip_address(a) in net:
+                return a
+    raise ConfigError(
+        f"{node.name}: no address in {network} (it has {', '.join(est.addresses) or 'none'}); "
+        "fix [jobs] relay_network or pull with --fanout direct"
+    )
+
+
+def _relay_port(est: NodeEstimate, ports: str, rng: Any) -> int:
+    from backend.jobs.settings import port_range
+
+    lo, hi = port_range(ports)
+    free = [p for p in range(lo, hi + 1) if p not in est.listening]
+    if not free:
+        raise ConfigError(f"{est.node}: every port of [jobs] relay_ports ({ports}) is in use; widen the range")
+    return int(rng.choice(free))
+
+
+def with_fanout(
+    services: Services,
+    plan: PullPlan,
+    profile: StoreProfile | None,
+    *,
+    fanout: str | None,
+    seeds: int | None,
+    degree: int | None,
+    allow_over_budget: str | None,
+) -> PullPlan:
+    """The plan with its fan-out chosen: direct, or a relay (topology, addresses, seeds' egress)."""
+    import dataclasses
+    import random
+
+    from backend.jobs.settings import FANOUTS
+
+    config = services.config
+    settings = config.section(JobSettings)
+    mode = fanout or settings.fanout
+    if mode not in FANOUTS:
+        raise ConfigError(f"--fanout must be one of {', '.join(FANOUTS)}, got {mode!r}")
+    cfg_nodes = [config.node(n.node) for n in plan.nodes]
+    nobj = len(plan.objects)
+    direct = egress_costs(services, profile, cfg_nodes, plan.total_bytes, nobj, plan.src)
+    note = ""
+    if mode == "auto":
+        sites: dict[str | None, int] = {}
+        for n in cfg_nodes:
+            sites[n.site] = sites.get(n.site, 0) + 1
+        shared = max(sites.values(), default=0) > 1
+        priced = direct[1] is not None and direct[1] > 0
+        mode = "relay" if shared and priced else "direct"
+        note = (
+            f"auto: relay ({len(cfg_nodes)} nodes take the same data over a priced route)"
+            if mode == "relay"
+            else "auto: direct ("
+            + ("no two nodes share a site" if not shared else "the route has no egress price")
+            + ")"
+        )
+    if mode == "direct":
+        return dataclasses.replace(plan, fanout="direct", direct_cost=direct, store_cost=direct, fanout_note=note)
+    from backend.relay.planner import PeerNode, plan_topology
+
+    problems: list[str] = []
+    usable = [n for n in plan.nodes if n.error is None]
+    try:
+        topo = plan_topology(
+            [PeerNode(n.node, config.node(n.node).site, n.s5cmd) for n in usable],
+            seeds=seeds or settings.relay_seeds,
+            degree=degree or settings.relay_degree,
+        )
+    except ConfigError as exc:
+        return dataclasses.replace(plan, fanout=mode, plan_problems=(str(exc),), direct_cost=direct, fanout_note=note)
+    rng = random.Random()
+    listen: dict[str, tuple[str, int]] = {}
+    for est in usable:
+        try:
+            listen[est.node] = (
+                _relay_address(config.node(est.node), est, settings.relay_network),
+                _relay_port(est, settings.relay_ports, rng),
+            )
+        except ConfigError as exc:
+            problems.append(str(exc))
+    ests = tuple(dataclasses.replace(n, needs_s5cmd=n.node in topo.seeds) for n in plan.nodes)
+    seed_nodes = [config.node(n) for n in topo.seeds]
+    decision, enote = egress_check(
+        services, profile, seed_nodes, plan.total_bytes, nobj, allow_over_budget, src=plan.src
+    )
+    return dataclasses.replace(
+        plan,
+        nodes=ests,
+        fanout=mode,
+        topology=topo,
+        relay_listen=listen,
+        egress=decision,
+        egress_note=enote or plan.egress_note,
+        direct_cost=direct,
+        store_cost=egress_costs(services, profile, seed_nodes, plan.total_bytes, nobj, plan.src),
+        fanout_note=note,
+        plan_problems=tuple(problems),
     )
 
 
@@ -529,17 +731,9 @@ async def launch_pull(
     """
     if plan.problems:
         raise JobError("; ".join(plan.problems))
-    creds = plan.credentials
-    if creds is None:
-        from backend.storage import S3Store
-
-        store = S3Store(
-            f"s3://{parse_source(plan.src).bucket}", services.config.stores.get(plan.store) if plan.store else None
-        )
-        try:
-            creds = await store.credentials()
-        finally:
-            await store.close()
+    if plan.topology is not None:
+        return await launch_relay(services, plan, label=label, job_ids=job_ids)
+    creds = await _plan_credentials(services, plan)
     secrets = creds.as_env()
     settings = services.config.section(JobSettings)
     expected = [list(o) for o in plan.objects] if len(plan.objects) <= settings.max_spec_objects else None
@@ -547,20 +741,7 @@ async def launch_pull(
     out = []
     ids = job_ids or {}
     for i, est in enumerate(plan.nodes):
-        params = {
-            "src": plan.src,
-            "dest": est.dest,
-            "store": plan.store,
-            "endpoint_url": plan.endpoint_url,
-            "region": plan.region,
-            "numworkers": plan.numworkers,
-            "concurrency": plan.concurrency,
-            "part_size_mib": plan.part_size_mib,
-            "s5cmd": node_s5cmd(services.config.node(est.node), settings.s5cmd),
-            "bytes_total": plan.total_bytes,
-            "objects_total": len(plan.objects),
-            "expected": expected,
-        }
+        params = {**_pull_params(services, plan, est), "expected": expected}
         try:
             out.append(
                 await manager.launch(
@@ -580,6 +761,96 @@ async def launch_pull(
     return out
 
 
+async def _plan_credentials(services: Services, plan: PullPlan) -> Credentials:
+    creds = plan.credentials
+    if creds is None:
+        from backend.storage import S3Store
+
+        store = S3Store(
+            f"s3://{parse_source(plan.src).bucket}", services.config.stores.get(plan.store) if plan.store else None
+        )
+        try:
+            creds = await store.credentials()
+        finally:
+            await store.close()
+    return creds  # type: ignore[no-any-return]
+
+
+def _pull_params(services: Services, plan: PullPlan, est: NodeEstimate) -> dict[str, Any]:
+    settings = services.config.section(JobSettings)
+    return {
+        "src": plan.src,
+        "dest": est.dest,
+        "store": plan.store,
+        "endpoint_url": plan.endpoint_url,
+        "region": plan.region,
+        "numworkers": plan.numworkers,
+        "concurrency": plan.concurrency,
+        "part_size_mib": plan.part_size_mib,
+        "s5cmd": node_s5cmd(services.config.node(est.node), settings.s5cmd),
+        "bytes_total": plan.total_bytes,
+        "objects_total": len(plan.objects),
+    }
+
+
+async def launch_relay(
+    services: Services, plan: PullPlan, *, label: str = "", job_ids: dict[str, str] | None = None
+) -> list[JobRecord]:
+    """Start one "relay" job per node, parents before children: seeds get the store's credentials
+    and the relay secret, receivers the relay secret alone (each in its job's 0600 secrets file)."""
+    from backend.jobs.records import new_job_id
+    from backend.relay.protocol import SECRET_ENV, new_secret
+
+    topo = plan.topology
+    settings = services.config.section(JobSettings)
+    creds = await _plan_credentials(services, plan)
+    secret = new_secret()
+    ids = dict(job_ids or {})
+    for est in plan.nodes:
+        ids.setdefault(est.node, new_job_id())
+    group = "relay-" + ids[topo.seeds[0]]
+    by_name = {n.node: n for n in plan.nodes}
+    order = sorted(by_name, key=lambda n: len(topo.chain(n)))
+    expected = [list(o) for o in plan.objects]
+    manager: JobManager = services.jobs
+    out = []
+    for i, name in enumerate(order):
+        est = by_name[name]
+        seed = name in topo.seeds
+        relay = {
+            "group": group,
+            "role": "seed" if seed else "receiver",
+            "node": name,
+            "listen": list(plan.relay_listen[name]),
+            "upstreams": [[a, *plan.relay_listen[a]] for a in topo.ancestors(name)],
+            "children": list(topo.children.get(name, ())),
+            "topology": {k: v for k, v in topo.parent.items()},
+            "jobs": ids,
+            "chunk_mib": settings.relay_chunk_mib,
+            "grace_s": settings.relay_grace,
+            "reattach_s": settings.relay_reattach,
+        }
+        params = {**_pull_params(services, plan, est), "expected": expected, "relay": relay}
+        secrets = {SECRET_ENV: secret, **(creds.as_env() if seed else {})}
+        try:
+            out.append(
+                await manager.launch(
+                    name,
+                    "relay",
+                    params,
+                    secrets=secrets,
+                    label=label or f"relay {plan.src} -> {est.dest}",
+                    job_id=ids[name],
+                )
+            )
+        except BaseException as exc:
+            for later in order[i:]:
+                if job_ids and later in job_ids:
+                    services.egress.release(job_ids[later], f"not started: {type(exc).__name__}: {exc}"[:300])
+            raise
+    return out
+
+
 def node_s5cmd(node: Any, configured: str) -> str:
     """The s5cmd a node's job runs: as configured, except that this machine (a local node) with
     the default ``s5cmd`` not on PATH runs the one installed beside loadmaster."""
@@ -595,11 +866,14 @@ __all__ = [
     "NodeEstimate",
     "PullPlan",
     "egress_check",
+    "egress_costs",
     "launch_pull",
+    "launch_relay",
     "list_source",
     "node_dest",
     "node_s5cmd",
     "plan_pull",
     "probe_node",
     "resolve_store",
+    "with_fanout",
 ]

@@ -119,7 +119,19 @@ def _list_on_node(ctx: JobContext, src: SourcePattern, env: dict[str, str]) -> l
     return parse_s5cmd_listing(src, res.stdout)
 
 
-def run_pull_job(ctx: JobContext) -> dict[str, Any]:
+class CopyHooks:
+    """What a caller learns while the copy runs (a relay seed forwards each finished object):
+    :meth:`object_done` for every object s5cmd reports copied (renamed into place, size checked),
+    :meth:`progress_extra` for more fields on each progress point."""
+
+    def object_done(self, index: int, obj: PulledObject) -> None:
+        """Object ``index`` of the expected list is in place at its final path."""
+
+    def progress_extra(self) -> dict[str, Any]:
+        return {}
+
+
+def run_pull_job(ctx: JobContext, hooks: CopyHooks | None = None) -> dict[str, Any]:
     """Run s5cmd for the pull in ``ctx.params``, report progress, verify every object; the result details."""
     p = ctx.params
     src = parse_source(str(p["src"]))
@@ -153,7 +165,7 @@ def run_pull_job(ctx: JobContext) -> dict[str, Any]:
             raise JobError(f"refusing to write {dest / rel}: it {why}{more}; nothing was pulled")
         total = sum(o.size for o in expected)
         check_space(dest, expected, total, ctx)
-        return _copy(ctx, src, dest, expected, total, env)
+        return _copy(ctx, src, dest, expected, total, env, hooks or CopyHooks())
     finally:
         if creds_path is not None:
             creds_path.unlink(missing_ok=True)
@@ -172,7 +184,13 @@ def _commands(src: SourcePattern, dest: Path, expected: list[PulledObject], para
 
 
 def _copy(
-    ctx: JobContext, src: SourcePattern, dest: Path, expected: list[PulledObject], total: int, env: dict[str, str]
+    ctx: JobContext,
+    src: SourcePattern,
+    dest: Path,
+    expected: list[PulledObject],
+    total: int,
+    env: dict[str, str],
+    hooks: CopyHooks,
 ) -> dict[str, Any]:
     p = ctx.params
     cmd = [*_s5cmd_base(p), "run"]
@@ -195,6 +213,7 @@ def _copy(
     errors: list[str] = []
     lock = threading.Lock()
     script = _commands(src, dest, expected, p)
+    by_dest = {str(dest / o.rel): i for i, o in enumerate(expected)}
 
     def feed() -> None:
         assert proc.stdin is not None
@@ -218,6 +237,11 @@ def _copy(
                 if d.get("success") and d.get("operation") == "cp":
                     done["bytes"] += int((d.get("object") or {}).get("size", 0))
                     done["items"] += 1
+                    index = by_dest.get(str(d.get("destination") or ""))
+                else:
+                    index = None
+            if index is not None:
+                _object_done(hooks, dest, expected, index)
 
     def read_err() -> None:
         assert proc.stderr is not None
@@ -256,7 +280,7 @@ def _copy(
         while len(window) > 2 and now - window[0][0] > 3.0:
             window.popleft()
         rate = (b - window[0][1]) / (now - window[0][0]) if now > window[0][0] else 0.0
-        extra: dict[str, Any] = {"rate_bps": max(0.0, rate)}
+        extra: dict[str, Any] = {"rate_bps": max(0.0, rate), **hooks.progress_extra()}
         if final:
             extra["final"] = True
             extra["rate_bps"] = b / max(1e-6, now - started)
@@ -301,6 +325,17 @@ def _copy(
         "gbps": round(total * 8 / 1e9 / max(elapsed, 1e-6), 3),
         "md5_verified": checked,
     }
+
+
+def _object_done(hooks: CopyHooks, dest: Path, expected: list[PulledObject], index: int) -> None:
+    """s5cmd says object ``index`` is copied: tell the hooks once its file has the listed size."""
+    o = expected[index]
+    try:
+        if (dest / o.rel).stat().st_size != o.size:
+            return  # the verification after the copy names it
+    except OSError:
+        return
+    hooks.object_done(index, o)
 
 
 # -- verification -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The ``[jobs]`` config section: polling, lost detection, cancel grace and pull defaults."""
+"""The ``[jobs]`` config section: polling, lost detection, cancel grace, pull defaults and fan-out."""
 
 from __future__ import annotations
 
@@ -10,6 +10,44 @@ from backend.schema import parse_duration
 def _positive_int(value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected a whole number >= 1, got {value!r}")
+    return value
+
+
+FANOUTS = ("direct", "relay", "auto")
+
+
+def _choice(value: str, choices: tuple[str, ...], what: str) -> str:
+    if value not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)} for {what}, got {value!r}")
+    return value
+
+
+def _network(value: str) -> str:
+    import ipaddress
+
+    if value == "host":
+        return value
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError(f"expected 'host' or a network like 10.0.0.0/16, got {value!r}") from None
+    return value
+
+
+def port_range(value: str) -> tuple[int, int]:
+    """``41000-41999`` (or one port) as (low, high)."""
+    lo, _, hi = str(value).partition("-")
+    try:
+        a, b = int(lo), int(hi or lo)
+    except ValueError:
+        raise ValueError(f"expected a port range like 41000-41999, got {value!r}") from None
+    if not 1 <= a <= b <= 65535:
+        raise ValueError(f"expected a port range like 41000-41999 within 1-65535, got {value!r}")
+    return a, b
+
+
+def _port_range(value: str) -> str:
+    port_range(value)
     return value
 
 
@@ -35,3 +73,23 @@ class JobSettings:
     nic_gbps: float = 100.0
     #: How many objects a pull spec carries for verification (larger pulls list on the node).
     max_spec_objects: int = field(default=20000, metadata={"parse": _positive_int})
+    #: How a pull to several nodes gets the data: ``direct`` (each node from the store), ``relay``
+    #: (seeds from the store, the rest from peers over the cluster network), ``relay-ssh`` (the
+    #: peer hops carried through the console's SSH connections), or ``auto`` (relay where the
+    #: route has an egress price and more than one node at a site takes the same data).
+    fanout: str = field(default="direct", metadata={"parse": lambda v: _choice(v, FANOUTS, "fanout")})
+    #: Seed nodes per site that pull from the store (the rest receive from peers).
+    relay_seeds: int = field(default=1, metadata={"parse": _positive_int})
+    #: Children per relay node: 1 is a chain, more a tree.
+    relay_degree: int = field(default=1, metadata={"parse": _positive_int})
+    #: Where peers listen: ``host`` (the address the console reaches the node at) or a network in
+    #: CIDR form (``10.0.0.0/16``: each node's own address in it, its cluster interface).
+    relay_network: str = field(default="host", metadata={"parse": _network})
+    #: The TCP ports a relay may listen on (a free one is chosen per node and pull).
+    relay_ports: str = field(default="41000-41999", metadata={"parse": _port_range})
+    #: Bytes per relay chunk (each carries its SHA-256), in MiB.
+    relay_chunk_mib: int = field(default=4, metadata={"parse": _positive_int})
+    #: How long a relay node waits for a child that went away before leaving it to the console.
+    relay_grace: float = field(default=15.0, metadata={"parse": parse_duration})
+    #: How long a receiver tries to re-attach to a node above it before it fails.
+    relay_reattach: float = field(default=60.0, metadata={"parse": parse_duration})

@@ -38,6 +38,10 @@ class PullRequest:
     part_size_mib: int | None = None
     #: The operator's reason to start over the egress budget (audited), if any.
     reason: str | None = None
+    #: ``direct``, ``relay``, ``auto`` (None: ``[jobs] fanout``); a relay's seeds per site and degree.
+    fanout: str | None = None
+    seeds: int | None = None
+    degree: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class PullPreview:
         """The plan as the operator reads it, then what stops it."""
         from backend.jobs.fmt import describe_plan
 
-        return describe_plan(self.plan) + [f"not startable: {b}" for b in self.blockers]
+        return describe_plan(self.plan) + fanout_lines(self.plan) + [f"not startable: {b}" for b in self.blockers]
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,32 @@ class PullStarted:
     records: tuple[JobRecord, ...]
     audit_id: int
     warnings: tuple[str, ...] = field(default=())
+
+
+def fanout_lines(plan: PullPlan) -> list[str]:
+    """How the data reaches the nodes, and what the store sends: 1x against N x, and the saving."""
+    from backend.units import bytes_text, usd_text
+
+    out = []
+    if plan.fanout == "direct":
+        if plan.fanout_note:
+            out.append(f"  fan-out: direct ({plan.fanout_note})")
+        return out
+    out.append(f"  fan-out: {plan.fanout}" + (f" ({plan.fanout_note})" if plan.fanout_note else ""))
+    if plan.topology is not None:
+        out += [f"    {line}" for line in plan.topology.lines()]
+    if plan.store_cost and plan.direct_cost:
+        k = len(plan.store_nodes)
+        n = len(plan.nodes)
+        line = (
+            f"  the store sends {k}x: {bytes_text(plan.store_cost[0])} ({usd_text(plan.store_cost[1])}) "
+            f"instead of {n}x: {bytes_text(plan.direct_cost[0])} ({usd_text(plan.direct_cost[1])})"
+        )
+        saved = plan.saved_usd
+        if saved is not None:
+            line += f"; saves {usd_text(saved)} this month"
+        out.append(line)
+    return out
 
 
 class Pulls(Operation):
@@ -88,6 +118,8 @@ class Pulls(Operation):
             ("numworkers", req.numworkers),
             ("concurrency", req.concurrency),
             ("part size", req.part_size_mib),
+            ("--seeds", req.seeds),
+            ("--degree", req.degree),
         ):
             if v is not None and v < 1:
                 raise ConfigError(f"{name} must be at least 1, got {v}")
@@ -111,6 +143,9 @@ class Pulls(Operation):
             concurrency=req.concurrency,
             part_size_mib=req.part_size_mib,
             allow_over_budget=req.reason,
+            fanout=req.fanout,
+            seeds=req.seeds,
+            degree=req.degree,
         )
         return self._preview(req, plan, time.time())
 
@@ -135,7 +170,7 @@ class Pulls(Operation):
         self.validate(req)
         plan = shown.plan
         profile = resolve_store(self.services.config, plan.src, plan.store)
-        nodes = [self.services.config.node(n.node) for n in plan.nodes]
+        nodes = [self.services.config.node(n) for n in plan.store_nodes]
         decision, note = egress_check(
             self.services, profile, nodes, plan.total_bytes, len(plan.objects), req.reason, src=plan.src
         )
@@ -175,13 +210,17 @@ class Pulls(Operation):
                 "jobs": [r.id for r in records],
                 "bytes": plan.total_bytes,
                 "objects": len(plan.objects),
+                "fanout": plan.fanout,
+                "store_bytes": plan.store_cost[0] if plan.store_cost else None,
+                "seeds": plan.store_nodes if plan.topology is not None else None,
             },
         )
         return PullStarted(plan, records, audit_id, preview.warnings)
 
     def _reserve(self, req: PullRequest, plan: PullPlan, job_ids: dict[str, str]) -> Reserved:
         """Step 4: the budget check and every node's reservation, in one transaction, before any
-        job starts (each node's job is reserved what the store will send it: the whole pull)."""
+        job starts (each node's job is reserved what the store will send it: the whole pull; in a
+        relay only the seeds take it from the store, so only they are reserved)."""
         from backend.jobs.pull import egress_profile, resolve_store
         from backend.ledger import Reservation
 
@@ -191,5 +230,6 @@ class Pulls(Operation):
         items = [
             Reservation(job_ids[n.node], self.services.config.node(n.node).site, plan.total_bytes, len(plan.objects))
             for n in plan.nodes
+            if n.node in plan.store_nodes
         ]
         return self.services.egress.reserve(profile, items, allow_over_budget_reason=req.reason)

@@ -196,10 +196,30 @@ _V3 = (
     "CREATE INDEX alerts_state ON alerts(state)",
 )
 
+_V4 = (
+    # What fan-out saved: one row per relay receiver job (the bytes it got from a peer instead of
+    # the store), priced as the direct pull would have been when it ended. Not egress: the
+    # ledger's rows stay what the store really sent.
+    """CREATE TABLE fanout_savings (
+        job_id TEXT PRIMARY KEY,
+        ts {real} NOT NULL,
+        month TEXT NOT NULL,
+        relay_group TEXT NOT NULL DEFAULT '',
+        store TEXT NOT NULL,
+        account TEXT,
+        dest_site TEXT,
+        bytes {bigint} NOT NULL,
+        usd {real},
+        note TEXT NOT NULL DEFAULT ''
+    )""",
+    "CREATE INDEX fanout_savings_month ON fanout_savings(month)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, ledger, audit, retention journal, pins and milestones", _V1),
     Migration(2, "egress reservations, named locks, the database's id, job origins", _V2),
     Migration(3, "the alerts loadmaster watch raises, and what each sink acknowledged", _V3),
+    Migration(4, "what fan-out pulls saved (bytes peers sent instead of the store)", _V4),
 )
 
 #: The version this loadmaster writes.
@@ -217,6 +237,7 @@ TABLES = (
     "retention_journal",
     "state_locks",
     "alerts",
+    "fanout_savings",
 )
 #: Tables with an identity ``id`` column (their sequence moves past copied rows).
 ID_TABLES = ("job_events", "egress_ledger", "audit")

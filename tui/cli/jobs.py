@@ -82,6 +82,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pl.add_argument("--numworkers", type=int, metavar="N", help="s5cmd --numworkers (default 256)")
     pl.add_argument("--concurrency", type=int, metavar="C", help="s5cmd cp --concurrency (default 32)")
     pl.add_argument("--part-size", type=int, metavar="MiB", help="s5cmd cp --part-size in MiB (default 64)")
+    pl.add_argument(
+        "--fanout",
+        choices=["direct", "relay", "auto"],
+        help="direct: every node from the store; relay: seeds from the store, the others from peers "
+        "over the cluster network; auto: relay where the route is priced (default: [jobs] fanout)",
+    )
+    pl.add_argument("--seeds", type=int, metavar="K", help="relay: seed nodes per site that pull from the store (1)")
+    pl.add_argument("--degree", type=int, metavar="D", help="relay: children per node, 1 = a chain (1)")
     pl.add_argument("--detach", action="store_true", help="start and return; follow with 'loadmaster jobs'")
     pl.add_argument("--yes", "-y", action="store_true", help="start without asking")
     pl.add_argument(
@@ -274,6 +282,9 @@ def _pull_request(args: argparse.Namespace) -> PullRequest:
         concurrency=knob(args.concurrency, cc),
         part_size_mib=knob(args.part_size, ps),
         reason=args.allow_over_budget,
+        fanout=args.fanout,
+        seeds=args.seeds,
+        degree=args.degree,
     )
 
 

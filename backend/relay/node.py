@@ -1,0 +1,578 @@
+"""One node of a relay pull: what it holds, the server its children read from, the receiver that
+reads from its upstream.
+
+Every node serves its children from its own disk: :class:`Holdings` says, per object, how many
+bytes are verified and written and in which file (the temporary while it arrives, the final
+name once renamed). A child is served independently of its siblings, from wherever it is, so a
+slow child holds back only its own subtree, and a child that re-attaches (its upstream died) to
+any node above it resumes from the last verified byte: every node above has at least what the
+dead one had.
+
+A receiver writes each object as a direct pull does: a temporary beside the final name in
+s5cmd's own naming scheme (so the pull's cleanup recognises it), renamed once every byte is
+verified and the size (and a plain-MD5 ETag) matches the listing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backend.agent.context import JobContext
+from backend.errors import JobError
+from backend.jobs.pull_objects import PulledObject
+from backend.relay.protocol import (
+    Chunk,
+    ChunkCheck,
+    FrameCodec,
+    ProtocolError,
+    client_handshake,
+    read_frame,
+    server_handshake,
+)
+
+#: A connected child hears from its upstream at least this often (a ping when there is no data).
+PING_S = 1.0
+#: Without a frame for this long, the upstream is taken as dead and the child re-attaches.
+SILENCE_S = 5.0
+CONNECT_S = 2.0
+
+
+def listing_digest(objects: list[PulledObject]) -> str:
+    """What every node of one relay must agree on: the objects, their sizes and ETags."""
+    return hashlib.sha256(json.dumps([list(o) for o in objects]).encode()).hexdigest()
+
+
+def is_plain_md5(etag: str | None) -> bool:
+    return bool(etag) and len(etag or "") == 32 and all(c in "0123456789abcdef" for c in etag or "")
+
+
+class Cancelled(JobError):
+    """The relay was cancelled (here or by a peer)."""
+
+
+class Holdings:
+    """What this node has of each object, shared by its receiver (or s5cmd) and its server."""
+
+    def __init__(self, dest: Path, objects: list[PulledObject]) -> None:
+        self.dest = dest
+        self.objects = objects
+        self.sizes = [o.size for o in objects]
+        self.avail = [0] * len(objects)
+        self.path: list[Path | None] = [None] * len(objects)
+        self.complete = [False] * len(objects)
+        #: Set when this node's whole copy is verified: the end message its children get.
+        self.end: dict[str, Any] | None = None
+        #: Set when this node cannot finish: its children are told and fail or re-attach.
+        self.error: str | None = None
+        self.cancelled = False
+        self.cond = threading.Condition()
+
+    def publish(self, index: int, avail: int, path: Path, *, complete: bool = False) -> None:
+        with self.cond:
+            self.avail[index] = avail
+            self.path[index] = path
+            self.complete[index] = complete or self.complete[index]
+            self.cond.notify_all()
+
+    def finish(self, end: dict[str, Any]) -> None:
+        with self.cond:
+            self.end = end
+            self.cond.notify_all()
+
+    def fail(self, error: str) -> None:
+        with self.cond:
+            self.error = error
+            self.cond.notify_all()
+
+    def cancel(self) -> None:
+        with self.cond:
+            self.cancelled = True
+            self.cond.notify_all()
+
+    @property
+    def bytes_done(self) -> int:
+        return sum(self.avail)
+
+    @property
+    def items_done(self) -> int:
+        return sum(self.complete)
+
+
+class RateWindow:
+    """Bytes per second over the last few seconds of (time, bytes so far) points."""
+
+    def __init__(self, span_s: float = 3.0) -> None:
+        self.span_s = span_s
+        self.points: list[tuple[float, int]] = []
+
+    def add(self, nbytes: int) -> None:
+        now = time.time()
+        self.points = [p for p in self.points if now - p[0] <= self.span_s] + [(now, nbytes)]
+
+    def bps(self) -> float:
+        if len(self.points) < 2:
+            return 0.0
+        (t0, b0), (t1, b1) = self.points[0], self.points[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+@dataclass
+class ChildState:
+    """What this node knows of one child: connections, whether its subtree is done, bytes sent."""
+
+    connected: int = 0
+    done: bool = False
+    gone_at: float | None = None
+    served: int = 0
+    rate: RateWindow = field(default_factory=RateWindow)
+
+
+class RelayServer:
+    """Serves this node's holdings to its children on the cluster address (never every address)."""
+
+    def __init__(
+        self,
+        holdings: Holdings,
+        ctx: JobContext,
+        *,
+        secret: str,
+        group: str,
+        listen: tuple[str, int],
+        planned: list[str],
+        chunk_size: int,
+        grace_s: float,
+    ) -> None:
+        self.h = holdings
+        self.ctx = ctx
+        self.secret = secret
+        self.group = group
+        self.chunk_size = chunk_size
+        self.grace_s = grace_s
+        self.children: dict[str, ChildState] = {n: ChildState() for n in planned}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.ready_at: float | None = None
+        try:
+            self.sock = socket.create_server(listen, family=_family(listen[0]), backlog=64)
+        except OSError as exc:
+            raise JobError(
+                f"cannot listen for relay peers on {listen[0]}:{listen[1]}: {exc.strerror}; "
+                "set [jobs] relay_network to this node's cluster address or relay_ports to a free range"
+            ) from None
+        self.sock.settimeout(0.5)
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        t = threading.Thread(target=self._accept, name="relay-accept", daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with self.h.cond:
+            self.h.cond.notify_all()
+        for t in self.threads:
+            t.join(timeout=5)
+
+    # -- children -----------------------------------------------------------------------------
+
+    def subtree_done(self) -> bool:
+        """Every child is done, or gone for longer than the grace (the console retries it)."""
+        now = time.time()
+        ready = self.ready_at or now
+        with self.lock:
+            for st in self.children.values():
+                if st.done:
+                    continue
+                if st.connected > 0:
+                    return False
+                if now - max(st.gone_at or ready, ready) < self.grace_s:
+                    return False
+        return True
+
+    def abandoned(self) -> list[str]:
+        with self.lock:
+            return sorted(n for n, st in self.children.items() if not st.done)
+
+    def served(self) -> dict[str, dict[str, Any]]:
+        with self.lock:
+            return {
+                n: {"bytes": st.served, "gbps": round(st.rate.bps() * 8 / 1e9, 3), "done": st.done}
+                for n, st in self.children.items()
+            }
+
+    # -- connections --------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _addr = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(conn,), name="relay-serve", daemon=True)
+            t.start()
+            self.threads = [x for x in self.threads if x.is_alive()] + [t]
+
+    def _serve(self, conn: socket.socket) -> None:
+        name = None
+        st: ChildState | None = None
+        try:
+            conn.settimeout(CONNECT_S + 1)
+            name, key = server_handshake(conn, self.secret, self.group)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            inbound = ChunkCheck(key, [], [])
+            outbound = FrameCodec(key)
+            kind, payload, tag = read_frame(conn)
+            want = inbound.frame(kind, payload, tag)
+            have = want.get("have") if isinstance(want, dict) and want.get("t") == "want" else None
+            if not isinstance(have, list) or len(have) != len(self.h.sizes):
+                raise ProtocolError("the child's 'want' does not match this relay's objects")
+            sent = [max(0, min(int(x), size)) for x, size in zip(have, self.h.sizes, strict=True)]
+            with self.lock:
+                st = self.children.setdefault(name, ChildState())
+                st.connected += 1
+                st.done = False
+            self.ctx.log(f"relay: {name} attached (has {sum(sent)} of {sum(self.h.sizes)} bytes)")
+            self._stream(conn, name, st, inbound, outbound, sent)
+        except (OSError, ConnectionError, ProtocolError, ValueError) as exc:
+            if not self.stopping.is_set():
+                self.ctx.log(f"relay: connection from {name or 'a peer'} ended: {exc}")
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
+            if st is not None:
+                with self.lock:
+                    st.connected -= 1
+                    if not st.done:
+                        st.gone_at = time.time()
+
+    def _stream(
+        self,
+        conn: socket.socket,
+        name: str,
+        st: ChildState,
+        inbound: ChunkCheck,
+        outbound: FrameCodec,
+        sent: list[int],
+    ) -> None:
+        h = self.h
+        conn.settimeout(30)
+        gone = threading.Event()
+
+        def read_child() -> None:
+            try:
+                while True:
+                    kind, payload, tag = read_frame(conn)
+                    msg = inbound.frame(kind, payload, tag)
+                    if isinstance(msg, Chunk):
+                        raise ProtocolError("a child sent a chunk")
+                    if msg.get("t") == "done":
+                        with self.lock:
+                            st.done = True
+                    elif msg.get("t") == "cancel":
+                        self.ctx.log(f"relay: {name} cancelled the pull")
+                        self.ctx.request_cancel()
+                        h.cancel()
+            except (OSError, ConnectionError, ProtocolError):
+                pass
+            finally:
+                gone.set()
+                with h.cond:
+                    h.cond.notify_all()
+
+        reader = threading.Thread(target=read_child, name="relay-child-read", daemon=True)
+        reader.start()
+        fds: dict[int, int] = {}
+        cur: int | None = None
+        end_sent = False
+        last = time.monotonic()
+        try:
+            while not gone.is_set() and not self.stopping.is_set():
+                if h.cancelled or self.ctx.cancelled:
+                    conn.sendall(outbound.ctrl({"t": "cancel"}))
+                    return
+                if h.error is not None:
+                    conn.sendall(outbound.ctrl({"t": "failed", "error": h.error[:500]}))
+                    return
+                with h.cond:
+                    if cur is None or sent[cur] >= h.sizes[cur]:
+                        cur = next((i for i, a in enumerate(h.avail) if a > sent[i]), None)
+                    todo = None
+                    if cur is not None and h.avail[cur] > sent[cur]:
+                        todo = (cur, sent[cur], min(self.chunk_size, h.avail[cur] - sent[cur]), h.path[cur])
+                    elif not end_sent and h.end is not None and sent == h.sizes:
+                        pass
+                    else:
+                        h.cond.wait(PING_S)
+                if todo is not None:
+                    i, off, n, path = todo
+                    fd = fds.get(i)
+                    if fd is None:
+                        assert path is not None
+                        fd = fds[i] = os.open(path, os.O_RDONLY)
+                    data = os.pread(fd, n, off)
+                    if len(data) != n:
+                        raise JobError(f"{path}: {len(data)} bytes where {n} were verified")
+                    conn.sendall(outbound.chunk(i, off, data))
+                    sent[i] = off + n
+                    if sent[i] >= h.sizes[i]:
+                        os.close(fds.pop(i))
+                    with self.lock:
+                        st.served += n
+                        st.rate.add(st.served)
+                    last = time.monotonic()
+                    continue
+                if not end_sent and h.end is not None and sent == h.sizes:
+                    conn.sendall(outbound.ctrl({"t": "end", **h.end}))
+                    end_sent = True
+                    last = time.monotonic()
+                    continue
+                if end_sent and st.done:
+                    return
+                if time.monotonic() - last >= PING_S:
+                    conn.sendall(outbound.ctrl({"t": "ping"}))
+                    last = time.monotonic()
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+            gone.wait(0.1 if st.done else 0)
+
+
+def _family(addr: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
+@dataclass(frozen=True)
+class Upstream:
+    name: str
+    addr: str
+    port: int
+
+
+class _Temp:
+    """One object arriving: its temporary file, the bytes written, the running MD5."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.md5 = hashlib.md5(usedforsecurity=False)
+
+
+def temp_name(final: Path) -> Path:
+    """A temporary beside ``final`` in s5cmd's scheme (name + decimal uint32), as a direct pull's."""
+    return final.with_name(f"{final.name}{random.randint(1, 2**32 - 1)}")
+
+
+class Receiver:
+    """Reads this node's copy from its upstream, re-attaching up the tree when the upstream dies."""
+
+    def __init__(
+        self,
+        holdings: Holdings,
+        ctx: JobContext,
+        *,
+        secret: str,
+        group: str,
+        me: str,
+        upstreams: list[Upstream],
+        reattach_s: float,
+    ) -> None:
+        self.h = holdings
+        self.ctx = ctx
+        self.secret = secret
+        self.group = group
+        self.me = me
+        self.upstreams = upstreams
+        self.reattach_s = reattach_s
+        self.temps: dict[int, _Temp] = {}
+        self.md5_checked = 0
+        self.upstream: str | None = None
+        self.attachments: list[dict[str, Any]] = []
+        self.end: dict[str, Any] | None = None
+        self.sock: socket.socket | None = None
+        self.codec: FrameCodec | None = None
+        self.check: ChunkCheck | None = None
+        self.rate = RateWindow()
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def prepare_empty(self) -> None:
+        """Objects of zero bytes have no chunks: written (and renamed) at once."""
+        for i, o in enumerate(self.h.objects):
+            if o.size == 0:
+                final = self.h.dest / o.rel
+                final.parent.mkdir(parents=True, exist_ok=True)
+                tmp = temp_name(final)
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                os.replace(tmp, final)
+                self.h.publish(i, 0, final, complete=True)
+
+    def _write(self, chunk: Chunk) -> None:
+        i = chunk.index
+        o = self.h.objects[i]
+        t = self.temps.get(i)
+        if t is None:
+            final = self.h.dest / o.rel
+            final.parent.mkdir(parents=True, exist_ok=True)
+            path = temp_name(final)
+            t = self.temps[i] = _Temp(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        written = os.pwrite(t.fd, chunk.data, chunk.offset)
+        if written != len(chunk.data):
+            raise JobError(f"{t.path}: short write ({written} of {len(chunk.data)} bytes); is the disk full?")
+        t.md5.update(chunk.data)
+        end = chunk.offset + written
+        if end < o.size:
+            self.h.publish(i, end, t.path)
+            return
+        os.close(t.fd)
+        del self.temps[i]
+        if is_plain_md5(o.etag) and t.md5.hexdigest() != o.etag:
+            t.path.unlink(missing_ok=True)
+            raise JobError(f"{o.rel} has MD5 {t.md5.hexdigest()} but the object's ETag is {o.etag}: removed")
+        if is_plain_md5(o.etag):
+            self.md5_checked += 1
+        final = self.h.dest / o.rel
+        os.replace(t.path, final)
+        self.h.publish(i, end, final, complete=True)
+
+    def remove_temps(self) -> None:
+        for t in self.temps.values():
+            with contextlib.suppress(OSError):
+                os.close(t.fd)
+            t.path.unlink(missing_ok=True)
+        self.temps.clear()
+
+    # -- the connection -----------------------------------------------------------------------
+
+    def rate_bps(self) -> float:
+        return self.rate.bps()
+
+    def run(self) -> None:
+        """Receive every object and the upstream's end message (its copy verified)."""
+        lost_since: float | None = None
+        last_error = ""
+        while True:
+            for up in self.upstreams:
+                if self.ctx.cancelled:
+                    raise Cancelled("cancelled")
+                try:
+                    sock, key = self._connect(up)
+                except (OSError, ConnectionError, ProtocolError) as exc:
+                    last_error = f"{up.name}: {exc}"
+                    continue
+                self.upstream = up.name
+                self.attachments.append({"upstream": up.name, "t": time.time(), "at_bytes": self.h.bytes_done})
+                if lost_since is not None:
+                    self.ctx.log(f"relay: re-attached to {up.name} after {time.time() - lost_since:.1f}s")
+                else:
+                    self.ctx.log(f"relay: attached to {up.name}")
+                try:
+                    self._stream(sock, key)
+                    return
+                except (OSError, ConnectionError, ProtocolError) as exc:
+                    with contextlib.suppress(OSError):
+                        sock.close()
+                    self.sock = None
+                    last_error = f"{up.name}: {exc}"
+                    lost_since = time.time()
+                    self.ctx.log(f"relay: lost {up.name} ({exc}); re-attaching from byte {self.h.bytes_done}")
+                    break  # start again from the nearest upstream
+            if lost_since is None:
+                lost_since = time.time()
+            if time.time() - lost_since > self.reattach_s:
+                names = ", ".join(u.name for u in self.upstreams)
+                raise JobError(f"no upstream answered for {self.reattach_s:g}s ({names}); last: {last_error}")
+            if self.ctx.wait_cancelled(0.3):
+                raise Cancelled("cancelled")
+
+    def _connect(self, up: Upstream) -> tuple[socket.socket, bytes]:
+        sock = socket.create_connection((up.addr, up.port), timeout=CONNECT_S)
+        try:
+            sock.settimeout(CONNECT_S + 1)
+            key = client_handshake(sock, self.secret, self.group, self.me)
+        except BaseException:
+            sock.close()
+            raise
+        return sock, key
+
+    def _stream(self, sock: socket.socket, key: bytes) -> None:
+        h = self.h
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(SILENCE_S)
+        out = FrameCodec(key)
+        check = ChunkCheck(key, list(h.sizes), list(h.avail))
+        sock.sendall(out.ctrl({"t": "want", "have": list(h.avail)}))
+        self.sock, self.codec, self.check = sock, out, check
+        while True:
+            if self.ctx.cancelled:
+                with contextlib.suppress(OSError):
+                    sock.sendall(out.ctrl({"t": "cancel"}))
+                raise Cancelled("cancelled")
+            kind, payload, tag = read_frame(sock)
+            msg = check.frame(kind, payload, tag)
+            if isinstance(msg, Chunk):
+                self._write(msg)
+                check.accepted(msg)
+                self.rate.add(h.bytes_done)
+                continue
+            t = msg.get("t")
+            if t == "ping":
+                continue
+            if t == "cancel":
+                self.ctx.log(f"relay: {self.upstream} cancelled the pull")
+                self.ctx.request_cancel()
+                raise Cancelled("cancelled")
+            if t == "failed":
+                raise JobError(f"upstream {self.upstream} failed: {str(msg.get('error'))[:300]}")
+            if t == "end":
+                if not all(h.complete):
+                    raise ProtocolError("the upstream ended before every object was sent")
+                self.end = msg
+                return
+            raise ProtocolError(f"unexpected control message {str(t)[:40]!r}")
+
+    def watch(self) -> None:
+        """After the copy: keep reading the upstream (pings) so a cancel from above still arrives."""
+        sock, check = self.sock, self.check
+        if sock is None or check is None:
+            return
+
+        def read() -> None:
+            try:
+                while True:
+                    msg = check.frame(*read_frame(sock))
+                    if isinstance(msg, dict) and msg.get("t") == "cancel":
+                        self.ctx.log(f"relay: {self.upstream} cancelled the pull")
+                        self.ctx.request_cancel()
+                        return
+            except (OSError, ConnectionError, ProtocolError):
+                return
+
+        threading.Thread(target=read, name="relay-watch", daemon=True).start()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        """A message to the upstream on the connection the copy came over (done, cancel)."""
+        if self.sock is None or self.codec is None:
+            return
+        with contextlib.suppress(OSError):
+            self.sock.sendall(self.codec.ctrl(msg))
+
+    def close(self) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.close()
+            self.sock = None

@@ -1,0 +1,65 @@
+"""Relay pulls on the lab's 4 real sshd nodes from SeaweedFS through a counting proxy."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from backend.lab import Lab
+from backend.lab.counting_proxy import CountingProxy
+from tests.relay.conftest import NODES, RelaySource, assert_copy, layout, relay_config, s5cmd_everywhere
+from tui.cli import main as cli_main
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _pull(cfg: Path, source: RelaySource, dest: str, *extra: str) -> tuple[int, dict, str]:
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main(
+            ["--config", str(cfg), "pull", source.url, dest, "--nodes", "node-0[1-4]", "--yes", "--json", *extra]
+        )
+    text = out.getvalue()
+    return rc, (json.loads(text) if text.strip().startswith("{") else {}), err.getvalue()
+
+
+def test_relay_store_sends_once_direct_sends_four_times(
+    lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    cfg = relay_config(lab, tmp_path, store_proxy)
+    store_proxy.reset()
+    rc, out, err = _pull(cfg, relay_source, "pulls/relay-1x", "--fanout", "relay")
+    assert rc == 0, err
+    relay_bytes = store_proxy.served
+    jobs = {j["node"]: j for j in out["jobs"]}
+    assert {j["kind"] for j in jobs.values()} == {"relay"}
+    assert jobs["node-01"]["result"]["relay"]["role"] == "seed"
+    for node in NODES:
+        assert jobs[node]["state"] == "succeeded", jobs[node]
+        assert_copy(lab.node(node).scratch / "pulls/relay-1x", relay_source)
+    # node-03 has no s5cmd: it received everything from its upstream.
+    assert jobs["node-03"]["result"]["relay"]["upstream"] == "node-02"
+    assert relay_source.total <= relay_bytes < relay_source.total * 1.05, (relay_bytes, relay_source.total)
+    assert "instead of 4x" in err and "saves" in err
+
+    # The same data, each node from the store: 4x.
+    direct_cfg = relay_config(lab, tmp_path, store_proxy, name="direct", jobs=s5cmd_everywhere())
+    store_proxy.reset()
+    rc, out, err = _pull(direct_cfg, relay_source, "pulls/direct-4x", "--fanout", "direct")
+    assert rc == 0, err
+    direct_bytes = store_proxy.served
+    assert 4 * relay_source.total <= direct_bytes < 4 * relay_source.total * 1.05
+    for node in NODES:
+        assert_copy(lab.node(node).scratch / "pulls/direct-4x", relay_source)
+        assert layout(lab.node(node).scratch / "pulls/relay-1x") == layout(lab.node(node).scratch / "pulls/direct-4x")
+
+    # The ledger holds what the store sent: the seed's bytes only.
+    db = sqlite3.connect(tmp_path / "state-lm" / "state.sqlite3")
+    rows = db.execute("SELECT job_id, bytes, state FROM egress_ledger").fetchall()
+    assert rows == [(jobs["node-01"]["id"], relay_source.total, "settled")]
