@@ -12,9 +12,10 @@ Reports, per fleet size, the console process's CPU use (% of one core: process_t
 and the 99th-percentile time to apply one tick (the screen's FleetSampled handler: summary,
 changed cells, alerts) and to take one tick end to end (parse + rates + history + alerts for every
 node, then the screen update), for loadmaster and for the named peer
-"rebuild-all" (the same screen redrawing every row each tick, no cell diffing), side by side.
+"rebuild-all" (the same screen redrawing every row each tick, no cell diffing), side by side; and the
+heatmap view (one cell per GPU, the view above 16 nodes) on the same fleet.
 
-    .venv/bin/python bench/telemetry_render.py            # 256 and 64 nodes x 8 GPUs, 60 s
+    .venv/bin/python bench/telemetry_render.py            # 256 and 64 nodes x 8 GPUs, 60 s, table and heatmap
     .venv/bin/python bench/telemetry_render.py --seconds 10 --nodes 256
 """
 
@@ -56,7 +57,7 @@ def rebuild_all(self: FleetTable, nodes: Any, trend: Any) -> int:
     return len(nodes) * 12
 
 
-async def run(count: int, seconds: int, *, peer: bool) -> dict[str, float]:
+async def run(count: int, seconds: int, *, peer: bool, view: str = "table") -> dict[str, float]:
     from tui.app import LoadmasterApp
     from tui.screens.fleet import FleetScreen
 
@@ -79,9 +80,9 @@ async def run(count: int, seconds: int, *, peer: bool) -> dict[str, float]:
             await pilot.pause()
             screen = app.screen
             assert isinstance(screen, FleetScreen)
-            # The row table (the peer patches its update): above 16 nodes the screen opens on
-            # the heatmap, measured by bench/prometheus_fleet.py.
-            screen.show_view("table")
+            # The row table (the peer patches its update) or the heatmap (one cell per GPU, the
+            # view above 16 nodes), as asked.
+            screen.show_view("heatmap" if view == "heatmap" else "table")
             # Warm-up tick (first rows, column layout), not measured.
             for name, text in blocks[0]:
                 hub.ingest(name, text, 0.0)
@@ -131,6 +132,13 @@ def main() -> int:
         "--nodes", type=int, nargs="+", default=[256, 64], help="fleet sizes (8 GPUs each); default 256 64"
     )
     parser.add_argument("--no-peer", action="store_true", help="skip the rebuild-all peer")
+    parser.add_argument(
+        "--views",
+        nargs="+",
+        choices=("table", "heatmap"),
+        default=["table", "heatmap"],
+        help="Fleet views to measure (default both; the peer is the table's rebuild-all)",
+    )
     args = parser.parse_args()
     if args.seconds < 1:
         parser.error("--seconds must be at least 1")
@@ -140,21 +148,21 @@ def main() -> int:
         os.environ["LOADMASTER_DATA_DIR"] = str(Path(tmp) / "data")
         os.environ.pop("LOADMASTER_CONFIG", None)
         print(
-            "| fleet | ticks | loadmaster CPU (% of 1 core) | apply p99 ms wall (CPU) | "
+            "| fleet | view | ticks | loadmaster CPU (% of 1 core) | apply p99 ms wall (CPU) | "
             "whole tick p99 ms wall (CPU) | peer rebuild-all CPU % | peer apply p99 ms wall (CPU) | "
             "CPU ratio peer/loadmaster | goal (<20% CPU, apply p99 <50 ms) |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
-        for count in args.nodes:
-            ours = asyncio.run(run(count, args.seconds, peer=False))
-            theirs = None if args.no_peer else asyncio.run(run(count, args.seconds, peer=True))
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for count, view in ((c, v) for c in args.nodes for v in args.views):
+            ours = asyncio.run(run(count, args.seconds, peer=False, view=view))
+            theirs = None if args.no_peer or view != "table" else asyncio.run(run(count, args.seconds, peer=True))
             ok = ours["cpu_pct"] < 20 and ours["apply_p99_ms"] < 50
             ok_cpu = ours["cpu_pct"] < 20 and ours["apply_cpu_p99_ms"] < 50
             peer_cpu = f"{theirs['cpu_pct']:.1f}" if theirs else "-"
             peer_p99 = f"{theirs['apply_p99_ms']:.1f} ({theirs['apply_cpu_p99_ms']:.1f})" if theirs else "-"
             ratio = f"{theirs['cpu_pct'] / ours['cpu_pct']:.2f}x" if theirs else "-"
             print(
-                f"| {count} nodes x 8 GPUs | {ours['ticks']:.0f} | {ours['cpu_pct']:.1f} | "
+                f"| {count} nodes x 8 GPUs | {view} | {ours['ticks']:.0f} | {ours['cpu_pct']:.1f} | "
                 f"{ours['apply_p99_ms']:.1f} ({ours['apply_cpu_p99_ms']:.1f}) | "
                 f"{ours['tick_p99_ms']:.1f} ({ours['tick_cpu_p99_ms']:.1f}) | {peer_cpu} | "
                 f"{peer_p99} | {ratio} | "
