@@ -829,6 +829,7 @@ async def launch_relay(
             "chunk_mib": settings.relay_chunk_mib,
             "grace_s": settings.relay_grace,
             "reattach_s": settings.relay_reattach,
+            "max_gbps": settings.relay_max_gbps,
         }
         params = {**_pull_params(services, plan, est), "expected": expected, "relay": relay}
         secrets = {SECRET_ENV: secret, **(creds.as_env() if seed else {})}

@@ -89,6 +89,8 @@ class JobSettings:
     relay_ports: str = field(default="41000-41999", metadata={"parse": _port_range})
     #: Bytes per relay chunk (each carries its SHA-256), in MiB.
     relay_chunk_mib: int = field(default=4, metadata={"parse": _positive_int})
+    #: The most each relay hop may carry, in Gbps (0: no cap; leave room for a running job's traffic).
+    relay_max_gbps: float = 0.0
     #: How long a relay node waits for a child that went away before leaving it to the console.
     relay_grace: float = field(default=15.0, metadata={"parse": parse_duration})
     #: How long a receiver tries to re-attach to a node above it before it fails.

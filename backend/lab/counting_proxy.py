@@ -35,26 +35,30 @@ class CountingProxy:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
                 return
 
-            def _forward(self) -> None:
-                conn = getattr(self, "_upstream", None)
-                if conn is None:
-                    conn = self._upstream = http.client.HTTPConnection(
-                        proxy.upstream_host, proxy.upstream_port, timeout=300
-                    )
-                length = int(self.headers.get("Content-Length") or 0)
+            def _send(self, conn: http.client.HTTPConnection, body: bytes) -> http.client.HTTPResponse:
                 conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
                 for k, v in self.headers.items():
                     if k.lower() not in _HOP:
                         conn.putheader(k, v)
-                conn.endheaders()
-                left = length
-                while left > 0:
-                    block = self.rfile.read(min(left, 1 << 20))
-                    if not block:
-                        break
-                    conn.send(block)
-                    left -= len(block)
-                resp = conn.getresponse()
+                conn.endheaders(body or None)
+                return conn.getresponse()
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                conn = getattr(self, "_upstream", None)
+                try:
+                    if conn is None:
+                        raise ConnectionError("no upstream connection yet")
+                    resp = self._send(conn, body)
+                except (ConnectionError, http.client.HTTPException):
+                    # The server closed an idle keep-alive connection: once more on a new one.
+                    if conn is not None:
+                        conn.close()
+                    conn = self._upstream = http.client.HTTPConnection(
+                        proxy.upstream_host, proxy.upstream_port, timeout=300
+                    )
+                    resp = self._send(conn, body)
                 self.send_response_only(resp.status, resp.reason)
                 bodiless = self.command == "HEAD" or resp.status in (204, 304) or resp.status < 200
                 chunked = resp.getheader("Content-Length") is None and not bodiless

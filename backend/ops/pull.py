@@ -75,6 +75,11 @@ class PullStarted:
     records: tuple[JobRecord, ...]
     audit_id: int
     warnings: tuple[str, ...] = field(default=())
+    request: PullRequest | None = None
+
+    def needs_retry(self, record: JobRecord) -> bool:
+        """A relay node whose job died (lost) or failed: its copy is to be fetched again."""
+        return record.kind == "relay" and record.state in ("lost", "failed")
 
 
 def fanout_lines(plan: PullPlan) -> list[str]:
@@ -215,7 +220,50 @@ class Pulls(Operation):
                 "seeds": plan.store_nodes if plan.topology is not None else None,
             },
         )
-        return PullStarted(plan, records, audit_id, preview.warnings)
+        return PullStarted(plan, records, audit_id, preview.warnings, req)
+
+    async def retry_from_store(self, started: PullStarted, record: JobRecord, *, label: str = "") -> JobRecord:
+        """Fetch a dead relay node's copy from the store: a direct pull to that node alone, priced
+        and reserved like any pull (the store sends it the data again), and audited.
+
+        Raises NodeUnreachable while the node is down (its reservation is released); call again
+        when it returns.
+        """
+        from backend.jobs.pull import launch_pull
+        from backend.jobs.records import new_job_id
+
+        self.refuse_if_readonly("retry a pull")
+        plan = started.plan
+        est = next((n for n in plan.nodes if n.node == record.node), None)
+        if est is None:
+            raise JobError(f"{record.node} is not a node of this pull")
+        if not est.s5cmd:
+            raise JobError(
+                f"{record.node} has no s5cmd to fetch its copy from the store; install it and pull to it again"
+            )
+        one = dataclasses.replace(
+            plan,
+            nodes=(dataclasses.replace(est, needs_s5cmd=True),),
+            fanout="direct",
+            topology=None,
+            relay_listen={},
+            plan_problems=(),
+        )
+        job_ids = {record.node: new_job_id()}
+        reason = started.request.reason if started.request else None
+        req = started.request or PullRequest(plan.src, plan.dest, record.node, store=plan.store)
+        self._reserve(dataclasses.replace(req, reason=reason), one, job_ids)
+        [rec] = await launch_pull(
+            self.services, one, label=label or f"pull {plan.src} -> {est.dest} (retry of {record.id})", job_ids=job_ids
+        )
+        self.audit(
+            "pull.retry",
+            plan.src,
+            "started",
+            reason=reason,
+            detail={"node": record.node, "job": rec.id, "retry_of": record.id, "was": record.state},
+        )
+        return rec
 
     def _reserve(self, req: PullRequest, plan: PullPlan, job_ids: dict[str, str]) -> Reserved:
         """Step 4: the budget check and every node's reservation, in one transaction, before any

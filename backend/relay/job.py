@@ -91,6 +91,7 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
         planned=[str(c) for c in r.get("children", [])],
         chunk_size=int(r.get("chunk_mib", 4)) << 20,
         grace_s=float(r.get("grace_s", 15.0)),
+        max_bps=float(r.get("max_gbps", 0.0)) * 1e9 / 8,
     )
     server.start()
     ctx.log(f"relay {role}: listening on {addr}:{port} for {', '.join(r.get('children', [])) or 'no planned child'}")

@@ -151,6 +151,7 @@ class RelayServer:
         planned: list[str],
         chunk_size: int,
         grace_s: float,
+        max_bps: float = 0.0,
     ) -> None:
         self.h = holdings
         self.ctx = ctx
@@ -158,6 +159,8 @@ class RelayServer:
         self.group = group
         self.chunk_size = chunk_size
         self.grace_s = grace_s
+        #: Bytes per second to each child at most (0: no cap), to share the cluster network.
+        self.max_bps = max_bps
         self.children: dict[str, ChildState] = {n: ChildState() for n in planned}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -300,6 +303,7 @@ class RelayServer:
         cur: int | None = None
         end_sent = False
         last = time.monotonic()
+        paced_from, paced = time.monotonic(), 0
         try:
             while not gone.is_set() and not self.stopping.is_set():
                 if h.cancelled or self.ctx.cancelled:
@@ -335,6 +339,11 @@ class RelayServer:
                         st.served += n
                         st.rate.add(st.served)
                     last = time.monotonic()
+                    if self.max_bps > 0:
+                        paced += n
+                        ahead = paced_from + paced / self.max_bps - last
+                        if ahead > 0:
+                            time.sleep(min(ahead, 1.0))
                     continue
                 if not end_sent and h.end is not None and sent == h.sizes:
                     conn.sendall(outbound.ctrl({"t": "end", **h.end}))
@@ -475,7 +484,14 @@ class Receiver:
                     last_error = f"{up.name}: {exc}"
                     continue
                 self.upstream = up.name
-                self.attachments.append({"upstream": up.name, "t": time.time(), "at_bytes": self.h.bytes_done})
+                self.attachments.append(
+                    {
+                        "upstream": up.name,
+                        "t": time.time(),
+                        "at_bytes": self.h.bytes_done,
+                        "after_s": None if lost_since is None else round(time.time() - lost_since, 3),
+                    }
+                )
                 if lost_since is not None:
                     self.ctx.log(f"relay: re-attached to {up.name} after {time.time() - lost_since:.1f}s")
                 else:

@@ -317,15 +317,24 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
         if args.json:
             print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in recs]}, indent=2, default=str))
         return 0
-    return await _follow_pull(services, plan, recs, as_json=args.json)
+    return await _follow_pull(services, plan, recs, as_json=args.json, started_pull=started)
 
 
-async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, as_json: bool) -> int:
+async def _follow_pull(
+    services: Services, plan: Any, recs: list[JobRecord], *, as_json: bool, started_pull: Any = None
+) -> int:
+    from backend.errors import NodeUnreachable
     from backend.jobs.records import fleet_rollup
 
     jobs = services.jobs
-    ids = {r.id for r in recs}
+    recs = list(recs)
+    ids = {r.node for r in recs}
     rate = max((n.line_rate_gbps or 0) for n in plan.nodes) or None
+    # A relay node that died is fetched again from the store (priced) once it answers: original
+    # job id -> its retry (None: not retried, and why was said).
+    retried: dict[str, JobRecord | None] = {}
+    waiting: set[str] = set()
+    give_up_at: float | None = None
     # Each round waits on the nodes (up to 2 s) for the jobs to end, then reads them: the runner
     # wakes the waiting read as it writes its result, and the nodes are not busied with polling
     # during the copy. Only the followed jobs' directories are read (one job per node), not every
@@ -337,8 +346,44 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
         while True:
             current = list(await asyncio.gather(*(jobs.refresh_job(r.id, max_wait=2.0) for r in recs)))
             log.debug("pull: refreshed")
+            pending = [
+                r for r in current if started_pull is not None and started_pull.needs_retry(r) and r.id not in retried
+            ]
+            launched = len(recs)
+            for r in pending:
+                try:
+                    again = await services.ops.pulls.retry_from_store(started_pull, r)
+                except NodeUnreachable:
+                    if r.id not in waiting:
+                        waiting.add(r.id)
+                        print(
+                            _t(f"{r.node}: {r.state}; its copy is fetched from the store when it answers"),
+                            file=sys.stderr,
+                        )
+                    continue
+                except LoadmasterError as exc:
+                    retried[r.id] = None
+                    print(_t(f"{r.node}: {r.state}; not retried: {exc}"), file=sys.stderr)
+                    continue
+                retried[r.id] = again
+                recs.append(again)
+                print(
+                    _t(
+                        f"{r.node}: {r.state} ({r.error or 'no result'}); fetching its copy from the store as job {again.id}"
+                    ),
+                    file=sys.stderr,
+                )
             roll = fleet_rollup(current)
-            done = all(r.terminal for r in current)
+            waiting_now = [r for r in current if r.id in waiting and r.id not in retried]
+            done = all(r.terminal for r in current) and all(r.id in retried for r in pending) and len(recs) == launched
+            if all(r.terminal for r in current) and waiting_now:
+                give_up_at = give_up_at or time.monotonic() + jobs.settings.relay_reattach
+                if time.monotonic() < give_up_at:
+                    done = False
+                else:
+                    for r in waiting_now:
+                        retried[r.id] = None
+                        print(_t(f"{r.node} did not answer: pull to it again when it is back"), file=sys.stderr)
             now = time.monotonic()
             if now - last_print >= 2.0 or done:
                 last_print = now
@@ -356,22 +401,32 @@ async def _follow_pull(services: Services, plan: Any, recs: list[JobRecord], *, 
                 )
             if done:
                 break
-            if any(r.note for r in current):
+            if any(r.note for r in current) or waiting_now:
                 await asyncio.sleep(jobs.settings.poll_interval)  # a node is unreachable: do not spin
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("detached: the jobs keep running; follow them with 'loadmaster jobs'", file=sys.stderr)
         return 130
     ok = True
+    by_id = {r.id: r for r in current}
     for r in current:
-        ok = ok and r.state == "succeeded"
-        msg = f"{r.node}: {r.state}"
-        if r.state == "succeeded" and r.result:
+        if r.id in {x.id for x in retried.values() if x is not None}:
+            continue  # shown with the job it retried
+        final = by_id.get(retried[r.id].id) if retried.get(r.id) is not None else None  # type: ignore[union-attr]
+        end = final or r
+        ok = ok and end.state == "succeeded"
+        msg = f"{r.node}: {end.state}"
+        if final is not None:
+            msg = f"{r.node}: {r.state}, retried from the store: {final.state}"
+        if end.state == "succeeded" and end.result:
             msg += (
-                f" ({r.result.get('objects')} objects, {bytes_text(r.result.get('bytes'))} verified, "
-                f"{gbps_text(r.result.get('gbps'))})"
+                f" ({end.result.get('objects')} objects, {bytes_text(end.result.get('bytes'))} verified, "
+                f"{gbps_text(end.result.get('gbps'))})"
             )
-        if r.error:
-            msg += f": {r.error}"
+            relay = end.result.get("relay")
+            if relay and relay.get("upstream"):
+                msg += f" from {relay['upstream']}"
+        if end.error:
+            msg += f": {end.error}"
         print(_t(msg), file=sys.stderr if as_json else sys.stdout)
     if as_json:
         print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in current]}, indent=2, default=str))

@@ -1,0 +1,168 @@
+"""Relay faults on the lab's 4 nodes: a node killed mid-chain, cancel, a slow node."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.lab import Lab
+from backend.lab.counting_proxy import CountingProxy
+from tests.relay.conftest import NODES, RelaySource, assert_copy, relay_config
+from tui.cli import main as cli_main
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Each hop capped (6.25 MB/s): the ~17 MB copy is under way for seconds, long enough to act on.
+SLOW = "relay_max_gbps = 0.05\n"
+
+
+def _job_dir(lab: Lab, node: str, dest: str, timeout: float = 30.0) -> Path:
+    """The job directory on ``node`` of the pull into ``dest`` (found by its spec)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for spec in (lab.node(node).home / "jobs").glob("*/spec.json"):
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(spec.read_text())["params"]["dest"].endswith(dest):
+                    return spec.parent
+        time.sleep(0.05)
+    raise AssertionError(f"no job for {dest} on {node}")
+
+
+def _progress(job_dir: Path) -> dict[str, Any]:
+    try:
+        lines = (job_dir / "progress.jsonl").read_text().splitlines()
+    except OSError:
+        return {}
+    return json.loads(lines[-1]) if lines else {}
+
+
+def _wait_progress(job_dir: Path, low: int, high: int | None = None, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p = _progress(job_dir)
+        if p.get("bytes_done", 0) >= low and (high is None or p.get("bytes_done", 0) <= high):
+            return p
+        time.sleep(0.05)
+    raise AssertionError(f"{job_dir}: progress never reached {low} bytes ({_progress(job_dir)})")
+
+
+def _pgid(job_dir: Path) -> int:
+    return int(json.loads((job_dir / "pid").read_text())["pgid"])
+
+
+@contextlib.contextmanager
+def _pull_in_thread(cfg: Path, source: RelaySource, dest: str, *extra: str) -> Iterator[dict[str, Any]]:
+    """Run ``loadmaster pull`` in a thread (the test acts on the nodes meanwhile); its outcome."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        so, se = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
+            args = ["--config", str(cfg), "pull", source.url, dest, "--nodes", "node-0[1-4]", "--yes", "--json"]
+            out["rc"] = cli_main([*args, "--fanout", "relay", *extra])
+        out["json"] = json.loads(so.getvalue()) if so.getvalue().strip().startswith("{") else {}
+        out["err"] = se.getvalue()
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        yield out
+    finally:
+        t.join(150)
+    assert not t.is_alive(), "the pull never ended"
+
+
+def test_node_killed_mid_chain_leaves_three_verified_and_the_fourth_retried(
+    lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    cfg = relay_config(lab, tmp_path, store_proxy, jobs=SLOW)
+    dest = "pulls/relay-killed"
+    total = relay_source.total
+    store_proxy.reset()
+    with _pull_in_thread(cfg, relay_source, dest) as out:
+        victim = _job_dir(lab, "node-02", dest)
+        below = _job_dir(lab, "node-03", dest)
+        _wait_progress(below, total // 5, total * 4 // 5)
+        os.killpg(_pgid(victim), signal.SIGKILL)  # the node's relay dies mid-chain
+    assert out["rc"] == 0, out["err"]
+    jobs = {(j["node"], j["kind"]): j for j in out["json"]["jobs"]}
+    assert jobs[("node-02", "relay")]["state"] == "lost"
+    assert jobs[("node-02", "pull")]["state"] == "succeeded"  # its copy, fetched from the store
+    for node in NODES:
+        assert_copy(lab.node(node).scratch / dest, relay_source)
+    for node in ("node-01", "node-03", "node-04"):
+        assert jobs[(node, "relay")]["state"] == "succeeded", jobs[(node, "relay")]
+    # node-03 re-attached to node-01 within 10 s and resumed from its last verified chunk.
+    relay3 = jobs[("node-03", "relay")]["result"]["relay"]
+    first, again = relay3["attachments"]
+    assert (first["upstream"], again["upstream"]) == ("node-02", "node-01")
+    assert again["after_s"] < 10 and 0 < again["at_bytes"] < total
+    served = jobs[("node-01", "relay")]["result"]["relay"]["served"]
+    assert served["node-03"]["bytes"] == total - again["at_bytes"]
+    assert relay3["upstream"] == "node-01"
+    # The store sent the seed's copy and the retry's: both priced and in the ledger.
+    assert 2 * total <= store_proxy.served < 2 * total * 1.05
+    db = sqlite3.connect(tmp_path / "state-lm" / "state.sqlite3")
+    rows = dict(db.execute("SELECT job_id, bytes FROM egress_ledger WHERE state = 'settled'").fetchall())
+    assert rows == {jobs[("node-01", "relay")]["id"]: total, jobs[("node-02", "pull")]["id"]: total}
+    (retry,) = db.execute("SELECT detail FROM audit WHERE action = 'pull.retry'").fetchall()
+    assert json.loads(retry[0])["retry_of"] == jobs[("node-02", "relay")]["id"]
+    assert "fetching its copy from the store" in out["err"]
+
+
+def test_cancel_stops_the_whole_chain_and_removes_partial_files_everywhere(
+    lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    cfg = relay_config(lab, tmp_path, store_proxy, jobs=SLOW)
+    dest = "pulls/relay-cancelled"
+    total = relay_source.total
+    with _pull_in_thread(cfg, relay_source, dest) as out:
+        mid = _job_dir(lab, "node-03", dest)
+        _wait_progress(mid, total // 5, total * 4 // 5)
+        spec = json.loads((mid / "spec.json").read_text())
+        assert cli_main(["--config", str(cfg), "job", "cancel", spec["id"], "--yes"]) == 0
+    assert out["rc"] == 1
+    states = {j["node"]: j["state"] for j in out["json"]["jobs"]}
+    assert states == dict.fromkeys(NODES, "cancelled"), states
+    for node in NODES:
+        d = lab.node(node).scratch / dest
+        for p in d.rglob("*"):  # complete objects may stay; nothing half-written does
+            if p.is_file():
+                rel = p.relative_to(d).as_posix()
+                assert rel in relay_source.objects and p.stat().st_size == len(relay_source.objects[rel]), p
+
+
+def test_a_slow_node_does_not_hold_back_the_others(
+    lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    # node-01 feeds node-02 and node-03; node-02 feeds node-04. node-03 stalls (SIGSTOP): its
+    # siblings' subtree finishes regardless, then node-03 catches up.
+    cfg = relay_config(lab, tmp_path, store_proxy, jobs=SLOW)
+    dest = "pulls/relay-slow"
+    total = relay_source.total
+    with _pull_in_thread(cfg, relay_source, dest, "--degree", "2") as out:
+        slow = _job_dir(lab, "node-03", dest)
+        _wait_progress(slow, 1)
+        os.killpg(_pgid(slow), signal.SIGSTOP)
+        try:
+            leaf = _job_dir(lab, "node-04", dest)
+            _wait_progress(leaf, total, timeout=30)
+            assert _progress(slow).get("bytes_done", 0) < total
+        finally:
+            os.killpg(_pgid(slow), signal.SIGCONT)
+    assert out["rc"] == 0, out["err"]
+    for node in NODES:
+        assert_copy(lab.node(node).scratch / dest, relay_source)
+    parents = {j["node"]: j["result"]["relay"]["upstream"] for j in out["json"]["jobs"]}
+    assert parents == {"node-01": None, "node-02": "node-01", "node-03": "node-01", "node-04": "node-02"}
