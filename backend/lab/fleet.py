@@ -5,11 +5,14 @@ GPU nodes, a Prometheus scraping them; the config's ``[telemetry]`` points the c
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +82,7 @@ class Lab:
         postgres: bool = False,
         prometheus: bool = False,
         prometheus_interval: float = 5.0,
+        alerting: bool = False,
     ) -> None:
         if not 1 <= nodes <= 200:
             raise LoadmasterError(f"--nodes must be between 1 and 200, got {nodes}")
@@ -98,6 +102,11 @@ class Lab:
         self.with_prometheus = prometheus
         self.prometheus_interval = prometheus_interval
         self.telemetry: TelemetryStack | None = None
+        #: The real Alertmanager ([alerts] alertmanager_url) and a ``loadmaster watch`` sending to it.
+        self.with_alerting = alerting
+        self.alertmanager: Any = None
+        self.watch: subprocess.Popen[bytes] | None = None
+        self.watch_metrics: str | None = None
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -171,8 +180,42 @@ class Lab:
             self.telemetry = TelemetryStack(
                 self.root / "prometheus", self.telemetry_nodes(), scrape_interval=self.prometheus_interval
             ).start()
+        if self.with_alerting:
+            from backend.lab.alertmanager import AlertmanagerServer
+
+            # A sandbox's timers: the first page 5 s after the alert, not Alertmanager's 30 s.
+            self.alertmanager = AlertmanagerServer(
+                self.root / "alertmanager", group_by=("alertname", "node"), group_wait=5.0, group_interval=30.0
+            ).start()
         self.write_config()
         self.save_state()
+
+    def start_watch(self) -> str:
+        """Start ``loadmaster watch --metrics`` on the lab's config, as systemd would (its own
+        session, output in ``watch.log``); with the lab's Prometheus, it scrapes the metrics too.
+        The metrics address."""
+        from backend.lab.prometheus import ScrapeTarget, free_port
+
+        addr = f"127.0.0.1:{free_port()}"
+        log = (self.root / "watch.log").open("ab")
+        try:
+            self.watch = subprocess.Popen(
+                [sys.executable, "-m", "tui.entry", "watch", "--metrics", addr],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env(), "PYTHONUNBUFFERED": "1"},
+                cwd=Path(__file__).resolve().parents[2],
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self.watch_metrics = addr
+        if self.telemetry:
+            prom = self.telemetry.prometheus
+            prom.set_targets([*prom.targets_config, ScrapeTarget("loadmaster", addr, "watch")])
+        self.save_state()
+        return addr
 
     def _populate_bin(self, node: SshdNode, opts: LabNodeOptions) -> None:
         # python3 for the command server and doctor; no loadmaster on PATH: the agent runs from
@@ -215,6 +258,16 @@ class Lab:
     def down(self) -> None:
         """Stop every part that was started (safe to call twice)."""
         stop_lab_keeper(self.config_path)
+        if self.watch is not None and self.watch.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.watch.pid, signal.SIGTERM)
+            try:
+                self.watch.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.watch.pid, signal.SIGKILL)
+        if self.alertmanager is not None:
+            self.alertmanager.stop()
         if self.telemetry:
             self.telemetry.stop()
         for node in self.nodes:
@@ -281,6 +334,8 @@ class Lab:
                 'addressing_style = "path"',
                 "",
             ]
+        if self.alertmanager is not None:
+            lines += ["[alerts]", f'alertmanager_url = "{self.alertmanager.url}"', ""]
         lines += ["[state]", f'dir = "{self.root / "state"}"']
         if self.postgres:
             lines.append(f'url = "{self.postgres.url}"')
@@ -320,7 +375,7 @@ class Lab:
         return env
 
     def save_state(self) -> None:
-        state = {
+        state: dict[str, Any] = {
             "nodes": [
                 {"name": n.name, "ip": n.ip, "port": n.port, "pid": n.proc.pid if n.proc else None} for n in self.nodes
             ],
@@ -341,4 +396,9 @@ class Lab:
             }
         if self.telemetry:
             state["prometheus"] = self.telemetry.state()
+        if self.alertmanager is not None:
+            state["alerting"] = {
+                "alertmanager": {"pid": self.alertmanager.pid, "url": self.alertmanager.url},
+                "watch": {"pid": self.watch.pid if self.watch else None, "metrics": self.watch_metrics},
+            }
         (self.root / "lab.json").write_text(json.dumps(state, indent=2))

@@ -37,6 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="also start the site telemetry of a real fleet: node_exporter on every node, a dcgm-exporter "
         'stand-in on the GPU nodes and a Prometheus scraping them ([telemetry] source = "auto")',
     )
+    up.add_argument(
+        "--alerting",
+        action="store_true",
+        help="also start the real Alertmanager ([alerts] alertmanager_url) and 'loadmaster watch --metrics' "
+        "sending to it (with --prometheus, Prometheus scrapes the watcher's /metrics)",
+    )
     up.set_defaults(func=lab_up)
     down = lsub.add_parser("down", help="stop everything the sandbox started")
     down.add_argument("--dir", help="the lab's directory (default: <data dir>/lab)")
@@ -93,9 +99,20 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
             raise LoadmasterError(f"a lab is already running in {root}; run 'loadmaster lab down' first")
     postgres = bool(getattr(args, "postgres", False))
     prometheus = bool(getattr(args, "prometheus", False))
-    lab = Lab(root, nodes=args.nodes, options=sandbox_options(args.nodes), postgres=postgres, prometheus=prometheus)
+    alerting = bool(getattr(args, "alerting", False))
+    lab = Lab(
+        root,
+        nodes=args.nodes,
+        options=sandbox_options(args.nodes),
+        postgres=postgres,
+        prometheus=prometheus,
+        alerting=alerting,
+    )
     names = (
-        ["sshd nodes", "SeaweedFS S3"] + (["PostgreSQL"] if postgres else []) + (["Prometheus"] if prometheus else [])
+        ["sshd nodes", "SeaweedFS S3"]
+        + (["PostgreSQL"] if postgres else [])
+        + (["Prometheus"] if prometheus else [])
+        + (["Alertmanager"] if alerting else [])
     )
     parts = ", ".join(names[:-1]) + " and " + names[-1]
     print(f"starting {args.nodes} {parts} in {root} ...", file=sys.stderr)
@@ -120,6 +137,8 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
             seeded = seed.seeded_lines(lab.bucket, dataset, steps)
         lab.write_config(SANDBOX_EXTRA)
         lab.save_state()
+        if alerting:
+            lab.start_watch()
     except BaseException:
         lab.down()
         raise
@@ -142,6 +161,12 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
         print(
             f"  prometheus  {lab.telemetry.url}  (node_exporter on {len(lab.telemetry.exporters)} nodes, "
             f'dcgm-exporter stand-in on {dcgm}; [telemetry] source = "auto")',
+            file=sys.stderr,
+        )
+    if lab.alertmanager is not None:
+        print(
+            f"  alerts  Alertmanager {lab.alertmanager.url} (amtool --alertmanager.url={lab.alertmanager.url} "
+            f"alert query); 'loadmaster watch' sends to it, /metrics on {lab.watch_metrics}, log {root / 'watch.log'}",
             file=sys.stderr,
         )
     if seeded:
@@ -204,6 +229,13 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
     for pid in lab_processes(root):
         _kill(pid)
         stopped += 1
+    alerting = info.get("alerting") or {}
+    # The watcher first (its last round must not page about the lab going away), then Alertmanager.
+    for part in ("watch", "alertmanager"):
+        pid = (alerting.get(part) or {}).get("pid")
+        if isinstance(pid, int) and _pid_alive(pid):
+            _stop_group(pid)
+            stopped += 1
     prom = info.get("prometheus")
     if prom:
         # Prometheus first (no scrape errors for the exporters going away), then the exporters.
