@@ -83,6 +83,13 @@ async def run_watch(args: argparse.Namespace, services: Services) -> int:
             "loadmaster: [alerts] alertmanager_url and webhook_url are unset: alerts are only printed here",
             file=sys.stderr,
         )
+    sinks = [f"Alertmanager {settings.alertmanager_url}"] if settings.alertmanager_url else []
+    sinks += [f"webhook {settings.webhook_url}"] if settings.webhook_url else []
+    print(
+        f"watching {len(services.config.nodes)} node(s), {len(settings.conditions)} condition(s) every "
+        f"{settings.interval:g}s; alerts to {' and '.join(sinks) or 'this output only'}",
+        flush=True,
+    )
     watcher = Watcher(services, on_round=_printer(sys.stdout), on_metrics=holder.set if holder else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
