@@ -45,6 +45,8 @@ PING_S = 1.0
 #: Without a frame for this long, the upstream is taken as dead and the child re-attaches.
 SILENCE_S = 5.0
 CONNECT_S = 2.0
+#: How long a receiver waits for its planned upstream to come up before it tries the nodes above.
+START_S = 15.0
 
 
 def listing_digest(objects: list[PulledObject]) -> str:
@@ -474,8 +476,12 @@ class Receiver:
         """Receive every object and the upstream's end message (its copy verified)."""
         lost_since: float | None = None
         last_error = ""
+        started = time.monotonic()
         while True:
-            for up in self.upstreams:
+            # At the start the planned upstream may still be starting its job: it alone is tried
+            # for a while, so the plan's chain is kept (the nodes above it are a fallback).
+            first = not self.attachments and time.monotonic() - started < START_S
+            for up in self.upstreams[:1] if first else self.upstreams:
                 if self.ctx.cancelled:
                     raise Cancelled("cancelled")
                 try:
@@ -507,9 +513,9 @@ class Receiver:
                     lost_since = time.time()
                     self.ctx.log(f"relay: lost {up.name} ({exc}); re-attaching from byte {self.h.bytes_done}")
                     break  # start again from the nearest upstream
-            if lost_since is None:
+            if lost_since is None and not first:
                 lost_since = time.time()
-            if time.time() - lost_since > self.reattach_s:
+            if lost_since is not None and time.time() - lost_since > self.reattach_s:
                 names = ", ".join(u.name for u in self.upstreams)
                 raise JobError(f"no upstream answered for {self.reattach_s:g}s ({names}); last: {last_error}")
             if self.ctx.wait_cancelled(0.3):

@@ -24,7 +24,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Input, Label, Select, Static
 
-from backend.ledger import EgressGuard, EgressReport
+from backend.ledger import EgressGuard, EgressReport, FanoutSavings, fanout_savings
 from backend.policy.egress import (
     EgressEstimate,
     EgressSettings,
@@ -174,8 +174,10 @@ class EgressScreen(LoadmasterScreen):
     class ReportLoaded(Message):
         """The month's spend was read from the ledger."""
 
-        def __init__(self, report: EgressReport) -> None:
+        def __init__(self, report: EgressReport, savings: FanoutSavings | None = None) -> None:
             self.report = report
+            #: What relay pulls saved this month (bytes peers sent instead of the store).
+            self.savings = savings
             super().__init__()
 
     def __init__(self, services: Services, **kwargs: Any) -> None:
@@ -294,7 +296,7 @@ class EgressScreen(LoadmasterScreen):
     @work(thread=True, exclusive=True, group="egress-report", exit_on_error=False)
     def _load_report(self) -> None:
         report = EgressGuard(self.services.config, self.services.db, prices=self.prices).report()
-        self.post_message(self.ReportLoaded(report))
+        self.post_message(self.ReportLoaded(report, fanout_savings(self.services.db, report.month)))
 
     @on(ReportLoaded)
     def _report_loaded(self, event: ReportLoaded) -> None:
@@ -310,6 +312,11 @@ class EgressScreen(LoadmasterScreen):
                 ("projected", f"{usd_text(rep.projected_usd)} / {bytes_text(rep.projected_bytes)}"),
                 *([("in flight", f"{rep.in_flight} at {usd_text(rep.in_flight_usd)}")] if rep.in_flight else []),
                 *([("unpriced", bytes_text(rep.unpriced_bytes))] if rep.unpriced_bytes else []),
+                *(
+                    [("fan-out saved", f"{usd_text(sv.usd)} / {bytes_text(sv.bytes)} ({sv.jobs} node copies)")]
+                    if (sv := event.savings) is not None and sv.jobs
+                    else []
+                ),
             ]
         )
         box = self.query_one("#egress-budgets", Vertical)

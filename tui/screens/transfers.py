@@ -2,7 +2,8 @@
 
 The table re-reads the nodes' job directories on a timer (one command per node), so jobs
 launched from the CLI or another console appear here and vice versa. The selected job shows its
-throughput over time and its log tail. "New pull" plans (listing, free space, ETA at line rate,
+throughput over time and its log tail. A relay pull shows its chain above the table: who feeds
+whom, Gbps per hop, progress per node. "New pull" plans (listing, free space, ETA at line rate,
 egress quote and decision) before it can launch; cancel asks for a typed confirmation. All I/O
 runs in workers through ``services.jobs`` and :mod:`backend.jobs.pull`.
 """
@@ -22,6 +23,7 @@ from textual.widgets import Button, DataTable, Static
 from backend.errors import LoadmasterError
 from backend.jobs.records import JobProgress, JobRecord, fleet_rollup
 from backend.jobs.settings import JobSettings
+from backend.relay.view import chain_lines, relay_groups
 from backend.units import bytes_text, duration_text, rate_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
@@ -133,6 +135,10 @@ class TransfersScreen(LoadmasterScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(id="transfers-body", classes="screen-body"):
             yield Static("Reading jobs from every node...", id="transfers-summary", markup=False)
+            # A relay pull's chain (who feeds whom, Gbps per hop, progress per node); hidden without one.
+            relay = Static("", id="transfers-relay", markup=False)
+            relay.display = False
+            yield relay
             yield PullForm(
                 stores=sorted(n for n, s in self.services.config.stores.items() if s.is_s3),
                 id="transfers-form",
@@ -197,6 +203,10 @@ class TransfersScreen(LoadmasterScreen):
         if self.filter_text:
             text += f" | showing {len(shown)} matching {self.filter_text!r} (escape shows all)"
         self.query_one("#transfers-summary", Static).update(text)
+        chains = [line for group in relay_groups(self.records) for line in chain_lines(group)]
+        box = self.query_one("#transfers-relay", Static)
+        box.update("\n".join(chains))
+        box.display = bool(chains)
 
     def apply_filter(self) -> None:
         self._show_records()
