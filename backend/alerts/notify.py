@@ -27,6 +27,16 @@ from backend.errors import LoadmasterError
 from backend.nodes.untrusted import clean_text
 
 
+def shown_url(url: str) -> str:
+    """A webhook URL as it may be shown or logged: scheme and host only (Slack, PagerDuty and most
+    chat webhooks carry their token in the path or the query)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    tail = "/..." if (parts.path.strip("/") or parts.query) else ""
+    return f"{parts.scheme}://{parts.netloc}{tail}"
+
+
 def ends_ahead(settings: AlertSettings) -> float:
     """How far ahead a firing alert's endsAt is set: Alertmanager resolves it by itself only after
     this long without a re-send (a watcher that died)."""
@@ -151,6 +161,7 @@ class Notifier:
         import aiohttp
 
         url = self.settings.webhook_url
+        shown = shown_url(url)
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.settings.timeout))
         try:
@@ -160,10 +171,10 @@ class Notifier:
                 body = await resp.content.read(2048)
                 if resp.status >= 300:
                     why = clean_text(body.decode(errors="replace"), 200) or resp.reason or ""
-                    raise WebhookError(f"webhook {url} answered HTTP {resp.status} {why}".rstrip())
+                    raise WebhookError(f"webhook {shown} answered HTTP {resp.status} {why}".rstrip())
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
-            raise WebhookError(f"webhook {url} unreachable ({clean_text(why, 200)})") from None
+            raise WebhookError(f"webhook {shown} unreachable ({clean_text(why.replace(url, shown), 200)})") from None
 
     async def close(self) -> None:
         if self.am is not None:

@@ -62,6 +62,7 @@ def _printer(out: Any) -> Any:
 
 
 async def run_watch(args: argparse.Namespace, services: Services) -> int:
+    from backend.alerts.notify import shown_url
     from backend.alerts.settings import AlertSettings
     from backend.alerts.watch import Watcher
     from backend.errors import ConfigError
@@ -84,7 +85,7 @@ async def run_watch(args: argparse.Namespace, services: Services) -> int:
             file=sys.stderr,
         )
     sinks = [f"Alertmanager {settings.alertmanager_url}"] if settings.alertmanager_url else []
-    sinks += [f"webhook {settings.webhook_url}"] if settings.webhook_url else []
+    sinks += [f"webhook {shown_url(settings.webhook_url)}"] if settings.webhook_url else []
     print(
         f"watching {len(services.config.nodes)} node(s), {len(settings.conditions)} condition(s) every "
         f"{settings.interval:g}s; alerts to {' and '.join(sinks) or 'this output only'}",
