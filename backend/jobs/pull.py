@@ -647,12 +647,19 @@ def with_fanout(
         return dataclasses.replace(plan, fanout=mode, plan_problems=(str(exc),), direct_cost=direct, fanout_note=note)
     rng = random.Random()
     listen: dict[str, tuple[str, int]] = {}
+    taken: set[int] = set()
     for est in usable:
         try:
-            listen[est.node] = (
-                _relay_address(config.node(est.node), est, settings.relay_network),
-                _relay_port(est, settings.relay_ports, rng),
+            # relay-ssh: nothing listens on the network, only on each node's loopback (the hops
+            # come through SSH); the ports differ from node to node (nodes that share a kernel).
+            addr = (
+                "127.0.0.1"
+                if mode == "relay-ssh"
+                else _relay_address(config.node(est.node), est, settings.relay_network)
             )
+            port = _relay_port(dataclasses.replace(est, listening=est.listening | taken), settings.relay_ports, rng)
+            taken.add(port)
+            listen[est.node] = (addr, port)
         except ConfigError as exc:
             problems.append(str(exc))
     ests = tuple(dataclasses.replace(n, needs_s5cmd=n.node in topo.seeds) for n in plan.nodes)
@@ -722,7 +729,12 @@ def egress_check(
 
 
 async def launch_pull(
-    services: Services, plan: PullPlan, *, label: str = "", job_ids: dict[str, str] | None = None
+    services: Services,
+    plan: PullPlan,
+    *,
+    label: str = "",
+    job_ids: dict[str, str] | None = None,
+    upstreams: dict[str, list[list[Any]]] | None = None,
 ) -> list[JobRecord]:
     """Start one pull job per node of the plan (credentials via each job's 0600 secrets file).
 
@@ -732,7 +744,7 @@ async def launch_pull(
     if plan.problems:
         raise JobError("; ".join(plan.problems))
     if plan.topology is not None:
-        return await launch_relay(services, plan, label=label, job_ids=job_ids)
+        return await launch_relay(services, plan, label=label, job_ids=job_ids, upstreams=upstreams)
     creds = await _plan_credentials(services, plan)
     secrets = creds.as_env()
     settings = services.config.section(JobSettings)
@@ -794,10 +806,17 @@ def _pull_params(services: Services, plan: PullPlan, est: NodeEstimate) -> dict[
 
 
 async def launch_relay(
-    services: Services, plan: PullPlan, *, label: str = "", job_ids: dict[str, str] | None = None
+    services: Services,
+    plan: PullPlan,
+    *,
+    label: str = "",
+    job_ids: dict[str, str] | None = None,
+    upstreams: dict[str, list[list[Any]]] | None = None,
 ) -> list[JobRecord]:
     """Start one "relay" job per node, parents before children: seeds get the store's credentials
-    and the relay secret, receivers the relay secret alone (each in its job's 0600 secrets file)."""
+    and the relay secret, receivers the relay secret alone (each in its job's 0600 secrets file).
+    ``upstreams`` (relay-ssh: the console's forwarded loopback ports) replaces where each node
+    finds the nodes above it."""
     from backend.jobs.records import new_job_id
     from backend.relay.protocol import SECRET_ENV, new_secret
 
@@ -822,7 +841,7 @@ async def launch_relay(
             "role": "seed" if seed else "receiver",
             "node": name,
             "listen": list(plan.relay_listen[name]),
-            "upstreams": [[a, *plan.relay_listen[a]] for a in topo.ancestors(name)],
+            "upstreams": (upstreams or {}).get(name) or [[a, *plan.relay_listen[a]] for a in topo.ancestors(name)],
             "children": list(topo.children.get(name, ())),
             "topology": {k: v for k, v in topo.parent.items()},
             "jobs": ids,

@@ -13,7 +13,7 @@ def _positive_int(value: int) -> int:
     return value
 
 
-FANOUTS = ("direct", "relay", "auto")
+FANOUTS = ("direct", "relay", "relay-ssh", "auto")
 
 
 def _choice(value: str, choices: tuple[str, ...], what: str) -> str:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from backend.jobs.pull import PullPlan
     from backend.jobs.records import JobRecord
     from backend.ledger import Reserved
+    from backend.relay.ssh_hops import SshHops
 
 #: How long a plan the operator was shown stands for its listing and free space. Older, the
 #: start lists the source and probes the nodes again; the egress quote is always made afresh.
@@ -76,6 +77,8 @@ class PullStarted:
     audit_id: int
     warnings: tuple[str, ...] = field(default=())
     request: PullRequest | None = None
+    #: relay-ssh: the hops this process carries through SSH (close it once the jobs have ended).
+    hops: SshHops | None = None
 
     def needs_retry(self, record: JobRecord) -> bool:
         """A relay node whose job died (lost) or failed: its copy is to be fetched again."""
@@ -203,7 +206,24 @@ class Pulls(Operation):
         dec = reserved.decision or plan.egress
         if dec is not None and dec.override_reason:
             self.services.egress.record_override(dec, dec.override_reason)
-        records = tuple(await launch_pull(self.services, plan, label=label, job_ids=job_ids))
+        hops = None
+        upstreams = None
+        if plan.fanout == "relay-ssh":
+            from backend.relay.ssh_hops import SshHops
+
+            hops = SshHops(self.services.config, [n.node for n in plan.nodes])
+            try:
+                upstreams = await hops.open(plan)
+            except BaseException as exc:
+                for n in plan.store_nodes:
+                    self.services.egress.release(job_ids[n], f"not started: {type(exc).__name__}: {exc}"[:300])
+                raise
+        try:
+            records = tuple(await launch_pull(self.services, plan, label=label, job_ids=job_ids, upstreams=upstreams))
+        except BaseException:
+            if hops is not None:
+                await hops.close()
+            raise
         audit_id = self.audit(
             "pull.launch",
             plan.src,
@@ -220,7 +240,7 @@ class Pulls(Operation):
                 "seeds": plan.store_nodes if plan.topology is not None else None,
             },
         )
-        return PullStarted(plan, records, audit_id, preview.warnings, req)
+        return PullStarted(plan, records, audit_id, preview.warnings, req, hops)
 
     async def retry_from_store(self, started: PullStarted, record: JobRecord, *, label: str = "") -> JobRecord:
         """Fetch a dead relay node's copy from the store: a direct pull to that node alone, priced

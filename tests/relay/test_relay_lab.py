@@ -63,3 +63,25 @@ def test_relay_store_sends_once_direct_sends_four_times(
     db = sqlite3.connect(tmp_path / "state-lm" / "state.sqlite3")
     rows = db.execute("SELECT job_id, bytes, state FROM egress_ledger").fetchall()
     assert rows == [(jobs["node-01"]["id"], relay_source.total, "settled")]
+
+
+def test_relay_ssh_carries_the_hops_through_ssh_and_listens_on_loopback_only(
+    lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    cfg = relay_config(lab, tmp_path, store_proxy)
+    rc, out, err = _pull(cfg, relay_source, "pulls/relay-ssh", "--fanout", "relay-ssh", "--detach")
+    assert rc == 2 and "drop --detach" in err
+    store_proxy.reset()
+    rc, out, err = _pull(cfg, relay_source, "pulls/relay-ssh", "--fanout", "relay-ssh")
+    assert rc == 0, err
+    assert relay_source.total <= store_proxy.served < relay_source.total * 1.05
+    for j in out["jobs"]:
+        assert j["state"] == "succeeded", j
+        relay = j["params"]["relay"]
+        # Nothing listens on the cluster network; each node finds the nodes above it on its own
+        # loopback, where the console's SSH connection forwards to them.
+        assert relay["listen"][0] == "127.0.0.1"
+        assert all(addr == "127.0.0.1" for _name, addr, _port in relay["upstreams"])
+        assert_copy(lab.node(j["node"]).scratch / "pulls/relay-ssh", relay_source)
+    ups = {j["node"]: j["result"]["relay"]["upstream"] for j in out["jobs"]}
+    assert ups == {"node-01": None, "node-02": "node-01", "node-03": "node-02", "node-04": "node-03"}

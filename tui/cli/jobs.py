@@ -84,9 +84,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pl.add_argument("--part-size", type=int, metavar="MiB", help="s5cmd cp --part-size in MiB (default 64)")
     pl.add_argument(
         "--fanout",
-        choices=["direct", "relay", "auto"],
+        choices=["direct", "relay", "relay-ssh", "auto"],
         help="direct: every node from the store; relay: seeds from the store, the others from peers "
-        "over the cluster network; auto: relay where the route is priced (default: [jobs] fanout)",
+        "over the cluster network; relay-ssh: the peer hops through this command's SSH connections "
+        "(an untrusted network); auto: relay where the route is priced (default: [jobs] fanout)",
     )
     pl.add_argument("--seeds", type=int, metavar="K", help="relay: seed nodes per site that pull from the store (1)")
     pl.add_argument("--degree", type=int, metavar="D", help="relay: children per node, 1 = a chain (1)")
@@ -306,6 +307,8 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
         )
     for w in preview.warnings:
         print(f"warning: {w}", file=sys.stderr)
+    if preview.plan.fanout == "relay-ssh" and args.detach:
+        raise ConfigError("--fanout relay-ssh carries the hops through this command's SSH connections: drop --detach")
     _confirm(f"start {len(preview.plan.nodes)} pull job(s)?", args.yes)
     log.debug("pull: launching")
     started = await pulls.start(req, shown=preview)
@@ -317,7 +320,11 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
         if args.json:
             print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in recs]}, indent=2, default=str))
         return 0
-    return await _follow_pull(services, plan, recs, as_json=args.json, started_pull=started)
+    try:
+        return await _follow_pull(services, plan, recs, as_json=args.json, started_pull=started)
+    finally:
+        if started.hops is not None:
+            await started.hops.close()
 
 
 async def _follow_pull(

@@ -33,6 +33,7 @@ from tui.widgets.transfers_table import TransfersTable
 
 if TYPE_CHECKING:
     from backend.ops import PullPreview, PullRequest
+    from backend.relay.ssh_hops import SshHops
     from backend.services import Services
 
 
@@ -68,9 +69,11 @@ class PullPlanned(Message):
 class PullLaunched(Message):
     """Pull jobs were started, one per node."""
 
-    def __init__(self, records: tuple[JobRecord, ...]) -> None:
+    def __init__(self, records: tuple[JobRecord, ...], hops: SshHops | None = None) -> None:
         super().__init__()
         self.records = records
+        #: relay-ssh: the hops this console now carries for the pull.
+        self.hops = hops
 
 
 class JobCancelled(Message):
@@ -131,6 +134,8 @@ class TransfersScreen(LoadmasterScreen):
         self.records: tuple[JobRecord, ...] = ()
         self.unread: dict[str, str] = {}
         self.preview: PullPreview | None = None
+        #: relay-ssh pulls launched here: the hops this console carries, until their jobs end.
+        self.hops: list[tuple[SshHops, set[str]]] = []
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="transfers-body", classes="screen-body"):
@@ -169,6 +174,11 @@ class TransfersScreen(LoadmasterScreen):
         self.records = event.records
         self.unread = event.unread
         self._show_records()
+        ended = {r.id for r in self.records if r.terminal}
+        for hops, ids in list(self.hops):
+            if ids <= ended:
+                self.hops.remove((hops, ids))
+                self.run_worker(hops.close(), group="transfers-hops", exit_on_error=False)
         selected = self.query_one(TransfersTable).selected_job_id
         if selected:
             self._load_detail(selected)
@@ -316,10 +326,12 @@ class TransfersScreen(LoadmasterScreen):
     async def _launch_pull(self, req: PullRequest) -> None:
         # The operation plans again unless the estimate shown is fresh, and re-quotes the egress.
         started = await self.services.ops.pulls.start(req, shown=self.preview)
-        self.post_message(PullLaunched(started.records))
+        self.post_message(PullLaunched(started.records, started.hops))
 
     @on(PullLaunched)
     def _pull_launched(self, event: PullLaunched) -> None:
+        if event.hops is not None:
+            self.hops.append((event.hops, {r.id for r in event.records}))
         self.notify(f"started {len(event.records)} pull job(s): {', '.join(r.id for r in event.records)}", markup=False)
         self._close_form()  # the keys (c, /, digits) act on the jobs again
         self._refresh_jobs()
