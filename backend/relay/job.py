@@ -131,7 +131,10 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
             if ctx.cancelled:
                 raise Cancelled("cancelled")
             _progress(ctx, h, recv, server, total)
-            ctx.wait_cancelled(0.3)
+            # Woken at once when a child is done or leaves; the grace of a child that left is
+            # measured by the same wake-ups.
+            server.changed.wait(0.5)
+            server.changed.clear()
         if recv is not None:
             recv.send({"t": "done"})
         abandoned = server.abandoned()

@@ -166,6 +166,8 @@ class RelayServer:
         self.children: dict[str, ChildState] = {n: ChildState() for n in planned}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        #: Set when a child is done or goes away (the node's main loop re-checks its subtree).
+        self.changed = threading.Event()
         self.ready_at: float | None = None
         try:
             self.sock = socket.create_server(listen, family=_family(listen[0]), backlog=64)
@@ -264,6 +266,7 @@ class RelayServer:
                     st.connected -= 1
                     if not st.done:
                         st.gone_at = time.time()
+                self.changed.set()
 
     def _stream(
         self,
@@ -288,6 +291,9 @@ class RelayServer:
                     if msg.get("t") == "done":
                         with self.lock:
                             st.done = True
+                        self.changed.set()
+                        with h.cond:
+                            h.cond.notify_all()
                     elif msg.get("t") == "cancel":
                         self.ctx.log(f"relay: {name} cancelled the pull")
                         self.ctx.request_cancel()
