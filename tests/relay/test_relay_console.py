@@ -7,20 +7,24 @@ import contextlib
 import functools
 import io
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
-from textual.widgets import Static
+from textual.widgets import Button, Input, Static
 
 from backend.config import load_config_file
 from backend.lab import Lab
 from backend.lab.counting_proxy import CountingProxy
 from backend.relay.view import chain_lines, relay_groups
 from backend.services import Services
-from tests.helpers import wait_until
-from tests.relay.conftest import RelaySource, relay_config
+from tests.helpers import Recorder, wait_until
+from tests.relay.conftest import NODES, RelaySource, assert_copy, relay_config
+from tests.relay.test_relay_faults import SLOW, _job_dir, _pgid, _wait_progress
 from tui.app import LoadmasterApp
 from tui.cli import main as cli_main
+from tui.screens.transfers import JobsRefreshed, PullLaunched, PullPlanned
 from tui.widgets.summary import Summary
 
 pytestmark = pytest.mark.timeout(180)
@@ -66,3 +70,44 @@ async def test_transfers_shows_the_chain_and_egress_the_savings(
     finally:
         await services.aclose()
     assert {j["node"] for j in jobs} == {"node-01", "node-02", "node-03", "node-04"}
+
+
+async def test_a_relay_launched_from_the_console_retries_its_dead_node_from_the_store(
+    lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    cfg = relay_config(lab, tmp_path, store_proxy, jobs='fanout = "relay"\n' + SLOW)
+    dest = "pulls/relay-console-killed"
+    services = Services(load_config_file(cfg))
+    rec = Recorder()
+    try:
+        app = LoadmasterApp(services, mode="transfers")
+        async with app.run_test(size=(200, 50), message_hook=rec) as pilot:
+            await pilot.press("n")
+            await pilot.pause()
+            screen = app.screen
+            screen.query_one("#pull-src", Input).value = relay_source.url
+            screen.query_one("#pull-dest", Input).value = dest
+            screen.query_one("#pull-nodes", Input).value = "node-0[1-4]"
+            screen.query_one("#pull-estimate", Button).press()
+            await until(pilot, lambda: rec.of(PullPlanned) or app.errors)
+            planned = rec.of(PullPlanned)[-1]
+            assert planned.launchable and "instead of 4x" in planned.text, planned.text
+            screen.query_one("#pull-launch", Button).press()
+            await until(pilot, lambda: rec.of(PullLaunched))
+            victim = await asyncio.to_thread(_job_dir, lab, "node-02", dest)
+            below = await asyncio.to_thread(_job_dir, lab, "node-03", dest)
+            total = relay_source.total
+            await asyncio.to_thread(_wait_progress, below, total // 5, total * 4 // 5)
+            os.killpg(_pgid(victim), signal.SIGKILL)
+
+            def retried_ok() -> bool:
+                last = rec.of(JobsRefreshed)
+                return bool(last) and any(
+                    r.node == "node-02" and r.kind == "pull" and r.state == "succeeded" for r in last[-1].records
+                )
+
+            await until(pilot, retried_ok, rounds=6000)
+    finally:
+        await services.aclose()
+    for node in NODES:
+        assert_copy(lab.node(node).scratch / dest, relay_source)

@@ -43,6 +43,17 @@ def test_relay_store_sends_once_direct_sends_four_times(
     for node in NODES:
         assert jobs[node]["state"] == "succeeded", jobs[node]
         assert_copy(lab.node(node).scratch / "pulls/relay-1x", relay_source)
+    for node in NODES:
+        job = jobs[node]
+        # Peers listen on the node's own cluster address (here the address the console reaches
+        # it at), never on every address; the relay secret came in the secrets file, deleted at start.
+        assert job["params"]["relay"]["listen"][0] == lab.node(node).ip
+        job_dir = Path(job["job_dir"])
+        assert not (job_dir / "secrets.json").exists()
+        assert "LOADMASTER_RELAY_SECRET" not in (job_dir / "spec.json").read_text()
+        seed = node == "node-01"
+        assert (job_dir / "aws-credentials").exists() is False
+        assert job["result"]["relay"]["store_bytes"] == (relay_source.total if seed else 0)
     # node-03 has no s5cmd: it received everything from its upstream.
     assert jobs["node-03"]["result"]["relay"]["upstream"] == "node-02"
     assert relay_source.total <= relay_bytes < relay_source.total * 1.05, (relay_bytes, relay_source.total)

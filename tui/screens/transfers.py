@@ -33,6 +33,7 @@ from tui.widgets.transfers_table import TransfersTable
 
 if TYPE_CHECKING:
     from backend.ops import PullPreview, PullRequest
+    from backend.ops.pull import PullStarted
     from backend.relay.ssh_hops import SshHops
     from backend.services import Services
 
@@ -69,11 +70,11 @@ class PullPlanned(Message):
 class PullLaunched(Message):
     """Pull jobs were started, one per node."""
 
-    def __init__(self, records: tuple[JobRecord, ...], hops: SshHops | None = None) -> None:
+    def __init__(self, records: tuple[JobRecord, ...], started: PullStarted | None = None) -> None:
         super().__init__()
         self.records = records
-        #: relay-ssh: the hops this console now carries for the pull.
-        self.hops = hops
+        #: The started pull (a relay's dead nodes are retried; relay-ssh: the hops carried here).
+        self.started = started
 
 
 class JobCancelled(Message):
@@ -136,6 +137,9 @@ class TransfersScreen(LoadmasterScreen):
         self.preview: PullPreview | None = None
         #: relay-ssh pulls launched here: the hops this console carries, until their jobs end.
         self.hops: list[tuple[SshHops, set[str]]] = []
+        #: Relay pulls launched here, whose dead nodes this console fetches again from the store.
+        self.relays: list[PullStarted] = []
+        self.retried: set[str] = set()
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="transfers-body", classes="screen-body"):
@@ -174,6 +178,12 @@ class TransfersScreen(LoadmasterScreen):
         self.records = event.records
         self.unread = event.unread
         self._show_records()
+        for started in self.relays:
+            ids = {r.id for r in started.records}
+            for r in self.records:
+                if r.id in ids and started.needs_retry(r) and r.id not in self.retried:
+                    self.retried.add(r.id)
+                    self._retry_node(started, r)
         ended = {r.id for r in self.records if r.terminal}
         for hops, ids in list(self.hops):
             if ids <= ended:
@@ -326,12 +336,30 @@ class TransfersScreen(LoadmasterScreen):
     async def _launch_pull(self, req: PullRequest) -> None:
         # The operation plans again unless the estimate shown is fresh, and re-quotes the egress.
         started = await self.services.ops.pulls.start(req, shown=self.preview)
-        self.post_message(PullLaunched(started.records, started.hops))
+        self.post_message(PullLaunched(started.records, started))
+
+    @work(group="transfers-retry", exit_on_error=False)
+    async def _retry_node(self, started: PullStarted, record: JobRecord) -> None:
+        """A relay node that died: its copy from the store (priced), once the node answers."""
+        from backend.errors import NodeUnreachable
+
+        try:
+            again = await self.services.ops.pulls.retry_from_store(started, record)
+        except NodeUnreachable:
+            self.retried.discard(record.id)  # tried again on a later refresh
+            return
+        except LoadmasterError as exc:
+            self.notify(f"{record.node}: {record.state}; not retried: {exc}", severity="warning", markup=False)
+            return
+        self.notify(f"{record.node}: {record.state}; fetching its copy from the store as job {again.id}", markup=False)
 
     @on(PullLaunched)
     def _pull_launched(self, event: PullLaunched) -> None:
-        if event.hops is not None:
-            self.hops.append((event.hops, {r.id for r in event.records}))
+        started = event.started
+        if started is not None and started.plan.topology is not None:
+            self.relays.append(started)
+        if started is not None and started.hops is not None:
+            self.hops.append((started.hops, {r.id for r in event.records}))
         self.notify(f"started {len(event.records)} pull job(s): {', '.join(r.id for r in event.records)}", markup=False)
         self._close_form()  # the keys (c, /, digits) act on the jobs again
         self._refresh_jobs()
