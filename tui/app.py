@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from textual import on
+from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 
 #: How many errors the in-memory log keeps (oldest dropped first).
 MAX_ERRORS = 200
+#: Seconds between the app's reads of the site's alerts (the Fleet screen's marks), made only
+#: with ``[alerts] alertmanager_url`` set and when the Alerts screen has not just read them.
+SITE_ALERTS_EVERY = 15.0
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +108,7 @@ class LoadmasterApp(App[int]):
     """
     | Key(s) | Description |
     | :- | :- |
-    | 1-6 | Fleet, Transfers, Checkpoints, Retention, Egress, Shards. |
+    | 1-7 | Fleet, Transfers, Checkpoints, Retention, Egress, Shards, Alerts. |
     | ? | Keys of the console and the current screen. |
     | e | Recent errors with details. |
     | L | The audit log: every operator's guarded and destructive actions. |
@@ -132,6 +136,10 @@ class LoadmasterApp(App[int]):
             known = ", ".join(s.mode for s in SCREEN_SPECS)
             raise ConfigError(f"no screen called {mode!r} (known: {known})")
         self._initial_mode = mode
+        #: Node -> alertnames of its active, unsilenced site alerts (Alertmanager's), which the
+        #: Fleet screen marks. Replaced, never changed in place: a screen sees a change by identity.
+        self.site_alerts: dict[str, list[str]] = {}
+        self._site_alerts_at: float | None = None
         for t in THEMES.values():
             self.register_theme(t)
         self.theme = self._choose_theme(theme)
@@ -220,7 +228,42 @@ class LoadmasterApp(App[int]):
         await self.screen.run_action(action)
 
     def on_mount(self) -> None:
+        from backend.alerts.settings import AlertSettings
+
         self.switch_mode(self._initial_mode)
+        if self.services.config.section(AlertSettings).alertmanager_url:
+            self.set_interval(SITE_ALERTS_EVERY, self._poll_site_alerts)
+            self._poll_site_alerts()
+
+    # ----------------------------------------------------------------- the site's alerts
+
+    def set_site_alerts(self, alerts: dict[str, list[str]]) -> None:
+        """The nodes with an active, unsilenced site alert, from a fresh read (the Alerts screen's
+        or the app's own); the screen on show re-reads them when they changed."""
+        self._site_alerts_at = time.monotonic()
+        if alerts == self.site_alerts:
+            return
+        self.site_alerts = alerts
+        changed = getattr(self.screen, "site_alerts_changed", None)
+        if changed is not None:
+            changed()
+
+    def _poll_site_alerts(self) -> None:
+        fresh = self._site_alerts_at is not None and time.monotonic() - self._site_alerts_at < SITE_ALERTS_EVERY / 2
+        if not fresh and not any(w.group == "site-alerts" and w.is_running for w in self.workers):
+            self._read_site_alerts()
+
+    @work(exclusive=True, group="site-alerts", exit_on_error=False)
+    async def _read_site_alerts(self) -> None:
+        from tui.screens.alerts import alerted_nodes
+
+        try:
+            alerts = await self.services.ops.alerts.site()
+        except LoadmasterError as exc:
+            # The Alerts screen says why; the Fleet keeps the marks of the last read meanwhile.
+            log.info("reading the site's alerts failed: %s", exc)
+            return
+        self.set_site_alerts(alerted_nodes(alerts))
 
     async def on_unmount(self) -> None:
         # An unreachable node or a stuck sampler must not turn "q" into a hang: wait a little,

@@ -45,6 +45,7 @@ SCREEN_SPECS: tuple[ScreenSpec, ...] = (
     ScreenSpec("retention", "4", "Retention", "tui.screens.retention", "RetentionScreen"),
     ScreenSpec("egress", "5", "Egress", "tui.screens.egress", "EgressScreen"),
     ScreenSpec("shards", "6", "Shards", "tui.screens.shards", "ShardsScreen"),
+    ScreenSpec("alerts", "7", "Alerts", "tui.screens.alerts", "AlertsScreen"),
 )
 
 #: The ``/`` key of a screen that has a filter (it lists it in its BINDINGS and sets FILTER_HINT).

@@ -82,6 +82,8 @@ class FleetScreen(LoadmasterScreen):
         self._theme_name: str | None = None
         #: The view on screen; None until mounted (then chosen by the fleet's size).
         self.view: View | None = None
+        #: The app's ``site_alerts`` as last applied (the app replaces the dict on a change).
+        self._site_alerts: Any = None
 
     @property
     def hub(self) -> Any:
@@ -142,6 +144,7 @@ class FleetScreen(LoadmasterScreen):
             # A partial view says so, naming the nodes whose figures are missing from the totals.
             partial = ("   partial view: " + ", ".join(f"{n} ({why})" for n, why in unread.items())) if unread else ""
             self.query_one("#fleet-summary", Static).update(snapshot.summary_line() + partial)
+            self._sync_site_alerts()
             self._show_nodes(snapshot)
             alerts = self.query_one(AlertList)
             alerts.show(snapshot.alerts)
@@ -153,6 +156,23 @@ class FleetScreen(LoadmasterScreen):
         self.apply_times.append(time.perf_counter() - start)
         self.apply_cpu_times.append(time.thread_time() - cpu)
         del self.apply_times[:-10000], self.apply_cpu_times[:-10000]
+
+    def _sync_site_alerts(self) -> None:
+        """Hand the app's site alerts (node -> alertnames) to both views when they changed."""
+        site = getattr(self.app, "site_alerts", None)
+        if site is not None and site is not self._site_alerts:
+            self._site_alerts = site
+            self.query_one(FleetTable).set_site_alerts(site)
+            self.query_one(FleetHeatmap).grid.set_site_alerts(site)
+
+    def site_alerts_changed(self) -> None:
+        """The app read the site's alerts and they changed: mark them now, not at the next tick."""
+        if self.last_snapshot is not None:
+            self.apply_snapshot(self.last_snapshot)
+
+    def on_screen_resume(self) -> None:
+        if self.last_snapshot is not None and getattr(self.app, "site_alerts", None) is not self._site_alerts:
+            self.apply_snapshot(self.last_snapshot)
 
     def _show_nodes(self, snapshot: FleetSnapshot) -> None:
         """Apply the nodes to the view on screen; the other one catches up when it is shown

@@ -68,11 +68,14 @@ def error_cell(n: NodeSnapshot) -> str:
     return n.error if n.error and n.state != "up" else ""
 
 
-def alert_cell(n: NodeSnapshot) -> str:
+def alert_cell(n: NodeSnapshot, site_alerts: Sequence[str] = ()) -> str:
+    """Starved, the newest Xid, and ``!N NAME``: the site's active alerts about the node."""
     parts = [f"STARVED {n.alerts[0].hint}"] if n.alerts else []
     if n.xids:
         x = n.xids[-1]
         parts.append(f"XID {x.code} GPU {x.gpu}")
+    if site_alerts:
+        parts.append(f"!{len(site_alerts)} {site_alerts[0]}" + ("+" if len(site_alerts) > 1 else ""))
     return " · ".join(parts)
 
 
@@ -81,10 +84,18 @@ def link_cell(n: NodeSnapshot, local: bool) -> str:
     return "local" if local else num(n.latency_ms, "{:.0f} ms")
 
 
-def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int, *, local: bool = False) -> tuple[str, ...]:
+def node_cells(
+    n: NodeSnapshot,
+    trend: Sequence[float],
+    trend_width: int,
+    *,
+    local: bool = False,
+    site_alerts: Sequence[str] = (),
+) -> tuple[str, ...]:
     """The Fleet table's cells for one node (plain strings; styling is the table's job).
 
     ``local``: the node is this machine over the local transport (no SSH latency to show).
+    ``site_alerts``: the alertnames of the site's active, unsilenced alerts about it.
     """
     util = "-" if n.util_mean is None else f"{n.util_mean:.0f}% / {n.util_min:.0f}%"
     mem = n.mem_used_mib
@@ -97,7 +108,7 @@ def node_cells(n: NodeSnapshot, trend: Sequence[float], trend_width: int, *, loc
         util,
         rate_pct(n.rx_gbps, n.rx_pct),
         rate_pct(n.tx_gbps, n.tx_pct),
-        alert_cell(n),
+        alert_cell(n, site_alerts),
         spark(trend, trend_width),
         num(n.disk_write_mbps),
         mem_s,

@@ -3,7 +3,7 @@
 Each node is its GPUs side by side (a block glyph per GPU, its height and colour the utilisation
 bucket), preceded by a one-letter problem code. Nodes are grouped by site, else their first tag,
 else the hostlist prefix of their name (``gpu-a017`` -> ``gpu-a``), one summary line per group;
-problem nodes (unreachable, an Xid, a lost GPU, starved, stale, connecting) are pulled out of
+problem nodes (unreachable, an Xid, a lost GPU, starved, a site alert, stale, connecting) are pulled out of
 their group into a "needs attention" group on top. 256 nodes x 8 GPUs fit a 120x40 terminal.
 
 Cheap by construction: a tick re-derives only the nodes whose snapshot object changed (unchanged
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -56,9 +56,13 @@ PROBLEMS: tuple[tuple[str, str, str], ...] = (
     ("X", "Xid", "down"),
     ("L", "lost GPU", "down"),
     ("S", "starved", "alert"),
+    ("A", "site alert", "alert"),  # SITE_ALERT
     ("?", "stale", "stale"),
     ("~", "connecting", "stale"),
 )
+#: The code of a node the site's Alertmanager alerts about. Left out of the legend (which stays
+#: one line at 120 columns): the "needs attention" line and the cursor's status line name it.
+SITE_ALERT = "A"
 PROBLEM_RANK = {code: i for i, (code, _label, _kind) in enumerate(PROBLEMS)}
 PROBLEM_LABEL = {code: label for code, label, _kind in PROBLEMS}
 PROBLEM_KIND = {code: kind for code, _label, kind in PROBLEMS}
@@ -72,8 +76,9 @@ HEATMAP_ABOVE = 16
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
 
 
-def problem_code(n: NodeSnapshot) -> str | None:
-    """The one-letter code of a node that needs attention (most urgent wins), None when healthy."""
+def problem_code(n: NodeSnapshot, site_alerted: bool = False) -> str | None:
+    """The one-letter code of a node that needs attention (most urgent wins), None when healthy.
+    ``site_alerted``: the site's Alertmanager has an active, unsilenced alert about the node."""
     if n.state == "unreachable":
         return "!"
     xid, lost = bool(n.xids), False
@@ -86,6 +91,8 @@ def problem_code(n: NodeSnapshot) -> str | None:
         return "L"
     if n.alerts and any(a.active for a in n.alerts):
         return "S"
+    if site_alerted:
+        return SITE_ALERT
     if n.state == "stale":
         return "?"
     if n.state == "connecting":
@@ -304,6 +311,18 @@ class HeatmapGrid(ScrollView, can_focus=True):
         self._group_cache: dict[str, tuple[str | None, str]] = {}
         #: Lines refreshed by the last :meth:`show` (tests and benchmarks read it).
         self.last_refreshed = 0
+        #: Node -> alertnames of its active, unsilenced site alerts (code ``A``).
+        self._site_alerts: Mapping[str, Sequence[str]] = {}
+        self._site_alerted: frozenset[str] = frozenset()
+
+    def set_site_alerts(self, alerts: Mapping[str, Sequence[str]]) -> None:
+        """The site's alerts by node; a change of which nodes have one re-derives every node's code
+        at the next :meth:`show` (rare: an alert firing or clearing)."""
+        self._site_alerts = alerts
+        names = frozenset(alerts)
+        if names != self._site_alerted:
+            self._site_alerted = names
+            self._layout_width = -1
 
     @property
     def groups(self) -> Callable[[NodeSnapshot], str]:
@@ -338,7 +357,7 @@ class HeatmapGrid(ScrollView, can_focus=True):
                 continue
             old_cells = self._cells.get(n.name)
             old_code = self._codes.get(n.name, "")
-            code = problem_code(n) or ""
+            code = problem_code(n, n.name in self._site_alerted) or ""
             cells = (code, gpu_cells(n))
             self._snaps[n.name] = n
             group = self._group(n)
@@ -689,7 +708,9 @@ class HeatmapGrid(ScrollView, can_focus=True):
         if self.cursor is None or self.cursor[0] not in self._snaps:
             return self._empty_text
         name, gpu = self.cursor
-        return status_text(self._snaps[name], gpu, self._group_of.get(name, ""))
+        text = status_text(self._snaps[name], gpu, self._group_of.get(name, ""))
+        site = self._site_alerts.get(name)
+        return f"{text} · site alert: {', '.join(site)}" if site else text
 
     def legend(self) -> Text:
         """The legend line, in the cells' own colours."""
@@ -703,6 +724,8 @@ class HeatmapGrid(ScrollView, can_focus=True):
         text.append(LOST, style=self._style("lost"))
         text.append("lost │ ", style=label)
         for code, legend, kind in PROBLEMS:
+            if code == SITE_ALERT:
+                continue
             text.append(code, style=self._style(f"code-{kind}"))
             text.append(f" {legend} ", style=label)
         text.rstrip()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -99,6 +99,8 @@ class FleetTable(DataTable[Any]):
         self._column_keys: list[ColumnKey] = []
         self._pending: dict[str, NodeSnapshot] = {}
         self._trend: Callable[[str], Sequence[float]] = lambda name: ()
+        #: Node -> alertnames of the site's active alerts about it (the Alerts column marks them).
+        self.site_alerts: Mapping[str, Sequence[str]] = {}
 
     def on_mount(self) -> None:
         self._column_keys = [self.add_column(label, key=key, width=width) for key, label, width in COLUMNS]
@@ -131,6 +133,14 @@ class FleetTable(DataTable[Any]):
                 self._pending[name] = snap
         self._flush_window()
 
+    def set_site_alerts(self, alerts: Mapping[str, Sequence[str]]) -> None:
+        """The site's alerts by node: the rows whose marks change are rewritten on the next flush."""
+        old, self.site_alerts = self.site_alerts, alerts
+        for name in set(old) | set(alerts):
+            snap = self._snaps.get(name)
+            if snap is not None and old.get(name) != alerts.get(name):
+                self._pending[name] = snap
+
     # -- applying ticks ------------------------------------------------------------------------
 
     def show(self, nodes: Sequence[NodeSnapshot], trend: Callable[[str], Sequence[float]]) -> int:
@@ -151,7 +161,7 @@ class FleetTable(DataTable[Any]):
             self._pending.pop(gone, None)
         for n in visible:
             if n.name not in self._row_cells:
-                cells = node_cells(n, trend(n.name), TREND_WIDTH, local=n.name in self.local_nodes)
+                cells = self._cells(n)
                 self.add_row(*self._style_row(n, cells), key=n.name)
                 self._row_cells[n.name] = cells
                 self._snaps[n.name] = n
@@ -181,7 +191,7 @@ class FleetTable(DataTable[Any]):
             n = self._pending.pop(name, None)
             if n is None:
                 continue
-            cells = node_cells(n, self._trend(name), TREND_WIDTH, local=name in self.local_nodes)
+            cells = self._cells(n)
             old = self._row_cells[name]
             row = self._data.get(RowKey(name))
             for i, (a, b) in enumerate(zip(old, cells, strict=True)):
@@ -208,6 +218,10 @@ class FleetTable(DataTable[Any]):
     def flush_all(self) -> None:
         """Format every pending row now (tests and exports read cells directly)."""
         self._flush_window(list(self._pending))
+
+    def _cells(self, n: NodeSnapshot) -> tuple[str, ...]:
+        site = self.site_alerts.get(n.name, ()) if self.site_alerts else ()
+        return node_cells(n, self._trend(n.name), TREND_WIDTH, local=n.name in self.local_nodes, site_alerts=site)
 
     def _style_row(self, n: NodeSnapshot, cells: tuple[str, ...]) -> list[Any]:
         return [self._style_cell(n, i, c) for i, c in enumerate(cells)]
