@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 #: what the modules' ``register`` functions add.
 COMMANDS: dict[str, str] = {
     "agent": "jobs",
+    "alerts": "alerts",
     "audit": "retention",
     "ckpt": "ckpt",
     "doctor": "fleet",
