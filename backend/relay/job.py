@@ -122,9 +122,18 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
                 "seconds": round(elapsed, 3),
                 "dest": str(dest),
                 "gbps": round(total * 8 / 1e9 / max(elapsed, 1e-6), 3),
-                "md5_verified": recv.md5_checked,
+                # Checked by the seed against the ETags, every byte since by SHA-256 on each hop.
+                "md5_verified": int((recv.end or {}).get("md5_verified", 0)),
             }
-        h.finish({"by": me, "listing": digest, "objects": len(expected), "bytes": total})
+        h.finish(
+            {
+                "by": me,
+                "listing": digest,
+                "objects": len(expected),
+                "bytes": total,
+                "md5_verified": int(details.get("md5_verified", 0)),
+            }
+        )
         server.ready_at = time.time()
         ctx.log(f"relay: copy verified ({len(expected)} objects); serving until every child is done")
         while not server.subtree_done():
@@ -139,7 +148,10 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
             recv.send({"t": "done"})
         abandoned = server.abandoned()
         if abandoned:
-            ctx.log(f"relay: {', '.join(abandoned)} went away before finishing (the console retries them)")
+            ctx.log(
+                f"relay: {', '.join(abandoned)} went away before finishing here "
+                "(re-attached to another node, or died: the console retries those)"
+            )
     except BaseException as exc:
         if ctx.cancelled or isinstance(exc, Cancelled):
             ctx.request_cancel()

@@ -10,7 +10,11 @@ dead one had.
 
 A receiver writes each object as a direct pull does: a temporary beside the final name in
 s5cmd's own naming scheme (so the pull's cleanup recognises it), renamed once every byte is
-verified and the size (and a plain-MD5 ETag) matches the listing.
+verified and the size matches the listing. Every byte it has passed a SHA-256 check on each hop
+from the seed's file, and the seed's copy passed the direct pull's own verification (sizes, a
+fresh listing's ETags, MD5 of single-part objects) before any receiver may end: its end message
+says so, and only then does a receiver finish. A receiver hashes each chunk once (to check it)
+and forwards it with that digest; the seed hashes each chunk once, whatever its children.
 """
 
 from __future__ import annotations
@@ -54,10 +58,6 @@ def listing_digest(objects: list[PulledObject]) -> str:
     return hashlib.sha256(json.dumps([list(o) for o in objects]).encode()).hexdigest()
 
 
-def is_plain_md5(etag: str | None) -> bool:
-    return bool(etag) and len(etag or "") == 32 and all(c in "0123456789abcdef" for c in etag or "")
-
-
 class Cancelled(JobError):
     """The relay was cancelled (here or by a peer)."""
 
@@ -78,6 +78,17 @@ class Holdings:
         self.error: str | None = None
         self.cancelled = False
         self.cond = threading.Condition()
+        #: (object, offset) -> (length, SHA-256) of each chunk hashed or received here: a chunk is
+        #: forwarded with the digest it arrived with (or was first hashed with), not hashed again.
+        self.digests: dict[tuple[int, int], tuple[int, bytes]] = {}
+
+    def digest(self, index: int, offset: int, data: bytes) -> bytes:
+        known = self.digests.get((index, offset))
+        if known is not None and known[0] == len(data):
+            return known[1]
+        d = hashlib.sha256(data).digest()
+        self.digests[(index, offset)] = (len(data), d)
+        return d
 
     def publish(self, index: int, avail: int, path: Path, *, complete: bool = False) -> None:
         with self.cond:
@@ -339,7 +350,7 @@ class RelayServer:
                     data = os.pread(fd, n, off)
                     if len(data) != n:
                         raise JobError(f"{path}: {len(data)} bytes where {n} were verified")
-                    conn.sendall(outbound.chunk(i, off, data))
+                    conn.sendall(outbound.chunk(i, off, data, h.digest(i, off, data)))
                     sent[i] = off + n
                     if sent[i] >= h.sizes[i]:
                         os.close(fds.pop(i))
@@ -381,12 +392,11 @@ class Upstream:
 
 
 class _Temp:
-    """One object arriving: its temporary file, the bytes written, the running MD5."""
+    """One object arriving: its temporary file and descriptor."""
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
         self.fd = fd
-        self.md5 = hashlib.md5(usedforsecurity=False)
 
 
 def temp_name(final: Path) -> Path:
@@ -416,7 +426,6 @@ class Receiver:
         self.upstreams = upstreams
         self.reattach_s = reattach_s
         self.temps: dict[int, _Temp] = {}
-        self.md5_checked = 0
         self.upstream: str | None = None
         self.attachments: list[dict[str, Any]] = []
         self.end: dict[str, Any] | None = None
@@ -450,18 +459,13 @@ class Receiver:
         written = os.pwrite(t.fd, chunk.data, chunk.offset)
         if written != len(chunk.data):
             raise JobError(f"{t.path}: short write ({written} of {len(chunk.data)} bytes); is the disk full?")
-        t.md5.update(chunk.data)
+        self.h.digests[(i, chunk.offset)] = (written, chunk.digest)
         end = chunk.offset + written
         if end < o.size:
             self.h.publish(i, end, t.path)
             return
         os.close(t.fd)
         del self.temps[i]
-        if is_plain_md5(o.etag) and t.md5.hexdigest() != o.etag:
-            t.path.unlink(missing_ok=True)
-            raise JobError(f"{o.rel} has MD5 {t.md5.hexdigest()} but the object's ETag is {o.etag}: removed")
-        if is_plain_md5(o.etag):
-            self.md5_checked += 1
         final = self.h.dest / o.rel
         os.replace(t.path, final)
         self.h.publish(i, end, final, complete=True)
@@ -483,11 +487,16 @@ class Receiver:
         lost_since: float | None = None
         last_error = ""
         started = time.monotonic()
+        #: The upstream that went silent (frozen, not dead): tried after the others.
+        silent: str | None = None
         while True:
             # At the start the planned upstream may still be starting its job: it alone is tried
             # for a while, so the plan's chain is kept (the nodes above it are a fallback).
             first = not self.attachments and time.monotonic() - started < START_S
-            for up in self.upstreams[:1] if first else self.upstreams:
+            order = self.upstreams[:1] if first else self.upstreams
+            if silent is not None:  # a frozen node still accepts connections: ask it last
+                order = [u for u in order if u.name != silent] + [u for u in order if u.name == silent]
+            for up in order:
                 if self.ctx.cancelled:
                     raise Cancelled("cancelled")
                 try:
@@ -517,6 +526,7 @@ class Receiver:
                     self.sock = None
                     last_error = f"{up.name}: {exc}"
                     lost_since = time.time()
+                    silent = up.name if isinstance(exc, TimeoutError) else None
                     self.ctx.log(f"relay: lost {up.name} ({exc}); re-attaching from byte {self.h.bytes_done}")
                     break  # start again from the nearest upstream
             if lost_since is None and not first:

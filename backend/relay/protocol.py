@@ -65,6 +65,8 @@ class Chunk:
     index: int
     offset: int
     data: bytes
+    #: The SHA-256 of ``data`` the sender sent and the receiver checked (forwarded with it).
+    digest: bytes = b""
 
 
 class FrameCodec:
@@ -83,8 +85,9 @@ class FrameCodec:
         self.seq += 1
         return frame
 
-    def chunk(self, index: int, offset: int, data: bytes) -> bytes:
-        head = _CHUNK.pack(index, offset, len(data), hashlib.sha256(data).digest())
+    def chunk(self, index: int, offset: int, data: bytes, digest: bytes | None = None) -> bytes:
+        """A chunk frame; ``digest`` is the data's SHA-256 when the caller has it already."""
+        head = _CHUNK.pack(index, offset, len(data), digest or hashlib.sha256(data).digest())
         frame = _FRAME.pack(CHUNK, len(head) + len(data)) + head + data + self._tag(CHUNK, head)
         self.seq += 1
         return frame
@@ -141,7 +144,7 @@ class ChunkCheck:
         if offset + length > self.sizes[index]:
             raise ProtocolError(f"chunk of object {index} runs past its size {self.sizes[index]}")
         self.seq += 1
-        return Chunk(index, offset, data)
+        return Chunk(index, offset, data, digest)
 
     def accepted(self, chunk: Chunk) -> None:
         """The chunk was written: the verified bytes of its object now end after it."""

@@ -166,3 +166,30 @@ def test_a_slow_node_does_not_hold_back_the_others(
         assert_copy(lab.node(node).scratch / dest, relay_source)
     parents = {j["node"]: j["result"]["relay"]["upstream"] for j in out["json"]["jobs"]}
     assert parents == {"node-01": None, "node-02": "node-01", "node-03": "node-01", "node-04": "node-02"}
+
+
+def test_a_stalled_node_is_routed_around_and_catches_up(
+    lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    # node-02 freezes mid-chain (SIGSTOP: its connections stay open but nothing moves): node-03
+    # hears nothing, re-attaches to node-01 within 10 s and finishes; node-02 finishes when thawed.
+    cfg = relay_config(lab, tmp_path, store_proxy, jobs=SLOW)
+    dest = "pulls/relay-stalled"
+    total = relay_source.total
+    with _pull_in_thread(cfg, relay_source, dest) as out:
+        stalled = _job_dir(lab, "node-02", dest)
+        below = _job_dir(lab, "node-03", dest)
+        _wait_progress(below, total // 5, total * 4 // 5)
+        os.killpg(_pgid(stalled), signal.SIGSTOP)
+        try:
+            _wait_progress(_job_dir(lab, "node-04", dest), total, timeout=30)
+        finally:
+            os.killpg(_pgid(stalled), signal.SIGCONT)
+    assert out["rc"] == 0, out["err"]
+    for node in NODES:
+        assert_copy(lab.node(node).scratch / dest, relay_source)
+    jobs = {j["node"]: j for j in out["json"]["jobs"]}
+    assert {j["kind"] for j in jobs.values()} == {"relay"}  # nothing needed the store again
+    first, again = jobs["node-03"]["result"]["relay"]["attachments"]
+    assert (first["upstream"], again["upstream"]) == ("node-02", "node-01")
+    assert again["after_s"] < 10
