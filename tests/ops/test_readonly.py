@@ -16,6 +16,7 @@ import pytest
 from backend.config import parse_config
 from backend.errors import ReadOnlyRefused
 from backend.ops import PullRequest, StripRequest, UploadRequest
+from backend.ops.alerts import SilenceRequest
 from backend.policy.retention import RetentionPolicy
 from backend.retention.apply import compute_plan
 from backend.services import Services
@@ -61,6 +62,8 @@ def _operations(services: Services, tmp_path: Path) -> dict[str, Callable[[Any],
         "unmark milestone": lambda: ops.retention.unmark_milestone(run, 100),
         "unlock": lambda: ops.retention.unlock(run),
         "egress override": lambda: ops.egress.quote("datasets", 10**13, node="gpu-01", reason="deadline"),
+        "silence": lambda: ops.alerts.silence(SilenceRequest((("node", "gpu-01"),), 3600.0, "maintenance")),
+        "expire a silence": lambda: ops.alerts.expire("3f1b1c0e-0000-4000-8000-000000000000"),
     }
 
 
