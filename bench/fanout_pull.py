@@ -39,14 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from backend.lab import Lab, LabNodeOptions  # noqa: E402
 from backend.lab.counting_proxy import CountingProxy  # noqa: E402
-
-
-def _upload(lab: Lab, prefix: str, objects: int, size: int) -> None:
-    client = lab.s3.client()  # type: ignore[union-attr]
-    block = os.urandom(size)
-    for i in range(objects):
-        body = i.to_bytes(8, "little") + block[8:]  # distinct bodies without urandom for every byte
-        client.put_object(Bucket=lab.bucket, Key=f"{prefix}/obj-{i:03d}.bin", Body=body)
+from bench.pull_overhead import _upload  # noqa: E402 - the same objects as the pull benchmark's
 
 
 def _config(lab: Lab, root: Path, proxy: CountingProxy, args: argparse.Namespace) -> Path:

@@ -818,6 +818,7 @@ async def launch_relay(
     ``upstreams`` (relay-ssh: the console's forwarded loopback ports) replaces where each node
     finds the nodes above it."""
     from backend.jobs.records import new_job_id
+    from backend.relay.planner import seed_flags
     from backend.relay.protocol import SECRET_ENV, new_secret
 
     topo = plan.topology
@@ -851,6 +852,11 @@ async def launch_relay(
             "max_gbps": settings.relay_max_gbps,
         }
         params = {**_pull_params(services, plan, est), "expected": expected, "relay": relay}
+        if seed:
+            nw, cc, ps = seed_flags(
+                plan.total_bytes, len(plan.objects), plan.numworkers, plan.concurrency, plan.part_size_mib
+            )
+            params.update(numworkers=nw, concurrency=cc, part_size_mib=ps)
         secrets = {SECRET_ENV: secret, **(creds.as_env() if seed else {})}
         try:
             out.append(

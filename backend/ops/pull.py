@@ -96,7 +96,16 @@ def fanout_lines(plan: PullPlan) -> list[str]:
         return out
     out.append(f"  fan-out: {plan.fanout}" + (f" ({plan.fanout_note})" if plan.fanout_note else ""))
     if plan.topology is not None:
+        from backend.relay.planner import seed_flags
+
         out += [f"    {line}" for line in plan.topology.lines()]
+        flags = (plan.numworkers, plan.concurrency, plan.part_size_mib)
+        seed = seed_flags(plan.total_bytes, len(plan.objects), *flags)
+        if seed != flags:
+            out.append(
+                f"    seeds: s5cmd --numworkers {seed[0]} cp --concurrency {seed[1]} --part-size {seed[2]} "
+                "(objects land one after another: peers start on each while the next downloads)"
+            )
     if plan.store_cost and plan.direct_cost:
         k = len(plan.store_nodes)
         n = len(plan.nodes)

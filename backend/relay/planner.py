@@ -114,3 +114,25 @@ def plan_topology(nodes: list[PeerNode], *, seeds: int = 1, degree: int = 1) -> 
     return RelayTopology(
         parent=parent, seeds=tuple(all_seeds), children={k: tuple(v) for k, v in children.items()}, site=site
     )
+
+
+MiB = 1 << 20
+
+
+def seed_flags(total: int, objects: int, numworkers: int, concurrency: int, part_mib: int) -> tuple[int, int, int]:
+    """The s5cmd flags a seed copies with, so its objects land one after another.
+
+    A peer can start on an object only once s5cmd has it in place. With the tuned flags (256
+    objects at once) every object of a large pull lands at about the same moment, at the end, and
+    the chain would wait for the whole download. So a seed takes few objects at a time and more
+    parts in each (about 16 streams in all, parts of at most ``part_mib`` and at least s5cmd's 5
+    MiB): the first object lands early and the peers work while the rest downloads. Small objects
+    (under 16 MiB on average) land in order anyway, and a pull of a few objects cannot be
+    pipelined by object: their flags stay as given.
+    """
+    if objects < 4 or total // max(objects, 1) < 16 * MiB:
+        return numworkers, concurrency, part_mib
+    avg_mib = total / objects / MiB
+    part = max(5, min(part_mib, int(avg_mib // 8)))
+    streams = max(1, min(concurrency, -(-int(avg_mib) // part)))
+    return max(1, min(numworkers, -(-16 // streams))), concurrency, part

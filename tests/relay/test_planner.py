@@ -53,3 +53,16 @@ def test_every_node_is_reached_once(n: int, degree: int, seeds: int) -> None:
     for node in t.parent:  # no cycles: every chain ends at a seed
         chain = t.chain(node)
         assert (chain[-1] if chain else node) in t.seeds
+
+
+def test_seed_flags_land_large_objects_one_after_another() -> None:
+    from backend.relay.planner import seed_flags
+
+    mib = 1 << 20
+    # The brief's checkpoint: 29 x 4.8 GB safetensors, tuned flags: one object at a time, 32 parts.
+    assert seed_flags(29 * 4_800_000_000, 29, 256, 32, 64) == (1, 32, 64)
+    # 16 x 64 MiB: 8 MiB parts, two objects at a time (16 streams).
+    assert seed_flags(16 * 64 * mib, 16, 256, 32, 64) == (2, 32, 8)
+    # Small objects land in order anyway; three objects cannot be pipelined: as given.
+    assert seed_flags(10_000 * 50_000, 10_000, 512, 4, 8) == (512, 4, 8)
+    assert seed_flags(3 * 1024 * mib, 3, 256, 32, 64) == (256, 32, 64)

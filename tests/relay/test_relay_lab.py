@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import secrets
 import sqlite3
 from pathlib import Path
 
@@ -10,6 +14,7 @@ import pytest
 
 from backend.lab import Lab
 from backend.lab.counting_proxy import CountingProxy
+from tests.jobs.conftest import SourceData
 from tests.relay.conftest import NODES, RelaySource, assert_copy, layout, relay_config, s5cmd_everywhere
 from tui.cli import main as cli_main
 
@@ -17,9 +22,6 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _pull(cfg: Path, source: RelaySource, dest: str, *extra: str) -> tuple[int, dict, str]:
-    import contextlib
-    import io
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = cli_main(
@@ -96,3 +98,27 @@ def test_relay_ssh_carries_the_hops_through_ssh_and_listens_on_loopback_only(
         assert_copy(lab.node(j["node"]).scratch / "pulls/relay-ssh", relay_source)
     ups = {j["node"]: j["result"]["relay"]["upstream"] for j in out["jobs"]}
     assert ups == {"node-01": None, "node-02": "node-01", "node-03": "node-02", "node-04": "node-03"}
+
+
+def test_a_seed_takes_large_objects_a_few_at_a_time(lab: Lab, s3, store_proxy: CountingProxy, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    prefix = "relay/large-" + secrets.token_hex(3)
+    body = os.urandom(16 << 20)
+    objects = {f"part-{i}.bin": bytes([i]) + body[1:] for i in range(4)}  # 64 MiB in 4 objects
+    client = s3.client()
+    for name, data in objects.items():
+        client.put_object(Bucket=lab.bucket, Key=f"{prefix}/{name}", Body=data)
+    source = SourceData(lab.bucket, prefix, objects)
+    cfg = relay_config(lab, tmp_path, store_proxy)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main(
+            ["--config", str(cfg), "pull", source.url, "pulls/large", "--nodes", "node-0[1-2]", "--fanout", "relay"]
+            + ["--yes", "--json"]
+        )
+    assert rc == 0, err.getvalue()
+    # [jobs] numworkers = 8, concurrency 4, 5 MiB parts: the seed copies 4 objects at a time.
+    assert "seeds: s5cmd --numworkers 4 cp --concurrency 4 --part-size 5" in err.getvalue()
+    jobs = {j["node"]: j for j in json.loads(out.getvalue())["jobs"]}
+    assert jobs["node-01"]["params"]["numworkers"] == 4 and jobs["node-02"]["params"]["numworkers"] == 8
+    for node in ("node-01", "node-02"):
+        assert_copy(lab.node(node).scratch / "pulls/large", source)
