@@ -49,6 +49,8 @@ PING_S = 1.0
 #: Without a frame for this long, the upstream is taken as dead and the child re-attaches.
 SILENCE_S = 5.0
 CONNECT_S = 2.0
+#: Connections a node's relay serves at once (children, re-attaching grandchildren, handshakes).
+MAX_CONNECTIONS = 64
 #: How long a receiver waits for its planned upstream to come up before it tries the nodes above.
 START_S = 15.0
 
@@ -241,9 +243,13 @@ class RelayServer:
                 continue
             except OSError:
                 return
+            self.threads = [x for x in self.threads if x.is_alive()]
+            if len(self.threads) > MAX_CONNECTIONS:  # a flood of connections (no handshake yet)
+                conn.close()
+                continue
             t = threading.Thread(target=self._serve, args=(conn,), name="relay-serve", daemon=True)
             t.start()
-            self.threads = [x for x in self.threads if x.is_alive()] + [t]
+            self.threads.append(t)
 
     def _serve(self, conn: socket.socket) -> None:
         name = None
@@ -487,6 +493,7 @@ class Receiver:
         lost_since: float | None = None
         last_error = ""
         started = time.monotonic()
+        started_at = time.time()
         #: The upstream that went silent (frozen, not dead): tried after the others.
         silent: str | None = None
         while True:
@@ -529,9 +536,9 @@ class Receiver:
                     silent = up.name if isinstance(exc, TimeoutError) else None
                     self.ctx.log(f"relay: lost {up.name} ({exc}); re-attaching from byte {self.h.bytes_done}")
                     break  # start again from the nearest upstream
-            if lost_since is None and not first:
-                lost_since = time.time()
-            if lost_since is not None and time.time() - lost_since > self.reattach_s:
+            # Never attached: the time since the start counts (the first window included).
+            since = lost_since if lost_since is not None else started_at
+            if time.time() - since > self.reattach_s:
                 names = ", ".join(u.name for u in self.upstreams)
                 raise JobError(f"no upstream answered for {self.reattach_s:g}s ({names}); last: {last_error}")
             if self.ctx.wait_cancelled(0.3):

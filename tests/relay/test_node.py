@@ -1,0 +1,95 @@
+"""A relay node's server and receiver over real sockets on loopback (no lab): the copy, the secret."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from backend.agent.context import JobContext
+from backend.errors import JobError
+from backend.jobs.pull_objects import PulledObject
+from backend.relay.node import Holdings, Receiver, RelayServer, Upstream
+
+
+def _seed(tmp_path: Path, sizes: list[int]) -> tuple[Holdings, list[bytes]]:
+    src = tmp_path / "seed"
+    src.mkdir()
+    bodies = [os.urandom(n) for n in sizes]
+    objects = []
+    for i, body in enumerate(bodies):
+        (src / f"obj-{i}").write_bytes(body)
+        objects.append(PulledObject(f"obj-{i}", len(body), None))
+    h = Holdings(src, objects)
+    for i, o in enumerate(objects):
+        h.publish(i, o.size, src / o.rel, complete=True)
+    h.finish({"by": "seed", "listing": "x"})
+    return h, bodies
+
+
+def _server(h: Holdings, secret: str = "right") -> RelayServer:
+    ctx = JobContext.in_process("relay", {})
+    server = RelayServer(
+        h, ctx, secret=secret, group="g", listen=("127.0.0.1", 0), planned=["child"], chunk_size=1 << 16, grace_s=0
+    )
+    server.start()
+    return server
+
+
+def _receiver(tmp_path: Path, h: Holdings, port: int, secret: str, reattach_s: float = 5.0) -> Receiver:
+    dest = tmp_path / "child"
+    dest.mkdir(exist_ok=True)
+    mine = Holdings(dest, h.objects)
+    ctx = JobContext.in_process("relay", {})
+    return Receiver(
+        mine,
+        ctx,
+        secret=secret,
+        group="g",
+        me="child",
+        upstreams=[Upstream("seed", "127.0.0.1", port)],
+        reattach_s=reattach_s,
+    )
+
+
+def test_a_child_copies_every_object_and_tells_the_seed_it_is_done(tmp_path: Path) -> None:
+    h, bodies = _seed(tmp_path, [300_000, 1, 70_000])
+    server = _server(h)
+    try:
+        host, port = server.sock.getsockname()[:2]
+        assert host == "127.0.0.1"  # the address it was given, not every address
+        recv = _receiver(tmp_path, h, port, "right")
+        recv.run()
+        for i, body in enumerate(bodies):
+            got = (tmp_path / "child" / f"obj-{i}").read_bytes()
+            assert hashlib.sha256(got).digest() == hashlib.sha256(body).digest()
+        assert sorted(p.name for p in (tmp_path / "child").iterdir()) == ["obj-0", "obj-1", "obj-2"]
+        assert not server.subtree_done()  # connected, not done yet
+        recv.send({"t": "done"})
+        done = threading.Event()
+        for _ in range(100):
+            if server.subtree_done():
+                done.set()
+                break
+            server.changed.wait(0.05)
+        assert done.is_set()
+        assert server.served()["child"]["bytes"] == sum(len(b) for b in bodies)
+        recv.close()
+    finally:
+        server.stop()
+
+
+def test_a_peer_without_the_secret_gets_nothing(tmp_path: Path) -> None:
+    h, _ = _seed(tmp_path, [50_000])
+    server = _server(h)
+    try:
+        recv = _receiver(tmp_path, h, server.sock.getsockname()[1], "wrong", reattach_s=0.5)
+        with pytest.raises(JobError, match="no upstream answered .* relay secret"):
+            recv.run()
+        assert list((tmp_path / "child").iterdir()) == []
+        assert server.served()["child"]["bytes"] == 0
+    finally:
+        server.stop()
