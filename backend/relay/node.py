@@ -41,7 +41,9 @@ from backend.relay.protocol import (
     ProtocolError,
     client_handshake,
     read_frame,
+    send_parts,
     server_handshake,
+    tune,
 )
 
 #: A connected child hears from its upstream at least this often (a ping when there is no data).
@@ -84,7 +86,7 @@ class Holdings:
         #: forwarded with the digest it arrived with (or was first hashed with), not hashed again.
         self.digests: dict[tuple[int, int], tuple[int, bytes]] = {}
 
-    def digest(self, index: int, offset: int, data: bytes) -> bytes:
+    def digest(self, index: int, offset: int, data: bytes | memoryview) -> bytes:
         known = self.digests.get((index, offset))
         if known is not None and known[0] == len(data):
             return known[1]
@@ -257,7 +259,7 @@ class RelayServer:
         try:
             conn.settimeout(CONNECT_S + 1)
             name, key = server_handshake(conn, self.secret, self.group)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune(conn)
             inbound = ChunkCheck(key, [], [])
             outbound = FrameCodec(key)
             kind, payload, tag = read_frame(conn)
@@ -356,7 +358,7 @@ class RelayServer:
                     data = os.pread(fd, n, off)
                     if len(data) != n:
                         raise JobError(f"{path}: {len(data)} bytes where {n} were verified")
-                    conn.sendall(outbound.chunk(i, off, data, h.digest(i, off, data)))
+                    send_parts(conn, outbound.chunk_parts(i, off, data, h.digest(i, off, data)))
                     sent[i] = off + n
                     if sent[i] >= h.sizes[i]:
                         os.close(fds.pop(i))
@@ -556,7 +558,7 @@ class Receiver:
 
     def _stream(self, sock: socket.socket, key: bytes) -> None:
         h = self.h
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune(sock)
         sock.settimeout(SILENCE_S)
         out = FrameCodec(key)
         check = ChunkCheck(key, list(h.sizes), list(h.avail))

@@ -19,6 +19,7 @@ before a byte of it is written or forwarded.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -54,7 +55,7 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
-def _mac(key: bytes, *parts: bytes) -> bytes:
+def _mac(key: bytes, *parts: bytes | bytearray) -> bytes:
     return hmac.new(key, b"|".join(parts), hashlib.sha256).digest()
 
 
@@ -64,7 +65,7 @@ class Chunk:
 
     index: int
     offset: int
-    data: bytes
+    data: bytes | memoryview
     #: The SHA-256 of ``data`` the sender sent and the receiver checked (forwarded with it).
     digest: bytes = b""
 
@@ -87,10 +88,14 @@ class FrameCodec:
 
     def chunk(self, index: int, offset: int, data: bytes, digest: bytes | None = None) -> bytes:
         """A chunk frame; ``digest`` is the data's SHA-256 when the caller has it already."""
+        return b"".join(self.chunk_parts(index, offset, data, digest))
+
+    def chunk_parts(self, index: int, offset: int, data: bytes, digest: bytes | None = None) -> list[bytes]:
+        """The same frame as its pieces, for :func:`send_parts` (the data is not copied)."""
         head = _CHUNK.pack(index, offset, len(data), digest or hashlib.sha256(data).digest())
-        frame = _FRAME.pack(CHUNK, len(head) + len(data)) + head + data + self._tag(CHUNK, head)
+        parts = [_FRAME.pack(CHUNK, len(head) + len(data)) + head, data, self._tag(CHUNK, head)]
         self.seq += 1
-        return frame
+        return parts
 
 
 class ChunkCheck:
@@ -109,12 +114,12 @@ class ChunkCheck:
         self.max_chunk = max_chunk
         self.seq = 0
 
-    def _check_tag(self, kind: int, meta: bytes, tag: bytes) -> None:
+    def _check_tag(self, kind: int, meta: bytes | bytearray, tag: bytes) -> None:
         want = _mac(self.key, self.seq.to_bytes(8, "big"), bytes([kind]), meta)
         if not hmac.compare_digest(want, tag):
             raise ProtocolError(f"frame {self.seq}: bad MAC (corrupted, reordered or forged)")
 
-    def frame(self, kind: int, payload: bytes, tag: bytes) -> dict[str, Any] | Chunk:
+    def frame(self, kind: int, payload: bytes | bytearray, tag: bytes) -> dict[str, Any] | Chunk:
         if kind == CTRL:
             self._check_tag(CTRL, payload, tag)
             self.seq += 1
@@ -129,10 +134,10 @@ class ChunkCheck:
             raise ProtocolError(f"unknown frame type {kind}")
         if len(payload) < _CHUNK.size:
             raise ProtocolError("chunk frame too short")
-        head = payload[: _CHUNK.size]
+        head = bytes(payload[: _CHUNK.size])
         index, offset, length, digest = _CHUNK.unpack(head)
         self._check_tag(CHUNK, head, tag)
-        data = payload[_CHUNK.size :]
+        data = memoryview(payload)[_CHUNK.size :]
         if length != len(data) or length == 0 or length > self.max_chunk:
             raise ProtocolError(f"chunk of object {index}: length {length} does not match its {len(data)} bytes")
         if not hmac.compare_digest(hashlib.sha256(data).digest(), digest):
@@ -155,6 +160,11 @@ class ChunkCheck:
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
+    return bytes(recv_buffer(sock, n))
+
+
+def recv_buffer(sock: socket.socket, n: int) -> bytearray:
+    """Exactly ``n`` bytes from ``sock``, in a buffer of their own (not copied again)."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -163,16 +173,37 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
         if k == 0:
             raise ConnectionError("the peer closed the connection")
         got += k
-    return bytes(buf)
+    return buf
 
 
-def read_frame(sock: socket.socket) -> tuple[int, bytes, bytes]:
+def send_parts(sock: socket.socket, parts: list[bytes]) -> None:
+    """Send ``parts`` as one stream (scatter-gather: the pieces are not joined first)."""
+    views = [memoryview(p) for p in parts if len(p)]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
+
+
+def tune(sock: socket.socket, buffer_bytes: int = 4 << 20) -> None:
+    """Large socket buffers (a chunk in flight per direction) and no Nagle delay."""
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def read_frame(sock: socket.socket) -> tuple[int, bytearray, bytes]:
     """(type, payload, mac) of the next frame."""
     kind, length = _FRAME.unpack(recv_exact(sock, _FRAME.size))
     limit = MAX_CTRL if kind == CTRL else MAX_CHUNK + _CHUNK.size
     if length > limit:
         raise ProtocolError(f"frame of {length} bytes is over the limit")
-    payload = recv_exact(sock, length)
+    payload = recv_buffer(sock, length)
     return kind, payload, recv_exact(sock, _MAC_LEN)
 
 
