@@ -844,6 +844,7 @@ async def launch_relay(
             "listen": list(plan.relay_listen[name]),
             "upstreams": (upstreams or {}).get(name) or [[a, *plan.relay_listen[a]] for a in topo.ancestors(name)],
             "children": list(topo.children.get(name, ())),
+            "chain_len": len(topo.chain(name)),
             "topology": {k: v for k, v in topo.parent.items()},
             "jobs": ids,
             "chunk_mib": settings.relay_chunk_mib,

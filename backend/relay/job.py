@@ -25,7 +25,7 @@ from backend.errors import JobError, StoreError
 from backend.jobs.pull_dest import TempTracker, check_space, outside_dest
 from backend.jobs.pull_objects import PulledObject, check_objects, parse_expected, parse_source
 from backend.jobs.pull_runner import CopyHooks, PullKind, cleanup, run_pull_job
-from backend.relay.node import Cancelled, Holdings, Receiver, RelayServer, Upstream, listing_digest
+from backend.relay.node import Cancelled, FatalUpstream, Holdings, Receiver, RelayServer, Upstream, listing_digest
 from backend.relay.protocol import SECRET_ENV
 
 if TYPE_CHECKING:
@@ -106,7 +106,14 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
             TempTracker.snapshot(dest, expected, ctx.job_dir)
             ups = [Upstream(str(n), str(a), int(pt)) for n, a, pt in r["upstreams"]]
             recv = Receiver(
-                h, ctx, secret=secret, group=group, me=me, upstreams=ups, reattach_s=float(r.get("reattach_s", 60.0))
+                h,
+                ctx,
+                secret=secret,
+                group=group,
+                me=me,
+                upstreams=ups,
+                reattach_s=float(r.get("reattach_s", 60.0)),
+                chain_len=int(r.get("chain_len", len(ups))),
             )
             threading.Thread(
                 target=_report, args=(ctx, h, recv, server, stop_progress), name="relay-progress", daemon=True
@@ -160,7 +167,7 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
                 recv.send({"t": "cancel"})
         else:
             msg = str(exc) if isinstance(exc, JobError) else f"{type(exc).__name__}: {exc}"
-            h.fail(("seed " if role == "seed" else "") + msg)
+            h.fail(("seed: " if role == "seed" else "") + msg, fatal=role == "seed" or isinstance(exc, FatalUpstream))
         _let_children_hear(server)
         if recv is not None:
             recv.remove_temps()
@@ -207,14 +214,17 @@ def _verify_receiver(h: Holdings, recv: Receiver, digest: str) -> None:
         raise JobError(f"verification failed: {len(bad)} of {len(h.objects)} objects wrong (removed): {bad[0]}")
 
 
-def _let_children_hear(server: RelayServer, wait_s: float = 2.0) -> None:
-    """Give the connected children a moment to get the cancel or failure before the server stops."""
+def _let_children_hear(server: RelayServer, wait_s: float = 5.0) -> None:
+    """Keep serving a moment after a cancel or a failure, so every child hears it: those connected
+    now, and planned ones not attached yet (their jobs may still be starting)."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         with server.lock:
-            if not any(st.connected for st in server.children.values()):
+            told = all(st.gone_at is not None or st.done for st in server.children.values())
+            if told and not any(st.connected for st in server.children.values()):
                 return
-        time.sleep(0.05)
+        server.changed.wait(0.1)
+        server.changed.clear()
 
 
 def _progress(

@@ -66,6 +66,14 @@ class Cancelled(JobError):
     """The relay was cancelled (here or by a peer)."""
 
 
+class FatalUpstream(JobError):
+    """The seed above this node failed (its source did) and no other seed is left to try."""
+
+
+class _SeedFailed(ProtocolError):
+    """The seed of this node's tree failed: its chain is dropped, other seeds are tried."""
+
+
 class Holdings:
     """What this node has of each object, shared by its receiver (or s5cmd) and its server."""
 
@@ -80,6 +88,7 @@ class Holdings:
         self.end: dict[str, Any] | None = None
         #: Set when this node cannot finish: its children are told and fail or re-attach.
         self.error: str | None = None
+        self.fatal = False
         self.cancelled = False
         self.cond = threading.Condition()
         #: (object, offset) -> (length, SHA-256) of each chunk hashed or received here: a chunk is
@@ -106,9 +115,12 @@ class Holdings:
             self.end = end
             self.cond.notify_all()
 
-    def fail(self, error: str) -> None:
+    def fail(self, error: str, *, fatal: bool = False) -> None:
+        """This node cannot finish; ``fatal`` when no node below can finish without it (a seed:
+        its source failed), else its children re-attach above it."""
         with self.cond:
             self.error = error
+            self.fatal = fatal
             self.cond.notify_all()
 
     def cancel(self) -> None:
@@ -337,7 +349,7 @@ class RelayServer:
                     conn.sendall(outbound.ctrl({"t": "cancel"}))
                     return
                 if h.error is not None:
-                    conn.sendall(outbound.ctrl({"t": "failed", "error": h.error[:500]}))
+                    conn.sendall(outbound.ctrl({"t": "failed", "error": h.error[:500], "fatal": h.fatal}))
                     return
                 with h.cond:
                     if cur is None or sent[cur] >= h.sizes[cur]:
@@ -425,6 +437,7 @@ class Receiver:
         me: str,
         upstreams: list[Upstream],
         reattach_s: float,
+        chain_len: int | None = None,
     ) -> None:
         self.h = holdings
         self.ctx = ctx
@@ -432,6 +445,8 @@ class Receiver:
         self.group = group
         self.me = me
         self.upstreams = upstreams
+        #: How many of ``upstreams`` are this node's own chain up to its seed (the rest: other seeds).
+        self.chain_len = len(upstreams) if chain_len is None else chain_len
         self.reattach_s = reattach_s
         self.temps: dict[int, _Temp] = {}
         self.upstream: str | None = None
@@ -533,6 +548,11 @@ class Receiver:
                     with contextlib.suppress(OSError):
                         sock.close()
                     self.sock = None
+                    if isinstance(exc, _SeedFailed):
+                        # Every node of this chain has only what its seed had: the other seeds, if any.
+                        self.upstreams, self.chain_len = self.upstreams[self.chain_len :], 0
+                        if not self.upstreams:
+                            raise FatalUpstream(str(exc)) from None
                     last_error = f"{up.name}: {exc}"
                     lost_since = time.time()
                     silent = up.name if isinstance(exc, TimeoutError) else None
@@ -584,7 +604,10 @@ class Receiver:
                 self.ctx.request_cancel()
                 raise Cancelled("cancelled")
             if t == "failed":
-                raise JobError(f"upstream {self.upstream} failed: {str(msg.get('error'))[:300]}")
+                why = f"upstream {self.upstream} failed: {str(msg.get('error'))[:300]}"
+                if msg.get("fatal"):
+                    raise _SeedFailed(why)
+                raise ProtocolError(why)  # a receiver above failed: re-attach to the node above it
             if t == "end":
                 if not all(h.complete):
                     raise ProtocolError("the upstream ended before every object was sent")

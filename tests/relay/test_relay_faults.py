@@ -193,3 +193,39 @@ def test_a_stalled_node_is_routed_around_and_catches_up(
     first, again = jobs["node-03"]["result"]["relay"]["attachments"]
     assert (first["upstream"], again["upstream"]) == ("node-02", "node-01")
     assert again["after_s"] < 10
+
+
+async def test_a_failed_seed_fails_its_tree_at_once_and_leaves_no_partial_files(
+    lab: Lab, s3, store_proxy: CountingProxy, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    import secrets
+
+    from backend.config import load_config_file
+    from backend.ops import PullRequest
+    from backend.services import Services
+
+    prefix = "relay/vanishing-" + secrets.token_hex(3)
+    client = s3.client()
+    for i in range(3):
+        client.put_object(Bucket=lab.bucket, Key=f"{prefix}/obj-{i}", Body=os.urandom(2 << 20))
+    cfg = relay_config(lab, tmp_path, store_proxy)
+    services = Services(load_config_file(cfg))
+    try:
+        req = PullRequest(f"s3://{lab.bucket}/{prefix}/", "pulls/relay-vanishing", "node-0[1-4]", fanout="relay")
+        preview = await services.ops.pulls.plan(req)
+        client.delete_object(Bucket=lab.bucket, Key=f"{prefix}/obj-1")  # gone between the plan and the copy
+        started = await services.ops.pulls.start(req, shown=preview)
+        t0 = time.monotonic()
+        final = {r.node: await services.jobs.wait(r.id, timeout=60) for r in started.records}
+        took = time.monotonic() - t0
+    finally:
+        await services.aclose()
+    assert final["node-01"].state == "failed" and "s5cmd" in (final["node-01"].error or "")
+    for node in ("node-02", "node-03", "node-04"):
+        assert final[node].state == "failed", final[node]
+        assert "failed: seed:" in (final[node].error or ""), final[node].error
+    assert took < 15  # not after relay_reattach (20 s) of trying to re-attach
+    for node in NODES:  # complete objects may stay; nothing half-written does
+        d = lab.node(node).scratch / "pulls/relay-vanishing"
+        for p in d.rglob("*") if d.exists() else ():
+            assert p.name in ("obj-0", "obj-2") and p.stat().st_size == 2 << 20, p
