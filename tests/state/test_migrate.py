@@ -20,7 +20,7 @@ from backend.alerts.store import AlertStore
 from backend.config import StoreProfile, load_config_file
 from backend.jobs.store import JobStore
 from backend.lab.postgres import PrivateCluster
-from backend.ledger import EgressGuard, Reservation
+from backend.ledger import EgressGuard, Reservation, record_fanout_saving
 from backend.policy.retention import PlannedAction
 from backend.retention.apply import Journal
 from backend.retention.marks import MilestoneStore, PinStore
@@ -89,6 +89,7 @@ def fill(cfg: Path) -> Services:
             step, f"s3://ckpt/run-a/step-{step}", "delete", "older than 7d", "dcp", "full", 10 * GB, 0, 12, "fp"
         )
         journal.set(action, state, {"objects": 12})
+    record_fanout_saving(guard, DATASETS, DEST, 300 * GB, job_id="pull-relay-1", group="g1", note="from node-01")
     alerts = AlertStore(db)
     alerts.sync([Condition("GPUStarved", {"node": "node-02"}, "node-02: GPU starved", "why")], now=1_700_000_200.0)
     alerts.acknowledge("am", alerts.pending("am"), now=1_700_000_201.0)
