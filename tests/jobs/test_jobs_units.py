@@ -150,7 +150,7 @@ def test_kind_registry_and_unknown_kind() -> None:
     assert type(pull).__module__ == "backend.jobs.pull_runner"
     for name in KINDS:  # every registered kind's module imports and names the kind it is registered as
         assert kind(name).name == name
-    with pytest.raises(JobError, match="unknown job kind 'teleport' \\(known: pull, shard, strip, upload\\)"):
+    with pytest.raises(JobError, match="unknown job kind 'teleport' \\(known: pull, relay, shard, strip, upload\\)"):
         kind("teleport")
     with pytest.raises(JobError, match="unknown job kind"):
         check_known("teleport")
