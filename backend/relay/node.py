@@ -51,6 +51,12 @@ PING_S = 1.0
 #: Without a frame for this long, the upstream is taken as dead and the child re-attaches.
 SILENCE_S = 5.0
 CONNECT_S = 2.0
+#: How often an upstream tells a child how fast it is fed, against its fastest sibling.
+STAT_S = 1.0
+#: An upstream fed at under SLOW_RATIO of its fastest sibling's rate for SLOW_S is a slow node:
+#: its children re-attach above it. (A chain has no siblings: it never reshapes itself.)
+SLOW_S = 5.0
+SLOW_RATIO = 0.5
 #: Connections a node's relay serves at once (children, re-attaching grandchildren, handshakes).
 MAX_CONNECTIONS = 64
 #: How long a receiver waits for its planned upstream to come up before it tries the nodes above.
@@ -68,6 +74,10 @@ class Cancelled(JobError):
 
 class FatalUpstream(JobError):
     """The seed above this node failed (its source did) and no other seed is left to try."""
+
+
+class _SlowUpstream(ProtocolError):
+    """The upstream is fed far slower than its siblings: this node re-attaches above it."""
 
 
 class _SeedFailed(ProtocolError):
@@ -89,6 +99,9 @@ class Holdings:
         #: Set when this node cannot finish: its children are told and fail or re-attach.
         self.error: str | None = None
         self.fatal = False
+        #: How fast this node is fed, and its fastest sibling (bytes/s), as its upstream saw it.
+        self.fed_bps = 0.0
+        self.sibling_bps = 0.0
         self.cancelled = False
         self.cond = threading.Condition()
         #: (object, offset) -> (length, SHA-256) of each chunk hashed or received here: a chunk is
@@ -342,9 +355,24 @@ class RelayServer:
         cur: int | None = None
         end_sent = False
         last = time.monotonic()
+        last_stat = 0.0
         paced_from, paced = time.monotonic(), 0
         try:
             while not gone.is_set() and not self.stopping.is_set():
+                if time.monotonic() - last_stat >= STAT_S and not end_sent:
+                    with self.lock:
+                        rates = {n: c.rate.bps() for n, c in self.children.items() if c.connected}
+                    stat = {
+                        "t": "stat",
+                        # how fast this child is fed here and its fastest sibling
+                        "you_bps": rates.get(name, 0.0),
+                        "best_bps": max(rates.values(), default=0.0),
+                        # how fast this node is fed, against its own fastest sibling
+                        "up_bps": h.fed_bps,
+                        "up_best_bps": h.sibling_bps,
+                    }
+                    conn.sendall(outbound.ctrl(stat))
+                    last_stat = last = time.monotonic()
                 if h.cancelled or self.ctx.cancelled:
                     conn.sendall(outbound.ctrl({"t": "cancel"}))
                     return
@@ -511,15 +539,16 @@ class Receiver:
         last_error = ""
         started = time.monotonic()
         started_at = time.time()
-        #: The upstream that went silent (frozen, not dead): tried after the others.
-        silent: str | None = None
+        #: Upstreams that went silent (frozen, not dead) or were slow: tried after the others.
+        avoid: list[str] = []
+        why = "start"
         while True:
             # At the start the planned upstream may still be starting its job: it alone is tried
             # for a while, so the plan's chain is kept (the nodes above it are a fallback).
             first = not self.attachments and time.monotonic() - started < START_S
             order = self.upstreams[:1] if first else self.upstreams
-            if silent is not None:  # a frozen node still accepts connections: ask it last
-                order = [u for u in order if u.name != silent] + [u for u in order if u.name == silent]
+            if avoid:  # a frozen node still accepts connections, a slow one stays slow: ask them last
+                order = [u for u in order if u.name not in avoid] + [u for u in order if u.name in avoid]
             for up in order:
                 if self.ctx.cancelled:
                     raise Cancelled("cancelled")
@@ -535,6 +564,7 @@ class Receiver:
                         "t": time.time(),
                         "at_bytes": self.h.bytes_done,
                         "after_s": None if lost_since is None else round(time.time() - lost_since, 3),
+                        "why": why,
                     }
                 )
                 if lost_since is not None:
@@ -555,7 +585,9 @@ class Receiver:
                             raise FatalUpstream(str(exc)) from None
                     last_error = f"{up.name}: {exc}"
                     lost_since = time.time()
-                    silent = up.name if isinstance(exc, TimeoutError) else None
+                    if isinstance(exc, TimeoutError | _SlowUpstream) and up.name not in avoid:
+                        avoid.append(up.name)
+                    why = f"{'slow' if isinstance(exc, _SlowUpstream) else 'lost'} {up.name}: {exc}"[:200]
                     self.ctx.log(f"relay: lost {up.name} ({exc}); re-attaching from byte {self.h.bytes_done}")
                     break  # start again from the nearest upstream
             # Never attached: the time since the start counts (the first window included).
@@ -583,6 +615,7 @@ class Receiver:
         out = FrameCodec(key)
         check = ChunkCheck(key, list(h.sizes), list(h.avail))
         sock.sendall(out.ctrl({"t": "want", "have": list(h.avail)}))
+        slow_since: float | None = None
         self.sock, self.codec, self.check = sock, out, check
         while True:
             if self.ctx.cancelled:
@@ -598,6 +631,19 @@ class Receiver:
                 continue
             t = msg.get("t")
             if t == "ping":
+                continue
+            if t == "stat":
+                h.fed_bps, h.sibling_bps = float(msg.get("you_bps", 0.0)), float(msg.get("best_bps", 0.0))
+                up, best = float(msg.get("up_bps", 0.0)), float(msg.get("up_best_bps", 0.0))
+                # Slow: the upstream is fed far slower than its siblings are, by the same node.
+                if best > 0 and up < SLOW_RATIO * best and len(self.upstreams) > 1 and not all(h.complete):
+                    slow_since = slow_since or time.monotonic()
+                    if time.monotonic() - slow_since >= SLOW_S:
+                        raise _SlowUpstream(
+                            f"fed at {up * 8 / 1e6:.0f} Mbps while its fastest sibling gets {best * 8 / 1e6:.0f} Mbps"
+                        )
+                else:
+                    slow_since = None
                 continue
             if t == "cancel":
                 self.ctx.log(f"relay: {self.upstream} cancelled the pull")

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import threading
 from pathlib import Path
 
 import pytest
 
+import backend.relay.node as node_mod
 from backend.agent.context import JobContext
 from backend.errors import JobError
 from backend.jobs.pull_objects import PulledObject
 from backend.relay.node import Holdings, Receiver, RelayServer, Upstream
+from backend.relay.protocol import FrameCodec, server_handshake
 
 
 def _seed(tmp_path: Path, sizes: list[int]) -> tuple[Holdings, list[bytes]]:
@@ -93,3 +96,51 @@ def test_a_peer_without_the_secret_gets_nothing(tmp_path: Path) -> None:
         assert server.served()["child"]["bytes"] == 0
     finally:
         server.stop()
+
+
+def test_a_child_leaves_an_upstream_fed_far_slower_than_its_siblings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The planned upstream is a real peer (the handshake, MACed frames) that says, once a second,
+    # that it is fed at a tenth of its fastest sibling's rate and sends nothing else: the child
+    # re-attaches to the node above it and copies from there.
+    monkeypatch.setattr(node_mod, "SLOW_S", 1.0)
+    h, bodies = _seed(tmp_path, [200_000])
+    above = _server(h)
+    slow = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def slow_peer() -> None:
+        conn, _ = slow.accept()
+        with conn:
+            _name, key = server_handshake(conn, "right", "g")
+            codec = FrameCodec(key)
+            conn.settimeout(5)
+            conn.recv(65536)  # the child's 'want'
+            while not stop.wait(0.2):
+                stat = {"t": "stat", "you_bps": 1e6, "best_bps": 1e6, "up_bps": 1e6, "up_best_bps": 1e7}
+                try:
+                    conn.sendall(codec.ctrl(stat))
+                except OSError:
+                    return
+
+    t = threading.Thread(target=slow_peer)
+    t.start()
+    try:
+        recv = _receiver(tmp_path, h, 0, "right")
+        recv.upstreams = [
+            Upstream("slow", "127.0.0.1", slow.getsockname()[1]),
+            Upstream("seed", "127.0.0.1", above.sock.getsockname()[1]),
+        ]
+        recv.chain_len = 2
+        recv.run()
+        assert (tmp_path / "child" / "obj-0").read_bytes() == bodies[0]
+        first, again = recv.attachments
+        assert (first["upstream"], again["upstream"]) == ("slow", "seed")
+        assert again["why"].startswith("slow slow: fed at 8 Mbps while its fastest sibling gets 80 Mbps")
+        recv.close()
+    finally:
+        stop.set()
+        t.join(5)
+        slow.close()
+        above.stop()
