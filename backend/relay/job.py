@@ -50,8 +50,6 @@ def _checked_objects(ctx: JobContext, dest: Path) -> list[PulledObject]:
     """The spec's objects, refused again here like a direct pull's (keys, symlinks, space)."""
     p = ctx.params
     src = parse_source(str(p["src"]))
-    if not isinstance(p.get("expected"), list) or not p["expected"]:
-        raise JobError("a relay job's spec must list its objects")
     expected = parse_expected(p["expected"])
     try:
         check_objects(src, expected)
@@ -77,7 +75,11 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
     secret = ctx.secret_env().get(SECRET_ENV)
     if not secret:
         raise JobError("the relay secret is missing from the job's secrets file; launch the pull again")
-    expected = _checked_objects(ctx, dest) if role != "seed" else parse_expected(p["expected"])
+    if not isinstance(p.get("expected"), list) or not p["expected"]:
+        raise JobError("a relay job's spec must list its objects")
+    # The server comes up before the checks of DEST, so a node that refuses its DEST can tell its
+    # children at once (they re-attach above it) instead of leaving them to wait for it.
+    expected = parse_expected(p["expected"])
     total = sum(o.size for o in expected)
     digest = listing_digest(expected)
     h = Holdings(dest, expected)
@@ -103,6 +105,7 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
         if role == "seed":
             details = run_pull_job(ctx, _SeedHooks(h, server))
         else:
+            _checked_objects(ctx, dest)
             TempTracker.snapshot(dest, expected, ctx.job_dir)
             ups = [Upstream(str(n), str(a), int(pt)) for n, a, pt in r["upstreams"]]
             recv = Receiver(

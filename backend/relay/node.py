@@ -60,7 +60,7 @@ SLOW_RATIO = 0.5
 #: Connections a node's relay serves at once (children, re-attaching grandchildren, handshakes).
 MAX_CONNECTIONS = 64
 #: How long a receiver waits for its planned upstream to come up before it tries the nodes above.
-START_S = 15.0
+START_S = 5.0
 
 
 def listing_digest(objects: list[PulledObject]) -> str:

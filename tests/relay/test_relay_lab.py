@@ -122,3 +122,29 @@ def test_a_seed_takes_large_objects_a_few_at_a_time(lab: Lab, s3, store_proxy: C
     assert jobs["node-01"]["params"]["numworkers"] == 4 and jobs["node-02"]["params"]["numworkers"] == 8
     for node in ("node-01", "node-02"):
         assert_copy(lab.node(node).scratch / "pulls/large", source)
+
+
+def test_a_receiver_refuses_a_dest_that_leads_outside_and_the_rest_go_on(
+    lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    dest = "pulls/relay-symlink"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    trap = lab.node("node-03").scratch / dest
+    trap.mkdir(parents=True)
+    (trap / "meta").symlink_to(outside)  # meta/index.json would land outside DEST
+    try:
+        cfg = relay_config(lab, tmp_path, store_proxy)
+        rc, out, err = _pull(cfg, relay_source, dest, "--fanout", "relay")
+        assert rc == 1
+        assert list(outside.iterdir()) == []
+        jobs = {(j["node"], j["kind"]): j for j in out["jobs"]}
+        assert jobs[("node-03", "relay")]["state"] == "failed"
+        assert "refusing to write" in jobs[("node-03", "relay")]["error"]
+        # Its child went to the node above it; the retry from the store refuses the same way.
+        assert jobs[("node-04", "relay")]["result"]["relay"]["upstream"] == "node-02"
+        assert "not retried" in err or jobs[("node-03", "pull")]["state"] == "failed"
+        for node in ("node-01", "node-02", "node-04"):
+            assert_copy(lab.node(node).scratch / dest, relay_source)
+    finally:
+        (trap / "meta").unlink()
