@@ -66,7 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.config import Config, load_config_file  # noqa: E402
 from backend.errors import LoadmasterError  # noqa: E402
 from backend.lab import fake_nvidia_smi, nvidia_smi_sh  # noqa: E402
-from backend.lab.sshd import SshdNode, keygen, lab_processes, port_free  # noqa: E402
+from backend.lab.ports import port_free  # noqa: E402
+from backend.lab.sshd import SshdNode, keygen, lab_processes  # noqa: E402
 from backend.nodes.pool import NodePool  # noqa: E402
 from backend.nodes.transport import Transport  # noqa: E402
 from backend.telemetry.hub import TelemetryHub  # noqa: E402

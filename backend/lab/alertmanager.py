@@ -32,7 +32,8 @@ from typing import Any
 from backend.errors import LoadmasterError
 
 # _stop_group, _log_tail and _duration are private to backend.lab.prometheus; imported, not copied.
-from backend.lab.prometheus import PrometheusNotInstalled, _duration, _log_tail, _stop_group, find_binary, free_port
+from backend.lab.ports import free_port
+from backend.lab.prometheus import PrometheusNotInstalled, _duration, _log_tail, _stop_group, find_binary
 
 ALERTMANAGER_INSTALL_HINT = "apt-get install prometheus-alertmanager (Debian's package ships amtool too)"
 #: The one receiver of the generated config.

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -21,10 +20,11 @@ from typing import Any
 from backend.config import Config, load_config_file
 from backend.errors import LoadmasterError
 from backend.lab.agent import link_agent_venv, make_agent_venv
+from backend.lab.ports import common_free_port
 from backend.lab.postgres import PrivateCluster
 from backend.lab.prometheus import StackNode, TelemetryStack
 from backend.lab.seaweed import SeaweedS3
-from backend.lab.sshd import SshdNode, keygen, port_free
+from backend.lab.sshd import SshdNode, keygen
 
 
 @dataclass(frozen=True)
@@ -55,16 +55,6 @@ def stop_lab_keeper(config_path: Path) -> int | None:
 
 def _venv_bin() -> Path:
     return Path(sys.executable).parent
-
-
-def _pick_port(ips: list[str]) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind((ips[0], 0))
-            port = s.getsockname()[1]
-        if all(port_free(ip, port) for ip in ips):
-            return port
-    raise LoadmasterError("no port free on every lab address")
 
 
 class Lab:
@@ -149,7 +139,7 @@ class Lab:
         authorized.write_text(self.user_key.with_suffix(".pub").read_text())
         os.chmod(authorized, 0o600)
         ips = [f"127.0.0.{self.first_ip + i}" for i in range(self.count)]
-        port = self.port or _pick_port(ips)
+        port = self.port or common_free_port(ips, "the sshd nodes")
         self.port = port
         known: list[str] = []
         make_agent_venv(self.agent_venv)
@@ -194,7 +184,8 @@ class Lab:
         """Start ``loadmaster watch --metrics`` on the lab's config, as systemd would (its own
         session, output in ``watch.log``); with the lab's Prometheus, it scrapes the metrics too.
         The metrics address."""
-        from backend.lab.prometheus import ScrapeTarget, free_port
+        from backend.lab.ports import free_port
+        from backend.lab.prometheus import ScrapeTarget
 
         addr = f"127.0.0.1:{free_port()}"
         log = (self.root / "watch.log").open("ab")

@@ -27,7 +27,6 @@ import pwd
 import re
 import secrets
 import shutil
-import socket
 import stat
 import subprocess
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import LoadmasterError
+from backend.lab.ports import free_port, port_free
 
 if TYPE_CHECKING:
     import psycopg
@@ -102,22 +102,6 @@ def find_bindir() -> Path:
         if all(os.access(cand / b, os.X_OK) for b in _NEEDED):
             return cand
     raise PostgresNotInstalled(INSTALL_HINT)
-
-
-def _free_port(ip: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
-
-
-def _port_free(ip: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((ip, port))
-        except OSError:
-            return False
-    return True
 
 
 def _conf_quote(value: str) -> str:
@@ -435,8 +419,8 @@ class PrivateCluster:
     def _start_server(self, bindir: Path, uid: int, gid: int, passwords: dict[str, str], timeout: float) -> None:
         auto_port = self._requested_port is None
         for attempt in range(3):
-            if self._port is None or (auto_port and not _port_free(self.HOST, self._port)):
-                self._port = _free_port(self.HOST)
+            if self._port is None or (auto_port and not port_free(self.HOST, self._port)):
+                self._port = free_port(self.HOST)
             self._write_conf(uid, gid)
             self._write_pgpass(passwords)
             size_before = self.log_path.stat().st_size

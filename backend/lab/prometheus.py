@@ -51,7 +51,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -75,7 +74,8 @@ from backend.lab.dcgm_exporter import (
     label_text,
     xid_message,
 )
-from backend.lab.sshd import port_free, wait_port
+from backend.lab.ports import common_free_port, free_port
+from backend.lab.sshd import wait_port
 
 PROMETHEUS_INSTALL_HINT = "apt-get install prometheus (Debian's package ships prometheus and promtool)"
 NODE_EXPORTER_INSTALL_HINT = "apt-get install prometheus-node-exporter"
@@ -128,21 +128,6 @@ def find_promtool() -> str:
 
 def find_node_exporter() -> str:
     return find_binary(["prometheus-node-exporter", "node_exporter"], NODE_EXPORTER_INSTALL_HINT)
-
-
-def free_port(ip: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
-
-
-def common_free_port(ips: list[str]) -> int:
-    """A port free on every one of ``ips`` (node_exporters listen on one port across the lab)."""
-    for _ in range(100):
-        port = free_port(ips[0])
-        if all(port_free(ip, port) for ip in ips):
-            return port
-    raise PrometheusError("no port free on every lab address for node_exporter")
 
 
 def _log_tail(path: Path, lines: int = 3) -> str:

@@ -42,16 +42,6 @@ def keygen(path: Path, comment: str) -> None:
     )
 
 
-def port_free(ip: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((ip, port))
-        except OSError:
-            return False
-    return True
-
-
 def wait_port(ip: str, port: int, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -25,7 +25,8 @@ import pytest
 from backend.lab import Lab
 from backend.lab.alertmanager import AlertmanagerServer
 from backend.lab.fleet import LabNodeOptions
-from backend.lab.prometheus import PrometheusServer, ScrapeTarget, free_port
+from backend.lab.ports import free_port
+from backend.lab.prometheus import PrometheusServer, ScrapeTarget
 from tests.am_fixtures import AlertmanagerLab, WebhookSink
 from tests.helpers import write_lab_config
 
