@@ -62,6 +62,8 @@ def _operations(services: Services, tmp_path: Path) -> dict[str, Callable[[Any],
         "unmark milestone": lambda: ops.retention.unmark_milestone(run, 100),
         "unlock": lambda: ops.retention.unlock(run),
         "egress override": lambda: ops.egress.quote("datasets", 10**13, node="gpu-01", reason="deadline"),
+        # Refused before it reads its arguments (a relay pull's dead node, fetched from the store).
+        "relay retry": lambda: ops.pulls.retry_from_store(None, None),  # type: ignore[arg-type]
         "silence": lambda: ops.alerts.silence(SilenceRequest((("node", "gpu-01"),), 3600.0, "maintenance")),
         "expire a silence": lambda: ops.alerts.expire("3f1b1c0e-0000-4000-8000-000000000000"),
     }
