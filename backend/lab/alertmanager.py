@@ -19,21 +19,16 @@ the default ``--data.retention``. Ready when ``/-/ready`` answers 200.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from backend.errors import LoadmasterError
-
-# _stop_group, _log_tail and _duration are private to backend.lab.prometheus; imported, not copied.
 from backend.lab.ports import free_port
-from backend.lab.prometheus import PrometheusNotInstalled, _duration, _log_tail, _stop_group, find_binary
+from backend.lab.process import log_tail, start_logged, stop_group, wait_http_ready, write_json_config
+from backend.lab.prometheus import PrometheusNotInstalled, _duration, find_binary
 
 ALERTMANAGER_INSTALL_HINT = "apt-get install prometheus-alertmanager (Debian's package ships amtool too)"
 #: The one receiver of the generated config.
@@ -138,11 +133,7 @@ class AlertmanagerServer:
         }
 
     def write_config(self) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.config_path.with_name(self.config_path.name + ".tmp")
-        tmp.write_text(json.dumps(self.config(), indent=1) + "\n")
-        os.replace(tmp, self.config_path)
-        return self.config_path
+        return write_json_config(self.config_path, self.config())
 
     # -- lifecycle --------------------------------------------------------------------------
     def args(self) -> list[str]:
@@ -162,29 +153,16 @@ class AlertmanagerServer:
         args = self.args()
         self.write_config()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.05)
-        tail = _log_tail(self.log_path)
+        self.proc = start_logged(args, self.log_path, self.root)
+        if wait_http_ready(self.proc, f"{self.url}/-/ready", timeout):
+            return self
+        tail = log_tail(self.log_path)
         self.stop()
         raise AlertmanagerLabError(f"Alertmanager did not become ready on {self.url}: {tail}")
 
     def stop(self) -> None:
         """Stop it (SIGTERM to its process group, SIGKILL after 20 s); nothing is left running."""
-        _stop_group(self.proc)
+        stop_group(self.proc)
         self.proc = None
 
     # -- amtool -------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ from typing import Any
 
 from backend.errors import LoadmasterError
 from backend.lab import fake_nvidia_smi
+from backend.lab.process import log_tail, start_logged, stop_group
 
 
 class DcgmStandInError(LoadmasterError):
@@ -834,17 +835,12 @@ class DcgmExporterStandIn:
         repo = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
+        self.proc = start_logged(
             [sys.executable, "-m", "backend.lab.dcgm_exporter", "--config", str(self.config_path)],
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-            cwd=self.root,
+            self.log_path,
+            self.root,
+            env,
         )
-        log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._ready_path.exists():
@@ -857,30 +853,13 @@ class DcgmExporterStandIn:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.05)
-        tail = self._log_tail()
+        tail = log_tail(self.log_path)
         self.stop()
         raise DcgmStandInError(f"the dcgm-exporter stand-in did not start ({self.root}): {tail}")
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_group(self.proc, timeout=10)
         self.proc = None
-
-    def _log_tail(self) -> str:
-        try:
-            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        except OSError:
-            return "no log"
-        return " | ".join(lines[-3:]) or "no output"
 
     # -- where Prometheus scrapes -------------------------------------------------------------
     def target(self, name: str) -> tuple[str, str]:
@@ -919,7 +898,9 @@ class DcgmExporterStandIn:
             if self.proc is not None and self.proc.poll() is not None:
                 break
             time.sleep(0.02)
-        raise DcgmStandInError(f"the dcgm-exporter stand-in did not take the change ({self.root}): {self._log_tail()}")
+        raise DcgmStandInError(
+            f"the dcgm-exporter stand-in did not take the change ({self.root}): {log_tail(self.log_path)}"
+        )
 
     def _node(self, name: str) -> DcgmNode:
         try:

@@ -45,12 +45,10 @@ on the blocks in 0.2 s (28 MB of TSDB).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -75,6 +73,7 @@ from backend.lab.dcgm_exporter import (
     xid_message,
 )
 from backend.lab.ports import common_free_port, free_port
+from backend.lab.process import log_tail, start_logged, stop_group, wait_http_ready, write_json_config
 from backend.lab.sshd import wait_port
 
 PROMETHEUS_INSTALL_HINT = "apt-get install prometheus (Debian's package ships prometheus and promtool)"
@@ -128,28 +127,6 @@ def find_promtool() -> str:
 
 def find_node_exporter() -> str:
     return find_binary(["prometheus-node-exporter", "node_exporter"], NODE_EXPORTER_INSTALL_HINT)
-
-
-def _log_tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "no log"
-    tail = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
-    return " | ".join(tail) or "no output"
-
-
-def _stop_group(proc: subprocess.Popen[bytes] | None, timeout: float = 20.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def _duration(seconds: float) -> str:
@@ -216,23 +193,19 @@ class NodeExporter:
             return self
         args = self.args()
         self.root.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root
-        )
-        log.close()
+        self.proc = start_logged(args, self.log_path, self.root)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 break
             if wait_port(self.ip, self.port, 0.2):
                 return self
-        tail = _log_tail(self.log_path)
+        tail = log_tail(self.log_path)
         self.stop()
         raise PrometheusError(f"node_exporter did not start on {self.address}: {tail}")
 
     def stop(self) -> None:
-        _stop_group(self.proc)
+        stop_group(self.proc)
         self.proc = None
 
 
@@ -353,11 +326,7 @@ class PrometheusServer:
         }
 
     def write_config(self) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.config_path.with_name(self.config_path.name + ".tmp")
-        tmp.write_text(json.dumps(self.config(), indent=1) + "\n")
-        os.replace(tmp, self.config_path)
-        return self.config_path
+        return write_json_config(self.config_path, self.config())
 
     # -- lifecycle --------------------------------------------------------------------------
     def args(self) -> list[str]:
@@ -377,28 +346,15 @@ class PrometheusServer:
         args = self.args()
         self.write_config()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        tail = _log_tail(self.log_path)
+        self.proc = start_logged(args, self.log_path, self.root)
+        if wait_http_ready(self.proc, f"{self.url}/-/ready", timeout, every=0.1):
+            return self
+        tail = log_tail(self.log_path)
         self.stop()
         raise PrometheusError(f"Prometheus did not become ready on {self.url}: {tail}")
 
     def stop(self) -> None:
-        _stop_group(self.proc, timeout=30.0)
+        stop_group(self.proc, timeout=30.0)
         self.proc = None
 
     def reload(self) -> None:
@@ -938,7 +894,7 @@ def backfill(
         failed = []
         for path, proc in running:
             if proc.wait() != 0:
-                failed.append(f"{path.name}: {_log_tail(path.with_suffix('.log'))}")
+                failed.append(f"{path.name}: {log_tail(path.with_suffix('.log'))}")
     finally:
         for path, proc in running:
             if proc.poll() is None:
