@@ -87,6 +87,13 @@ class StallTracker:
 
     #: job id -> (bytes done, epoch seconds they were first seen at that value)
     seen: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: job id -> when this tracker first saw the job running (a new watcher knows nothing older)
+    first: dict[str, float] = field(default_factory=dict)
+
+    def watched_for(self, job_id: str, now: float) -> float:
+        """Seconds this tracker has watched ``job_id`` run (0 if it has not)."""
+        t = self.first.get(job_id)
+        return 0.0 if t is None else now - t
 
     def observe(self, records: Iterable[Any], now: float) -> dict[str, float]:
         """Update from ``records``; return job id -> seconds its bytes have not moved (running
@@ -97,6 +104,7 @@ class StallTracker:
             if r.kind not in TRANSFER_KINDS or r.state != "running":
                 continue
             alive.add(r.id)
+            self.first.setdefault(r.id, now)
             done = r.progress.bytes_done if r.progress is not None else 0
             prev = self.seen.get(r.id)
             if prev is None or prev[0] != done:
@@ -108,6 +116,7 @@ class StallTracker:
             out[r.id] = now - self.seen[r.id][1]
         for gone in set(self.seen) - alive:
             del self.seen[gone]
+            self.first.pop(gone, None)
         return out
 
 

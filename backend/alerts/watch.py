@@ -154,7 +154,14 @@ class Watcher:
             if name == "GPUXid":
                 # An Xid is an event: it stays its full hold, whoever saw it first.
                 return now - row.starts_at <= self.settings.held_for
-            if name in ("UploadBacklog", "TransferStalled", "JobLost", "VerificationFailed"):
+            if name == "TransferStalled":
+                # A restarted watcher has not watched the job's bytes for stall_after yet: it
+                # cannot tell a stall that goes on from one that ended.
+                if not jobs_read:
+                    return True
+                still = self.stalls.watched_for(labels.get("job_id", ""), now) < self.settings.stall_after
+                return still and labels.get("job_id", "") in self.stalls.seen
+            if name in ("UploadBacklog", "JobLost", "VerificationFailed"):
                 return not jobs_read
             if name.startswith("EgressBudget") or name == "RetentionApplyInterrupted":
                 return not state_read

@@ -164,3 +164,37 @@ def test_fleet_conditions_from_the_hub_and_only_the_ones_turned_on() -> None:
         "NodeUnreachable"
     ]
     assert set(CONDITIONS) >= {c.alertname for c in conds}
+
+
+def test_a_restarted_watcher_does_not_resolve_a_stall_it_has_not_watched_long_enough(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from backend.alerts.store import AlertStore
+    from backend.alerts.watch import Watcher
+    from backend.services import Services
+
+    cfg = Config(
+        nodes=(Node(name="gpu-01", host="localhost", transport="local", site="coreweave:us-east-04"),),
+        stores={},
+        sections={"alerts": S},
+    )
+    services = Services(config=cfg)
+    services.__dict__["db"] = SQLiteState(tmp_path / "s.sqlite3")
+    try:
+        stalled = job("p-1", "running", started=NOW - 3000, progress=JobProgress(t=NOW - 1000, bytes_done=GB))
+        # The first watcher saw the stall and sent it.
+        first = StallTracker()
+        first.observe([stalled], NOW - 900)
+        still = first.observe([stalled], NOW)
+        conds = evaluate(S, fleet=None, records=[stalled], stalled=still, egress=None, warn_at=0.8, now=NOW)
+        AlertStore(services.db).sync(conds, NOW)
+        (row,) = AlertStore(services.db).firing()
+        # A new watcher (fresh tracker) sees the job at once: it cannot judge the stall yet.
+        w = Watcher(services)
+        w.stalls.observe([stalled], NOW + 10)
+        assert w._unknown(None, jobs_read=True, state_read=True, now=NOW + 10)(row)
+        w.stalls.observe([stalled], NOW + 10 + S.stall_after)
+        assert not w._unknown(None, jobs_read=True, state_read=True, now=NOW + 10 + S.stall_after)(row)
+        # The job ended: nothing to wait for.
+        w.stalls.observe([], NOW + 20)
+        assert not w._unknown(None, jobs_read=True, state_read=True, now=NOW + 20)(row)
+    finally:
+        services.db.close()
