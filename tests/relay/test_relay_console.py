@@ -9,6 +9,7 @@ import io
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -98,12 +99,19 @@ async def test_a_relay_launched_from_the_console_retries_its_dead_node_from_the_
             below = await asyncio.to_thread(_job_dir, lab, "node-03", dest)
             total = relay_source.total
             await asyncio.to_thread(_wait_progress, below, total // 5, total * 4 // 5)
+            killed_at = time.time()
             os.killpg(_pgid(victim), signal.SIGKILL)
 
             def retried_ok() -> bool:
+                # This pull's retry: node-02's jobs from earlier tests of the session's lab show too.
                 last = rec.of(JobsRefreshed)
                 return bool(last) and any(
-                    r.node == "node-02" and r.kind == "pull" and r.state == "succeeded" for r in last[-1].records
+                    r.node == "node-02"
+                    and r.kind == "pull"
+                    and r.state == "succeeded"
+                    and r.created >= killed_at
+                    and str(r.params.get("dest", "")).rstrip("/").endswith(dest)
+                    for r in last[-1].records
                 )
 
             await until(pilot, retried_ok, rounds=6000)
