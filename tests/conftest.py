@@ -18,6 +18,16 @@ from backend.lab import Lab, LabNodeOptions
 
 pytest_plugins = ["tests.pg_fixtures", "tests.prom_fixtures", "tests.am_fixtures"]
 
+# Under pytest-xdist (CI runs two workers) each worker is its own machine as far as the lab is
+# concerned: its own lab, and its own temporary directory, so what lives in the shared /tmp by
+# design (the connection keeper's fallback socket dir, tmux's server socket) is not shared.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    _worker_tmp = Path(tempfile.gettempdir()) / f"lm-xdist-{_WORKER}"
+    _worker_tmp.mkdir(mode=0o755, exist_ok=True)
+    os.environ["TMPDIR"] = str(_worker_tmp)
+    tempfile.tempdir = str(_worker_tmp)
+
 LAB_NODE_OPTIONS = {
     "node-01": LabNodeOptions(gpus=8, pattern="training"),
     "node-02": LabNodeOptions(gpus=8, pattern="starved"),

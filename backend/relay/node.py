@@ -20,6 +20,7 @@ and forwards it with that digest; the seed hashes each chunk once, whatever its 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -209,13 +210,7 @@ class RelayServer:
         #: Set when a child is done or goes away (the node's main loop re-checks its subtree).
         self.changed = threading.Event()
         self.ready_at: float | None = None
-        try:
-            self.sock = socket.create_server(listen, family=_family(listen[0]), backlog=64)
-        except OSError as exc:
-            raise JobError(
-                f"cannot listen for relay peers on {listen[0]}:{listen[1]}: {exc.strerror}; "
-                "set [jobs] relay_network to this node's cluster address or relay_ports to a free range"
-            ) from None
+        self.sock = _listen(listen)
         self.sock.settimeout(0.5)
         self.threads: list[threading.Thread] = []
 
@@ -692,3 +687,26 @@ class Receiver:
             with contextlib.suppress(OSError):
                 self.sock.close()
             self.sock = None
+
+
+#: How long a receiver keeps trying its planned port while something else holds it. The port was
+#: free when the pull was planned; an outgoing connection's ephemeral port (the default range lies
+#: inside Linux's 32768-60999) holds it only for a moment.
+LISTEN_RETRY_S = 5.0
+
+
+def _listen(listen: tuple[str, int]) -> socket.socket:
+    """The relay's listening socket on its planned address and port (the upstream's children
+    connect to exactly that), retried for :data:`LISTEN_RETRY_S` while the port is in use."""
+    deadline = time.monotonic() + LISTEN_RETRY_S
+    while True:
+        try:
+            return socket.create_server(listen, family=_family(listen[0]), backlog=64)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            raise JobError(
+                f"cannot listen for relay peers on {listen[0]}:{listen[1]}: {exc.strerror}; "
+                "set [jobs] relay_network to this node's cluster address or relay_ports to a free range"
+            ) from None
