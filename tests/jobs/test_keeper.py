@@ -325,6 +325,11 @@ def test_bad_persist_setting_is_named(lab: Lab, jobs_config_path: Path) -> None:
 def test_commands_connect_directly_when_the_keeper_cannot_start(lab: Lab, kept: Config, jobs_config_path: Path) -> None:
     run_dir = socket_path(kept).parent
     run_dir.parent.mkdir(parents=True, exist_ok=True)
+    # The directory may be there already: a long state path puts every keeper's socket in the shared
+    # fallback dir (under a pytest-xdist worker's basetemp it is), and earlier tests' keepers made it.
+    aside = run_dir.with_name(run_dir.name + ".aside")
+    if run_dir.is_dir():
+        run_dir.rename(aside)
     run_dir.write_text("not a directory")  # the keeper's socket cannot go here
     try:
         res = _run(jobs_config_path, "jobs")
@@ -333,6 +338,8 @@ def test_commands_connect_directly_when_the_keeper_cannot_start(lab: Lab, kept: 
         assert keeper_status(kept) is None
     finally:
         run_dir.unlink()
+        if aside.is_dir():
+            aside.rename(run_dir)
 
 
 @pytest.mark.parametrize(
