@@ -285,6 +285,10 @@ def test_readonly_console_refuses_and_errors_are_one_key_away(
     term.wait_for("press e for details", timeout=SCREEN_TIMEOUT, what="the error notification")
     # Escape leaves the text field (letters typed there are text), then e is the errors key.
     term.press("Escape")
+    # press() returns on the first change on screen; under load the footer follows a moment later.
+    term.wait_for(
+        lambda s: "? Help" in s.rstrip().splitlines()[-1], timeout=30, what="the footer's keys (out of the text field)"
+    )
     assert not _in_text_field(term), term.screen()
     term.press("e")
     screen = term.wait_for("Listing s3://no-such-bucket-e2e/run", what="the errors screen")
