@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -48,6 +49,8 @@ DCGM_FIELDS = (
 #: The instant queries of one refresh (the targets read is not a query): one per DCGM field, then
 #: NIC rates, disk rates and the node_exporter gauges.
 QUERY_COUNT = len(DCGM_FIELDS) + 3
+#: Largest answer read (the biggest, one DCGM field at 10,000 nodes x 8 GPUs, is about 6 MB).
+MAX_ANSWER_BYTES = 64 << 20
 #: Longest error text kept from Prometheus (it reaches the screen).
 _ERROR_LIMIT = 300
 #: Interfaces that never count towards a node's NIC totals.
@@ -124,13 +127,25 @@ class PrometheusClient:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         try:
             async with self._session.get(f"{self.url}{path}", params=params) as resp:
-                body = await resp.read()
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(1 << 20):
+                    size += len(chunk)
+                    if size > MAX_ANSWER_BYTES:
+                        raise PrometheusUnavailable(
+                            f"Prometheus {self.url} answered {path} with more than "
+                            f"{MAX_ANSWER_BYTES >> 20} MiB; not read"
+                        )
+                    chunks.append(chunk)
+                body = b"".join(chunks)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
-            raise PrometheusUnavailable(f"Prometheus {self.url} unreachable ({why})") from None
+            raise PrometheusUnavailable(
+                f"Prometheus {self.url} unreachable ({clean_text(why, _ERROR_LIMIT)})"
+            ) from None
         try:
             doc = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise PrometheusUnavailable(
                 f"Prometheus {self.url} answered HTTP {resp.status} with something that is not its API's JSON"
             ) from None
@@ -140,7 +155,7 @@ class PrometheusClient:
         return doc.get("data")
 
     async def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
-        """An instant query at now: (labels, value) per series; NaN values are skipped."""
+        """An instant query at now: (labels, value) per series; NaN and infinite values are skipped."""
         data = await self._get("/api/v1/query", {"query": expr})
         out: list[tuple[dict[str, str], float]] = []
         if not isinstance(data, dict) or data.get("resultType") != "vector":
@@ -154,7 +169,7 @@ class PrometheusClient:
                 value = float(item["value"][1])
             except (KeyError, IndexError, TypeError, ValueError):
                 continue
-            if type(labels) is dict and value == value:  # not NaN
+            if type(labels) is dict and math.isfinite(value):  # not NaN, not +-Inf
                 out.append((labels, value))
         return out
 
