@@ -15,6 +15,14 @@ from the seed's file, and the seed's copy passed the direct pull's own verificat
 fresh listing's ETags, MD5 of single-part objects) before any receiver may end: its end message
 says so, and only then does a receiver finish. A receiver hashes each chunk once (to check it)
 and forwards it with that digest; the seed hashes each chunk once, whatever its children.
+
+A peer is data, not authority, even one holding the secret: each receiver checks a single-part
+object's bytes against the listing's MD5 (the listing comes from the console in the spec, not from
+a peer) before the object is renamed into place; every number in a message is range-checked
+(:func:`count_in`, :func:`rate_in`); a handshake has :data:`HANDSHAKE_S` in all and handshakes
+have a cap of their own (:data:`MAX_HANDSHAKES`), so peers without the secret never take a real
+child's place; and a local write error (a full disk, EIO) fails the receiver with one line naming
+DEST instead of re-attaching for ever.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -36,11 +45,14 @@ from backend.agent.context import JobContext
 from backend.errors import JobError
 from backend.jobs.pull_objects import PulledObject
 from backend.relay.protocol import (
+    HANDSHAKE_S,
     Chunk,
     ChunkCheck,
     FrameCodec,
     ProtocolError,
     client_handshake,
+    count_in,
+    rate_in,
     read_frame,
     send_parts,
     server_handshake,
@@ -58,8 +70,13 @@ STAT_S = 1.0
 #: its children re-attach above it. (A chain has no siblings: it never reshapes itself.)
 SLOW_S = 5.0
 SLOW_RATIO = 0.5
-#: Connections a node's relay serves at once (children, re-attaching grandchildren, handshakes).
+#: Peers a node's relay serves at once once they proved the secret (children, re-attaching
+#: grandchildren).
 MAX_CONNECTIONS = 64
+#: Connections still in their handshake (no secret proved yet), on a cap of their own: when it is
+#: full the oldest is dropped for the new one, so slow peers without the secret take no place of a
+#: real child (whose handshake is one round trip) and each has at most HANDSHAKE_S anyway.
+MAX_HANDSHAKES = 16
 #: How long a receiver waits for its planned upstream to come up before it tries the nodes above.
 START_S = 5.0
 
@@ -83,6 +100,18 @@ class _SlowUpstream(ProtocolError):
 
 class _SeedFailed(ProtocolError):
     """The seed of this node's tree failed: its chain is dropped, other seeds are tried."""
+
+
+class LocalWriteError(JobError):
+    """This node cannot write DEST (a full disk, an I/O error): fatal here, never re-attached."""
+
+
+class CorruptObject(JobError):
+    """An object arrived whole but its bytes do not match the listing's MD5: fatal here."""
+
+
+#: An ETag that is a plain MD5 of the object's bytes (single-part, not SSE-KMS).
+_MD5_ETAG = re.compile(r"[0-9a-f]{32}")
 
 
 class Holdings:
@@ -213,6 +242,9 @@ class RelayServer:
         self.sock = _listen(listen)
         self.sock.settimeout(0.5)
         self.threads: list[threading.Thread] = []
+        #: Connections in their handshake, oldest first; and how many peers proved the secret.
+        self.pending: list[socket.socket] = []
+        self.attached = 0
 
     def start(self) -> None:
         t = threading.Thread(target=self._accept, name="relay-accept", daemon=True)
@@ -266,9 +298,12 @@ class RelayServer:
             except OSError:
                 return
             self.threads = [x for x in self.threads if x.is_alive()]
-            if len(self.threads) > MAX_CONNECTIONS:  # a flood of connections (no handshake yet)
-                conn.close()
-                continue
+            with self.lock:
+                if len(self.pending) >= MAX_HANDSHAKES:
+                    # The oldest handshake has had the longest; a real child's takes a round trip.
+                    with contextlib.suppress(OSError):
+                        self.pending.pop(0).shutdown(socket.SHUT_RDWR)
+                self.pending.append(conn)
             t = threading.Thread(target=self._serve, args=(conn,), name="relay-serve", daemon=True)
             t.start()
             self.threads.append(t)
@@ -276,9 +311,20 @@ class RelayServer:
     def _serve(self, conn: socket.socket) -> None:
         name = None
         st: ChildState | None = None
+        counted = False
         try:
+            try:
+                name, key = server_handshake(conn, self.secret, self.group, HANDSHAKE_S)
+            finally:
+                with self.lock:
+                    if conn in self.pending:
+                        self.pending.remove(conn)
+            with self.lock:
+                if self.attached >= MAX_CONNECTIONS:
+                    raise ProtocolError(f"{MAX_CONNECTIONS} peers are attached already")
+                self.attached += 1
+                counted = True
             conn.settimeout(CONNECT_S + 1)
-            name, key = server_handshake(conn, self.secret, self.group)
             tune(conn)
             inbound = ChunkCheck(key, [], [])
             outbound = FrameCodec(key)
@@ -287,7 +333,10 @@ class RelayServer:
             have = want.get("have") if isinstance(want, dict) and want.get("t") == "want" else None
             if not isinstance(have, list) or len(have) != len(self.h.sizes):
                 raise ProtocolError("the child's 'want' does not match this relay's objects")
-            sent = [max(0, min(int(x), size)) for x, size in zip(have, self.h.sizes, strict=True)]
+            sent = [
+                count_in(x, size, f"'want' of object {i}")
+                for i, (x, size) in enumerate(zip(have, self.h.sizes, strict=True))
+            ]
             with self.lock:
                 st = self.children.setdefault(name, ChildState())
                 st.connected += 1
@@ -297,9 +346,14 @@ class RelayServer:
         except (OSError, ConnectionError, ProtocolError, ValueError) as exc:
             if not self.stopping.is_set():
                 self.ctx.log(f"relay: connection from {name or 'a peer'} ended: {exc}")
+        except Exception as exc:  # a serving thread never dies with a traceback
+            self.ctx.log(f"relay: connection from {name or 'a peer'} ended: {type(exc).__name__}: {exc}")
         finally:
             with contextlib.suppress(OSError):
                 conn.close()
+            if counted:
+                with self.lock:
+                    self.attached -= 1
             if st is not None:
                 with self.lock:
                     st.connected -= 1
@@ -479,6 +533,10 @@ class Receiver:
         self.codec: FrameCodec | None = None
         self.check: ChunkCheck | None = None
         self.rate = RateWindow()
+        #: The MD5 of each single-part object's bytes so far (chunks arrive in order), checked
+        #: against the listing's ETag when its last byte is written, as a direct pull does.
+        self.md5: dict[int, Any] = {}
+        self.md5_verified = 0
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -487,13 +545,41 @@ class Receiver:
         for i, o in enumerate(self.h.objects):
             if o.size == 0:
                 final = self.h.dest / o.rel
-                final.parent.mkdir(parents=True, exist_ok=True)
-                tmp = temp_name(final)
-                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-                os.replace(tmp, final)
+                try:
+                    final.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = temp_name(final)
+                    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                    os.replace(tmp, final)
+                except OSError as exc:
+                    raise self._write_error(exc, o.rel) from None
                 self.h.publish(i, 0, final, complete=True)
 
+    def _write_error(self, exc: OSError, rel: str) -> LocalWriteError:
+        """One line naming DEST: a local disk that fails (ENOSPC, EIO) fails here, whoever sends."""
+        why = exc.strerror or type(exc).__name__
+        return LocalWriteError(f"cannot write to DEST {self.h.dest}: {why} (writing {rel}); nothing more is received")
+
     def _write(self, chunk: Chunk) -> None:
+        i = chunk.index
+        o = self.h.objects[i]
+        try:
+            end = self._write_chunk(chunk)
+        except OSError as exc:
+            raise self._write_error(exc, o.rel) from None
+        if end < o.size:
+            return
+        t = self.temps.pop(i)
+        try:
+            os.close(t.fd)
+            self._check_md5(i, t.path)
+            final = self.h.dest / o.rel
+            os.replace(t.path, final)
+        except OSError as exc:
+            raise self._write_error(exc, o.rel) from None
+        self.h.publish(i, end, final, complete=True)
+
+    def _write_chunk(self, chunk: Chunk) -> int:
+        """Write ``chunk`` to its object's temporary; where the object's written bytes end now."""
         i = chunk.index
         o = self.h.objects[i]
         t = self.temps.get(i)
@@ -502,19 +588,34 @@ class Receiver:
             final.parent.mkdir(parents=True, exist_ok=True)
             path = temp_name(final)
             t = self.temps[i] = _Temp(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            if o.etag and _MD5_ETAG.fullmatch(o.etag):
+                self.md5[i] = hashlib.md5(usedforsecurity=False)
         written = os.pwrite(t.fd, chunk.data, chunk.offset)
         if written != len(chunk.data):
-            raise JobError(f"{t.path}: short write ({written} of {len(chunk.data)} bytes); is the disk full?")
+            raise OSError(errno.ENOSPC, f"short write ({written} of {len(chunk.data)} bytes); is the disk full?")
+        if i in self.md5:
+            self.md5[i].update(chunk.data)
         self.h.digests[(i, chunk.offset)] = (written, chunk.digest)
         end = chunk.offset + written
         if end < o.size:
             self.h.publish(i, end, t.path)
+        return end
+
+    def _check_md5(self, index: int, tmp: Path) -> None:
+        """A single-part object's bytes against the listing's MD5 ETag (the receiver has the
+        listing from the console, not from a peer): a mismatch removes it and fails this node."""
+        md5 = self.md5.pop(index, None)
+        if md5 is None:
             return
-        os.close(t.fd)
-        del self.temps[i]
-        final = self.h.dest / o.rel
-        os.replace(t.path, final)
-        self.h.publish(i, end, final, complete=True)
+        o = self.h.objects[index]
+        got = md5.hexdigest()
+        if got != o.etag:
+            tmp.unlink(missing_ok=True)
+            raise CorruptObject(
+                f"{o.rel} has MD5 {got} but the listing's ETag is {o.etag}: corrupted or forged upstream "
+                f"of {self.upstream} (removed; an SSE-KMS object's ETag is not its MD5: pull those directly)"
+            )
+        self.md5_verified += 1
 
     def remove_temps(self) -> None:
         for t in self.temps.values():
@@ -566,6 +667,7 @@ class Receiver:
                     self.ctx.log(f"relay: re-attached to {up.name} after {time.time() - lost_since:.1f}s")
                 else:
                     self.ctx.log(f"relay: attached to {up.name}")
+                at_bytes = self.h.bytes_done
                 try:
                     self._stream(sock, key)
                     return
@@ -579,7 +681,10 @@ class Receiver:
                         if not self.upstreams:
                             raise FatalUpstream(str(exc)) from None
                     last_error = f"{up.name}: {exc}"
-                    lost_since = time.time()
+                    # Lost since the last byte that arrived: an upstream that accepts and then
+                    # sends nothing good (or garbage) does not keep this node re-attaching for ever.
+                    if lost_since is None or self.h.bytes_done > at_bytes:
+                        lost_since = time.time()
                     if isinstance(exc, TimeoutError | _SlowUpstream) and up.name not in avoid:
                         avoid.append(up.name)
                     why = f"{'slow' if isinstance(exc, _SlowUpstream) else 'lost'} {up.name}: {exc}"[:200]
@@ -628,8 +733,8 @@ class Receiver:
             if t == "ping":
                 continue
             if t == "stat":
-                h.fed_bps, h.sibling_bps = float(msg.get("you_bps", 0.0)), float(msg.get("best_bps", 0.0))
-                up, best = float(msg.get("up_bps", 0.0)), float(msg.get("up_best_bps", 0.0))
+                h.fed_bps, h.sibling_bps = rate_in(msg.get("you_bps"), "stat"), rate_in(msg.get("best_bps"), "stat")
+                up, best = rate_in(msg.get("up_bps"), "stat"), rate_in(msg.get("up_best_bps"), "stat")
                 # Slow: the upstream is fed far slower than its siblings are, by the same node.
                 if best > 0 and up < SLOW_RATIO * best and len(self.upstreams) > 1 and not all(h.complete):
                     slow_since = slow_since or time.monotonic()
@@ -646,13 +751,18 @@ class Receiver:
                 raise Cancelled("cancelled")
             if t == "failed":
                 why = f"upstream {self.upstream} failed: {str(msg.get('error'))[:300]}"
-                if msg.get("fatal"):
+                if msg.get("fatal") is True:
                     raise _SeedFailed(why)
                 raise ProtocolError(why)  # a receiver above failed: re-attach to the node above it
             if t == "end":
                 if not all(h.complete):
                     raise ProtocolError("the upstream ended before every object was sent")
-                self.end = msg
+                if not isinstance(msg.get("listing"), str):
+                    raise ProtocolError("the upstream's end names no listing")
+                self.end = {
+                    "listing": msg["listing"],
+                    "md5_verified": count_in(msg.get("md5_verified", 0), len(h.objects), "end md5_verified"),
+                }
                 return
             raise ProtocolError(f"unexpected control message {str(t)[:40]!r}")
 

@@ -26,6 +26,7 @@ import json
 import secrets
 import socket
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,9 @@ _MAC_LEN = 32
 MAX_CHUNK = 64 << 20
 MAX_CTRL = 64 << 20
 SECRET_ENV = "LOADMASTER_RELAY_SECRET"
+#: The whole handshake, both ways, in at most this long: a peer that trickles its bytes (one every
+#: few seconds, each within a socket timeout) is dropped all the same.
+HANDSHAKE_S = 3.0
 
 
 class ProtocolError(JobError):
@@ -49,6 +53,25 @@ class ProtocolError(JobError):
 
 class AuthError(ProtocolError):
     """The peer does not hold this job's relay secret."""
+
+
+#: The largest rate (bytes/s) a peer's message may state: far above any network (8 Pb/s).
+MAX_RATE_BPS = 1e15
+
+
+def count_in(value: Any, high: int, what: str) -> int:
+    """``value`` as an int in [0, ``high``], or :class:`ProtocolError` naming ``what`` (a peer's
+    number is data: a string, a bool, a float or 1e30 ends the connection, not the thread)."""
+    if type(value) is not int or not 0 <= value <= high:
+        raise ProtocolError(f"{what}: {str(value)[:40]!r} is not a whole number from 0 to {high}")
+    return value
+
+
+def rate_in(value: Any, what: str) -> float:
+    """``value`` as a finite rate in [0, :data:`MAX_RATE_BPS`] bytes/s, or :class:`ProtocolError`."""
+    if type(value) not in (int, float) or not 0 <= value <= MAX_RATE_BPS:  # NaN fails both
+        raise ProtocolError(f"{what}: {str(value)[:40]!r} is not a rate from 0 to {MAX_RATE_BPS:g} bytes/s")
+    return float(value)
 
 
 def new_secret() -> str:
@@ -159,17 +182,28 @@ class ChunkCheck:
 # -- sockets ----------------------------------------------------------------------------------
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    return bytes(recv_buffer(sock, n))
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    return bytes(recv_buffer(sock, n, deadline))
 
 
-def recv_buffer(sock: socket.socket, n: int) -> bytearray:
-    """Exactly ``n`` bytes from ``sock``, in a buffer of their own (not copied again)."""
+def recv_buffer(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
+    """Exactly ``n`` bytes from ``sock``, in a buffer of their own (not copied again); by
+    ``deadline`` (a :func:`time.monotonic` time) when given, however slowly the bytes trickle in."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the peer did not finish the handshake in time")
+            sock.settimeout(left)
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except TimeoutError:
+            if deadline is None:
+                raise
+            raise TimeoutError("the peer did not finish the handshake in time") from None
         if k == 0:
             raise ConnectionError("the peer closed the connection")
         got += k
@@ -213,12 +247,12 @@ def _plain(msg: dict[str, Any]) -> bytes:
     return _FRAME.pack(CTRL, len(payload)) + payload
 
 
-def _read_plain(sock: socket.socket) -> dict[str, Any]:
-    kind, length = _FRAME.unpack(recv_exact(sock, _FRAME.size))
+def _read_plain(sock: socket.socket, deadline: float | None = None) -> dict[str, Any]:
+    kind, length = _FRAME.unpack(recv_exact(sock, _FRAME.size, deadline))
     if kind != CTRL or length > 65536:
         raise ProtocolError("handshake: not a loadmaster relay peer")
     try:
-        msg = json.loads(recv_exact(sock, length))
+        msg = json.loads(recv_exact(sock, length, deadline))
     except ValueError:
         raise ProtocolError("handshake: not a loadmaster relay peer") from None
     if not isinstance(msg, dict):
@@ -226,12 +260,14 @@ def _read_plain(sock: socket.socket) -> dict[str, Any]:
     return msg
 
 
-def client_handshake(sock: socket.socket, secret: str, group: str, node: str) -> bytes:
-    """Prove the secret to the upstream and check its proof; the session key."""
+def client_handshake(sock: socket.socket, secret: str, group: str, node: str, timeout_s: float = HANDSHAKE_S) -> bytes:
+    """Prove the secret to the upstream and check its proof (within ``timeout_s`` in all); the
+    session key."""
     s = secret.encode()
+    deadline = time.monotonic() + timeout_s
     cnonce = secrets.token_hex(16)
     sock.sendall(_plain({"v": VERSION, "group": group, "node": node, "nonce": cnonce}))
-    reply = _read_plain(sock)
+    reply = _read_plain(sock, deadline)
     if "error" in reply:
         raise AuthError(f"upstream refused the connection: {str(reply['error'])[:200]}")
     snonce = str(reply.get("nonce", ""))
@@ -240,15 +276,17 @@ def client_handshake(sock: socket.socket, secret: str, group: str, node: str) ->
         raise AuthError("upstream does not hold this job's relay secret")
     proof = _mac(s, b"client", group.encode(), node.encode(), cnonce.encode(), snonce.encode())
     sock.sendall(_plain({"proof": proof.hex()}))
-    if not _read_plain(sock).get("ok"):
+    if not _read_plain(sock, deadline).get("ok"):
         raise AuthError("upstream refused this node's proof")
     return _mac(s, b"session", cnonce.encode(), snonce.encode())
 
 
-def server_handshake(sock: socket.socket, secret: str, group: str) -> tuple[str, bytes]:
-    """Check a child's proof of the secret (and prove ours); (its node name, the session key)."""
+def server_handshake(sock: socket.socket, secret: str, group: str, timeout_s: float = HANDSHAKE_S) -> tuple[str, bytes]:
+    """Check a child's proof of the secret (and prove ours) within ``timeout_s`` in all; (its node
+    name, the session key)."""
     s = secret.encode()
-    hello = _read_plain(sock)
+    deadline = time.monotonic() + timeout_s
+    hello = _read_plain(sock, deadline)
     if hello.get("v") != VERSION or hello.get("group") != group:
         sock.sendall(_plain({"error": "not this relay (version or job group differs)"}))
         raise AuthError("a peer of another relay or version connected")
@@ -258,7 +296,7 @@ def server_handshake(sock: socket.socket, secret: str, group: str) -> tuple[str,
     snonce = secrets.token_hex(16)
     proof = _mac(s, b"server", group.encode(), cnonce.encode(), snonce.encode())
     sock.sendall(_plain({"nonce": snonce, "proof": proof.hex()}))
-    answer = _read_plain(sock)
+    answer = _read_plain(sock, deadline)
     want = _mac(s, b"client", group.encode(), node.encode(), cnonce.encode(), snonce.encode())
     if not hmac.compare_digest(want.hex(), str(answer.get("proof", ""))):
         sock.sendall(_plain({"error": "wrong relay secret"}))
