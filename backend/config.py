@@ -43,6 +43,7 @@ FEATURE_SECTIONS: dict[str, str] = {
     "shards": "backend.shards.settings:ShardSettings",
     "ssh": "backend.nodes.settings:SshSettings",
     "alerts": "backend.alerts.settings:AlertSettings",
+    "slurm": "backend.slurm.settings:SlurmSettings",
 }
 
 

@@ -1,0 +1,258 @@
+"""The real Slurm 22.05 on loopback, for the tests and the lab: one slurmctld and one slurmd per node.
+
+Debian's ``slurmctld``, ``slurmd`` and ``slurm-client``, started by our code as plain processes
+(``-D``, in the foreground, each in its own session); nothing here touches their systemd units or
+``/etc/slurm``. The generated ``slurm.conf`` uses ``AuthType=auth/none`` and ``CredType=cred/none``
+(no munge), ``ProctrackType=proctrack/linuxproc`` and ``TaskPlugin=task/none`` (no cgroups), its
+own ports, state and spool directories under ``root``, and the user running it as ``SlurmUser``.
+
+Several slurmd run on one machine, one per node (``slurmd -N node-01``), each on its own ``Port=``
+with ``NodeAddr=127.0.0.N``: Debian builds Slurm so that per-node ports work. Each node has
+``gpus`` GPU GRES backed by ``File=`` links to ``/dev/null`` (a character device, which is all
+slurmd checks), with ``AutoDetect=off``: Slurm then hands out real GPU indices (``IDX:0-1``) to
+jobs without any GPU present.
+
+``SLURM_CONF`` (:meth:`SlurmLab.env`) makes ``sinfo``, ``squeue``, ``scontrol`` and ``sbatch``
+talk to this cluster, by hand or from loadmaster. :meth:`SlurmLab.down` cancels every job, stops
+the daemons and sweeps up any job process still carrying this cluster's ``SLURM_CONF``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from backend.errors import LoadmasterError
+from backend.lab.ports import free_port
+from backend.lab.process import log_tail, start_logged, stop_group
+
+SLURM_INSTALL_HINT = "apt-get install slurmctld slurmd slurm-client (Debian 12: Slurm 22.05)"
+PARTITION = "gpu"
+
+
+class SlurmNotInstalled(LoadmasterError):
+    """slurmctld, slurmd or the client commands were not found."""
+
+
+class SlurmLabError(LoadmasterError):
+    """The lab's Slurm could not start, or a command against it failed."""
+
+
+def find_slurm(name: str) -> str:
+    """The path of one of Slurm's programs (daemons live in /usr/sbin)."""
+    found = shutil.which(name) or next(
+        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(p, os.X_OK)), None
+    )
+    if not found:
+        raise SlurmNotInstalled(f"{name} not found: {SLURM_INSTALL_HINT}")
+    return found
+
+
+class SlurmLab:
+    """slurmctld + one slurmd per ``(name, ip)`` node, all on loopback, under ``root``."""
+
+    def __init__(
+        self,
+        root: Path,
+        nodes: list[tuple[str, str]],
+        *,
+        gpus: int = 4,
+        cpus: int = 2,
+        cluster: str = "lmlab",
+    ) -> None:
+        if not nodes:
+            raise SlurmLabError("a Slurm lab needs at least one node")
+        self.root = Path(root).absolute()
+        self.nodes = list(nodes)
+        self.gpus = gpus
+        self.cpus = cpus
+        self.cluster = cluster
+        self.conf = self.root / "slurm.conf"
+        self.ctld_port = 0
+        self.node_ports: dict[str, int] = {}
+        self._ctld: subprocess.Popen[bytes] | None = None
+        self._slurmd: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- config ----------------------------------------------------------------------------------
+
+    def write_config(self) -> Path:
+        """Write slurm.conf and gres.conf (fresh ports each time)."""
+        for d in ("state", "log", "dev", "spool"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        for i in range(self.gpus):
+            link = self.root / "dev" / f"nvidia{i}"
+            if not link.is_symlink():
+                link.symlink_to("/dev/null")
+        user = getpass.getuser()
+        self.ctld_port = free_port("127.0.0.1")
+        self.node_ports = {name: free_port("127.0.0.1") for name, _ in self.nodes}
+        r = self.root
+        lines = [
+            f"ClusterName={self.cluster}",
+            "SlurmctldHost=localhost(127.0.0.1)",
+            f"SlurmctldPort={self.ctld_port}",
+            f"SlurmdPort={next(iter(self.node_ports.values()))}",
+            "AuthType=auth/none",
+            "CredType=cred/none",
+            f"SlurmUser={user}",
+            f"SlurmdUser={user}",
+            f"StateSaveLocation={r}/state",
+            f"SlurmdSpoolDir={r}/spool/%n",
+            f"SlurmctldPidFile={r}/slurmctld.pid",
+            f"SlurmdPidFile={r}/spool/slurmd-%n.pid",
+            f"SlurmctldLogFile={r}/log/slurmctld.log",
+            f"SlurmdLogFile={r}/log/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "GresTypes=gpu",
+            "ReturnToService=2",
+            "SchedulerType=sched/backfill",
+            "SchedulerParameters=sched_interval=1",
+            "MpiDefault=none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=30",
+            "InactiveLimit=0",
+            "MinJobAge=5",
+            "KillWait=2",
+            "PlugStackConfig=/dev/null",
+        ]
+        for name, ip in self.nodes:
+            lines.append(
+                f"NodeName={name} NodeAddr={ip} NodeHostname={name} Port={self.node_ports[name]} "
+                f"CPUs={self.cpus} RealMemory=1000 Gres=gpu:{self.gpus} State=UNKNOWN"
+            )
+        names = ",".join(n for n, _ in self.nodes)
+        lines.append(f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP")
+        self.conf.write_text("\n".join(lines) + "\n")
+        gres = ["AutoDetect=off"]
+        if self.gpus:
+            gres += [f"NodeName={n} Name=gpu File={r}/dev/nvidia[0-{self.gpus - 1}]" for n, _ in self.nodes]
+        (self.root / "gres.conf").write_text("\n".join(gres) + "\n")
+        return self.conf
+
+    def env(self) -> dict[str, str]:
+        """What makes Slurm's commands talk to this cluster."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, **self.env()}
+
+    # -- processes -------------------------------------------------------------------------------
+
+    def up(self, timeout: float = 30.0) -> SlurmLab:
+        """Start slurmctld and every slurmd; return once every node is idle (SlurmLabError if not)."""
+        ctld, slurmd = find_slurm("slurmctld"), find_slurm("slurmd")
+        find_slurm("sinfo")
+        self.write_config()
+        log = self.root / "log"
+        self._ctld = start_logged([ctld, "-D", "-c", "-i", "-f", str(self.conf)], log / "slurmctld.out", self.root)
+        for name, _ in self.nodes:
+            self._slurmd[name] = start_logged(
+                [slurmd, "-D", "-N", name, "-f", str(self.conf)], log / f"slurmd-{name}.out", self.root, self._env()
+            )
+        try:
+            self.wait_idle(timeout)
+        except SlurmLabError:
+            self.down()
+            raise
+        return self
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until every node is registered and idle (no DRAIN, no INVALID)."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for proc, what in [(self._ctld, "slurmctld"), *((p, f"slurmd {n}") for n, p in self._slurmd.items())]:
+                if proc is not None and proc.poll() is not None:
+                    name = "slurmctld" if what == "slurmctld" else f"slurmd-{what.split()[1]}"
+                    raise SlurmLabError(
+                        f"{what} exited {proc.returncode}: {log_tail(self.root / 'log' / f'{name}.log')}"
+                    )
+            res = self.command(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
+            last = res.stdout.strip() or res.stderr.strip()
+            states = dict(ln.split(None, 1) for ln in res.stdout.splitlines() if " " in ln)
+            if res.returncode == 0 and len(states) == len(self.nodes) and set(states.values()) == {"idle"}:
+                return
+            time.sleep(0.2)
+        raise SlurmLabError(f"Slurm nodes not idle after {timeout:g}s: {last[:300]!r}")
+
+    def command(
+        self, argv: list[str], *, check: bool = True, timeout: float = 20.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run one of Slurm's client commands against this cluster."""
+        res = subprocess.run(
+            [find_slurm(argv[0]), *argv[1:]], capture_output=True, text=True, env=self._env(), timeout=timeout
+        )
+        if check and res.returncode != 0:
+            raise SlurmLabError(f"{' '.join(argv)} failed: {res.stderr.strip()[:300]}")
+        return res
+
+    def sbatch(self, *args: str, script: str = "sleep 600") -> str:
+        """Submit a batch job (``--wrap script``); its job id."""
+        out = self.command(
+            ["sbatch", "--parsable", "-o", str(self.root / "log" / "job-%j.out"), *args, "--wrap", script]
+        ).stdout
+        return out.strip().split(";", 1)[0]
+
+    def cancel_all(self, timeout: float = 15.0) -> None:
+        """Cancel every job and wait until none is left running."""
+        ids = self.command(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+        if ids:
+            self.command(["scancel", *ids], check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            res = self.command(["squeue", "-h", "-t", "all", "-o", "%i %T"], check=False)
+            if res.returncode != 0 or not any(
+                s in res.stdout for s in ("RUNNING", "COMPLETING", "PENDING", "CONFIGURING")
+            ):
+                return
+            time.sleep(0.2)
+
+    def resume_all(self) -> None:
+        """Every node back to service (undrained), as a test leaves it."""
+        names = ",".join(n for n, _ in self.nodes)
+        self.command(["scontrol", "update", f"NodeName={names}", "State=RESUME"], check=False)
+
+    def down(self) -> None:
+        """Stop the jobs, every slurmd and slurmctld; nothing of this cluster is left running."""
+        if self._ctld is not None and self._ctld.poll() is None:
+            with contextlib.suppress(LoadmasterError, subprocess.TimeoutExpired, OSError):
+                self.cancel_all()
+        for proc in self._slurmd.values():
+            stop_group(proc, timeout=10)
+        self._slurmd.clear()
+        stop_group(self._ctld, timeout=10)
+        self._ctld = None
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Kill job processes that outlived their slurmd (slurmstepd and the scripts it ran): a
+        process is this cluster's when it carries this ``SLURM_CONF`` and is a Slurm daemon or a
+        job's process (``SLURM_JOB_ID`` set), or runs a script from this cluster's spool."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        spool = str(self.root / "spool").encode()
+        daemons = (b"slurmstepd", b"slurmd", b"slurmctld")
+        for pid_dir in Path("/proc").iterdir():
+            if not pid_dir.name.isdigit() or int(pid_dir.name) == os.getpid():
+                continue
+            try:
+                environ = (pid_dir / "environ").read_bytes()
+                cmdline = (pid_dir / "cmdline").read_bytes()
+                comm = (pid_dir / "comm").read_bytes().strip()
+            except OSError:
+                continue
+            ours = mark + b"\0" in environ + b"\0" and (b"SLURM_JOB_ID=" in environ or comm in daemons)
+            if ours or spool in cmdline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(pid_dir.name), signal.SIGKILL)

@@ -1,0 +1,169 @@
+"""Slurm's own commands, run the way an operator runs them: one ``sinfo`` and one ``squeue`` per
+read (never one call per node), ``scontrol update`` for a change.
+
+Each command runs with its arguments as a list (no shell), ``SLURM_CONF`` from the config when set,
+a timeout, and its output read up to :data:`MAX_OUTPUT` bytes. Errors are one line naming the
+command and what Slurm said. ``--json`` is used where this Slurm has it (21.08+ with the openapi
+plugins); otherwise the text forms ``scontrol show node -o`` and ``scontrol show job -d -o``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import shutil
+import time
+from dataclasses import dataclass
+
+from backend.errors import LoadmasterError
+from backend.slurm.model import SlurmJob, SlurmNode, SlurmSnapshot
+from backend.slurm.parse import (
+    clean,
+    parse_jobs_json,
+    parse_jobs_text,
+    parse_nodes_json,
+    parse_nodes_text,
+)
+from backend.slurm.settings import SlurmSettings
+
+#: The most bytes read from one command (1,024 nodes of sinfo --json are about 2 MB).
+MAX_OUTPUT = 64 * 1024 * 1024
+INSTALL_HINT = "install Slurm's client commands (Debian: apt-get install slurm-client) or set [slurm] bin_dir"
+
+
+class SlurmError(LoadmasterError):
+    """A Slurm command failed or could not run: the message names the command and Slurm's words."""
+
+
+class SlurmNotFound(SlurmError):
+    """sinfo/squeue/scontrol are not installed where the config says."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    rc: int
+    stdout: bytes
+    stderr: str
+
+
+class SlurmClient:
+    """Runs Slurm's commands for one ``[slurm]`` section."""
+
+    def __init__(self, settings: SlurmSettings, *, env: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self._env = env
+        self._json: bool | None = None
+
+    def binary(self, name: str) -> str:
+        """The path of Slurm's ``name`` command; SlurmNotFound when absent."""
+        if self.settings.bin_dir:
+            path = os.path.join(os.path.expanduser(self.settings.bin_dir), name)
+            if os.access(path, os.X_OK):
+                return path
+        else:
+            found = shutil.which(name)
+            if found:
+                return found
+        raise SlurmNotFound(f"{name} not found ({INSTALL_HINT})")
+
+    def env(self) -> dict[str, str]:
+        env = dict(self._env if self._env is not None else os.environ)
+        if self.settings.conf:
+            env["SLURM_CONF"] = os.path.expanduser(self.settings.conf)
+        return env
+
+    def argv(self, name: str, *args: str) -> list[str]:
+        """The command as it will run (shown to the operator before any change)."""
+        cluster = ["--clusters", self.settings.cluster] if self.settings.cluster and name != "scontrol" else []
+        return [name, *cluster, *args]
+
+    async def run(self, argv: list[str], *, check: bool = True) -> CommandResult:
+        """Run one Slurm command; SlurmError on a non-zero exit when ``check``."""
+        full = [self.binary(argv[0]), *argv[1:]]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *full,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.env(),
+                limit=MAX_OUTPUT,
+            )
+        except OSError as exc:
+            raise SlurmError(f"cannot run {argv[0]}: {exc.strerror}") from None
+        try:
+            out, err = await asyncio.wait_for(_read(proc), timeout=self.settings.timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise SlurmError(
+                f"{shlex.join(argv)} took longer than {self.settings.timeout:g}s (slurmctld busy or down?)"
+            ) from None
+        rc = proc.returncode if proc.returncode is not None else -1
+        stderr = err.decode(errors="replace")
+        if check and rc != 0:
+            raise SlurmError(f"{shlex.join(argv)} failed: {_first_line(stderr) or f'exit {rc}'}")
+        return CommandResult(tuple(argv), rc, out, stderr)
+
+    async def _json_or_text(self, json_argv: list[str], text_argv: list[str]) -> tuple[bool, bytes]:
+        if self._json is not False:
+            res = await self.run(json_argv, check=False)
+            if res.rc == 0:
+                self._json = True
+                return True, res.stdout
+            if not _no_json(res.stderr):
+                raise SlurmError(f"{shlex.join(json_argv)} failed: {_first_line(res.stderr) or f'exit {res.rc}'}")
+            self._json = False
+        res = await self.run(text_argv)
+        return False, res.stdout
+
+    async def nodes(self) -> tuple[list[SlurmNode], list[str]]:
+        """Every node (of the configured partitions), in one call."""
+        parts = ["--partition", ",".join(self.settings.partitions)] if self.settings.partitions else []
+        is_json, out = await self._json_or_text(
+            self.argv("sinfo", "--json", *parts), self.argv("scontrol", "show", "node", "-o", "-d")
+        )
+        nodes, skipped = parse_nodes_json(out) if is_json else parse_nodes_text(out.decode(errors="replace"))
+        if self.settings.partitions:
+            wanted = set(self.settings.partitions)
+            nodes = [n for n in nodes if wanted & set(n.partitions)]
+        return nodes, skipped
+
+    async def jobs(self) -> tuple[list[SlurmJob], list[str]]:
+        """Every job (running and pending), in one call."""
+        is_json, out = await self._json_or_text(
+            self.argv("squeue", "--json"), self.argv("scontrol", "show", "job", "-d", "-o")
+        )
+        return parse_jobs_json(out) if is_json else parse_jobs_text(out.decode(errors="replace"))
+
+    async def snapshot(self) -> SlurmSnapshot:
+        """Nodes and jobs, read now: two Slurm calls."""
+        nodes, s1 = await self.nodes()
+        jobs, s2 = await self.jobs()
+        return SlurmSnapshot(tuple(nodes), tuple(jobs), time.time(), tuple(s1 + s2))
+
+
+async def _read(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = await asyncio.gather(proc.stdout.read(MAX_OUTPUT + 1), proc.stderr.read(64 * 1024))
+    if len(out) > MAX_OUTPUT:
+        proc.kill()
+        await proc.wait()
+        raise SlurmError(f"Slurm's answer is larger than {MAX_OUTPUT // 2**20} MiB: refused")
+    await proc.wait()
+    return out, err
+
+
+def _first_line(text: str) -> str:
+    lines = [clean(ln, 300) for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def _no_json(stderr: str) -> bool:
+    """This Slurm has no ``--json`` (an old release, or no openapi/data_parser plugin)."""
+    s = stderr.lower()
+    return "unrecognized option" in s or "invalid option" in s or ("plugin" in s and "json" in s)

@@ -1,0 +1,151 @@
+"""What loadmaster knows about Slurm, as immutable snapshots: node states, reasons, jobs and GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Base states a node can be in (Slurm's ``NODE_STATE_*`` bases), lower case as sinfo prints them.
+BASE_STATES = frozenset({"idle", "allocated", "mixed", "down", "error", "future", "unknown"})
+#: Base states in which a node runs work: with DRAIN it is *draining*, not yet *drained*.
+BUSY_STATES = frozenset({"allocated", "mixed"})
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node's base state and its flags (``DRAIN``, ``NOT_RESPONDING``, ``COMPLETING``, ...)."""
+
+    base: str
+    flags: frozenset[str] = frozenset()
+
+    @property
+    def draining(self) -> bool:
+        """DRAIN set while work still runs: no new jobs, the running ones finish."""
+        return "DRAIN" in self.flags and (self.base in BUSY_STATES or "COMPLETING" in self.flags)
+
+    @property
+    def drained(self) -> bool:
+        """DRAIN set and nothing runs any more: the node is free for maintenance."""
+        return "DRAIN" in self.flags and not self.draining and self.base != "down"
+
+    @property
+    def label(self) -> str:
+        """One word as an operator reads it: ``drained``, ``draining``, ``down``, ``mixed``, ...
+
+        ``*`` is appended when slurmctld cannot reach the node's slurmd (``NOT_RESPONDING``)."""
+        if self.base == "down":
+            word = "down"
+        elif self.draining:
+            word = "draining"
+        elif self.drained:
+            word = "drained"
+        elif "MAINTENANCE" in self.flags:
+            word = "maint"
+        elif "REBOOT_REQUESTED" in self.flags or "REBOOT_ISSUED" in self.flags:
+            word = "reboot"
+        elif "COMPLETING" in self.flags:
+            word = "completing"
+        else:
+            word = self.base
+        return word + ("*" if "NOT_RESPONDING" in self.flags else "")
+
+    @property
+    def unavailable(self) -> bool:
+        """Takes no new work: drained, draining, down, failing or not responding."""
+        return self.base in ("down", "error") or bool(self.flags & {"DRAIN", "FAIL", "NOT_RESPONDING"})
+
+    def text(self) -> str:
+        """Slurm's own spelling: ``ALLOCATED+DRAIN``."""
+        return "+".join([self.base.upper(), *sorted(self.flags)])
+
+
+@dataclass(frozen=True)
+class Gres:
+    """One generic resource of a node: ``gpu:a100:8`` is name ``gpu``, type ``a100``, count 8."""
+
+    name: str
+    type: str | None
+    count: int
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """A node as Slurm reports it, with the reason (who set it and when) when there is one."""
+
+    name: str
+    state: NodeState
+    partitions: tuple[str, ...] = ()
+    address: str | None = None
+    hostname: str | None = None
+    reason: str = ""
+    #: Who set the reason (Slurm's ``reason_set_by_user``); None when unset.
+    reason_by: str | None = None
+    #: When the reason was set (epoch seconds); None when unset.
+    reason_at: float | None = None
+    gres: tuple[Gres, ...] = ()
+    #: Slurm's ``gres_used`` as it printed it (``gpu:3`` or ``gpu:a100:3(IDX:0-2)``).
+    gres_used: str = ""
+    cpus: int = 0
+    #: Which adapter read it (``v0.0.38``, ``v0.0.39+``, ``text``): which JSON shape Slurm spoke.
+    shape: str = ""
+
+    @property
+    def gpus(self) -> int:
+        """GPUs Slurm knows on the node (every ``gpu`` GRES)."""
+        return sum(g.count for g in self.gres if g.name == "gpu")
+
+    @property
+    def gpus_used_idx(self) -> tuple[int, ...] | None:
+        """GPU indices in use, when Slurm printed them (``IDX:0-2``); None when it did not."""
+        from backend.slurm.parse import gres_indices
+
+        return gres_indices(self.gres_used)
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """A job (or one array task), with the GPU indices it holds on each of its nodes."""
+
+    job_id: str
+    name: str
+    user: str
+    state: str
+    partition: str = ""
+    nodes: tuple[str, ...] = ()
+    #: Epoch seconds it started (None: not yet).
+    start_time: float | None = None
+    #: Why it waits (Slurm's ``state_reason``: ``Resources``, ``Priority``, ...) or ``None``.
+    reason: str = ""
+    #: node -> GPU indices on that node (from ``gres_detail`` / ``scontrol show job -d`` IDX).
+    gpus: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: Array parent id and task id (None: not an array task).
+    array_job_id: str | None = None
+    array_task_id: str | None = None
+    requeue: bool = False
+
+    def elapsed(self, now: float) -> float | None:
+        """Seconds it has run at ``now`` (None: not started)."""
+        if self.start_time is None or self.state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
+            return None
+        return max(0.0, now - self.start_time)
+
+    def gpus_on(self, node: str) -> tuple[int, ...]:
+        """The GPU indices this job holds on ``node`` (empty: none known)."""
+        return dict(self.gpus).get(node, ())
+
+
+@dataclass(frozen=True)
+class SlurmSnapshot:
+    """One read of Slurm: every node and every job, when it was read, and what was skipped."""
+
+    nodes: tuple[SlurmNode, ...]
+    jobs: tuple[SlurmJob, ...]
+    taken_at: float
+    #: One line per record that could not be read (the rest is still shown).
+    skipped: tuple[str, ...] = field(default=())
+
+    def node(self, name: str) -> SlurmNode | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def jobs_on(self, node: str) -> tuple[SlurmJob, ...]:
+        """Running jobs that hold ``node``."""
+        return tuple(j for j in self.jobs if node in j.nodes and j.state in ("RUNNING", "COMPLETING", "SUSPENDED"))

@@ -1,0 +1,60 @@
+"""The ``[slurm]`` config section: where loadmaster reads Slurm's nodes and jobs, and how often.
+
+[slurm]
+enabled = true
+partitions = ["gpu"]          # only these partitions' nodes (default: every partition)
+cluster = ""                  # a cluster of a multi-cluster site (passed as --clusters)
+conf = "/etc/slurm/slurm.conf" # SLURM_CONF for the commands (default: Slurm's own lookup)
+bin_dir = ""                  # where sinfo, squeue and scontrol are (default: PATH)
+interval = "30s"              # at most one sinfo and one squeue per interval
+timeout = "10s"               # one Slurm command may take this long
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from backend.schema import parse_duration
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _names(value: list[str]) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"expected a list of partition names, got {value!r}")
+    bad = [v for v in value if not _NAME.match(v)]
+    if bad:
+        raise ValueError(f"not a Slurm partition name: {bad[0]!r}")
+    return tuple(value)
+
+
+def _cluster(value: str) -> str:
+    if not isinstance(value, str) or (value and not _NAME.match(value)):
+        raise ValueError(f"not a Slurm cluster name: {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """Whether Slurm is a source of node state and jobs, and how loadmaster runs its commands."""
+
+    enabled: bool = False
+    #: Only nodes of these partitions (empty: all).
+    partitions: tuple[str, ...] = field(default=(), metadata={"parse": _names})
+    #: The ``--clusters`` of a multi-cluster site (empty: the local one).
+    cluster: str = field(default="", metadata={"parse": _cluster})
+    #: ``SLURM_CONF`` for the commands (empty: Slurm's own lookup).
+    conf: str = ""
+    #: The directory holding ``sinfo``, ``squeue`` and ``scontrol`` (empty: PATH).
+    bin_dir: str = ""
+    #: Seconds between reads of Slurm's state (sinfo and squeue once each per interval).
+    interval: float = field(default=30.0, metadata={"parse": parse_duration})
+    #: Seconds one Slurm command may take.
+    timeout: float = field(default=10.0, metadata={"parse": parse_duration})
+
+    def __post_init__(self) -> None:
+        if self.interval < 5:
+            raise ValueError(f"interval must be at least 5s (slurmctld serves everyone), got {self.interval:g}s")
+        if self.timeout <= 0:
+            raise ValueError("timeout must be a positive duration")
