@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what is needed (venv, openssh-server, tmux, postgresql, prometheus, prometheus-node-exporter,
-# prometheus-alertmanager),
+# prometheus-alertmanager, slurmctld, slurmd, slurm-client),
 # run the static checks (scripts/lint.sh: ruff lint + format, import-linter, mypy; LOADMASTER_SKIP_LINT=1
 # skips them) and then the full test suite against the real lab: sshd nodes on 127.0.0.x, SeaweedFS S3,
 # s5cmd. Extra arguments go to pytest.
@@ -24,5 +24,9 @@ command -v prometheus-node-exporter >/dev/null 2>&1 || command -v node_exporter 
 # The real Alertmanager and amtool for the alerting tests (tests/am_fixtures.py starts it on loopback).
 { command -v prometheus-alertmanager >/dev/null 2>&1 || [ -x /usr/bin/prometheus-alertmanager ]; } \
   && { command -v amtool >/dev/null 2>&1 || [ -x /usr/bin/amtool ]; } || apt_install prometheus-alertmanager
+# Slurm 22.05 for the Slurm tests (tests/slurm_fixtures.py runs slurmctld + slurmd on loopback).
+{ command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; } \
+  && { command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ]; } \
+  && command -v sinfo >/dev/null 2>&1 || apt_install slurmctld slurmd slurm-client
 [ "${LOADMASTER_SKIP_LINT:-0}" = 1 ] || bash "$ROOT/scripts/lint.sh"
 exec .venv/bin/python -m pytest "$@"
