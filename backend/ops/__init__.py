@@ -24,6 +24,7 @@ one order, whichever front end asked:
 | retention apply, pin, unpin, milestone, unlock | ``ops.retention.apply(plan)``, ``.pin``, ``.unpin``, ``.mark_milestone``, ``.unmark_milestone``, ``.unlock`` |
 | egress override | ``ops.egress.quote(store, nbytes, node=, reason=)`` |
 | site alerts, silence, expire | ``ops.alerts.site()``, ``ops.alerts.silence(req)``, ``ops.alerts.expire(id)``, ``ops.alerts.status()`` |
+| Slurm nodes, drain, resume | ``ops.slurm.rows()``, ``ops.slurm.plan_drain(...)``/``drain(plan)``, ``ops.slurm.plan_resume(...)``/``resume(plan)`` |
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from backend.ops.shards import Shards
 
 if TYPE_CHECKING:
     from backend.ops.alerts import Alerts
+    from backend.ops.slurm import Slurm
     from backend.services import Services
 
 
@@ -78,6 +80,12 @@ class Operations:
         from backend.ops.alerts import Alerts
 
         return Alerts(self.services)
+
+    @cached_property
+    def slurm(self) -> Slurm:
+        from backend.ops.slurm import Slurm
+
+        return Slurm(self.services)
 
 
 __all__ = ["Operations", "PullPreview", "PullRequest", "PullStarted", "StripRequest", "UploadRequest"]

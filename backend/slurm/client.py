@@ -149,13 +149,26 @@ class SlurmClient:
 
 async def _read(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
     assert proc.stdout is not None and proc.stderr is not None
-    out, err = await asyncio.gather(proc.stdout.read(MAX_OUTPUT + 1), proc.stderr.read(64 * 1024))
+    out, err = await asyncio.gather(_read_capped(proc.stdout, MAX_OUTPUT + 1), _read_capped(proc.stderr, 64 * 1024))
     if len(out) > MAX_OUTPUT:
         proc.kill()
         await proc.wait()
         raise SlurmError(f"Slurm's answer is larger than {MAX_OUTPUT // 2**20} MiB: refused")
     await proc.wait()
     return out, err
+
+
+async def _read_capped(stream: asyncio.StreamReader, limit: int) -> bytes:
+    """Read to EOF, at most ``limit`` bytes (the rest is drained so the command can exit)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await stream.read(1 << 16):
+        if size < limit:
+            chunks.append(chunk[: limit - size])
+            size += len(chunks[-1])
+        if size >= limit:
+            break
+    return b"".join(chunks)
 
 
 def _first_line(text: str) -> str:

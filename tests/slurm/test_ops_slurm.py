@@ -1,0 +1,243 @@
+"""Slurm operations against the real slurmctld and slurmd 22.05 (tests/slurm_fixtures.py).
+
+The jobs on each node with the GPU indices Slurm gave them; drain after the job (DRAINING while the
+real job runs, DRAINED once it ends) with the reason as ``scontrol show node`` reports it, operator
+and time included; drain now (the node's jobs requeued); read-only refusing both; resume refused
+for each failing check and accepted once the evidence passes, or forced with a reason; every
+action in the audit log of both state backends.
+
+Nodes node-01 and node-02 are this machine through loadmaster's local transport, with stand-in
+``nvidia-smi`` and ``dmesg`` on PATH printing what each test sets (these machines have no GPU);
+node-03 is an SSH node nobody answers for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from backend.config import load_config
+from backend.errors import PolicyError, ReadOnlyRefused
+from backend.lab.slurm import SlurmLab
+from backend.ops.slurm import ResumeRefused
+from backend.services import Services
+from backend.state import actor
+from tests.slurm_fixtures import job_state, node_state, wait_for
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+def write_config(tmp_path: Path, lab: SlurmLab, state_url: str | None = None) -> Path:
+    cfg = tmp_path / "lm.toml"
+    url = f'url = "{state_url}"\n' if state_url else ""
+    cfg.write_text(
+        '[[nodes]]\nname = "node-01"\nhost = "127.0.0.1"\ntransport = "local"\n\n'
+        '[[nodes]]\nname = "node-02"\nhost = "127.0.0.1"\ntransport = "local"\n\n'
+        '[[nodes]]\nname = "node-03"\nhost = "127.0.0.1"\nport = 1\n\n'
+        f'[state]\ndir = "{tmp_path / "state"}"\n{url}\n'
+        f'[slurm]\nenabled = true\nconf = "{lab.conf}"\ninterval = "5s"\n'
+    )
+    return cfg
+
+
+class GpuStandIn:
+    """``nvidia-smi`` and ``dmesg`` stand-ins on PATH, printing what the test sets."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bin = root / "gpu-bin"
+        self.bin.mkdir()
+        (self.bin / "nvidia-smi").write_text(
+            "#!/bin/sh\n"
+            'case "$1" in\n'
+            f"  --query-compute-apps=*) cat {self.bin}/apps ;;\n"
+            f"  --query-gpu=*) cat {self.bin}/gpu ;;\n"
+            "  *) echo 'unsupported'; exit 2 ;;\n"
+            "esac\n"
+        )
+        (self.bin / "dmesg").write_text(f"#!/bin/sh\ncat {self.bin}/dmesg.out\nexit $(cat {self.bin}/dmesg.rc)\n")
+        for name in ("nvidia-smi", "dmesg"):
+            (self.bin / name).chmod(0o755)
+        self.set()
+        monkeypatch.setenv("PATH", f"{self.bin}:{__import__('os').environ['PATH']}")
+
+    def set(
+        self,
+        *,
+        apps: str = "",
+        gpu: str = "0, No, 0\n1, No, 0\n2, No, 0\n3, No, 0\n",
+        dmesg: str = "",
+        dmesg_rc: int = 0,
+    ) -> None:
+        (self.bin / "apps").write_text(apps)
+        (self.bin / "gpu").write_text(gpu)
+        (self.bin / "dmesg.out").write_text(dmesg)
+        (self.bin / "dmesg.rc").write_text(str(dmesg_rc))
+
+
+@pytest.fixture
+def gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GpuStandIn:
+    return GpuStandIn(tmp_path, monkeypatch)
+
+
+def services(cfg: Path, *, readonly: bool = False) -> Services:
+    return Services(load_config(cfg), readonly=readonly)
+
+
+def running(lab: SlurmLab, job: str) -> None:
+    wait_for(f"job {job} running", lambda: job_state(lab, job) == "RUNNING")
+
+
+def test_rows_show_jobs_with_their_gpus(slurm: SlurmLab, tmp_path: Path) -> None:
+    a = slurm.sbatch("-w", "node-01", "--gres=gpu:2", "-J", "train-llm")
+    b = slurm.sbatch("-w", "node-01", "--gres=gpu:1", "-J", "eval")
+    running(slurm, a)
+    running(slurm, b)
+    svc = services(write_config(tmp_path, slurm))
+    rows = {r.name: r for r in asyncio.run(svc.ops.slurm.rows(fresh=True))}
+    assert set(rows) == {"node-01", "node-02", "node-03"}
+    r1 = rows["node-01"]
+    assert r1.state in ("mixed", "allocated") and r1.partitions == ("gpu",) and r1.gpus == 4
+    jobs = {j.job_id: j for j in r1.jobs}
+    assert jobs[a].gpus == (0, 1) and jobs[b].gpus == (2,)
+    assert jobs[a].name == "train-llm" and jobs[a].user == actor().split("@")[0]
+    assert jobs[a].elapsed_s is not None and jobs[a].elapsed_s >= 0
+    assert rows["node-02"].state == "idle" and rows["node-02"].jobs == ()
+    # At most one read per interval: a second call within it does not run sinfo again.
+    snap = asyncio.run(svc.ops.slurm.snapshot())
+    assert asyncio.run(svc.ops.slurm.snapshot()) is snap
+
+
+def test_drain_after_the_job_draining_then_drained_audited(
+    slurm: SlurmLab, tmp_path: Path, state_url: str | None
+) -> None:
+    job = slurm.sbatch("-w", "node-01", "--gres=gpu:2", "-J", "train")
+    running(slurm, job)
+    svc = services(write_config(tmp_path, slurm, state_url))
+    plan = asyncio.run(svc.ops.slurm.plan_drain(["node-01"], "GPU 1 fell off the bus", prompted_by="Xid 79"))
+    shown = plan.shown()
+    assert shown[0].startswith("scontrol update NodeName=node-01 State=DRAIN 'Reason=GPU 1 fell off the bus [Xid 79]")
+    assert len(shown) == 1 and plan.requeue == ()
+    before = time.time()
+    res = asyncio.run(svc.ops.slurm.drain(plan))
+    assert res.nodes == ("node-01",)
+    # Slurm keeps the reason as written, with who and when.
+    out = slurm.command(["scontrol", "show", "node", "node-01"]).stdout
+    reason = next(ln.strip() for ln in out.splitlines() if ln.strip().startswith("Reason="))
+    assert f"| loadmaster:{actor()} | " in reason and "GPU 1 fell off the bus [Xid 79]" in reason
+    stamp = reason.split(" | ")[2].split()[0]
+    assert abs(datetime.strptime(stamp, "%Y-%m-%dT%H:%MZ").replace(tzinfo=UTC).timestamp() - before) < 120
+    # The real job still runs: DRAINING; once it ends: DRAINED.
+    assert node_state(slurm, "node-01") == "draining"
+    rows = {r.name: r for r in asyncio.run(svc.ops.slurm.rows(fresh=True))}
+    assert rows["node-01"].state == "draining" and rows["node-01"].reason.startswith("GPU 1 fell off the bus")
+    assert rows["node-01"].reason_age_s is not None and rows["node-01"].unavailable
+    slurm.command(["scancel", job])
+    wait_for("node-01 drained", lambda: node_state(slurm, "node-01") == "drained")
+    rows = {r.name: r for r in asyncio.run(svc.ops.slurm.rows(fresh=True))}
+    assert rows["node-01"].state == "drained" and rows["node-01"].drains_30d == 1
+    entries = svc.db.audit_entries(action="slurm.drain")
+    assert [(e.target, e.outcome) for e in entries] == [("node-01", "ok")]
+    assert entries[0].reason == plan.reason and entries[0].detail["commands"] == shown
+    svc.db.close()
+
+
+def test_drain_now_requeues_the_nodes_jobs(slurm: SlurmLab, tmp_path: Path) -> None:
+    job = slurm.sbatch("-w", "node-02", "--requeue", "--gres=gpu:1", "-J", "requeue-me")
+    stuck = slurm.sbatch("-w", "node-01", "--no-requeue", "-J", "keep-me")
+    running(slurm, job)
+    running(slurm, stuck)
+    svc = services(write_config(tmp_path, slurm))
+    with pytest.raises(PolicyError, match=f"job {stuck} cannot be requeued"):
+        asyncio.run(svc.ops.slurm.plan_drain(["node-01"], "bad ib link", now=True))
+    plan = asyncio.run(svc.ops.slurm.plan_drain(["node-02"], "bad ib link", now=True))
+    assert plan.requeue == (job,) and plan.shown()[1] == f"scontrol requeue {job}"
+    asyncio.run(svc.ops.slurm.drain(plan))
+    # Requeued, and held back by the drain of the only node it may use.
+    wait_for(f"job {job} requeued", lambda: job_state(slurm, job) == "PENDING")
+    wait_for("node-02 drained", lambda: node_state(slurm, "node-02") == "drained")
+    assert job_state(slurm, stuck) == "RUNNING"
+
+
+def test_readonly_refuses_drain_and_resume(slurm: SlurmLab, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, slurm)
+    ro = services(cfg, readonly=True)
+    plan = asyncio.run(ro.ops.slurm.plan_drain(["node-02"], "maintenance"))
+    with pytest.raises(ReadOnlyRefused, match="read-only"):
+        asyncio.run(ro.ops.slurm.drain(plan))
+    slurm.command(["scontrol", "update", "NodeName=node-02", "State=DRAIN", "Reason=by hand"])
+    rplan = asyncio.run(ro.ops.slurm.plan_resume(["node-02"], force_reason="testing"))
+    with pytest.raises(ReadOnlyRefused, match="read-only"):
+        asyncio.run(ro.ops.slurm.resume(rplan))
+    assert node_state(slurm, "node-02") == "drained"
+    assert ro.db.audit_entries() == []
+
+
+def _xid_line(t: float, code: int = 79) -> str:
+    stamp = datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
+    return f"{stamp} NVRM: Xid (PCI:0000:3b:00): {code}, pid=1234, GPU has fallen off the bus.\n"
+
+
+def test_resume_refused_for_each_failing_check_then_accepted(
+    slurm: SlurmLab, tmp_path: Path, gpus: GpuStandIn, state_url: str | None
+) -> None:
+    svc = services(write_config(tmp_path, slurm, state_url))
+    ops = svc.ops.slurm
+
+    def refused(node: str, needle: str) -> None:
+        plan = asyncio.run(ops.plan_resume([node]))
+        assert not plan.allowed and needle in (plan.refusal() or ""), plan.refusal()
+        with pytest.raises(ResumeRefused) as exc:
+            asyncio.run(ops.resume(plan))
+        assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+    refused("node-01", "slurm state: idle")  # not drained: nothing to resume
+    asyncio.run(ops.drain(asyncio.run(ops.plan_drain(["node-01", "node-03"], "xid 79"))))
+    drained_at = time.time()
+    old_xid = _xid_line(drained_at - 3600, 48)
+    gpus.set(apps="4242, GPU-8f0e\n", dmesg=old_xid)
+    refused("node-01", "gpu processes: 1 compute process(es) on the GPUs (pid 4242)")
+    gpus.set(gpu="0, No, 0\n1, Yes, 0\n2, No, 0\n3, No, 0\n", dmesg=old_xid)
+    refused("node-01", "row remap / ECC: GPU 1 has a pending row remap")
+    gpus.set(gpu="0, No, 0\n1, No, 2\n2, No, 0\n3, No, 0\n", dmesg=old_xid)
+    refused("node-01", "row remap / ECC: GPU 1 has 2 uncorrectable ECC error(s)")
+    gpus.set(dmesg=old_xid + _xid_line(drained_at + 2))
+    refused("node-01", "xid: 1 Xid(s) since the drain (last: Xid 79")
+    gpus.set(dmesg="dmesg: read kernel buffer failed: Operation not permitted\n", dmesg_rc=1)
+    refused("node-01", "xid: cannot read the kernel log (dmesg: read kernel buffer failed")
+    refused("node-03", "node-03: reachable:")
+    assert node_state(slurm, "node-01") == "drained"
+    # The evidence passes (an Xid from before the drain does not count): resumed.
+    gpus.set(dmesg=old_xid)
+    plan = asyncio.run(ops.plan_resume(["node-01"]))
+    assert plan.allowed and plan.shown() == ["scontrol update NodeName=node-01 State=RESUME"]
+    asyncio.run(ops.resume(plan))
+    wait_for("node-01 idle", lambda: node_state(slurm, "node-01") == "idle")
+    # --force with a reason overrides a failing check, audited as forced.
+    with pytest.raises(Exception, match="--force needs a reason"):
+        asyncio.run(ops.plan_resume(["node-03"], force_reason=" "))
+    asyncio.run(ops.resume(asyncio.run(ops.plan_resume(["node-03"], force_reason="IPMI shows it healthy"))))
+    wait_for("node-03 resumed", lambda: node_state(slurm, "node-03") not in ("drained", "draining"))
+    entries = svc.db.audit_entries(action="slurm.resume")
+    outcomes = [(e.target, e.outcome) for e in reversed(entries)]
+    assert outcomes == [("node-01", "refused")] * 6 + [("node-03", "refused"), ("node-01", "ok"), ("node-03", "forced")]
+    forced = entries[0]
+    assert forced.reason == "IPMI shows it healthy" and any("reachable: FAIL" in c for c in forced.detail["checks"])
+    svc.db.close()
+
+
+def test_errors_are_one_line(slurm: SlurmLab, tmp_path: Path) -> None:
+    svc = services(write_config(tmp_path, slurm))
+    with pytest.raises(Exception, match="Slurm has no node 'node-99'"):
+        asyncio.run(svc.ops.slurm.plan_drain(["node-99"], "x"))
+    with pytest.raises(Exception, match="a drain needs a reason"):
+        asyncio.run(svc.ops.slurm.plan_drain(["node-01"], "  "))
+    with pytest.raises(Exception, match="one line"):
+        asyncio.run(svc.ops.slurm.plan_drain(["node-01"], "two\nlines"))
+    off = tmp_path / "off.toml"
+    off.write_text('[[nodes]]\nname = "n"\nhost = "127.0.0.1"\n')
+    with pytest.raises(Exception, match=r"\[slurm\] enabled = true"):
+        asyncio.run(services(off).ops.slurm.rows())
