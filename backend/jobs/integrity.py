@@ -302,4 +302,8 @@ def proof_holds(path: Path, proof: Proof, part_sizes: Sequence[int] | None = Non
     else:
         ok = got == proof.expected
         shown, want = got, str(proof.expected)
-    return ok, f"{proof.method} {shown}, the store says {want}"
+    if proof.method in (MD5, MD5_MULTIPART):
+        what = "MD5" if proof.method == MD5 else f"multipart MD5 over {proof.parts} parts"
+        return ok, f"{what} {shown} but the object's ETag is {want}"
+    what = (proof.algorithm or "").upper() + (f" over {proof.parts} parts" if proof.parts else "")
+    return ok, f"{what} {shown} but the store's checksum is {want}"

@@ -4,8 +4,9 @@
 DEST, then feeds ``s5cmd run`` one exact ``cp`` per object (never a wildcard s5cmd would expand
 from its own listing), with credentials from a 0600 shared-credentials file (never argv); it
 reports bytes done from completed objects plus the job's own temporary files, treats any ERROR
-line as failure even when s5cmd exits 0, and verifies every object's size, its size and ETag in a
-fresh listing, and its bytes against a plain-MD5 ETag before reporting success. :func:`cleanup`
+line as failure even when s5cmd exits 0, and proves every object while the rest downloads
+(:mod:`backend.jobs.pull_verify`: the store's checksum, else its MD5 ETag, else size-only, said
+so), then checks sizes and ETags against a fresh listing before reporting success. :func:`cleanup`
 removes only s5cmd temporaries the job created (look-alikes present before it started are
 recorded and left alone).
 
@@ -16,12 +17,9 @@ The runner imports this module on every job start: nothing here imports the cons
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
-import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -57,6 +55,7 @@ from backend.jobs.pull_objects import (
     rel_problem,
     s5cmd_error,
 )
+from backend.jobs.pull_verify import ObjectCheck, PullVerifier, StoreHeads, per_object, stop_quietly, summarize
 
 if TYPE_CHECKING:
     from backend.config import Config
@@ -64,6 +63,9 @@ if TYPE_CHECKING:
     from backend.state import StateDB
 
 EXPECTED_FILE = "expected.json"
+VERIFICATION_FILE = "verification.json"
+#: Per-object proofs travel in the result up to this many objects (all of them in VERIFICATION_FILE).
+RESULT_PROOFS_MAX = 10_000
 
 
 def _die_with_parent() -> None:
@@ -214,6 +216,14 @@ def _copy(
     lock = threading.Lock()
     script = _commands(src, dest, expected, p)
     by_dest = {str(dest / o.rel): i for i, o in enumerate(expected)}
+    # Each object is proven as soon as s5cmd has it in place, while the rest downloads.
+    verifier = PullVerifier(
+        src,
+        dest,
+        expected,
+        StoreHeads(p, ctx.secret_env(), src.bucket),
+        workers=int(p["verify_workers"]) if p.get("verify_workers") else None,
+    )
 
     def feed() -> None:
         assert proc.stdin is not None
@@ -242,6 +252,7 @@ def _copy(
                     index = None
             if index is not None:
                 _object_done(hooks, dest, expected, index)
+                verifier.submit(index)
 
     def read_err() -> None:
         assert proc.stderr is not None
@@ -300,11 +311,13 @@ def _copy(
         proc.wait()
         for r in readers:
             r.join(timeout=10)
-    elapsed = time.time() - started
+    copied = time.time() - started
     if ctx.cancelled:
+        stop_quietly(verifier)
         temps.remove()
         raise JobError("cancelled")
     if proc.returncode != 0 or errors:
+        stop_quietly(verifier)
         temps.remove()
         for e in errors[:20]:
             ctx.log(f"s5cmd: {e}")
@@ -314,16 +327,29 @@ def _copy(
         first = errors[0] if errors else "no error output"
         raise JobError(f"s5cmd exited {proc.returncode}: {first}{more}")
     temps.remove()
-    checked = _verify(ctx, src, dest, expected, env)
+    checks = _verify(ctx, src, dest, expected, env, verifier)
+    elapsed = time.time() - started
     report(final=True)
-    ctx.log(f"verified {n_items} objects, {total} bytes in {elapsed:.1f}s ({checked} by MD5)")
+    summary = summarize(checks, n_items)
+    ctx.log(
+        f"copied {n_items} objects, {total} bytes in {copied:.1f}s; {summary['verified_text']}; "
+        f"{elapsed - copied:.2f}s after the copy, {verifier.cpu_s:.2f} CPU s, {verifier.heads.requests} HEADs"
+    )
+    proofs = per_object(checks)
+    if ctx.job_dir is not None:
+        write_job_file(ctx.job_dir / VERIFICATION_FILE, json.dumps(proofs))
     return {
         "objects": n_items,
         "bytes": total,
         "seconds": round(elapsed, 3),
         "dest": str(dest),
         "gbps": round(total * 8 / 1e9 / max(elapsed, 1e-6), 3),
-        "md5_verified": checked,
+        "md5_verified": sum(n for m, n in summary["verification"].items() if m.startswith("md5")),
+        **summary,
+        "verify_cpu_s": round(verifier.cpu_s, 3),
+        "verify_tail_s": round(elapsed - copied, 3),
+        "store_heads": verifier.heads.requests,
+        **({"proofs": proofs} if len(proofs) <= RESULT_PROOFS_MAX else {}),
     }
 
 
@@ -340,44 +366,29 @@ def _object_done(hooks: CopyHooks, dest: Path, expected: list[PulledObject], ind
 
 # -- verification -------------------------------------------------------------------------------
 
-_MD5_ETAG = re.compile(r"[0-9a-f]{32}")
 
-
-def _md5_of(path: Path) -> str:
-    h = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _kms_encrypted(ctx: JobContext, src: SourcePattern, rel: str, env: dict[str, str]) -> bool:
-    """Whether S3 says the object is SSE-KMS encrypted (its ETag is then not an MD5 of the bytes)."""
-    cmd = [*_s5cmd_base(ctx.params), "head", "--raw", f"s3://{src.bucket}/{src.key_of(rel)}"]
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-        for line in res.stdout.split("\n"):
-            with contextlib.suppress(ValueError, AttributeError):
-                if str(json.loads(line).get("server_side_encryption", "")).startswith("aws:kms"):
-                    return True
-    return False
-
-
-def _verify(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[PulledObject], env: dict[str, str]) -> int:
-    """Every object's size on disk, its size and ETag in a fresh listing against the one the job
-    started from, and the bytes against a plain-MD5 ETag; a wrong file is removed. Returns the
-    number of objects checked by MD5."""
-    bad: dict[str, str] = {}
-    for o in expected:
-        try:
-            got = (dest / o.rel).stat().st_size
-        except OSError:
-            bad[o.rel] = "missing"
-            continue
-        if got != o.size:
-            bad[o.rel] = f"is {got} bytes, the listing says {o.size}"
-    now = {o.rel: o for o in _list_on_node(ctx, src, env)}
-    etags: dict[str, str] = {}
+def _verify(
+    ctx: JobContext,
+    src: SourcePattern,
+    dest: Path,
+    expected: list[PulledObject],
+    env: dict[str, str],
+    verifier: PullVerifier,
+) -> dict[int, ObjectCheck]:
+    """Every object's proof (:class:`PullVerifier`, most of them done during the copy) and its
+    size and ETag in a fresh listing against the one the job started from; a wrong file is
+    removed and the job fails. Returns each object's outcome."""
+    try:
+        now = {o.rel: o for o in _list_on_node(ctx, src, env)}
+    except JobError:
+        verifier.stop()
+        raise
+    pending = len(expected) - sum(1 for f in verifier.futures.values() if f.done())
+    if pending:
+        ctx.log(f"proving the last {pending} of {len(expected)} objects")
+    checks = verifier.finish()
+    # What is wrong on disk is named first, then what changed in the bucket, then the bytes.
+    bad = {c.rel: c.detail for c in checks.values() if not c.ok and c.method == "size"}
     for o in expected:
         cur = now.get(o.rel)
         if o.rel in bad:
@@ -389,26 +400,19 @@ def _verify(ctx: JobContext, src: SourcePattern, dest: Path, expected: list[Pull
                 f"changed in the bucket during the pull (ETag {o.etag}, now {cur.etag}; "
                 f"{o.size} bytes, now {cur.size}): the file may mix two versions"
             )
-        elif etag := (o.etag or cur.etag or ""):
-            etags[o.rel] = etag
-    plain = [(rel, e) for rel, e in etags.items() if _MD5_ETAG.fullmatch(e)]
-    if plain:
-        ctx.log(f"checking the bytes of {len(plain)} single-part objects against their MD5 ETags")
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            digests = dict(
-                zip((r for r, _ in plain), pool.map(lambda r: _md5_of(dest / r), (r for r, _ in plain)), strict=True)
-            )
-        for rel, e in plain:
-            if digests[rel] != e and not _kms_encrypted(ctx, src, rel, env):
-                bad[rel] = f"has MD5 {digests[rel]} but the object's ETag is {e}: torn or corrupted in transit"
+    for c in checks.values():
+        if not c.ok and c.rel not in bad:
+            bad[c.rel] = c.detail
     if bad:
+        for rel, why in list(bad.items())[:50]:
+            ctx.log(f"wrong: {rel} {why}")
         for rel in bad:
             with contextlib.suppress(OSError):
                 if (dest / rel).is_file() and not (dest / rel).is_symlink():
                     (dest / rel).unlink()
         detail = "; ".join(f"{rel} {why}" for rel, why in list(bad.items())[:3])
         raise JobError(f"verification failed: {len(bad)} of {len(expected)} objects wrong (removed): {detail}")
-    return len(plain)
+    return checks
 
 
 def cleanup(ctx: JobContext) -> None:

