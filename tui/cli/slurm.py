@@ -55,9 +55,13 @@ def _names(expr: str) -> list[str]:
     return expand_hostlist(expr, key="NODES")
 
 
-def _confirm(prompt: str, yes: bool) -> None:
+def _show_and_confirm(commands: list[str], prompt: str, *, yes: bool) -> None:
+    """Print the exact commands, then ask (``--yes`` answers for the operator)."""
     from backend.errors import ConfigError, PolicyError
 
+    print("will run:")
+    for cmd in commands:
+        print(f"  {cmd}")
     if yes:
         return
     if not sys.stdin.isatty():
@@ -148,10 +152,9 @@ async def run_drain(args: argparse.Namespace, services: Services) -> int:
     ops = services.ops.slurm
     ops.refuse_if_readonly("drain Slurm nodes")
     plan = await ops.plan_drain(_names(args.nodes), args.reason, now=args.now, prompted_by=args.prompted_by)
-    print("will run:")
-    for cmd in plan.shown():
-        print(f"  {cmd}")
-    _confirm(f"drain {', '.join(plan.nodes)}{' now' if plan.now else ' after the running jobs'}?", args.yes)
+    _show_and_confirm(
+        plan.shown(), f"drain {', '.join(plan.nodes)}{' now' if plan.now else ' after the running jobs'}?", yes=args.yes
+    )
     await ops.drain(plan)
     print(f"drained {', '.join(plan.nodes)}: {plan.reason}")
     return 0
@@ -168,10 +171,7 @@ async def run_resume(args: argparse.Namespace, services: Services) -> int:
         from backend.ops.slurm import ResumeRefused
 
         raise ResumeRefused(f"resume refused: {plan.refusal()} (--force REASON overrides, audited)")
-    print("will run:")
-    for cmd in plan.shown():
-        print(f"  {cmd}")
-    _confirm(f"resume {', '.join(e.node for e in plan.evidence)}?", args.yes)
+    _show_and_confirm(plan.shown(), f"resume {', '.join(e.node for e in plan.evidence)}?", yes=args.yes)
     await ops.resume(plan)
     print(f"resumed {', '.join(e.node for e in plan.evidence)}")
     return 0
