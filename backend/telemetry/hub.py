@@ -186,7 +186,8 @@ class TelemetryHub:
                     log.warning("telemetry: reading Prometheus failed", exc_info=True)
                     self.source_note = f"Prometheus {s.prometheus_url}: {type(exc).__name__}: {exc}"
                 else:
-                    self.source_note = None
+                    # a cap hit this refresh (GPUs, devices, series skipped) is said, not hidden
+                    self.source_note = "; ".join(reading.warnings)[:500] or None
                     self.last_reading = reading
                     self._apply_reading(names, reading)
                 await asyncio.sleep(s.prometheus_interval)

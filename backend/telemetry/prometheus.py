@@ -14,15 +14,27 @@ Each refresh is a fixed handful of instant queries for the whole fleet, whatever
 
 Series are matched to loadmaster's nodes by a label: ``dcgm_node_label`` (dcgm-exporter's
 ``Hostname``) and ``node_exporter_node_label`` (``instance``, its ``:port`` dropped), each compared
-with the node's name and its host. A target Prometheus reports down (``/api/v1/targets``) makes its
-node stale, with the scrape error. Everything lands in the hub as an :class:`Observed`, so the
+with the node's name and its host. Everything lands in the hub as an :class:`Observed`, so the
 FleetSnapshot, the starvation detector, ``top`` and ``--json`` do not know where it came from.
+
+What Prometheus says is data, not authority (a label is whatever a scraped machine chose):
+
+- Each series keeps its source, the target's ``job`` and ``instance``. When two sources claim one
+  node for the same exporter (a second machine whose dcgm-exporter says ``Hostname=node-01``), the
+  node is shown as a conflict naming both, never merged: neither's numbers are shown.
+- Only the exporters a node's numbers come from (this refresh or an earlier one) decide that it is
+  down: an unrelated target that happens to carry the node's name in a label, down, blanks
+  nothing. A node with no numbers at all is still marked by a down target naming it.
+- At most :data:`MAX_GPUS_PER_NODE` GPU indices and :data:`MAX_DEVICES_PER_NODE` NICs, disks and
+  mounts a node, and :data:`MAX_SERIES_PER_QUERY` series an answer; the rest is skipped with a
+  warning in :attr:`Reading.warnings` (the hub shows it as the telemetry source's note).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import re
 import time
@@ -35,6 +47,8 @@ from backend.errors import LoadmasterError
 from backend.nodes.untrusted import clean_text
 from backend.telemetry.model import DiskRate, GpuSample, NicKind, NicRate, Observed
 from backend.telemetry.settings import TelemetrySettings
+
+log = logging.getLogger(__name__)
 
 #: dcgm-exporter fields read, and what each becomes.
 DCGM_FIELDS = (
@@ -53,6 +67,14 @@ QUERY_COUNT = len(DCGM_FIELDS) + 3
 MAX_ANSWER_BYTES = 64 << 20
 #: Longest error text kept from Prometheus (it reaches the screen).
 _ERROR_LIMIT = 300
+#: GPU indices a node may have (``gpu`` label 0..63); series of other indices are skipped.
+MAX_GPUS_PER_NODE = 64
+#: NICs, disks and mounts a node may have in one refresh; further devices are skipped.
+MAX_DEVICES_PER_NODE = 256
+#: Series read from one answer (a fleet of 10,000 nodes x 8 GPUs is 80,000 a DCGM field).
+MAX_SERIES_PER_QUERY = 131_072
+#: Sources remembered per node (the exporters its numbers came from), most recent kept.
+_MAX_SOURCES = 16
 #: Interfaces that never count towards a node's NIC totals.
 _VIRTUAL = re.compile(r"^(veth|docker|br-|virbr|cni|flannel|cali|tun|tap|vxlan|genev|kube|lxc|ib\d+\.|dummy)")
 #: Whole disks that are not hardware (device-mapper, md RAID, loop, ram).
@@ -68,10 +90,14 @@ class Reading:
     """One refresh: what each covered node showed, and the nodes whose targets are down."""
 
     nodes: dict[str, Observed] = field(default_factory=dict)
-    #: node -> the scrape error of its down target(s)
+    #: node -> the scrape error of its down target(s), or the conflict of its sources
     down: dict[str, str] = field(default_factory=dict)
     queries: int = 0
     seconds: float = 0.0
+    #: node -> the sources (job/instance) that claim it at once: shown as this, never merged
+    conflicts: dict[str, str] = field(default_factory=dict)
+    #: Caps that were hit this refresh (series, GPUs, devices skipped), one line each.
+    warnings: tuple[str, ...] = ()
 
 
 def queries(settings: TelemetrySettings) -> tuple[str, ...]:
@@ -84,7 +110,7 @@ def queries(settings: TelemetrySettings) -> tuple[str, ...]:
     # Prometheus evaluates in a tenth of the time, and the refresh runs them at once (measured in
     # bench/prometheus_fleet.py: 1.0 s for the one query against 0.5 s for the seven together).
     return (
-        *(f"max by ({node}, gpu) ({f})" for f in DCGM_FIELDS),
+        *(f"max by ({node}, gpu, job, instance) ({f})" for f in DCGM_FIELDS),
         f'label_replace(rate(node_network_receive_bytes_total[{w}]), "lm", "rx", "", "")'
         f' or label_replace(rate(node_network_transmit_bytes_total[{w}]), "lm", "tx", "", "")',
         f'label_replace(rate(node_disk_read_bytes_total[{w}]), "lm", "read", "", "")'
@@ -119,6 +145,8 @@ class PrometheusClient:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self._session: Any = None
+        #: Answers cut at :data:`MAX_SERIES_PER_QUERY` since the caller last cleared it.
+        self.cut: list[str] = []
 
     async def _get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         import aiohttp
@@ -161,6 +189,9 @@ class PrometheusClient:
         if not isinstance(data, dict) or data.get("resultType") != "vector":
             return out
         result = data.get("result")
+        if isinstance(result, list) and len(result) > MAX_SERIES_PER_QUERY:
+            self.cut.append(f"{len(result):,} series for {expr[:80]}")
+            result = result[:MAX_SERIES_PER_QUERY]
         for item in result if isinstance(result, list) else ():
             # The JSON's own dict of labels, not a copy (tens of thousands of series a refresh):
             # a value that is not a string is refused where it is read (NodeIndex.find, _text).
@@ -196,10 +227,13 @@ class PrometheusSource:
         self.index = NodeIndex(self.nodes.values())
         self.client = PrometheusClient(settings.prometheus_url, settings.prometheus_timeout)
         self.queries = queries(settings)
+        #: node -> the sources (job/instance) its numbers came from, in this refresh or before
+        self.sources: dict[str, dict[str, None]] = {}
 
     async def read(self) -> Reading:
         """One refresh of every node Prometheus has (raises PrometheusUnavailable)."""
         t0 = time.perf_counter()
+        self.client.cut = []
         got: list[Any] = await asyncio.gather(*(self.client.query(q) for q in self.queries), self.client.targets())
         answers: list[list[tuple[dict[str, str], float]]] = got[:-1]
         targets: list[dict[str, Any]] = got[-1]
@@ -207,6 +241,10 @@ class PrometheusSource:
         dcgm, (net, disk, gauges) = answers[:nf], answers[nf:]
         s = self.settings
         find = self.index.find
+        caps = _Caps()
+        #: node -> the sources of its GPU numbers, and of its node_exporter numbers
+        gpu_src: dict[str, set[str]] = {}
+        host_src: dict[str, set[str]] = {}
         gpus: dict[str, dict[int, dict[str, Any]]] = {}
         for fname, answer in zip(DCGM_FIELDS, dcgm, strict=True):
             for labels, v in answer:
@@ -217,19 +255,24 @@ class PrometheusSource:
                     idx = int(labels.get("gpu", ""))
                 except (TypeError, ValueError):
                     continue
+                if not 0 <= idx < MAX_GPUS_PER_NODE:
+                    caps.skip(node, "GPU", f"gpu label {str(idx)[:20]} outside 0-{MAX_GPUS_PER_NODE - 1}")
+                    continue
+                gpu_src.setdefault(node, set()).add(_source(labels))
                 gpus.setdefault(node, {}).setdefault(idx, {})[fname] = v
         nic: dict[str, dict[str, dict[str, float]]] = {}
-        for labels, v in net:
-            node = find(labels.get(s.node_exporter_node_label))
-            dev = _text(labels.get("device"))
-            if node and dev:
-                nic.setdefault(node, {}).setdefault(dev, {})[_text(labels.get("lm")) or ""] = v
         dsk: dict[str, dict[str, dict[str, float]]] = {}
-        for labels, v in disk:
-            node = find(labels.get(s.node_exporter_node_label))
-            dev = _text(labels.get("device"))
-            if node and dev:
-                dsk.setdefault(node, {}).setdefault(dev, {})[_text(labels.get("lm")) or ""] = v
+        for answer, into in ((net, nic), (disk, dsk)):
+            for labels, v in answer:
+                node = find(labels.get(s.node_exporter_node_label))
+                dev = _text(labels.get("device"))
+                if node and dev:
+                    devs = into.setdefault(node, {})
+                    if dev not in devs and len(devs) >= MAX_DEVICES_PER_NODE:
+                        caps.skip(node, "device", f"more than {MAX_DEVICES_PER_NODE} devices")
+                        continue
+                    host_src.setdefault(node, set()).add(_source(labels))
+                    devs.setdefault(dev, {})[_text(labels.get("lm")) or ""] = v
         speed: dict[str, dict[str, float]] = {}
         fs: dict[str, dict[str, dict[str, float]]] = {}
         for labels, v in gauges:
@@ -239,34 +282,78 @@ class PrometheusSource:
             name = _text(labels.get("__name__")) or ""
             dev, mount = _text(labels.get("device")), _text(labels.get("mountpoint"))
             if name == "node_network_speed_bytes" and dev:
-                speed.setdefault(node, {})[dev] = v
+                speeds = speed.setdefault(node, {})
+                if dev not in speeds and len(speeds) >= MAX_DEVICES_PER_NODE:
+                    caps.skip(node, "device", f"more than {MAX_DEVICES_PER_NODE} devices")
+                    continue
+                speeds[dev] = v
             elif name.startswith("node_filesystem_") and mount:
+                mounts = fs.setdefault(node, {})
+                if mount not in mounts and len(mounts) >= MAX_DEVICES_PER_NODE:
+                    caps.skip(node, "mount", f"more than {MAX_DEVICES_PER_NODE} mounts")
+                    continue
                 key = "avail" if name.endswith("avail_bytes") else "size"
-                fs.setdefault(node, {}).setdefault(mount, {})[key] = v
-        covered = set(gpus) | set(nic) | set(dsk) | set(fs)
+                mounts.setdefault(mount, {})[key] = v
+            else:
+                continue
+            host_src.setdefault(node, set()).add(_source(labels))
+        conflicts: dict[str, str] = {}
+        for what, claims in (("dcgm-exporter", gpu_src), ("node_exporter", host_src)):
+            for node, srcs in claims.items():
+                if len(srcs) > 1:
+                    named = ", ".join(clean_text(x, 80) for x in sorted(srcs)[:3])
+                    more = f" and {len(srcs) - 3} more" if len(srcs) > 3 else ""
+                    said = f"{len(srcs)} {what} sources claim this node ({named}{more}): not shown until one goes"
+                    conflicts[node] = "; ".join(x for x in (conflicts.get(node), f"conflict: {said}") if x)
+        covered = (set(gpus) | set(nic) | set(dsk) | set(fs)) - set(conflicts)
         observed = {
             node: self._observed(
                 node, gpus.get(node, {}), nic.get(node, {}), speed.get(node, {}), dsk.get(node, {}), fs.get(node, {})
             )
             for node in covered
         }
-        down: dict[str, str] = {}
+        for node in set(gpu_src) | set(host_src):
+            known = self.sources.setdefault(node, {})
+            for src in gpu_src.get(node, set()) | host_src.get(node, set()):
+                known.pop(src, None)
+                known[src] = None  # most recent last
+            while len(known) > _MAX_SOURCES:
+                known.pop(next(iter(known)))
+        down = dict(conflicts)
         for t in targets:
             if t.get("health") != "down":
                 continue
             labels = {str(k): str(v) for k, v in (t.get("labels") or {}).items()}
-            node = (
-                self.index.find(labels.get("node"))
-                or self.index.find(labels.get(s.node_exporter_node_label))
-                or self.index.find(labels.get(s.dcgm_node_label))
-                or self.index.find(labels.get("instance"))
-            )
-            if node is None:
+            node = self._down_node(labels, covered)
+            if node is None or node in conflicts:
                 continue
             err = clean_text(str(t.get("lastError") or "scrape failed"), _ERROR_LIMIT)
-            job = labels.get("job", "target")
+            job = clean_text(labels.get("job", "target"), 80)
             down[node] = "; ".join(x for x in (down.get(node), f"{job} target down: {err}") if x)
-        return Reading(observed, down, QUERY_COUNT, time.perf_counter() - t0)
+        warnings = tuple(
+            caps.lines() + [f"Prometheus answer cut at {MAX_SERIES_PER_QUERY:,} series: {c}" for c in self.client.cut]
+        )
+        for w in warnings:
+            log.warning("telemetry: %s", w)
+        return Reading(observed, down, QUERY_COUNT, time.perf_counter() - t0, conflicts, warnings)
+
+    def _down_node(self, labels: dict[str, str], covered: set[str]) -> str | None:
+        """The node a down target's numbers are for: a node whose numbers came from this target
+        (its job and instance), or, for a node with no numbers at all, one its labels name."""
+        src = _source(labels)
+        for node, known in self.sources.items():
+            if src in known:
+                return node
+        s = self.settings
+        named = (
+            self.index.find(labels.get("node"))
+            or self.index.find(labels.get(s.node_exporter_node_label))
+            or self.index.find(labels.get(s.dcgm_node_label))
+            or self.index.find(labels.get("instance"))
+        )
+        if named is None or named in covered or self.sources.get(named):
+            return None  # its numbers come from elsewhere: an unrelated target is down
+        return named
 
     def _observed(
         self,
@@ -337,6 +424,25 @@ class PrometheusSource:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def _source(labels: Mapping[str, Any]) -> str:
+    """Which exporter a series (or a target) is: its ``job`` and ``instance`` labels."""
+    return f"{_text(labels.get('job')) or '?'}/{_text(labels.get('instance')) or '?'}"
+
+
+class _Caps:
+    """What a refresh skipped at a cap, per node and kind: one warning line each."""
+
+    def __init__(self) -> None:
+        self.hits: dict[tuple[str, str], tuple[int, str]] = {}
+
+    def skip(self, node: str, kind: str, why: str) -> None:
+        n, first = self.hits.get((node, kind), (0, why))
+        self.hits[(node, kind)] = (n + 1, first)
+
+    def lines(self) -> list[str]:
+        return [f"{node}: {n:,} {kind} series skipped ({why})" for (node, kind), (n, why) in sorted(self.hits.items())]
 
 
 def _text(value: object) -> str | None:

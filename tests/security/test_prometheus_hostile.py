@@ -1,5 +1,7 @@
 """A Prometheus that answers like an attacker (or a broken proxy in front of it): the source reads
 what is sane, skips the rest, or refuses in one line; never a traceback, never another node's GPUs.
+A second machine claiming a node is a conflict on that node, never merged; an unrelated exporter
+being down blanks nothing; label floods stop at the caps, with a warning.
 
 Real Prometheus will not serve these shapes, so a small hostile responder in the test plays it,
 speaking the HTTP API's JSON (``/api/v1/query``, ``/api/v1/targets``).
@@ -17,8 +19,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+import backend.telemetry.prometheus as prom
 from backend.config import Node
-from backend.telemetry.prometheus import MAX_ANSWER_BYTES, PrometheusSource, PrometheusUnavailable
+from backend.telemetry.prometheus import (
+    MAX_ANSWER_BYTES,
+    MAX_DEVICES_PER_NODE,
+    MAX_GPUS_PER_NODE,
+    PrometheusSource,
+    PrometheusUnavailable,
+)
 from backend.telemetry.settings import TelemetrySettings
 
 NODES = [Node(name="gpu-01", host="10.0.0.1", scratch="/scratch"), Node(name="gpu-02", host="10.0.0.2")]
@@ -37,13 +46,15 @@ class Hostile:
 
     def __init__(self) -> None:
         self.answer: Callable[[str], bytes] = lambda q: ok([])
+        #: The active targets /api/v1/targets lists (labels, health, lastError).
+        self.targets: list[dict[str, Any]] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 parts = urlsplit(self.path)
                 if parts.path == "/api/v1/targets":
-                    body = json.dumps({"status": "success", "data": {"activeTargets": []}}).encode()
+                    body = json.dumps({"status": "success", "data": {"activeTargets": outer.targets}}).encode()
                 else:
                     body = outer.answer(parse_qs(parts.query).get("query", [""])[0])
                 self.send_response(200)
@@ -145,3 +156,121 @@ async def test_an_endless_answer_is_cut_off_not_read_into_memory(hostile: Hostil
             await src.read()
     finally:
         await src.close()
+
+
+# -- sources, conflicts and caps -------------------------------------------------------------------
+
+
+def fleet(gpu01_dcgm: list[str], *, gpus: int = 2, util: float = 50.0) -> Callable[[str], bytes]:
+    """gpu-01's GPUs from each dcgm-exporter instance in ``gpu01_dcgm`` (``util`` + its position),
+    and its node_exporter on gpu-01:9100."""
+
+    def answer(q: str) -> bytes:
+        if "DCGM_FI_DEV_GPU_UTIL" in q:
+            return ok(
+                [
+                    series({"Hostname": "gpu-01", "gpu": str(i), "job": "dcgm", "instance": inst}, str(util + k))
+                    for k, inst in enumerate(gpu01_dcgm)
+                    for i in range(gpus)
+                ]
+            )
+        if "node_network" in q:
+            return ok([series({"instance": "gpu-01:9100", "job": "node", "device": "eth0", "lm": "rx"}, "1000")])
+        return ok([])
+
+    return answer
+
+
+async def read_once(h: Hostile) -> Any:
+    """One refresh of a fresh source."""
+    src = source(h)
+    try:
+        return await src.read()
+    finally:
+        await src.close()
+
+
+async def read_twice(h: Hostile, first: Callable[[str], bytes], then: Callable[[str], bytes], targets: Any) -> Any:
+    """Two refreshes of one source: ``first`` with every target up, then ``then`` with ``targets``."""
+    src = source(h)
+    try:
+        h.answer = first
+        await src.read()
+        h.answer, h.targets = then, targets
+        return await src.read()
+    finally:
+        await src.close()
+
+
+async def test_a_second_machine_claiming_a_node_is_a_conflict_never_merged(hostile: Hostile) -> None:
+    # Another machine's dcgm-exporter says Hostname=gpu-01: a starved GPU must not show its 99 %.
+    hostile.answer = fleet(["gpu-01:9400", "evil:9400"])
+    reading = await read_once(hostile)
+    assert "gpu-01" not in reading.nodes  # neither source's numbers
+    said = reading.conflicts["gpu-01"]
+    assert said.startswith("conflict: 2 dcgm-exporter sources claim this node (dcgm/evil:9400, dcgm/gpu-01:9400)")
+    assert reading.down["gpu-01"] == said  # the hub shows it on the node
+
+
+async def test_one_source_is_read_and_keeps_its_instance(hostile: Hostile) -> None:
+    hostile.answer = fleet(["gpu-01:9400"])
+    src = source(hostile)
+    try:
+        reading = await src.read()
+        assert src.sources["gpu-01"].keys() == {"dcgm/gpu-01:9400", "node/gpu-01:9100"}
+    finally:
+        await src.close()
+    assert [g.util_pct for g in reading.nodes["gpu-01"].gpus] == [50.0, 50.0]
+    assert reading.conflicts == {} and reading.down == {} and reading.warnings == ()
+
+
+def _target(job: str, instance: str, health: str = "down", **extra: str) -> dict[str, Any]:
+    return {"labels": {"job": job, "instance": instance, **extra}, "health": health, "lastError": "connection refused"}
+
+
+async def test_an_unrelated_exporter_down_does_not_blank_a_healthy_node(hostile: Hostile) -> None:
+    # A blackbox probe and a second node_exporter-like job name gpu-01 in their labels; neither is
+    # where gpu-01's numbers come from.
+    unrelated = [_target("blackbox", "gpu-01:9115"), _target("ipmi", "10.0.0.1:9290", node="gpu-01")]
+    reading = await read_twice(hostile, fleet(["gpu-01:9400"]), fleet(["gpu-01:9400"]), unrelated)
+    assert "gpu-01" in reading.nodes and "gpu-01" not in reading.down
+
+
+async def test_the_exporter_a_node_s_numbers_come_from_being_down_marks_it(hostile: Hostile) -> None:
+    # Its dcgm-exporter stops: the series vanish and the target is down.
+    reading = await read_twice(hostile, fleet(["gpu-01:9400"]), fleet([]), [_target("dcgm", "gpu-01:9400")])
+    assert reading.down["gpu-01"] == "dcgm target down: connection refused"
+
+
+async def test_a_node_with_no_numbers_is_marked_by_a_down_target_naming_it(hostile: Hostile) -> None:
+    hostile.targets = [_target("node", "10.0.0.2:9100")]
+    reading = await read_once(hostile)
+    assert reading.down == {"gpu-02": "node target down: connection refused"}
+
+
+async def test_sixty_thousand_gpu_labels_stop_at_the_cap_with_a_warning(hostile: Hostile) -> None:
+    hostile.answer = fleet(["gpu-01:9400"], gpus=60_000)
+    reading = await read_once(hostile)
+    assert len(reading.nodes["gpu-01"].gpus) == MAX_GPUS_PER_NODE
+    assert reading.warnings == (f"gpu-01: 59,936 GPU series skipped (gpu label 64 outside 0-{MAX_GPUS_PER_NODE - 1})",)
+
+
+async def test_a_device_flood_and_an_oversized_answer_are_cut_with_a_warning(
+    hostile: Hostile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prom, "MAX_SERIES_PER_QUERY", 5_000)
+
+    def answer(q: str) -> bytes:
+        if "node_network" in q:
+            devs = [f"veth{i}" for i in range(MAX_DEVICES_PER_NODE + 100)]
+            return ok([series({"instance": "gpu-01:9100", "job": "node", "device": d, "lm": "rx"}, "1") for d in devs])
+        if "DCGM_FI_DEV_GPU_TEMP" in q:
+            return ok([series({"Hostname": "gpu-02", "gpu": "0"}, "40")] * 6_000)
+        return ok([])
+
+    hostile.answer = answer
+    reading = await read_once(hostile)
+    assert len(reading.nodes["gpu-01"].nics) == MAX_DEVICES_PER_NODE
+    w = "\n".join(reading.warnings)
+    assert f"gpu-01: 100 device series skipped (more than {MAX_DEVICES_PER_NODE} devices)" in w
+    assert "Prometheus answer cut at 5,000 series: 6,000 series for max by (Hostname, gpu, job, instance)" in w
