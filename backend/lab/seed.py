@@ -16,8 +16,58 @@ DATASET_PREFIX = "datasets/laion-mini"
 CHECKPOINT_RUN = "checkpoints/llama-demo"
 
 
+#: The checksum the lab's objects carry: AWS S3 stores a full-object CRC64NVME for every object
+#: written today (one the client sent, or one it computes), so the lab's store serves one too.
+SEED_CHECKSUM = "CRC64NVME"
+
+
 def _put(client: Any, bucket: str, key: str, body: bytes) -> None:
-    client.put_object(Bucket=bucket, Key=key, Body=body)
+    put_object(client, bucket, key, body)
+
+
+def put_object(client: Any, bucket: str, key: str, body: bytes, *, checksum: str | None = SEED_CHECKSUM) -> None:
+    """PUT ``body`` with the store keeping ``checksum`` (an S3 additional checksum algorithm) for
+    it; ``None`` sends none beyond what the client adds by default."""
+    kwargs = {"ChecksumAlgorithm": checksum} if checksum else {}
+    client.put_object(Bucket=bucket, Key=key, Body=body, **kwargs)
+
+
+def put_multipart(
+    client: Any,
+    bucket: str,
+    key: str,
+    body: bytes,
+    *,
+    part_size: int,
+    checksum: str | None = SEED_CHECKSUM,
+    checksum_type: str = "FULL_OBJECT",
+) -> str:
+    """A multipart upload of ``body`` in parts of ``part_size`` (the last one shorter), with
+    ``checksum`` kept over the full object ("FULL_OBJECT", as the AWS CLI does with CRC64NVME)
+    or over the parts ("COMPOSITE"); no checksum at all with ``checksum=None``. Returns the ETag."""
+    import base64
+
+    kwargs = {"ChecksumAlgorithm": checksum, "ChecksumType": checksum_type} if checksum else {}
+    upload = client.create_multipart_upload(Bucket=bucket, Key=key, **kwargs)["UploadId"]
+    parts = []
+    part_kwargs = {"ChecksumAlgorithm": checksum} if checksum else {}
+    for n, off in enumerate(range(0, max(len(body), 1), part_size), start=1):
+        r = client.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=body[off : off + part_size], **part_kwargs
+        )
+        parts.append({"PartNumber": n, "ETag": r["ETag"], **{k: v for k, v in r.items() if k.startswith("Checksum")}})
+    done: dict[str, Any] = {}
+    if checksum and checksum_type == "FULL_OBJECT":
+        from backend.jobs.integrity import ALGORITHMS, new_hasher
+
+        h = new_hasher(checksum.lower())
+        h.update(body)
+        assert checksum.lower() in ALGORITHMS
+        done = {f"Checksum{checksum}": base64.b64encode(h.digest()).decode(), "ChecksumType": "FULL_OBJECT"}
+    r = client.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}, **done
+    )
+    return str(r["ETag"]).strip('"')
 
 
 def seed_dataset(
