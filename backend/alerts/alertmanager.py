@@ -33,6 +33,7 @@ from typing import Any
 
 from backend.errors import ConfigError, LoadmasterError
 from backend.nodes.untrusted import clean_text, loads_bounded
+from backend.textfmt import safe_text
 
 #: Largest answer read from Alertmanager (a fleet-wide list of alerts is a few MB).
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
@@ -208,13 +209,25 @@ def _bool(doc: Mapping[str, Any], key: str, default: bool) -> bool:
     return v
 
 
-def _labels(doc: Mapping[str, Any], key: str) -> dict[str, str]:
+#: Longest label value, annotation and comment kept from Alertmanager (each is shown).
+LABEL_LIMIT = 1024
+TEXT_LIMIT = 4096
+
+
+def _shown(text: str, limit: int = LABEL_LIMIT) -> str:
+    """Text Alertmanager holds (anyone who can post an alert or a silence wrote it) as it may be
+    shown: the project's one sanitiser (escape codes, clipboard writes, controls, bidi overrides,
+    secrets in URLs), parsed once here so the CLI and the console both get clean text."""
+    return safe_text(text, limit)
+
+
+def _labels(doc: Mapping[str, Any], key: str, limit: int = LABEL_LIMIT) -> dict[str, str]:
     v = doc.get(key)
     if v is None:
         return {}
     if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
         raise _Malformed(f"{key} is not a set of labels")
-    return dict(v)
+    return {_shown(k, 256): _shown(x, limit) for k, x in v.items()}
 
 
 def _strs(doc: Mapping[str, Any], key: str) -> tuple[str, ...]:
@@ -223,7 +236,7 @@ def _strs(doc: Mapping[str, Any], key: str) -> tuple[str, ...]:
         return ()
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
         raise _Malformed(f"{key} is not a list of strings")
-    return tuple(v)
+    return tuple(_shown(x, 128) for x in v)
 
 
 def _time(doc: Mapping[str, Any], key: str) -> datetime | None:
@@ -247,19 +260,21 @@ def _list(doc: Any, what: str) -> list[Any]:
 def parse_alert(doc: Any) -> ActiveAlert:
     a = _obj(doc, "an alert")
     status = _obj(a.get("status"), "an alert's status")
-    receivers = tuple(_str(_obj(r, "a receiver"), "name") for r in _list(a.get("receivers") or [], "receivers"))
+    receivers = tuple(
+        _shown(_str(_obj(r, "a receiver"), "name"), 128) for r in _list(a.get("receivers") or [], "receivers")
+    )
     return ActiveAlert(
         labels=_labels(a, "labels"),
-        annotations=_labels(a, "annotations"),
+        annotations=_labels(a, "annotations", TEXT_LIMIT),
         starts_at=_time(a, "startsAt"),
         ends_at=_time(a, "endsAt"),
         updated_at=_time(a, "updatedAt"),
-        fingerprint=_str(a, "fingerprint"),
-        state=_str(status, "state"),
+        fingerprint=_shown(_str(a, "fingerprint"), 64),
+        state=_shown(_str(status, "state"), 32),
         silenced_by=_strs(status, "silencedBy"),
         inhibited_by=_strs(status, "inhibitedBy"),
         receivers=receivers,
-        generator_url=_str(a, "generatorURL", optional=True) or None,
+        generator_url=_shown(_str(a, "generatorURL", optional=True)) or None,
     )
 
 
@@ -267,22 +282,22 @@ def parse_silence(doc: Any) -> Silence:
     s = _obj(doc, "a silence")
     matchers = tuple(
         Matcher(
-            name=_str(m, "name"),
-            value=_str(m, "value"),
+            name=_shown(_str(m, "name"), 256),
+            value=_shown(_str(m, "value")),
             is_regex=_bool(m, "isRegex", False),
             is_equal=_bool(m, "isEqual", True),
         )
         for m in (_obj(x, "a matcher") for x in _list(s.get("matchers"), "matchers"))
     )
     return Silence(
-        id=_str(s, "id"),
+        id=_shown(_str(s, "id"), 64),
         matchers=matchers,
         starts_at=_time(s, "startsAt"),
         ends_at=_time(s, "endsAt"),
         updated_at=_time(s, "updatedAt"),
-        created_by=_str(s, "createdBy", optional=True),
-        comment=_str(s, "comment", optional=True),
-        state=_str(_obj(s.get("status"), "a silence's status"), "state"),
+        created_by=_shown(_str(s, "createdBy", optional=True), 256),
+        comment=_shown(_str(s, "comment", optional=True), TEXT_LIMIT),
+        state=_shown(_str(_obj(s.get("status"), "a silence's status"), "state"), 32),
     )
 
 
@@ -329,8 +344,9 @@ def _error_text(body: bytes) -> str:
 
 
 def _one_line(text: str, limit: int) -> str:
-    """``text`` as one printable line: controls removed, runs of whitespace (newlines) one space."""
-    return clean_text(" ".join(text[: limit * 4].split()), limit)
+    """``text`` as one printable line: controls removed, runs of whitespace (newlines) one space,
+    secrets in URLs redacted."""
+    return safe_text(" ".join(text[: limit * 4].split()), limit)
 
 
 class AlertmanagerClient:

@@ -24,7 +24,7 @@ from backend.alerts.alertmanager import AlertmanagerClient, AlertmanagerError, A
 from backend.alerts.settings import AlertSettings
 from backend.alerts.store import AlertStore, StoredAlert
 from backend.errors import LoadmasterError
-from backend.nodes.untrusted import clean_text
+from backend.textfmt import redact_known, safe_text
 
 
 def shown_url(url: str) -> str:
@@ -170,11 +170,14 @@ class Notifier:
             ) as resp:
                 body = await resp.content.read(2048)
                 if resp.status >= 300:
-                    why = clean_text(body.decode(errors="replace"), 200) or resp.reason or ""
+                    # The server may echo the path (its token): removed before it is shown or stored.
+                    said = body.decode(errors="replace") or resp.reason or ""
+                    why = safe_text(redact_known(said, [url]), 200)
                     raise WebhookError(f"webhook {shown} answered HTTP {resp.status} {why}".rstrip())
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
-            raise WebhookError(f"webhook {shown} unreachable ({clean_text(why.replace(url, shown), 200)})") from None
+            why = safe_text(redact_known(why.replace(url, shown), [url]), 200)
+            raise WebhookError(f"webhook {shown} unreachable ({why})") from None
 
     async def close(self) -> None:
         if self.am is not None:

@@ -4,7 +4,10 @@
 inventory node and the job it names by label (``node``, or the telemetry labels ``Hostname`` /
 ``instance``; ``job_id``), with the link back for the alerts loadmaster sent itself.
 ``ops.alerts.silence(req)`` creates a silence (``POST /api/v2/silences``) with the operator as
-author; it is refused in read-only mode and recorded in the audit log, like every change.
+author; it is refused in read-only mode and recorded in the audit log, like every change. A
+silence is limited to loadmaster's own alerts (an exact ``alertname`` matcher naming one of its
+conditions) unless the request says ``any_alert`` (``--any-alert``), which the audit records: the
+site's Alertmanager pages other teams too, and ``node=gpu-01`` for a week would mute all of them.
 ``ops.alerts.expire(id)`` ends one. ``ops.alerts.status()`` says whether alerting is degraded: the
 Alertmanager unreachable, or alert changes still queued by ``loadmaster watch``.
 """
@@ -12,6 +15,7 @@ Alertmanager unreachable, or alert changes still queued by ``loadmaster watch``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,7 +27,7 @@ from backend.alerts.alertmanager import (
     Matcher,
     Silence,
 )
-from backend.alerts.settings import AlertSettings
+from backend.alerts.settings import CONDITIONS, AlertSettings
 from backend.errors import ConfigError, LoadmasterError
 from backend.ops.base import Operation
 from backend.telemetry.prometheus import NodeIndex
@@ -74,6 +78,20 @@ class SilenceRequest:
     comment: str
     #: Regex matchers by name (``name=~value``).
     regex: frozenset[str] = field(default_factory=frozenset)
+    #: The operator chose to silence alerts loadmaster did not raise (``--any-alert``; audited).
+    #: None: a front end that does not ask yet (the console's silence dialog, which prefills the
+    #: selected site alert's labels): allowed, and audited as ``any-alert (not asked)``. TODO for
+    #: the console: ask, pass True/False, then make False the default here.
+    any_alert: bool | None = None
+
+
+def own_alertname(matchers: Iterable[Matcher]) -> str | None:
+    """The loadmaster condition a silence is limited to (an exact ``alertname`` matcher naming
+    one of :data:`CONDITIONS`), or None when it could match alerts loadmaster did not raise."""
+    for m in matchers:
+        if m.name == "alertname" and m.is_equal and not m.is_regex and m.value in CONDITIONS:
+            return m.value
+    return None
 
 
 @dataclass(frozen=True)
@@ -143,6 +161,14 @@ class Alerts(Operation):
         if not req.comment.strip():
             raise ConfigError("say why (the comment is what the next on-call reads)", key="comment")
         matchers = [Matcher(n, v, is_regex=n in req.regex) for n, v in req.matchers]
+        own = own_alertname(matchers)
+        if own is None and req.any_alert is False:
+            raise ConfigError(
+                "this silence could match alerts loadmaster did not raise (the site's, other teams'): add "
+                f"alertname=<one of {', '.join(CONDITIONS)}>, or pass --any-alert (recorded in the audit log)",
+                key="matchers",
+            )
+        scope = "loadmaster" if own is not None else "any-alert" if req.any_alert else "any-alert (not asked)"
         start = datetime.now(UTC)
         end = start + timedelta(seconds=req.duration_s)
         who = actor()
@@ -151,7 +177,9 @@ class Alerts(Operation):
         try:
             sid = await client.create_silence(matchers, start, end, who, req.comment.strip())
         except AlertmanagerError as exc:
-            self.audit("alerts.silence", target, "failed", detail={"error": str(exc)}, reason=req.comment)
+            self.audit(
+                "alerts.silence", target, "failed", detail={"error": str(exc), "scope": scope}, reason=req.comment
+            )
             raise
         finally:
             await client.close()
@@ -159,7 +187,12 @@ class Alerts(Operation):
             "alerts.silence",
             target,
             "ok",
-            detail={"silence_id": sid, "ends_at": end.isoformat(), "url": self.settings.alertmanager_url},
+            detail={
+                "silence_id": sid,
+                "ends_at": end.isoformat(),
+                "url": self.settings.alertmanager_url,
+                "scope": scope,
+            },
             reason=req.comment.strip(),
         )
         return sid

@@ -76,7 +76,11 @@ def test_list_silence_silences_unsilence(
     assert doc["silenced_by"] == [] and doc["state"] == "active"
 
     argv = ["--config", str(cfg), "alerts", "silence", "--match", f"node={node}", "--match", f"alertname={name}"]
-    assert main([*argv, "--for", "2h", "--comment", "reboot for the driver update"]) == 0
+    # Not one of loadmaster's conditions: refused unless the operator says --any-alert.
+    assert main([*argv, "--for", "2h", "--comment", "reboot for the driver update"]) == 2
+    one_line_error(capsys.readouterr().err, "this silence could match alerts loadmaster did not raise")
+    assert not [s for s in am_lab.amtool_json("silence", "query") if any(m["value"] == node for m in s["matchers"])]
+    assert main([*argv, "--any-alert", "--for", "2h", "--comment", "reboot for the driver update"]) == 0
     sid = capsys.readouterr().out.strip()
     [made] = [s for s in am_lab.amtool_json("silence", "query") if s["id"] == sid]
     assert made["createdBy"] == actor() and made["comment"] == "reboot for the driver update"
@@ -88,6 +92,7 @@ def test_list_silence_silences_unsilence(
     try:
         [entry] = services.db.audit_entries(action="alerts.silence")
         assert entry.actor == actor() and entry.detail["silence_id"] == sid
+        assert entry.detail["scope"] == "any-alert"
     finally:
         services.db.close()
 
@@ -159,3 +164,39 @@ def test_readonly_unset_and_down_are_one_line(
         one_line_error(capsys.readouterr().err, f"Alertmanager {am_lab.url}")
     finally:
         am_lab.server.start()
+
+
+@pytest.mark.parametrize(
+    "matchers",
+    [
+        ["node={node}"],  # every alert on the node, the site's and other teams' too
+        ["alertname=~GPU.*,node={node}"],  # a regex can match the site's GPUHot
+        ["alertname=NodeDown,node={node}"],  # not a loadmaster condition
+    ],
+)
+def test_a_silence_beyond_loadmaster_s_own_alerts_needs_any_alert(
+    am_lab: AlertmanagerLab, tmp_path: Path, node: str, capsys: pytest.CaptureFixture[str], matchers: list[str]
+) -> None:
+    cfg = write_config(tmp_path, am_lab.url, node)
+    match = [m.format(node=node) for m in matchers]
+    argv = ["--config", str(cfg), "alerts", "silence", "--match", *match, "--for", "2h", "--comment", "maint"]
+    assert main(argv) == 2
+    one_line_error(capsys.readouterr().err, "add alertname=<one of GPUStarved, GPUXid,")
+    assert not [s for s in am_lab.amtool_json("silence", "query") if any(m["value"] == node for m in s["matchers"])]
+
+
+def test_a_silence_of_one_loadmaster_condition_is_made_and_audited_as_such(
+    am_lab: AlertmanagerLab, tmp_path: Path, node: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write_config(tmp_path, am_lab.url, node)
+    argv = ["--config", str(cfg), "alerts", "silence", "--match", f"alertname=GPUStarved,node={node}"]
+    assert main([*argv, "--for", "2h", "--comment", "dataloader fix rolling out"]) == 0
+    sid = capsys.readouterr().out.strip()
+    [made] = [s for s in am_lab.amtool_json("silence", "query") if s["id"] == sid]
+    assert {(m["name"], m["value"]) for m in made["matchers"]} == {("alertname", "GPUStarved"), ("node", node)}
+    services = Services(config=load_config(str(cfg)))
+    try:
+        [entry] = services.db.audit_entries(action="alerts.silence")
+        assert entry.detail["scope"] == "loadmaster"
+    finally:
+        services.db.close()

@@ -180,10 +180,11 @@ def guarded(body: Callable[[], int]) -> int:
     try:
         return body()
     except LoadmasterError as exc:
-        from backend.nodes.untrusted import clean_text
+        from backend.textfmt import safe_text
 
-        # an error can carry a node's stderr: no escape sequence reaches the operator's terminal
-        text = "\n".join(clean_text(line) for line in str(exc).splitlines())
+        # an error can carry a node's stderr or a server's answer: the one sanitiser (no escape
+        # sequence reaches the operator's terminal, no credential in a URL)
+        text = "\n".join(safe_text(line, None) for line in str(exc).splitlines())
         print(f"loadmaster: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

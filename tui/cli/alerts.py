@@ -1,9 +1,11 @@
 """``loadmaster alerts``: the site's Alertmanager alerts and silences, from the command line.
 
 ``alerts [--json]`` lists what Alertmanager holds, mapped to this inventory's nodes and jobs (the
-console's Alerts screen shows the same); ``alerts silence --match node=node-02 --for 2h --comment
-"..."`` makes a silence with the operator as author (audited, refused with ``--readonly``) and
-prints its id; ``alerts silences`` lists them; ``alerts unsilence ID`` expires one. Errors are one
+console's Alerts screen shows the same); ``alerts silence --match alertname=GPUStarved,node=node-02
+--for 2h --comment "..."`` makes a silence with the operator as author (audited, refused with
+``--readonly``) and prints its id; one that may match alerts loadmaster did not raise needs
+``--any-alert``. Every text Alertmanager holds was cleaned when it was read (escape codes,
+controls, secrets in URLs: :func:`backend.textfmt.safe_text`); ``alerts silences`` lists them; ``alerts unsilence ID`` expires one. Errors are one
 line and exit 2; "alerting degraded: ..." goes to stderr when ``loadmaster watch`` holds changes
 it could not deliver.
 """
@@ -40,6 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     s.add_argument("--for", dest="duration", required=True, metavar="DURATION", help="how long, e.g. 2h (at most 7d)")
     s.add_argument("--comment", required=True, help="why: what the next on-call reads")
+    s.add_argument(
+        "--any-alert",
+        action="store_true",
+        help="allow a silence that may match alerts loadmaster did not raise (the site's, other teams'); "
+        "without it an exact alertname=<loadmaster condition> matcher is required (recorded in the audit log)",
+    )
     s.set_defaults(func=run_silence)
 
     ls = ss.add_parser("silences", help="the silences in force (and pending); --all also the expired ones")
@@ -99,7 +107,8 @@ async def run_silence(args: argparse.Namespace, services: Services) -> int:
         duration = parse_duration(args.duration)
     except ValueError as exc:
         raise ConfigError(str(exc), key="--for") from None
-    sid = await services.ops.alerts.silence(SilenceRequest(matchers, duration, args.comment, regex))
+    req = SilenceRequest(matchers, duration, args.comment, regex, any_alert=args.any_alert)
+    sid = await services.ops.alerts.silence(req)
     print(sid)
     return 0
 
