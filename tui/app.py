@@ -139,6 +139,8 @@ class LoadmasterApp(App[int]):
         #: Node -> alertnames of its active, unsilenced site alerts (Alertmanager's), which the
         #: Fleet screen marks. Replaced, never changed in place: a screen sees a change by identity.
         self.site_alerts: dict[str, list[str]] = {}
+        #: Node -> alertnames of its silenced site alerts (the Fleet says a silenced page is one).
+        self.site_silenced: dict[str, list[str]] = {}
         self._site_alerts_at: float | None = None
         for t in THEMES.values():
             self.register_theme(t)
@@ -237,16 +239,25 @@ class LoadmasterApp(App[int]):
 
     # ----------------------------------------------------------------- the site's alerts
 
-    def set_site_alerts(self, alerts: dict[str, list[str]]) -> None:
-        """The nodes with an active, unsilenced site alert, from a fresh read (the Alerts screen's
-        or the app's own); the screen on show re-reads them when they changed."""
+    def set_site_alerts(self, alerts: dict[str, list[str]], *, silenced: dict[str, list[str]] | None = None) -> None:
+        """The nodes with an active, unsilenced site alert (and the silenced ones), from a fresh
+        read (the Alerts screen's or the app's own); the screen on show re-reads them when they
+        changed."""
+        first = self._site_alerts_at is None
         self._site_alerts_at = time.monotonic()
-        if alerts == self.site_alerts:
+        silenced = silenced or {}
+        if alerts == self.site_alerts and silenced == self.site_silenced and not first:
             return
         self.site_alerts = alerts
+        self.site_silenced = silenced
         changed = getattr(self.screen, "site_alerts_changed", None)
         if changed is not None:
             changed()
+
+    @property
+    def site_alerts_read(self) -> bool:
+        """Whether Alertmanager's alerts were read at least once (until then none are known)."""
+        return self._site_alerts_at is not None
 
     def _poll_site_alerts(self) -> None:
         fresh = self._site_alerts_at is not None and time.monotonic() - self._site_alerts_at < SITE_ALERTS_EVERY / 2
@@ -255,7 +266,7 @@ class LoadmasterApp(App[int]):
 
     @work(exclusive=True, group="site-alerts", exit_on_error=False)
     async def _read_site_alerts(self) -> None:
-        from tui.screens.alerts import alerted_nodes
+        from tui.screens.alerts import alerted_nodes, silenced_nodes
 
         try:
             alerts = await self.services.ops.alerts.site()
@@ -263,7 +274,7 @@ class LoadmasterApp(App[int]):
             # The Alerts screen says why; the Fleet keeps the marks of the last read meanwhile.
             log.info("reading the site's alerts failed: %s", exc)
             return
-        self.set_site_alerts(alerted_nodes(alerts))
+        self.set_site_alerts(alerted_nodes(alerts), silenced=silenced_nodes(alerts))
 
     async def on_unmount(self) -> None:
         # An unreachable node or a stuck sampler must not turn "q" into a hang: wait a little,

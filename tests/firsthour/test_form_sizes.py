@@ -113,6 +113,11 @@ async def test_every_field_shows_its_whole_value(screen: str, size: str) -> None
     assert not problems, f"{screen} at {size}:\n" + "\n".join(problems) + "\n" + screen_text
 
 
+def _header(app: Any) -> str:
+    """The Fleet table's header row (under the summary and the conditions line)."""
+    return next(line for line in screen_lines(app) if line.lstrip().startswith(("Node", "Node ▲", "Node ▼")))
+
+
 @pytest.mark.parametrize("size", list(SIZES))
 async def test_fleet_table_shows_the_column_it_sorts_by(size: str) -> None:
     from tui.widgets.fleet_table import FleetTable
@@ -120,15 +125,15 @@ async def test_fleet_table_shows_the_column_it_sorts_by(size: str) -> None:
     app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="fleet")
     async with app.run_test(size=SIZES[size]) as pilot:
         await _settle(pilot)
-        header = screen_lines(app)[3]
+        header = _header(app)
         assert "Node ▲" in header, header
         await pilot.press("s")  # next column: State
         await _settle(pilot)
-        header = screen_lines(app)[3]
+        header = _header(app)
         assert "State ▲" in header and "Node ▲" not in header, header
         await pilot.press("S")  # reversed
         await _settle(pilot)
-        header = screen_lines(app)[3]
+        header = _header(app)
         assert "State ▼" in header, header
         table = app.screen.query_one(FleetTable)
         assert (table.sort_column, table.sort_reverse) == ("state", True)

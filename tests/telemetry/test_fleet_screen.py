@@ -130,7 +130,7 @@ async def test_starved_node_raises_and_clears_alert(fleet):
         assert row["hint"] == "request-bound" and row["status"] == "active"
         assert row["since"] == "22:13:20"  # started at t=0 (TZ=UTC)
         assert "STARVED" in cell(screen.query_one(FleetTable), "gpu-003", "alerts")
-        assert "alerts 1" in str(screen.query_one("#fleet-summary").render())
+        assert "starved 1 (gpu-003)" in str(screen.query_one("#fleet-conditions").render())
         # The input pipeline is fixed: utilisation recovers and the alert clears by itself.
         fleet.gen("gpu-003").pattern = "training"
         fleet.feed(3)
@@ -138,7 +138,7 @@ async def test_starved_node_raises_and_clears_alert(fleet):
         row = alert_row(alerts, 0)
         assert row["node"] == "gpu-003" and row["status"] == "cleared"
         assert cell(screen.query_one(FleetTable), "gpu-003", "alerts") == ""
-        assert "alerts 0" in str(screen.query_one("#fleet-summary").render())
+        assert "none starved" in str(screen.query_one("#fleet-conditions").render())
 
 
 async def test_stale_and_unreachable_states_shown(fleet):

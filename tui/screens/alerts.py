@@ -81,6 +81,17 @@ def alerted_nodes(alerts: Sequence[SiteAlert]) -> dict[str, list[str]]:
     return out
 
 
+def silenced_nodes(alerts: Sequence[SiteAlert]) -> dict[str, list[str]]:
+    """Node -> the alertnames of its alerts that a silence holds back (the Fleet says so)."""
+    out: dict[str, list[str]] = {}
+    for a in alerts:
+        if a.node and a.alert.silenced_by:
+            names = out.setdefault(a.node, [])
+            if a.name not in names:
+                names.append(a.name)
+    return out
+
+
 def silence_prefill(a: SiteAlert) -> str:
     """``alertname=..., node=..., job_id=...``: the selected alert's identifying labels."""
     labels = a.alert.labels
@@ -335,7 +346,7 @@ class AlertsScreen(LoadmasterScreen):
             self.alerts = alerts
             set_alerts = getattr(self.app, "set_site_alerts", None)
             if set_alerts is not None:
-                set_alerts(alerted_nodes(alerts))
+                set_alerts(alerted_nodes(alerts), silenced=silenced_nodes(alerts))
             self._show_alert_rows()
         if silences is not None:
             self.silences = [s for s in silences if s.state != "expired"]

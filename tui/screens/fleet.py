@@ -23,20 +23,24 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
+from backend.alerts.settings import AlertSettings
 from backend.telemetry.model import FleetSnapshot
 from backend.telemetry.report import unread_nodes
 from tui.messages import FleetSampled
 from tui.screens.base import LoadmasterScreen, PaletteCommand
 from tui.screens.node_detail import NodeDetailScreen
 from tui.widgets.fleet_alerts import AlertList
+from tui.widgets.fleet_format import conditions_line, fleet_summary
 from tui.widgets.fleet_heatmap import HEATMAP_ABOVE, FleetHeatmap, HeatmapGrid, group_key
-from tui.widgets.fleet_table import TREND_WIDTH, FleetTable, matches
+from tui.widgets.fleet_table import STARVED_ALERT, TREND_WIDTH, FleetTable, matches
 from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
     from backend.services import Services
 
 STYLE_NAMES = ("node-up", "node-down", "node-stale", "alert")
+#: Seconds between checks that the team's state database answers (only with ``[state] url``).
+STATE_CHECK_EVERY = 15.0
 
 View = Literal["table", "heatmap"]
 
@@ -84,6 +88,8 @@ class FleetScreen(LoadmasterScreen):
         self.view: View | None = None
         #: The app's ``site_alerts`` as last applied (the app replaces the dict on a change).
         self._site_alerts: Any = None
+        #: Why the state database cannot be reached (one line for the whole fleet), or None.
+        self.state_down: str | None = None
 
     @property
     def hub(self) -> Any:
@@ -92,6 +98,7 @@ class FleetScreen(LoadmasterScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(classes="screen-body", id="fleet-body"):
             yield Static("", id="fleet-summary", markup=False)
+            yield Static("", id="fleet-conditions", markup=False)
             local = frozenset(n.name for n in self.services.config.nodes if n.transport == "local")
             yield FleetTable(local_nodes=local, id="fleet-table")
             yield FleetHeatmap(id="fleet-heatmap")
@@ -108,6 +115,23 @@ class FleetScreen(LoadmasterScreen):
         self.apply_snapshot(first)
         if not getattr(self.hub, "running", False):
             self._start_sampling()
+        if self.services.config.state.url:
+            self.set_interval(STATE_CHECK_EVERY, self._check_state)
+            self._check_state()
+
+    @work(exclusive=True, group="fleet-state", thread=True, exit_on_error=False)
+    def _check_state(self) -> None:
+        """Whether the team's state database answers (in a thread: a connect may take seconds)."""
+        available = getattr(self.services.db, "available", None)
+        down = available() if available is not None else None
+        text = str(down).split(";")[0] if down is not None else None
+        self.app.call_from_thread(self._state_checked, text)
+
+    def _state_checked(self, text: str | None) -> None:
+        if text != self.state_down:
+            self.state_down = text
+            if self.last_snapshot is not None:
+                self.apply_snapshot(self.last_snapshot)
 
     def on_unmount(self) -> None:
         if self._unsubscribe is not None:
@@ -143,14 +167,31 @@ class FleetScreen(LoadmasterScreen):
             unread = unread_nodes(snapshot)
             # A partial view says so, naming the nodes whose figures are missing from the totals.
             partial = ("   partial view: " + ", ".join(f"{n} ({why})" for n, why in unread.items())) if unread else ""
-            self.query_one("#fleet-summary", Static).update(snapshot.summary_line() + partial)
+            self.query_one("#fleet-summary", Static).update(fleet_summary(snapshot) + partial)
+            app: Any = self.app
+            read = bool(getattr(app, "site_alerts_read", False))
+            conditions = self.query_one("#fleet-conditions", Static)
+            conditions.update(
+                conditions_line(
+                    snapshot,
+                    alertmanager=read or bool(self.services.config.section(AlertSettings).alertmanager_url),
+                    site_alerts=app.site_alerts if read else None,
+                    silenced=getattr(app, "site_silenced", None),
+                    state_down=self.state_down,
+                )
+            )
+            conditions.set_class(bool(snapshot.active_alerts or self.state_down), "-active")
             self._sync_site_alerts()
             self._show_nodes(snapshot)
             alerts = self.query_one(AlertList)
-            alerts.show(snapshot.alerts)
+            quiet = getattr(self.app, "site_silenced", None) or {}
+            alerts.show(snapshot.alerts, silenced={n for n, names in quiet.items() if STARVED_ALERT in names})
             title = self.query_one("#fleet-alerts-title", Static)
             n = len(snapshot.active_alerts)
-            title.update(f"Alerts: {n} active" if n else "Alerts: none active")
+            # loadmaster's own check, from the samples: not Alertmanager's alerts (key 7).
+            title.update(
+                f"GPU starved (loadmaster's check): {n} active" if n else "GPU starved (loadmaster's check): none"
+            )
             title.set_class(n > 0, "-active")
         self.last_snapshot = snapshot
         self.apply_times.append(time.perf_counter() - start)
@@ -162,7 +203,7 @@ class FleetScreen(LoadmasterScreen):
         site = getattr(self.app, "site_alerts", None)
         if site is not None and site is not self._site_alerts:
             self._site_alerts = site
-            self.query_one(FleetTable).set_site_alerts(site)
+            self.query_one(FleetTable).set_site_alerts(site, getattr(self.app, "site_silenced", None))
             self.query_one(FleetHeatmap).grid.set_site_alerts(site)
 
     def site_alerts_changed(self) -> None:
@@ -216,6 +257,7 @@ class FleetScreen(LoadmasterScreen):
         self.query_one(FleetHeatmap).display = heatmap
         # The heatmap marks starved nodes itself; its rows need the alert list's lines at 120x40.
         self.query_one(AlertList).display = not heatmap
+        self.query_one("#fleet-alerts-title").display = not heatmap  # the conditions line says it
         if self.last_snapshot is not None:
             with self.app.batch_update():
                 self._show_nodes(self.last_snapshot)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from rich.text import Text
@@ -25,6 +25,10 @@ COLUMNS = (
 )
 
 
+def _silence(row: tuple[str, ...], silenced: bool) -> tuple[str, ...]:
+    return (*row[:-1], "silenced") if silenced and row[-1] == "active" else row
+
+
 class AlertList(DataTable[Any]):
     """Alerts as a table; rebuilt only when an alert's visible text changed."""
 
@@ -41,9 +45,12 @@ class AlertList(DataTable[Any]):
         self._alert_style = style
         self._shown_rows = []
 
-    def show(self, alerts: Sequence[Alert]) -> bool:
-        """Apply the alert list; returns whether anything changed."""
-        rows = [alert_cells(a) for a in alerts]
+    def show(self, alerts: Sequence[Alert], *, silenced: Collection[str] = ()) -> bool:
+        """Apply the alert list; returns whether anything changed.
+
+        ``silenced``: nodes whose GPUStarved page Alertmanager holds back (their status says so).
+        """
+        rows = [_silence(alert_cells(a), a.node in silenced) for a in alerts]
         if rows == self._shown_rows:
             return False
         if len(rows) == len(self._shown_rows):

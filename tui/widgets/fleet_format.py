@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 
 from rich.text import Text
 
-from backend.telemetry.model import NO_GPU, Alert, NodeSnapshot
+from backend.telemetry.model import NO_GPU, Alert, FleetSnapshot, NodeSnapshot
+from backend.units import gbps_text
 
 SPARK = "▁▂▃▄▅▆▇█"
 BAR_FULL = "█"
@@ -68,9 +69,12 @@ def error_cell(n: NodeSnapshot) -> str:
     return n.error if n.error and n.state != "up" else ""
 
 
-def alert_cell(n: NodeSnapshot, site_alerts: Sequence[str] = ()) -> str:
-    """Starved, the newest Xid, and ``!N NAME``: the site's active alerts about the node."""
-    parts = [f"STARVED {n.alerts[0].hint}"] if n.alerts else []
+def alert_cell(n: NodeSnapshot, site_alerts: Sequence[str] = (), *, silenced: bool = False) -> str:
+    """Starved, the newest Xid, and ``!N NAME``: the site's active alerts about the node.
+
+    ``silenced``: the node's GPUStarved page is silenced in Alertmanager (said on the row).
+    """
+    parts = [f"STARVED {n.alerts[0].hint}" + (" (silenced)" if silenced else "")] if n.alerts else []
     if n.xids:
         x = n.xids[-1]
         parts.append(f"XID {x.code} GPU {x.gpu}")
@@ -91,11 +95,13 @@ def node_cells(
     *,
     local: bool = False,
     site_alerts: Sequence[str] = (),
+    silenced: bool = False,
 ) -> tuple[str, ...]:
     """The Fleet table's cells for one node (plain strings; styling is the table's job).
 
     ``local``: the node is this machine over the local transport (no SSH latency to show).
     ``site_alerts``: the alertnames of the site's active, unsilenced alerts about it.
+    ``silenced``: its GPUStarved page is silenced in Alertmanager.
     """
     util = "-" if n.util_mean is None else f"{n.util_mean:.0f}% / {n.util_min:.0f}%"
     mem = n.mem_used_mib
@@ -108,7 +114,7 @@ def node_cells(
         util,
         rate_pct(n.rx_gbps, n.rx_pct),
         rate_pct(n.tx_gbps, n.tx_pct),
-        alert_cell(n, site_alerts),
+        alert_cell(n, site_alerts, silenced=silenced),
         spark(trend, trend_width),
         num(n.disk_write_mbps),
         mem_s,
@@ -142,3 +148,46 @@ def theme_style(variables: Mapping[str, str], name: str) -> str | None:
     """A Rich style string from a theme variable (``node-up`` ...), None when absent."""
     value = variables.get(name)
     return value or None
+
+
+def fleet_summary(snap: FleetSnapshot) -> str:
+    """The fleet's totals: nodes up, GPUs, utilisation, NIC rates, Xids, a degraded source."""
+    util = "-" if snap.util_mean is None else f"{snap.util_mean:.0f}%"
+    xids = sum(1 for n in snap.nodes if n.xids)
+    return (
+        f"nodes {snap.nodes_up}/{len(snap.nodes)} up · GPUs {snap.gpu_count} · util {util} · "
+        f"rx {gbps_text(snap.rx_gbps)} · tx {gbps_text(snap.tx_gbps)}"
+        + (f" · Xid on {xids} node(s)" if xids else "")
+        + (f" · telemetry degraded: {snap.source_note}" if snap.source_note else "")
+    )
+
+
+def conditions_line(
+    snap: FleetSnapshot,
+    *,
+    alertmanager: bool,
+    site_alerts: Mapping[str, Sequence[str]] | None,
+    silenced: Mapping[str, Sequence[str]] | None,
+    state_down: str | None = None,
+) -> str:
+    """What needs the operator, each source named: loadmaster's own starvation check (computed
+    here from the samples), Alertmanager's alerts (firing and silenced, or that none is set), and
+    a state database that cannot be reached (said once, here, not per node)."""
+    starved = [a.node for a in snap.active_alerts]
+    own = (
+        f"starved {len(starved)} ({', '.join(starved[:3])}{'…' if len(starved) > 3 else ''})"
+        if starved
+        else "none starved"
+    )
+    parts = [f"loadmaster check: {own}"]
+    if not alertmanager:
+        parts.append("Alertmanager: not set")
+    elif site_alerts is None:
+        parts.append("Alertmanager: not read yet")
+    else:
+        firing = sum(len(v) for v in site_alerts.values())
+        quiet = sum(len(v) for v in (silenced or {}).values())
+        parts.append(f"Alertmanager: {firing} firing" + (f", {quiet} silenced" if quiet else ""))
+    if state_down:
+        parts.append(f"state database down: {state_down}")
+    return " · ".join(parts)

@@ -68,12 +68,32 @@ PROBLEM_LABEL = {code: label for code, label, _kind in PROBLEMS}
 PROBLEM_KIND = {code: kind for code, _label, kind in PROBLEMS}
 #: Group id of the "needs attention" group (never a site, tag or prefix: those have a kind prefix).
 ATTENTION = "attention"
-#: Row labels (the first node's name of each row) are cut to this many characters.
-LABEL_MAX = 14
+#: Row labels (the first and last node of each row) are cut to this many characters.
+LABEL_MAX = 16
 #: Fleet sizes above this open the Fleet screen on the heatmap (at most this many: the table).
 HEATMAP_ABOVE = 16
 
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
+
+
+def row_label(names: Sequence[str], width: int) -> str:
+    """A heatmap row's label: ``gpu-001-007`` for a run of consecutive nodes (the shared prefix
+    once), else ``gpu-001 +6``; the first name alone where that does not fit, cut in the middle."""
+    first, last = names[0], names[-1]
+    text = first
+    if len(names) > 1:
+        text = f"{first} +{len(names) - 1}"
+        m = [_TRAILING_DIGITS.match(n) for n in names]
+        if all(m) and len({x.group(1) for x in m if x}) == 1:
+            nums = [int(x.group(2)) for x in m if x]
+            if nums == list(range(nums[0], nums[0] + len(nums))):
+                text = f"{first}-{m[-1].group(2) if m[-1] else last}"
+    if len(text) <= width:
+        return text
+    if len(first) <= width:
+        return first
+    head = (width - 1) // 2
+    return first[:head] + "…" + first[len(first) - (width - 1 - head) :]
 
 
 def problem_code(n: NodeSnapshot, site_alerted: bool = False) -> str | None:
@@ -417,9 +437,14 @@ class HeatmapGrid(ScrollView, can_focus=True):
             self._everyone.setdefault(self._group_of[name], []).append(name)
             if not self._codes.get(name):
                 by_group.setdefault(self._group_of[name], []).append(name)
-        longest = max((len(n) for n in self._snaps), default=0)
-        self._label_width = min(longest, LABEL_MAX) + 1
         node_w = self._gpu_width + 2
+        # A row's label names its first and last node (gpu-001-007) where that costs no node per
+        # row; else the first node's name.
+        longest = max((len(n) for n in self._snaps), default=0)
+        ranged = max((len(n) + len(_TRAILING_DIGITS.sub(r"\2", n)) + 1 for n in self._snaps), default=0)
+        short_w, long_w = min(longest, LABEL_MAX) + 1, min(ranged, LABEL_MAX) + 1
+        same = (width - short_w + 1) // node_w == (width - long_w + 1) // node_w
+        self._label_width = long_w if same else short_w
         if width - self._label_width < 4 * node_w:
             self._label_width = 0  # too narrow for labels: every column goes to nodes
         # The last node of a row needs no space after it.
@@ -514,7 +539,7 @@ class HeatmapGrid(ScrollView, can_focus=True):
             return Strip([Segment(text, self._style(part))])
         segments: list[Segment] = []
         if self._label_width:
-            label = line.names[0][: self._label_width - 1].ljust(self._label_width)
+            label = row_label(line.names, self._label_width - 1).ljust(self._label_width)
             segments.append(Segment(label, self._style("label")))
         cursor_node, cursor_gpu = self.cursor if self.cursor is not None else ("", -1)
         base = self.rich_style

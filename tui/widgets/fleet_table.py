@@ -12,11 +12,12 @@ from textual.widgets.data_table import ColumnKey, RowKey
 
 from backend.telemetry.model import NodeSnapshot
 from tui.widgets.fleet_format import node_cells
+from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.text_filter import text_matches
+from tui.widgets.transfers_format import short
 
-#: (key, label, width) of each column, in display order.
+#: (key, label, width) of each column, in display order; the width is the column's natural one.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
-    # Most decisive first: at 80 columns Node..TX fit; wider terminals reveal the rest.
     ("node", "Node", 12),
     ("state", "State", 11),
     ("gpus", "GPUs", 13),
@@ -24,7 +25,8 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("util", "Util avg/min", 14),
     ("rx", "RX Gbps (%)", 13),
     ("tx", "TX Gbps (%)", 13),
-    ("alerts", "Alerts", 21),
+    # "STARVED line rate unknown" in full; the site's alerts and an Xid take what is left over.
+    ("alerts", "Alerts", 25),
     ("trend", "Util trend", 20),
     ("disk", "Disk W MB/s", 13),
     ("mem", "GPU mem", 13),
@@ -32,7 +34,30 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("site", "Site", 20),
     ("error", "Last error", 40),
 )
+#: The order in which columns give way as the terminal narrows: the last goes first. What the
+#: operator decides on (which node, its state, the alert on its row, its utilisation) stays at 80
+#: columns; the NICs, GPU count and the reason a node is down come next.
+PRIORITY: tuple[str, ...] = (
+    "node",
+    "state",
+    "alerts",
+    "util",
+    "gpus",
+    "rx",
+    "error",
+    "tx",
+    "trend",
+    "mem",
+    "disk",
+    "site",
+    "ssh",
+)
+#: The narrowest a shown column may get (its cells are cut with an ellipsis below the natural width).
+MIN_WIDTHS = {"gpus": 6, "error": 20, "trend": 10, "site": 12}
+#: Columns that take the width left over once every column that fits is shown, up to this much.
+FLEX_WIDTHS = {"alerts": 48, "error": 80}
 COLUMN_KEYS = tuple(c[0] for c in COLUMNS)
+ERROR_INDEX = COLUMN_KEYS.index("error")
 #: Marks the sorted column's header: ascending, descending.
 SORT_ARROWS = ("▲", "▼")
 TREND_WIDTH = 20
@@ -53,6 +78,39 @@ SORT_KEYS: dict[str, Callable[[NodeSnapshot], Any]] = {
     "trend": lambda n: n.util_mean,
     "error": lambda n: n.error or "",
 }
+
+
+def column_layout(width: int, *, padding: int = 1, skip: frozenset[str] = frozenset()) -> tuple[tuple[str, int], ...]:
+    """The columns shown in ``width`` cells and their widths, in display order.
+
+    Columns are taken in PRIORITY order while their narrowest width (plus the cell padding) still
+    fits, so they give way strictly in that order; what is left widens them toward their natural
+    width, in the same order, then the flexible columns (FLEX_WIDTHS). The node column is always
+    shown. ``skip``: columns with nothing to show (no node has an error).
+    """
+    natural = {key: w for key, _label, w in COLUMNS}
+    pad = 2 * padding
+    chosen: dict[str, int] = {}
+    used = 0
+    for key in PRIORITY:
+        if key in skip:
+            continue
+        need = MIN_WIDTHS.get(key, natural[key]) + pad
+        if chosen and used + need > width:
+            break
+        chosen[key] = need - pad
+        used += need
+    for limits in (natural, FLEX_WIDTHS):
+        for key in PRIORITY:
+            if key in chosen and key in limits:
+                grow = max(0, min(limits[key] - chosen[key], width - used))
+                chosen[key] += grow
+                used += grow
+    return tuple((key, chosen[key]) for key in COLUMN_KEYS if key in chosen)
+
+
+#: The alertname loadmaster's starvation check pages Alertmanager with (backend/alerts/conditions.py).
+STARVED_ALERT = "GPUStarved"
 STATE_STYLE = {"up": "node-up", "stale": "node-stale", "unreachable": "node-down", "connecting": "node-stale"}
 
 
@@ -96,15 +154,61 @@ class FleetTable(DataTable[Any]):
         self._snaps: dict[str, NodeSnapshot] = {}
         self._row_order: list[str] = []
         self._theme_styles: dict[str, str] = {}
-        self._column_keys: list[ColumnKey] = []
+        #: The columns on screen (key -> ColumnKey) and their widths, as laid out for the width.
+        self._column_keys: dict[str, ColumnKey] = {}
+        self._layout: tuple[tuple[str, int], ...] = ()
+        self._scrolls = False
         self._pending: dict[str, NodeSnapshot] = {}
         self._trend: Callable[[str], Sequence[float]] = lambda name: ()
         #: Node -> alertnames of the site's active alerts about it (the Alerts column marks them).
         self.site_alerts: Mapping[str, Sequence[str]] = {}
+        #: Node -> alertnames of its silenced site alerts (a silenced GPUStarved page is said so).
+        self.site_silenced: Mapping[str, Sequence[str]] = {}
 
     def on_mount(self) -> None:
-        self._column_keys = [self.add_column(label, key=key, width=width) for key, label, width in COLUMNS]
+        self._relayout()
+
+    def on_resize(self) -> None:
+        self._relayout()
+
+    @property
+    def shown_columns(self) -> tuple[str, ...]:
+        """The keys of the columns on screen, in display order."""
+        return tuple(key for key, _width in self._layout)
+
+    def _relayout(self) -> None:
+        """Lay the columns out for the table's width; rebuild them when the set or widths changed."""
+        width = self.size.width or 80
+        if len(self._row_cells) >= self.size.height - 1:
+            width -= self.styles.scrollbar_size_vertical  # more rows than lines: a scrollbar
+        has_error = any(cells and cells[ERROR_INDEX] for cells in self._row_cells.values())
+        layout = column_layout(
+            width, padding=self.cell_padding, skip=frozenset() if has_error else frozenset({"error"})
+        )
+        self._scrolls = len(self._row_cells) >= self.size.height - 1
+        if layout == self._layout:
+            return
+        self._layout = layout
+        selected = cursor_row_key(self) if self.row_count else None
+        self.clear(columns=True)
+        labels = {key: label for key, label, _w in COLUMNS}
+        self._column_keys = {key: self.add_column(labels[key], key=key, width=w) for key, w in layout}
+        for name in self._row_order or list(self._row_cells):
+            snap = self._snaps.get(name)
+            if snap is not None:
+                self._pending.pop(name, None)
+                cells = self._cells(snap)
+                self._row_cells[name] = cells
+                self.add_row(*self._style_row(snap, cells), key=name)
+        if self.sort_column not in self._column_keys:
+            self.sort_column = "node"
+            self.sort_reverse = False
+        self._row_order = []
         self._mark_sorted_column()
+        if self._row_cells:
+            self._resort()
+        if selected is not None and selected in self._row_order:
+            self.move_cursor(row=self._row_order.index(selected))
 
     def header_label(self, key: str) -> str:
         """A column's header as shown: the sorted column carries the direction arrow."""
@@ -114,7 +218,7 @@ class FleetTable(DataTable[Any]):
         return f"{label} {SORT_ARROWS[self.sort_reverse]}"
 
     def _mark_sorted_column(self) -> None:
-        for ckey in self._column_keys:
+        for ckey in self._column_keys.values():
             column = self.columns.get(ckey)
             if column is not None:
                 column.label = Text(self.header_label(str(ckey.value)))
@@ -133,12 +237,17 @@ class FleetTable(DataTable[Any]):
                 self._pending[name] = snap
         self._flush_window()
 
-    def set_site_alerts(self, alerts: Mapping[str, Sequence[str]]) -> None:
-        """The site's alerts by node: the rows whose marks change are rewritten on the next flush."""
+    def set_site_alerts(
+        self, alerts: Mapping[str, Sequence[str]], silenced: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
+        """The site's alerts by node (and the silenced ones): the rows whose marks change are
+        rewritten on the next flush."""
         old, self.site_alerts = self.site_alerts, alerts
-        for name in set(old) | set(alerts):
+        old_quiet, self.site_silenced = self.site_silenced, silenced or {}
+        for name in set(old) | set(alerts) | set(old_quiet) | set(self.site_silenced):
             snap = self._snaps.get(name)
-            if snap is not None and old.get(name) != alerts.get(name):
+            changed = old.get(name) != alerts.get(name) or old_quiet.get(name) != self.site_silenced.get(name)
+            if snap is not None and changed:
                 self._pending[name] = snap
 
     # -- applying ticks ------------------------------------------------------------------------
@@ -171,7 +280,17 @@ class FleetTable(DataTable[Any]):
                 self._snaps[n.name] = n
                 self._pending[n.name] = n
         self._resort()
-        return changed + self._flush_window()
+        changed += self._flush_window()
+        self._relayout_for_errors()
+        return changed
+
+    def _relayout_for_errors(self) -> None:
+        """Show the Last error column once a node has one (and give its room back after), and
+        make room for the scrollbar once the rows overflow."""
+        has_error = any(cells and cells[ERROR_INDEX] for cells in self._row_cells.values())
+        scrolls = len(self._row_cells) >= self.size.height - 1
+        if self._layout and (has_error != ("error" in self._column_keys) or scrolls != self._scrolls):
+            self._relayout()
 
     def _window(self) -> list[str]:
         """Names of the rows on screen, plus half a screen either side."""
@@ -195,11 +314,12 @@ class FleetTable(DataTable[Any]):
             old = self._row_cells[name]
             row = self._data.get(RowKey(name))
             for i, (a, b) in enumerate(zip(old, cells, strict=True)):
-                if a != b:
+                ckey = self._column_keys.get(COLUMN_KEYS[i])
+                if a != b and ckey is not None:
                     if row is not None:
-                        row[self._column_keys[i]] = self._style_cell(n, i, b)
+                        row[ckey] = self._style_cell(n, i, b)
                     else:
-                        self.update_cell(name, COLUMN_KEYS[i], self._style_cell(n, i, b))
+                        self.update_cell(name, ckey, self._style_cell(n, i, b))
                     changed += 1
             self._row_cells[name] = cells
         if changed:
@@ -221,17 +341,25 @@ class FleetTable(DataTable[Any]):
 
     def _cells(self, n: NodeSnapshot) -> tuple[str, ...]:
         site = self.site_alerts.get(n.name, ()) if self.site_alerts else ()
-        return node_cells(n, self._trend(n.name), TREND_WIDTH, local=n.name in self.local_nodes, site_alerts=site)
+        quiet = STARVED_ALERT in self.site_silenced.get(n.name, ())
+        return node_cells(
+            n, self._trend(n.name), TREND_WIDTH, local=n.name in self.local_nodes, site_alerts=site, silenced=quiet
+        )
 
     def _style_row(self, n: NodeSnapshot, cells: tuple[str, ...]) -> list[Any]:
-        return [self._style_cell(n, i, c) for i, c in enumerate(cells)]
+        """The cells of the columns on screen, styled."""
+        return [self._style_cell(n, i, c) for i, c in enumerate(cells) if COLUMN_KEYS[i] in self._column_keys]
 
     def _style_cell(self, n: NodeSnapshot, i: int, text: str) -> Any:
         key = COLUMN_KEYS[i]
+        if key in ("site", "error"):
+            width = dict(self._layout).get(key)
+            if width is not None:
+                text = short(text, width)  # both ends carry meaning (the node column sorts by its text)
         style = None
         if key == "state":
             style = self._theme_styles.get(STATE_STYLE.get(n.state, ""))
-        elif key == "alerts" and text:
+        elif key == "alerts" and text and not text.endswith("(silenced)"):
             style = self._theme_styles.get("alert")
         elif key == "gpus" and "lost" in text:
             style = self._theme_styles.get("node-down")
@@ -271,9 +399,10 @@ class FleetTable(DataTable[Any]):
             self._resort()
 
     def action_cycle_sort(self) -> None:
-        """Sort by the next column."""
-        i = COLUMN_KEYS.index(self.sort_column)
-        self.set_sort(COLUMN_KEYS[(i + 1) % len(COLUMN_KEYS)])
+        """Sort by the next column on screen."""
+        shown = self.shown_columns or COLUMN_KEYS
+        i = shown.index(self.sort_column) if self.sort_column in shown else -1
+        self.set_sort(shown[(i + 1) % len(shown)])
         self.notify(f"Sorted by {COLUMNS[COLUMN_KEYS.index(self.sort_column)][1]}", timeout=1.5)
 
     def action_reverse_sort(self) -> None:

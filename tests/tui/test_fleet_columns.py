@@ -1,0 +1,85 @@
+"""The Fleet table at any width: the decisive columns stay, the rest give way in priority order;
+the starvation check is named as loadmaster's own, apart from Alertmanager; a silence is shown."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.firsthour.screen_text import screen_lines
+from tests.tui.snapshot_services import STARVED, frozen_clock, snapshot_services
+from tests.tui.test_snapshots import settle
+from tui.app import LoadmasterApp
+from tui.widgets.fleet_alerts import AlertList
+from tui.widgets.fleet_table import COLUMN_KEYS, PRIORITY, FleetTable, column_layout
+
+
+@given(st.integers(min_value=1, max_value=400), st.booleans())
+def test_columns_give_way_in_priority_order(width: int, errors: bool) -> None:
+    skip = frozenset() if errors else frozenset({"error"})
+    layout = column_layout(width, skip=skip)
+    shown = [key for key, _w in layout]
+    wanted = [k for k in PRIORITY if k not in skip]
+    # What is shown is always the first columns by priority, in display order, within the width.
+    assert sorted(shown, key=wanted.index) == wanted[: len(shown)]
+    assert shown == [k for k in COLUMN_KEYS if k in shown]
+    assert shown[0] == "node"
+    if len(shown) > 1:
+        assert sum(w + 2 for _k, w in layout) <= width
+
+
+@pytest.mark.parametrize("width", [78, 118, 198])
+def test_the_alert_column_is_on_screen_from_80_columns(width: int) -> None:
+    shown = dict(column_layout(width))
+    assert {"node", "state", "alerts", "util"} <= set(shown)
+    assert shown["alerts"] >= len("STARVED line rate unknown")
+
+
+@pytest.fixture(autouse=True)
+def _frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    with frozen_clock(monkeypatch):
+        yield
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+async def test_the_starved_row_says_starved_and_the_source_is_named(size: tuple[int, int]) -> None:
+    app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="fleet")
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        lines = screen_lines(app)
+        row = next(line for line in lines if line.lstrip().startswith(STARVED))
+        assert "STARVED request-bound" in row, row
+        conditions = next(line for line in lines if "loadmaster check" in line)
+        assert "starved 1 (gpu-a02)" in conditions and "Alertmanager: not set" in conditions
+        assert not any("alerts 1" in line for line in lines)  # no count mixing both sources
+        header = next(line for line in lines if "Node ▲" in line)
+        assert header.rstrip().endswith(header.split()[-1])  # the last header is whole
+        assert "Alerts" in header
+
+
+async def test_a_silenced_starvation_page_is_shown_as_silenced() -> None:
+    app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="fleet")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app.set_site_alerts({"gpu-b01": ["NodeDown"]}, silenced={STARVED: ["GPUStarved"]})
+        await settle(pilot)
+        table = app.screen.query_one(FleetTable)
+        table.flush_all()
+        assert str(table.get_cell(STARVED, "alerts")) == "STARVED request-bound (silenced)"
+        assert str(table.get_cell("gpu-b01", "alerts")) == "!1 NodeDown"
+        status = [str(c) for c in app.screen.query_one(AlertList).get_row_at(0)]
+        assert status[0] == STARVED and status[-1] == "silenced"
+        conditions = str(app.screen.query_one("#fleet-conditions").render())
+        assert "Alertmanager: 1 firing, 1 silenced" in conditions
+
+
+async def test_a_state_database_down_is_one_line_on_the_fleet() -> None:
+    app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="fleet")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        app.screen._state_checked("state database oncall@127.0.0.1:1/loadmaster is unreachable")
+        await settle(pilot)
+        lines = screen_lines(app)
+        assert sum("state database" in line for line in lines) == 1
+        assert "state database down" in str(app.screen.query_one("#fleet-conditions").render())
