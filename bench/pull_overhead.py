@@ -1,16 +1,20 @@
-"""Wall time of ``loadmaster pull`` against bare ``s5cmd cp`` with the same flags, side by side.
+"""Wall time of a verified ``loadmaster pull`` against bare ``s5cmd cp`` with the same flags, side by side.
 
-Starts its own lab (one real sshd node on loopback and SeaweedFS S3), uploads N objects, then
-alternates, in one run: the bare tuned command (``s5cmd --numworkers 256 cp --concurrency 32
---part-size 64``, run as a local process, as an operator would on the node) and the same pull
-through ``loadmaster pull`` (CLI start-up, listing, free-space probe, egress quote, launch as a
-durable job over SSH, progress polling, and the runner's size verification). Prints a markdown
-table and the median loadmaster/s5cmd ratio (goal: <= 1.05), for the default (SSH connections
-kept between commands by the connection keeper, ``[ssh] persist``) and, in the same rounds, for
+Starts its own lab (one real sshd node on loopback and SeaweedFS S3), uploads N objects twice:
+once as AWS S3 keeps objects today (a full-object CRC64NVME the store serves on HEAD), once with
+no checksum at all (the store has only the MD5 ETag), then alternates, in one run: the bare
+tuned command (``s5cmd --numworkers 256 cp --concurrency 32 --part-size 64``, run as a local
+process, as an operator would on the node) and the same pull through ``loadmaster pull`` (CLI
+start-up, listing, free-space probe, egress quote, launch as a durable job over SSH, progress
+polling, and the runner's proof of every object's bytes). Prints a markdown table per store kind
+with the proof each pull used, the verification's CPU seconds per GB and how long the job went
+on after s5cmd ended, and the median loadmaster/s5cmd ratio; optionally (``--direct``) also for
 ``persist = 0`` (every command connects on its own).
 
     .venv/bin/python bench/pull_overhead.py                    # 2 GB in 16 objects, 3 rounds
-    .venv/bin/python bench/pull_overhead.py --objects 16 --object-mb 32 --rounds 3   # lighter
+    .venv/bin/python bench/pull_overhead.py --object-mb 512    # 8.6 GB
+    .venv/bin/python bench/pull_overhead.py --objects 2000 --object-mb 1   # many small objects
+    .venv/bin/python bench/pull_overhead.py --stores md5       # only the store without checksums
     .venv/bin/python bench/pull_overhead.py --trace   # also when the CLI listed, connected, launched
 """
 
@@ -25,20 +29,50 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend.lab import Lab  # noqa: E402
 
+#: The two kinds of store a pull meets: one that keeps a full-object checksum (AWS S3 today:
+#: CRC64NVME) and one that keeps none (only the MD5 ETag of a single-part object).
+STORES = {"crc64nvme": "CRC64NVME", "md5": None}
 
-def _upload(lab: Lab, prefix: str, objects: int, size: int) -> None:
-    client = lab.s3.client()  # type: ignore[union-attr]
+
+def _upload(lab: Lab, prefix: str, objects: int, size: int, checksum: str | None) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import botocore.session
+    from botocore.config import Config as BotoConfig
+
+    from backend.lab.seed import put_object
+
+    s3 = lab.s3
+    assert s3 is not None
+    # botocore adds a CRC32 of its own unless told to send checksums only when required.
+    client = botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        region_name=s3.region,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        config=BotoConfig(
+            s3={"addressing_style": "path"},
+            request_checksum_calculation="when_supported" if checksum else "when_required",
+            max_pool_connections=16,
+        ),
+    )
     block = os.urandom(size)
-    for i in range(objects):
+
+    def put(i: int) -> None:
         # Distinct bodies per object without paying urandom for every byte.
         body = i.to_bytes(8, "little") + block[8:]
-        client.put_object(Bucket=lab.bucket, Key=f"{prefix}/obj-{i:03d}.bin", Body=body)
+        put_object(client, lab.bucket, f"{prefix}/obj-{i:04d}.bin", body, checksum=checksum)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, range(objects)))
 
 
 def _bare(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> float:
@@ -116,6 +150,9 @@ def _phases(lab: Lab, t0: float, dt: float) -> dict[str, float]:
     spec = json.loads((d / "spec.json").read_text())
     result = json.loads((d / "result.json").read_text())
     wall0 = time.time() - (time.perf_counter() - t0)  # wall-clock time of t0
+    details = result.get("details") or {}
+    LAST_RESULT.clear()
+    LAST_RESULT.update(details)
     return {
         "plan": spec["created"] - wall0,
         "agent": result["started"] - spec["created"],
@@ -124,14 +161,20 @@ def _phases(lab: Lab, t0: float, dt: float) -> dict[str, float]:
     }
 
 
+#: The last pull's result (the job's details: its proofs, verification CPU, time after the copy).
+LAST_RESULT: dict[str, object] = {}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--objects", type=int, default=16)
-    ap.add_argument("--object-mb", type=int, default=128, help="MiB per object (default 128: 2 GiB total)")
+    ap.add_argument("--object-mb", type=float, default=128, help="MiB per object (default 128: 2 GiB total)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--numworkers", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--part-size", type=int, default=64)
+    ap.add_argument("--stores", choices=["both", *STORES], default="both", help="which kinds of store to pull from")
+    ap.add_argument("--direct", action="store_true", help="also pull with [ssh] persist = 0 (each command connects)")
     ap.add_argument(
         "--trace",
         action="store_true",
@@ -140,69 +183,50 @@ def main() -> int:
     )
     args = ap.parse_args()
     flags = (args.numworkers, args.concurrency, args.part_size)
+    stores = list(STORES) if args.stores == "both" else [args.stores]
     load0 = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     root = Path(tempfile.mkdtemp(prefix="lm-bench-pull-"))
     lab = Lab(root / "lab", nodes=1).up()
     try:
-        prefix = "bench/pull"
-        size = args.object_mb * 2**20
-        _upload(lab, prefix, args.objects, size)
-        src = f"s3://{lab.bucket}/{prefix}/*"
+        size = int(args.object_mb * 2**20)
+        for kind in stores:
+            _upload(lab, f"bench/{kind}", args.objects, size, STORES[kind])
         cfg = root / "lm.toml"
         cfg.write_text(lab.config_text().replace(f'dir = "{lab.root / "state"}"', f'dir = "{root / "state"}"'))
         scratch = lab.node("node-01").scratch
-        rows = []
-        # A warm-up of each so neither side pays first-touch costs (page cache, SSH host keys).
-        # loadmaster's first command also starts the connection keeper ([ssh] persist, on by
-        # default), which later commands reuse: its time is reported on its own.
-        _bare(lab, src, scratch / "warm-bare", flags)
-        first, _ = _loadmaster(lab, cfg, src, scratch / "warm-lm", flags)
-        shutil.rmtree(scratch / "warm-bare")
-        shutil.rmtree(scratch / "warm-lm")
-        for i in range(args.rounds):
-            kinds = ("bare", "lm", "direct")
-            order = kinds[i % 3 :] + kinds[: i % 3]  # each side goes first, second and last in turn
-            times: dict[str, float] = {}
-            phases: dict[str, float] = {}
-            for which in order:
-                dest = scratch / f"r{i}-{which}"
-                if which == "bare":
-                    times[which] = _bare(lab, src, dest, flags)
-                elif which == "lm":
-                    times[which], phases = _loadmaster(lab, cfg, src, dest, flags, args.trace)
-                else:
-                    times[which], _ = _loadmaster(lab, cfg, src, dest, flags, persist="0")
-                shutil.rmtree(dest)
-            rows.append((i + 1, times["bare"], times["lm"], times["lm"] / times["bare"], phases, times["direct"]))
+        rows: dict[str, list[dict[str, object]]] = {k: [] for k in stores}
+        first = 0.0
+        for kind in stores:
+            src = f"s3://{lab.bucket}/bench/{kind}/*"
+            # A warm-up of each so neither side pays first-touch costs (page cache, SSH host keys).
+            # loadmaster's first command also starts the connection keeper ([ssh] persist, on by
+            # default), which later commands reuse: its time is reported on its own.
+            _bare(lab, src, scratch / "warm-bare", flags)
+            t, _ = _loadmaster(lab, cfg, src, scratch / "warm-lm", flags)
+            first = first or t
+            shutil.rmtree(scratch / "warm-bare")
+            shutil.rmtree(scratch / "warm-lm")
+            for i in range(args.rounds):
+                kinds = ("bare", "lm", "direct") if args.direct else ("bare", "lm")
+                order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]  # each side first in turn
+                row: dict[str, object] = {"round": i + 1}
+                for which in order:
+                    dest = scratch / f"r{i}-{which}"
+                    if which == "bare":
+                        row["bare"] = _bare(lab, src, dest, flags)
+                    elif which == "lm":
+                        row["lm"], row["phases"] = _loadmaster(lab, cfg, src, dest, flags, args.trace)
+                        row["result"] = dict(LAST_RESULT)
+                    else:
+                        row["direct"], _ = _loadmaster(lab, cfg, src, dest, flags, persist="0")
+                    shutil.rmtree(dest)
+                rows[kind].append(row)
         total_gb = args.objects * size / 1e9
         load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-        print(f"\nload average at the end (1/5/15 min): {load}; at the start: {load0}")
-        print(
-            f"\n### pull overhead: {args.objects} x {args.object_mb} MiB ({total_gb:.2f} GB), "
-            f"s5cmd --numworkers {flags[0]} cp --concurrency {flags[1]} --part-size {flags[2]}\n"
-        )
-        marks = list(TRACE_MARKS) if args.trace else []
-        print(
-            "| round | bare s5cmd (s) | loadmaster pull (s) | ratio | persist 0 (s) | ratio | plan+launch | "
-            "agent start | copy+verify in job | end seen -> exit |" + "".join(f" {m} |" for m in marks)
-        )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(marks))
-        for r, b, lm, ratio, ph, direct in rows:
-            print(
-                f"| {r} | {b:.2f} | {lm:.2f} | {ratio:.3f} | {direct:.2f} | {direct / b:.3f} | {ph['plan']:.2f} | "
-                f"{ph['agent']:.2f} | {ph['copy']:.2f} | {ph['tail']:.2f} |"
-                + "".join(f" {ph[m]:.2f} |" if m in ph else " - |" for m in marks)
-            )
-        med = statistics.median(r[3] for r in rows)
-        med_direct = statistics.median(r[5] / r[1] for r in rows)
-        extra = statistics.median(r[2] - r[1] for r in rows)
-        print(
-            f"\nmedian ratio loadmaster/s5cmd: **{med:.3f}** (goal <= 1.05; connections kept between "
-            f"commands, the default); with [ssh] persist = 0 (each command connects): {med_direct:.3f}; "
-            f"median fixed overhead {extra:.2f}s; bare throughput "
-            f"{total_gb * 8 / statistics.median(r[1] for r in rows):.2f} Gbps; the first loadmaster command "
-            f"(starts the keeper): {first:.2f}s"
-        )
+        print(f"\nstarted {started}; load average at the end (1/5/15 min): {load}; at the start: {load0}")
+        for kind in stores:
+            _report(kind, rows[kind], args, flags, total_gb, first)
     finally:
         from backend.config import load_config_file
         from backend.nodes.keeper import stop_keeper
@@ -212,6 +236,53 @@ def main() -> int:
         lab.down()
         shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def _report(
+    kind: str,
+    rows: list[dict[str, Any]],
+    args: argparse.Namespace,
+    flags: tuple[int, int, int],
+    gb: float,
+    first: float,
+) -> None:
+    store = "keeps a full-object CRC64NVME" if STORES[kind] else "keeps no checksum (MD5 ETags only)"
+    print(
+        f"\n### pull overhead, a store that {store}: {args.objects} x {args.object_mb:g} MiB ({gb:.2f} GB), "
+        f"s5cmd --numworkers {flags[0]} cp --concurrency {flags[1]} --part-size {flags[2]}\n"
+    )
+    marks = list(TRACE_MARKS) if args.trace else []
+    direct = " persist 0 (s) | ratio |" if args.direct else ""
+    print(
+        f"| round | bare s5cmd (s) | loadmaster pull (s) | ratio |{direct} proof | verify CPU s/GB | "
+        "after the copy (s) | plan+launch | agent start | copy+verify in job | end seen -> exit |"
+        + "".join(f" {m} |" for m in marks)
+    )
+    print("|---:|---:|---:|---:|" + ("---:|---:|" if args.direct else "") + "---|" + "---:|" * (6 + len(marks)))
+    for r in rows:
+        ph, res = r["phases"], r["result"]
+        proof = ", ".join(f"{m} x{n}" for m, n in (res.get("verification") or {}).items()) or "?"
+        cpu = float(res.get("verify_cpu_s", 0.0)) / gb
+        d = f" {r['direct']:.2f} | {r['direct'] / r['bare']:.3f} |" if args.direct else ""
+        print(
+            f"| {r['round']} | {r['bare']:.2f} | {r['lm']:.2f} | {r['lm'] / r['bare']:.3f} |{d} {proof} | {cpu:.3f} | "
+            f"{float(res.get('verify_tail_s', 0.0)):.2f} | {ph['plan']:.2f} | {ph['agent']:.2f} | {ph['copy']:.2f} | "
+            f"{ph['tail']:.2f} |" + "".join(f" {ph[m]:.2f} |" if m in ph else " - |" for m in marks)
+        )
+    med = statistics.median(r["lm"] / r["bare"] for r in rows)
+    extra = statistics.median(r["lm"] - r["bare"] for r in rows)
+    cpu = statistics.median(float(r["result"].get("verify_cpu_s", 0.0)) / gb for r in rows)
+    direct_med = (
+        f"; with [ssh] persist = 0: {statistics.median(r['direct'] / r['bare'] for r in rows):.3f}"
+        if args.direct
+        else ""
+    )
+    print(
+        f"\nmedian ratio loadmaster/s5cmd: **{med:.3f}** ({kind} store; connections kept between commands, the "
+        f"default){direct_med}; median extra {extra:.2f}s; verification {cpu:.3f} CPU s/GB; bare throughput "
+        f"{gb * 8 / statistics.median(r['bare'] for r in rows):.2f} Gbps; the first loadmaster command "
+        f"(starts the keeper): {first:.2f}s"
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ async def _pull(svc: Services, lab: Lab, src: str) -> tuple[str, str | None, dic
 async def test_each_object_is_proven_by_the_cheapest_proof_the_store_keeps(lab: Lab, s3, services: Services) -> None:  # type: ignore[no-untyped-def]
     client = s3.client()
     prefix = f"proofs/run-{secrets.token_hex(3)}"
-    bodies = {name: os.urandom(5 * MiB + 17) for name in ("crc64.bin", "crc32c.bin", "crc32.bin", "sha256.bin")}
+    bodies = {name: os.urandom(5 * MiB + 17) for name in ("crc64.bin", "crc32c.bin", "crc32.bin", "sha 256 ü+.bin")}
     for name, alg in zip(bodies, ("CRC64NVME", "CRC32C", "CRC32", "SHA256"), strict=True):
         put_object(client, lab.bucket, f"{prefix}/{name}", bodies[name], checksum=alg)
     for name, alg, kind in (
@@ -57,7 +57,7 @@ async def test_each_object_is_proven_by_the_cheapest_proof_the_store_keeps(lab: 
         "crc64.bin": "crc64nvme",
         "crc32c.bin": "crc32c",
         "crc32.bin": "crc32",
-        "sha256.bin": "sha256",
+        "sha 256 ü+.bin": "sha256",
         "mp-full.bin": "crc64nvme",
         "mp-composite.bin": "crc32-composite",
         "mp-none.bin": "md5-multipart",
