@@ -14,6 +14,7 @@ import contextlib
 import os
 import shlex
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 
@@ -90,16 +91,14 @@ class SlurmClient:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env=self.env(),
-                limit=MAX_OUTPUT,
+                start_new_session=True,
             )
         except OSError as exc:
             raise SlurmError(f"cannot run {argv[0]}: {exc.strerror}") from None
         try:
             out, err = await asyncio.wait_for(_read(proc), timeout=self.settings.timeout)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+            await _kill_and_reap(proc)
             raise SlurmError(
                 f"{shlex.join(argv)} took longer than {self.settings.timeout:g}s (slurmctld busy or down?)"
             ) from None
@@ -148,26 +147,43 @@ class SlurmClient:
 
 
 async def _read(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    """stdout up to MAX_OUTPUT (past it the command is killed: refused), stderr's first 64 KiB."""
     assert proc.stdout is not None and proc.stderr is not None
-    out, err = await asyncio.gather(_read_capped(proc.stdout, MAX_OUTPUT + 1), _read_capped(proc.stderr, 64 * 1024))
-    if len(out) > MAX_OUTPUT:
-        proc.kill()
+    err_task = asyncio.ensure_future(_read_capped(proc.stderr, 64 * 1024))
+    try:
+        out = await _read_capped(proc.stdout, MAX_OUTPUT + 1)
+        if len(out) > MAX_OUTPUT:
+            await _kill_and_reap(proc)
+            raise SlurmError(f"Slurm's answer is larger than {MAX_OUTPUT // 2**20} MiB: refused")
+        err = await err_task
         await proc.wait()
-        raise SlurmError(f"Slurm's answer is larger than {MAX_OUTPUT // 2**20} MiB: refused")
+        return out, err
+    finally:
+        err_task.cancel()
+
+
+async def _kill_and_reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill the command and read its pipes to their end: asyncio's wait() returns only once the
+    pipes have closed, and a pipe left full never does."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: a child holding the pipe goes too
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            while await stream.read(1 << 20):
+                pass
     await proc.wait()
-    return out, err
 
 
 async def _read_capped(stream: asyncio.StreamReader, limit: int) -> bytes:
-    """Read to EOF, at most ``limit`` bytes (the rest is drained so the command can exit)."""
+    """Read to EOF or ``limit`` bytes, whichever comes first (each read waits: a cancellation point)."""
     chunks: list[bytes] = []
     size = 0
-    while chunk := await stream.read(1 << 16):
-        if size < limit:
-            chunks.append(chunk[: limit - size])
-            size += len(chunks[-1])
-        if size >= limit:
+    while size < limit:
+        chunk = await stream.read(min(1 << 20, limit - size))
+        if not chunk:
             break
+        chunks.append(chunk)
+        size += len(chunk)
     return b"".join(chunks)
 
 
