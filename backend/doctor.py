@@ -22,6 +22,7 @@ from backend.nodes.agent import AgentReport, parse_probe, probe_command
 from backend.nodes.pool import NodePool
 from backend.nodes.ssh import SshTransport
 from backend.nodes.transport import Transport
+from backend.textfmt import safe_text
 
 MARK = "@@lm:"
 
@@ -132,11 +133,18 @@ class _Facts:
         return lines[0].strip() if lines else None
 
 
+#: Longest line of a node's answer kept (an os-release name, a GPU model, the agent's JSON): the rest is cut.
+LINE_LIMIT = 4096
+
+
 def parse_sections(text: str) -> dict[str, list[str]]:
-    """Split the script's output into ``{section: lines}``."""
+    """Split the script's output into ``{section: lines}``. The node wrote it (its os-release, its
+    tools' versions): each line passes the one sanitiser here, so no escape sequence or control
+    character of it reaches a report, the terminal or ``--json``."""
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
-    for line in text.splitlines():
+    for raw in text.splitlines():
+        line = safe_text(raw, LINE_LIMIT)
         if line.startswith(MARK):
             current = sections.setdefault(line[len(MARK) :].strip(), [])
         elif current is not None:
@@ -289,7 +297,7 @@ async def check_node(transport: Transport, *, limit: float = 60.0, s5cmd: str = 
             scratch=node.scratch,
         )
     except LoadmasterError as exc:
-        detail = getattr(exc, "detail", None) or str(exc)
+        detail = safe_text(getattr(exc, "detail", None) or str(exc), LINE_LIMIT)
         return NodeReport(
             node.name,
             node.host,
@@ -323,7 +331,7 @@ async def run_doctor(
             reports.append(r)
         else:
             node = pool.node(name)
-            detail = getattr(r, "detail", None) or str(r) or type(r).__name__
+            detail = safe_text(getattr(r, "detail", None) or str(r) or type(r).__name__, LINE_LIMIT)
             reports.append(
                 NodeReport(
                     name,

@@ -12,7 +12,7 @@ from backend.jobs.settings import JobSettings
 from backend.nodes.agent import AgentReport
 from backend.nodes.ssh_config import effective_settings
 from backend.services import Services
-from backend.textfmt import align_columns
+from backend.textfmt import align_columns, safe_text
 from backend.units import bytes_text
 
 
@@ -68,7 +68,8 @@ def cmd_nodes(args: argparse.Namespace, services: Services) -> int:
 
 
 def _print_table(rows: list[list[str]]) -> None:
-    print("\n".join(align_columns(rows)))
+    # An inventory can come from outside (a hostfile, ssh_config, Slurm): cells are cleaned.
+    print("\n".join(align_columns([[safe_text(c, 256) for c in r] for r in rows])))
 
 
 def _speed(mbps: int | None) -> str:
@@ -152,7 +153,8 @@ async def cmd_doctor(args: argparse.Namespace, services: Services) -> int:
         print(json.dumps([r.as_dict() for r in reports], indent=2))
     else:
         for r in reports:
-            print("\n".join(format_report(r)))
+            # The report's text was cleaned where it was parsed; each line once more, as it is printed.
+            print("\n".join(safe_text(line) for line in format_report(r)))
         ready = sum(r.ready for r in reports)
         gpus = sum(r.gpu_ready for r in reports)
         print(
