@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 
+from backend.config import Node
 from backend.errors import ConfigError, LoadmasterError, PolicyError
 from backend.ops.base import Operation
 from backend.slurm.client import SlurmClient, SlurmError
@@ -279,10 +280,32 @@ class Slurm(Operation):
             )
         return out
 
-    async def jobs(self, *, fresh: bool = False, node: str | None = None, user: str | None = None) -> list[SlurmJob]:
-        """Running and pending jobs (array tasks one by one), optionally of one node or user."""
+    async def jobs(
+        self,
+        *,
+        fresh: bool = False,
+        node: str | None = None,
+        user: str | None = None,
+        array: str | None = None,
+    ) -> list[SlurmJob]:
+        """Running and pending jobs, optionally of one node, user or array (its tasks, filtered
+        here: ``squeue --json`` collapses an array's pending tasks into one record)."""
         snap = await self.snapshot(fresh=fresh)
-        return [j for j in snap.jobs if (node is None or node in j.nodes) and (user is None or j.user == user)]
+        return [
+            j
+            for j in snap.jobs
+            if (node is None or node in j.nodes)
+            and (user is None or j.user == user)
+            and (array is None or j.array_job_id == array or j.job_id == array)
+        ]
+
+    async def inventory(self, *, fresh: bool = False) -> list[Node]:
+        """Slurm's nodes as loadmaster nodes (connection details from the config's defaults and
+        per-node overrides): see :mod:`backend.slurm.inventory`."""
+        from backend.slurm.inventory import nodes_from_slurm
+
+        snap = await self.snapshot(fresh=fresh)
+        return nodes_from_slurm(snap.nodes, self.services.config)
 
     def _nodes(self, snap: SlurmSnapshot, names: list[str]) -> list[SlurmNode]:
         if not names:

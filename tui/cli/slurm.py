@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     j = ss.add_parser("jobs", help="running and pending jobs with their nodes, GPUs and pending reasons")
     j.add_argument("--node", help="only jobs on this node")
     j.add_argument("--user", help="only this user's jobs")
+    j.add_argument("--array", metavar="JOBID", help="only this array's tasks (running and pending)")
     j.add_argument("--json", action="store_true", help="one JSON object per job, one per line")
     j.set_defaults(func=run_jobs)
 
@@ -120,7 +121,7 @@ async def run_jobs(args: argparse.Namespace, services: Services) -> int:
     from backend.textfmt import align_columns
     from backend.units import duration_text
 
-    jobs = await services.ops.slurm.jobs(node=args.node, user=args.user)
+    jobs = await services.ops.slurm.jobs(node=args.node, user=args.user, array=args.array)
     now = time.time()
     if args.json:
         for j in jobs:
