@@ -95,6 +95,7 @@ from backend.state import StateError
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from backend.alerts.webconfig import WebConfig
     from backend.config import Config
     from backend.services import Services
     from backend.state import StateDB
@@ -627,8 +628,13 @@ METRIC_NAMES = frozenset(
 # -- serving --------------------------------------------------------------------------------------
 
 
+#: Where ``:PORT`` (or a bare ``PORT``) listens: this machine alone. The export names jobs, nodes
+#: and the month's spend; every interface is a choice the operator writes (``0.0.0.0:9464``).
+DEFAULT_HOST = "127.0.0.1"
+
+
 def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT``; ``:PORT`` listens on every interface) -> (host, port).
+    """``HOST:PORT`` (``[v6]:PORT``; ``:PORT`` listens on loopback only) -> (host, port).
 
     Port 0 picks a free one (``server.server_port`` says which). :class:`MetricsError` otherwise.
     """
@@ -646,7 +652,7 @@ def parse_listen(text: str) -> tuple[str, int]:
         raise MetricsError(f"metrics address {text!r}: put an IPv6 address in brackets, e.g. [::1]:9464")
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise MetricsError(f"metrics address {text!r}: port {port_text!r} is not a number from 0 to 65535")
-    return host or "0.0.0.0", int(port_text)
+    return host or DEFAULT_HOST, int(port_text)
 
 
 def _address(host: str, port: int) -> str:
@@ -660,15 +666,24 @@ def metrics_registry(holder: MetricsHolder) -> CollectorRegistry:
     return registry
 
 
-def serve_metrics(host: str, port: int, holder: MetricsHolder) -> tuple[WSGIServer, threading.Thread]:
-    """Serve the holder's last snapshot on ``http://HOST:PORT/metrics`` from a daemon thread.
+def serve_metrics(
+    host: str, port: int, holder: MetricsHolder, web: WebConfig | None = None
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve the holder's last snapshot on ``http://HOST:PORT/metrics`` from a daemon thread;
+    behind the TLS and basic auth of ``web`` (a web config file, :mod:`backend.alerts.webconfig`).
 
-    Returns prometheus_client's ``(server, thread)``; stop them with :func:`close_metrics_server`.
-    A port in use, a host that does not resolve or is not this machine's: :class:`MetricsError`,
-    one line naming the address.
+    Returns ``(server, thread)``; stop them with :func:`close_metrics_server`. A port in use, a
+    host that does not resolve or is not this machine's: :class:`MetricsError`, one line naming
+    the address.
     """
     where = _address(host, port)
     try:
+        if web is not None:
+            from prometheus_client.exposition import make_wsgi_app
+
+            from backend.alerts.webconfig import serve_wsgi
+
+            return serve_wsgi(host, port, make_wsgi_app(metrics_registry(holder)), web)
         return start_http_server(port, addr=host, registry=metrics_registry(holder))
     except socket.gaierror as exc:
         raise MetricsError(
@@ -680,7 +695,7 @@ def serve_metrics(host: str, port: int, holder: MetricsHolder) -> tuple[WSGIServ
         elif exc.errno == errno.EACCES:
             why = "permission denied (ports below 1024 need privileges); choose a port above 1024"
         elif exc.errno == errno.EADDRNOTAVAIL:
-            why = "that address is not on this machine; use one of its addresses, or :PORT for every interface"
+            why = "that address is not on this machine; use one of its addresses (0.0.0.0:PORT: every interface)"
         else:
             why = exc.strerror or str(exc)
         raise MetricsError(f"cannot serve metrics on {where}: {why}") from None

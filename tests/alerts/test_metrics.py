@@ -281,7 +281,8 @@ async def test_served_metrics_are_what_the_snapshot_holds_and_promtool_finds_no_
 
 def test_listen_address_and_one_line_errors() -> None:
     assert parse_listen("127.0.0.1:9464") == ("127.0.0.1", 9464)
-    assert parse_listen(":9464") == ("0.0.0.0", 9464)
+    assert parse_listen(":9464") == ("127.0.0.1", 9464)  # loopback unless an address is given
+    assert parse_listen("0.0.0.0:9464") == ("0.0.0.0", 9464)
     assert parse_listen("[::1]:9464") == ("::1", 9464)
     assert parse_listen("metrics.example:0") == ("metrics.example", 0)
     for bad, says in [

@@ -30,7 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Evaluate loadmaster's alert conditions every [alerts] interval and send them to "
         "Alertmanager (API v2) and/or a webhook; one line per change. Run it under systemd (see README).",
     )
-    p.add_argument("--metrics", metavar="HOST:PORT", help="also serve Prometheus metrics on http://HOST:PORT/metrics")
+    p.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="also serve Prometheus metrics on http://HOST:PORT/metrics (:PORT: loopback only; "
+        "0.0.0.0:PORT: every interface)",
+    )
+    p.add_argument(
+        "--metrics-web-config",
+        metavar="FILE",
+        help="TLS and basic auth for /metrics: a Prometheus exporter web config file "
+        "(tls_server_config, basic_auth_users with bcrypt hashes)",
+    )
     p.add_argument("--once", action="store_true", help="one round (evaluate, record, send), print it, exit")
     p.add_argument("--rounds", type=int, metavar="N", help="stop after N rounds (default: until stopped)")
     # A long-lived process holds its own connections (the keeper is for short commands).
@@ -69,16 +80,22 @@ async def run_watch(args: argparse.Namespace, services: Services) -> int:
 
     if args.rounds is not None and args.rounds < 1:
         raise ConfigError(f"must be at least 1, got {args.rounds}", key="--rounds")
+    if args.metrics_web_config and not args.metrics:
+        raise ConfigError("needs --metrics HOST:PORT (the server it secures)", key="--metrics-web-config")
     settings = services.config.section(AlertSettings)
     holder = server = None
     if args.metrics:
         from backend.alerts.metrics import MetricsHolder, parse_listen, serve_metrics
+        from backend.alerts.webconfig import load_web_config
 
         holder = MetricsHolder()
         host, port = parse_listen(args.metrics)
-        server = serve_metrics(host, port, holder)
-        shown = f"[{host}]" if ":" in host else (host or "0.0.0.0")  # noqa: S104 - what ":PORT" listens on
-        print(f"serving metrics on http://{shown}:{server[0].server_port}/metrics", flush=True)
+        web = load_web_config(args.metrics_web_config) if args.metrics_web_config else None
+        server = serve_metrics(host, port, holder, web)
+        shown = f"[{host}]" if ":" in host else host
+        scheme = "https" if web is not None and web.tls else "http"
+        auth = f" (basic auth: {len(web.users)} user(s))" if web is not None and web.users else ""
+        print(f"serving metrics on {scheme}://{shown}:{server[0].server_port}/metrics{auth}", flush=True)
     if not settings.alertmanager_url and not settings.webhook_url:
         print(
             "loadmaster: [alerts] alertmanager_url and webhook_url are unset: alerts are only printed here",
