@@ -255,10 +255,10 @@ def _report(
     direct = " persist 0 (s) | ratio |" if args.direct else ""
     print(
         f"| round | bare s5cmd (s) | loadmaster pull (s) | ratio |{direct} proof | verify CPU s/GB | "
-        "after the copy (s) | plan+launch | agent start | copy+verify in job | end seen -> exit |"
+        "s5cmd in the job (s) | after the copy (s) | plan+launch | agent start | copy+verify in job | end seen -> exit |"
         + "".join(f" {m} |" for m in marks)
     )
-    print("|---:|---:|---:|---:|" + ("---:|---:|" if args.direct else "") + "---|" + "---:|" * (6 + len(marks)))
+    print("|---:|---:|---:|---:|" + ("---:|---:|" if args.direct else "") + "---|" + "---:|" * (7 + len(marks)))
     for r in rows:
         ph, res = r["phases"], r["result"]
         proof = ", ".join(f"{m} x{n}" for m, n in (res.get("verification") or {}).items()) or "?"
@@ -266,6 +266,7 @@ def _report(
         d = f" {r['direct']:.2f} | {r['direct'] / r['bare']:.3f} |" if args.direct else ""
         print(
             f"| {r['round']} | {r['bare']:.2f} | {r['lm']:.2f} | {r['lm'] / r['bare']:.3f} |{d} {proof} | {cpu:.3f} | "
+            f"{float(res.get('seconds', 0.0)) - float(res.get('verify_tail_s', 0.0)):.2f} | "
             f"{float(res.get('verify_tail_s', 0.0)):.2f} | {ph['plan']:.2f} | {ph['agent']:.2f} | {ph['copy']:.2f} | "
             f"{ph['tail']:.2f} |" + "".join(f" {ph[m]:.2f} |" if m in ph else " - |" for m in marks)
         )

@@ -161,10 +161,20 @@ async def test_a_store_with_no_checksum_and_no_md5_etag_is_size_only_said_plainl
     body = os.urandom(2 * MiB)
     hostile_s3.put("evil", "w/opaque.bin", body, etag="not-an-md5-" + secrets.token_hex(4))
     hostile_s3.put("evil", "w/plain.bin", b"x" * 1000)
+    # Objects worth a HEAD, were there a checksum to find: after a few HEADs with none, the pull
+    # learns that this store keeps none and proves the rest by their MD5 ETags without asking.
+    for i in range(16):
+        hostile_s3.put("evil", f"w/mid-{i:02d}.bin", os.urandom(600 * 1024))
     final, dest = await _pull(hostile_services, lab, "w")
     assert final.state == "succeeded", final.error
     r = final.result or {}
-    assert r["proofs"] == {"opaque.bin": "size-only", "plain.bin": "md5"}
-    assert r["verified"] == "partly" and r["verification"] == {"size-only": 1, "md5": 1}
-    assert r["verified_text"].startswith("verified: size-only for 1 of 2 objects (the store gave no checksum")
+    assert r["proofs"] == {
+        "opaque.bin": "size-only",
+        "plain.bin": "md5",
+        **{f"mid-{i:02d}.bin": "md5" for i in range(16)},
+    }
+    assert r["verified"] == "partly" and r["verification"] == {"size-only": 1, "md5": 17}
+    assert r["verified_text"].startswith("verified: size-only for 1 of 18 objects (the store gave no checksum")
+    assert r["verified_text"].endswith("bytes proven for the rest (md5 x17)")
     assert (dest / "opaque.bin").read_bytes() == body
+    assert 8 <= r["store_heads"] < 17  # the 17 objects past the MD5 threshold were not all asked
