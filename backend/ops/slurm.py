@@ -61,6 +61,36 @@ echo '@@xid'; out=$(dmesg --time-format iso 2>&1); rc=$?
 printf '%s\n' "$out" | grep -E 'NVRM: Xid|^dmesg' | tail -n 200; echo "@@xid-rc $rc"
 """
 
+#: On the node, without Slurm rights: each compute process on a GPU, and the Slurm job it belongs
+#: to (its cgroup path ``.../job_<id>/...``, else ``SLURM_JOB_ID`` in its environment).
+_GPU_JOBS = r"""
+echo '@@gpus'; out=$(nvidia-smi --query-gpu=index,uuid --format=csv,noheader 2>&1); rc=$?
+printf '%s\n' "$out" | head -c 65536; echo "@@gpus-rc $rc"
+echo '@@apps'; out=$(nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader 2>&1); rc=$?
+printf '%s\n' "$out" | head -c 262144; echo "@@apps-rc $rc"
+echo '@@procs'
+n=0
+for pid in $(printf '%s\n' "$out" | cut -d, -f1); do
+  case $pid in ''|*[!0-9]*) continue ;; esac
+  n=$((n + 1)); [ $n -gt 512 ] && break
+  cg=$(grep -o 'job_[0-9]*' /proc/$pid/cgroup 2>/dev/null | head -n 1)
+  ev=$(tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -m 1 '^SLURM_JOB_ID=')
+  echo "$pid ${cg:--} ${ev:--}"
+done
+echo "@@procs-rc 0"
+"""
+
+
+@dataclass(frozen=True)
+class GpuJob:
+    """A compute process on one of a node's GPUs and the Slurm job it belongs to (None: not a job's)."""
+
+    gpu: int
+    pid: int
+    job_id: str | None
+    #: ``cgroup`` or ``environ``: where the job id was read.
+    via: str | None
+
 
 class SlurmNotEnabled(LoadmasterError):
     """``[slurm] enabled`` is not true."""
@@ -379,6 +409,19 @@ class Slurm(Operation):
         self._cache = None
         return SlurmActionResult(plan.nodes, tuple(ran), tuple(ids))
 
+    async def gpu_jobs(self, node: str) -> tuple[GpuJob, ...]:
+        """Which job each compute process on ``node``'s GPUs belongs to, read on the node (no Slurm
+        rights needed): nvidia-smi's processes, each mapped by its cgroup (``job_<id>``) or its
+        ``SLURM_JOB_ID``. Raises when the node cannot be read."""
+        self._require()
+        res = await self.services.pool.transport(node).run(_GPU_JOBS, timeout=30)
+        sec = _sections(res.stdout)
+        for part in ("gpus", "apps"):
+            why = _unread(sec.get(part))
+            if why is not None:
+                raise LoadmasterError(f"{node}: cannot read the GPUs' processes (nvidia-smi: {why})")
+        return parse_gpu_jobs(sec["gpus"][0], sec["apps"][0], sec.get("procs", ("", None))[0])
+
     # -- resume ----------------------------------------------------------------------------------
 
     async def evidence(self, node: SlurmNode) -> NodeEvidence:
@@ -451,6 +494,34 @@ class Slurm(Operation):
         )
         self._cache = None
         return SlurmActionResult(tuple(e.node for e in fresh.evidence), tuple(fresh.shown()), ids)
+
+
+def parse_gpu_jobs(gpus: str, apps: str, procs: str) -> tuple[GpuJob, ...]:
+    """The node's answers -> one GpuJob per process and GPU, sorted by GPU (untrusted text: lines
+    that do not parse are left out)."""
+    index: dict[str, int] = {}
+    for line in gpus.splitlines():
+        idx, _, uuid = (c.strip() for c in line.partition(","))
+        if idx.isdigit() and uuid:
+            index[uuid] = int(idx)
+    owner: dict[int, tuple[str, str]] = {}
+    for line in procs.splitlines():
+        parts = line.split()
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        cg, ev = parts[1], parts[2]
+        if cg.startswith("job_") and cg[4:].isdigit():
+            owner[int(parts[0])] = (cg[4:], "cgroup")
+        elif ev.startswith("SLURM_JOB_ID=") and ev[13:].isdigit():
+            owner[int(parts[0])] = (ev[13:], "environ")
+    out = []
+    for line in apps.splitlines():
+        pid, _, uuid = (c.strip() for c in line.partition(","))
+        if not pid.isdigit() or uuid not in index:
+            continue
+        job, via = owner.get(int(pid), (None, None))
+        out.append(GpuJob(index[uuid], int(pid), job, via))
+    return tuple(sorted(out, key=lambda g: (g.gpu, g.pid)))
 
 
 def _unread(section: tuple[str, str | None] | None) -> str | None:

@@ -54,6 +54,7 @@ class GpuStandIn:
             "#!/bin/sh\n"
             'case "$1" in\n'
             f"  --query-compute-apps=*) cat {self.bin}/apps ;;\n"
+            f"  --query-gpu=index,uuid) cat {self.bin}/uuids ;;\n"
             f"  --query-gpu=*) cat {self.bin}/gpu ;;\n"
             "  *) echo 'unsupported'; exit 2 ;;\n"
             "esac\n"
@@ -61,6 +62,7 @@ class GpuStandIn:
         (self.bin / "dmesg").write_text(f"#!/bin/sh\ncat {self.bin}/dmesg.out\nexit $(cat {self.bin}/dmesg.rc)\n")
         for name in ("nvidia-smi", "dmesg"):
             (self.bin / name).chmod(0o755)
+        (self.bin / "uuids").write_text("".join(f"{i}, GPU-{i}\n" for i in range(4)))
         self.set()
         monkeypatch.setenv("PATH", f"{self.bin}:{__import__('os').environ['PATH']}")
 
@@ -109,6 +111,29 @@ def test_rows_show_jobs_with_their_gpus(slurm: SlurmLab, tmp_path: Path) -> None
     # At most one read per interval: a second call within it does not run sinfo again.
     snap = asyncio.run(svc.ops.slurm.snapshot())
     assert asyncio.run(svc.ops.slurm.snapshot()) is snap
+
+
+def test_gpu_to_job_mapping_on_the_node_matches_slurm(slurm: SlurmLab, tmp_path: Path, gpus: GpuStandIn) -> None:
+    """A real batch job on node-01: its process, shown by nvidia-smi on the GPUs Slurm gave it
+    (CUDA_VISIBLE_DEVICES), maps back to the job on the node side, as Slurm's IDX says."""
+    info = tmp_path / "job-info"
+    job = slurm.sbatch(
+        "-w", "node-01", "--gres=gpu:2", "-J", "gpu-map",
+        script=f'echo "$$ $CUDA_VISIBLE_DEVICES" > {info}.tmp; mv {info}.tmp {info}; exec sleep 600',
+    )  # fmt: skip
+    running(slurm, job)
+    wait_for("the job's pid", info.exists)
+    pid, visible = info.read_text().split()
+    gpu_ids = [int(g) for g in visible.split(",")]
+    gpus.set(apps="".join(f"{pid}, GPU-{g}\n" for g in gpu_ids) + "999999, GPU-3\n")
+    svc = services(write_config(tmp_path, slurm))
+    mapped = asyncio.run(svc.ops.slurm.gpu_jobs("node-01"))
+    ours = [(g.gpu, g.job_id) for g in mapped if g.pid == int(pid)]
+    assert ours == [(g, job) for g in gpu_ids] and {g.via for g in mapped if g.pid == int(pid)} == {"environ"}
+    assert [(g.gpu, g.job_id) for g in mapped if g.pid == 999999] == [(3, None)]  # not a job's process
+    rows = {r.name: r for r in asyncio.run(svc.ops.slurm.rows(fresh=True))}
+    (on_node,) = [j for j in rows["node-01"].jobs if j.job_id == job]
+    assert list(on_node.gpus) == gpu_ids  # Slurm's IDX and the node agree
 
 
 def test_drain_after_the_job_draining_then_drained_audited(
