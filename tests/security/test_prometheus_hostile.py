@@ -9,6 +9,7 @@ speaking the HTTP API's JSON (``/api/v1/query``, ``/api/v1/targets``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -21,6 +22,8 @@ import pytest
 
 import backend.telemetry.prometheus as prom
 from backend.config import Node
+from backend.nodes.pool import NodePool
+from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.prometheus import (
     MAX_ANSWER_BYTES,
     MAX_DEVICES_PER_NODE,
@@ -274,3 +277,37 @@ async def test_a_device_flood_and_an_oversized_answer_are_cut_with_a_warning(
     w = "\n".join(reading.warnings)
     assert f"gpu-01: 100 device series skipped (more than {MAX_DEVICES_PER_NODE} devices)" in w
     assert "Prometheus answer cut at 5,000 series: 6,000 series for max by (Hostname, gpu, job, instance)" in w
+
+
+async def test_the_console_shows_the_conflict_on_the_node_and_a_cap_in_its_note(hostile: Hostile) -> None:
+    # Through the hub, as the console and `top` see it: gpu-01 stale with the conflict named,
+    # gpu-02 up with its numbers, and the cap hit on gpu-02 said in the source's note.
+    def answer(q: str) -> bytes:
+        if "DCGM_FI_DEV_GPU_UTIL" in q:
+            two = [
+                series({"Hostname": "gpu-01", "gpu": "0", "job": "dcgm", "instance": i}, "50") for i in ("a:1", "b:1")
+            ]
+            gpu02 = [
+                series({"Hostname": "gpu-02", "gpu": str(i), "job": "dcgm", "instance": "c:1"}, "70") for i in (0, 99)
+            ]
+            return ok(two + gpu02)
+        return ok([])
+
+    hostile.answer = answer
+    s = TelemetrySettings(source="prometheus", prometheus_url=hostile.url, prometheus_timeout=10, prometheus_interval=1)
+    hub = TelemetryHub(NodePool(NODES), s)
+    await hub.start()
+    try:
+        for _ in range(200):
+            snap = hub.snapshot()
+            one, two = snap.node("gpu-01"), snap.node("gpu-02")
+            if one and two and one.state == "stale" and two.state == "up":
+                break
+            await asyncio.sleep(0.05)
+        assert one is not None and two is not None
+        assert one.state == "stale" and (one.error or "").startswith("conflict: 2 dcgm-exporter sources claim")
+        assert one.gpus == ()  # never merged
+        assert [g.util_pct for g in two.gpus] == [70.0]
+        assert snap.source_note == "gpu-02: 1 GPU series skipped (gpu label 99 outside 0-63)"
+    finally:
+        await hub.stop()
