@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
 import os
 import shutil
 import signal
@@ -236,6 +237,45 @@ class SlurmLab:
         self._ctld = None
         self._sweep()
 
+    # -- a lab that outlives the command that started it (``loadmaster lab up --slurm``) -------------
+
+    def config_section(self, interval: str = "5s") -> str:
+        """The ``[slurm]`` section a loadmaster config needs for this cluster."""
+        return f'\n[slurm]\nenabled = true\nconf = "{self.conf}"\ninterval = "{interval}"\n'
+
+    def save_state(self, path: Path) -> None:
+        """Write what :meth:`stop_saved` needs to stop this cluster from another process."""
+        pids = {"slurmctld": self._ctld.pid if self._ctld else None}
+        pids.update({f"slurmd {n}": p.pid for n, p in self._slurmd.items()})
+        doc = {"root": str(self.root), "nodes": self.nodes, "gpus": self.gpus, "pids": pids}
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+
+    @classmethod
+    def stop_saved(cls, path: Path) -> int:
+        """Stop a cluster :meth:`save_state` recorded (jobs cancelled, daemons' groups killed, job
+        processes swept up); how many daemons were running. Removes the state file."""
+        if not path.exists():
+            return 0
+        doc = json.loads(path.read_text())
+        lab = cls(Path(doc["root"]), [tuple(n) for n in doc["nodes"]], gpus=int(doc.get("gpus", 4)))
+        pids = [p for p in doc.get("pids", {}).values() if isinstance(p, int)]
+        alive = [p for p in pids if _alive(p)]
+        if alive and lab.conf.exists():
+            with contextlib.suppress(LoadmasterError, subprocess.TimeoutExpired, OSError):
+                lab.cancel_all(timeout=10)
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in alive) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        lab._sweep()
+        path.unlink()
+        return len(alive)
+
     def _sweep(self) -> None:
         """Kill job processes that outlived their slurmd (slurmstepd and the scripts it ran): a
         process is this cluster's when it carries this ``SLURM_CONF`` and is a Slurm daemon or a
@@ -256,3 +296,17 @@ class SlurmLab:
             if ours or spool in cmdline:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(pid_dir.name), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"

@@ -43,6 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="also start the real Alertmanager ([alerts] alertmanager_url) and 'loadmaster watch --metrics' "
         "sending to it (with --prometheus, Prometheus scrapes the watcher's /metrics)",
     )
+    up.add_argument(
+        "--slurm",
+        action="store_true",
+        help="also start Slurm 22.05 on loopback (slurmctld + one slurmd per node, [slurm] enabled; "
+        "prints SLURM_CONF so sinfo and scontrol work beside the console)",
+    )
     up.set_defaults(func=lab_up)
     down = lsub.add_parser("down", help="stop everything the sandbox started")
     down.add_argument("--dir", help="the lab's directory (default: <data dir>/lab)")
@@ -135,14 +141,27 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
                     file=sys.stderr,
                 )
             seeded = seed.seeded_lines(lab.bucket, dataset, steps)
-        lab.write_config(SANDBOX_EXTRA)
+        extra = SANDBOX_EXTRA
+        if getattr(args, "slurm", False):
+            from backend.lab.slurm import SlurmLab
+
+            print("starting Slurm (slurmctld + slurmd per node) ...", file=sys.stderr)
+            slurm = SlurmLab(root / "slurm", [(n.name, n.ip) for n in lab.nodes]).up()
+            slurm.save_state(root / "slurm.json")
+            extra += slurm.config_section()
+        lab.write_config(extra)
         lab.save_state()
         if alerting:
             lab.start_watch()
     except BaseException:
+        from backend.lab.slurm import SlurmLab
+
+        SlurmLab.stop_saved(root / "slurm.json")
         lab.down()
         raise
     env = lab.env()
+    if (root / "slurm.json").exists():
+        env["SLURM_CONF"] = str(root / "slurm" / "slurm.conf")
     env_words = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k != "LOADMASTER_CONFIG"]
     cmd = " ".join(env_words + [shlex.quote(_console_program()), "--config", shlex.quote(str(lab.config_path))])
     for n in lab.nodes:
@@ -252,6 +271,9 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
         if cluster.is_running():
             cluster.stop()  # a clean shutdown: its data stays for the next 'lab up --postgres'
             stopped += 1
+    from backend.lab.slurm import SlurmLab
+
+    stopped += SlurmLab.stop_saved(root / "slurm.json")
     state.unlink()
     print(f"stopped {stopped} lab processes in {root}", file=sys.stderr)
     return 0
