@@ -44,9 +44,9 @@ from typing import Any
 
 from backend.config import Node
 from backend.errors import LoadmasterError
-from backend.nodes.untrusted import clean_text
 from backend.telemetry.model import DiskRate, GpuSample, NicKind, NicRate, Observed
 from backend.telemetry.settings import TelemetrySettings
+from backend.textfmt import safe_text
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,8 @@ class PrometheusClient:
 
     def __init__(self, url: str, timeout: float) -> None:
         self.url = url.rstrip("/")
+        #: The URL as messages show it (a password or token in it redacted).
+        self.shown = safe_text(self.url, 200)
         self.timeout = timeout
         self._session: Any = None
         #: Answers cut at :data:`MAX_SERIES_PER_QUERY` since the caller last cleared it.
@@ -161,7 +163,7 @@ class PrometheusClient:
                     size += len(chunk)
                     if size > MAX_ANSWER_BYTES:
                         raise PrometheusUnavailable(
-                            f"Prometheus {self.url} answered {path} with more than "
+                            f"Prometheus {self.shown} answered {path} with more than "
                             f"{MAX_ANSWER_BYTES >> 20} MiB; not read"
                         )
                     chunks.append(chunk)
@@ -169,17 +171,17 @@ class PrometheusClient:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
             raise PrometheusUnavailable(
-                f"Prometheus {self.url} unreachable ({clean_text(why, _ERROR_LIMIT)})"
+                f"Prometheus {self.shown} unreachable ({safe_text(why, _ERROR_LIMIT)})"
             ) from None
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError):
             raise PrometheusUnavailable(
-                f"Prometheus {self.url} answered HTTP {resp.status} with something that is not its API's JSON"
+                f"Prometheus {self.shown} answered HTTP {resp.status} with something that is not its API's JSON"
             ) from None
         if not isinstance(doc, dict) or doc.get("status") != "success":
-            err = clean_text(str(doc.get("error") if isinstance(doc, dict) else doc), _ERROR_LIMIT)
-            raise PrometheusUnavailable(f"Prometheus {self.url} refused {path}: {err}")
+            err = safe_text(str(doc.get("error") if isinstance(doc, dict) else doc), _ERROR_LIMIT)
+            raise PrometheusUnavailable(f"Prometheus {self.shown} refused {path}: {err}")
         return doc.get("data")
 
     async def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
@@ -301,7 +303,7 @@ class PrometheusSource:
         for what, claims in (("dcgm-exporter", gpu_src), ("node_exporter", host_src)):
             for node, srcs in claims.items():
                 if len(srcs) > 1:
-                    named = ", ".join(clean_text(x, 80) for x in sorted(srcs)[:3])
+                    named = ", ".join(safe_text(x, 80) for x in sorted(srcs)[:3])
                     more = f" and {len(srcs) - 3} more" if len(srcs) > 3 else ""
                     said = f"{len(srcs)} {what} sources claim this node ({named}{more}): not shown until one goes"
                     conflicts[node] = "; ".join(x for x in (conflicts.get(node), f"conflict: {said}") if x)
@@ -327,8 +329,8 @@ class PrometheusSource:
             node = self._down_node(labels, covered)
             if node is None or node in conflicts:
                 continue
-            err = clean_text(str(t.get("lastError") or "scrape failed"), _ERROR_LIMIT)
-            job = clean_text(labels.get("job", "target"), 80)
+            err = safe_text(str(t.get("lastError") or "scrape failed"), _ERROR_LIMIT)
+            job = safe_text(labels.get("job", "target"), 80)
             down[node] = "; ".join(x for x in (down.get(node), f"{job} target down: {err}") if x)
         warnings = tuple(
             caps.lines() + [f"Prometheus answer cut at {MAX_SERIES_PER_QUERY:,} series: {c}" for c in self.client.cut]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -311,3 +312,18 @@ async def test_the_console_shows_the_conflict_on_the_node_and_a_cap_in_its_note(
         assert snap.source_note == "gpu-02: 1 GPU series skipped (gpu label 99 outside 0-63)"
     finally:
         await hub.stop()
+
+
+async def test_a_password_in_the_prometheus_url_is_never_in_its_errors() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    url = f"http://scraper:hunter2@127.0.0.1:{port}"
+    src = PrometheusSource(TelemetrySettings(source="prometheus", prometheus_url=url, prometheus_timeout=5), NODES)
+    try:
+        with pytest.raises(PrometheusUnavailable) as exc:
+            await src.read()
+    finally:
+        await src.close()
+    msg = str(exc.value)
+    assert msg.startswith(f"Prometheus http://scraper:***@127.0.0.1:{port} unreachable") and "hunter2" not in msg
