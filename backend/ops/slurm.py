@@ -15,7 +15,8 @@ and is refused when one of them cannot be requeued.
 
 A resume is refused unless the evidence passes, and the refusal names the failing check: the node
 drained or down in Slurm; the node reachable; no compute process on its GPUs; no pending row
-remap and no uncorrectable ECC error; no Xid in the node's kernel log since the drain. What cannot
+remap and no uncorrectable ECC error; no Xid in the node's kernel log since the drain;
+``dcgmi diag -r 1`` passing where the node has ``dcgmi``. What cannot
 be read is a failed check (deny by default). ``force_reason`` overrides the evidence, and the
 override is audited with the failing checks.
 
@@ -59,6 +60,12 @@ echo '@@gpu'; out=$(nvidia-smi --query-gpu=$q --format=csv,noheader,nounits 2>&1
 printf '%s\n' "$out" | head -c 65536; echo "@@gpu-rc $rc"
 echo '@@xid'; out=$(dmesg --time-format iso 2>&1); rc=$?
 printf '%s\n' "$out" | grep -E 'NVRM: Xid|^dmesg' | tail -n 200; echo "@@xid-rc $rc"
+echo '@@dcgm'
+if command -v dcgmi >/dev/null 2>&1; then
+  out=$(dcgmi diag -r 1 2>&1); rc=$?; printf '%s\n' "$out" | grep -iE 'fail|error|warn' | head -n 5; echo "@@dcgm-rc $rc"
+else
+  echo "@@dcgm-rc absent"
+fi
 """
 
 #: On the node, without Slurm rights: each compute process on a GPU, and the Slurm job it belongs
@@ -449,6 +456,15 @@ class Slurm(Operation):
             checks.append(_apps_check(sec.get("apps")))
             checks.append(_gpu_health_check(sec.get("gpu")))
         checks.append(_xid_check(sec.get("xid"), node.reason_at))
+        dcgm = sec.get("dcgm")
+        if dcgm is not None and dcgm[1] != "absent" and node.gpus:
+            why = _unread(dcgm)
+            detail = (
+                "dcgmi diag -r 1 passed"
+                if why is None
+                else f"dcgmi diag -r 1 failed: {dcgm[0].splitlines()[0] if dcgm[0] else why}"
+            )
+            checks.append(Check("dcgm diag", why is None, clean(detail, 200)))
         return NodeEvidence(node.name, tuple(checks))
 
     async def plan_resume(self, nodes: list[str], *, force_reason: str | None = None) -> ResumePlan:

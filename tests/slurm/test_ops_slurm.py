@@ -234,6 +234,13 @@ def test_resume_refused_for_each_failing_check_then_accepted(
     gpus.set(dmesg="dmesg: read kernel buffer failed: Operation not permitted\n", dmesg_rc=1)
     refused("node-01", "xid: cannot read the kernel log (dmesg: read kernel buffer failed")
     refused("node-03", "node-03: reachable:")
+    # Where the node has dcgmi, its quick diagnostic must pass too.
+    gpus.set(dmesg=old_xid)
+    dcgmi = gpus.bin / "dcgmi"
+    dcgmi.write_text("#!/bin/sh\necho '| PCIe | Fail - GPU 2 link width x8 |'\nexit 226\n")
+    dcgmi.chmod(0o755)
+    refused("node-01", "dcgm diag: dcgmi diag -r 1 failed: | PCIe | Fail - GPU 2")
+    dcgmi.write_text("#!/bin/sh\necho '| Deployment | Pass |'\n")
     assert node_state(slurm, "node-01") == "drained"
     # The evidence passes (an Xid from before the drain does not count): resumed.
     gpus.set(dmesg=old_xid)
@@ -248,7 +255,8 @@ def test_resume_refused_for_each_failing_check_then_accepted(
     wait_for("node-03 resumed", lambda: node_state(slurm, "node-03") not in ("drained", "draining"))
     entries = svc.db.audit_entries(action="slurm.resume")
     outcomes = [(e.target, e.outcome) for e in reversed(entries)]
-    assert outcomes == [("node-01", "refused")] * 6 + [("node-03", "refused"), ("node-01", "ok"), ("node-03", "forced")]
+    expected = [("node-01", "refused")] * 6 + [("node-03", "refused"), ("node-01", "refused")]
+    assert outcomes == [*expected, ("node-01", "ok"), ("node-03", "forced")]
     forced = entries[0]
     assert forced.reason == "IPMI shows it healthy" and any("reachable: FAIL" in c for c in forced.detail["checks"])
     svc.db.close()
