@@ -105,3 +105,12 @@ def test_a_known_secret_is_removed_wherever_it_is_echoed() -> None:
 def test_a_flood_costs_a_bounded_amount() -> None:
     out = safe_text("\x1b[31m" * 1_000_000 + "x" * 1_000_000, 100)
     assert len(out) <= 100 and "\x1b" not in out
+
+
+def test_watch_prints_a_change_as_one_clean_line() -> None:
+    from tui.cli.watch import _line
+
+    line = _line(
+        "firing", {"alertname": "JobLost", "node": "gpu-01", "job_id": "j\x1b]52;c;eA==\x07-1"}, "died:\r\nFAKE"
+    )
+    assert line == "firing JobLost [] job_id=j-1, node=gpu-01: died: FAKE"

@@ -49,11 +49,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _line(prefix: str, labels: dict[str, str], summary: str) -> str:
+    from backend.textfmt import safe_text
+
+    # Labels and summaries carry what nodes and stores said (job ids, errors): the one sanitiser.
     keys = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity"))
-    return f"{prefix} {labels.get('alertname', '?')} [{labels.get('severity', '')}] {keys}: {summary}"
+    return safe_text(f"{prefix} {labels.get('alertname', '?')} [{labels.get('severity', '')}] {keys}: {summary}")
 
 
 def _printer(out: Any) -> Any:
+    from backend.textfmt import safe_text
+
     last_degraded: list[str | None] = [None]
 
     def on_round(r: Any) -> None:
@@ -65,7 +70,7 @@ def _printer(out: Any) -> Any:
                 print(f"{stamp} {_line('resolved', a.labels, a.annotations.get('summary', ''))}", file=out)
         degraded = r.degraded
         if degraded != last_degraded[0]:
-            print(f"{stamp} {degraded or 'alerting ok'}", file=out)
+            print(f"{stamp} {safe_text(degraded or 'alerting ok')}", file=out)
             last_degraded[0] = degraded
         out.flush()
 
