@@ -45,6 +45,9 @@ class _ChecksumHandler(_Handler):
         return {**super()._obj_headers(body, etag, obj), **self.s3.claims.get(id(obj), {})}
 
     def _head_object(self, bucket: str, key: str, q: dict[str, list[str]]) -> None:
+        if self.s3.deny_heads and "x-amz-checksum-mode" in {k.lower() for k in self.headers}:
+            self._error(403, "AccessDenied", "HEAD is not for you")
+            return
         sizes = self.s3.parts.get((bucket, key))
         if "partNumber" not in q or not sizes:
             super()._head_object(bucket, key, q)
@@ -61,6 +64,8 @@ class ChecksumHostileS3(HostileS3):
         super().__init__()
         self.claims: dict[int, dict[str, str]] = {}
         self.parts: dict[tuple[str, str], list[int]] = {}
+        #: Refuse every HEAD the pull's verifier sends (s5cmd's own HEADs still answer).
+        self.deny_heads = False
 
     def start(self) -> ChecksumHostileS3:
         import threading
@@ -178,3 +183,20 @@ async def test_a_store_with_no_checksum_and_no_md5_etag_is_size_only_said_plainl
     assert r["verified_text"].endswith("bytes proven for the rest (md5 x17)")
     assert (dest / "opaque.bin").read_bytes() == body
     assert 8 <= r["store_heads"] < 17  # the 17 objects past the MD5 threshold were not all asked
+
+
+async def test_a_store_that_refuses_the_verifiers_heads_gets_the_md5_proof_or_size_only_said_why(
+    hostile_s3: ChecksumHostileS3, hostile_services: Services, lab: Lab
+) -> None:
+    hostile_s3.deny_heads = True
+    plain, multi = os.urandom(MiB), os.urandom(MiB)
+    hostile_s3.put("evil", "h/plain.bin", plain)
+    hostile_s3.put("evil", "h/multi.bin", multi, etag=multipart_etag([multi[: MiB // 2], multi[MiB // 2 :]]))
+    final, dest = await _pull(hostile_services, lab, "h")
+    assert final.state == "succeeded", final.error
+    r = final.result or {}
+    assert r["proofs"] == {"multi.bin": "size-only", "plain.bin": "md5"}
+    assert "the store's HEAD failed (HEAD h/multi.bin: HTTP 403)" in r["verified_text"] or (
+        "the store's HEAD failed (HEAD h/plain.bin: HTTP 403)" in r["verified_text"]
+    )
+    assert (dest / "plain.bin").read_bytes() == plain and (dest / "multi.bin").read_bytes() == multi
