@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
+_IDX = re.compile(r"\(IDX:([0-9,\-]*)\)")
 #: Base states a node can be in (Slurm's ``NODE_STATE_*`` bases), lower case as sinfo prints them.
 BASE_STATES = frozenset({"idle", "allocated", "mixed", "down", "error", "future", "unknown"})
 #: Base states in which a node runs work: with DRAIN it is *draining*, not yet *drained*.
@@ -96,8 +99,6 @@ class SlurmNode:
     @property
     def gpus_used_idx(self) -> tuple[int, ...] | None:
         """GPU indices in use, when Slurm printed them (``IDX:0-2``); None when it did not."""
-        from backend.slurm.parse import gres_indices
-
         return gres_indices(self.gres_used)
 
 
@@ -149,3 +150,24 @@ class SlurmSnapshot:
     def jobs_on(self, node: str) -> tuple[SlurmJob, ...]:
         """Running jobs that hold ``node``."""
         return tuple(j for j in self.jobs if node in j.nodes and j.state in ("RUNNING", "COMPLETING", "SUSPENDED"))
+
+
+def gres_indices(text: Any) -> tuple[int, ...] | None:
+    """GPU indices from ``gpu:2(IDX:0-1)`` / ``gpu:a100:1(IDX:0),gpu:v100:2(IDX:3,5)``; None
+    when no IDX is printed; ``IDX:N/A`` (none) is ()."""
+    if not isinstance(text, str):
+        return None
+    found = _IDX.findall(text)
+    if not found:
+        return () if "IDX:N/A" in text else None
+    out: set[int] = set()
+    for spec in found:
+        for part in spec.split(","):
+            if not part:
+                continue
+            lo, _, hi = part.partition("-")
+            a, b = int(lo), int(hi or lo)
+            if b < a or b - a > 4096:
+                raise ValueError(f"bad GPU index range {part!r}")
+            out.update(range(a, b + 1))
+    return tuple(sorted(out))

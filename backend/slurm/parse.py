@@ -29,14 +29,13 @@ from typing import Any
 import hostlist
 
 from backend.errors import LoadmasterError
-from backend.slurm.model import BASE_STATES, Gres, NodeState, SlurmJob, SlurmNode
+from backend.slurm.model import BASE_STATES, Gres, NodeState, SlurmJob, SlurmNode, gres_indices
 
 #: Longest text kept from one field (a reason, a job name).
 MAX_FIELD = 512
 #: Most nodes named by one job's node list (a hostlist expanding to millions is hostile).
 MAX_JOB_NODES = 65536
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_IDX = re.compile(r"\(IDX:([0-9,\-]*)\)")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -116,27 +115,6 @@ def parse_gres(text: Any) -> tuple[Gres, ...]:
             continue
         out.append(Gres(parts[0], parts[1] if len(parts) == 3 else None, int(parts[-1])))
     return tuple(out)
-
-
-def gres_indices(text: Any) -> tuple[int, ...] | None:
-    """GPU indices from ``gpu:2(IDX:0-1)`` / ``gpu:a100:1(IDX:0),gpu:v100:2(IDX:3,5)``; None
-    when no IDX is printed; ``IDX:N/A`` (none) is ()."""
-    if not isinstance(text, str):
-        return None
-    found = _IDX.findall(text)
-    if not found:
-        return () if "IDX:N/A" in text else None
-    out: set[int] = set()
-    for spec in found:
-        for part in spec.split(","):
-            if not part:
-                continue
-            lo, _, hi = part.partition("-")
-            a, b = int(lo), int(hi or lo)
-            if b < a or b - a > 4096:
-                raise ValueError(f"bad GPU index range {part!r}")
-            out.update(range(a, b + 1))
-    return tuple(sorted(out))
 
 
 def expand_nodes(expr: Any) -> tuple[str, ...]:

@@ -190,7 +190,7 @@ JOB_KEYS = [
 ]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.fixed_dictionaries({}, optional={k: JSON for k in NODE_KEYS}) | JSON, max_size=5))
 def test_hostile_node_records_never_escape(records: list[object]) -> None:
     nodes, skipped = parse_nodes_json(json.dumps({"nodes": records}))
@@ -198,14 +198,14 @@ def test_hostile_node_records_never_escape(records: list[object]) -> None:
     assert all("\n" not in s for s in skipped)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.fixed_dictionaries({}, optional={k: JSON for k in JOB_KEYS}) | JSON, max_size=5))
 def test_hostile_job_records_never_escape(records: list[object]) -> None:
     jobs, skipped = parse_jobs_json(json.dumps({"jobs": records}))
     assert len(jobs) + len(skipped) == len(records)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.text(max_size=300))
 def test_hostile_text_lines_never_escape(text: str) -> None:
     for parse in (parse_nodes_text, parse_jobs_text):
