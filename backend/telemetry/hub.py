@@ -184,7 +184,9 @@ class TelemetryHub:
                             self._start_ssh(name)
                 except Exception as exc:  # a bad answer must not stop telemetry
                     log.warning("telemetry: reading Prometheus failed", exc_info=True)
-                    self.source_note = f"Prometheus {s.prometheus_url}: {type(exc).__name__}: {exc}"
+                    from backend.textfmt import safe_text  # the URL may hold a password
+
+                    self.source_note = safe_text(f"Prometheus {s.prometheus_url}: {type(exc).__name__}: {exc}", 500)
                 else:
                     # a cap hit this refresh (GPUs, devices, series skipped) is said, not hidden
                     self.source_note = "; ".join(reading.warnings)[:500] or None
