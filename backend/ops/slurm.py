@@ -518,26 +518,31 @@ def parse_gpu_jobs(gpus: str, apps: str, procs: str) -> tuple[GpuJob, ...]:
     index: dict[str, int] = {}
     for line in gpus.splitlines():
         idx, _, uuid = (c.strip() for c in line.partition(","))
-        if idx.isdigit() and uuid:
+        if _digits(idx) and uuid:
             index[uuid] = int(idx)
     owner: dict[int, tuple[str, str]] = {}
     for line in procs.splitlines():
         parts = line.split()
-        if len(parts) != 3 or not parts[0].isdigit():
+        if len(parts) != 3 or not _digits(parts[0]):
             continue
         cg, ev = parts[1], parts[2]
-        if cg.startswith("job_") and cg[4:].isdigit():
+        if cg.startswith("job_") and _digits(cg[4:]):
             owner[int(parts[0])] = (cg[4:], "cgroup")
-        elif ev.startswith("SLURM_JOB_ID=") and ev[13:].isdigit():
+        elif ev.startswith("SLURM_JOB_ID=") and _digits(ev[13:]):
             owner[int(parts[0])] = (ev[13:], "environ")
     out = []
     for line in apps.splitlines():
         pid, _, uuid = (c.strip() for c in line.partition(","))
-        if not pid.isdigit() or uuid not in index:
+        if not _digits(pid) or uuid not in index:
             continue
         job, via = owner.get(int(pid), (None, None))
         out.append(GpuJob(index[uuid], int(pid), job, via))
     return tuple(sorted(out, key=lambda g: (g.gpu, g.pid)))
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes ``²``, which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
 
 
 def _unread(section: tuple[str, str | None] | None) -> str | None:
