@@ -147,3 +147,46 @@ def _frozen(ledger: Any, monkeypatch: Any | None) -> Iterator[None]:
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
+
+
+def pull_preview(
+    services: Services, *, nodes: int = 16, failed: tuple[int, ...] = (), full: tuple[int, ...] = ()
+) -> Any:
+    """A fan-out pull's estimate to ``nodes`` nodes (no node or store contacted): the listing and
+    probes as a plan would hold them, priced by the real egress guard over this month's ledger.
+
+    ``failed``: node numbers that did not answer; ``full``: nodes whose scratch is too small.
+    """
+    from backend.jobs.pull import NodeEstimate, PullPlan, egress_check
+    from backend.jobs.pull_objects import PulledObject
+    from backend.ops import PullRequest
+    from backend.ops.pull import Pulls
+
+    total = 1_280 * 10**9
+    objects = tuple(PulledObject(f"shards/laion-{i:05d}.tar", total // 2560) for i in range(2560))
+    estimates = []
+    for i in range(1, nodes + 1):
+        name = f"gpu-a{i:02d}"
+        dest = "/mnt/local-nvme/loadmaster/scratch/datasets/laion-mini/2026-11-17"
+        if i in failed:
+            estimates.append(NodeEstimate(name, dest, error=f"{name}: connection refused (port 22)"))
+            continue
+        free = 400 * 10**9 if i in full else 6_000 * 10**9
+        estimates.append(NodeEstimate(name, dest, free, 0, 100.0 if i % 4 else 200.0, i % 5 != 0, s5cmd=True))
+    sites = [replace(NODES[0], name=e.node) for e in estimates]
+    decision, note = egress_check(services, STORES["datasets"], sites, total, len(objects), None)
+    plan = PullPlan(
+        src="s3://ml-datasets/laion-mini/shards/",
+        dest="datasets/laion-mini/2026-11-17",
+        store="datasets",
+        objects=objects,
+        total_bytes=total,
+        nodes=tuple(estimates),
+        numworkers=256,
+        concurrency=32,
+        part_size_mib=64,
+        egress=decision,
+        egress_note=note,
+    )
+    req = PullRequest(src=plan.src, dest=plan.dest, nodes=f"gpu-a[01-{nodes:02d}]")
+    return Pulls(services)._preview(req, plan, FROZEN_NOW)

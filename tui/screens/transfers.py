@@ -324,7 +324,11 @@ class TransfersScreen(LoadmasterScreen):
     @on(PullPlanned)
     def _pull_planned(self, event: PullPlanned) -> None:
         self.preview = event.preview
-        self.query_one(PullForm).show_estimate(event.text, launchable=event.launchable)
+        form = self.query_one(PullForm)
+        if event.preview is not None:
+            form.show_preview(event.preview)
+        else:
+            form.show_estimate(event.text, launchable=event.launchable)
 
     @on(PullForm.LaunchRequested)
     def _launch_requested(self, event: PullForm.LaunchRequested) -> None:

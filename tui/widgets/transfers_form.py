@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual import on
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Button, Input, Label, Select, Static
 
 from backend.jobs.pull import PRESETS
+from backend.jobs.settings import FANOUTS
 from backend.ops import PullRequest
+from tui.widgets.transfers_estimate import estimate_lines
+
+if TYPE_CHECKING:
+    from backend.ops import PullPreview
 
 AUTO_STORE = "(from SRC)"
+#: The fan-out choice that leaves it to ``[jobs] fanout``.
+CONFIG_FANOUT = "(config)"
+#: Terminal rows the Transfers screen spends around the estimate with the form open (header, tabs,
+#: summary, the form's border, caption and fields, the estimate's other lines, the footer).
+ROWS_AROUND_NODES = 28
 
 
 class PullForm(Vertical):
@@ -39,6 +51,8 @@ class PullForm(Vertical):
     def __init__(self, *, stores: list[str], id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.stores = stores
+        #: The estimate on show (re-laid out when the terminal is resized).
+        self.preview: PullPreview | None = None
 
     def compose(self) -> ComposeResult:
         # One line per row, a label before each field (as on the Shards and Egress screens): the
@@ -65,6 +79,15 @@ class PullForm(Vertical):
             )
             yield Label("Preset", classes="pull-label-inner")
             yield Select([(k, k) for k in PRESETS], value="tuned", allow_blank=False, id="pull-preset", compact=True)
+            yield Label("Fan-out", classes="pull-label-inner")
+            yield Select(
+                [(k, k) for k in (CONFIG_FANOUT, *FANOUTS)],
+                value=CONFIG_FANOUT,
+                allow_blank=False,
+                id="pull-fanout",
+                compact=True,
+                tooltip="direct: every node from the store; relay: seeds from the store, the rest from peers",
+            )
         with Horizontal(classes="pull-field"):
             yield Label("Workers", classes="pull-label")
             yield Input(
@@ -95,7 +118,9 @@ class PullForm(Vertical):
             yield Input(placeholder="over budget? why (only if the egress guard asks)", id="pull-reason", compact=True)
             yield Button("Estimate", id="pull-estimate", variant="primary", compact=True)
             yield Button("Launch", id="pull-launch", variant="warning", disabled=True, compact=True)
-        yield Static("", id="pull-estimate-text", markup=False)
+        # The decision is the estimate's first line; the rest scrolls inside the form.
+        with VerticalScroll(id="pull-estimate-box"):
+            yield Static("", id="pull-estimate-text", markup=False)
 
     @on(Select.Changed, "#pull-preset")
     def _preset(self, event: Select.Changed) -> None:
@@ -104,6 +129,8 @@ class PullForm(Vertical):
         self.query_one("#pull-concurrency", Input).value = str(cc)
         self.query_one("#pull-part-size", Input).value = str(ps)
 
+    @on(Select.Changed, "#pull-fanout")
+    @on(Select.Changed, "#pull-store")
     @on(Input.Changed)
     def _edited(self) -> None:
         # Any change invalidates the estimate: Launch needs a fresh one.
@@ -117,6 +144,7 @@ class PullForm(Vertical):
             return int(v) if v.isdigit() and int(v) > 0 else None
 
         store = str(self.query_one("#pull-store", Select).value)
+        fanout = str(self.query_one("#pull-fanout", Select).value)
         reason = self.query_one("#pull-reason", Input).value.strip() or None
         return PullRequest(
             src=self.query_one("#pull-src", Input).value.strip(),
@@ -127,6 +155,7 @@ class PullForm(Vertical):
             concurrency=num("#pull-concurrency"),
             part_size_mib=num("#pull-part-size"),
             reason=reason,
+            fanout=None if fanout == CONFIG_FANOUT else fanout,
         )
 
     @on(Button.Pressed, "#pull-estimate")
@@ -149,5 +178,25 @@ class PullForm(Vertical):
 
     def show_estimate(self, text: str, *, launchable: bool) -> None:
         """Show the estimate (or the reason it cannot start) and enable Launch when it may start."""
+        self.preview = None
         self.query_one("#pull-estimate-text", Static).update(text)
         self.query_one("#pull-launch", Button).disabled = not launchable
+
+    def show_preview(self, preview: PullPreview) -> None:
+        """Show a pull's estimate, its decision first, and enable Launch when it may start."""
+        self.preview = preview
+        self._render_preview()
+        self.query_one("#pull-launch", Button).disabled = not preview.startable
+
+    def on_resize(self) -> None:
+        if self.preview is not None:
+            self._render_preview()
+
+    def _render_preview(self) -> None:
+        if self.preview is None:
+            return
+        # The estimate box's scrollbar may take two columns: lines never wrap under it.
+        width = (self.content_region.width or 76) - 2
+        height = self.app.size.height if self.is_attached else 24
+        lines = estimate_lines(self.preview, width=width, node_lines=max(0, height - ROWS_AROUND_NODES))
+        self.query_one("#pull-estimate-text", Static).update("\n".join(lines))
