@@ -88,6 +88,32 @@ def test_drain_shows_the_command_then_resume_on_evidence(
     assert node_state(slurm, "node-02") == "drained"
 
 
+def test_gpus_of_a_node_map_processes_to_jobs(
+    slurm: SlurmLab, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    info = tmp_path / "pid"
+    job = slurm.sbatch(
+        "-w", "node-01", "--gres=gpu:1", script=f"echo $$ > {info}.tmp; mv {info}.tmp {info}; exec sleep 600"
+    )
+    wait_for("the job's pid", info.exists)
+    pid = info.read_text().strip()
+    b = tmp_path / "gpu-bin"
+    b.mkdir()
+    (b / "nvidia-smi").write_text(
+        '#!/bin/sh\ncase "$1" in\n'
+        '  --query-gpu=index,uuid) printf "0, GPU-0\\n1, GPU-1\\n" ;;\n'
+        f'  --query-compute-apps=*) printf "{pid}, GPU-1\\n" ;;\nesac\n'
+    )
+    (b / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{b}:{os.environ['PATH']}")
+    cfg = write_config(tmp_path, slurm)
+    assert main(["--config", cfg, "slurm", "gpus", "node-01", "--json"]) == 0
+    (doc,) = map(json.loads, capsys.readouterr().out.splitlines())
+    assert doc == {"gpu": 1, "pid": int(pid), "job": job, "via": "environ"}
+    assert main(["--config", cfg, "slurm", "gpus", "node-03"]) == 2  # nobody answers there
+    one_line_error(capsys.readouterr().err, "node-03")
+
+
 def test_one_line_errors(slurm: SlurmLab, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = write_config(tmp_path, slurm)
     assert main(["--config", cfg, "--readonly", "drain", "node-02", "--reason", "x", "--yes"]) == 2

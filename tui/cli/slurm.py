@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     j.add_argument("--json", action="store_true", help="one JSON object per job, one per line")
     j.set_defaults(func=run_jobs)
 
+    g = ss.add_parser("gpus", help="which Slurm job each process on a node's GPUs belongs to (read on the node)")
+    g.add_argument("node", metavar="NODE")
+    g.add_argument("--json", action="store_true", help="one JSON object per process, one per line")
+    g.set_defaults(func=run_gpus)
+
     d = sub.add_parser("drain", help="drain Slurm nodes with a reason (after the running jobs, or now)")
     d.add_argument("nodes", metavar="NODES", help="node names or a hostlist (node-[01-04])")
     d.add_argument("--reason", required=True, help="why: what the next on-call reads in sinfo")
@@ -146,6 +151,22 @@ async def run_jobs(args: argparse.Namespace, services: Services) -> int:
     for line in align_columns(table):
         print(line)
     print(f"{len(jobs)} job(s)")
+    return 0
+
+
+async def run_gpus(args: argparse.Namespace, services: Services) -> int:
+    from backend.textfmt import align_columns
+
+    found = await services.ops.slurm.gpu_jobs(args.node)
+    if args.json:
+        for g in found:
+            print(json.dumps({"gpu": g.gpu, "pid": g.pid, "job": g.job_id, "via": g.via}, sort_keys=True))
+        return 0
+    table = [["GPU", "PID", "JOB", "FROM"]]
+    table += [[str(g.gpu), str(g.pid), g.job_id or "- (not a Slurm job)", g.via or "-"] for g in found]
+    for line in align_columns(table):
+        print(line)
+    print(f"{len(found)} process(es) on {args.node}'s GPUs")
     return 0
 
 
