@@ -326,12 +326,11 @@ class PrometheusSource:
             if t.get("health") != "down":
                 continue
             labels = {str(k): str(v) for k, v in (t.get("labels") or {}).items()}
-            node = self._down_node(labels, covered)
-            if node is None or node in conflicts:
-                continue
             err = safe_text(str(t.get("lastError") or "scrape failed"), _ERROR_LIMIT)
             job = safe_text(labels.get("job", "target"), 80)
-            down[node] = "; ".join(x for x in (down.get(node), f"{job} target down: {err}") if x)
+            for node in self._down_nodes(labels, covered):
+                if node not in conflicts:
+                    down[node] = "; ".join(x for x in (down.get(node), f"{job} target down: {err}") if x)
         warnings = tuple(
             caps.lines() + [f"Prometheus answer cut at {MAX_SERIES_PER_QUERY:,} series: {c}" for c in self.client.cut]
         )
@@ -339,13 +338,14 @@ class PrometheusSource:
             log.warning("telemetry: %s", w)
         return Reading(observed, down, QUERY_COUNT, time.perf_counter() - t0, conflicts, warnings)
 
-    def _down_node(self, labels: dict[str, str], covered: set[str]) -> str | None:
-        """The node a down target's numbers are for: a node whose numbers came from this target
-        (its job and instance), or, for a node with no numbers at all, one its labels name."""
+    def _down_nodes(self, labels: dict[str, str], covered: set[str]) -> list[str]:
+        """The nodes a down target's numbers are for: those whose numbers came from this target
+        (its job and instance; a federating target serves many), or, for a node with no numbers
+        at all, the one its labels name."""
         src = _source(labels)
-        for node, known in self.sources.items():
-            if src in known:
-                return node
+        fed = [node for node, known in self.sources.items() if src in known]
+        if fed:
+            return fed
         s = self.settings
         named = (
             self.index.find(labels.get("node"))
@@ -354,8 +354,8 @@ class PrometheusSource:
             or self.index.find(labels.get("instance"))
         )
         if named is None or named in covered or self.sources.get(named):
-            return None  # its numbers come from elsewhere: an unrelated target is down
-        return named
+            return []  # its numbers come from elsewhere: an unrelated target is down
+        return [named]
 
     def _observed(
         self,

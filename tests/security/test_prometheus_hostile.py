@@ -246,6 +246,22 @@ async def test_the_exporter_a_node_s_numbers_come_from_being_down_marks_it(hosti
     assert reading.down["gpu-01"] == "dcgm target down: connection refused"
 
 
+async def test_a_target_serving_several_nodes_down_marks_each_of_them(hostile: Hostile) -> None:
+    # One federating dcgm target ("dcgm/fed:9400") carries both nodes' GPUs.
+    def both(q: str) -> bytes:
+        if "DCGM_FI_DEV_GPU_UTIL" in q:
+            return ok(
+                [
+                    series({"Hostname": n, "gpu": "0", "job": "dcgm", "instance": "fed:9400"}, "10")
+                    for n in ("gpu-01", "gpu-02")
+                ]
+            )
+        return ok([])
+
+    reading = await read_twice(hostile, both, lambda q: ok([]), [_target("dcgm", "fed:9400")])
+    assert reading.down == {n: "dcgm target down: connection refused" for n in ("gpu-01", "gpu-02")}
+
+
 async def test_a_node_with_no_numbers_is_marked_by_a_down_target_naming_it(hostile: Hostile) -> None:
     hostile.targets = [_target("node", "10.0.0.2:9100")]
     reading = await read_once(hostile)
