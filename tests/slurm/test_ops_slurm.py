@@ -39,7 +39,7 @@ def write_config(tmp_path: Path, lab: SlurmLab, state_url: str | None = None) ->
         '[[nodes]]\nname = "node-02"\nhost = "127.0.0.1"\ntransport = "local"\n\n'
         '[[nodes]]\nname = "node-03"\nhost = "127.0.0.1"\nport = 1\n\n'
         f'[state]\ndir = "{tmp_path / "state"}"\n{url}\n'
-        f'[slurm]\nenabled = true\nconf = "{lab.conf}"\ninterval = "5s"\n'
+        f'[slurm]\nenabled = true\nconf = "{lab.conf}"\ninterval = "30s"\n'
     )
     return cfg
 
