@@ -190,3 +190,76 @@ def pull_preview(
     )
     req = PullRequest(src=plan.src, dest=plan.dest, nodes=f"gpu-a[01-{nodes:02d}]")
     return Pulls(services)._preview(req, plan, FROZEN_NOW)
+
+
+def launch_records(*, nodes: int = 4, failed: int = 3, recorded: bool = True) -> tuple[Any, ...]:
+    """One pull launched to ``nodes`` nodes at 03:05 (ids share their time part), node ``failed``
+    failed, the rest half way; ``recorded=False``: as the nodes report them, the database down."""
+    from backend.jobs.records import JobProgress, JobRecord
+
+    out = []
+    for i in range(1, nodes + 1):
+        total = 1_280 * 10**9
+        state = "failed" if i == failed else "running"
+        done = total // 3 if i == failed else total // 2
+        out.append(
+            JobRecord(
+                id=f"1117-030500-{0xA1B0 + i:04x}",
+                node=f"gpu-a{i:02d}",
+                kind="pull",
+                state=state,
+                created=FROZEN_NOW - 420,
+                launched_by="alice@ops",
+                launched_from="bastion",
+                params={
+                    "src": "s3://ml-datasets/laion-mini/shards/",
+                    "dest": "/mnt/local-nvme/loadmaster/scratch/datasets/laion-mini",
+                },
+                started=FROZEN_NOW - 415,
+                error="s5cmd exited 1: connection reset by peer" if i == failed else None,
+                progress=JobProgress(t=FROZEN_NOW - 1, bytes_done=done, bytes_total=total, rate_bps=1.1e9),
+                recorded=recorded,
+            )
+        )
+    return tuple(out)
+
+
+class FixedJobs:
+    """The job records a snapshot shows, read as the Transfers screen reads every node's jobs
+    (``refresh``), with a fixed throughput history and log: no node is contacted."""
+
+    def __init__(self, records: tuple[Any, ...]) -> None:
+        self.records = records
+
+    async def refresh(self) -> list[Any]:
+        return list(self.records)
+
+    def get(self, job_id: str) -> Any:
+        return next(r for r in self.records if r.id == job_id)
+
+    async def progress_history(self, job_id: str, lines: int = 120) -> list[Any]:
+        from backend.jobs.records import JobProgress
+
+        last = self.get(job_id).progress
+        if last is None:
+            return []
+        return [
+            JobProgress(
+                t=last.t - 60 + i,
+                bytes_done=last.bytes_done * i // 60,
+                bytes_total=last.bytes_total,
+                rate_bps=last.rate_bps,
+            )
+            for i in range(61)
+        ]
+
+    async def read_log(self, job_id: str, tail_lines: int = 12) -> tuple[str, int]:
+        rec = self.get(job_id)
+        return (f"s5cmd: {rec.error}" if rec.error else "s5cmd: copying shards"), 0
+
+
+def services_with_jobs(records: tuple[Any, ...]) -> Services:
+    """Snapshot services whose Transfers screen reads ``records`` (the fleet fed as usual)."""
+    services = snapshot_services()
+    services.__dict__["jobs"] = FixedJobs(records)
+    return services

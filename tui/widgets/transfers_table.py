@@ -25,24 +25,25 @@ STATE_STYLE = {
 
 #: Fixed widths where content would otherwise push the live columns off screen (the detail pane
 #: shows the full source and destination).
-WIDTHS = {"state": 10, "what": 36, "progress": 31}  # state: "succeeded", "cancelled"
+WIDTHS = {"id": 16, "state": 10, "what": 36, "progress": 31}  # state: "succeeded", "cancelled"
 
-#: Most decisive first: on a narrow terminal the columns that scroll off are the long path and the
-#: job id, never the node, state or progress.
+#: Most decisive first: on a narrow terminal the columns that scroll off are the rates and the long
+#: path, never the node, the job's id (the one thing ``job cancel`` takes: every job of one launch
+#: shares its time part, so the id is shown whole), state or progress.
 COLUMNS = (
     ("node", "Node"),
-    ("kind", "Kind"),
+    ("id", "Job"),
     ("state", "State"),
     ("progress", "Progress"),
-    ("gbps", "Gbps"),
+    ("kind", "Kind"),
     ("eta", "ETA"),
+    ("gbps", "Gbps"),
     ("what", "Source -> Destination"),
-    ("id", "Job"),
 )
 
 
 class TransfersTable(DataTable[Text]):
-    """Jobs (node, kind, state, progress bar, Gbps, ETA, source -> destination, id); rows keyed by job id."""
+    """Jobs (node, id, state, progress bar, kind, ETA, Gbps, source -> destination); rows keyed by job id."""
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
@@ -89,11 +90,11 @@ class TransfersTable(DataTable[Text]):
         style = variables.get(STATE_STYLE.get(r.state, ""), "")
         return [
             Text(r.node),
-            Text(r.kind),
+            Text(r.id),
             Text(state, style=style),
             prog,
-            Text(gbps, justify="right"),
+            Text(r.kind),
             Text(eta, justify="right"),
+            Text(gbps, justify="right"),
             Text(what, overflow="ellipsis"),
-            Text(r.id),
         ]
