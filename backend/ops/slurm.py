@@ -27,6 +27,7 @@ in the audit log (``slurm.drain``, ``slurm.resume``) of either state backend.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 import time
@@ -53,7 +54,7 @@ _XID = re.compile(
 )
 #: One script, one round trip: the GPU processes, remap/ECC counters and the kernel log's Xids.
 _EVIDENCE = r"""
-q=index,remapped_rows.pending,ecc.errors.uncorrected.volatile.total
+q=index,remapped_rows.pending,ecc.errors.uncorrected.volatile.total,ecc.errors.uncorrected.aggregate.total
 echo '@@apps'; out=$(nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader 2>&1); rc=$?
 printf '%s\n' "$out" | head -c 65536; echo "@@apps-rc $rc"
 echo '@@gpu'; out=$(nvidia-smi --query-gpu=$q --format=csv,noheader,nounits 2>&1); rc=$?
@@ -403,18 +404,48 @@ class Slurm(Operation):
             for n in plan.nodes:
                 self.audit("slurm.drain", n, "failed", detail={"commands": ran, "error": str(exc)}, reason=plan.reason)
             raise
-        for n in plan.nodes:
-            ids.append(
-                self.audit(
-                    "slurm.drain",
-                    n,
-                    "ok",
-                    detail={"commands": ran, "now": plan.now, "requeued": list(plan.requeue)},
-                    reason=plan.reason,
-                )
-            )
+        baselines = await asyncio.gather(*(self._ecc_counts(n) for n in plan.nodes))
+        for n, ecc in zip(plan.nodes, baselines, strict=True):
+            detail: dict[str, object] = {"commands": ran, "now": plan.now, "requeued": list(plan.requeue)}
+            # What resume compares against: uncorrectable ECC errors since the drain.
+            detail["ecc_aggregate"] = {str(k): v for k, v in ecc.items()} if ecc is not None else None
+            ids.append(self.audit("slurm.drain", n, "ok", detail=detail, reason=plan.reason))
         self._cache = None
         return SlurmActionResult(plan.nodes, tuple(ran), tuple(ids))
+
+    async def _ecc_counts(self, node: str) -> dict[int, int] | None:
+        """Each GPU's lifetime uncorrectable ECC count on ``node`` (None: not in the inventory, not
+        reachable in a few seconds, or not reported). A drain never waits long for a sick node."""
+        if node not in self.services.pool.names:
+            return None
+        try:
+            res = await self.services.pool.transport(node).run(_EVIDENCE, timeout=15)
+        except (LoadmasterError, OSError):
+            return None
+        section = _sections(res.stdout).get("gpu")
+        if _unread(section) is not None or section is None:
+            return None
+        try:
+            rows = _gpu_rows(section[0])
+        except ValueError:
+            return None
+        return {int(idx): agg for idx, _p, _v, agg in rows if agg is not None and _digits(idx)} or None
+
+    def _ecc_baseline(self, node: SlurmNode) -> dict[int, int] | None:
+        """The ECC counts the drain that set ``node``'s current reason recorded (None: none)."""
+        if node.reason_at is None:
+            return None
+        for e in self.services.db.audit_entries(limit=200, action="slurm.drain"):
+            if e.target != node.name or e.outcome != "ok" or e.ts < node.reason_at - 120:
+                continue
+            got = e.detail.get("ecc_aggregate") if isinstance(e.detail, dict) else None
+            if isinstance(got, dict):
+                try:
+                    return {int(k): int(v) for k, v in got.items()}
+                except (TypeError, ValueError):
+                    return None
+            return None
+        return None
 
     async def gpu_jobs(self, node: str) -> tuple[GpuJob, ...]:
         """Which job each compute process on ``node``'s GPUs belongs to, read on the node (no Slurm
@@ -454,7 +485,7 @@ class Slurm(Operation):
             checks.append(Check("gpu processes", True, "no GPUs in Slurm's GRES"))
         else:
             checks.append(_apps_check(sec.get("apps")))
-            checks.append(_gpu_health_check(sec.get("gpu")))
+            checks.append(_gpu_health_check(sec.get("gpu"), self._ecc_baseline(node)))
         checks.append(_xid_check(sec.get("xid"), node.reason_at))
         dcgm = sec.get("dcgm")
         if dcgm is not None and dcgm[1] != "absent" and node.gpus:
@@ -564,21 +595,42 @@ def _apps_check(section: tuple[str, str | None] | None) -> Check:
     return Check("gpu processes", True, "none")
 
 
-def _gpu_health_check(section: tuple[str, str | None] | None) -> Check:
+def _gpu_rows(text: str) -> list[tuple[str, str, str, int | None]]:
+    """``index, remap pending, volatile uncorrected, aggregate uncorrected`` lines; ValueError on
+    a line that is not four cells."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 4:
+            raise ValueError(f"unreadable nvidia-smi line {clean(line, 80)!r}")
+        agg = int(cells[3]) if _digits(cells[3]) else None
+        rows.append((cells[0], cells[1], cells[2], agg))
+    return rows
+
+
+def _gpu_health_check(section: tuple[str, str | None] | None, baseline: dict[int, int] | None = None) -> Check:
+    """No pending row remap; no uncorrectable ECC error since the drain (the aggregate count against
+    the one the drain recorded), or, with no count from the drain, none in the volatile counter."""
     why = _unread(section)
     if why is not None or section is None:
         return Check("row remap / ECC", False, f"cannot read remap and ECC counters (nvidia-smi: {why})")
+    try:
+        rows = _gpu_rows(section[0])
+    except ValueError as exc:
+        return Check("row remap / ECC", False, str(exc))
     bad = []
-    for line in section[0].splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 3:
-            return Check("row remap / ECC", False, f"unreadable nvidia-smi line {clean(line, 80)!r}")
-        idx, pending, ecc = cells
+    for idx, pending, volatile, agg in rows:
         if pending.lower() not in ("no", "0", "[n/a]", "n/a"):
             bad.append(f"GPU {idx} has a pending row remap")
-        if ecc not in ("0", "[N/A]", "N/A"):
-            bad.append(f"GPU {idx} has {ecc} uncorrectable ECC error(s)")
-    return Check("row remap / ECC", not bad, "; ".join(bad) or "no pending remap, no uncorrectable ECC")
+        before = baseline.get(int(idx)) if baseline is not None and _digits(idx) else None
+        if before is not None and agg is not None:
+            if agg > before:
+                bad.append(f"GPU {idx} has {agg - before} uncorrectable ECC error(s) since the drain")
+        elif volatile not in ("0", "[N/A]", "N/A"):
+            bad.append(
+                f"GPU {idx} has {clean(volatile, 20)} uncorrectable ECC error(s) (volatile; no count from the drain)"
+            )
+    return Check("row remap / ECC", not bad, "; ".join(bad) or "no pending remap, no uncorrectable ECC since the drain")
 
 
 def _xid_check(section: tuple[str, str | None] | None, since: float | None) -> Check:

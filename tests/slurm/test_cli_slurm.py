@@ -42,7 +42,7 @@ def quiet_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     b = tmp_path / "gpu-bin"
     b.mkdir()
     (b / "nvidia-smi").write_text(
-        '#!/bin/sh\ncase "$1" in --query-gpu=*) printf "0, No, 0\\n1, No, 0\\n2, No, 0\\n3, No, 0\\n" ;; esac\n'
+        '#!/bin/sh\ncase "$1" in --query-gpu=*) printf "0, No, 0, 0\\n1, No, 0, 0\\n2, No, 0, 0\\n3, No, 0, 0\\n" ;; esac\n'
     )
     (b / "dmesg").write_text("#!/bin/sh\necho '[    0.000000] Linux version 6.1'\n")
     for f in b.iterdir():

@@ -66,3 +66,18 @@ def test_processes_map_to_jobs_by_cgroup_then_environ() -> None:
 def test_hostile_node_answers_never_escape(gpus: str, apps: str, procs: str) -> None:
     for g in parse_gpu_jobs(gpus, apps, procs):
         assert g.job_id is None or g.job_id.isdigit()
+
+
+def test_ecc_since_the_drain_against_the_drains_count() -> None:
+    from backend.ops.slurm import _gpu_health_check
+
+    now = ("0, No, 3, 12\n1, No, 0, 4\n", "0")
+    # The drain recorded 12 and 4: nothing new, although the volatile counter shows older errors.
+    assert _gpu_health_check(now, {0: 12, 1: 4}).passed
+    c = _gpu_health_check(now, {0: 10, 1: 4})
+    assert not c.passed and c.detail == "GPU 0 has 2 uncorrectable ECC error(s) since the drain"
+    # No count from the drain (an unreachable node then): the volatile counter decides.
+    c = _gpu_health_check(now, None)
+    assert not c.passed and "GPU 0 has 3 uncorrectable ECC error(s) (volatile" in c.detail
+    assert not _gpu_health_check(("0, No, 0\n", "0"), None).passed  # not the four cells asked for
+    assert _gpu_health_check(("0, No, [N/A], [N/A]\n", "0"), None).passed  # GPUs without ECC

@@ -70,7 +70,7 @@ class GpuStandIn:
         self,
         *,
         apps: str = "",
-        gpu: str = "0, No, 0\n1, No, 0\n2, No, 0\n3, No, 0\n",
+        gpu: str = "0, No, 0, 5\n1, No, 0, 5\n2, No, 0, 5\n3, No, 0, 5\n",
         dmesg: str = "",
         dmesg_rc: int = 0,
     ) -> None:
@@ -225,10 +225,11 @@ def test_resume_refused_for_each_failing_check_then_accepted(
     old_xid = _xid_line(drained_at - 3600, 48)
     gpus.set(apps="4242, GPU-8f0e\n", dmesg=old_xid)
     refused("node-01", "gpu processes: 1 compute process(es) on the GPUs (pid 4242)")
-    gpus.set(gpu="0, No, 0\n1, Yes, 0\n2, No, 0\n3, No, 0\n", dmesg=old_xid)
+    gpus.set(gpu="0, No, 0, 5\n1, Yes, 0, 5\n2, No, 0, 5\n3, No, 0, 5\n", dmesg=old_xid)
     refused("node-01", "row remap / ECC: GPU 1 has a pending row remap")
-    gpus.set(gpu="0, No, 0\n1, No, 2\n2, No, 0\n3, No, 0\n", dmesg=old_xid)
-    refused("node-01", "row remap / ECC: GPU 1 has 2 uncorrectable ECC error(s)")
+    # The drain recorded 5 lifetime uncorrectable errors per GPU: 7 now on GPU 1 is 2 since.
+    gpus.set(gpu="0, No, 0, 5\n1, No, 2, 7\n2, No, 0, 5\n3, No, 0, 5\n", dmesg=old_xid)
+    refused("node-01", "row remap / ECC: GPU 1 has 2 uncorrectable ECC error(s) since the drain")
     gpus.set(dmesg=old_xid + _xid_line(drained_at + 2))
     refused("node-01", "xid: 1 Xid(s) since the drain (last: Xid 79")
     gpus.set(dmesg="dmesg: read kernel buffer failed: Operation not permitted\n", dmesg_rc=1)
