@@ -70,6 +70,13 @@ from backend.policy.prices import (
 )
 from backend.state import StateDB, actor
 
+#: A job's settled bytes are capped at its reservation's quoted bytes times this: what a node
+#: reports is data, never a reason to spend more than the launch reserved (retried parts and an
+#: object rewritten since the listing fit in the 10 %).
+SETTLE_SLACK = 1.10
+#: More bytes than any one transfer moves: refused outright (a node's 1e30).
+MAX_TRANSFER_BYTES = 1 << 60
+
 #: The ledger rows that count against budgets and tiers: finished transfers and the reservations
 #: of running ones (a released reservation, whose job moved nothing, does not).
 COUNTED = "state <> 'released'"
@@ -364,6 +371,16 @@ class EgressLedger:
         self.db.transact(body, lock=f"egress:{row.month}")
         return self.for_job(job_id)
 
+    def orphan_reservations(self, before: float) -> list[str]:
+        """Job ids of reservations made before ``before`` whose job has no record at all (the
+        launch died between the reservation and the job's row)."""
+        rows = self.db.query(
+            "SELECT e.job_id AS job_id FROM egress_ledger e LEFT JOIN jobs j ON j.id = e.job_id"
+            " WHERE e.state = 'reserved' AND e.ts < ? AND e.job_id IS NOT NULL AND j.id IS NULL",
+            (before,),
+        )
+        return [str(r["job_id"]) for r in rows]
+
     def entry(self, entry_id: int) -> LedgerEntry:
         rows = self.db.query("SELECT * FROM egress_ledger WHERE id = ?", (entry_id,))
         if not rows:
@@ -529,6 +546,21 @@ class EgressGuard:
         """
         if nbytes < 0:
             raise PolicyError(f"cannot record a negative byte count ({nbytes})")
+        if nbytes > MAX_TRANSFER_BYTES:
+            raise PolicyError(f"cannot record {nbytes} bytes for one transfer (more than {MAX_TRANSFER_BYTES})")
+        if job_id is not None and (held := self.ledger.for_job(job_id)) is not None and held.quoted_bytes is not None:
+            cap = int(held.quoted_bytes * SETTLE_SLACK)
+            if nbytes > cap:
+                note = " ".join(
+                    x
+                    for x in (
+                        note,
+                        f"capped at its reservation ({held.quoted_bytes} bytes x {SETTLE_SLACK:g}): "
+                        f"the node reported {nbytes}",
+                    )
+                    if x
+                )
+                nbytes = cap
         at = _now(when)
         source = self._source_site(store)
         account = self.account_of(store)

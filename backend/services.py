@@ -75,7 +75,7 @@ class Services:
     def jobs(self) -> JobManager:
         from backend.jobs.manager import JobManager
 
-        return JobManager(self.pool, self.db, self.config)
+        return JobManager(self.pool, self.db, self.config, readonly=lambda: self.readonly)
 
     @cached_property
     def egress(self) -> EgressGuard:

@@ -34,9 +34,11 @@ from backend.agent.context import (
 from backend.agent.kinds import check_known
 from backend.agent.kinds import kind as job_kind
 from backend.config import Config
-from backend.errors import CommandFailed, JobError, LoadmasterError, NodeError, NodeUnreachable
+from backend.errors import CommandFailed, JobError, LoadmasterError, NodeError, NodeUnreachable, ReadOnlyRefused
 from backend.jobs.records import (
-    ACTIVE,
+    FOREIGN,
+    NODE_UNREADABLE,
+    QUARANTINED,
     TERMINAL,
     JobProgress,
     JobRecord,
@@ -49,14 +51,16 @@ from backend.jobs.remote import (
     PROVE_SCRIPT,
     SCAN_SCRIPT,
     RemoteJob,
-    parse_scan,
+    ScanResult,
+    parse_scan_checked,
     prove_vars,
+    spec_digest,
 )
 from backend.jobs.settings import JobSettings
 from backend.jobs.store import JobStore
 from backend.nodes.agent import agent_command as node_agent_command
 from backend.nodes.transport import Transport
-from backend.state import StateDB, StateUnavailable, actor
+from backend.state import Row, StateDB, StateError, StateUnavailable, actor
 
 if TYPE_CHECKING:
     from backend.nodes.pool import NodePool
@@ -73,7 +77,9 @@ def _read_note(exc: BaseException) -> str:
 class JobManager:
     """Launch, list, follow, cancel and re-attach to jobs on every node."""
 
-    def __init__(self, pool: NodePool, db: StateDB, config: Config) -> None:
+    def __init__(
+        self, pool: NodePool, db: StateDB, config: Config, *, readonly: bool | Callable[[], bool] = False
+    ) -> None:
         self.pool = pool
         self.db = db
         self.config = config
@@ -81,6 +87,14 @@ class JobManager:
         self._homes: dict[str, str] = {}
         self._samples: dict[str, deque[tuple[float, int]]] = {}
         self.store = JobStore(db)
+        self._readonly = readonly
+        #: One line per job record the last refresh skipped (node and job named), for the front end.
+        self.problems: list[str] = []
+
+    @property
+    def readonly(self) -> bool:
+        """Read-only: refreshes show what nodes say but write nothing, on the nodes or the database."""
+        return bool(self._readonly() if callable(self._readonly) else self._readonly)
 
     # -- launching -----------------------------------------------------------------------------
 
@@ -141,14 +155,15 @@ class JobManager:
             # but never puts its bytes in its own ledger.
             "state_id": self.db.state_id,
         }
-        self.store.insert(spec, job_dir)
+        spec_text = json.dumps(spec)
+        self.store.insert(spec, job_dir, digest=spec_digest(spec_text), store=_store_name(params))
         self.store.event(job_id, "launch", f"{kind} on {node}")
         # One round trip: create the job directory, write the secrets (0600, first line of stdin)
         # and the spec (the rest), start the agent detached. Secrets never reach an argv: the
         # shell's read/printf are builtins.
         inner = f'exec {self.agent_command(node)} agent run "$D"'
         script = LAUNCH_SCRIPT.replace("@INNER@", shlex.quote(inner))
-        payload = (json.dumps(secrets) if secrets else "") + "\n" + json.dumps(spec)
+        payload = (json.dumps(secrets) if secrets else "") + "\n" + spec_text
         try:
             res = await t.run(f"sh -c {shlex.quote(script)} launch {shlex.quote(job_id)}", input=payload, timeout=60)
             home = pid_text = None
@@ -215,7 +230,7 @@ class JobManager:
 
     async def _scan(
         self, node: str, pattern: str = "*", tail: int = 6, *, wait_for: Iterable[str] = (), max_wait: float = 0.0
-    ) -> tuple[str | None, float, list[RemoteJob]]:
+    ) -> ScanResult:
         t = self.pool.transport(node)
         ids = " ".join(shlex.quote(i) for i in wait_for)
         tenths = int(max_wait * 10) if ids else 0
@@ -225,18 +240,22 @@ class JobManager:
         )
         if not res.ok:
             raise JobError(f"{node}: cannot read job directories: {res.stderr.strip() or res.exit_status}")
-        home, now, jobs = parse_scan(res.stdout)
-        if home:
-            self._homes.setdefault(node, home)
-        return home, now or time.time(), jobs
+        scan = parse_scan_checked(res.stdout)
+        if scan.home:
+            self._homes.setdefault(node, scan.home)
+        return scan
 
     async def refresh(
         self, nodes: Iterable[str] | None = None, *, wait_for: Iterable[str] = (), max_wait: float = 0.0
     ) -> list[JobRecord]:
         """Re-read every job directory on ``nodes`` (all by default) and return all records.
 
-        With ``wait_for`` job ids, each node first waits up to ``max_wait`` seconds for those of
-        its jobs to finish, so a follower learns of the end promptly with few round trips.
+        A job folder is acted on (recorded, settled, cleaned up) only when it matches a job this
+        state database launched (same id, node, kind and spec digest); any other is listed as
+        ``foreign`` with the reason and never acted on. One unreadable record is skipped with a
+        line in :attr:`problems` naming its node and job; the others are read as usual. With
+        ``wait_for`` job ids, each node first waits up to ``max_wait`` seconds for those of its
+        jobs to finish, so a follower learns of the end promptly with few round trips.
         """
         names = list(nodes) if nodes is not None else [n.name for n in self.config.nodes]
         by_node = self.store.nodes_of(set(wait_for))
@@ -246,56 +265,126 @@ class JobManager:
             timeout=60 + max_wait,
         )
         notes: dict[str, str] = {}
+        problems: list[str] = []
+        views: dict[str, JobRecord] = {}
+        foreign: list[JobRecord] = []
         try:
             for node, res in results.items():
                 if isinstance(res, BaseException):
                     notes[node] = _read_note(res)
                     continue
-                _home, now, remote = res
-                for rj in remote:
-                    await self._merge(node, rj, now)
-            for rec in self.store.end_pending():
-                self._on_ended(rec)
+                problems.extend(self._problem(f"{node}: {line}") for line in res.skipped)
+                now = res.now or time.time()
+                seen: set[str] = set()
+                for rj in res.jobs:
+                    seen.add(rj.id)
+                    try:
+                        rec = await self._consider(node, rj, now)
+                    except (StateUnavailable, asyncio.CancelledError):
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - one bad record never stops the others
+                        problems.append(self._problem(f"{node}: job {_text(rj.id)}: skipped: {_why(exc)}"))
+                        continue
+                    if rec.foreign is not None:
+                        foreign.append(rec)
+                        if rj.problem:
+                            problems.append(self._problem(f"{node}: job {_text(rj.id)}: skipped: {rj.problem}"))
+                    else:
+                        views[rec.id] = rec
+                        if rj.problem:
+                            problems.append(self._problem(f"{node}: job {_text(rj.id)}: skipped: {rj.problem}"))
+                views.update(await self._vanished(node, seen))
+            if not self.readonly:
+                for rec in self.store.end_pending():
+                    self._on_ended(rec)
+                self._release_unseen()
         except StateUnavailable as exc:
             # Monitoring goes on without the state database: what the nodes say, not recorded
             # (the next refresh with the database back records it, ends included).
+            self.problems = problems
             return [
-                self._unrecorded(node, rj, res[1], str(exc))
+                self._unrecorded(node, rj, res.now or time.time(), str(exc))
                 for node, res in results.items()
                 if not isinstance(res, BaseException)
-                for rj in res[2]
+                for rj in res.jobs
+                if rj.problem is None
             ]
+        self.problems = problems
         out = []
         for rec in self.records():
+            rec = views.get(rec.id, rec)
             if rec.node in notes and not rec.terminal:
                 rec = replace(rec, note=notes[rec.node])
             out.append(rec)
+        # A foreign folder may reuse a team job's id (or another node's): listed under
+        # ID@NODE, so a view keyed by id never confuses the two.
+        ids = {r.id for r in out}
+        for rec in foreign:
+            if rec.id in ids:
+                rec = replace(rec, id=f"{rec.id}@{rec.node}")
+            if rec.id not in ids:
+                ids.add(rec.id)
+                out.append(rec)
         return out
+
+    @staticmethod
+    def _problem(line: str) -> str:
+        log.warning("%s", line)
+        return line
 
     async def refresh_job(self, job_id: str, *, max_wait: float = 0.0) -> JobRecord:
         """Re-read one job's directory on its node (waiting up to ``max_wait`` s for it to end)."""
         rec = self.get(job_id)
         try:
-            _home, now, remote = await self._scan(rec.node, rec.id, tail=6, wait_for=[rec.id], max_wait=max_wait)
+            scan = await self._scan(rec.node, rec.id, tail=6, wait_for=[rec.id], max_wait=max_wait)
         except LoadmasterError as exc:
             return replace(rec, note=_read_note(exc))
-        if not remote:
-            if rec.state in ACTIVE and time.time() - rec.created > self.settings.lost_after:
-                self.store.update(
-                    rec.id, state="lost", error="the job directory is gone from the node", finished=time.time()
-                )
-                self._on_ended(self.get(rec.id))
-            return self.get(rec.id)
-        return await self._merge(rec.node, remote[0], now)
+        mine = [rj for rj in scan.jobs if rj.id == rec.id]
+        if not mine:
+            return (await self._vanished(rec.node, set(), only=rec.id)).get(rec.id) or self.get(rec.id)
+        seen = await self._consider(rec.node, mine[0], scan.now or time.time())
+        if seen.foreign is not None:
+            return replace(rec, note=f"the node's copy of this job is not the one launched: {seen.foreign}")
+        return seen
+
+    def _verdict(self, node: str, rj: RemoteJob) -> tuple[Row | None, str | None]:
+        """(the job's row, None) when the folder is one this database launched; else (None, why not)."""
+        row = self.store.authority(rj.id)
+        if row is None:
+            return None, "no job with this id was launched through this state database"
+        if row["adopted"]:
+            return None, "adopted from a node by an older loadmaster, never launched through this database"
+        if row["node"] != node:
+            return None, f"launched on {row['node']}, found on {node}"
+        kind = rj.spec.get("kind")
+        if row["kind"] != kind:
+            return None, f"launched as a {row['kind']} job, the node says {_text(str(kind))!r}"
+        # Rows recorded before digests existed (an older loadmaster launched them) match by id,
+        # node and kind alone.
+        if row["spec_digest"] is not None and row["spec_digest"] != rj.spec_digest:
+            return None, "its spec is not the one launched (the digest differs)"
+        return row, None
+
+    async def _consider(self, node: str, rj: RemoteJob, now: float) -> JobRecord:
+        """The job folder ``rj`` on ``node`` as a record: merged into its row when it is this
+        team's, else shown as foreign (nothing written, nothing done)."""
+        row, why = self._verdict(node, rj)
+        if row is None:
+            return self._foreign(node, rj, now, rj.problem or why or "")
+        if rj.problem is not None or row["quarantined"]:
+            # This team's job, but what the node says of it cannot be used: shown as recorded.
+            note = (
+                f"{NODE_UNREADABLE} ({rj.problem}); shown as last recorded"
+                if rj.problem
+                else f"{QUARANTINED}: {row['quarantined']}"
+            )
+            return replace(self.get(rj.id), note=note)
+        return await self._merge(node, rj, now)
 
     async def _merge(self, node: str, rj: RemoteJob, now: float) -> JobRecord:
-        spec = rj.spec
+        """Fold a (checked) job folder of this team's into its row; read-only: into the view only."""
         before = self.store.state_of(rj.id)
-        if before is None:
-            # Launched by another console (or the CLI on another machine): adopt it.
-            self.store.adopt(rj.id, node, spec, f"{self._homes.get(node, '')}/{rj.id}", now)
-            self.store.event(rj.id, "adopt", f"found on {node}")
-            before = "running"
+        rec0 = self.get(rj.id)
         prog = progress_from_lines(rj.progress)
         if prog is not None:
             dq = self._samples.setdefault(rj.id, deque(maxlen=600))
@@ -309,13 +398,13 @@ class JobManager:
             cols["pid"] = int(pid)
             cols["started"] = float((rj.pidinfo or {}).get("started") or now)
         beat_age = None if rj.beat is None else max(0.0, now - rj.beat)
+        lost = False
         if rj.result is not None:
             res = rj.result
-            state = str(res.get("state", "failed"))
             cols.update(
-                state=state if state in TERMINAL else "failed",
-                error=res.get("error"),
-                finished=res.get("finished"),
+                state=str(res["state"]),
+                error=None if res.get("error") is None else str(res["error"]),
+                finished=None if res.get("finished") is None else float(res["finished"]),
                 result=res.get("details") or {},
             )
             if res.get("progress"):
@@ -323,22 +412,97 @@ class JobManager:
         elif rj.alive:
             cols["state"] = "cancelling" if rj.cancel_requested else "running"
         else:
-            since = rj.beat if rj.beat is not None else float(spec.get("created", now))
+            # The start of the record's clock is this database's launch time, never the node's.
+            since = rj.beat if rj.beat is not None else rec0.created
             if now - since > self.settings.lost_after:
-                await self._mark_lost(node, rj, now - since)
+                lost = True
                 cols.update(state="lost", finished=time.time(), error=self._lost_message(rj, now - since))
         if prog is not None:
             cols["progress"] = {k: v for k, v in prog.__dict__.items()}
+        if self.readonly:
+            # Shown as the node says (a lost job as lost), never handled: nothing is killed,
+            # written on the node, cleaned up, recorded or settled.
+            view = {k: v for k, v in cols.items() if k != "progress"}
+            if "result" in view and not isinstance(view["result"], dict):
+                view.pop("result")
+            return replace(rec0, **view, progress=prog if prog is not None else rec0.progress, heartbeat_age=beat_age)
+        if lost:
+            await self._mark_lost(node, rj, rec0, now - (rj.beat if rj.beat is not None else rec0.created))
         self.store.update(rj.id, **cols)
         rec = self.get(rj.id)
         if rec.terminal and before not in TERMINAL:
             self._on_ended(rec)
         return replace(rec, heartbeat_age=beat_age)
 
+    async def _vanished(self, node: str, seen: set[str], *, only: str | None = None) -> dict[str, JobRecord]:
+        """This team's jobs on ``node`` that the record calls starting or running but whose folder
+        is gone from a node that answered: ``lost`` (or, never started, ``failed``) once they are
+        older than ``lost_after``; the kind's end runs (a pull's reservation is released)."""
+        out: dict[str, JobRecord] = {}
+        for row in self.store.active_on(node):
+            jid = str(row["id"])
+            if jid in seen or (only is not None and jid != only):
+                continue
+            if time.time() - float(row["created"] or 0) <= self.settings.lost_after:
+                continue
+            never = row["state"] == "starting" and row["pid"] is None
+            cols: dict[str, Any] = {
+                "state": "failed" if never else "lost",
+                "error": "never started on the node (the launch was interrupted)"
+                if never
+                else "the job directory is gone from the node",
+                "finished": time.time(),
+            }
+            if self.readonly:
+                out[jid] = replace(self.get(jid), **cols)
+                continue
+            self.store.update(jid, **cols)
+            rec = self.get(jid)
+            self._on_ended(rec)
+            out[jid] = rec
+        return out
+
+    def _release_unseen(self) -> None:
+        """Reservations whose job never appeared (the launch died between the reservation and
+        the job's record: SIGKILL, a crash) stop counting after ``[jobs] reservation_grace``."""
+        from backend.ledger import EgressLedger
+
+        ledger = EgressLedger(self.db)
+        for job_id in ledger.orphan_reservations(time.time() - self.settings.reservation_grace):
+            ledger.release(
+                job_id, f"the job never appeared within {self.settings.reservation_grace:.0f}s of its reservation"
+            )
+            log.info("released the reservation of job %s: it never appeared", job_id)
+
+    def _foreign(self, node: str, rj: RemoteJob, now: float, why: str) -> JobRecord:
+        """A job folder this database did not launch, for display only: its kind and label as
+        the node says them (cleaned), nothing else of it (who launched it is unknown)."""
+        spec = rj.spec
+        created = spec.get("created")
+        label = spec.get("label")
+        raw = spec.get("params")
+        params: dict[str, Any] = raw if isinstance(raw, dict) and rj.problem is None else {}
+        # What it says it copies, as text for the views (never used for anything else).
+        shown = {k: _text(v, 300) if isinstance(v := params.get(k), str) else "" for k in ("src", "dest")}
+        return JobRecord(
+            id=_text(rj.id),
+            node=node,
+            kind=_text(str(spec.get("kind", "?")), 32),
+            state=FOREIGN,
+            created=float(created) if isinstance(created, int | float) and rj.problem is None else now,
+            launched_by="?",
+            launched_from="?",
+            label=_text(label, 200) if isinstance(label, str) else "",
+            params=shown,
+            note=f"foreign: {why}",
+            recorded=False,
+            foreign=why,
+        )
+
     @staticmethod
     def _unrecorded(node: str, rj: RemoteJob, now: float, why: str) -> JobRecord:
         """A job as its directory on ``node`` shows it, for display while the state database is
-        down (nothing is written)."""
+        down (nothing is written or acted on; who launched it is not the node's to say)."""
         spec = rj.spec
         res = rj.result or {}
         if rj.result is not None:
@@ -350,12 +514,12 @@ class JobManager:
         return JobRecord(
             id=rj.id,
             node=node,
-            kind=str(spec.get("kind", "?")),
+            kind=_text(str(spec.get("kind", "?")), 32),
             state=state,
             created=float(spec.get("created", now)),
-            launched_by=str(spec.get("launched_by", "?")),
-            launched_from=str(spec.get("launched_from", "?")),
-            label=str(spec.get("label", "")),
+            launched_by="?",
+            launched_from="?",
+            label=_text(str(spec.get("label", "")), 200),
             params=params if isinstance(params := spec.get("params"), dict) else {},
             error=res.get("error"),
             finished=res.get("finished"),
@@ -368,15 +532,23 @@ class JobManager:
 
     def _on_ended(self, rec: JobRecord) -> None:
         """The kind's console-side end hook (a pull settles its egress reservation). Recorded as
-        done only when it returns; a failure (the state database down) is tried again on the next
-        refresh, by this console or another."""
+        done only when it returns; the state database failing is tried again on the next refresh,
+        by this console or another; anything else (a value the ledger refuses) quarantines the
+        row with the reason, so it is not retried forever."""
+        if self.readonly or rec.quarantined:
+            return
         try:
             job_kind(rec.kind).on_ended(self.config, self.db, rec)
             self.store.end_recorded(rec.id)
-        except LoadmasterError as exc:
+        except StateError as exc:
             log.warning("%s: recording the end of job %s failed: %s", rec.node, rec.id, exc)
             with contextlib.suppress(LoadmasterError):
                 self.store.event(rec.id, "end-record-failed", str(exc))
+        except Exception as exc:  # noqa: BLE001 - one row must never stop every refresh
+            why = f"its end cannot be recorded: {_why(exc)}"
+            log.warning("%s: job %s quarantined: %s", rec.node, rec.id, why)
+            with contextlib.suppress(StateError):
+                self.store.quarantine(rec.id, why)
 
     @staticmethod
     def _lost_message(rj: RemoteJob, age: float) -> str:
@@ -391,14 +563,15 @@ class JobManager:
             "node rebooted)"
         )
 
-    async def _mark_lost(self, node: str, rj: RemoteJob, age: float) -> None:
+    async def _mark_lost(self, node: str, rj: RemoteJob, rec: JobRecord, age: float) -> None:
         """Write the lost result on the node, kill leftovers of its process group (only once that
-        group is proven to be the job's), and run the kind's cleanup with what it needs."""
+        group is proven to be the job's), and run the kind's cleanup with what it needs. Only for
+        a job this database launched (``rec``, its row): kind and params come from the row."""
         t = self.pool.transport(node)
         job_dir = f"{self._homes.get(node, '')}/{rj.id}"
         result = {
             "id": rj.id,
-            "kind": rj.spec.get("kind"),
+            "kind": rec.kind,
             "state": "lost",
             "error": self._lost_message(rj, age),
             "finished": time.time(),
@@ -416,9 +589,7 @@ class JobManager:
             )
         try:
             await t.write_file(f"{job_dir}/{RESULT_FILE}", json.dumps(result), mode=0o644)
-            res = await self._run_cleanup(
-                node, rj.id, job_dir, str(rj.spec.get("kind", "")), rj.spec.get("params") or {}, pre=kill
-            )
+            res = await self._run_cleanup(node, rj.id, job_dir, rec.kind, rec.params, pre=kill)
             if "@@LEFT" in res.stdout:
                 self.store.event(
                     rj.id,
@@ -432,7 +603,12 @@ class JobManager:
 
     async def _cleanup_secrets(self, job_id: str, kind: str, params: dict[str, Any]) -> dict[str, str]:
         """The secrets the kind's cleanup needs, resolved again here as for the launch (the runner
-        deleted its copy at start); empty when the kind needs none or they cannot be had."""
+        deleted its copy at start); empty when the kind needs none or they cannot be had. Only
+        for the node and store recorded at the job's launch."""
+        row = self.store.authority(job_id)
+        if row is None or row["adopted"] or row["kind"] != kind or row["store"] != _store_name(params):
+            self.store.event(job_id, "cleanup-without-credentials", "not the store recorded at the job's launch")
+            return {}
         try:
             return await job_kind(kind).cleanup_secrets(self.config, params)
         except Exception as exc:  # noqa: BLE001 - cleanup still runs; the log and the event say what it lacked
@@ -446,7 +622,7 @@ class JobManager:
         """Run ``agent cleanup`` for a job whose runner cannot (dead or killed), after ``pre``;
         credentials travel on stdin into a 0600 file the cleanup reads and deletes."""
         t = self.pool.transport(node)
-        secrets = await self._cleanup_secrets(job_id, kind, params)
+        secrets = await self._cleanup_secrets(job_id, kind, params) if self._on_its_node(job_id, node) else {}
         fifo = shlex.quote(str(done_fifo(PurePosixPath(job_dir))))
         script = f'{pre}rm -f "$1/{SECRETS_FILE}" {fifo}\n' + CLEANUP_SCRIPT.replace(
             "@AGENT@", self.agent_command(node)
@@ -456,6 +632,14 @@ class JobManager:
             input=(json.dumps(secrets) if secrets else "") + "\n",
             timeout=300,
         )
+
+    def _own(self, node: str, jobs: list[RemoteJob], job_id: str) -> list[RemoteJob]:
+        """The folder of ``job_id`` among ``jobs`` when it is the one launched and readable, else []."""
+        return [rj for rj in jobs if rj.id == job_id and rj.problem is None and self._verdict(node, rj)[0] is not None]
+
+    def _on_its_node(self, job_id: str, node: str) -> bool:
+        row = self.store.authority(job_id)
+        return row is not None and row["node"] == node
 
     # -- following -----------------------------------------------------------------------------
 
@@ -536,13 +720,15 @@ class JobManager:
         The group is signalled only once it is proven to be the job's (:data:`PROVE_SCRIPT`);
         otherwise only the cancel file is written, which a live runner also obeys.
         """
+        if self.readonly:
+            raise ReadOnlyRefused("read-only mode: cannot cancel a job (drop --readonly)")
         rec = await self.refresh_job(job_id)
         if rec.note:
             raise JobError(f"cannot cancel {rec.id}: {rec.note}")
         if rec.terminal:
             raise JobError(f"job {rec.id} already ended ({rec.state}); nothing to cancel")
         t = self.pool.transport(rec.node)
-        _home, _now, remote = await self._scan(rec.node, rec.id, tail=1)
+        remote = self._own(rec.node, (await self._scan(rec.node, rec.id, tail=1)).jobs, rec.id)
         pidinfo = remote[0].pidinfo if remote else None
         d = shlex.quote(rec.job_dir or "")
         steps = max(1, int(self.settings.cancel_grace / 0.2))
@@ -562,7 +748,7 @@ class JobManager:
                 "group-left-alone",
                 "process group not proven to be this job's: only the cancel file was written",
             )
-        _home, now, remote = await self._scan(rec.node, rec.id, tail=6)
+        remote = self._own(rec.node, (await self._scan(rec.node, rec.id, tail=6)).jobs, rec.id)
         if remote and remote[0].result is None and not remote[0].alive:
             # Gone (killed) before it could write its own result: record "cancelled" and clean up
             # for it. A runner still alive (its group not proven ours) obeys the cancel file.
@@ -589,3 +775,22 @@ class JobManager:
             reason=reason,
         )
         return final
+
+
+def _store_name(params: dict[str, Any]) -> str | None:
+    """The store a job's params name (a pull's ``store``, an upload's ``store.name``): the only
+    store whose credentials its cleanup may be given."""
+    st = params.get("store")
+    if isinstance(st, dict):
+        st = st.get("name") or st.get("url")
+    return str(st) if st else None
+
+
+def _text(value: Any, limit: int = 80) -> str:
+    from backend.nodes.untrusted import clean_text
+
+    return clean_text(str(value), limit)
+
+
+def _why(exc: BaseException) -> str:
+    return _text(str(exc) if isinstance(exc, LoadmasterError) else f"{type(exc).__name__}: {exc}", 300)

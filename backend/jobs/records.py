@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
+#: The state of a job folder this team's database did not launch (see JobRecord.foreign).
+FOREIGN = "foreign"
+#: Notes on a team's job that are about what its node wrote, not about reaching the node.
+NODE_UNREADABLE = "the node's record is unreadable"
+QUARANTINED = "quarantined"
+NODE_SAID_NOTES = (NODE_UNREADABLE, QUARANTINED, "the node's copy of this job")
 ACTIVE = frozenset({"starting", "running", "cancelling"})
 
 
@@ -94,6 +100,11 @@ class JobRecord:
     note: str | None = None
     #: False when this is what the node said while the state database was down (not recorded).
     recorded: bool = True
+    #: Why this job folder is not one this team's database launched (shown, never acted on):
+    #: None for the team's own jobs. Its ``state`` is then ``"foreign"``.
+    foreign: str | None = None
+    #: Why the job's row cannot be settled (its end is never recorded again); None normally.
+    quarantined: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -129,6 +140,8 @@ class JobRecord:
             "heartbeat_age": self.heartbeat_age,
             "note": self.note,
             "recorded": self.recorded,
+            "foreign": self.foreign,
+            "quarantined": self.quarantined,
         }
 
 

@@ -8,6 +8,8 @@ prints is untrusted: :func:`parse_scan` bounds, cleans and skips, never crashes.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,9 +149,38 @@ exit $rc
 """
 
 
+#: What a node may say about a job, as types and ranges: anything outside them makes the whole
+#: record unreadable (skipped with one line naming the node and the job, never half-used).
+MAX_PID = 4_194_304  # Linux's PID_MAX_LIMIT
+MAX_BYTES = 1 << 60  # 1 EiB: more than any store sends one job
+MAX_ITEMS = 1 << 48
+MAX_RATE_BPS = 1e13  # 80 Tb/s
+MAX_NUMBER = float(1 << 63)  # any other number in a node's JSON (SQLite's INTEGER range)
+TIME_MAX = 4_102_444_800.0  # 2100-01-01: a time past it is not a clock reading
+MAX_TEXT = 64 * 1024
+#: A job id loadmaster makes (new_job_id) or accepts from a node: one plain path segment.
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: The states a job's result may name.
+RESULT_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
+
+
+class BadRecord(ValueError):
+    """A job record from a node that fails its types or ranges: the message names the field."""
+
+
+def spec_digest(text: str) -> str:
+    """The digest of a job spec as written to its node (the exact JSON text): a console acts on
+    a job folder only when its spec has the digest recorded at launch."""
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 @dataclass
 class RemoteJob:
-    """One job directory as :data:`SCAN_SCRIPT` reported it (untrusted: cleaned and bounded)."""
+    """One job directory as :data:`SCAN_SCRIPT` reported it (untrusted: cleaned and bounded).
+
+    ``problem`` is set when a field fails its type or range (:func:`check_job`); such a record
+    is shown as unreadable and nothing of it is used.
+    """
 
     id: str
     spec: dict[str, Any] = field(default_factory=dict)
@@ -159,6 +190,20 @@ class RemoteJob:
     beat: float | None = None
     cancel_requested: bool = False
     progress: list[dict[str, Any]] = field(default_factory=list)
+    #: sha256 of the spec line exactly as the node printed it (see :func:`spec_digest`).
+    spec_digest: str | None = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """One node's scan: its jobs dir, its clock, its job records, and one line per record that
+    could not be read at all (no spec)."""
+
+    home: str | None
+    now: float | None
+    jobs: list[RemoteJob]
+    skipped: list[str] = field(default_factory=list)
 
 
 def _obj(rest: str, what: str) -> dict[str, Any]:
@@ -186,23 +231,33 @@ def _obj(rest: str, what: str) -> dict[str, Any]:
 def parse_scan(text: str) -> tuple[str | None, float | None, list[RemoteJob]]:
     """Parse :data:`SCAN_SCRIPT` output into (jobs dir, node clock, jobs); what a node prints is
     untrusted: a malformed, oversized or deeply nested line is skipped, never a crash."""
+    res = parse_scan_checked(text)
+    return res.home, res.now, res.jobs
+
+
+def parse_scan_checked(text: str) -> ScanResult:
+    """:func:`parse_scan` with every record checked for types and ranges (:func:`check_job`) and
+    a line for each job directory whose spec could not be read."""
     home: str | None = None
     now: float | None = None
     jobs: list[RemoteJob] = []
     cur: RemoteJob | None = None
+    skipped: list[str] = []
     for line in text.splitlines():
         tag, _, rest = line.partition(" ")
         try:
             if tag == "@@HOME":
                 home = rest
             elif tag == "@@NOW":
-                now = float(rest)
+                t = float(rest)
+                now = t if 0 < t < TIME_MAX else None
             elif tag == "@@JOB":
                 cur = RemoteJob(rest)
                 jobs.append(cur)
             elif cur is None:
                 continue
             elif tag == "@@SPEC":
+                cur.spec_digest = spec_digest(rest)
                 cur.spec = _obj(rest, "job spec")
             elif tag == "@@PID":
                 cur.pidinfo = _obj(rest, "job pid file")
@@ -211,11 +266,139 @@ def parse_scan(text: str) -> tuple[str | None, float | None, list[RemoteJob]]:
             elif tag == "@@RESULT":
                 cur.result = _obj(rest, "job result")
             elif tag == "@@BEAT":
-                cur.beat = float(rest)
+                cur.beat = float(rest) if rest.strip() else None
             elif tag == "@@CANCEL":
                 cur.cancel_requested = True
             elif tag == "@@PROG":
                 cur.progress.append(_obj(rest, "progress line"))
-        except (ValueError, TypeError):
-            continue  # a half-written line (the runner is appending): read it next time
-    return home, now, [j for j in jobs if j.spec]
+        except (ValueError, TypeError) as exc:
+            if cur is not None and tag in ("@@PID", "@@RESULT", "@@BEAT"):
+                # Written by rename (pid, result) or in one write (heartbeat): never torn.
+                cur.problem = cur.problem or _problem_text(tag, exc)
+            # A progress line may be half-written (the runner is appending): read it next time.
+            continue
+    out: list[RemoteJob] = []
+    for j in jobs:
+        if not j.spec:
+            skipped.append(f"job {_id_text(j.id)}: skipped: its spec is missing or not a JSON object")
+            continue
+        if j.problem is None:
+            try:
+                check_job(j)
+            except BadRecord as exc:
+                j.problem = str(exc)
+        out.append(j)
+    return ScanResult(home, now, out, skipped)
+
+
+def _problem_text(tag: str, exc: BaseException) -> str:
+    from backend.nodes.untrusted import clean_text
+
+    what = {"@@PID": "pid file", "@@RESULT": "result.json", "@@BEAT": "heartbeat"}.get(tag, tag)
+    return clean_text(f"{what}: {exc}", 200)
+
+
+def _id_text(job_id: str) -> str:
+    from backend.nodes.untrusted import clean_text
+
+    return clean_text(job_id, 80) or "?"
+
+
+# -- types and ranges ---------------------------------------------------------------------------
+
+
+def _number(where: str, v: Any, lo: float, hi: float, *, integer: bool = False) -> float | int:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise BadRecord(f"{where}: expected a number, got {type(v).__name__}")
+    if integer and not isinstance(v, int):
+        raise BadRecord(f"{where}: expected a whole number, got {v!r}")
+    if not (lo <= v <= hi):  # NaN fails both
+        raise BadRecord(f"{where}: {v!r} is outside {lo:g}..{hi:g}")
+    return v
+
+
+def _opt_number(d: dict[str, Any], where: str, key: str, lo: float, hi: float, *, integer: bool = False) -> None:
+    v = d.get(key)
+    if v is not None:
+        _number(f"{where} {key}", v, lo, hi, integer=integer)
+
+
+def _opt_text(d: dict[str, Any], where: str, key: str, limit: int = MAX_TEXT) -> None:
+    v = d.get(key)
+    if v is not None and not isinstance(v, str):
+        raise BadRecord(f"{where} {key}: expected text, got {type(v).__name__}")
+    if isinstance(v, str) and len(v) > limit:
+        raise BadRecord(f"{where} {key}: {len(v):,} characters, more than {limit:,}")
+
+
+def _bounded(where: str, v: Any, depth: int = 0) -> None:
+    """Every number anywhere in ``v`` finite and within a 64-bit integer's range."""
+    stack: list[tuple[str, Any]] = [(where, v)]
+    while stack:
+        w, x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((f"{w}.{k}", val) for k, val in x.items())
+        elif isinstance(x, list):
+            stack.extend((f"{w}[{i}]", val) for i, val in enumerate(x))
+        elif isinstance(x, int | float) and not isinstance(x, bool):
+            _number(w, x, -MAX_NUMBER, MAX_NUMBER)
+
+
+def check_progress(p: dict[str, Any], where: str = "progress") -> None:
+    """A progress point's fields in their types and ranges; BadRecord naming the field."""
+    _opt_number(p, where, "t", 0, TIME_MAX)
+    _opt_number(p, where, "bytes_done", 0, MAX_BYTES, integer=True)
+    _opt_number(p, where, "bytes_total", 0, MAX_BYTES, integer=True)
+    _opt_number(p, where, "items_done", 0, MAX_ITEMS, integer=True)
+    _opt_number(p, where, "items_total", 0, MAX_ITEMS, integer=True)
+    _opt_number(p, where, "rate_bps", 0, MAX_RATE_BPS)
+    _bounded(where, p)
+
+
+def check_job(j: RemoteJob) -> None:
+    """Check every field a scan read against its type and range (BadRecord naming the first that
+    fails); the pid file's numbers become ints."""
+    if not JOB_ID_RE.fullmatch(j.id):
+        raise BadRecord("the job directory's name is not a job id")
+    s = j.spec
+    if s.get("id") != j.id:
+        raise BadRecord("spec id differs from the job directory's name")
+    _opt_text(s, "spec", "kind", 64)
+    if not isinstance(s.get("kind"), str):
+        raise BadRecord("spec kind: expected text")
+    for key in ("node", "label", "launched_by", "launched_from", "state_id"):
+        _opt_text(s, "spec", key, 4096)
+    _opt_number(s, "spec", "created", 0, TIME_MAX)
+    if s.get("params") is not None and not isinstance(s["params"], dict):
+        raise BadRecord("spec params: expected an object")
+    _bounded("spec", s)
+    if j.pidinfo is not None:
+        p = j.pidinfo
+        _number("pid file pid", p.get("pid"), 1, MAX_PID, integer=True)
+        _opt_number(p, "pid file", "pgid", 1, MAX_PID, integer=True)
+        _opt_number(p, "pid file", "started", 0, TIME_MAX)
+        _opt_number(p, "pid file", "starttime", 0, MAX_NUMBER, integer=True)
+        _opt_text(p, "pid file", "boot_id", 64)
+        _opt_text(p, "pid file", "job_id", 64)
+    if j.beat is not None:
+        _number("heartbeat", j.beat, 0, TIME_MAX)
+    if j.result is not None:
+        r = j.result
+        if r.get("state") not in RESULT_STATES:
+            raise BadRecord(f"result state: expected one of {', '.join(sorted(RESULT_STATES))}")
+        _opt_text(r, "result", "error")
+        _opt_number(r, "result", "finished", 0, TIME_MAX)
+        _opt_number(r, "result", "started", 0, TIME_MAX)
+        details = r.get("details")
+        if details is not None and not isinstance(details, dict):
+            raise BadRecord("result details: expected an object")
+        if isinstance(details, dict):
+            _opt_number(details, "result details", "bytes", 0, MAX_BYTES, integer=True)
+            _bounded("result details", details)
+        prog = r.get("progress")
+        if prog is not None:
+            if not isinstance(prog, dict):
+                raise BadRecord("result progress: expected an object")
+            check_progress(prog, "result progress")
+    for line in j.progress:
+        check_progress(line)

@@ -59,6 +59,9 @@ class JobSettings:
     poll_interval: float = field(default=1.0, metadata={"parse": parse_duration})
     #: A job with no result, a dead pid and a heartbeat older than this is "lost".
     lost_after: float = field(default=15.0, metadata={"parse": parse_duration})
+    #: An egress reservation whose job never appeared (the launch died between the two: SIGKILL,
+    #: a crash) is released by the next refresh this long after it was made.
+    reservation_grace: float = field(default=600.0, metadata={"parse": parse_duration})
     #: After SIGTERM, how long a cancelled job gets before its process group is SIGKILLed.
     cancel_grace: float = field(default=10.0, metadata={"parse": parse_duration})
     #: s5cmd on the nodes (a path where it is not on the login PATH).

@@ -14,7 +14,7 @@ from typing import Any
 
 from backend.errors import JobError
 from backend.jobs.records import TERMINAL, JobProgress, JobRecord
-from backend.state import StateDB
+from backend.state import Row, StateDB
 
 
 class JobStore:
@@ -25,11 +25,15 @@ class JobStore:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def insert(self, spec: dict[str, Any], job_dir: str | None) -> None:
-        """Record a job this console is about to start (state ``starting``)."""
+    def insert(
+        self, spec: dict[str, Any], job_dir: str | None, *, digest: str | None = None, store: str | None = None
+    ) -> None:
+        """Record a job this console is about to start (state ``starting``), with the digest of
+        the spec text it sends and the store whose credentials the job may be given."""
         self.db.execute(
             "INSERT INTO jobs (id, node, kind, label, params, state, created, launched_by, launched_from, job_dir,"
-            " updated, state_id, end_recorded) VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, 0)",
+            " updated, state_id, end_recorded, spec_digest, store)"
+            " VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, 0, ?, ?)",
             (
                 spec["id"],
                 spec["node"],
@@ -42,30 +46,33 @@ class JobStore:
                 job_dir,
                 spec["created"],
                 spec.get("state_id"),
+                digest,
+                store,
             ),
         )
 
-    def adopt(self, job_id: str, node: str, spec: dict[str, Any], job_dir: str, now: float) -> None:
-        """Record a job found on ``node`` that another console (or the CLI elsewhere) launched;
-        ``state_id`` is the database it was launched against (None: an older loadmaster)."""
+    def authority(self, job_id: str) -> Row | None:
+        """What this database recorded at the job's launch (id, node, kind, spec digest, store,
+        whether an older loadmaster adopted it from a node, state); None: it never launched it."""
+        rows = self.db.query(
+            "SELECT id, node, kind, spec_digest, store, adopted, state, created, quarantined FROM jobs WHERE id = ?",
+            (job_id,),
+        )
+        return rows[0] if rows else None
+
+    def quarantine(self, job_id: str, reason: str) -> None:
+        """Stop trying to settle the job's row: its end is not recorded again (the reason says why)."""
         self.db.execute(
-            "INSERT INTO jobs (id, node, kind, label, params, state, created, launched_by,"
-            " launched_from, job_dir, updated, state_id, adopted, end_recorded)"
-            " VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, 1, 0)"
-            " ON CONFLICT (id) DO NOTHING",
-            (
-                job_id,
-                node,
-                spec.get("kind", "?"),
-                spec.get("label", ""),
-                json.dumps(spec.get("params", {})),
-                float(spec.get("created", now)),
-                spec.get("launched_by", "?"),
-                spec.get("launched_from", "?"),
-                job_dir,
-                time.time(),
-                spec.get("state_id"),
-            ),
+            "UPDATE jobs SET quarantined = ?, updated = ? WHERE id = ?", (reason[:500], time.time(), job_id)
+        )
+        self.event(job_id, "quarantined", reason[:500])
+
+    def active_on(self, node: str) -> list[Row]:
+        """The team's own jobs on ``node`` that are starting or running by the record."""
+        return self.db.query(
+            "SELECT id, state, created, started, pid FROM jobs WHERE node = ? AND adopted = 0"
+            " AND quarantined IS NULL AND state IN ('starting', 'running', 'cancelling')",
+            (node,),
         )
 
     def event(self, job_id: str, event: str, detail: str = "") -> None:
@@ -115,24 +122,49 @@ class JobStore:
 
     @staticmethod
     def _row_record(row: Any) -> JobRecord:
+        """A row as a record; a row whose stored values cannot be read (a JSON column scribbled,
+        a progress point of another shape) is shown with the reason, never a crash."""
+        try:
+            return JobStore._decode(row)
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            why = f"its stored values cannot be read ({type(exc).__name__}: {str(exc)[:200]})"
+            return JobRecord(
+                id=str(row["id"]),
+                node=str(row["node"]),
+                kind=str(row["kind"]),
+                state=str(row["state"]),
+                created=_float_or(row["created"], 0.0),
+                launched_by=str(row["launched_by"]),
+                launched_from=str(row["launched_from"]),
+                note=why,
+                quarantined=_col(row, "quarantined") or why,
+            )
+
+    @staticmethod
+    def _decode(row: Any) -> JobRecord:
         prog = json.loads(row["progress"]) if row["progress"] else None
+        params = json.loads(row["params"] or "{}")
+        result = json.loads(row["result"]) if row["result"] else None
+        if not isinstance(params, dict) or not isinstance(result, dict | None) or not isinstance(prog, dict | None):
+            raise ValueError("params, result or progress is not a JSON object")
         return JobRecord(
             id=row["id"],
             node=row["node"],
             kind=row["kind"],
             state=row["state"],
-            created=row["created"],
+            created=float(row["created"]),
             launched_by=row["launched_by"],
             launched_from=row["launched_from"],
             label=row["label"],
-            params=json.loads(row["params"] or "{}"),
+            params=params,
             job_dir=row["job_dir"],
-            pid=row["pid"],
-            started=row["started"],
-            finished=row["finished"],
+            pid=None if row["pid"] is None else int(row["pid"]),
+            started=None if row["started"] is None else float(row["started"]),
+            finished=None if row["finished"] is None else float(row["finished"]),
             error=row["error"],
-            result=json.loads(row["result"]) if row["result"] else None,
+            result=result,
             progress=JobProgress(**prog) if prog else None,
+            quarantined=_col(row, "quarantined"),
         )
 
     def resolve_id(self, job_id: str) -> str:
@@ -156,10 +188,10 @@ class JobStore:
 
     def end_pending(self, *, limit: int = 200) -> list[JobRecord]:
         """Ended jobs whose kind has not recorded the end yet (the state database was down when
-        a console saw them end, or that console stopped first)."""
+        a console saw them end, or that console stopped first); quarantined rows are left out."""
         rows = self.db.query(
-            f"SELECT * FROM jobs WHERE end_recorded = 0 AND state IN ({','.join('?' * len(TERMINAL))})"
-            " ORDER BY created LIMIT ?",
+            f"SELECT * FROM jobs WHERE end_recorded = 0 AND quarantined IS NULL AND adopted = 0"
+            f" AND state IN ({','.join('?' * len(TERMINAL))}) ORDER BY created LIMIT ?",
             (*sorted(TERMINAL), limit),
         )
         return [self._row_record(r) for r in rows]
@@ -171,3 +203,18 @@ class JobStore:
         """Every recorded job, newest first."""
         rows = self.db.query("SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (limit,))
         return [self._row_record(r) for r in rows]
+
+
+def _col(row: Any, key: str) -> Any:
+    """A column that may be missing from ``row`` (a partial SELECT)."""
+    try:
+        return row[key]
+    except (KeyError, IndexError):
+        return None
+
+
+def _float_or(v: Any, default: float) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return default

@@ -6,13 +6,14 @@ receives the whole source, each priced in the egress quote.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from backend.errors import ConfigError, JobError, PolicyError
-from backend.ops.base import Operation
+from backend.errors import ConfigError, JobError, LoadmasterError, PolicyError
+from backend.ops.base import Operation, signals_cancel_launch
 
 if TYPE_CHECKING:
     from backend.jobs.pull import PullPlan
@@ -211,28 +212,27 @@ class Pulls(Operation):
                 + ("" if req.reason else "; give a reason to go over budget (--allow-over-budget)")
             )
         job_ids = {n.node: new_job_id() for n in plan.nodes}
-        reserved = self._reserve(req, plan, job_ids)
-        dec = reserved.decision or plan.egress
-        if dec is not None and dec.override_reason:
-            self.services.egress.record_override(dec, dec.override_reason)
-        hops = None
-        upstreams = None
-        if plan.fanout == "relay-ssh":
-            from backend.relay.ssh_hops import SshHops
-
-            hops = SshHops(self.services.config, [n.node for n in plan.nodes])
+        with signals_cancel_launch():
+            reserved = self._reserve(req, plan, job_ids)
+            hops = None
             try:
-                upstreams = await hops.open(plan)
+                dec = reserved.decision or plan.egress
+                if dec is not None and dec.override_reason:
+                    self.services.egress.record_override(dec, dec.override_reason)
+                upstreams = None
+                if plan.fanout == "relay-ssh":
+                    from backend.relay.ssh_hops import SshHops
+
+                    hops = SshHops(self.services.config, [n.node for n in plan.nodes])
+                    upstreams = await hops.open(plan)
+                records = tuple(
+                    await launch_pull(self.services, plan, label=label, job_ids=job_ids, upstreams=upstreams)
+                )
             except BaseException as exc:
-                for n in plan.store_nodes:
-                    self.services.egress.release(job_ids[n], f"not started: {type(exc).__name__}: {exc}"[:300])
+                self._release_unstarted(job_ids, exc)
+                if hops is not None:
+                    await hops.close()
                 raise
-        try:
-            records = tuple(await launch_pull(self.services, plan, label=label, job_ids=job_ids, upstreams=upstreams))
-        except BaseException:
-            if hops is not None:
-                await hops.close()
-            raise
         audit_id = self.audit(
             "pull.launch",
             plan.src,
@@ -281,10 +281,18 @@ class Pulls(Operation):
         job_ids = {record.node: new_job_id()}
         reason = started.request.reason if started.request else None
         req = started.request or PullRequest(plan.src, plan.dest, record.node, store=plan.store)
-        self._reserve(dataclasses.replace(req, reason=reason), one, job_ids)
-        [rec] = await launch_pull(
-            self.services, one, label=label or f"pull {plan.src} -> {est.dest} (retry of {record.id})", job_ids=job_ids
-        )
+        with signals_cancel_launch():
+            self._reserve(dataclasses.replace(req, reason=reason), one, job_ids)
+            try:
+                [rec] = await launch_pull(
+                    self.services,
+                    one,
+                    label=label or f"pull {plan.src} -> {est.dest} (retry of {record.id})",
+                    job_ids=job_ids,
+                )
+            except BaseException as exc:
+                self._release_unstarted(job_ids, exc)
+                raise
         self.audit(
             "pull.retry",
             plan.src,
@@ -293,6 +301,20 @@ class Pulls(Operation):
             detail={"node": record.node, "job": rec.id, "retry_of": record.id, "was": record.state},
         )
         return rec
+
+    def _release_unstarted(self, job_ids: dict[str, str], exc: BaseException) -> None:
+        """After a launch that failed or was interrupted (SIGTERM, SIGHUP): the reservation of
+        every job that never got as far as its record (or whose start failed) stops counting. A
+        job whose start was under way stays reserved: the next refresh finds it on its node, or
+        finds it never started and releases it."""
+        from backend.jobs.store import JobStore
+
+        store = JobStore(self.services.db)
+        why = f"not started: {type(exc).__name__}: {exc}"[:300]
+        for job_id in job_ids.values():
+            with contextlib.suppress(LoadmasterError):
+                if store.state_of(job_id) in (None, "failed"):
+                    self.services.egress.release(job_id, why)
 
     def _reserve(self, req: PullRequest, plan: PullPlan, job_ids: dict[str, str]) -> Reserved:
         """Step 4: the budget check and every node's reservation, in one transaction, before any

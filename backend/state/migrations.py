@@ -215,11 +215,22 @@ _V4 = (
     "CREATE INDEX fanout_savings_month ON fanout_savings(month)",
 )
 
+_V5 = (
+    # The state database is the authority on jobs: what a launch sent (the digest of the spec
+    # text written to the node) and the store whose credentials the job may be given. A job
+    # folder on a node is acted on only when it matches its row (id, node, kind, digest).
+    "ALTER TABLE jobs ADD COLUMN spec_digest TEXT",
+    "ALTER TABLE jobs ADD COLUMN store TEXT",
+    # Why a row cannot be settled (its end is not tried again); NULL for every healthy row.
+    "ALTER TABLE jobs ADD COLUMN quarantined TEXT",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, ledger, audit, retention journal, pins and milestones", _V1),
     Migration(2, "egress reservations, named locks, the database's id, job origins", _V2),
     Migration(3, "the alerts loadmaster watch raises, and what each sink acknowledged", _V3),
     Migration(4, "what fan-out pulls saved (bytes peers sent instead of the store)", _V4),
+    Migration(5, "job authority: the spec digest and store recorded at launch, quarantined rows", _V5),
 )
 
 #: The version this loadmaster writes.
@@ -254,6 +265,14 @@ def version(db: StateDB) -> int:
     return int(rows[0]["v"])
 
 
+def newer_schema_error(db: StateDB, have: int) -> StateError:
+    """The one line that refuses a database whose schema is newer than this loadmaster's."""
+    return StateError(
+        f"state database {db.where()} has schema version {have}, newer than this loadmaster knows "
+        f"({LATEST}): upgrade loadmaster on this machine"
+    )
+
+
 def upgrade(db: StateDB) -> list[int]:
     """Apply every migration ``db`` lacks, each in its own transaction; the versions applied.
 
@@ -269,10 +288,7 @@ def upgrade(db: StateDB) -> list[int]:
     applied: list[int] = []
     have = version(db)
     if have > LATEST:
-        raise StateError(
-            f"state database {db.where()} has schema version {have}, newer than this loadmaster knows "
-            f"({LATEST}): upgrade loadmaster on this machine"
-        )
+        raise newer_schema_error(db, have)
     for m in MIGRATIONS:
         if m.version <= have:
             continue

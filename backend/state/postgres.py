@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
+from urllib.parse import unquote
 
 import psycopg
 from psycopg import errors as pgerr
@@ -39,14 +41,51 @@ STATEMENT_TIMEOUT_MS = 60_000
 _SCHEMA_LOCK_KEY = 0x6C6D7374  # "lmst"
 
 
+#: ``password=VALUE`` in a URL query or a key=value conninfo (``sslpassword`` too), quoted or not.
+_PASSWORD_KV = re.compile(r"(?i)(\w*password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]*)")
+
+
+def _secrets_in(text: str) -> list[str]:
+    """Every password-like value ``text`` (a URL or a key=value conninfo) spells, raw and decoded."""
+    found: list[str] = []
+    scheme, sep, rest = text.partition("://")
+    if sep and "@" in rest:
+        userinfo = rest[: rest.rindex("@")]
+        if ":" in userinfo:
+            found.append(userinfo.split(":", 1)[1])
+    found += [m.group(2).strip("'") for m in _PASSWORD_KV.finditer(text)]
+    out = []
+    for f in found:
+        for v in (f, unquote(f)):
+            if v and v not in out:
+                out.append(v)
+    return sorted(out, key=len, reverse=True)
+
+
+def redact(message: str, url: str) -> str:
+    """``message`` with every password ``url`` holds (in any spelling: URL userinfo, a query
+    ``password=``, a key=value ``password=``, percent-encoded or not) replaced by ``***``."""
+    for secret in _secrets_in(url):
+        message = message.replace(secret, "***")
+    message = _PASSWORD_KV.sub(lambda m: m.group(1) + "***", message)
+    scheme, sep, rest = message.partition("://")
+    if sep and "@" in rest and ":" in rest[: rest.rindex("@")]:
+        user = rest[: rest.rindex("@")].split(":", 1)[0]
+        message = f"{scheme}://{user}:***{rest[rest.rindex('@') :]}"
+    return message
+
+
 def check_url(url: str, *, file: str | None = None) -> dict[str, Any]:
-    """The conninfo of ``url``; a password in it, or not a postgresql URL, is a ConfigError."""
+    """The conninfo of ``url``; a password in it, or not a postgresql URL, is a ConfigError (the
+    message never holds the password, in any spelling)."""
     if not url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(f"expected a postgresql:// URL, got {url!r}", file=file, key="state.url")
+        raise ConfigError(f"expected a postgresql:// URL, got {redact(url, url)!r}", file=file, key="state.url")
     try:
         info = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"not a PostgreSQL URL ({exc})", file=file, key="state.url") from None
+        raise ConfigError(
+            f"not a PostgreSQL URL ({_scrubbed_line(exc, url=url)})", file=file, key="state.url"
+        ) from None
     if info.get("password"):
         raise ConfigError(
             "the URL holds a password: remove it and put it in ~/.pgpass, PGPASSWORD or a "
@@ -72,6 +111,10 @@ def _pg_sql(sql: str) -> str:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _scrubbed_line(exc: BaseException, *, url: str) -> str:
+    return redact(_first_line(exc), url)
 
 
 class PostgresState(StateDB):
@@ -125,6 +168,10 @@ class PostgresState(StateDB):
             self._down_until = now + RECONNECT_AFTER_S
             raise self._down from None
         self._conn, self._down = conn, None
+        if self._migrated:
+            # Every new connection (after an outage too): a schema another operator's newer
+            # loadmaster moved on meanwhile is refused before anything is written.
+            self._check_schema(conn)
         if not self._migrated:
             from backend.state.migrations import upgrade
 
@@ -136,6 +183,19 @@ class PostgresState(StateDB):
                 raise
         return conn
 
+    def _check_schema(self, conn: psycopg.Connection[Any]) -> None:
+        from backend.state.migrations import LATEST, newer_schema_error
+
+        try:
+            row = conn.execute("SELECT COALESCE(MAX(version), 0) AS v FROM schema_migrations").fetchone()
+        except psycopg.Error as exc:
+            self._mark_broken()
+            raise self._unavailable(exc) from None
+        have = int(row["v"]) if row else 0
+        if have > LATEST:
+            self._mark_broken()
+            raise newer_schema_error(self, have)
+
     def available(self) -> StateUnavailable | None:
         """None when the database answers now, else why not (one line)."""
         try:
@@ -145,7 +205,7 @@ class PostgresState(StateDB):
         return None
 
     def _unavailable(self, exc: BaseException) -> StateUnavailable:
-        msg = _first_line(exc)
+        msg = redact(_first_line(exc), self.url)
         where = self._where
         if "password authentication failed" in msg or "no password supplied" in msg:
             return StateUnavailable(
@@ -173,29 +233,27 @@ class PostgresState(StateDB):
     def _translate(self, exc: psycopg.Error) -> BaseException:
         """What the caller sees for ``exc``: a retry inside a transaction, a one-line StateError,
         or the error itself (a programming error)."""
+        first = functools.partial(_scrubbed_line, url=self.url)
         if isinstance(exc, pgerr.SerializationFailure | pgerr.DeadlockDetected):
             return (
-                StateRetry(_first_line(exc))
+                StateRetry(first(exc))
                 if self._in_tx
-                else StateError(f"state database {self._where}: {_first_line(exc)}; retry")
+                else StateError(f"state database {self._where}: {first(exc)}; retry")
             )
         if isinstance(exc, pgerr.DiskFull):
             return StateError(f"no space left on the disk of state database {self._where}; free some and retry")
         if isinstance(exc, pgerr.QueryCanceled | pgerr.LockNotAvailable):
-            return StateError(f"state database {self._where} did not answer in time ({_first_line(exc)}); retry")
+            return StateError(f"state database {self._where} did not answer in time ({first(exc)}); retry")
         if isinstance(exc, psycopg.OperationalError) or (self._conn is not None and self._conn.broken):
             if self._in_tx:
                 self._reset_after_tx = True  # closed when the transaction block has unwound
-                return StateRetry(f"connection lost ({_first_line(exc)})")
+                return StateRetry(f"connection lost ({first(exc)})")
             self._mark_broken()
             return StateUnavailable(
-                f"state database {self._where}: connection lost ({_first_line(exc)}); the action was "
-                "not recorded, retry"
+                f"state database {self._where}: connection lost ({first(exc)}); the action was not recorded, retry"
             )
         if isinstance(exc, pgerr.InsufficientPrivilege):
-            return StateError(
-                f"state database {self._where}: {_first_line(exc)} (grant {self.info.get('user')} the tables)"
-            )
+            return StateError(f"state database {self._where}: {first(exc)} (grant {self.info.get('user')} the tables)")
         return exc
 
     def _run(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> Result:
@@ -250,4 +308,4 @@ class PostgresState(StateDB):
             self._mark_broken()
 
 
-__all__ = ["PostgresState", "check_url", "display_url"]
+__all__ = ["PostgresState", "check_url", "display_url", "redact"]

@@ -58,6 +58,24 @@ def state_error(path: Path | str, exc: BaseException) -> StateError | None:
     return None
 
 
+def private_state(path: Path) -> None:
+    """The state dir 0700 and the database's files 0600 (ledger, audit log and job records are
+    the team's business, not other local users'). SQLite gives its -wal and -shm files the
+    database file's mode, so the file is made 0600 before SQLite opens it."""
+    d = path.parent
+    st = d.stat()
+    # A shared directory (sticky, like /tmp) or the home directory itself is left as it is.
+    if st.st_mode & 0o077 and st.st_uid == os.getuid() and not st.st_mode & 0o1000 and d != Path.home():
+        os.chmod(d, 0o700)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    for side in _SIDE_FILES:
+        f = Path(f"{path}{side}")
+        with contextlib.suppress(FileNotFoundError):
+            if f.stat().st_mode & 0o077 and f.stat().st_uid == os.getuid():
+                os.chmod(f, 0o600)
+
+
 class SQLiteState(StateDB):
     """A thread-safe handle on one SQLite state file (WAL mode, short transactions)."""
 
@@ -68,9 +86,10 @@ class SQLiteState(StateDB):
         self.path = Path(path)
         with self._guard():
             if str(path) != ":memory:":
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 if self.path.exists() and not self.path.is_file():
                     raise StateError(f"state database {path} is not a regular file; move it away")
+                private_state(self.path)
             self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30, isolation_level=None)
             self._conn.row_factory = sqlite3.Row
             with self._lock:

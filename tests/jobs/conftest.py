@@ -37,10 +37,13 @@ async def services(jobs_config: Config) -> AsyncIterator[Services]:
     await svc.aclose()
 
 
-def fresh_services(config: Config, db_path: Path) -> Services:
-    """Another console: its own pool (new SSH connections) and its own local state."""
+def fresh_services(config: Config, db_path: Path | None = None) -> Services:
+    """Another console of the team: its own pool (new SSH connections) and its own handle on the
+    config's state database, or on another database at ``db_path`` (a console of another team,
+    which sees this team's jobs as foreign)."""
     svc = Services(config=config)
-    svc.__dict__["db"] = SQLiteState(db_path)
+    if db_path is not None:
+        svc.__dict__["db"] = SQLiteState(db_path)
     return svc
 
 

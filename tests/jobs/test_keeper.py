@@ -266,7 +266,11 @@ def _refused_for_another_user(kept: Config) -> None:
     sock = socket_path(kept)
     assert keeper_status(kept) is not None
     # Open the directory and socket up (as a careless admin might) to reach the uid check itself.
+    # (The state dir above it is 0700 too: loadmaster keeps it private.)
+    assert sock.parent.parent == kept.state_dir()
+    state_mode = stat.S_IMODE(sock.parent.parent.stat().st_mode)
     dir_mode, sock_mode = stat.S_IMODE(sock.parent.stat().st_mode), stat.S_IMODE(sock.stat().st_mode)
+    os.chmod(sock.parent.parent, 0o755)
     os.chmod(sock.parent, 0o755)
     os.chmod(sock, 0o666)
     try:
@@ -284,6 +288,7 @@ def _refused_for_another_user(kept: Config) -> None:
             ["/usr/bin/python3", "-S", "-c", probe, str(sock)], capture_output=True, text=True, timeout=30, cwd="/"
         )
     finally:
+        os.chmod(sock.parent.parent, state_mode)
         os.chmod(sock.parent, dir_mode)
         os.chmod(sock, sock_mode)
     assert res.returncode == 0, res.stderr

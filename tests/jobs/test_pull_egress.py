@@ -68,29 +68,35 @@ def test_blocked_pull_does_not_start(
     assert not (lab.node("node-01").scratch / "pulls/blocked").exists()
 
 
-def test_jobs_found_by_another_state_database_are_shown_but_never_counted_there(
+def test_jobs_found_by_another_state_database_are_shown_as_foreign_and_never_recorded_there(
     lab: Lab, source: SourceData, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Console A launches (and settles) a pull; console B, with its own state, lists the node's
-    # jobs: it adopts A's job for display and leaves its bytes to A's ledger (the $5,000 ledger
-    # of "3 pulls" came from adopting every job on the nodes).
+    # jobs: it shows A's job as foreign (its database never launched it) and writes nothing of it
+    # (the $5,000 ledger of "3 pulls" came from adopting every job on the nodes).
     mine = write_lab_config(lab, tmp_path / "a.toml", tmp_path / "state-a")
     other = write_lab_config(lab, tmp_path / "b.toml", tmp_path / "state-b")
     args = ["--config", str(mine), "pull", source.url, "pulls/adopted", "--node", "node-01", "--yes", "--json"]
     assert cli_main(args) == 0
     [job] = json.loads(capsys.readouterr().out)["jobs"]
     assert job["state"] == "succeeded"
-    for _ in range(2):  # twice: a second look adopts nothing again and counts nothing
+    for _ in range(2):  # twice: a second look records nothing either
         assert cli_main(["--config", str(other), "jobs", "--json"]) == 0
         rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
-        assert rows[job["id"]]["state"] == "succeeded"
+        assert rows[job["id"]]["state"] == "foreign"
+        assert "no job with this id was launched through this state database" in rows[job["id"]]["foreign"]
+        assert rows[job["id"]]["launched_by"] == "?"  # never the node's word
     b = sqlite3.connect(tmp_path / "state-b" / "state.sqlite3")
     assert b.execute("SELECT COUNT(*) FROM egress_ledger").fetchone() == (0,)
-    (event,) = b.execute("SELECT detail FROM job_events WHERE job_id = ? AND event = 'ledger-skipped'", (job["id"],))
-    assert "launched against state database" in event[0]
+    assert b.execute("SELECT COUNT(*) FROM jobs").fetchone() == (0,)
+    assert b.execute("SELECT COUNT(*) FROM job_events").fetchone() == (0,)
     a = sqlite3.connect(tmp_path / "state-a" / "state.sqlite3")
     assert a.execute("SELECT bytes, state FROM egress_ledger WHERE job_id = ?", (job["id"],)).fetchall() == [
         (source.total, "settled")
+    ]
+    # A's own database recorded the digest of the spec it sent and the store.
+    assert a.execute("SELECT length(spec_digest), store FROM jobs WHERE id = ?", (job["id"],)).fetchall() == [
+        (64, "lab")
     ]
 
 

@@ -182,8 +182,9 @@ async def test_drop_connections_job_continues_and_console_reattaches(
 
         assert lab.node("node-02").drop_connections() >= 1
         await services.pool.close()
-        # A brand-new console (own pool, own empty state) finds the job and its progress.
-        other = fresh_services(jobs_config, tmp_path / "other-console.sqlite3")
+        # A brand-new console of the team (own pool, its own handle on the team's state) finds
+        # the job and its progress.
+        other = fresh_services(jobs_config)
         recs = await other.jobs.refresh(["node-02"])
         mine = [r for r in recs if r.id == rec.id]
         assert mine and mine[0].state == "running", mine

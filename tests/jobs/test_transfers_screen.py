@@ -78,8 +78,9 @@ async def test_cli_jobs_show_in_console_and_console_pulls_show_in_cli(
     assert rc == 0, out
     cli_job = json.loads(out)["jobs"][0]["id"]
 
-    # The console has its own (empty) local state: it finds the CLI's job on the node.
-    services = fresh_services(jobs_config, tmp_path / "console.sqlite3")
+    # The console has its own connections and its own handle on the team's state: it finds the
+    # CLI's job on the node.
+    services = fresh_services(jobs_config)
     app = LoadmasterApp(services, mode="transfers")
     rec = Recorder()
     async with app.run_test(size=SIZE, message_hook=rec) as pilot:

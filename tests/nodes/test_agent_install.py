@@ -148,7 +148,7 @@ async def _pull_and_wait(config_path: Path, node: str, url: str, dest_rel: str, 
         [rec] = await launch_pull(svc, plan)
     finally:
         await svc.aclose()  # every connection of the launching console closed: the job runs on
-    other = fresh_services(config, tmp_path / f"other-{node}.sqlite3")
+    other = fresh_services(config)  # another console of the team: its own connections, the team's state
     try:
         await other.jobs.refresh([node])
         final = await other.jobs.wait(rec.id, timeout=120)

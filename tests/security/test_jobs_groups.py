@@ -22,6 +22,8 @@ import pytest
 from backend.agent.runner import _boot_id, _proc_starttime, process_identity
 from backend.config import load_config_file
 from backend.jobs.records import new_job_id
+from backend.jobs.remote import spec_digest
+from backend.jobs.store import JobStore
 from backend.lab import Lab
 from backend.services import Services
 from tests.helpers import write_lab_config
@@ -85,6 +87,7 @@ def _job_dir(lab: Lab, pidinfo: dict[str, object], *, beat_age: float, job_id: s
         "params": {"src": "s3://b/p/", "dest": str(dest)},
     }
     (d / "spec.json").write_text(json.dumps(spec))
+    _DIRS[job_id] = d
     (d / "pid").write_text(json.dumps({**pidinfo, "job_id": job_id}))
     (d / "heartbeat").write_text(f"{time.time() - beat_age:.3f}\n")
     return job_id, d
@@ -97,7 +100,20 @@ async def svc(lab: Lab, tmp_path: Path) -> Services:  # type: ignore[misc]
     await s.aclose()
 
 
+#: job id -> its fabricated directory on node-01.
+_DIRS: dict[str, Path] = {}
+
+
+def _recorded(svc: Services, job_id: str) -> None:
+    """The team database's record of the job, as its launch makes it (a folder no launch of this
+    database recorded is foreign: shown, never signalled or cleaned)."""
+    text = (_DIRS[job_id] / "spec.json").read_text()
+    JobStore(svc.db).insert(json.loads(text), str(_DIRS[job_id]), digest=spec_digest(text))
+    JobStore(svc.db).update(job_id, state="running")
+
+
 async def _found_lost(svc: Services, job_id: str) -> None:
+    _recorded(svc, job_id)
     recs = {r.id: r for r in await svc.jobs.refresh(["node-01"])}
     assert recs[job_id].state == "lost", recs[job_id]
 
@@ -163,6 +179,7 @@ async def test_cancel_signals_only_a_proven_group(lab: Lab, svc: Services, group
         {"pid": other, "pgid": other, "starttime": (_proc_starttime(other) or 0) + 7, "boot_id": _boot_id()},
         beat_age=0,
     )
+    _recorded(svc, job_id)
     await svc.jobs.refresh(["node-01"])
     final = await svc.jobs.cancel(job_id, reason="security test")
     assert final.state == "cancelled"

@@ -161,13 +161,15 @@ def _record_json(rec: JobRecord) -> dict[str, Any]:
 
 async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
     """List jobs: local records merged with a fresh read of every node's job directories."""
+    from backend.jobs.records import NODE_SAID_NOTES
+
     recs = services.jobs.records(limit=args.limit) if args.local else await services.jobs.refresh()
     recs = recs[: args.limit]
     # The nodes whose job directories could not be read just now: their jobs are missing or old.
     names = [n.name for n in services.config.nodes]
     unread = {} if args.local else services.pool.unread(names)
     for r in recs:  # a record the refresh could not bring up to date says so itself
-        if r.note and not args.local:
+        if r.note and not args.local and r.foreign is None and not r.note.startswith(NODE_SAID_NOTES):
             unread.setdefault(r.node, clean_text(r.note, CELL_LIMIT))
     if args.json:
         # json.dumps escapes every control character (ensure_ascii): safe on a terminal as is.
@@ -181,6 +183,11 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
             state = r.state + (f" ({r.note.split(':', 1)[0]})" if r.note else "")
             rows.append([r.id, r.kind, r.node, state, progress_text(r), what, fmt_when(r.created)])
         _table(rows)
+    if not args.local and services.jobs.problems:
+        # Records a node wrote that could not be read: skipped, one line each (node and job named).
+        sys.stdout.flush()
+        for line in services.jobs.problems:
+            print(f"loadmaster: {clean_text(line, CELL_LIMIT)}", file=sys.stderr)
     if unread:
         sys.stdout.flush()
         print(
