@@ -535,7 +535,11 @@ class JobManager:
         done only when it returns; the state database failing is tried again on the next refresh,
         by this console or another; anything else (a value the ledger refuses) quarantines the
         row with the reason, so it is not retried forever."""
-        if self.readonly or rec.quarantined:
+        if self.readonly:
+            return
+        if rec.quarantined:  # its stored values cannot be read: never settled from them
+            with contextlib.suppress(StateError):
+                self.store.quarantine(rec.id, rec.quarantined)
             return
         try:
             job_kind(rec.kind).on_ended(self.config, self.db, rec)

@@ -62,10 +62,12 @@ class JobStore:
 
     def quarantine(self, job_id: str, reason: str) -> None:
         """Stop trying to settle the job's row: its end is not recorded again (the reason says why)."""
-        self.db.execute(
-            "UPDATE jobs SET quarantined = ?, updated = ? WHERE id = ?", (reason[:500], time.time(), job_id)
+        res = self.db.execute(
+            "UPDATE jobs SET quarantined = ?, updated = ? WHERE id = ? AND quarantined IS NULL",
+            (reason[:500], time.time(), job_id),
         )
-        self.event(job_id, "quarantined", reason[:500])
+        if res.rowcount:
+            self.event(job_id, "quarantined", reason[:500])
 
     def active_on(self, node: str) -> list[Row]:
         """The team's own jobs on ``node`` that are starting or running by the record."""

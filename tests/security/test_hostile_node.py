@@ -368,3 +368,42 @@ def test_any_job_record_from_a_node_keeps_every_view_up_and_the_database_clean(
     finally:
         loop.run_until_complete(services.aclose())
         loop.close()
+
+
+async def test_a_refresh_closes_what_leaks_from_the_budget_and_quarantines_what_cannot_settle(
+    hostile: HostileNode, hostile_config: tuple[Path, Config], tmp_path: Path
+) -> None:
+    _path, config = hostile_config
+    services = Services(config=config)
+    store = JobStore(services.db)
+    lab_store = services.config.stores["lab"]
+    try:
+        # A reservation whose job never got a record (the launch died between the two).
+        orphan = new_job_id()
+        services.egress.reserve(lab_store, [Reservation(orphan, "aws:us-east-1", 1000)])
+        # A running team job whose folder is gone from the node (launched an hour ago).
+        gone = new_job_id()
+        _record_team_job(services, _team_spec(services, gone))
+        services.egress.reserve(lab_store, [Reservation(gone, "aws:us-east-1", 1000)])
+        # An ended team job whose stored row cannot be read (its end was never recorded).
+        broken = new_job_id()
+        _record_team_job(services, _team_spec(services, broken), state="succeeded")
+        services.db.execute("UPDATE jobs SET params = '{not json' WHERE id = ?", (broken,))
+        services.db.execute("UPDATE egress_ledger SET ts = ts - 3600")  # all made an hour ago
+
+        for _ in range(2):  # the second refresh finds nothing left to do
+            recs = {r.id: r for r in await services.jobs.refresh([NAME])}
+        db = _db(tmp_path)
+        states = dict(db.execute("SELECT job_id, state FROM egress_ledger").fetchall())
+        assert states == {orphan: "released", gone: "released"}
+        assert db.execute("SELECT state, error FROM jobs WHERE id = ?", (gone,)).fetchone() == (
+            "lost",
+            "the job directory is gone from the node",
+        )
+        assert recs[gone].state == "lost"
+        (reason,) = db.execute("SELECT quarantined FROM jobs WHERE id = ?", (broken,)).fetchone()
+        assert "cannot be read" in reason and recs[broken].quarantined
+        assert db.execute("SELECT COUNT(*) FROM job_events WHERE event = 'quarantined'").fetchone() == (1,)
+        assert store.end_pending() == []
+    finally:
+        await services.aclose()
