@@ -30,12 +30,12 @@ import hostlist
 
 from backend.errors import LoadmasterError
 from backend.slurm.model import BASE_STATES, Gres, NodeState, SlurmJob, SlurmNode, gres_indices
+from backend.textfmt import safe_text
 
 #: Longest text kept from one field (a reason, a job name).
 MAX_FIELD = 512
 #: Most nodes named by one job's node list (a hostlist expanding to millions is hostile).
 MAX_JOB_NODES = 65536
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -44,12 +44,13 @@ class SlurmParseError(LoadmasterError):
 
 
 def clean(value: Any, limit: int = MAX_FIELD) -> str:
-    """Text from Slurm made safe to show: a string, no control characters, at most ``limit`` chars."""
+    """Text from Slurm made safe to show (the one sanitiser, :func:`backend.textfmt.safe_text`: no
+    escape sequences, control characters or bidi overrides; secrets redacted; at most ``limit``)."""
     if value is None:
         return ""
     if not isinstance(value, str):
         raise ValueError(f"expected text, got {type(value).__name__}")
-    return _CONTROL.sub(" ", value)[:limit].strip()
+    return safe_text(value, limit).strip()
 
 
 def node_name(value: Any) -> str:
