@@ -167,8 +167,10 @@ def _state_url(value: Any) -> str:
 
     text = str(value).strip()
     if not text.startswith(("postgresql://", "postgres://")):
-        raise ValueError(f"expected a postgresql://user@host:5432/dbname URL, got {text!r}")
-    if urlsplit(text).password is not None or "password=" in text:
+        # The value itself is never echoed: any spelling of it may hold a password.
+        scheme = text.split("://", 1)[0][:20] if "://" in text else "key=value"
+        raise ValueError(f"expected a postgresql://user@host:5432/dbname URL, got a {scheme!r} one")
+    if urlsplit(text).password is not None or "password=" in text.lower():
         raise ValueError(
             "the URL holds a password: remove it and put it in ~/.pgpass, PGPASSWORD or a PostgreSQL "
             "service file (libpq reads those; loadmaster never stores it)"

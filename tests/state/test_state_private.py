@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backend.config import parse_config
 from backend.errors import ConfigError
 from backend.state import SQLiteState, StateError
 from backend.state.migrations import LATEST
@@ -72,6 +73,9 @@ def test_a_state_url_password_is_never_in_a_message_in_any_spelling(password: st
             check_url(url)
         assert password not in str(err.value), url
         assert password not in redact(f"could not connect to {url}", url)
+        with pytest.raises(ConfigError) as err:  # and when the config file is read
+            parse_config({"state": {"url": url}}, file="loadmaster.toml")
+        assert password not in str(err.value), url
 
 
 def test_a_newer_schema_is_refused_on_a_new_connection_after_an_outage(pg_url: str) -> None:
