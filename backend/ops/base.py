@@ -46,13 +46,27 @@ class Operation:
 LAUNCH_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
+#: The launches under way on the main thread (their loop and task), the handlers they replaced,
+#: and the signal that arrived meanwhile (delivered again when the last one ends).
+_launches: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
+_handlers_before: dict[int, Any] = {}
+_received: list[int] = []
+
+
+def _on_launch_signal(signum: int, _frame: Any) -> None:
+    if not _received:
+        _received.append(signum)
+    for loop, task in list(_launches):
+        loop.call_soon_threadsafe(task.cancel)
+
+
 @contextlib.contextmanager
 def signals_cancel_launch() -> Iterator[None]:
     """While inside: SIGTERM or SIGHUP cancels the running task instead of ending the process at
     once, so the launch's own cleanup runs (reservations of jobs that never started are
-    released); on the way out the signal is delivered again to whatever handled it before (by
-    default, the process ends as it would have). Off the main thread, or outside a running
-    event loop, it does nothing."""
+    released); when the last launch under way has ended, the handlers it replaced come back and
+    the signal is delivered again to them (by default, the process ends as it would have). Off the
+    main thread, or outside a running event loop, it does nothing."""
     try:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
@@ -61,18 +75,17 @@ def signals_cancel_launch() -> Iterator[None]:
     if task is None or threading.current_thread() is not threading.main_thread():
         yield
         return
-    got: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if not got:
-            got.append(signum)
-            loop.call_soon_threadsafe(task.cancel)
-
-    before = {sig: signal.signal(sig, on_signal) for sig in LAUNCH_SIGNALS}
+    if not _launches:
+        _handlers_before.update({sig: signal.signal(sig, _on_launch_signal) for sig in LAUNCH_SIGNALS})
+    entry = (loop, task)
+    _launches.append(entry)
     try:
         yield
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        if got:
-            os.kill(os.getpid(), got[0])
+        _launches.remove(entry)
+        if not _launches:
+            for sig, handler in _handlers_before.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            _handlers_before.clear()
+            if _received:
+                os.kill(os.getpid(), _received.pop())
