@@ -37,7 +37,18 @@ DEFAULTS: dict[str, Any] = {
     "fixed_t": None,  # a number: freeze the scenario clock (deterministic output)
     "uuid_prefix": "GPU-5f1c2a3b-0000-4000-8000-",
     "bus_prefix": "00000000:",
+    # Health faults per GPU index (a string key, JSON): {"3": {"remap_pending": true}}. Keys:
+    # remap_pending, remap_failed (bool); ecc_uncorrected (volatile count); clock_reasons (the
+    # clocks_event_reasons bitmask, NVML's nvmlClocksEventReason* bits); sm_clock_pct (the SM
+    # clock as % of the healthy one); vanish (the GPU is not listed at all).
+    "faults": {},
+    # Compute processes for --query-compute-apps: [{"gpu": 0, "pid": 4242, "name": "python"}].
+    "apps": [],
+    "sm_clock_mhz": 1980,
 }
+
+#: The fault keys a scenario's ``faults`` may set per GPU.
+FAULT_KEYS = frozenset({"remap_pending", "remap_failed", "ecc_uncorrected", "clock_reasons", "sm_clock_pct", "vanish"})
 
 UNITS = {
     "utilization.gpu": "%",
@@ -49,6 +60,9 @@ UNITS = {
     "power.limit": "W",
     "clocks.sm": "MHz",
     "clocks.mem": "MHz",
+    "clocks.max.sm": "MHz",
+    "used_memory": "MiB",
+    "used_gpu_memory": "MiB",
 }
 BUS_IDS = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
 
@@ -59,6 +73,11 @@ def write_scenario(path: str | os.PathLike[str], **fields: Any) -> Path:
     if unknown:
         raise ValueError(f"unknown scenario field(s): {', '.join(unknown)}")
     data = {**DEFAULTS, **fields}
+    for key, fault in dict(data["faults"]).items():
+        bad = sorted(set(fault) - FAULT_KEYS)
+        if bad or not str(key).isdigit():
+            raise ValueError(f"unknown fault field(s) for GPU {key}: {', '.join(bad) or key}")
+    data["faults"] = {str(k): v for k, v in dict(data["faults"]).items()}
     if data["start"] is None:
         data["start"] = time.time()
     p = Path(path)
@@ -101,6 +120,12 @@ def gpu_state(sc: dict[str, Any], i: int, t: float) -> dict[str, Any]:
     else:
         util, mem, power = 0, 4, 69.5 + wobble
     temp = {"training": 71, "starved": 48}.get(pat, 32) + round(2 * wobble)
+    fault = _fault(sc, i)
+    max_sm = int(sc["sm_clock_mhz"])
+    sm = max_sm if pat != "idle" else 345
+    if "sm_clock_pct" in fault:
+        sm = int(round(sm * float(fault["sm_clock_pct"]) / 100))
+    reasons = int(fault.get("clock_reasons", 0 if pat != "idle" else 0x1))
     return {
         "index": str(i),
         "uuid": f"{sc['uuid_prefix']}{i:012x}",
@@ -116,7 +141,29 @@ def gpu_state(sc: dict[str, Any], i: int, t: float) -> dict[str, Any]:
         "power.limit": f"{sc['power_limit_w']:.2f}" if sc["power"] == "supported" else "[Not Supported]",
         "driver_version": sc["driver"],
         "count": str(sc["gpus"]),
+        "clocks.sm": str(sm),
+        "clocks.max.sm": str(max_sm),
+        "clocks_event_reasons.active": f"0x{reasons:016X}",
+        "clocks_throttle_reasons.active": f"0x{reasons:016X}",
+        "ecc.errors.uncorrected.volatile.total": str(int(fault.get("ecc_uncorrected", 0))),
+        "ecc.errors.uncorrected.aggregate.total": str(int(fault.get("ecc_uncorrected", 0))),
+        "remapped_rows.pending": "Yes" if fault.get("remap_pending") else "No",
+        "remapped_rows.failure": "Yes" if fault.get("remap_failed") else "No",
+        "remapped_rows.correctable": "0",
+        "remapped_rows.uncorrectable": "1" if fault.get("remap_pending") or fault.get("remap_failed") else "0",
+        "gpu_uuid": f"{sc['uuid_prefix']}{i:012x}",
+        "gpu_bus_id": f"{sc['bus_prefix']}{BUS_IDS[i % len(BUS_IDS)]}:00.0",
     }
+
+
+def _fault(sc: dict[str, Any], i: int) -> dict[str, Any]:
+    got = dict(sc.get("faults") or {}).get(str(i))
+    return dict(got) if isinstance(got, dict) else {}
+
+
+def _listed(sc: dict[str, Any]) -> list[int]:
+    """The GPU indices nvidia-smi enumerates (a vanished GPU is not listed)."""
+    return [i for i in range(int(sc["gpus"])) if not _fault(sc, i).get("vanish")]
 
 
 def _lost(sc: dict[str, Any], i: int, t: float) -> bool:
@@ -127,23 +174,68 @@ def query(sc: dict[str, Any], fields: list[str], fmt: set[str], t: float) -> str
     """The text ``nvidia-smi --query-gpu=FIELDS --format=FMT`` prints at time ``t``."""
     lines = []
     if "noheader" not in fmt:
-        lines.append(", ".join(f"{f} [{UNITS[f]}]" if f in UNITS and "nounits" not in fmt else f for f in fields))
-    for i in range(int(sc["gpus"])):
-        st = gpu_state(sc, i, t)
+        lines.append(_header(fields, fmt))
+    for pos, i in enumerate(_listed(sc)):
+        # nvidia-smi numbers the GPUs it enumerates: after a vanished one, the indices close up.
+        st = {**gpu_state(sc, i, t), "index": str(pos)}
         if _lost(sc, i, t):
             lines.append(
                 f"Unable to determine the device handle for GPU{st['pci.bus_id']}: "
                 "GPU is lost.  Reboot the system to recover this GPU"
             )
             continue
-        cells = []
-        for f in fields:
-            v = st.get(f, "[N/A]")
-            if f in UNITS and "nounits" not in fmt and not v.startswith("["):
-                v = f"{v} {UNITS[f]}"
-            cells.append(v)
-        lines.append(", ".join(cells))
+        lines.append(_row(fields, fmt, st))
     return "\n".join(lines) + "\n"
+
+
+def _row(fields: list[str], fmt: set[str], values: dict[str, str]) -> str:
+    """One CSV row: "[N/A]" for a field the stand-in does not know, units unless nounits."""
+    cells = []
+    for f in fields:
+        v = values.get(f, "[N/A]")
+        if f in UNITS and "nounits" not in fmt and not v.startswith("["):
+            v = f"{v} {UNITS[f]}"
+        cells.append(v)
+    return ", ".join(cells)
+
+
+def _header(fields: list[str], fmt: set[str]) -> str:
+    return ", ".join(f"{f} [{UNITS[f]}]" if f in UNITS and "nounits" not in fmt else f for f in fields)
+
+
+def _rows(fields: list[str], fmt: set[str], rows: list[dict[str, str]]) -> str:
+    lines = [] if "noheader" in fmt else [_header(fields, fmt)]
+    lines.extend(_row(fields, fmt, row) for row in rows)
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def remapped_rows(sc: dict[str, Any], fields: list[str], fmt: set[str], t: float) -> str:
+    """``nvidia-smi --query-remapped-rows=FIELDS --format=FMT`` (one row per GPU on the bus)."""
+    return _rows(fields, fmt, [gpu_state(sc, i, t) for i in _listed(sc) if not _lost(sc, i, t)])
+
+
+def compute_apps(sc: dict[str, Any], fields: list[str], fmt: set[str], t: float) -> str:
+    """``nvidia-smi --query-compute-apps=FIELDS --format=FMT``: the scenario's processes; none
+    prints only the header (or nothing with noheader), as the real one does."""
+    rows = []
+    for app in sc.get("apps") or []:
+        i = int(app.get("gpu", 0))
+        if i not in _listed(sc) or _lost(sc, i, t):
+            continue
+        st = gpu_state(sc, i, t)
+        used = str(int(app.get("used_mib", 1024)))
+        rows.append(
+            {
+                "pid": str(int(app["pid"])),
+                "gpu_uuid": st["uuid"],
+                "gpu_bus_id": st["pci.bus_id"],
+                "process_name": str(app.get("name", "python")),
+                "name": str(app.get("name", "python")),
+                "used_memory": used,
+                "used_gpu_memory": used,
+            }
+        )
+    return _rows(fields, fmt, rows)
 
 
 def listing(sc: dict[str, Any], t: float) -> str:
@@ -200,6 +292,7 @@ def main(argv: list[str]) -> int:
         print("fake nvidia-smi: --scenario FILE is required", file=sys.stderr)
         return 2
     fields: list[str] | None = None
+    other: tuple[str, list[str]] | None = None
     fmt: set[str] = set()
     loop_s: float | None = None
     list_mode = False
@@ -207,6 +300,9 @@ def main(argv: list[str]) -> int:
     for a in it:
         if a.startswith("--query-gpu="):
             fields = [f.strip() for f in a.split("=", 1)[1].split(",") if f.strip()]
+        elif a.startswith(("--query-remapped-rows=", "--query-compute-apps=")):
+            kind = a.split("=", 1)[0]
+            other = (kind, [f.strip() for f in a.split("=", 1)[1].split(",") if f.strip()])
         elif a.startswith("--format="):
             fmt = {f.strip() for f in a.split("=", 1)[1].split(",")}
         elif a in ("-L", "--list-gpus"):
@@ -221,7 +317,7 @@ def main(argv: list[str]) -> int:
                 f"(unsupported by the stand-in: {a})"
             )
             return 2
-    if fields is not None and "csv" not in fmt:
+    if (fields is not None or other is not None) and "csv" not in fmt:
         print('Invalid combination of input arguments. Please run "nvidia-smi -h" for help.')
         return 2
     while True:
@@ -234,6 +330,11 @@ def main(argv: list[str]) -> int:
         if int(sc["gpus"]) <= 0:
             print("No devices were found")
             return 6
+        if other is not None:
+            answer = remapped_rows if other[0] == "--query-remapped-rows" else compute_apps
+            sys.stdout.write(answer(sc, other[1], fmt, t))
+            sys.stdout.flush()
+            return 0
         if fields is not None:
             sys.stdout.write(query(sc, fields, fmt, t))
         elif list_mode:

@@ -24,6 +24,7 @@ one order, whichever front end asked:
 | retention apply, pin, unpin, milestone, unlock | ``ops.retention.apply(plan)``, ``.pin``, ``.unpin``, ``.mark_milestone``, ``.unmark_milestone``, ``.unlock`` |
 | egress override | ``ops.egress.quote(store, nbytes, node=, reason=)`` |
 | site alerts, silence, expire | ``ops.alerts.site()``, ``ops.alerts.silence(req)``, ``ops.alerts.expire(id)``, ``ops.alerts.status()`` |
+| triage (suspects, evidence, commands) | ``await ops.triage.run(job=)`` or ``run(nodes=)`` |
 | Slurm nodes, drain, resume | ``ops.slurm.rows()``, ``ops.slurm.plan_drain(...)``/``drain(plan)``, ``ops.slurm.plan_resume(...)``/``resume(plan)`` |
 """
 
@@ -42,6 +43,7 @@ from backend.ops.shards import Shards
 if TYPE_CHECKING:
     from backend.ops.alerts import Alerts
     from backend.ops.slurm import Slurm
+    from backend.ops.triage import Triage
     from backend.services import Services
 
 
@@ -86,6 +88,12 @@ class Operations:
         from backend.ops.slurm import Slurm
 
         return Slurm(self.services)
+
+    @cached_property
+    def triage(self) -> Triage:
+        from backend.ops.triage import Triage
+
+        return Triage(self.services)
 
 
 __all__ = ["Operations", "PullPreview", "PullRequest", "PullStarted", "StripRequest", "UploadRequest"]

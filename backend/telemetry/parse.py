@@ -422,8 +422,15 @@ def _bus_key(bus: str) -> str:
     parts = bus.strip().lower().split(":")
     if len(parts) >= 3:
         dom, b, dev = parts[-3], parts[-2], parts[-1].split(".")[0]
-        return f"{int(dom, 16):04x}:{b[-2:]}:{dev[-2:]}"
+        try:
+            return f"{int(dom, 16):04x}:{b[-2:]}:{dev[-2:]}"
+        except ValueError:  # an empty or junk domain from a hostile line
+            pass
     return bus.strip().lower()
+
+
+#: The public name (backend.triage maps Xid lines to GPUs the same way).
+bus_key = _bus_key
 
 
 def parse_xid_log(

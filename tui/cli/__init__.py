@@ -52,6 +52,7 @@ COMMANDS: dict[str, str] = {
     "slurm": "slurm",
     "state": "state",
     "top": "top",
+    "triage": "triage",
     "upload": "ckpt",
     "watch": "watch",
 }

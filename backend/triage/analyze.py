@@ -1,0 +1,311 @@
+"""From what each node said to a ranked list of suspects, the evidence behind each, and the exact
+commands to exclude, drain and resume: pure functions of :class:`NodeHealth` records.
+
+Deny by default applies to accusations: a node or GPU is a suspect only on positive evidence (a
+counter, a flag, a reason bit, a clock measurably below its peers, a lost or missing GPU, a node
+that does not answer). What could not be read is listed as a note, never held against anyone.
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from backend.triage.signals import GPU_IDLE, GpuHealth, XidSeen
+
+#: A GPU whose SM clock is below this fraction of its peers' median is a straggler: one GPU at
+#: 95% of the others' clock slows a synchronous job by about 5%. Healthy GPUs of one model under
+#: one load sit within a percent or two of each other.
+STRAGGLER_RATIO = 0.97
+#: Fewest busy GPUs for a median to compare against.
+MIN_PEERS = 4
+#: A GPU below this utilisation (or with the idle reason set) is not compared: it is not working.
+BUSY_UTIL_PCT = 10.0
+
+#: How much each kind of evidence weighs in the ranking (higher first).
+WEIGHTS = {
+    "unreachable": 90,
+    "fell-off-bus": 100,
+    "gpu-missing": 95,
+    "xid": 80,
+    "remap-failed": 85,
+    "remap-pending": 70,
+    "ecc-uncorrected": 60,
+    "telemetry-missing": 50,
+    "clock-event": 40,
+    "straggler": 30,
+}
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """One node as triage read it: reachability, GPUs, Xids, and Slurm's view when enabled."""
+
+    node: str
+    reachable: bool
+    read_at: float
+    error: str | None = None
+    #: False: not read at all (not in the inventory); nothing is held against it.
+    read: bool = True
+    gpus: tuple[GpuHealth, ...] = ()
+    #: "ok", "absent" (no nvidia-smi), or nvidia-smi's error line.
+    gpu_status: str = "ok"
+    xids: tuple[XidSeen, ...] = ()
+    #: Why the kernel log could not be read, if so.
+    xid_error: str | None = None
+    #: GPUs the node should have (Slurm's GRES), None when unknown.
+    expected_gpus: int | None = None
+    slurm_state: str | None = None
+    slurm_reason: str | None = None
+    #: Epoch seconds Slurm's reason was set.
+    slurm_reason_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One fact against one node (``gpu`` None: the node as a whole)."""
+
+    node: str
+    gpu: int | None
+    kind: str
+    detail: str
+    #: When it started, as far as anyone can tell (an Xid's log time; else when triage saw it).
+    since: float | None
+
+
+@dataclass(frozen=True)
+class Suspect:
+    node: str
+    gpus: tuple[int, ...]
+    evidence: tuple[Evidence, ...]
+    since: float | None
+    score: int
+
+
+@dataclass(frozen=True)
+class TriageReport:
+    """The answer: every node read, the suspects ranked, the commands (shown, never run)."""
+
+    nodes: tuple[NodeHealth, ...]
+    suspects: tuple[Suspect, ...]
+    commands: tuple[str, ...]
+    #: What could not be read (never held against a node).
+    notes: tuple[str, ...] = ()
+    job: str | None = None
+    #: Nodes Slurm has drained or down that pass every check (``loadmaster resume`` is shown).
+    passing_drained: tuple[str, ...] = ()
+    checkpoint: dict[str, Any] | None = field(default=None)
+
+    @property
+    def exclude(self) -> str | None:
+        """``--exclude=a,b`` for the resubmission, None when nobody is suspect."""
+        return f"--exclude={','.join(s.node for s in self.suspects)}" if self.suspects else None
+
+    def as_json(self) -> dict[str, Any]:
+        """``{"suspects": [{"node", "gpus", "evidence": [...], "since"}], "commands": [...], ...}``."""
+        return {
+            "job": self.job,
+            "suspects": [
+                {
+                    "node": s.node,
+                    "gpus": list(s.gpus),
+                    "since": s.since,
+                    "score": s.score,
+                    "evidence": [
+                        {"gpu": e.gpu, "kind": e.kind, "detail": e.detail, "since": e.since} for e in s.evidence
+                    ],
+                }
+                for s in self.suspects
+            ],
+            "commands": list(self.commands),
+            "exclude": self.exclude,
+            "notes": list(self.notes),
+            "nodes": [_node_json(n) for n in self.nodes],
+            "checkpoint": self.checkpoint,
+        }
+
+
+def _node_json(n: NodeHealth) -> dict[str, Any]:
+    d = asdict(n)
+    d["gpus"] = [asdict(g) for g in n.gpus]
+    d["xids"] = [asdict(x) for x in n.xids]
+    return d
+
+
+def stragglers(gpus: list[tuple[str, GpuHealth]]) -> list[tuple[str, GpuHealth, float, float]]:
+    """GPUs whose SM clock is below :data:`STRAGGLER_RATIO` of the busy GPUs' median, slowest
+    first: (node, GPU, its clock as a fraction of the median, the median in MHz). Idle GPUs and
+    GPUs without a clock are not compared; fewer than :data:`MIN_PEERS` busy GPUs, none flagged."""
+    busy = [(n, g) for n, g in gpus if _busy(g)]
+    if len(busy) < MIN_PEERS:
+        return []
+    median = statistics.median(g.sm_mhz for _, g in busy if g.sm_mhz is not None)
+    if median <= 0:
+        return []
+    out = [(n, g, (g.sm_mhz or 0.0) / median, median) for n, g in busy]
+    return sorted((x for x in out if x[2] < STRAGGLER_RATIO), key=lambda x: x[2])
+
+
+def _busy(g: GpuHealth) -> bool:
+    return (
+        not g.lost
+        and g.sm_mhz is not None
+        and (g.util_pct is None or g.util_pct >= BUSY_UTIL_PCT)
+        and not ((g.reasons or 0) & GPU_IDLE)
+    )
+
+
+def _peer_buses(nodes: list[NodeHealth]) -> dict[str, list[str]]:
+    """GPU model -> the PCI bus ids its nodes most commonly list (the expected layout)."""
+    layouts: dict[str, dict[tuple[str, ...], int]] = {}
+    for n in nodes:
+        names = {g.name for g in n.gpus if g.name}
+        if len(names) != 1 or any(g.lost for g in n.gpus):
+            continue
+        key = tuple(sorted(g.bus.upper() for g in n.gpus))
+        d = layouts.setdefault(names.pop(), {})
+        d[key] = d.get(key, 0) + 1
+    out = {}
+    for model, d in layouts.items():
+        best, seen = max(d.items(), key=lambda kv: (kv[1], len(kv[0])))
+        if seen >= 2:
+            out[model] = list(best)
+    return out
+
+
+def node_evidence(n: NodeHealth, peer_buses: dict[str, list[str]]) -> list[Evidence]:
+    """Everything against one node (the straggler comparison is done across nodes)."""
+    ev: list[Evidence] = []
+    t = n.read_at
+    if not n.read:
+        return []
+    if not n.reachable:
+        return [Evidence(n.node, None, "unreachable", f"does not answer: {n.error or 'no reply'}", t)]
+    if n.gpu_status not in ("ok", "absent") and not n.gpus:
+        ev.append(
+            Evidence(n.node, None, "telemetry-missing", f"nvidia-smi fails while the node answers: {n.gpu_status}", t)
+        )
+    for g in n.gpus:
+        if g.lost:
+            ev.append(Evidence(n.node, g.index, "fell-off-bus", f"GPU {g.index} ({g.bus or 'bus ?'}) is lost", t))
+            continue
+        if g.remap_failed:
+            ev.append(Evidence(n.node, g.index, "remap-failed", f"GPU {g.index}: row remapping failed", t))
+        if g.remap_pending:
+            ev.append(
+                Evidence(n.node, g.index, "remap-pending", f"GPU {g.index}: row remap pending (reset to apply)", t)
+            )
+        if g.ecc_uncorrected:
+            ev.append(
+                Evidence(
+                    n.node,
+                    g.index,
+                    "ecc-uncorrected",
+                    f"GPU {g.index}: {g.ecc_uncorrected} uncorrectable ECC error(s)",
+                    t,
+                )
+            )
+        if g.reason_names:
+            ev.append(
+                Evidence(
+                    n.node, g.index, "clock-event", f"GPU {g.index}: {', '.join(g.reason_names)} ({g.reasons:#x})", t
+                )
+            )
+        if (
+            g.sm_mhz is None
+            and g.util_pct is None
+            and g.power_w is None
+            and any(h.sm_mhz is not None for h in n.gpus if h is not g)
+        ):
+            ev.append(
+                Evidence(n.node, g.index, "telemetry-missing", f"GPU {g.index}: no clock, utilisation or power", t)
+            )
+    listed = len(n.gpus)
+    if n.expected_gpus is not None and 0 <= listed < n.expected_gpus and n.gpu_status in ("ok", "absent"):
+        ev.append(Evidence(n.node, None, "gpu-missing", f"{listed} of {n.expected_gpus} GPUs listed (Slurm's GRES)", t))
+    else:
+        names = {g.name for g in n.gpus if g.name}
+        layout = peer_buses.get(names.pop()) if len(names) == 1 else None
+        if layout and len(n.gpus) < len(layout):
+            have = {g.bus.upper() for g in n.gpus}
+            for pos, bus in enumerate(layout):
+                if bus not in have:
+                    ev.append(
+                        Evidence(n.node, pos, "gpu-missing", f"GPU at {bus} is not listed (its peers list it)", t)
+                    )
+    for x in n.xids:
+        if x.drain:
+            where = f"GPU {x.gpu}" if x.gpu >= 0 else "a GPU"
+            ev.append(
+                Evidence(
+                    n.node,
+                    x.gpu if x.gpu >= 0 else None,
+                    "xid",
+                    f"Xid {x.code} ({x.mnemonic}) on {where}: {x.action}",
+                    x.at,
+                )
+            )
+    return ev
+
+
+def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
+    """The ranked suspects and the commands for ``nodes`` (read together, e.g. one job's)."""
+    peers = _peer_buses(nodes)
+    ev: dict[str, list[Evidence]] = {n.node: node_evidence(n, peers) for n in nodes}
+    pool = [(n.node, g) for n in nodes if n.reachable and n.read for g in n.gpus]
+    for node, g, ratio, median in stragglers(pool):
+        detail = f"GPU {g.index}: SM clock {g.sm_mhz:.0f} MHz, {ratio:.1%} of the median {median:.0f} MHz"
+        ev[node].append(Evidence(node, g.index, "straggler", detail, _read_at(nodes, node)))
+    suspects = []
+    for n in nodes:
+        items = ev[n.node]
+        if not items:
+            continue
+        score = sum(WEIGHTS.get(e.kind, 10) for e in items)
+        gpus = tuple(sorted({e.gpu for e in items if e.gpu is not None}))
+        since = min((e.since for e in items if e.since is not None), default=None)
+        suspects.append(Suspect(n.node, gpus, tuple(items), since, score))
+    suspects.sort(key=lambda s: (-max(WEIGHTS.get(e.kind, 10) for e in s.evidence), -s.score, s.node))
+    notes = []
+    for n in nodes:
+        if n.reachable and n.xid_error:
+            notes.append(f"{n.node}: kernel log not read ({n.xid_error})")
+    accused = {s.node for s in suspects}
+    passing = tuple(
+        n.node
+        for n in nodes
+        if n.node not in accused
+        and n.reachable
+        and n.read
+        and n.slurm_state
+        and n.slurm_state.rstrip("*") in ("drained", "draining", "down")
+    )
+    return TriageReport(
+        nodes=tuple(nodes),
+        suspects=tuple(suspects),
+        commands=tuple(commands(suspects, passing)),
+        notes=tuple(notes),
+        job=job,
+        passing_drained=passing,
+    )
+
+
+def _read_at(nodes: list[NodeHealth], name: str) -> float | None:
+    return next((n.read_at for n in nodes if n.node == name), None)
+
+
+def commands(suspects: list[Suspect], passing: tuple[str, ...]) -> list[str]:
+    """The exact commands for the operator: exclude the suspects, drain each, resume what passes."""
+    out: list[str] = []
+    if suspects:
+        out.append(f"--exclude={','.join(s.node for s in suspects)}")
+    for s in suspects:
+        top = max(s.evidence, key=lambda e: WEIGHTS.get(e.kind, 10))
+        reason = f"triage: {top.detail}"[:150]
+        out.append(
+            shlex.join(["loadmaster", "drain", s.node, "--reason", reason, "--prompted-by", "loadmaster triage"])
+        )
+    out.extend(shlex.join(["loadmaster", "resume", n]) for n in passing)
+    return out
