@@ -267,7 +267,12 @@ def _client_error(exc: Exception, store: str, bucket: str, profile: str | None, 
             "AWS credentials file, or set the AWS_* environment variables"
         )
     if isinstance(exc, ProfileNotFound):
-        return StoreError(f"{store}: AWS profile {profile!r} not found in your AWS config/credentials files")
+        hint = (
+            '; the sandbox\'s profile comes with its environment: eval "$(loadmaster lab env)"'
+            if profile == "lab"
+            else ""
+        )
+        return StoreError(f"{store}: AWS profile {profile!r} not found in your AWS config/credentials files{hint}")
     if isinstance(exc, EndpointConnectionError):
         return StoreError(f"{store}: cannot reach endpoint: {exc}")
     return StoreError(f"{store}: {type(exc).__name__}: {exc}")

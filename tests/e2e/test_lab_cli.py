@@ -100,3 +100,32 @@ def test_the_printed_console_command_runs_without_the_venv_on_path(monkeypatch: 
     assert _console_program() == str(beside)
     monkeypatch.setenv("PATH", f"{beside.parent}:/usr/bin:/bin")
     assert _console_program() == "loadmaster"
+
+
+def test_env_without_a_lab_says_how_to_start_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["lab", "env", "--dir", str(tmp_path / "nothing")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "no lab is running in" in err and "loadmaster lab up" in err
+
+
+def test_a_new_lab_forgets_the_last_ones_jobs_and_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.ui_prefs import load_ui_prefs, update_ui_prefs
+    from tui.cli.lab import forget_previous_lab
+
+    monkeypatch.setenv("LOADMASTER_CONFIG_DIR", str(tmp_path / "cfg"))
+    root = tmp_path / "lab"
+    (root / "state").mkdir(parents=True)
+    (root / "state" / "loadmaster.db").write_text("the old lab's jobs")
+    other = str(tmp_path / "mine.toml")
+    update_ui_prefs(
+        last_run={str(root / "loadmaster.toml"): "s3://lab-0ld/runs/demo", other: "s3://mine/run"}, theme="x"
+    )
+
+    said = forget_previous_lab(root)
+
+    assert not (root / "state").exists()
+    assert (root / "state.previous" / "loadmaster.db").read_text() == "the old lab's jobs"
+    assert load_ui_prefs() == {"last_run": {other: "s3://mine/run"}, "theme": "x"}
+    assert "moved aside" in said and "forgotten" in said
+    assert forget_previous_lab(root) == ""  # nothing left to forget

@@ -453,3 +453,28 @@ async def test_clicking_the_mode_bar_switches_screens(services: Services) -> Non
         await pilot.click(ModeBar, offset=(x, 0))
         await wait_until(pilot, lambda: app.current_mode == "shards")
         assert app.screen.query_one(ModeBar).active == "shards"
+
+
+def test_quitting_leaves_work_that_ignores_cancellation_behind() -> None:
+    """A request that swallows its cancellation (an S3 listing was seen to) must not keep the
+    console's process alive after the operator quit: it is counted, and run_console leaves."""
+    import asyncio
+
+    from tui.app import _cancel_leftovers
+
+    loop = asyncio.new_event_loop()
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue  # ignores cancellation
+
+    async def polite() -> None:
+        await asyncio.sleep(3600)
+
+    tasks = [loop.create_task(stubborn()), loop.create_task(polite())]
+    loop.run_until_complete(asyncio.sleep(0.01))  # both started
+    assert _cancel_leftovers(loop, 0.2) == 1
+    assert tasks[1].cancelled() and not tasks[0].done()

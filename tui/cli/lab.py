@@ -56,6 +56,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     st = lsub.add_parser("status", help="is the sandbox running, and where")
     st.add_argument("--dir", help="the lab's directory (default: <data dir>/lab)")
     st.set_defaults(func=lab_status)
+    env = lsub.add_parser(
+        "env",
+        help="print the running sandbox's environment and the command that opens the console "
+        '(eval "$(loadmaster lab env)" sets it in this shell)',
+    )
+    env.add_argument("--dir", help="the lab's directory (default: <data dir>/lab)")
+    env.set_defaults(func=lab_env)
 
 
 def _lab_dir(args: argparse.Namespace) -> Path:
@@ -122,6 +129,7 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
     )
     parts = ", ".join(names[:-1]) + " and " + names[-1]
     print(f"starting {args.nodes} {parts} in {root} ...", file=sys.stderr)
+    forget_previous_lab(root)
     lab.up()
     seeded: list[str] = []
     try:
@@ -194,7 +202,8 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
             file=sys.stderr,
         )
         print("\n".join(seeded), file=sys.stderr)
-    print("open the console on the sandbox with:", file=sys.stderr)
+    _remember_env(root, env, cmd)
+    print("open the console on the sandbox with (again later: loadmaster lab env):", file=sys.stderr)
     print(cmd)
     if lab.postgres:
         second = " ".join(
@@ -275,7 +284,61 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
 
     stopped += SlurmLab.stop_saved(root / "slurm.json")
     state.unlink()
-    print(f"stopped {stopped} lab processes in {root}", file=sys.stderr)
+    forgotten = forget_previous_lab(root)
+    print(
+        f"stopped {stopped} lab processes in {root}" + (f"; {forgotten}" if forgotten else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def forget_previous_lab(root: Path) -> str:
+    """A new sandbox starts clean: the last lab's jobs, ledger and audit (its SQLite state) are
+    moved aside to ``state.previous`` (the one before is dropped), and the run folders the screens
+    remember for the lab's config are forgotten (they name the old lab's bucket). What was done."""
+    done = []
+    state = root / "state"
+    if state.exists():
+        previous = root / "state.previous"
+        if previous.exists():
+            shutil.rmtree(previous, ignore_errors=True)
+        state.rename(previous)
+        done.append(f"the lab's jobs, ledger and audit moved aside to {previous}")
+    from backend.errors import ConfigError
+    from backend.ui_prefs import load_ui_prefs, update_ui_prefs
+
+    prefs = load_ui_prefs()
+    last = prefs.get("last_run")
+    key = str(root / "loadmaster.toml")
+    if isinstance(last, dict) and key in last:
+        kept = {k: v for k, v in last.items() if k != key}
+        try:
+            update_ui_prefs(last_run=kept)
+            done.append("the screens' remembered run folder forgotten")
+        except ConfigError:
+            pass  # a preference file is a convenience
+    return "; ".join(done)
+
+
+def _remember_env(root: Path, env: dict[str, str], cmd: str) -> None:
+    """Keep the environment and console command in lab.json, for ``lab env`` to print again."""
+    state = root / "lab.json"
+    info = json.loads(state.read_text())
+    info["env"] = env
+    info["console"] = cmd
+    state.write_text(json.dumps(info, indent=2))
+
+
+def lab_env(args: argparse.Namespace, services: Services) -> int:
+    root = _lab_dir(args)
+    state = root / "lab.json"
+    info = json.loads(state.read_text()) if state.exists() else {}
+    env = info.get("env")
+    if not isinstance(env, dict) or not any(_pid_alive(n.get("pid")) for n in info.get("nodes", [])):
+        raise LoadmasterError(f"no lab is running in {root}; start one with 'loadmaster lab up'")
+    for key, value in sorted(env.items()):
+        print(f"export {key}={shlex.quote(str(value))}")
+    print(f"# open the console on the sandbox: {info.get('console', '')}")
     return 0
 
 

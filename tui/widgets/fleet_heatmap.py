@@ -443,8 +443,13 @@ class HeatmapGrid(ScrollView, can_focus=True):
         longest = max((len(n) for n in self._snaps), default=0)
         ranged = max((len(n) + len(_TRAILING_DIGITS.sub(r"\2", n)) + 1 for n in self._snaps), default=0)
         short_w, long_w = min(longest, LABEL_MAX) + 1, min(ranged, LABEL_MAX) + 1
-        same = (width - short_w + 1) // node_w == (width - long_w + 1) // node_w
-        self._label_width = long_w if same else short_w
+        sizes = [len(attention), *(len(m) for m in by_group.values())]
+
+        def rows(label_w: int) -> int:
+            per = max(1, (width - label_w + 1) // node_w)
+            return sum(-(-n // per) for n in sizes if n)
+
+        self._label_width = long_w if rows(long_w) == rows(short_w) else short_w
         if width - self._label_width < 4 * node_w:
             self._label_width = 0  # too narrow for labels: every column goes to nodes
         # The last node of a row needs no space after it.
