@@ -28,6 +28,7 @@ from backend.jobs.store import JobStore
 from backend.lab import Lab
 from backend.ledger import Reservation
 from backend.services import Services
+from backend.state import open_state
 from tests.helpers import write_lab_config
 from tests.security.hostile_node import NAME, HostileNode, start_hostile_node
 from tui.cli import main as cli_main
@@ -45,6 +46,37 @@ def hostile_config(lab: Lab, hostile: HostileNode, tmp_path: Path) -> tuple[Path
     hostile.clear()
     path = write_lab_config(lab, tmp_path / "lm.toml", tmp_path / "state", hostile.config_section())
     return path, load_config_file(path)
+
+
+@pytest.fixture
+def team_config(lab: Lab, hostile: HostileNode, tmp_path: Path, state_url: str | None) -> tuple[Path, Config]:
+    """The hostile node's config with the team's state on each backend (SQLite, PostgreSQL)."""
+    hostile.clear()
+    path = write_lab_config(
+        lab, tmp_path / "lm.toml", tmp_path / "state", hostile.config_section(), state_url=state_url
+    )
+    return path, load_config_file(path)
+
+
+class _Rows:
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+
+class _TeamDb:
+    """The team's state database read as sqlite3 reads it (tuples), on either backend."""
+
+    def __init__(self, config: Config) -> None:
+        self.db = open_state(config)
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> _Rows:
+        return _Rows([tuple(r[k] for k in r.keys()) for r in self.db.query(sql, params)])  # noqa: SIM118
 
 
 def _team_spec(services: Services, job_id: str, kind: str = "pull", **params: Any) -> dict[str, Any]:
@@ -139,9 +171,9 @@ def _forge(hostile: HostileNode, services: Services) -> dict[str, str]:
 
 
 async def test_forged_jobs_get_nothing_count_nothing_and_every_view_stays_up(
-    hostile: HostileNode, hostile_config: tuple[Path, Config], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    hostile: HostileNode, team_config: tuple[Path, Config], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path, config = hostile_config
+    path, config = team_config
     services = Services(config=config)
     try:
         forged = _forge(hostile, services)
@@ -186,13 +218,14 @@ async def test_forged_jobs_get_nothing_count_nothing_and_every_view_stays_up(
         assert not list(hostile.jobs.glob("*/secrets.json"))
 
         # Nothing counted: the team database holds only what the team recorded.
-        db = _db(tmp_path)
+        db = _TeamDb(config)
         assert db.execute("SELECT id FROM jobs ORDER BY id").fetchall() == sorted([(mine,), (elsewhere,)])
         assert db.execute("SELECT state FROM jobs WHERE id = ?", (mine,)).fetchone() == ("running",)
         assert db.execute("SELECT job_id, state, bytes FROM egress_ledger").fetchall() == [(mine, "reserved", 1000)]
         assert db.execute("SELECT COUNT(*) FROM audit").fetchone() == (0,)
         assert db.execute("SELECT DISTINCT job_id FROM job_events").fetchall() == [(mine,)]
         assert db.execute("SELECT COUNT(*) FROM jobs WHERE pid IS NOT NULL OR adopted = 1").fetchone() == (0,)
+        db.db.close()
     finally:
         await services.aclose()
 
