@@ -31,7 +31,8 @@ def test_jobs_show_logs_and_cancel_of_a_finished_job(lab: Lab, source: SourceDat
     # logs --follow ends when the job ends, and prints the runner's verification line.
     res = _run(jobs_config_path, "job", "logs", job[:-1], "--follow")  # a unique prefix works
     assert res.returncode == 0, res.stderr
-    assert "verified 4 objects" in res.stdout and "succeeded" in res.stderr
+    assert "copied 4 objects" in res.stdout and "every object's bytes proven" in res.stdout
+    assert "succeeded" in res.stderr
 
     res = _run(jobs_config_path, "job", "show", job)
     assert res.returncode == 0
