@@ -228,8 +228,10 @@ def node_evidence(n: NodeHealth, peer_buses: dict[str, list[str]]) -> list[Evide
     else:
         names = {g.name for g in n.gpus if g.name}
         layout = peer_buses.get(names.pop()) if len(names) == 1 else None
-        if layout and len(n.gpus) < len(layout):
-            have = {g.bus.upper() for g in n.gpus}
+        have = {g.bus.upper() for g in n.gpus}
+        # A node a GPU or two short of its peers' layout, every bus it lists being one of theirs:
+        # a node built smaller (4 of 8) is a different node, not a sick one.
+        if layout and have <= set(layout) and 0 < len(layout) - len(have) <= max(1, len(layout) // 4):
             for pos, bus in enumerate(layout):
                 if bus not in have:
                     ev.append(

@@ -1,0 +1,70 @@
+"""``loadmaster triage --job`` on a real Slurm job (tests/slurm_fixtures.py: slurmctld and slurmd
+22.05 on loopback) whose nodes are the lab's sshd nodes of the same names, with the stand-in
+nvidia-smi's faults; through the command line, text and JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backend.lab import Lab
+from backend.lab.slurm import SlurmLab
+from tests.slurm_fixtures import job_state, slurm, slurm_lab, wait_for
+from tests.triage.test_triage_lab import faults
+from tui.cli import main
+
+__all__ = ["slurm", "slurm_lab"]
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+def config(tmp_path: Path, lab: Lab, sl: SlurmLab) -> str:
+    cfg = tmp_path / "lm.toml"
+    cfg.write_text(lab.config_text(f'\n[slurm]\nenabled = true\nconf = "{sl.conf}"\ninterval = "30s"\n'))
+    return str(cfg)
+
+
+def test_job_triage_names_the_suspect_and_prints_exclude(
+    lab: Lab, slurm: SlurmLab, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = slurm.sbatch("-N", "2", "-w", "node-01,node-02", "--gres=gpu:2", "-J", "train")
+    wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
+    cfg = config(tmp_path, lab, slurm)
+    assert main(["--config", cfg, "triage", "--job", job]) == 0
+    out = capsys.readouterr().out
+    assert "no suspects" in out and "--exclude" not in out
+    with faults(lab, "node-02", faults={"1": {"remap_pending": True, "ecc_uncorrected": 2}}):
+        assert main(["--config", cfg, "triage", "--job", job]) == 0
+        text = capsys.readouterr().out
+        assert main(["--config", cfg, "triage", "--job", job, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+    assert "1. node-02 (GPUs 1)" in text and "  --exclude=node-02" in text
+    assert "loadmaster drain node-02 --reason" in text
+    assert doc["job"] == job and [s["node"] for s in doc["suspects"]] == ["node-02"]
+    assert doc["suspects"][0]["gpus"] == [1]
+    assert {e["kind"] for e in doc["suspects"][0]["evidence"]} == {"remap-pending", "ecc-uncorrected"}
+    assert doc["commands"][0] == "--exclude=node-02"
+    nodes = {n["node"]: n for n in doc["nodes"]}
+    assert nodes["node-01"]["slurm_state"] in ("mixed", "allocated") and nodes["node-01"]["expected_gpus"] == 4
+
+
+def test_drained_node_that_passes_gets_the_resume_command(
+    lab: Lab, slurm: SlurmLab, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slurm.command(["scontrol", "update", "NodeName=node-01", "State=DRAIN", "Reason=test"])
+    cfg = config(tmp_path, lab, slurm)
+    assert main(["--config", cfg, "triage", "--nodes", "node-01,node-02", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["suspects"] == [] and doc["commands"] == ["loadmaster resume node-01"]
+
+
+def test_one_line_errors(lab: Lab, slurm: SlurmLab, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config(tmp_path, lab, slurm)
+    assert main(["--config", cfg, "triage", "--job", "999999"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "999999" in err and "\n" not in err and "Traceback" not in err
+    assert main(["--config", cfg, "triage", "--nodes", "node-[01-"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--nodes" in err and "\n" not in err
