@@ -32,6 +32,7 @@ import errno
 import hashlib
 import json
 import os
+import queue
 import random
 import re
 import socket
@@ -533,9 +534,9 @@ class Receiver:
         self.codec: FrameCodec | None = None
         self.check: ChunkCheck | None = None
         self.rate = RateWindow()
-        #: The MD5 of each single-part object's bytes so far (chunks arrive in order), checked
-        #: against the listing's ETag when its last byte is written, as a direct pull does.
-        self.md5: dict[int, Any] = {}
+        #: The MD5 of each single-part object's bytes (chunks arrive in order), hashed beside the
+        #: receive loop and checked against the listing's ETag before the object is renamed.
+        self.md5 = Md5Pipe()
         self.md5_verified = 0
 
     # -- writing ------------------------------------------------------------------------------
@@ -589,12 +590,11 @@ class Receiver:
             path = temp_name(final)
             t = self.temps[i] = _Temp(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             if o.etag and _MD5_ETAG.fullmatch(o.etag):
-                self.md5[i] = hashlib.md5(usedforsecurity=False)
+                self.md5.start(i)
         written = os.pwrite(t.fd, chunk.data, chunk.offset)
         if written != len(chunk.data):
             raise OSError(errno.ENOSPC, f"short write ({written} of {len(chunk.data)} bytes); is the disk full?")
-        if i in self.md5:
-            self.md5[i].update(chunk.data)
+        self.md5.add(i, chunk.data)
         self.h.digests[(i, chunk.offset)] = (written, chunk.digest)
         end = chunk.offset + written
         if end < o.size:
@@ -604,11 +604,10 @@ class Receiver:
     def _check_md5(self, index: int, tmp: Path) -> None:
         """A single-part object's bytes against the listing's MD5 ETag (the receiver has the
         listing from the console, not from a peer): a mismatch removes it and fails this node."""
-        md5 = self.md5.pop(index, None)
-        if md5 is None:
+        got = self.md5.digest(index)
+        if got is None:
             return
         o = self.h.objects[index]
-        got = md5.hexdigest()
         if got != o.etag:
             tmp.unlink(missing_ok=True)
             raise CorruptObject(
@@ -618,6 +617,7 @@ class Receiver:
         self.md5_verified += 1
 
     def remove_temps(self) -> None:
+        self.md5.close()
         for t in self.temps.values():
             with contextlib.suppress(OSError):
                 os.close(t.fd)
@@ -793,10 +793,74 @@ class Receiver:
             self.sock.sendall(self.codec.ctrl(msg))
 
     def close(self) -> None:
+        self.md5.close()
         if self.sock is not None:
             with contextlib.suppress(OSError):
                 self.sock.close()
             self.sock = None
+
+
+class Md5Pipe:
+    """MD5 of objects' bytes on a thread of its own, so the receive loop (SHA-256 check, write,
+    forward) and the MD5 each take a core; hashlib releases the GIL on large buffers. At most
+    :data:`MD5_BACKLOG` chunks wait (each is its own buffer: nothing reuses it meanwhile)."""
+
+    def __init__(self) -> None:
+        self.q: queue.Queue[tuple[int, bytes | memoryview | None, threading.Event | None] | None] = queue.Queue(
+            MD5_BACKLOG
+        )
+        self.hashes: dict[int, Any] = {}
+        self.done: dict[int, str] = {}
+        self.thread: threading.Thread | None = None
+
+    def start(self, index: int) -> None:
+        """Object ``index`` is hashed from its first byte on."""
+        self.hashes[index] = hashlib.md5(usedforsecurity=False)
+        if self.thread is None:
+            self.q = queue.Queue(MD5_BACKLOG)
+            self.thread = threading.Thread(target=self._run, args=(self.q,), name="relay-md5", daemon=True)
+            self.thread.start()
+
+    def add(self, index: int, data: bytes | memoryview) -> None:
+        if index in self.hashes:
+            self.q.put((index, data, None))
+
+    def digest(self, index: int) -> str | None:
+        """The MD5 (hex) of every byte added for ``index``, once hashed; None when not hashed."""
+        if index not in self.hashes:
+            return None
+        ev = threading.Event()
+        self.q.put((index, None, ev))
+        while not ev.wait(1.0):
+            if self.thread is None or not self.thread.is_alive():
+                raise JobError("the MD5 check of the received objects stopped")
+        self.hashes.pop(index, None)
+        got = self.done.pop(index, None)
+        if got is None:  # closed meanwhile: nothing proves these bytes
+            raise JobError("the MD5 check of the received objects stopped")
+        return got
+
+    def close(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            with contextlib.suppress(queue.Full):
+                self.q.put(None, timeout=5)
+        self.thread = None
+        self.hashes.clear()
+
+    def _run(self, q: queue.Queue[Any]) -> None:
+        while (item := q.get()) is not None:
+            index, data, ev = item
+            md5 = self.hashes.get(index)  # None once closed: what is left is dropped
+            if ev is not None:
+                if md5 is not None:
+                    self.done[index] = md5.hexdigest()
+                ev.set()
+            elif data is not None and md5 is not None:
+                md5.update(data)
+
+
+#: Chunks waiting for the MD5 thread at most (with 4 MiB chunks: 64 MiB).
+MD5_BACKLOG = 16
 
 
 #: How long a receiver keeps trying its planned port while something else holds it. The port was

@@ -353,3 +353,19 @@ def test_a_full_disk_on_a_receiver_is_fatal_with_one_line_naming_dest(tmp_path: 
     assert "\n" not in msg
     assert len(recv.attachments) == 1  # never re-attached
     assert list(dest.iterdir()) == []
+
+
+def test_the_md5_thread_hashes_each_object_s_chunks_in_order() -> None:
+    from backend.relay.node import Md5Pipe
+
+    pipe = Md5Pipe()
+    bodies = {i: os.urandom(50_000 + i) for i in range(3)}
+    for i in bodies:
+        pipe.start(i)
+    for off in range(0, 60_000, 7_000):  # interleaved, as objects can arrive
+        for i, b in bodies.items():
+            if off < len(b):
+                pipe.add(i, memoryview(b)[off : off + 7_000])
+    assert [pipe.digest(i) for i in bodies] == [_md5(b) for b in bodies.values()]
+    assert pipe.digest(7) is None  # not hashed: no single-part ETag
+    pipe.close()
