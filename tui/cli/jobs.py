@@ -180,7 +180,10 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
         rows = [["ID", "KIND", "NODE", "STATE", "PROGRESS", "SOURCE -> DEST", "STARTED"]]
         for r in recs:
             what = f"{r.source} -> {r.destination}" if r.source else r.label
-            state = r.state + (f" ({r.note.split(':', 1)[0]})" if r.note else "")
+            if r.foreign:  # not this team's: why, in short (the whole reason is in --json)
+                state = f"foreign ({clean_text(r.foreign, 60)})"
+            else:
+                state = r.state + (f" ({r.note.split(':', 1)[0]})" if r.note else "")
             rows.append([r.id, r.kind, r.node, state, progress_text(r), what, fmt_when(r.created)])
         _table(rows)
     if not args.local and services.jobs.problems:
