@@ -3,7 +3,7 @@
 :mod:`backend.lab.fake_nvidia_smi` starts a Python interpreter on every call (~30 ms of CPU):
 256 nodes sampled each second would spend more CPU in the stand-in than in everything else. This
 one answers the query form the telemetry sampler uses, ``--query-gpu=FIELDS
---format=csv[,noheader][,nounits]``, with exactly the values and bytes the Python stand-in prints
+--format=csv[,noheader][,nounits]`` (and ``--query-remapped-rows``, healthy GPUs only), with exactly the values and bytes the Python stand-in prints
 for the same scenario at the same scenario time (the same formulas, ``sin`` and ``%.2f`` from the
 same C library), in one sh start and one awk start. The scenario is baked into the script as awk
 variables; the clock is ``/proc/uptime`` (read by the shell, no process) minus its value when the
@@ -32,6 +32,7 @@ FIELDS = (
     "fixed_t",
     "uuid_prefix",
     "bus_prefix",
+    "sm_clock_mhz",
 )
 
 _USAGE = 'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.'
@@ -41,7 +42,7 @@ _SCRIPT = r"""#!/bin/sh
 q=; f=; have_q=
 for a in "$@"; do
   case $a in
-    --query-gpu=*) q=${a#*=}; have_q=1 ;;
+    --query-gpu=*|--query-remapped-rows=*) q=${a#*=}; have_q=1 ;;
     --format=*) f=${a#*=} ;;
     *) echo '@USAGE@'; echo "(unsupported by the stand-in: $a)"; exit 2 ;;
   esac
@@ -87,6 +88,18 @@ BEGIN {
     S["power.limit"] = power == "supported" ? sprintf("%.2f", plimit) : "[Not Supported]"
     S["driver_version"] = driver
     S["count"] = sprintf("%d", gpus)
+    S["clocks.sm"] = sprintf("%d", pat == "idle" ? 345 : smclk)
+    S["clocks.max.sm"] = sprintf("%d", smclk)
+    S["clocks_event_reasons.active"] = pat == "idle" ? "0x0000000000000001" : "0x0000000000000000"
+    S["clocks_throttle_reasons.active"] = S["clocks_event_reasons.active"]
+    S["ecc.errors.uncorrected.volatile.total"] = "0"
+    S["ecc.errors.uncorrected.aggregate.total"] = "0"
+    S["remapped_rows.pending"] = "No"
+    S["remapped_rows.failure"] = "No"
+    S["remapped_rows.correctable"] = "0"
+    S["remapped_rows.uncorrectable"] = "0"
+    S["gpu_uuid"] = S["uuid"]
+    S["gpu_bus_id"] = S["pci.bus_id"]
     line = ""
     for (k = 1; k <= nf; k++) {
       v = (F[k] in S) ? S[F[k]] : "[N/A]"
@@ -127,6 +140,7 @@ def script_text(**fields: Any) -> str:
         "start": repr(_uptime()),
         "uuid_prefix": str(sc["uuid_prefix"]),
         "bus_prefix": str(sc["bus_prefix"]),
+        "smclk": str(int(sc["sm_clock_mhz"])),
         "bus_ids": " ".join(BUS_IDS),
         "units": " ".join(f"{k} {v}" for k, v in UNITS.items()),
     }

@@ -92,3 +92,61 @@ def test_unknown_scenario_field_rejected(tmp_path):
 
     with pytest.raises(ValueError, match="gpu_count"):
         write_scenario(tmp_path / "s.json", gpu_count=3)
+
+
+HEALTH = (
+    "index,uuid,pci.bus_id,clocks.sm,clocks.max.sm,clocks_event_reasons.active,ecc.errors.uncorrected.volatile.total"
+)
+REMAP = "gpu_uuid,remapped_rows.correctable,remapped_rows.uncorrectable,remapped_rows.pending,remapped_rows.failure"
+
+
+def test_health_faults_remapped_rows_and_compute_apps(tmp_path):
+    """Faults per GPU in the health fields; --query-remapped-rows and --query-compute-apps in the
+    real CSV shape; a vanished GPU is not enumerated and the indices close up."""
+    sc = write_scenario(
+        tmp_path / "s.json", gpus=4, fixed_t=2.0,
+        faults={"1": {"clock_reasons": 0x48, "sm_clock_pct": 95, "ecc_uncorrected": 3}, "2": {"remap_pending": True}, "3": {"vanish": True}},
+        apps=[{"gpu": 2, "pid": 4242, "name": "python", "used_mib": 2048}],
+    )  # fmt: skip
+    lines = smi(sc, f"--query-gpu={HEALTH}", "--format=csv").stdout.splitlines()
+    assert lines[0] == (
+        "index, uuid, pci.bus_id, clocks.sm [MHz], clocks.max.sm [MHz], clocks_event_reasons.active, "
+        "ecc.errors.uncorrected.volatile.total"
+    )
+    assert len(lines) == 4 and lines[2].endswith(", 1881 MHz, 1980 MHz, 0x0000000000000048, 3")
+    assert lines[1].endswith(", 1980 MHz, 1980 MHz, 0x0000000000000000, 0")
+    remap = smi(sc, f"--query-remapped-rows={REMAP}", "--format=csv,noheader").stdout.splitlines()
+    assert [r.split(", ")[1:] for r in remap] == [
+        ["0", "0", "No", "No"],
+        ["0", "0", "No", "No"],
+        ["0", "1", "Yes", "No"],
+    ]
+    apps = smi(sc, "--query-compute-apps=pid,gpu_uuid,process_name,used_memory", "--format=csv").stdout.splitlines()
+    assert apps == [
+        "pid, gpu_uuid, process_name, used_memory [MiB]",
+        "4242, GPU-5f1c2a3b-0000-4000-8000-000000000002, python, 2048 MiB",
+    ]
+    assert (
+        smi(sc, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader").stdout
+        == "4242, GPU-5f1c2a3b-0000-4000-8000-000000000002\n"
+    )
+
+
+def test_unknown_fault_field_rejected(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown fault field"):
+        write_scenario(tmp_path / "s.json", faults={"1": {"on_fire": True}})
+
+
+def test_sh_stand_in_prints_the_health_fields_byte_for_byte(tmp_path):
+    """The fleet-scale sh stand-in answers the health and remapped-rows queries as the Python one."""
+    from backend.lab import nvidia_smi_sh
+
+    for pattern in ("training", "idle"):
+        sh = nvidia_smi_sh.write(tmp_path / "smi", fixed_t=3.0, pattern=pattern, gpus=3)
+        sc = write_scenario(tmp_path / "s.json", fixed_t=3.0, pattern=pattern, gpus=3)
+        for q in (f"--query-gpu={HEALTH}", f"--query-remapped-rows={REMAP}"):
+            for fmt in ("--format=csv,noheader,nounits", "--format=csv"):
+                got = subprocess.run([str(sh), q, fmt], capture_output=True, text=True, timeout=30).stdout
+                assert got == smi(sc, q, fmt).stdout, (pattern, q, fmt)
