@@ -48,7 +48,13 @@ _URL = re.compile(r"(?P<base>(?:https?|wss?)://[^\s/?#\"'<>]+)(?P<path>/[^\s?#\"
 #: Path parts after which a webhook's token follows (Slack, Discord, Teams, generic hooks).
 _HOOK_PART = re.compile(r"^(services|webhooks?|hooks|webhookb2|integrations|api/v\d+/webhooks)$", re.IGNORECASE)
 _TOKENISH = re.compile(r"^(?=[^/]*[0-9])(?=[^/]*[A-Za-z])[A-Za-z0-9_\-~%=+]{32,}$")
-_BEARER = re.compile(r"\b(?P<scheme>Bearer|Basic|Token)\s+[A-Za-z0-9_\-.~+/=]{8,}", re.IGNORECASE)
+#: An Authorization value: the scheme as HTTP writes it, then a credential (a digit or '=' in it,
+#: or 20 characters), so "Basic authentication required" stays as it is.
+_BEARER = re.compile(
+    r"\b(?P<scheme>Bearer|Basic|Token|bearer|token)\s+"
+    r"(?:(?=[A-Za-z0-9_\-.~+/]*[0-9=])[A-Za-z0-9_\-.~+/=]{8,}|[A-Za-z0-9_\-.~+/=]{20,})"
+)
+_AUTH_HEADER = re.compile(r"(?i)\b(?P<head>(?:proxy-)?authorization\s*[:=]\s*[A-Za-z]+\s+)\S+")
 _KEY_IDS = re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b|\bxox[abprs]-[A-Za-z0-9\-]{10,}")
 
 
@@ -77,7 +83,7 @@ def _path(m: re.Match[str]) -> str:
 
 
 #: Text without any of these (lower-cased) holds nothing :func:`redact` masks: a quick check.
-_MARKERS = ("://", "=", "bearer", "basic", "token", "akia", "asia", "xox")
+_MARKERS = ("://", "=", "bearer", "basic", "token", "authoriz", "akia", "asia", "xox")
 
 
 def redact(text: str) -> str:
@@ -90,6 +96,7 @@ def redact(text: str) -> str:
         text = _URL.sub(_path, text)
     if "=" in text:
         text = _SECRET_PARAM.sub(lambda m: m.group("name") + MASK, text)
+    text = _AUTH_HEADER.sub(lambda m: m.group("head") + MASK, text)
     text = _BEARER.sub(lambda m: f"{m.group('scheme')} {MASK}", text)
     return _KEY_IDS.sub(MASK, text)
 

@@ -77,6 +77,11 @@ def test_cleaning_twice_changes_nothing_more(text: str) -> None:
         ),
         ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.sig", "Authorization: Bearer ***"),
         ("key AKIAIOSFODNN7EXAMPLE leaked", f"key {MASK} leaked"),
+        ("sent Authorization: Basic dXNlcjpwYXNz", "sent Authorization: Basic ***"),
+        (
+            "Basic authentication required; token expiration soon",
+            "Basic authentication required; token expiration soon",
+        ),
         ("https://x/api/v1/job/ab12cd34ef56ab12cd34ef56ab12cd34ef", "https://x/api/v1/job/***"),
         ("ssh://root@node-01:22", "ssh://root@node-01:22"),
         (
