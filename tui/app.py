@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from textual import on, work
 from textual.app import App, SystemCommand
@@ -398,13 +398,14 @@ def _one_line(exc: BaseException) -> str:
 LEFTOVER_GRACE_S = 0.5
 
 
-def run_console(services: Services, *, theme: str | None = None) -> int:
+def run_console(services: Services, *, theme: str | None = None) -> NoReturn:
     """Open the console on ``services`` until the operator quits; its exit code.
 
     Quitting takes under 2 s whatever is down: the services get ``SHUTDOWN_GRACE_S`` to close,
     then work still running is cancelled and given ``LEFTOVER_GRACE_S``; what is left after that
     (a request that ignores cancellation, a thread blocked in a connect) does not keep the process
-    alive: it leaves at once (``asyncio.run`` would wait for all of it, 30 s and more was seen).
+    alive (``asyncio.run`` would wait for all of it: 30 s and more was seen), and the process
+    ends without the interpreter's teardown. It does not return.
     """
     app = LoadmasterApp(services, theme=theme)
     loop = asyncio.new_event_loop()
@@ -416,14 +417,14 @@ def run_console(services: Services, *, theme: str | None = None) -> int:
     code = int(app.return_code or 0)
     if stuck:
         log.warning("leaving with %d task(s) or thread(s) still running", stuck)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        logging.shutdown()
-        os._exit(code)
-    asyncio.set_event_loop(None)
-    loop.close()
-    return code
+    # The services are closed and the terminal restored: nothing is left to do but the
+    # interpreter's teardown of every imported library (torch, botocore: 5 s was measured on a
+    # busy machine after the console had already left). Leave now.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def _cancel_leftovers(loop: asyncio.AbstractEventLoop, grace: float) -> int:
