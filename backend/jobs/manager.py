@@ -276,10 +276,11 @@ class JobManager:
                 problems.extend(self._problem(f"{node}: {line}") for line in res.skipped)
                 now = res.now or time.time()
                 seen: set[str] = set()
+                known = self.store.authorities([rj.id for rj in res.jobs])  # one query per node
                 for rj in res.jobs:
                     seen.add(rj.id)
                     try:
-                        rec = await self._consider(node, rj, now)
+                        rec = await self._consider(node, rj, now, known=known)
                     except (StateUnavailable, asyncio.CancelledError):
                         raise
                     except Exception as exc:  # noqa: BLE001 - one bad record never stops the others
@@ -347,9 +348,9 @@ class JobManager:
             return replace(rec, note=f"the node's copy of this job is not the one launched: {seen.foreign}")
         return seen
 
-    def _verdict(self, node: str, rj: RemoteJob) -> tuple[Row | None, str | None]:
+    def _verdict(self, node: str, rj: RemoteJob, known: dict[str, Row] | None = None) -> tuple[Row | None, str | None]:
         """(the job's row, None) when the folder is one this database launched; else (None, why not)."""
-        row = self.store.authority(rj.id)
+        row = known.get(rj.id) if known is not None else self.store.authority(rj.id)
         if row is None:
             return None, "no job with this id was launched through this state database"
         if row["adopted"]:
@@ -365,10 +366,12 @@ class JobManager:
             return None, "its spec is not the one launched (the digest differs)"
         return row, None
 
-    async def _consider(self, node: str, rj: RemoteJob, now: float) -> JobRecord:
+    async def _consider(
+        self, node: str, rj: RemoteJob, now: float, *, known: dict[str, Row] | None = None
+    ) -> JobRecord:
         """The job folder ``rj`` on ``node`` as a record: merged into its row when it is this
         team's, else shown as foreign (nothing written, nothing done)."""
-        row, why = self._verdict(node, rj)
+        row, why = self._verdict(node, rj, known)
         if row is None:
             return self._foreign(node, rj, now, rj.problem or why or "")
         if rj.problem is not None or row["quarantined"]:

@@ -60,6 +60,20 @@ class JobStore:
         )
         return rows[0] if rows else None
 
+    def authorities(self, job_ids: Iterable[str]) -> dict[str, Row]:
+        """:meth:`authority` for many jobs at once (the ids this database never launched are absent)."""
+        ids = list(dict.fromkeys(job_ids))
+        out: dict[str, Row] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            for row in self.db.query(
+                "SELECT id, node, kind, spec_digest, store, adopted, state, created, quarantined FROM jobs"
+                f" WHERE id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            ):
+                out[str(row["id"])] = row
+        return out
+
     def quarantine(self, job_id: str, reason: str) -> None:
         """Stop trying to settle the job's row: its end is not recorded again (the reason says why)."""
         res = self.db.execute(
