@@ -117,6 +117,7 @@ def test_a_new_lab_forgets_the_last_ones_jobs_and_run_folder(tmp_path: Path, mon
     root = tmp_path / "lab"
     (root / "state").mkdir(parents=True)
     (root / "state" / "loadmaster.db").write_text("the old lab's jobs")
+    (root / "nodes" / "node-01" / "home" / "jobs" / "1202-014548-695c").mkdir(parents=True)
     other = str(tmp_path / "mine.toml")
     update_ui_prefs(
         last_run={str(root / "loadmaster.toml"): "s3://lab-0ld/runs/demo", other: "s3://mine/run"}, theme="x"
@@ -127,5 +128,7 @@ def test_a_new_lab_forgets_the_last_ones_jobs_and_run_folder(tmp_path: Path, mon
     assert not (root / "state").exists()
     assert (root / "state.previous" / "loadmaster.db").read_text() == "the old lab's jobs"
     assert load_ui_prefs() == {"last_run": {other: "s3://mine/run"}, "theme": "x"}
-    assert "moved aside" in said and "forgotten" in said
+    assert (root / "state.previous" / "node-jobs" / "node-01" / "1202-014548-695c").is_dir()
+    assert not (root / "nodes" / "node-01" / "home" / "jobs").exists()
+    assert "moved aside" in said and "1 node(s)" in said and "forgotten" in said
     assert forget_previous_lab(root) == ""  # nothing left to forget

@@ -293,9 +293,10 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
 
 
 def forget_previous_lab(root: Path) -> str:
-    """A new sandbox starts clean: the last lab's jobs, ledger and audit (its SQLite state) are
-    moved aside to ``state.previous`` (the one before is dropped), and the run folders the screens
-    remember for the lab's config are forgotten (they name the old lab's bucket). What was done."""
+    """A new sandbox starts clean: the last lab's jobs, ledger and audit (its SQLite state) and its
+    nodes' job folders are moved aside to ``state.previous`` (the one before is dropped), and the
+    run folder the screens remember for the lab's config is forgotten (it names the old lab's
+    bucket). What was done, as one clause."""
     done = []
     state = root / "state"
     if state.exists():
@@ -304,6 +305,17 @@ def forget_previous_lab(root: Path) -> str:
             shutil.rmtree(previous, ignore_errors=True)
         state.rename(previous)
         done.append(f"the lab's jobs, ledger and audit moved aside to {previous}")
+    # The nodes' job folders too: a new lab's nodes would report the old lab's jobs (as foreign).
+    moved = 0
+    for jobs in sorted(root.glob("nodes/*/home/jobs")):
+        aside = root / "state.previous" / "node-jobs" / jobs.parents[1].name
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        if aside.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+        jobs.rename(aside)
+        moved += 1
+    if moved:
+        done.append(f"the job folders of {moved} node(s) moved aside")
     from backend.errors import ConfigError
     from backend.ui_prefs import load_ui_prefs, update_ui_prefs
 

@@ -205,7 +205,8 @@ class TransfersScreen(LoadmasterScreen):
         active = [r for r in self.records if not r.terminal]
         roll = fleet_rollup(active)
         unreachable = sorted({r.node for r in self.records if r.note and r.recorded} | set(self.unread))
-        unrecorded = any(not r.recorded for r in self.records)
+        # A foreign job folder is not "not recorded because the database is down".
+        unrecorded = any(not r.recorded and not r.foreign for r in self.records)
         total = len(self.services.config.nodes)
         # A partial view says so: the count is of the nodes that answered, not of the fleet.
         scope = f" on {total - len(unreachable)} of {total} nodes (partial view)" if unreachable else ""
