@@ -100,8 +100,45 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
         await updates.aclose()
     finally:
         await hub.stop()
+    if args.once or args.count is not None:
+        for line in await oneshot_lines(services, settings):
+            print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
     unread = unread_nodes(last) if last is not None else {}
     if unread:
         print(f"loadmaster: {unread_line(unread, len(last.nodes))}", file=sys.stderr)
         return PARTIAL_EXIT
     return 0
+
+
+#: At most this many of Alertmanager's firing alerts are named after a one-shot table.
+FIRING_SHOWN = 8
+
+
+async def oneshot_lines(services: Services, settings: TelemetrySettings) -> list[str]:
+    """What a one-shot look (``--once``, ``--count``) cannot show by itself, said after it.
+
+    With ``[alerts] alertmanager_url``: the alerts firing there now (a page about a node is not
+    "all clear" because this run was too short to see it). Without: that windowed conditions
+    (starvation over ``starved_window``, transfer stalls) need ``--count N`` or a running ``watch``.
+    """
+    from backend.alerts.settings import AlertSettings
+    from backend.errors import LoadmasterError
+
+    ticks = int(settings.starved_window / settings.interval) + 2
+    if not services.config.section(AlertSettings).alertmanager_url:
+        return [
+            f"note: one look cannot see windowed conditions (GPU starvation over {settings.starved_window:g}s, "
+            f"transfer stalls): run with --count {ticks} or keep 'loadmaster watch' running, "
+            "or set [alerts] alertmanager_url to see what is paging"
+        ]
+    try:
+        alerts = await services.ops.alerts.site()
+    except LoadmasterError as exc:
+        return [f"Alertmanager: cannot read the alerts firing there: {exc}"]
+    firing = [a for a in alerts if a.alert.state == "active" and not a.silenced and not a.alert.inhibited_by]
+    quiet = sum(1 for a in alerts if a.silenced)
+    head = f"Alertmanager: {len(firing)} firing" + (f", {quiet} silenced" if quiet else "")
+    named = [f"  {a.name} {a.node or a.alert.labels.get('instance', '')}".rstrip() for a in firing[:FIRING_SHOWN]]
+    if len(firing) > FIRING_SHOWN:
+        named.append(f"  +{len(firing) - FIRING_SHOWN} more (loadmaster alerts)")
+    return [head, *named]
