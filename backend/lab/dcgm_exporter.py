@@ -141,7 +141,27 @@ DEFAULT_FIELDS: tuple[Field, ...] = (
         "in bytes per second.",
     ),
 )
-FIELDS_BY_NAME = {f.name: f for f in DEFAULT_FIELDS}
+#: The health fields a site adds to its counters CSV for triage (commented out in dcgm-exporter's
+#: ``etc/dcp-metrics-included.csv``; ids and help from DCGM's ``dcgm_fields.h``). Served, merged
+#: in field-id order, when the scenario's ``dcgm_counters`` is ``"health"``.
+HEALTH_FIELDS: tuple[Field, ...] = (
+    Field(
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        112,
+        "gauge",
+        "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*)",
+    ),
+    Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 311, "counter", "Total number of double-bit volatile ECC errors."),
+    Field("DCGM_FI_DEV_ROW_REMAP_PENDING", 396, "gauge", "Whether remapping of rows is pending"),
+    Field(
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        409,
+        "counter",
+        "Total number of NVLink flow-control CRC errors.",
+    ),
+)
+HEALTH_FIELDS_ORDERED: tuple[Field, ...] = tuple(sorted(DEFAULT_FIELDS + HEALTH_FIELDS, key=lambda f: f.field_id))
+FIELDS_BY_NAME = {f.name: f for f in HEALTH_FIELDS_ORDERED}
 
 #: The fields loadmaster's Prometheus source reads (backend/telemetry/prometheus.py).
 CONSOLE_FIELDS = (
@@ -419,13 +439,14 @@ def gpu_values(
     if fake_nvidia_smi._lost(sc, i, t):
         return {"DCGM_FI_DEV_XID_ERRORS": XID_FALLEN_OFF_BUS}
     st = fake_nvidia_smi.gpu_state(sc, i, t)
+    fault = fake_nvidia_smi._fault(sc, i)
     util = int(st["utilization.gpu"])
     used = int(st["memory.used"])
     total = int(st["memory.total"])
     temp = int(st["temperature.gpu"])
     wobble = math.sin(t * 0.7 + i * 1.3)
     out: dict[str, float | int] = {
-        "DCGM_FI_DEV_SM_CLOCK": 1980 if util > 0 else 345,
+        "DCGM_FI_DEV_SM_CLOCK": int(st["clocks.sm"]) if "sm_clock_pct" in fault else 1980 if util > 0 else 345,
         "DCGM_FI_DEV_MEM_CLOCK": 2619 if util > 0 else 1593,
         "DCGM_FI_DEV_MEMORY_TEMP": temp + 4,
         "DCGM_FI_DEV_GPU_TEMP": temp,
@@ -443,7 +464,7 @@ def gpu_values(
             out["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] = int(counters.energy_mj)
     out.update(
         {
-            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
+            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": int(fault.get("pcie_replays", 0)),
             "DCGM_FI_DEV_GPU_UTIL": util,
             "DCGM_FI_DEV_MEM_COPY_UTIL": int(st["utilization.memory"]),
             "DCGM_FI_DEV_ENC_UTIL": 0,
@@ -452,11 +473,16 @@ def gpu_values(
             "DCGM_FI_DEV_FB_FREE": max(0, total - used - node.fb_reserved_mib),
             "DCGM_FI_DEV_FB_USED": used,
             "DCGM_FI_DEV_FB_RESERVED": node.fb_reserved_mib,
-            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0,
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": int(st["remapped_rows.uncorrectable"]),
             "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 0,
-            "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE": 1 if fault.get("remap_failed") else 0,
         }
     )
+    if sc.get("dcgm_counters") == "health":
+        out["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] = int(st["clocks_event_reasons.active"], 16)
+        out["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] = int(st["ecc.errors.uncorrected.volatile.total"])
+        out["DCGM_FI_DEV_ROW_REMAP_PENDING"] = 1 if fault.get("remap_pending") else 0
+        out["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"] = int(fault.get("nvlink_crc", 0))
     if counters is not None:
         out["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] = int(counters.nvlink)
     out["DCGM_FI_DEV_VGPU_LICENSE_STATUS"] = 0
@@ -493,14 +519,14 @@ def render(
     xids = xids or {}
     prof = node.profiling if profiling is None else profiling
     per_gpu: list[tuple[str, dict[str, float | int]]] = []
-    for i in range(int(sc["gpus"])):
+    for i in fake_nvidia_smi._listed(sc):  # a vanished GPU has no series at all
         c = None
         if counters is not None:
             c = counters.setdefault(i, new_counters(i))
         values = gpu_values(node, sc, i, t, xid=xids.get(i, 0), profiling=prof, counters=c, now=now)
         per_gpu.append((label_text(gpu_labels(node, sc, i)), values))
     out: list[str] = []
-    for f in DEFAULT_FIELDS:
+    for f in HEALTH_FIELDS_ORDERED if sc.get("dcgm_counters") == "health" else DEFAULT_FIELDS:
         if f.prom_type == "label":
             continue
         lines = []
@@ -915,6 +941,14 @@ class DcgmExporterStandIn:
         sc = fake_nvidia_smi.load_scenario(node.scenario)
         sc["pattern"] = pattern
         fake_nvidia_smi.write_scenario(node.scenario, **sc)
+        self._apply()
+
+    def set_scenario(self, name: str, **fields: Any) -> None:
+        """Rewrite the node's scenario with ``fields`` changed (``faults``, ``lost_gpu``,
+        ``dcgm_counters``, ...; the others kept), served from the next scrape on."""
+        node = self._node(name)
+        sc = fake_nvidia_smi.load_scenario(node.scenario)
+        fake_nvidia_smi.write_scenario(node.scenario, **(sc | fields))
         self._apply()
 
     def inject_xid(self, name: str, gpu: int, code: int) -> None:

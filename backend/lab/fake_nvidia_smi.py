@@ -45,10 +45,26 @@ DEFAULTS: dict[str, Any] = {
     # Compute processes for --query-compute-apps: [{"gpu": 0, "pid": 4242, "name": "python"}].
     "apps": [],
     "sm_clock_mhz": 1980,
+    # The dcgm-exporter stand-in's counters: "default" (dcgm-exporter's default-counters.csv) or
+    # "health" (that plus the health fields a site enables in its own counters CSV).
+    "dcgm_counters": "default",
 }
 
 #: The fault keys a scenario's ``faults`` may set per GPU.
-FAULT_KEYS = frozenset({"remap_pending", "remap_failed", "ecc_uncorrected", "clock_reasons", "sm_clock_pct", "vanish"})
+#: pcie_replays and nvlink_crc are served by the dcgm-exporter stand-in (nvidia-smi's --query-gpu
+#: has no field for them).
+FAULT_KEYS = frozenset(
+    {
+        "remap_pending",
+        "remap_failed",
+        "ecc_uncorrected",
+        "clock_reasons",
+        "sm_clock_pct",
+        "vanish",
+        "pcie_replays",
+        "nvlink_crc",
+    }
+)
 
 UNITS = {
     "utilization.gpu": "%",

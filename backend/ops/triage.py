@@ -23,6 +23,7 @@ from backend.ops.base import Operation
 from backend.slurm.model import SlurmSnapshot
 from backend.slurm.parse import expand_nodes
 from backend.telemetry.parse import split_sections
+from backend.telemetry.settings import TelemetrySettings
 from backend.textfmt import safe_text
 from backend.triage.analyze import NodeHealth, TriageReport, analyze
 from backend.triage.signals import SCRIPT, parse_health, parse_xids
@@ -38,8 +39,12 @@ PARALLEL = 64
 class Triage(Operation):
     """Read nodes' health and rank the suspects (read-only)."""
 
-    async def run(self, *, job: str | None = None, nodes: list[str] | None = None) -> TriageReport:
-        """Triage one Slurm job's nodes (``job``) or the nodes named."""
+    async def run(
+        self, *, job: str | None = None, nodes: list[str] | None = None, source: str | None = None
+    ) -> TriageReport:
+        """Triage one Slurm job's nodes (``job``) or the nodes named, through ``source`` (``ssh``
+        or ``prometheus``; default: the ``[telemetry]`` source, ``auto`` meaning Prometheus when
+        a URL is set)."""
         if (job is None) == (nodes is None):
             raise ConfigError("name a job (--job ID) or nodes (--nodes LIST), not both", key="triage")
         snap = await self._slurm(required=job is not None)
@@ -61,8 +66,11 @@ class Triage(Operation):
                 raise ConfigError("name at least one node", key="--nodes")
         unknown = [n for n in names if n not in self.services.pool.names]
         sem = asyncio.Semaphore(PARALLEL)
-        healths = await asyncio.gather(*(self._read(n, snap, sem, unknown) for n in names))
-        report = analyze(list(healths), job=job)
+        if self._source(source) == "prometheus":
+            healths = await self._read_prometheus(names, snap)
+        else:
+            healths = list(await asyncio.gather(*(self._read(n, snap, sem, unknown) for n in names)))
+        report = analyze(healths, job=job)
         if unknown:
             extra = tuple(f"{n}: not in the inventory (no connection details): not read" for n in unknown)
             report = TriageReport(
@@ -76,6 +84,46 @@ class Triage(Operation):
             )
         return report
 
+    def _source(self, source: str | None) -> str:
+        tel = self.services.config.section(TelemetrySettings)
+        want = source or tel.source
+        if want not in ("ssh", "prometheus", "auto"):
+            raise ConfigError(f"source must be ssh or prometheus, got {safe_text(want, 40)!r}", key="--source")
+        if want == "auto":
+            return "prometheus" if tel.prometheus_url else "ssh"
+        if want == "prometheus" and not tel.prometheus_url:
+            raise ConfigError("--source prometheus needs [telemetry] prometheus_url", key="--source")
+        return want
+
+    async def _read_prometheus(self, names: list[str], snap: SlurmSnapshot | None) -> list[NodeHealth]:
+        from backend.triage.prometheus import merge_slurm, read_health
+
+        tel = self.services.config.section(TelemetrySettings)
+        got = await read_health(tel, self.services.config.nodes, names)
+        out = []
+        for name in names:
+            base = self._base(name, snap)
+            if name in got:
+                out.append(merge_slurm(got[name], base))
+            elif base.expected_gpus:
+                # Slurm says GPUs, Prometheus has none of their series: the telemetry collapsed.
+                out.append(replace(base, gpu_status="absent", xid_error="no DCGM series in Prometheus"))
+            else:
+                out.append(replace(base, read=False, gpu_status="no DCGM series in Prometheus"))
+        return out
+
+    def _base(self, name: str, snap: SlurmSnapshot | None) -> NodeHealth:
+        sn = snap.node(name) if snap is not None else None
+        return NodeHealth(
+            name,
+            reachable=True,
+            read_at=time.time(),
+            expected_gpus=sn.gpus if sn is not None and sn.gpus else None,
+            slurm_state=sn.state.label if sn is not None else None,
+            slurm_reason=(sn.reason or None) if sn is not None else None,
+            slurm_reason_at=sn.reason_at if sn is not None else None,
+        )
+
     async def _slurm(self, *, required: bool) -> SlurmSnapshot | None:
         slurm = self.services.ops.slurm
         if not slurm.settings.enabled:
@@ -87,16 +135,7 @@ class Triage(Operation):
     async def _read(
         self, name: str, snap: SlurmSnapshot | None, sem: asyncio.Semaphore, unknown: list[str]
     ) -> NodeHealth:
-        sn = snap.node(name) if snap is not None else None
-        base = NodeHealth(
-            name,
-            reachable=True,
-            read_at=time.time(),
-            expected_gpus=sn.gpus if sn is not None and sn.gpus else None,
-            slurm_state=sn.state.label if sn is not None else None,
-            slurm_reason=(sn.reason or None) if sn is not None else None,
-            slurm_reason_at=sn.reason_at if sn is not None else None,
-        )
+        base = self._base(name, snap)
         if name in unknown:
             return replace(base, read=False, gpu_status="not read")
         async with sem:

@@ -24,6 +24,11 @@ MIN_PEERS = 4
 #: A GPU below this utilisation (or with the idle reason set) is not compared: it is not working.
 BUSY_UTIL_PCT = 10.0
 
+#: PCIe replays or NVLink CRC flit errors in the counter window that make evidence. A healthy link
+#: replays now and then; these are loadmaster's thresholds (a burst, not a blip), not NVIDIA's.
+PCIE_REPLAYS_EVIDENCE = 100
+NVLINK_CRC_EVIDENCE = 100
+
 #: How much each kind of evidence weighs in the ranking (higher first).
 WEIGHTS = {
     "unreachable": 90,
@@ -35,6 +40,8 @@ WEIGHTS = {
     "ecc-uncorrected": 60,
     "telemetry-missing": 50,
     "clock-event": 40,
+    "nvlink-crc": 45,
+    "pcie-replay": 35,
     "straggler": 30,
 }
 
@@ -212,6 +219,12 @@ def node_evidence(n: NodeHealth, peer_buses: dict[str, list[str]]) -> list[Evide
                 Evidence(
                     n.node, g.index, "clock-event", f"GPU {g.index}: {', '.join(g.reason_names)} ({g.reasons:#x})", t
                 )
+            )
+        if g.pcie_replays is not None and g.pcie_replays >= PCIE_REPLAYS_EVIDENCE:
+            ev.append(Evidence(n.node, g.index, "pcie-replay", f"GPU {g.index}: {g.pcie_replays} PCIe replays", t))
+        if g.nvlink_crc is not None and g.nvlink_crc >= NVLINK_CRC_EVIDENCE:
+            ev.append(
+                Evidence(n.node, g.index, "nvlink-crc", f"GPU {g.index}: {g.nvlink_crc} NVLink CRC flit errors", t)
             )
         if (
             g.sm_mhz is None

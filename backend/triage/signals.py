@@ -110,6 +110,10 @@ class GpuHealth:
     remap_failed: bool | None = None
     #: nvidia-smi printed "GPU is lost" for it (fallen off the bus).
     lost: bool = False
+    #: PCIe replays and NVLink CRC flit errors over the last window (Prometheus only: nvidia-smi's
+    #: --query-gpu has no field for them).
+    pcie_replays: int | None = None
+    nvlink_crc: int | None = None
 
     @property
     def reason_names(self) -> tuple[str, ...]:

@@ -25,6 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--job", metavar="ID", help="a Slurm job: its nodes ([slurm] enabled)")
     which.add_argument("--nodes", metavar="LIST", help="node names or a hostlist (node-[01-04])")
+    p.add_argument(
+        "--source",
+        choices=("ssh", "prometheus"),
+        help="where the GPU health comes from (default: the [telemetry] source; auto means Prometheus when set)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON document: suspects, commands, nodes")
     p.set_defaults(func=run_triage)
 
@@ -35,7 +40,7 @@ def _when(t: float | None) -> str:
 
 async def run_triage(args: argparse.Namespace, services: Services) -> int:
     nodes = [args.nodes] if args.nodes is not None else None
-    report = await services.ops.triage.run(job=args.job, nodes=nodes)
+    report = await services.ops.triage.run(job=args.job, nodes=nodes, source=args.source)
     if args.json:
         print(json.dumps(report.as_json(), sort_keys=True))
         return 0
