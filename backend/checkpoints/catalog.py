@@ -15,6 +15,7 @@ from pathlib import Path
 from backend.checkpoints.classify import classify
 from backend.checkpoints.dcp import CheckpointError
 from backend.checkpoints.evidence import read_json
+from backend.checkpoints.step_names import classify_names
 from backend.checkpoints.steps import (
     DEEPSPEED_LATEST,
     MEGATRON_LATEST,
@@ -116,7 +117,6 @@ async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
     dirs = [d for d in await store.list_dirs(prefix) if not d.rsplit("/", 1)[-1].startswith(".")]
     files = await _root_files(store, prefix)
     root_by_name = {o.key.rsplit("/", 1)[-1]: o for o in files}
-    file_steps = [o for n, o in root_by_name.items() if n.endswith(".ckpt") and step_number(n) is not None]
     sem = asyncio.Semaphore(LIST_CONCURRENCY)
 
     async def listing(d: str) -> tuple[str, list[ObjectInfo]]:
@@ -124,25 +124,60 @@ async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
             return d, await store.list(d)
 
     listed = [(d, objs) for d, objs in await asyncio.gather(*(listing(d) for d in dirs)) if objs]
+    # What is a step: a name of the run's step pattern that holds no run itself (step_names).
+    rule = classify_names(
+        {d.rsplit("/", 1)[-1]: [o.key[len(d) + 1 :] for o in objs] for d, objs in listed},
+        files=[n for n in root_by_name if not n.startswith(".")],
+    )
+    step_dirs = [(d, objs) for d, objs in listed if rule[d.rsplit("/", 1)[-1]].step is not None]
+    file_steps = [o for n, o in root_by_name.items() if n in rule and rule[n].step is not None]
+    not_steps = [
+        _not_a_step(d, objs, rule[d.rsplit("/", 1)[-1]].why)
+        for d, objs in listed
+        if rule[d.rsplit("/", 1)[-1]].step is None
+    ] + [
+        _not_a_step(o.key, [o], rule[n].why)
+        for n, o in root_by_name.items()
+        if n in rule and rule[n].step is None and any(c.isdigit() for c in n)
+    ]
     # The newest trainer_state.json carries the run's best_model_checkpoint.
     states = [
-        (step_number(d.rsplit("/", 1)[-1]) or -1, join_key(d, TRAINER_STATE))
-        for d, objs in listed
+        (rule[d.rsplit("/", 1)[-1]].step or -1, join_key(d, TRAINER_STATE))
+        for d, objs in step_dirs
         if any(o.key == join_key(d, TRAINER_STATE) for o in objs)
     ]
     markers = await run_markers(store, prefix, root_by_name, [k for _, k in sorted(states, reverse=True)])
 
     async def one(d: str, objs: list[ObjectInfo]) -> CheckpointStep:
         async with sem:
-            return await classify(store, d, objs, markers=markers)
+            return await classify(store, d, objs, markers=markers, step=rule[d.rsplit("/", 1)[-1]].step)
 
-    steps = list(await asyncio.gather(*(one(d, objs) for d, objs in listed), *(one(o.key, [o]) for o in file_steps)))
-    if not dirs and not file_steps and prefix:
+    steps = list(await asyncio.gather(*(one(d, objs) for d, objs in step_dirs), *(one(o.key, [o]) for o in file_steps)))
+    own = prefix.rsplit("/", 1)[-1]
+    if not steps and prefix and step_number(own) is not None and (listed or files):
         # the prefix may itself be a step folder (e.g. ``ckpt list s3://b/run1/step-100``)
         objs = await store.list(prefix)
         if objs:
-            steps.append(await step_catalog(store, prefix, objects=objs))
+            return Catalog(url=store.url, prefix=prefix, steps=(await step_catalog(store, prefix, objects=objs),))
+    steps += not_steps
     return Catalog(url=store.url, prefix=prefix, steps=tuple(sorted(steps, key=_sort_key)))
+
+
+def _not_a_step(path: str, objs: list[ObjectInfo], why: str) -> CheckpointStep:
+    """A row for an entry of the run folder that the step rule refused: listed, never touched."""
+    return CheckpointStep(
+        step=None,
+        path=path,
+        layout="unknown",
+        kind="unknown",
+        total_bytes=sum(o.size for o in objs),
+        object_count=len(objs),
+        mtime=max((o.mtime for o in objs), default=0.0),
+        has_bf16_export=False,
+        objects=tuple(objs),
+        optimizer_bytes=0,
+        note=f"not a step: {why}",
+    )
 
 
 async def step_catalog(

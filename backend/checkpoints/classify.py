@@ -10,9 +10,10 @@ never crashes the listing.
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from backend.checkpoints.dcp import DISTCP_SUFFIX, METADATA_FILE, CheckpointError
-from backend.checkpoints.evidence import Facts, export_present, rel_files
+from backend.checkpoints.evidence import Facts, export_problem, rel_files
 from backend.checkpoints.file_layouts import lightning_file_facts, safetensors_facts, torch_save_facts, trainer_facts
 from backend.checkpoints.rank_layouts import (
     DS_MODEL,
@@ -22,6 +23,7 @@ from backend.checkpoints.rank_layouts import (
     deepspeed_facts,
     megatron_legacy_facts,
 )
+from backend.checkpoints.step_names import nested_steps
 from backend.checkpoints.steps import (
     INDEX_FILE,
     TORCH_SUFFIXES,
@@ -31,7 +33,7 @@ from backend.checkpoints.steps import (
     RunMarkers,
     step_number,
 )
-from backend.storage import ObjectInfo, ObjectStore, StoreError
+from backend.storage import ObjectInfo, ObjectStore, StoreError, join_key
 
 
 async def classify(
@@ -41,15 +43,22 @@ async def classify(
     *,
     latest_tag: str | None = None,
     markers: RunMarkers | None = None,
+    step: int | None | Literal["name"] = "name",
 ) -> CheckpointStep:
-    """Classify one step (a folder, or a single ``.ckpt`` file) from its listing and small reads."""
+    """Classify one step (a folder, or a single ``.ckpt`` file) from its listing and small reads.
+
+    ``step`` is the step number the catalog's step rule gave the entry (default: read from the
+    name alone)."""
     markers = markers or RunMarkers(deepspeed_latest=latest_tag)
     single = len(objects) == 1 and objects[0].key == step_path
     files = {step_path.rsplit("/", 1)[-1]: objects[0]} if single else rel_files(objects, step_path)
     total = sum(o.size for o in objects)
     mtime = max((o.mtime for o in objects), default=0.0)
     name = step_path.rsplit("/", 1)[-1]
-    has_export = False if single else await export_present(store, step_path, files)
+    export_note = None
+    if not single and INDEX_FILE in files:
+        export_note = await export_problem(store, step_path, files)
+    has_export = not single and INDEX_FILE in files and export_note is None
     try:
         f = await _facts(store, step_path, name, files, single, markers)
     except (CheckpointError, StoreError):
@@ -57,7 +66,7 @@ async def classify(
     except Exception as exc:  # noqa: BLE001 - a hostile file must list as unknown, never crash the listing
         f = Facts(note=f"could not be read ({type(exc).__name__}: {exc})")
     return CheckpointStep(
-        step=step_number(name),
+        step=step_number(name) if step == "name" else step,
         path=step_path,
         layout=f.layout,
         kind=f.kind,
@@ -71,6 +80,8 @@ async def classify(
         marker=f.marker,
         best=markers.best_checkpoint == name and not single,
         flags=tuple(f.flags),
+        weights_bytes=f.keep_bytes,
+        export_note=export_note or "",
     )
 
 
@@ -81,6 +92,12 @@ async def _facts(
     base = {n.rsplit("/", 1)[-1] for n in names}
     if single:
         return await lightning_file_facts(store, files)
+    nested = dcp_roots(names)
+    if nested and "" not in nested:
+        inner = nested_steps(step_number(name), nested)
+        if inner:
+            return Facts(note=f"holds steps of its own ({inner[0]}): a run folder, not a step")
+        return await nested_facts(store, step_path, name, files, markers, nested)
     if METADATA_FILE in names or any(n.endswith(DISTCP_SUFFIX) and "/" not in n for n in names):
         return await dcp_facts(store, step_path, name, files, markers)
     if any(DS_MODEL.match(n) or DS_OPTIM.match(n) for n in base):
@@ -113,3 +130,102 @@ def _accelerate_marker(names: set[str]) -> str:
     # accelerate's save_state writes the RNG states of every process last
     rngs = sorted(n for n in names if re.match(r"^random_states_\d+\.pkl$", n))
     return rngs[-1] if rngs else "random_states_0.pkl"
+
+
+def dcp_roots(names: set[str]) -> list[str]:
+    """Folders of a step (relative; "" for the step itself) that hold a DCP checkpoint: its
+    ``.metadata`` or any ``.distcp`` file (a save still in flight has only those)."""
+    roots = set()
+    for n in names:
+        head, _, leaf = n.rpartition("/")
+        if leaf == METADATA_FILE or leaf.endswith(DISTCP_SUFFIX):
+            roots.add(head)
+    return sorted(roots)
+
+
+#: The most sub-checkpoints one step is read for (a step holding more is unknown).
+MAX_NESTED = 16
+#: Trainer-side files beside a nested checkpoint (RNG, counters, scheduler): they never decide
+#: the kind on their own, and a strip keeps them only when they are small.
+SIDE_FILE_MAX_BYTES = 64 * 1024 * 1024
+
+
+async def nested_facts(
+    store: ObjectStore,
+    step_path: str,
+    name: str,
+    files: dict[str, ObjectInfo],
+    markers: RunMarkers,
+    roots: list[str],
+) -> Facts:
+    """A step whose checkpoints sit in sub-folders (one or several DCP saves, plus side files).
+
+    Each sub-checkpoint is read like one at the top. The step is incomplete when any of them is
+    uncommitted, corrupt or unknown when any is, full when any holds optimizer state, and weights
+    only when every part proves it holds none. Side files never decide the kind."""
+    if len(roots) > MAX_NESTED:
+        return Facts(note=f"{len(roots)} checkpoints nested in one step: more than the {MAX_NESTED} read")
+    parts: list[tuple[str, Facts]] = []
+    covered: set[str] = set()
+    for root in roots:
+        sub = {n[len(root) + 1 :]: o for n, o in files.items() if n.startswith(root + "/")}
+        covered.update(root + "/" + n for n in sub)
+        f = await dcp_facts(store, join_key(step_path, root), root.rsplit("/", 1)[-1], sub, markers)
+        f.marker = join_key(name, root, METADATA_FILE)
+        parts.append((root, f))
+    rest = {n: o for n, o in files.items() if n not in covered}
+    side = await _side_facts(store, step_path, name, rest, markers)
+    for root, f in parts:
+        if f.kind == "incomplete":
+            return Facts(layout=f.layout, kind="incomplete", note=f"{root}/: {f.note}", marker=f.marker)
+    for root, f in parts:
+        if f.kind in ("corrupt", "unknown"):
+            return Facts(layout=f.layout, kind=f.kind, note=f"{root}/: {f.note or 'cannot be proven'}")
+    if side is not None and side.kind in ("incomplete", "corrupt", "unknown"):
+        return Facts(layout=parts[0][1].layout, kind=side.kind, note=side.note)
+    full = [(root, f) for root, f in parts if f.kind == "full"]
+    if side is not None and side.kind == "full":
+        full.append(("", side))
+    layout = parts[0][1].layout
+    marker = parts[-1][1].marker
+    if full:
+        root, f = full[0]
+        opt = sum(f.opt_bytes for _, f in full)
+        where = f"{root}/" if root else "a side file"
+        return Facts(
+            layout=layout, kind="full", note=f"{where}: {f.note}", marker=marker, opt_bytes=opt, flags=["nested"]
+        )
+    return Facts(
+        layout=layout,
+        kind="weights",
+        note=f"{len(parts)} nested checkpoint(s), no optimizer state in any part",
+        marker=marker,
+        flags=["nested"],
+    )
+
+
+async def _side_facts(
+    store: ObjectStore, step_path: str, name: str, rest: dict[str, ObjectInfo], markers: RunMarkers
+) -> Facts | None:
+    """What the files beside nested checkpoints prove: None when they are only small side files
+    (trainer state, RNG, counters) holding no optimizer state; their Facts otherwise."""
+    if not rest:
+        return None
+    f = await _facts(store, step_path, name, rest, False, markers)
+    small = all(o.size <= SIDE_FILE_MAX_BYTES for o in rest.values())
+    if f.kind == "full":
+        return f  # optimizer state beside the nested checkpoint: still the step's state
+    if f.kind == "weights" and small:
+        return None  # trainer state, RNG: never decides the kind on its own
+    if f.kind == "unknown" and small and all(_is_side_name(n) for n in rest):
+        return None
+    if f.kind == "weights":
+        return None if small else Facts(note=f"{sorted(rest)[0]}: a large file beside the nested checkpoint")
+    return f
+
+
+def _is_side_name(n: str) -> bool:
+    leaf = n.rsplit("/", 1)[-1]
+    return bool(TRAINING_STATE_FILES.match(leaf)) or leaf.endswith(
+        (".json", ".txt", ".yaml", ".yml", ".md", ".pt", ".pth", ".pkl")
+    )

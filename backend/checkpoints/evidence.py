@@ -34,7 +34,7 @@ OPTIM_FILE = re.compile(
     r"(^|/)((bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt|optimizer(_\d+)?\.(pt|bin)|"
     r"distrib_optim\.pt)$"
 )
-HF_SHARD = re.compile(r"^(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)$")
+HF_SHARD = re.compile(r"^(model|pytorch_model|adapter_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)$")
 
 
 @dataclass
@@ -45,6 +45,7 @@ class Facts:
     marker: str | None = None
     opt_bytes: int = 0
     flags: list[str] = field(default_factory=list)
+    keep_bytes: int | None = None  # BF16 bytes of the model tensors a strip keeps, when read
 
 
 def rel_files(objects: Iterable[ObjectInfo], step_path: str) -> dict[str, ObjectInfo]:
@@ -79,9 +80,51 @@ async def torch_file(store: ObjectStore, key: str, size: int) -> TorchFile:
     return await read_torch_file(read, size, where=f"{store.url}/{key}")
 
 
+#: Shards of one export whose headers are read to prove it is BF16 and complete.
+MAX_EXPORT_SHARDS = 512
+
+
 async def export_present(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo]) -> bool:
-    """True when the step dir holds model.safetensors.index.json and every shard it names."""
-    return (await index_shards(store, step_path, files))[1] == []
+    """True when the step dir holds a BF16 export: ``model.safetensors.index.json``, every shard
+    it names, every tensor it maps found in its shard's header, and every tensor BF16 (read from
+    the headers: FP32 safetensors shards are model weights, not an export)."""
+    return (await export_problem(store, step_path, files)) is None
+
+
+async def export_problem(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo]) -> str | None:
+    """Why the step holds no usable BF16 export (None: it holds one)."""
+    from backend.checkpoints.safetensors_check import SafetensorsError, read_header
+
+    shards, missing = await index_shards(store, step_path, files)
+    if missing is None:
+        return f"no readable {INDEX_FILE}"
+    if missing:
+        return f"{missing[0]}: named by {INDEX_FILE} but missing or empty"
+    if len(shards) > MAX_EXPORT_SHARDS:
+        return f"{len(shards)} shards: more than the {MAX_EXPORT_SHARDS} read to prove an export"
+    wanted = await _index_names(store, step_path, files)
+    seen: set[str] = set()
+    for shard in sorted(shards):
+        try:
+            hdr = await read_header(store, join_key(step_path, shard), files[shard].size)
+        except SafetensorsError as exc:
+            return str(exc)
+        for t in hdr.tensors:
+            if t.dtype != "BF16":
+                return f"{shard}: tensor {t.name} is {t.dtype}, not BF16: model weights, not a BF16 export"
+            seen.add(t.name)
+    lost = sorted(wanted - seen)
+    if lost:
+        return f"{INDEX_FILE} maps {lost[0]} but no shard holds it: the export is incomplete"
+    return None
+
+
+async def _index_names(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo]) -> set[str]:
+    raw = await read_small(store, join_key(step_path, INDEX_FILE), files[INDEX_FILE].size, MAX_INDEX_BYTES)
+    try:
+        return set(json.loads(raw or b"")["weight_map"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return set()
 
 
 async def index_shards(
@@ -144,9 +187,36 @@ async def read_whole(store: ObjectStore, obj: ObjectInfo, f: Facts) -> TorchFile
     return tf
 
 
+FLOAT_DTYPES = frozenset({"float64", "double", "float32", "float", "float16", "half", "bfloat16"})
+
+
+def model_tensor_bytes(tf: TorchFile) -> int:
+    """BF16 bytes of the floating-point tensors outside optimizer state: what an export keeps."""
+    opt = tuple(optimizer_paths(tf.obj))
+    if "<root>" in opt:
+        return 0
+    return sum(
+        2 * t.numel
+        for path, t in tf.tensors()
+        if t.dtype in FLOAT_DTYPES and not any(path == p or path.startswith(p + ".") for p in opt)
+    )
+
+
+def is_side_file(name: str, tf: TorchFile) -> bool:
+    """A trainer-side file (RNG, scheduler, counters): no floating-point tensors, or named so."""
+    from backend.checkpoints.steps import TRAINING_STATE_FILES
+
+    leaf = name.rsplit("/", 1)[-1]
+    return bool(TRAINING_STATE_FILES.match(leaf)) or not any(
+        t.dtype in FLOAT_DTYPES and t.numel > 0 for _, t in tf.tensors()
+    )
+
+
 def kind_from_torch(tfs: dict[str, TorchFile], files: dict[str, ObjectInfo], f: Facts) -> Facts:
     opt: list[tuple[str, list[str]]] = [(n, p) for n, tf in tfs.items() if (p := optimizer_paths(tf.obj))]
     tensors = sum(1 for tf in tfs.values() for _, t in tf.tensors() if t.numel > 0)
+    model = [n for n, tf in tfs.items() if not is_side_file(n, tf)]
+    f.keep_bytes = sum(model_tensor_bytes(tf) for n, tf in tfs.items() if n in model or optimizer_paths(tf.obj))
     if opt:
         f.kind = "full"
         f.note = optimizer_note(opt[0][1], opt[0][0])
@@ -154,9 +224,15 @@ def kind_from_torch(tfs: dict[str, TorchFile], files: dict[str, ObjectInfo], f: 
     elif named := sorted(n for n in tfs if OPTIM_FILE.search(n)):
         f.kind = "unknown"
         f.note = f"{named[0]}: named like optimizer state, but holds none the catalog recognises"
-    elif tensors:
+    elif tensors and model:
         f.kind = "weights"
         f.note = "no optimizer state in " + ", ".join(sorted(tfs))
+    elif tensors:
+        f.kind = "unknown"
+        f.note = (
+            f"{sorted(tfs)[0]}: trainer-side state only (RNG, scheduler, counters): "
+            "no model or optimizer state to prove the kind"
+        )
     else:
         f.kind = "unknown"
         f.note = f"{sorted(tfs)[0]}: holds no tensors: not a checkpoint" if tfs else "nothing readable"

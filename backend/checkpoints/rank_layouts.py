@@ -40,7 +40,13 @@ async def dcp_facts(
     layout: Layout = "dcp"
     if name.endswith(".ckpt") or "meta.pt" in names:
         layout = "lightning"
-    elif "common.pt" in names or re.match(r"^iter_\d+$", name) or "metadata.json" in names:
+    elif (
+        "common.pt" in names
+        or "metadata.json" in names
+        or (re.match(r"^iter_\d+$", name) and markers.megatron_latest is not None)
+    ):
+        # Megatron's own evidence: its common.pt / metadata.json, or the run's tracker file. A DCP
+        # checkpoint in an iter_ folder without them is plain DCP, committed by its .metadata.
         layout = "megatron"
     # The commit marker each writes last: DCP's .metadata; Lightning's FSDP strategy writes meta.pt
     # after dcp.save; Megatron's torch_dist writes metadata.json after the DCP files.
@@ -99,11 +105,27 @@ async def dcp_facts(
 
         weights = weight_names(keys, "auto")
         f.opt_bytes = sum(n for k, n in per.items() if k not in weights)
+        f.keep_bytes = _bf16_bytes(md, set(weights))
     elif tensors:
         f.kind, f.note = "weights", f"{len(tensors)} tensors, no optimizer state in {METADATA_FILE}"
+        f.keep_bytes = _bf16_bytes(md, set(keys))
     else:
         f.note = f"{METADATA_FILE} lists no tensors"
     return f
+
+
+def _bf16_bytes(md: Any, names: set[str]) -> int:
+    """BF16 bytes of the tensors ``names`` of a DCP checkpoint (what an export of them keeps)."""
+    from backend.checkpoints.dcp import tensor_entries
+
+    total = 0
+    for e in tensor_entries(md):
+        if e.fqn in names:
+            n = 1
+            for d in e.shape:
+                n *= int(d)
+            total += 2 * n
+    return total
 
 
 async def _embedded_blob_problem(

@@ -43,8 +43,6 @@ TRAINING_STATE_FILES = re.compile(
 )
 MODEL_FILES = re.compile(r"^(model|pytorch_model|consolidated(\.\d+)?)\.(pt|pth|bin)$")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
-_STEP_RE = re.compile(r"^[A-Za-z_\-.]*?(\d+)$")
-_LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
 
 
 @dataclass(frozen=True)
@@ -65,6 +63,8 @@ class CheckpointStep:
     marker: str | None = None  # the commit marker this kind rests on (relative to the run)
     best: bool = False  # the HF Trainer's best_model_checkpoint: protected like a pin
     flags: tuple[str, ...] = field(default=())  # e.g. "zero3-placeholders": weights live in the optimizer
+    weights_bytes: int | None = None  # BF16 bytes of the model tensors a strip keeps (None: not read)
+    export_note: str = ""  # a safetensors index that is no BF16 export: why (FP32 shards, incomplete)
 
     @property
     def name(self) -> str:
@@ -91,6 +91,8 @@ class CheckpointStep:
             "marker": self.marker,
             "best": self.best,
             "flags": list(self.flags),
+            "weights_bytes": self.weights_bytes,
+            "export_note": self.export_note,
         }
 
 
@@ -130,9 +132,9 @@ class RunMarkers:
 
 def step_number(name: str) -> int | None:
     """The step number in a folder or file name (step-48000, global_step48000, checkpoint-500,
-    iter_0000100, epoch=0-step=100.ckpt, 000123)."""
-    m = _LIGHTNING_STEP.search(name)
-    if m:
-        return int(m.group(1))
-    m = _STEP_RE.match(name)
-    return int(m.group(1)) if m else None
+    iter_0000100, epoch=0-step=100.ckpt, 000123); None for names that are not steps (version_0,
+    fp32). Whether an entry of a run folder *is* a step also depends on its siblings: see
+    :mod:`backend.checkpoints.step_names`."""
+    from backend.checkpoints.step_names import step_number as by_rule
+
+    return by_rule(name)

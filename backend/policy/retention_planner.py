@@ -69,8 +69,11 @@ def _estimate_weights(step: Any, policy: RetentionPolicy) -> tuple[int, bool]:
         keep = export_bytes(step)
         keep += sum(o.size for o in step.objects if rel_name(step, o.key) == policy.milestone_marker)
         return keep, False
-    # Without an export yet: the model state is everything but the optimizer state. Mixed-precision
-    # trainers keep BF16 weights there, so this is the export size; FP32 model state halves again.
+    # Without an export yet: the BF16 bytes of the model tensors the catalog read (a single-file
+    # save keeps its model), else everything but the optimizer state.
+    kept = getattr(step, "weights_bytes", None)
+    if kept is not None:
+        return int(kept), True
     return max(0, step.total_bytes - step.optimizer_bytes), True
 
 
@@ -93,16 +96,24 @@ def plan_retention(
     usd_per_gb_month: float | None = None,
     price_note: str = "",
     proofs: Mapping[str, str] | None = None,
+    unfinished: Mapping[str, str] | None = None,
+    candidates_only: bool = False,
 ) -> RetentionPlan:
     """The retention plan for ``steps`` (CheckpointStep-like) under ``policy`` at time ``now``.
 
     ``in_flight`` holds step paths that running upload/save jobs are still writing. ``proofs``
     maps step paths to ``"verified"`` or the problem the deep resumable check found; a kept full
-    step whose proof failed stops every destructive action of the plan.
+    step whose proof failed stops every destructive action of the plan. Deny by default: a step
+    is deleted or stripped only when a *newer* step of the run is proven resumable.
+    ``unfinished`` maps step paths to the action an interrupted apply began on them (from the
+    journal): the plan finishes it, under the same protections and the same proof rule.
+    ``candidates_only``: skip the proof rule, for the first pass that picks which steps to prove
+    (never executed).
     """
     flying = {p.rstrip("/") for p in in_flight}
     ordered = sorted(steps, key=_sort_key)
     proofs = proofs or {}
+    unfinished = unfinished or {}
 
     def is_in_flight(s: Any) -> bool:
         return s.kind == "incomplete" or s.path.rstrip("/") in flying
@@ -159,8 +170,11 @@ def plan_retention(
             )
 
         note = getattr(s, "note", "") or ""
+        if s.path in unfinished and s.step is not None:
+            _finish(s, policy, unfinished[s.path], act)
+            continue
         if s.step is None:
-            act("skip", "no step number in the folder name: never touched")
+            act("skip", f"{note or 'not a step: no step number in its name'}: never touched")
             continue
         if s.kind == "corrupt":
             act("skip", f"corrupt ({note or 'files do not match the commit marker'}): never counted, never touched")
@@ -211,16 +225,8 @@ def plan_retention(
                 _strip_or_refuse(s, policy, act, "older step (others = keep-weights)", milestone=False)
             continue
         act("delete", "neither recent, milestone nor pinned", after=0)
-    failed = [a for a in actions if a.action == "keep-full" and a.resumable not in (None, VERIFIED)]
-    if failed:
-        f = failed[0]
-        why = f"not resumable-proven: kept step {f.path} failed the deep check ({f.resumable}); nothing is deleted"
-        actions = [
-            replace(a, action="skip", reason=f"{a.reason}; {why}", bytes_after=a.bytes_before, estimated=False)
-            if a.destructive
-            else a
-            for a in actions
-        ]
+    if not candidates_only:
+        actions = _deny_unproven(actions, ordered, proofs, is_known, is_in_flight)
     return RetentionPlan(
         url=url,
         prefix=prefix,
@@ -233,22 +239,116 @@ def plan_retention(
     )
 
 
-def _strip_or_refuse(s: Any, policy: RetentionPolicy, act: Any, why: str, *, milestone: bool) -> None:
-    if not s.has_bf16_export and "zero3-placeholders" in tuple(getattr(s, "flags", ())):
-        act(
-            "skip",
-            f"{why}: refused, a ZeRO-3 checkpoint keeps its only weights in the optimizer partitions; "
-            "consolidate it (DeepSpeed's zero_to_fp32.py) and export BF16 first",
-            milestone=milestone,
+def _finish(s: Any, policy: RetentionPolicy, action: str, act: Any) -> None:
+    """A step an interrupted apply began to delete or strip: finish it, unless it is protected now."""
+    pin = policy.pin_reason(s.step)
+    if pin is not None:
+        act("skip", f"pinned ({pin or 'no reason given'}); an interrupted {action} left it part-done", pinned=pin)
+    elif getattr(s, "best", False):
+        act("skip", f"the Trainer's best checkpoint; an interrupted {action} left it part-done")
+    elif action == "delete" and _milestone_reason(s, policy) is not None:
+        act("skip", f"a milestone; an interrupted {action} left it part-done", milestone=True)
+    elif action == "delete":
+        act("delete", "finish the delete an interrupted apply began", after=0)
+    else:
+        kept = export_bytes(s) + sum(o.size for o in s.objects if rel_name(s, o.key) == policy.milestone_marker)
+        act("strip-to-weights", "finish the strip an interrupted apply began", after=min(kept, s.total_bytes))
+
+
+def _deny_unproven(
+    actions: list[PlannedAction], ordered: Sequence[Any], proofs: Mapping[str, str], is_known: Any, is_in_flight: Any
+) -> list[PlannedAction]:
+    """Deny by default: a step is deleted or stripped only when the run has a *newer* step that is
+    proven resumable now (committed full step that passed the deep check), and no kept full step
+    failed that check. Every other destructive action becomes a skip that says why."""
+    proven = [
+        s
+        for s in ordered
+        if is_known(s) and s.kind == "full" and not is_in_flight(s) and proofs.get(s.path) == VERIFIED
+    ]
+    newest_proven = max((s.step for s in proven), default=None)
+    failed = [a for a in actions if a.action == "keep-full" and a.resumable not in (None, VERIFIED)]
+    if failed:
+        f = failed[0]
+        blanket: str | None = (
+            f"not resumable-proven: kept step {f.path} failed the deep check ({f.resumable}); nothing is deleted"
         )
-        return
+    elif newest_proven is None:
+        tried = [(p, why) for p, why in proofs.items() if why != VERIFIED]
+        because = f" ({tried[0][0]}: {tried[0][1]})" if tried else ""
+        blanket = f"nothing is deleted or stripped: no step of this run is proven resumable{because}"
+    else:
+        blanket = None
+    out = []
+    for a in actions:
+        if not a.destructive:
+            out.append(a)
+            continue
+        why = blanket or _unproven_source(a, proofs.get(a.path))
+        if why is None and (a.step is None or a.step >= newest_proven):  # type: ignore[operator]
+            why = f"no newer step is proven resumable (the newest proven is step {newest_proven}): left alone"
+        if why is None:
+            out.append(a)
+        else:
+            out.append(
+                replace(a, action="skip", reason=f"{a.reason}; {why}", bytes_after=a.bytes_before, estimated=False)
+            )
+    return out
+
+
+def _unproven_source(a: PlannedAction, proof: str | None) -> str | None:
+    """Why a strip may not read its step (a strip reads what it exports), or None."""
+    if a.action != "strip-to-weights" or proof == VERIFIED:
+        return None
+    if proof is None and a.reason.startswith("finish the strip"):
+        return None  # an interrupted strip: its export was verified, its source is partly gone
+    if proof:
+        return f"refused: its files fail the deep check ({proof}), so a strip could not read what it exports"
+    return "refused: its files were not deep-checked, and a strip must read what it exports"
+
+
+def proof_candidates(steps: Sequence[Any], plan: RetentionPlan, *, at_most: int = 8) -> list[str]:
+    """The steps whose deep check the rule needs: those the plan keeps full, then the newest
+    committed full steps (newest first, ``at_most``) so that a newer proven step can be found."""
+    kept = [a.path for a in plan.actions if a.action == "keep-full"]
+    flying = set(plan.in_flight)
+    full = [
+        s.path
+        for s in sorted(steps, key=_sort_key, reverse=True)
+        if s.kind == "full" and s.step is not None and s.path not in flying and s.layout in KNOWN_LAYOUTS
+    ]
+    return list(dict.fromkeys(kept + full[:at_most]))
+
+
+def strip_refusal(s: Any) -> str | None:
+    """Why a strip of ``s`` would be refused by apply (the plan runs the same checks), or None."""
+    flags = tuple(getattr(s, "flags", ()))
+    export_note = str(getattr(s, "export_note", "") or "")
+    if not s.has_bf16_export and "zero3-placeholders" in flags:
+        return (
+            "a ZeRO-3 checkpoint keeps its only weights in the optimizer partitions; consolidate it "
+            "(DeepSpeed's zero_to_fp32.py) and export BF16 first"
+        )
+    if getattr(s, "is_file", False):
+        return "a checkpoint file in the run folder has no step folder for its export to go in; export it first"
+    if not s.has_bf16_export and "nested" in flags:
+        return (
+            "its checkpoint sits in a sub-folder of the step and strip exports only a checkpoint at the "
+            "top of a step; export it first"
+        )
+    if not s.has_bf16_export and export_note:
+        return f"its safetensors files are no BF16 export ({export_note}); a strip cannot write one over them"
     if not s.has_bf16_export and s.layout not in STRIPPABLE_LAYOUTS:
-        act(
-            "skip",
-            f"{why}: refused, a {s.layout} checkpoint without a BF16 export would lose its only "
-            "full-precision weights; export it first",
-            milestone=milestone,
+        return (
+            f"a {s.layout} checkpoint without a BF16 export would lose its only full-precision weights; export it first"
         )
+    return None
+
+
+def _strip_or_refuse(s: Any, policy: RetentionPolicy, act: Any, why: str, *, milestone: bool) -> None:
+    refused = strip_refusal(s)
+    if refused is not None:
+        act("skip", f"{why}: refused, {refused}", milestone=milestone)
         return
     after, estimated = _estimate_weights(s, policy)
     act("strip-to-weights", why, after=min(after, s.total_bytes), estimated=estimated, milestone=milestone)

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import PolicyError, StoreError
 from backend.policy.prices import PriceOverrides
-from backend.policy.retention import STRIPPABLE_LAYOUTS, PlannedAction, RetentionPlan, RetentionPolicy
+from backend.policy.retention import STRIPPABLE_LAYOUTS, VERIFIED, PlannedAction, RetentionPlan, RetentionPolicy
 from backend.policy.retention_planner import is_export_file, plan_retention, recheck_plan, rel_name
-from backend.retention.marks import canonical_run, effective_policy, norm_url
+from backend.retention.marks import canonical_run, effective_policy, norm_url, run_lock
 
 if TYPE_CHECKING:
     from backend.checkpoints.steps import Catalog, CheckpointStep
@@ -47,23 +47,112 @@ ProgressHook = Callable[["ActionOutcome"], object]  # its return value is ignore
 
 
 class Journal:
-    """Completed and started actions of one plan (keyed by its hash)."""
+    """Started, half-done and completed actions of one plan (keyed by its hash).
 
-    def __init__(self, db: StateDB, plan_hash: str) -> None:
+    Each row's detail names the run (``url``) and step, and the objects the step held when the
+    action began, so a later apply of any plan can account for what a killed one deleted."""
+
+    def __init__(self, db: StateDB, plan_hash: str, *, url: str = "") -> None:
         self.db = db
         self.plan_hash = plan_hash
+        self.url = norm_url(url)
 
     def entries(self) -> dict[str, tuple[str, dict[str, Any]]]:
         rows = self.db.query("SELECT path, state, detail FROM retention_journal WHERE plan_hash = ?", (self.plan_hash,))
         return {r["path"]: (r["state"], json.loads(r["detail"])) for r in rows}
 
+    def unfinished_for_run(self) -> dict[str, tuple[str, str, dict[str, Any]]]:
+        """Path -> (plan hash, state, detail) of every unfinished action on this run, any plan."""
+        marks = ",".join("?" * len(UNFINISHED))
+        rows = self.db.query(
+            f"SELECT plan_hash, path, state, detail, ts FROM retention_journal WHERE state IN ({marks}) ORDER BY ts",
+            UNFINISHED,
+        )
+        out: dict[str, tuple[str, str, dict[str, Any]]] = {}
+        for r in rows:
+            try:
+                d = json.loads(r["detail"])
+            except (ValueError, TypeError):
+                continue
+            if isinstance(d, dict) and d.get("url") == self.url and self.url:
+                out[r["path"]] = (r["plan_hash"], r["state"], d)
+        return out
+
     def set(self, a: PlannedAction, state: str, detail: Mapping[str, Any] | None = None) -> None:
+        d = {"url": self.url, "step": a.step, "action": a.action, **dict(detail or {})}
         self.db.execute(
             "INSERT INTO retention_journal (plan_hash, path, action, state, detail, ts) VALUES (?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (plan_hash, path) DO UPDATE SET action = excluded.action, state = excluded.state,"
             " detail = excluded.detail, ts = excluded.ts",
-            (self.plan_hash, a.path, a.action, state, json.dumps(dict(detail or {}), default=str), time.time()),
+            (self.plan_hash, a.path, a.action, state, json.dumps(d, default=str), time.time()),
         )
+
+    def finish(self, a: PlannedAction, freed: int) -> None:
+        """The action is done: its journal row and its audit record (``retention.action``, the
+        bytes it deleted) are written in one transaction, so a kill never leaves one without the
+        other."""
+
+        def body(db: StateDB) -> None:
+            Journal(db, self.plan_hash, url=self.url).set(a, "done", {"bytes_freed": freed})
+            db.record_audit(
+                "retention.action",
+                f"{self.url}#{a.path}",
+                "done",
+                plan_hash=self.plan_hash,
+                detail={"action": a.action, "step": a.step, "bytes_freed": freed},
+            )
+
+        self.db.transact(body)
+
+    def intent(self, a: PlannedAction) -> None:
+        """The audit record written before a destructive action starts (what it will remove)."""
+        self.db.record_audit(
+            "retention.intent",
+            f"{self.url}#{a.path}",
+            "started",
+            plan_hash=self.plan_hash,
+            detail={"action": a.action, "step": a.step, "objects": a.object_count, "bytes": a.bytes_before},
+        )
+
+    def reconcile(self, fresh: Mapping[str, CheckpointStep]) -> int:
+        """Account for what killed applies deleted: for each unfinished action on this run, the
+        journalled objects now gone are audited (``retention.reconcile``) and the journal row is
+        moved on to what remains. Returns the bytes accounted."""
+        total = 0
+        for path, (h, state, d) in self.unfinished_for_run().items():
+            before = {str(n): int(sz) for n, sz in d.get("objects", []) if isinstance(n, str)}
+            if not before:
+                continue
+            step = fresh.get(path)
+            now = {rel_name(step, o.key) for o in step.objects} if step is not None else set()
+            gone = {n: sz for n, sz in before.items() if n not in now}
+            if not gone:
+                continue
+            nbytes = sum(gone.values())
+            total += nbytes
+            self.db.record_audit(
+                "retention.reconcile",
+                f"{self.url}#{path}",
+                "ok",
+                plan_hash=h,
+                detail={
+                    "action": d.get("action"),
+                    "bytes_deleted": nbytes,
+                    "objects_deleted": len(gone),
+                    "by": d.get("who", "an interrupted apply"),
+                    "state": state,
+                },
+            )
+            d2 = {
+                **d,
+                "objects": [[n, sz] for n, sz in before.items() if n in now],
+                "reconciled_bytes": int(d.get("reconciled_bytes", 0)) + nbytes,
+            }
+            self.db.execute(
+                "UPDATE retention_journal SET detail = ? WHERE plan_hash = ? AND path = ?",
+                (json.dumps(d2, default=str), h, path),
+            )
+        return total
 
 
 # -- planning ---------------------------------------------------------------------------------
@@ -87,13 +176,27 @@ def storage_price(services: Services, url: str) -> tuple[float | None, str]:
 async def prove_kept(
     services: Services | None, store: ObjectStore, catalog: Catalog, plan: RetentionPlan, url: str
 ) -> dict[str, str]:
-    """The deep resumable check of every step ``plan`` keeps full: ``"verified"`` or the problem.
+    """The deep resumable check the deny-by-default rule needs: every step ``plan`` keeps full,
+    then the newest committed full steps, newest first, until one is proven (``"verified"``, or
+    the problem). A step loadmaster uploaded must also have a succeeded upload job on record."""
+    from backend.policy.retention_planner import proof_candidates
 
-    A step loadmaster uploaded must also have a succeeded (verified) upload job on record.
-    """
     by_path = {s.path: s for s in catalog.steps}
     kept = [a.path for a in plan.actions if a.action == "keep-full" and a.path in by_path]
-    return await prove_steps(services, store, catalog, url, kept)
+    # a strip reads what it exports: its source passes the same deep check, or it is refused
+    strips = [a.path for a in plan.actions if a.action == "strip-to-weights" and by_path.get(a.path, None)]
+    strips = [p for p in strips if by_path[p].kind == "full"]
+    proofs = await prove_steps(services, store, catalog, url, kept + strips)
+    if any(v == VERIFIED for p, v in proofs.items() if p in kept):
+        return proofs
+    for path in proof_candidates(catalog.steps, plan):
+        if path not in by_path:
+            continue
+        if path not in proofs:
+            proofs.update(await prove_steps(services, store, catalog, url, [path]))
+        if proofs[path] == VERIFIED:
+            break
+    return proofs
 
 
 async def prove_steps(
@@ -187,7 +290,17 @@ async def compute_plan(
     async with services.stores.open(url) as store:
         if catalog is None:
             catalog = await fetch_catalog(store)
-        first = plan_retention(catalog.steps, pol, now=when, in_flight=flying, url=url, prefix=catalog.prefix)
+        unfinished = unfinished_actions(services, url, catalog)
+        first = plan_retention(
+            catalog.steps,
+            pol,
+            now=when,
+            in_flight=flying,
+            url=url,
+            prefix=catalog.prefix,
+            unfinished=unfinished,
+            candidates_only=True,
+        )
         proofs = await prove_kept(services, store, catalog, first, url)
     return plan_retention(
         catalog.steps,
@@ -199,7 +312,21 @@ async def compute_plan(
         usd_per_gb_month=price,
         price_note=note,
         proofs=proofs,
+        unfinished=unfinished,
     )
+
+
+def unfinished_actions(services: Services, url: str, catalog: Catalog) -> dict[str, str]:
+    """Step path -> the action an interrupted apply began on it and a new plan may finish (the
+    step holds nothing it did not hold when that action began)."""
+    by_path = {s.path: s for s in catalog.steps}
+    out = {}
+    for path, (_, _, d) in Journal(services.db, "", url=url).unfinished_for_run().items():
+        action = d.get("action")
+        if action in ("delete", "strip-to-weights") and path in by_path:
+            if _consistent_with_start(by_path[path], d, str(action)) == "ok":
+                out[path] = str(action)
+    return out
 
 
 # -- applying ---------------------------------------------------------------------------------
@@ -306,17 +433,29 @@ def _markers_first(step: CheckpointStep, keys: list[str]) -> tuple[list[str], li
     return first, [k for k in keys if k not in set(first)]
 
 
-async def _delete(store: ObjectStore, step: CheckpointStep, keys: list[str]) -> tuple[int, dict[str, str]]:
-    """Delete ``keys`` (commit markers first, then the rest in 1000-key batches)."""
+async def _delete(
+    store: ObjectStore,
+    step: CheckpointStep,
+    keys: list[str],
+    *,
+    markers_last: bool = False,
+    between: Callable[[], None] | None = None,
+) -> tuple[int, dict[str, str]]:
+    """Delete ``keys`` in 1000-key batches: a delete removes the commit markers first (a
+    half-deleted step never looks complete); a strip removes them last (a half-stripped step
+    keeps its marker until its state is gone, and the journal finishes it)."""
     sizes = {o.key: o.size for o in step.objects}
-    first, rest = _markers_first(step, keys)
+    markers, rest = _markers_first(step, keys)
+    groups = (rest, markers) if markers_last else (markers, rest)
     freed = 0
     errors: dict[str, str] = {}
-    for group in (first, rest):
+    for i, group in enumerate(groups):
         if not group:
             continue
-        if errors and group is rest:
-            break  # a commit marker could not be deleted: keep the state it describes
+        if errors and i == 1:
+            break  # the first group failed: keep what the second describes or holds
+        if i == 1 and between is not None:
+            between()  # a test's fault hook: the process may die half-way
         res = await store.delete_many(group)
         freed += sum(sizes.get(k, 0) for k in res.deleted)
         errors.update(res.errors)
@@ -336,8 +475,9 @@ async def apply_plan(
     """Re-check ``plan`` against a fresh listing and execute what still holds.
 
     ``store`` overrides the store opened from the plan's URL (used to inject failing stores in
-    tests). ``fault(stage, action)`` is called at ``before``/``exported``/``after`` of each
-    destructive action, so a test can crash an apply part-way.
+    tests). ``fault(stage, action)`` is called at ``before``/``exported``/``deleting`` (between the
+    two groups of deletions)/``after`` of each destructive action, so a test can crash an apply
+    part-way.
     """
     owned = store is None
     st = store or services.stores.open(plan.url)
@@ -357,6 +497,10 @@ async def apply_plan(
             await st.close()
 
 
+#: Journal states of an action that began and did not finish (its process may have died).
+UNFINISHED = ("started", "exported", "deleting", "failed")
+
+
 async def _apply_locked(
     services: Services,
     plan: RetentionPlan,
@@ -367,7 +511,7 @@ async def _apply_locked(
     progress: ProgressHook | None,
     fault: FaultHook | None,
 ) -> ApplyReport:
-    journal = Journal(services.db, plan.hash)
+    journal = Journal(services.db, plan.hash, url=plan.url)
     outcomes: list[ActionOutcome] = []
     changes: tuple[str, ...] = ()
     audit_id: int | None = None
@@ -375,28 +519,52 @@ async def _apply_locked(
     try:
         catalog = await fetch_catalog(st, plan.prefix)
         fresh_by_path = {s.path: s for s in catalog.steps}
+        planned = {a.path: a for a in plan.actions}
+        if not dry_run:
+            journal.reconcile(fresh_by_path)
         entries = journal.entries()
+        # Half-done actions of this run from any plan (an apply killed mid-way): this apply
+        # accounts for what they deleted, then finishes them where its own plan agrees.
+        for path, (_h, state, detail) in journal.unfinished_for_run().items():
+            if path in planned and path not in entries and detail.get("action") == planned[path].action:
+                entries[path] = (state, detail)
         done = {p for p, (state, _) in entries.items() if state == "done"}
         resumed = {
-            p: _consistent_with_start(fresh_by_path.get(p), detail, next(a.action for a in plan.actions if a.path == p))
+            p: _consistent_with_start(fresh_by_path.get(p), detail, planned[p].action)
             for p, (state, detail) in entries.items()
-            if state in ("started", "failed") and any(a.path == p for a in plan.actions)
+            if state in UNFINISHED and p in planned
         }
         flying = set(in_flight) | in_flight_from_jobs(services, plan.url)
-        policy = effective_policy(services, plan.policy, plan.url).with_pins(
-            services.config.section(RetentionPolicy).pins
-        )
+        policy = _policy_now(services, plan)
         now = time.time()
-        first = plan_retention(catalog.steps, policy, now=now, in_flight=flying, url=plan.url, prefix=plan.prefix)
+        unfinished = {p: planned[p].action for p in resumed if resumed[p] == "ok"}
+        first = plan_retention(
+            catalog.steps,
+            policy,
+            now=now,
+            in_flight=flying,
+            url=plan.url,
+            prefix=plan.prefix,
+            unfinished=unfinished,
+            candidates_only=True,
+        )
         proofs = await prove_kept(services, st, catalog, first, plan.url)
         fresh = plan_retention(
-            catalog.steps, policy, now=now, in_flight=flying, url=plan.url, prefix=plan.prefix, proofs=proofs
+            catalog.steps,
+            policy,
+            now=now,
+            in_flight=flying,
+            url=plan.url,
+            prefix=plan.prefix,
+            proofs=proofs,
+            unfinished=unfinished,
         )
         check = recheck_plan(plan, fresh, resumed=resumed, done=done)
         changes = check.changes
         total = len(plan.actions)
         results: dict[int, ActionOutcome] = {}
         sem = asyncio.Semaphore(APPLY_CONCURRENCY)
+        guard = _Guard(services, st, plan, catalog, proofs)
 
         async def run_one(i: int, a: PlannedAction) -> None:
             def emit(outcome: str, detail: str = "", freed: int = 0, errors: Mapping[str, str] | None = None) -> None:
@@ -416,28 +584,54 @@ async def _apply_locked(
             if dry_run:
                 return emit("would-do", a.reason, a.bytes_freed)
             if step is None:  # a planned delete whose folder is already gone
-                journal.set(a, "done", {"note": "already absent"})
-                return emit("done", "already absent")
+                earlier = entries.get(a.path, ("", {}))[1].get("reconciled_bytes", 0)
+                journal.set(a, "done", {"note": "already absent", "reconciled_bytes": earlier})
+                why = f"already absent ({earlier} bytes deleted by an interrupted apply, audited)" if earlier else ""
+                return emit("done", why or "already absent")
             async with sem:
                 emit("running", a.reason)
+                # Protection is checked at the moment of action: pins, milestones, running jobs
+                # and the newer step's proof are read again, right before anything is touched.
+                stop = await guard.protected(a)
+                if stop:
+                    return emit("stopped", stop)
                 if a.path not in resumed:
                     journal.set(a, "started", _started({}, a, step))
+                    journal.intent(a)
                 if fault:
                     fault("before", a)
                 if a.action == "delete":
-                    freed, errors = await _delete(st, step, [o.key for o in step.objects])
+                    stop = guard.claim(journal, a, _started(entries, a, step))
+                    if stop:
+                        journal.set(a, "stopped", {"why": stop, **_started(entries, a, step)})
+                        return emit("stopped", stop)
+                    freed, errors = await _delete(
+                        st, step, [o.key for o in step.objects], between=_stage(fault, "deleting", a)
+                    )
                 else:
-                    result = await _strip(st, step, a, plan.policy, fault)
+                    exported = entries.get(a.path, ("", {}))[0] in ("exported", "deleting")
+                    result = await _strip(
+                        st,
+                        step,
+                        a,
+                        plan.policy,
+                        fault,
+                        journal=journal,
+                        guard=guard,
+                        entries=entries,
+                        exported=exported,
+                    )
                     if isinstance(result, str):
-                        journal.set(a, "failed", {"error": result, **_started(entries, a, step)})
-                        return emit("failed", result)
+                        state = "stopped" if result.startswith("stopped: ") else "failed"
+                        journal.set(a, state, {"error": result, **_started(entries, a, step)})
+                        return emit(state, result.removeprefix("stopped: "))
                     freed, errors = result
                 if errors:
                     shown = "; ".join(f"{rel_name(step, k)}: {v}" for k, v in sorted(errors.items())[:5])
                     more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
                     journal.set(a, "failed", {"errors": errors, **_started(entries, a, step)})
                     return emit("failed", f"{len(errors)} object(s) could not be deleted: {shown}{more}", freed, errors)
-                journal.set(a, "done", {"bytes_freed": freed})
+                journal.finish(a, freed)
                 emit("done", a.reason, freed)
                 if fault:
                     fault("after", a)
@@ -475,6 +669,83 @@ async def _apply_locked(
     return ApplyReport(plan.hash, plan.url, dry_run, tuple(outcomes), changes, audit_id)
 
 
+def _policy_now(services: Services, plan: RetentionPlan) -> RetentionPolicy:
+    """The plan's policy with the pins and milestones recorded now (state DB and config)."""
+    return effective_policy(services, plan.policy, plan.url).with_pins(services.config.section(RetentionPolicy).pins)
+
+
+class _Guard:
+    """The checks made right before each destructive action, under the run's apply lock."""
+
+    def __init__(
+        self, services: Services, store: ObjectStore, plan: RetentionPlan, catalog: Catalog, proofs: Mapping[str, str]
+    ) -> None:
+        self.services, self.store, self.plan = services, store, plan
+        self.by_path = {s.path: s for s in catalog.steps}
+        self.proven = sorted(
+            (s for s in catalog.steps if proofs.get(s.path) == VERIFIED and s.step is not None),
+            key=lambda s: s.step or 0,
+        )
+        self._rechecked: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+
+    async def protected(self, a: PlannedAction) -> str | None:
+        """Why ``a`` may not run now (None: it may)."""
+        from backend.policy.retention_planner import _milestone_reason
+
+        policy = _policy_now(self.services, self.plan)
+        pin = policy.pin_reason(a.step)
+        if pin is not None:
+            return f"pinned during the apply ({pin or 'no reason given'}): left alone"
+        step = self.by_path.get(a.path)
+        if a.action == "delete" and step is not None and _milestone_reason(step, policy) is not None:
+            return "marked a milestone during the apply: not deleted"
+        if a.path in in_flight_from_jobs(self.services, self.plan.url):
+            return "a running job is writing it now: left alone"
+        return await self._newer_proof(a)
+
+    async def _newer_proof(self, a: PlannedAction) -> str | None:
+        """The newer proven step this action rests on is still there and still proven."""
+        from backend.checkpoints.catalog import step_catalog
+        from backend.checkpoints.proof import prove_resumable
+        from backend.policy.retention_planner import step_fingerprint
+
+        newer = [s for s in self.proven if a.step is not None and (s.step or 0) > a.step]
+        if not newer:
+            return "no newer step is proven resumable now: left alone"
+        anchor = newer[-1]
+        async with self._lock:
+            if anchor.path not in self._rechecked:
+                try:
+                    now = await step_catalog(self.store, anchor.path)
+                    same = now.kind == "full" and step_fingerprint(now) == step_fingerprint(anchor)
+                    self._rechecked[anchor.path] = VERIFIED if same else await prove_resumable(self.store, now)
+                except Exception as exc:  # noqa: BLE001 - a failed re-check stops the action, never the apply
+                    self._rechecked[anchor.path] = f"{type(exc).__name__}: {exc}"
+            verdict = self._rechecked[anchor.path]
+        if verdict != VERIFIED:
+            return f"the newer step it rests on ({anchor.path}) is no longer proven resumable ({verdict}): left alone"
+        return None
+
+    def claim(self, journal: Journal, a: PlannedAction, detail: Mapping[str, Any]) -> str | None:
+        """Claim the step for its deletions in one state-DB transaction that also re-reads its
+        pins: a pin made before the claim stops the action; one made after is refused (see
+        :func:`claimed_by`). Returns why the action stops, or None."""
+        from backend.state import actor
+
+        def body(db: Any) -> str | None:
+            pins = {p.step: p.reason for p in _policy_now(self.services, self.plan).pins}
+            if a.step in pins:
+                return f"pinned during the apply ({pins[a.step] or 'no reason given'}): left alone"
+            Journal(db, self.plan.hash, url=self.plan.url).set(
+                a, "deleting", {**detail, "who": f"{actor()}", "plan": self.plan.hash}
+            )
+            return None
+
+        result: str | None = self.services.db.transact(body, lock=run_lock(self.plan.url))
+        return result
+
+
 def _started(
     entries: Mapping[str, tuple[str, dict[str, Any]]], a: PlannedAction, step: CheckpointStep | None = None
 ) -> dict[str, Any]:
@@ -491,41 +762,82 @@ def _started(
 
 
 async def _strip(
-    store: ObjectStore, step: CheckpointStep, a: PlannedAction, policy: RetentionPolicy, fault: FaultHook | None
+    store: ObjectStore,
+    step: CheckpointStep,
+    a: PlannedAction,
+    policy: RetentionPolicy,
+    fault: FaultHook | None,
+    *,
+    journal: Journal | None = None,
+    guard: _Guard | None = None,
+    entries: Mapping[str, tuple[str, dict[str, Any]]] | None = None,
+    exported: bool = False,
 ) -> tuple[int, dict[str, str]] | str:
-    """Export (when needed), verify, then delete the training state; a string says why it refused."""
+    """Export (when needed), verify, journal, claim, then delete the training state with the
+    commit marker last. ``exported``: an earlier apply verified the export and began deleting;
+    only its export's headers and fingerprint are checked again before the rest goes.
+    A string says why it refused (``stopped: ...`` when a protection stopped it)."""
     from backend.checkpoints.catalog import step_catalog
     from backend.checkpoints.strip import strip_step
     from backend.checkpoints.strip_source import source_digests
     from backend.checkpoints.strip_verify import verify_export
+    from backend.policy.retention_planner import export_fingerprint
 
-    digests: dict[str, str] | None = None
-    if step.has_bf16_export and step.layout in STRIPPABLE_LAYOUTS:
-        # an export written before this apply: prove its values against the source before the
-        # source goes (strip_step proves the exports it writes itself)
-        try:
-            digests = await source_digests(store, step.path)
-        except Exception as exc:  # noqa: BLE001 - an unreadable source leaves everything in place
-            return f"could not read the source to check the existing export, nothing deleted: {exc}"
-    if not step.has_bf16_export:
-        if step.layout not in STRIPPABLE_LAYOUTS:
-            return (
-                f"refused: a {step.layout} checkpoint without a BF16 export would lose its only "
-                "full-precision weights; export it first"
-            )
-        try:
-            await strip_step(store, step.path)
-        except StoreError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a failed export must leave the state untouched
-            return f"BF16 export failed, nothing deleted: {exc}"
-    if fault:
-        fault("exported", a)
-    check = await verify_export(store, step.path, expected=await _expected_shapes(store, step), digests=digests)
-    if not _check_ok(check):
-        return f"BF16 export did not verify, nothing deleted: {_check_problems(check)}"
+    entries = entries or {}
+    if exported:
+        earlier = entries.get(a.path, ("", {}))[1].get("export")
+        if earlier and export_fingerprint(step) != earlier:
+            return "the BF16 export changed since an interrupted apply verified it: nothing deleted"
+        check = await verify_export(store, step.path)
+        if not _check_ok(check):
+            return f"BF16 export did not verify, nothing deleted: {_check_problems(check)}"
+    else:
+        digests: dict[str, str] | None = None
+        if step.has_bf16_export and step.layout in STRIPPABLE_LAYOUTS:
+            # an export written before this apply: prove its values against the source before the
+            # source goes (strip_step proves the exports it writes itself)
+            try:
+                digests = await source_digests(store, step.path)
+            except Exception as exc:  # noqa: BLE001 - an unreadable source leaves everything in place
+                return f"could not read the source to check the existing export, nothing deleted: {exc}"
+        if not step.has_bf16_export:
+            if step.layout not in STRIPPABLE_LAYOUTS:
+                return (
+                    f"refused: a {step.layout} checkpoint without a BF16 export would lose its only "
+                    "full-precision weights; export it first"
+                )
+            try:
+                await strip_step(store, step.path)
+            except StoreError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failed export must leave the state untouched
+                return f"BF16 export failed, nothing deleted: {exc}"
+        if fault:
+            fault("exported", a)
+        check = await verify_export(store, step.path, expected=await _expected_shapes(store, step), digests=digests)
+        if not _check_ok(check):
+            return f"BF16 export did not verify, nothing deleted: {_check_problems(check)}"
     step = await step_catalog(store, step.path)  # the listing now includes the export
-    return await _delete(store, step, strip_deletions(step, policy.milestone_marker))
+    detail = _started(entries, a, step)
+    if journal is not None:
+        journal.set(a, "exported", {**detail, "export": export_fingerprint(step)})
+    if guard is not None and journal is not None:
+        stop = await guard.protected(a)
+        if stop is None:
+            stop = guard.claim(journal, a, {**detail, "export": export_fingerprint(step)})
+        if stop:
+            return f"stopped: {stop}"
+    return await _delete(
+        store,
+        step,
+        strip_deletions(step, policy.milestone_marker),
+        markers_last=True,
+        between=_stage(fault, "deleting", a),
+    )
+
+
+def _stage(fault: FaultHook | None, stage: str, a: PlannedAction) -> Callable[[], None] | None:
+    return None if fault is None else (lambda: fault(stage, a))
 
 
 async def _expected_shapes(store: ObjectStore, step: CheckpointStep) -> dict[str, tuple[int, ...]] | None:

@@ -41,14 +41,26 @@ class PinStore:
         return tuple({int(r["step"]): Pin(int(r["step"]), r["reason"]) for r in rows}.values())
 
     def pin(self, url: str, step: int, reason: str = "") -> None:
-        """Pin ``step`` under ``url`` (audited)."""
+        """Pin ``step`` under ``url`` (audited). A pin binds every apply from the moment it is
+        recorded: it is taken under the run's lock, and refused (naming the apply) while an
+        apply is deleting that very step, so it is never acknowledged and then ignored."""
+        from backend.errors import PolicyError
         from backend.state import actor
 
-        self.db.execute(
-            "INSERT INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT (url, step) DO UPDATE SET reason = excluded.reason, who = excluded.who, ts = excluded.ts",
-            (norm_url(url), step, reason, actor(), time.time()),
-        )
+        def body(db: StateDB) -> None:
+            holder = claimed_by(db, url, step)
+            if holder is not None:
+                raise PolicyError(
+                    f"step {step} of {norm_url(url)} is being deleted right now by {holder}: the pin is refused "
+                    "(it could not stop what has begun); see 'loadmaster audit --action retention.apply'"
+                )
+            db.execute(
+                "INSERT INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (url, step) DO UPDATE SET reason = excluded.reason, who = excluded.who, ts = excluded.ts",
+                (norm_url(url), step, reason, actor(), time.time()),
+            )
+
+        self.db.transact(body, lock=run_lock(url))
         self.db.record_audit("retention.pin", f"{norm_url(url)}#{step}", "ok", reason=reason or None)
 
     def unpin(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
@@ -86,6 +98,34 @@ class MilestoneStore(PinStore):
     def unmark(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
         """Remove a milestone mark (audited); False when there was none."""
         return self._remove("retention_milestones", "retention.unmilestone", url, step, keys)
+
+
+#: An apply's claim on a step it is deleting counts for this long after it was made (an apply
+#: killed mid-delete leaves its claim; the next apply reconciles and finishes the step).
+CLAIM_STALE_S = 600.0
+
+
+def run_lock(url: str) -> str:
+    """The state-DB lock that a pin and an apply's claim on the same run take, one at a time."""
+    return f"retention-run:{norm_url(url)}"
+
+
+def claimed_by(db: StateDB, url: str, step: int, *, stale_after: float = CLAIM_STALE_S) -> str | None:
+    """Who is deleting ``step`` of the run ``url`` right now (an apply's live claim), or None."""
+    import json
+
+    rows = db.query(
+        "SELECT plan_hash, detail, ts FROM retention_journal WHERE state = 'deleting' AND ts > ?",
+        (time.time() - stale_after,),
+    )
+    for r in rows:
+        try:
+            d = json.loads(r["detail"])
+        except (ValueError, TypeError):
+            continue
+        if isinstance(d, dict) and d.get("url") == norm_url(url) and d.get("step") == step:
+            return f"the retention apply of plan {str(r['plan_hash'])[:12]} by {d.get('who', 'someone')}"
+    return None
 
 
 def norm_url(url: str) -> str:

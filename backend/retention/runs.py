@@ -6,8 +6,9 @@ all key on :func:`run_url`.
 
 The apply lock lives in the run folder itself (``.loadmaster-apply.lock``), so every operator's
 commands see it whatever their state DB: it names who holds it, is refreshed while the apply
-runs, and is taken over only when its holder is provably gone (same host, dead pid) or silent
-for longer than ``LOCK_STALE_S``.
+runs, and is taken over only when it has been silent for longer than ``LOCK_STALE_S`` (a
+lock refreshed within that window is never taken over: two containers can share a hostname and a
+pid; the lock names its machine by :func:`machine_identity`).
 """
 
 from __future__ import annotations
@@ -75,22 +76,48 @@ class LockInfo:
     started: float
     refreshed: float
     token: str
+    machine: str = ""  # machine_identity() of the holder ("" in locks written before it existed)
 
     def describe(self) -> str:
         since = datetime.fromtimestamp(self.started).strftime("%Y-%m-%d %H:%M:%S")
         return f"{self.holder} on {self.host} (pid {self.pid}, plan {self.plan[:12]}, since {since})"
 
     def stale(self, now: float) -> bool:
-        if now - self.refreshed > LOCK_STALE_S:
+        """Only silence proves an apply dead: a lock refreshed within ``LOCK_STALE_S`` is never
+        taken over, whoever holds it (two containers may share a hostname and a pid)."""
+        return now - self.refreshed > LOCK_STALE_S
+
+    def holder_gone(self) -> bool:
+        """Its holder ran on this very machine (same identity, not just the same hostname) and
+        its process is gone: said in the refusal, so the operator can unlock at once."""
+        if not self.machine or self.machine != machine_identity() or self.pid <= 0:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
             return True
-        if self.host == socket.gethostname() and self.pid > 0:
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                return True  # its process is gone from this very host
-            except PermissionError:
-                return False
+        except PermissionError:
+            return False
         return False
+
+
+def machine_identity() -> str:
+    """Who this process runs on, as two machines never share it: the hostname plus the kernel's
+    boot id (differs per VM or boot), the machine id and the pid namespace (differs per container)."""
+
+    def read(path: str) -> str:
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                return f.read(64).strip()
+        except OSError:
+            return ""
+
+    try:
+        pidns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        pidns = ""
+    parts = [socket.gethostname(), read("/etc/machine-id"), read("/proc/sys/kernel/random/boot_id"), pidns]
+    return "/".join(parts)
 
 
 def _parse_lock(raw: bytes) -> LockInfo | None:
@@ -104,6 +131,7 @@ def _parse_lock(raw: bytes) -> LockInfo | None:
             float(d["started"]),
             float(d["refreshed"]),
             str(d["token"]),
+            str(d.get("machine", "")),
         )
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
@@ -125,7 +153,14 @@ class ApplyLock:
 
         self.store, self.key, self.run = store, join_key(prefix, LOCK_KEY), run
         self.info = LockInfo(
-            actor(), socket.gethostname(), os.getpid(), plan, time.time(), time.time(), secrets.token_hex(8)
+            actor(),
+            socket.gethostname(),
+            os.getpid(),
+            plan,
+            time.time(),
+            time.time(),
+            secrets.token_hex(8),
+            machine_identity(),
         )
         self._task: asyncio.Task[None] | None = None
         self.took_over: LockInfo | None = None
@@ -141,6 +176,7 @@ class ApplyLock:
                 "started": i.started,
                 "refreshed": time.time(),
                 "token": i.token,
+                "machine": i.machine,
             }
         ).encode()
 
@@ -149,6 +185,11 @@ class ApplyLock:
         if info is not None:
             held = _parse_lock(await self.store.get_bytes(self.key))
             if held is not None and not held.stale(time.time()):
+                if held.holder_gone():
+                    raise PolicyError(
+                        f"a retention apply of {self.run} holds its lock, but its process is gone from this machine: "
+                        f"{held.describe()}; remove the lock with 'loadmaster retention unlock {self.run}'"
+                    )
                 raise PolicyError(
                     f"a retention apply of {self.run} is already running: {held.describe()}; wait for it to "
                     f"finish, or if it died, 'loadmaster retention unlock {self.run}' (a lock is also taken "

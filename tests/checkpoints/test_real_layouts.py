@@ -27,15 +27,17 @@ POLICY = RetentionPolicy(keep_full_latest=2, milestone_every=2, others="delete")
 
 
 def _layout_ids() -> list[str]:
-    from tests.checkpoints.layouts import dcp_family, frameworks  # noqa: F401 - they register
+    from tests.checkpoints.layouts import dcp_family, frameworks, more_layouts  # noqa: F401 - they register
 
     return sorted(LAYOUTS)
 
 
 def _states(layout: str) -> dict[int, str]:
     states = {3: "corrupt", 6: "incomplete"}
-    if layout == "lightning":
+    if layout in ("lightning", "lightning-custom"):
         states.pop(6)  # Lightning writes each .ckpt file atomically: a run never shows one in flight
+    if layout in ("torch-flat", "torch-unsharded"):
+        states.pop(6)  # no commit marker: an in-flight torch.save is a torn file, listed as corrupt
     if layout == "dcp-torchtitan":
         states = {3: "corrupt", 6: "weights"}  # torchtitan's model-only export is only ever the last step
     if layout == "hf-export":
@@ -55,6 +57,7 @@ def _digest(p: Path) -> str:
 
 def _expected_action(spec: StepSpec, run: BuiltRun) -> str:
     full = [s.step for s in run.steps if s.kind == "full"]
+    proven_newer = any(n > spec.step for n in full)  # deny by default: a newer resumable step
     if spec.kind in ("corrupt", "incomplete"):
         return "skip"
     if spec.step in full[-2:]:
@@ -66,8 +69,10 @@ def _expected_action(spec: StepSpec, run: BuiltRun) -> str:
     if spec.step % 2 == 0:
         if spec.kind == "weights":
             return "keep-weights"
-        return "strip-to-weights" if spec.layout in STRIPPABLE_LAYOUTS else "skip"
-    return "delete"
+        # strip writes its export into the step folder: not for a flat file, nor a nested checkpoint
+        strippable = spec.layout in STRIPPABLE_LAYOUTS and run.layout not in ("torch-flat", "dcp-nested")
+        return "strip-to-weights" if strippable and proven_newer else "skip"
+    return "delete" if proven_newer else "skip"
 
 
 @pytest.fixture

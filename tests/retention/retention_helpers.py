@@ -40,3 +40,21 @@ def save_step(model, optim, dest: Path) -> None:  # type: ignore[no-untyped-def]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no process group" notice on single-process saves
         dcp.save({"model": model.state_dict(), "optim": optim.state_dict()}, checkpoint_id=str(dest))
+
+
+def dcp_templates(root: Path):  # type: ignore[no-untyped-def]
+    """A tiny model after one AdamW step, saved by DCP under ``root`` as ``dcp-full`` (model and
+    optimizer) and ``dcp-weights`` (model only); returns (model, optimizer) for more saves."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=str(root / "dcp-full"))
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(root / "dcp-weights"))
+    return model, opt

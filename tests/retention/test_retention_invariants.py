@@ -13,7 +13,6 @@ import hashlib
 import shutil
 import tempfile
 import time
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from retention_helpers import dcp_templates  # type: ignore[import-not-found]
 
 from backend.checkpoints.catalog import list_checkpoints
 from backend.policy.retention import Pin, RetentionPolicy
@@ -48,19 +48,10 @@ class Templates:
 @pytest.fixture(scope="module")
 def templates() -> Iterator[Templates]:
     import torch
-    import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
 
     root = Path(tempfile.mkdtemp(prefix="lm-templates-"))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    opt = torch.optim.AdamW(model.parameters())
-    model(torch.randn(2, 8)).sum().backward()
-    opt.step()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=str(root / "dcp-full"))
-        dcp.save({"model": model.state_dict()}, checkpoint_id=str(root / "dcp-weights"))
+    model, opt = dcp_templates(root)
     (root / "torch-full").mkdir()
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 1}, root / "torch-full" / "ckpt.pt")
     (root / "export").mkdir()

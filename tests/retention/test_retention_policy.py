@@ -9,8 +9,17 @@ import pytest
 from backend.checkpoints.steps import CheckpointStep
 from backend.config import parse_config
 from backend.errors import ConfigError, PolicyError
-from backend.policy.retention import Pin, RetentionPlan, RetentionPolicy, parse_pin, parse_step_list, saving_percent
-from backend.policy.retention_planner import plan_retention, recheck_plan, step_fingerprint
+from backend.policy.retention import (
+    VERIFIED,
+    Pin,
+    RetentionPlan,
+    RetentionPolicy,
+    parse_pin,
+    parse_step_list,
+    saving_percent,
+)
+from backend.policy.retention_planner import plan_retention as _plan_retention
+from backend.policy.retention_planner import recheck_plan, step_fingerprint
 from backend.storage import ObjectInfo
 
 NOW = 1_800_000_000.0
@@ -50,6 +59,14 @@ def step(
         objects=tuple(objs),
         optimizer_bytes=opt,
     )
+
+
+def plan_retention(steps, policy, **kw):  # type: ignore[no-untyped-def]
+    """The planner as compute_plan calls it, with every committed full step proven resumable
+    (unless the test passes its own ``proofs``)."""
+    if "proofs" not in kw:
+        kw["proofs"] = {s.path: VERIFIED for s in steps if s.kind == "full"}
+    return _plan_retention(steps, policy, **kw)
 
 
 def actions(plan: RetentionPlan) -> dict[int | None, str]:
@@ -261,3 +278,37 @@ def test_config_section_and_flags_parse_strictly() -> None:
     assert parse_step_list("48000, 96000") == (48000, 96000)
     with pytest.raises(PolicyError, match="--pin"):
         parse_pin("latest")
+
+
+# -- deny by default: nothing is deleted or stripped without a newer proven-resumable step ------
+
+
+def test_without_any_proof_nothing_is_deleted_or_stripped() -> None:
+    steps = [step(n * 1000) for n in range(1, 7)]
+    plan = _plan_retention(steps, RetentionPolicy(milestone_every=2000), now=NOW)
+    assert not plan.destructive_actions
+    skipped = [a for a in plan.actions if a.action == "skip"]
+    assert skipped and all("no step of this run is proven resumable" in a.reason for a in skipped)
+
+
+def test_only_steps_older_than_the_newest_proven_step_may_go() -> None:
+    steps = [step(n * 1000) for n in range(1, 7)]
+    # only step 3000 passed the deep check: 1000 and 2000 may go, 4000 (older than none) stays
+    proofs = {"run1/step-3000": VERIFIED, "run1/step-5000": "x: truncated", "run1/step-6000": "y: truncated"}
+    got = _plan_retention(steps, RetentionPolicy(keep_full_latest=1), now=NOW, proofs=proofs)
+    acts = actions(got)
+    # a kept step that failed its proof stops everything
+    assert not got.destructive_actions, acts
+    proofs = {"run1/step-3000": VERIFIED}
+    acts = actions(_plan_retention(steps, RetentionPolicy(keep_full_latest=1), now=NOW, proofs=proofs))
+    assert acts[1000] == acts[2000] == "delete"
+    assert acts[4000] == acts[5000] == "skip"
+    assert acts[6000] == "keep-full"
+
+
+def test_an_unproven_newest_step_never_lets_the_only_proven_one_go() -> None:
+    steps = [step(1000), step(2000), step(3000, kind="incomplete")]
+    plan = plan_retention(steps, RetentionPolicy(keep_full_latest=1), now=NOW)
+    acts = actions(plan)
+    assert acts[2000] == "keep-full" and acts[3000] == "skip" and acts[1000] == "delete"
+    assert acts == {1000: "delete", 2000: "keep-full", 3000: "skip"}

@@ -18,7 +18,7 @@ from backend.errors import PolicyError
 from backend.policy.retention import RetentionPolicy
 from backend.retention import PinStore, apply_plan, compute_plan
 from backend.retention.marks import MilestoneStore, canonical_run
-from backend.retention.runs import LOCK_KEY, ApplyLock
+from backend.retention.runs import LOCK_KEY, ApplyLock, machine_identity
 from backend.storage import LocalStore
 from tui.cli import main
 
@@ -191,9 +191,19 @@ async def test_a_stale_lock_is_taken_over_and_unlock_is_audited(
     (root / LOCK_KEY).write_text(json.dumps({**dead, "refreshed": time.time()}))
     with pytest.raises(PolicyError, match="already running: alice on laptop-7 "):
         await apply_plan(local_services, plan)
-    # the same host, and its process is gone: taken over at once
-    gone = {**dead, "host": socket.gethostname(), "pid": 2**22 + 12345, "refreshed": time.time()}
+    # the same hostname (another container from one image), a pid that is not running here, and
+    # refreshed a second ago: never taken over
+    twin = {**dead, "host": socket.gethostname(), "pid": 2**22 + 12345, "refreshed": time.time() - 1}
+    (root / LOCK_KEY).write_text(json.dumps(twin))
+    with pytest.raises(PolicyError, match="already running"):
+        await apply_plan(local_services, plan)
+    # this very machine, and its process is gone: still not taken over, but the refusal says so
+    gone = {**twin, "machine": machine_identity()}
     (root / LOCK_KEY).write_text(json.dumps(gone))
+    with pytest.raises(PolicyError, match="its process is gone from this machine.*retention unlock"):
+        await apply_plan(local_services, plan)
+    # silent past the stale window: taken over
+    (root / LOCK_KEY).write_text(json.dumps({**gone, "refreshed": time.time() - 660}))
     async with ApplyLock(LocalStore(root), "", run=str(root), plan=plan.hash) as lock:
         assert lock.took_over is not None and lock.took_over.pid == gone["pid"]
 

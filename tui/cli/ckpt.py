@@ -165,7 +165,9 @@ async def cmd_list(args: argparse.Namespace, services: Services) -> int:
     ]
     print("\n".join(line.rstrip() for line in align_columns([hdr, *rows])))
     totals = ", ".join(f"{k} {bytes_text(v)}" for k, v in sorted(cat.bytes_by_kind().items()))
-    print(f"\n{len(cat.steps)} steps; by kind: {totals}")
+    others = sum(1 for s in cat.steps if s.step is None)
+    also = f" (+{others} not a step, never touched)" if others else ""
+    print(f"\n{len(cat.steps) - others} steps{also}; by kind: {totals}")
     return 0
 
 

@@ -67,7 +67,7 @@ def build(layout: str, root: Path, steps: Sequence[int], *, states: Mapping[int,
     ``latest_checkpointed_iteration.txt``, ...) are written as the library would after the
     newest *committed* step.
     """
-    from tests.checkpoints.layouts import dcp_family, frameworks  # noqa: F401 - they register
+    from tests.checkpoints.layouts import dcp_family, frameworks, more_layouts  # noqa: F401 - they register
 
     root.mkdir(parents=True, exist_ok=True)
     return LAYOUTS[layout](root, tuple(steps), dict(states or {}))

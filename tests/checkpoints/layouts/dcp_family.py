@@ -930,7 +930,13 @@ def _sharded_save_strategy() -> Any:
     return ShardedSaveStrategy(device=torch.device("cpu"))
 
 
-def _write_lightning(sharded: bool) -> Callable[[Path, tuple[int, ...], frozenset[int]], None]:
+def _write_lightning(
+    sharded: bool, filename: str | None = None, name: Callable[[int, int], str] | None = None
+) -> Callable[[Path, tuple[int, ...], frozenset[int]], None]:
+    """A real Trainer run; ``filename`` is ModelCheckpoint's custom pattern (``ckpt-{step:06d}``,
+    written without metric names) and ``name`` the file names it must produce."""
+    named = name or lightning_name
+
     def write(out: Path, steps: tuple[int, ...], weights: frozenset[int]) -> None:
         import lightning as L
         from lightning.pytorch.callbacks import ModelCheckpoint
@@ -938,7 +944,8 @@ def _write_lightning(sharded: bool) -> Callable[[Path, tuple[int, ...], frozense
         tokens = [batch(i) for i in range(LIGHTNING_BATCHES_PER_EPOCH)]
         loader = torch.utils.data.DataLoader(tokens, batch_size=None)
         run = out / "run"
-        callback = ModelCheckpoint(dirpath=run, every_n_train_steps=1, save_top_k=-1)
+        custom = {"filename": filename, "auto_insert_metric_name": False} if filename else {}
+        callback = ModelCheckpoint(dirpath=run, every_n_train_steps=1, save_top_k=-1, **custom)
         quiet = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
         levels = [log.level for log in quiet]
         for log in quiet:
@@ -961,7 +968,7 @@ def _write_lightning(sharded: bool) -> Callable[[Path, tuple[int, ...], frozense
             for log, level in zip(quiet, levels, strict=True):
                 log.setLevel(level)
         written = sorted(p.name for p in run.iterdir())
-        expected = sorted(lightning_name(s, i) for i, s in enumerate(steps))
+        expected = sorted(named(s, i) for i, s in enumerate(steps))
         assert written == expected, (written, expected)
         # The one Trainer run wrote the kinds asked for; both template halves point at it.
         (out / "full").symlink_to(run)
