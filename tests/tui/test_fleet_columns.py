@@ -3,6 +3,8 @@ the starvation check is named as loadmaster's own, apart from Alertmanager; a si
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -81,5 +83,17 @@ async def test_a_state_database_down_is_one_line_on_the_fleet() -> None:
         app.screen._state_checked("state database oncall@127.0.0.1:1/loadmaster is unreachable")
         await settle(pilot)
         lines = screen_lines(app)
-        assert sum("state database" in line for line in lines) == 1
-        assert "state database down" in str(app.screen.query_one("#fleet-conditions").render())
+        assert sum("STATE DATABASE DOWN" in line for line in lines) == 1
+        assert "STATE DATABASE DOWN: state database" in str(app.screen.query_one("#fleet-conditions").render())
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_starved_node_and_database_down_snapshot(snap_compare: Any, size: tuple[int, int]) -> None:
+    app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="fleet")
+
+    async def before(pilot: Any) -> None:
+        await settle(pilot)
+        app.screen._state_checked("state database oncall@db.internal:5432/loadmaster is unreachable")
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=before)

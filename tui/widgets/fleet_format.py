@@ -179,7 +179,9 @@ def conditions_line(
         if starved
         else "none starved"
     )
-    parts = [f"loadmaster check: {own}"]
+    # A database that is down comes first: every action that must be recorded is refused.
+    parts = [f"STATE DATABASE DOWN: {state_down}"] if state_down else []
+    parts.append(f"loadmaster check: {own}")
     if not alertmanager:
         parts.append("Alertmanager: not set")
     elif site_alerts is None:
@@ -188,6 +190,4 @@ def conditions_line(
         firing = sum(len(v) for v in site_alerts.values())
         quiet = sum(len(v) for v in (silenced or {}).values())
         parts.append(f"Alertmanager: {firing} firing" + (f", {quiet} silenced" if quiet else ""))
-    if state_down:
-        parts.append(f"state database down: {state_down}")
     return " · ".join(parts)
