@@ -413,6 +413,11 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
             raise ConfigError("expected a table", file=file, key=f"nodes[{i}]")
         entries.append(parse_section(NodeEntry, item, file=file, key=f"nodes[{i}]"))
     nodes = _resolve_entries(entries, defaults, file, base)
+    # A file holding only sections ([telemetry], [ui], ...) changes those settings and keeps the
+    # embedded default for the rest: this machine alone, its local checkpoint store.
+    fallback = default_config() if "nodes" not in raw else None
+    if fallback is not None:
+        nodes = list(fallback.nodes)
     if not nodes:
         raise ConfigError("no nodes: add at least one [[nodes]] table", file=file, key="nodes")
     raw_stores = raw.get("stores", {})
@@ -436,7 +441,9 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         elif not url[5:].split("/", 1)[0]:
             raise ConfigError(f"no bucket in {url!r}", file=file, key=f"stores.{name}.url")
         stores[name] = dataclasses.replace(sp, name=name, url=url)
-    sections: dict[str, Any] = {}
+    if fallback is not None and "stores" not in raw:
+        stores = dict(fallback.stores)
+    sections: dict[str, Any] = dict(fallback.sections) if fallback is not None else {}
     for name in FEATURE_SECTIONS:
         if name in raw:
             if not isinstance(raw[name], Mapping):

@@ -114,7 +114,7 @@ BAD_CONFIGS = [
     ("missing hostfile", '[[nodes]]\nhostfile = "nope.txt"\n', "nodes[0].hostfile", "cannot read hostfile"),
     ("bad TOML", "[[nodes]\nname = 'a'\n", None, "not valid TOML"),
     ("two sources", '[[nodes]]\nname = "a"\nhostfile = "h"\n', "nodes[0]", "exactly one of"),
-    ("no nodes", '[ui]\ntheme = "loadmaster-dark"\n', "nodes", "no nodes"),
+    ("no nodes", 'nodes = []\n[ui]\ntheme = "loadmaster-dark"\n', "nodes", "no nodes"),
     ("unknown section", '[nodez]\n[[nodes]]\nname = "a"\n', "nodez", "unknown section"),
     ("bad transport", '[[nodes]]\nname = "a"\ntransport = "telnet"\n', "nodes[0].transport", "ssh"),
     ("no ssh_config match", '[[nodes]]\nssh_config = "tpu-*"\n', "nodes[0].ssh_config", "no Host"),
@@ -159,3 +159,16 @@ def test_bad_hostfile_line_names_line(tmp_path: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err.strip()
     assert "hosts:1: slots must be a whole number, got 'eight'" in err
     assert "nodes[0].hostfile" in err
+
+
+def test_a_config_of_sections_only_keeps_the_default_fleet(tmp_path: Path, home: Path) -> None:
+    """One setting changed without writing the whole fleet: the embedded default for the rest."""
+    from backend.config import default_config, load_config_file
+    from backend.telemetry.settings import TelemetrySettings
+
+    path = write(tmp_path, '[telemetry]\ninterval = "2s"\n')
+    cfg = load_config_file(path)
+    default = default_config()
+    assert cfg.nodes == default.nodes and cfg.stores == default.stores
+    assert cfg.section(TelemetrySettings).interval == 2.0
+    assert cfg.source == str(path)
