@@ -320,7 +320,7 @@ class JobManager:
         # A foreign folder may reuse a team job's id (or another node's): listed under
         # ID@NODE, so a view keyed by id never confuses the two.
         ids = {r.id for r in out}
-        for rec in foreign:
+        for rec in sorted(foreign, key=lambda r: r.id, reverse=True):  # newest first, as the records
             if rec.id in ids:
                 rec = replace(rec, id=f"{rec.id}@{rec.node}")
             if rec.id not in ids:
