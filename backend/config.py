@@ -18,8 +18,9 @@ import shutil
 import socket
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -265,6 +266,7 @@ class Config:
 
 
 S = TypeVar("S")
+_T = TypeVar("_T")
 
 #: ``"module:Class"`` -> the section's name in the file.
 _SECTION_NAMES = {target: name for name, target in FEATURE_SECTIONS.items()}
@@ -398,66 +400,109 @@ _TOP_KEYS = {"defaults", "nodes", "stores", "ui", "state", *FEATURE_SECTIONS}
 
 
 def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path | None = None) -> Config:
-    """Validate a parsed TOML document into a :class:`Config`."""
+    """Validate a parsed TOML document into a :class:`Config`.
+
+    Every problem found is reported, not just the first: one line naming each key path.
+    """
+    problems: list[ConfigError] = []
+
+    def attempt(fn: Callable[[], _T]) -> _T | None:
+        try:
+            return fn()
+        except ConfigError as exc:
+            problems.append(exc)
+            return None
+
     unknown = sorted(set(raw) - _TOP_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown section (allowed: {', '.join(sorted(_TOP_KEYS))})", file=file, key=unknown[0])
+    for key in unknown:
+        problems.append(ConfigError(f"unknown section (allowed: {', '.join(sorted(_TOP_KEYS))})", file=file, key=key))
     base = base or Path.cwd()
-    defaults = parse_section(Defaults, raw.get("defaults", {}), file=file, key="defaults")
+    defaults = attempt(lambda: parse_section(Defaults, raw.get("defaults", {}), file=file, key="defaults"))
     raw_nodes = raw.get("nodes", [])
     if not isinstance(raw_nodes, list):
-        raise ConfigError("expected an array of tables: write [[nodes]]", file=file, key="nodes")
-    entries = []
+        problems.append(ConfigError("expected an array of tables: write [[nodes]]", file=file, key="nodes"))
+        raw_nodes = []
+    entries: list[NodeEntry] = []
     for i, item in enumerate(raw_nodes):
         if not isinstance(item, Mapping):
-            raise ConfigError("expected a table", file=file, key=f"nodes[{i}]")
-        entries.append(parse_section(NodeEntry, item, file=file, key=f"nodes[{i}]"))
-    nodes = _resolve_entries(entries, defaults, file, base)
+            problems.append(ConfigError("expected a table", file=file, key=f"nodes[{i}]"))
+            continue
+        entry = attempt(partial(parse_section, NodeEntry, item, file=file, key=f"nodes[{i}]"))
+        if entry is not None:
+            entries.append(entry)
+    nodes: list[Node] = []
+    if defaults is not None and len(entries) == len(raw_nodes):
+        nodes = attempt(lambda: _resolve_entries(entries, defaults, file, base)) or []
     # A file holding only sections ([telemetry], [ui], ...) changes those settings and keeps the
     # embedded default for the rest: this machine alone, its local checkpoint store.
     fallback = default_config() if "nodes" not in raw else None
     if fallback is not None:
         nodes = list(fallback.nodes)
-    if not nodes:
-        raise ConfigError("no nodes: add at least one [[nodes]] table", file=file, key="nodes")
+    if not nodes and not problems:
+        problems.append(ConfigError("no nodes: add at least one [[nodes]] table", file=file, key="nodes"))
     raw_stores = raw.get("stores", {})
-    if not isinstance(raw_stores, Mapping):
-        raise ConfigError("expected tables like [stores.datasets]", file=file, key="stores")
     stores: dict[str, StoreProfile] = {}
+    if not isinstance(raw_stores, Mapping):
+        problems.append(ConfigError("expected tables like [stores.datasets]", file=file, key="stores"))
+        raw_stores = {}
     for name, item in raw_stores.items():
-        if not isinstance(item, Mapping):
-            raise ConfigError("expected a table", file=file, key=f"stores.{name}")
-        sp = parse_section(StoreProfile, item, file=file, key=f"stores.{name}")
-        url = sp.url
-        if not url.startswith("s3://"):
-            if "://" in url:
-                raise ConfigError(
-                    f"expected 's3://bucket/prefix' or a local directory, got {url!r}",
-                    file=file,
-                    key=f"stores.{name}.url",
-                )
-            p = Path(os.path.expanduser(url))
-            url = str(p if p.is_absolute() else (base / p))
-        elif not url[5:].split("/", 1)[0]:
-            raise ConfigError(f"no bucket in {url!r}", file=file, key=f"stores.{name}.url")
-        stores[name] = dataclasses.replace(sp, name=name, url=url)
+        store = attempt(partial(_parse_store, name, item, file, base))
+        if store is not None:
+            stores[name] = store
     if fallback is not None and "stores" not in raw:
         stores = dict(fallback.stores)
     sections: dict[str, Any] = dict(fallback.sections) if fallback is not None else {}
     for name in FEATURE_SECTIONS:
         if name in raw:
             if not isinstance(raw[name], Mapping):
-                raise ConfigError("expected a table", file=file, key=name)
-            sections[name] = parse_section(_section_class(name), raw[name], file=file, key=name)
+                problems.append(ConfigError("expected a table", file=file, key=name))
+                continue
+            section = attempt(partial(parse_section, _section_class(name), raw[name], file=file, key=name))
+            if section is not None:
+                sections[name] = section
+    ui = attempt(lambda: parse_section(UISettings, raw.get("ui", {}), file=file, key="ui"))
+    state = attempt(lambda: parse_section(StateSettings, raw.get("state", {}), file=file, key="state"))
+    if problems:
+        raise _all_problems(problems, file)
+    assert defaults is not None and ui is not None and state is not None
     return Config(
         nodes=tuple(nodes),
         stores=stores,
         defaults=defaults,
-        ui=parse_section(UISettings, raw.get("ui", {}), file=file, key="ui"),
-        state=parse_section(StateSettings, raw.get("state", {}), file=file, key="state"),
+        ui=ui,
+        state=state,
         sections=sections,
         source=file or "<embedded default>",
     )
+
+
+def _parse_store(name: str, item: Any, file: str | None, base: Path) -> StoreProfile:
+    """One ``[stores.NAME]`` table; a local directory URL is made absolute against ``base``."""
+    if not isinstance(item, Mapping):
+        raise ConfigError("expected a table", file=file, key=f"stores.{name}")
+    sp = parse_section(StoreProfile, item, file=file, key=f"stores.{name}")
+    url = sp.url
+    if not url.startswith("s3://"):
+        if "://" in url:
+            raise ConfigError(
+                f"expected 's3://bucket/prefix' or a local directory, got {url!r}",
+                file=file,
+                key=f"stores.{name}.url",
+            )
+        p = Path(os.path.expanduser(url))
+        url = str(p if p.is_absolute() else (base / p))
+    elif not url[5:].split("/", 1)[0]:
+        raise ConfigError(f"no bucket in {url!r}", file=file, key=f"stores.{name}.url")
+    return dataclasses.replace(sp, name=name, url=url)
+
+
+def _all_problems(problems: list[ConfigError], file: str | None) -> ConfigError:
+    """One error naming every problem (the first alone when there is one), still one line."""
+    if len(problems) == 1:
+        return problems[0]
+    prefix = f"{file}: " if file else ""
+    parts = [str(p).removeprefix(prefix) for p in problems]
+    return ConfigError(f"{len(problems)} problems: " + "; ".join(parts), file=file)
 
 
 def load_config_file(path: Path) -> Config:

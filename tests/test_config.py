@@ -172,3 +172,20 @@ def test_a_config_of_sections_only_keeps_the_default_fleet(tmp_path: Path, home:
     assert cfg.nodes == default.nodes and cfg.stores == default.stores
     assert cfg.section(TelemetrySettings).interval == 2.0
     assert cfg.source == str(path)
+
+
+def test_every_config_problem_is_listed_on_one_line(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (
+        '[nodez]\n[[nodes]]\nname = "a"\nport = "22"\n[[nodes]]\nname = "b"\nhostnam = "x"\n'
+        '[stores.x]\nurl = "s3:///nobucket"\n[ui]\ntheme = 3\n'
+    )
+    path = write(tmp_path, text)
+    assert main(["--config", str(path), "nodes"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    line = err[0]
+    assert str(path) in line and "5 problems: " in line
+    for key in ("nodez: unknown section", "nodes[0].port:", "nodes[1].hostnam:", "stores.x.url:", "ui.theme:"):
+        assert key in line, (key, line)
