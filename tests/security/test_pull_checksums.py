@@ -1,8 +1,9 @@
 """A store whose bytes do not match what it says of them: every proof a pull can use catches it.
 
 The hostile responder serves, for each object, the checksum (or ETag) of one body and the bytes of
-another: the same bytes with one bit flipped (torn in transit), or another object's bytes of the
-same size (swapped). No real server does that on cue. Each object is proven by a different method
+another: the same bytes with one bit flipped (torn in transit), the bytes less the last one
+(truncated: listed at that size too, so only the proof can tell), or another object's bytes of
+the same size (swapped). No real server does that on cue. Each object is proven by a different method
 (full-object CRC64NVME, CRC32C, CRC32, SHA-256, SHA-1, a composite CRC32C over three parts, the
 MD5 ETag, the multipart ETag over three parts): the job fails, every wrong file is removed and
 its log names each object with the method that caught it. A store that answers no checksum and
@@ -133,7 +134,7 @@ async def _pull(svc: Services, lab: Lab, prefix: str) -> tuple[Any, Path]:
     return await svc.jobs.wait(rec.id, timeout=120), dest
 
 
-@pytest.mark.parametrize("attack", ["torn", "swapped"])
+@pytest.mark.parametrize("attack", ["torn", "truncated", "swapped"])
 async def test_every_method_catches_bytes_that_are_not_the_claimed_ones(
     hostile_s3: ChecksumHostileS3, hostile_services: Services, lab: Lab, attack: str
 ) -> None:
@@ -144,6 +145,8 @@ async def test_every_method_catches_bytes_that_are_not_the_claimed_ones(
         if attack == "torn":
             served = bytearray(truth)
             served[len(truth) // 2] ^= 0x04
+        elif attack == "truncated":  # listed and served one byte short, the checksum of the whole
+            served = bytearray(truth[:-1])
         else:
             served = bytearray(os.urandom(len(truth)))
         hostile_s3.claim(f"d/{method}.bin", bytes(served), method, truth)
