@@ -17,7 +17,9 @@ peers have it is a missing GPU (:mod:`backend.triage.analyze`).
 
 from __future__ import annotations
 
+import asyncio
 import math
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -46,12 +48,22 @@ COUNTERS = ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERRO
 #: The window the counters' increase is taken over.
 COUNTER_WINDOW = "15m"
 _MAX_GPU = 64
+_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def queries() -> tuple[str, ...]:
-    """The instant queries one triage makes, whatever the number of nodes."""
+def queries(label: str = "", values: Iterable[str] = ()) -> tuple[str, ...]:
+    """The instant queries one triage makes, whatever the number of nodes: restricted to the
+    series whose ``label`` is one of ``values`` (the nodes' names and hosts) when given."""
     names = "|".join(GAUGES)
-    return (f'{{__name__=~"{names}"}}', *(f"increase({c}[{COUNTER_WINDOW}])" for c in COUNTERS))
+    match = ""
+    vals = sorted(set(values))
+    if label and vals and _LABEL.fullmatch(label):
+        alts = "|".join(re.escape(v).replace("\\", "\\\\").replace('"', '\\"') for v in vals)
+        match = f',{label}=~"{alts}"'
+    return (
+        f'{{__name__=~"{names}"{match}}}',
+        *(f"increase({c}{{{match.lstrip(',')}}}[{COUNTER_WINDOW}])" for c in COUNTERS),
+    )
 
 
 def _gpu_key(labels: dict[str, Any]) -> int | None:
@@ -72,12 +84,14 @@ async def read_health(
     """Each named node's health as Prometheus has it (nodes without any DCGM series are absent)."""
     assert settings.prometheus_url
     client = PrometheusClient(settings.prometheus_url, settings.prometheus_timeout)
+    nodes = list(inventory)
+    wanted = set(names)
+    values = [v for n in nodes if n.name in wanted for v in (n.name, n.host)]
     try:
-        gauges, *increases = [await client.query(q) for q in queries()]
+        gauges, *increases = await asyncio.gather(*(client.query(q) for q in queries(settings.dcgm_node_label, values)))
     finally:
         await client.close()
-    index = NodeIndex(inventory)
-    wanted = set(names)
+    index = NodeIndex(nodes)
     per: dict[str, dict[int, dict[str, Any]]] = {}
 
     def slot(labels: dict[str, Any]) -> dict[str, Any] | None:
