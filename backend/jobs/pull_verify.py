@@ -160,8 +160,9 @@ class StoreHeads:
             if status in (301, 400) and (region := headers.get("x-amz-bucket-region")) and region != self.region:
                 self.region = region  # the bucket lives elsewhere: S3 says where
                 status, headers = self._send(key, part, checksums)
-            if status == 400 and checksums:
-                # A store that refuses x-amz-checksum-mode (as R2 did) still answers a plain HEAD.
+            if status in (400, 403) and checksums:
+                # A store that refuses x-amz-checksum-mode (as R2 did), or a key policy that lets
+                # nobody here decrypt an SSE-KMS object's checksum, still answers a plain HEAD.
                 status, headers = self._send(key, part, False)
         except Exception as exc:  # noqa: BLE001 - any failure: the weaker proof, said so
             self.failed = self.failed or f"HEAD {key}: {type(exc).__name__}: {str(exc)[:200]}"

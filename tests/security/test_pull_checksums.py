@@ -46,7 +46,7 @@ class _ChecksumHandler(_Handler):
         return {**super()._obj_headers(body, etag, obj), **self.s3.claims.get(id(obj), {})}
 
     def _head_object(self, bucket: str, key: str, q: dict[str, list[str]]) -> None:
-        if self.s3.deny_heads and "x-amz-checksum-mode" in {k.lower() for k in self.headers}:
+        if self.s3.deny_heads or (self.s3.deny_checksum_mode and self.headers.get("x-amz-checksum-mode")):
             self._error(403, "AccessDenied", "HEAD is not for you")
             return
         sizes = self.s3.parts.get((bucket, key))
@@ -65,8 +65,10 @@ class ChecksumHostileS3(HostileS3):
         super().__init__()
         self.claims: dict[int, dict[str, str]] = {}
         self.parts: dict[tuple[str, str], list[int]] = {}
-        #: Refuse every HEAD the pull's verifier sends (s5cmd's own HEADs still answer).
+        #: Refuse every HEAD (s5cmd's downloads need none: they work from the listing).
         self.deny_heads = False
+        #: Refuse a HEAD that asks for checksums (as a key policy without kms:Decrypt does).
+        self.deny_checksum_mode = False
 
     def start(self) -> ChecksumHostileS3:
         import threading
@@ -203,3 +205,20 @@ async def test_a_store_that_refuses_the_verifiers_heads_gets_the_md5_proof_or_si
         "the store's HEAD failed (HEAD h/plain.bin: HTTP 403)" in r["verified_text"]
     )
     assert (dest / "plain.bin").read_bytes() == plain and (dest / "multi.bin").read_bytes() == multi
+
+
+async def test_sse_kms_objects_whose_etag_is_no_md5_are_size_only_with_the_reason(
+    hostile_s3: ChecksumHostileS3, hostile_services: Services, lab: Lab
+) -> None:
+    hostile_s3.deny_checksum_mode = True
+    bodies = {"big.bin": os.urandom(MiB), "small.bin": os.urandom(4096)}
+    for name, body in bodies.items():
+        # SSE-KMS: the ETag looks like an MD5 and is not the MD5 of the bytes.
+        obj = hostile_s3.put("evil", f"k/{name}", body, etag=secrets.token_hex(16))
+        hostile_s3.claims[id(obj)] = {"x-amz-server-side-encryption": "aws:kms"}
+    final, dest = await _pull(hostile_services, lab, "k")
+    assert final.state == "succeeded", final.error
+    r = final.result or {}
+    assert r["proofs"] == {"big.bin": "size-only", "small.bin": "size-only"} and r["verified"] == "size-only"
+    assert "SSE-KMS" in r["verified_text"] and r["verified_text"].startswith("verified: size-only for 2 of 2")
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == bodies
