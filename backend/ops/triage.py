@@ -40,11 +40,16 @@ class Triage(Operation):
     """Read nodes' health and rank the suspects (read-only)."""
 
     async def run(
-        self, *, job: str | None = None, nodes: list[str] | None = None, source: str | None = None
+        self,
+        *,
+        job: str | None = None,
+        nodes: list[str] | None = None,
+        source: str | None = None,
+        run: str | None = None,
     ) -> TriageReport:
         """Triage one Slurm job's nodes (``job``) or the nodes named, through ``source`` (``ssh``
         or ``prometheus``; default: the ``[telemetry]`` source, ``auto`` meaning Prometheus when
-        a URL is set)."""
+        a URL is set). With ``run`` (a run folder), the newest step proven resumable."""
         if (job is None) == (nodes is None):
             raise ConfigError("name a job (--job ID) or nodes (--nodes LIST), not both", key="triage")
         snap = await self._slurm(required=job is not None)
@@ -71,17 +76,13 @@ class Triage(Operation):
         else:
             healths = list(await asyncio.gather(*(self._read(n, snap, sem, unknown) for n in names)))
         report = analyze(healths, job=job)
+        if run is not None:
+            from backend.triage.restart import newest_resumable
+
+            report = replace(report, checkpoint=await newest_resumable(self.services, run))
         if unknown:
             extra = tuple(f"{n}: not in the inventory (no connection details): not read" for n in unknown)
-            report = TriageReport(
-                report.nodes,
-                report.suspects,
-                report.commands,
-                report.notes + extra,
-                report.job,
-                report.passing_drained,
-                report.checkpoint,
-            )
+            report = replace(report, notes=report.notes + extra)
         return report
 
     def _source(self, source: str | None) -> str:

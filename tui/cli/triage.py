@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=("ssh", "prometheus"),
         help="where the GPU health comes from (default: the [telemetry] source; auto means Prometheus when set)",
     )
+    p.add_argument("--run", metavar="URL", help="a run folder: the newest step proven resumable, steps lost since")
     p.add_argument("--json", action="store_true", help="one JSON document: suspects, commands, nodes")
     p.set_defaults(func=run_triage)
 
@@ -40,7 +41,7 @@ def _when(t: float | None) -> str:
 
 async def run_triage(args: argparse.Namespace, services: Services) -> int:
     nodes = [args.nodes] if args.nodes is not None else None
-    report = await services.ops.triage.run(job=args.job, nodes=nodes, source=args.source)
+    report = await services.ops.triage.run(job=args.job, nodes=nodes, source=args.source, run=args.run)
     if args.json:
         print(json.dumps(report.as_json(), sort_keys=True))
         return 0
@@ -74,6 +75,20 @@ def render(report: TriageReport) -> list[str]:
             out.append(f"   - {e.kind}: {safe_text(e.detail, 160)} (since {_when(e.since)})")
     for note in report.notes:
         out.append(f"note: {safe_text(note, 200)}")
+    ck = report.checkpoint
+    if ck is not None:
+        out.append("")
+        if ck.get("step") is None:
+            out.append(f"restart: {safe_text(ck.get('why', ''), 200)} in {safe_text(ck['url'], 120)}")
+        else:
+            lost = ck.get("steps_lost_at_least")
+            out.append(
+                f"restart from step {ck['step']} ({safe_text(ck['path'], 120)}, {ck['bytes'] / 1e9:.2f} GB, "
+                f"saved {_when(ck.get('saved_at'))}, proven resumable)"
+                + (f"; at least {lost} steps lost since" if lost else "")
+            )
+        for u in ck.get("newer_unusable", []):
+            out.append(f"   not usable: {safe_text(u['path'], 120)}: {safe_text(u['why'], 120)}")
     if report.commands:
         out.append("")
         out.append("commands (shown, not run):")

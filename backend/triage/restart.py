@@ -1,0 +1,57 @@
+"""How fast the run can restart: the newest step proven resumable, and what was lost since.
+
+Deny by default: a step is picked only when :func:`backend.retention.apply.prove_steps` says
+``verified`` (its files whole and matching its commit marker, its upload job, if any, succeeded).
+Full steps are proven newest first, at most :data:`PROVE_AT_MOST` of them; no proof, no pick.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backend.services import Services
+
+#: Full steps proven (newest first) before giving up.
+PROVE_AT_MOST = 3
+
+
+async def newest_resumable(services: Services, ref: str) -> dict[str, Any]:
+    """``{"url", "step", "path", "bytes", "saved_at", "newer_unusable": [...], "steps_lost_at_least"}``;
+    ``step`` None (with ``why``) when no step proves resumable."""
+    from backend.retention.apply import fetch_catalog, prove_steps
+    from backend.retention.marks import canonical_run
+
+    url, _ = canonical_run(services, ref)
+    refused: list[dict[str, Any]] = []
+    pick = None
+    async with services.stores.open(url) as store:
+        catalog = await fetch_catalog(store)
+        numbered = [s for s in catalog.steps if s.step is not None]
+        full = [s for s in numbered if s.kind == "full"]
+        for s in reversed(full[-PROVE_AT_MOST:]):
+            proof = (await prove_steps(services, store, catalog, url, [s.path])).get(s.path, "not proven")
+            if proof == "verified":
+                pick = s
+                break
+            refused.append({"path": s.path, "step": s.step, "kind": s.kind, "why": proof})
+    newest = max((s.step for s in numbered if s.step is not None), default=None)
+    after = pick.step if pick is not None and pick.step is not None else -1
+    newer = [
+        {"path": s.path, "step": s.step, "kind": s.kind, "why": s.note or s.kind}
+        for s in numbered
+        if s.step is not None and s.step > after and s.kind != "full"
+    ]
+    out: dict[str, Any] = {"url": url, "newer_unusable": refused + newer}
+    if pick is None:
+        out.update(step=None, why="no step proves resumable (deny by default: no proof, no pick)")
+        return out
+    out.update(
+        step=pick.step,
+        path=pick.path,
+        bytes=pick.total_bytes,
+        saved_at=pick.mtime,
+        proof="verified",
+        steps_lost_at_least=(newest - pick.step) if newest is not None and pick.step is not None else None,
+    )
+    return out
