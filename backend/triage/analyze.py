@@ -104,6 +104,8 @@ class TriageReport:
     #: Nodes Slurm has drained or down that pass every check (``loadmaster resume`` is shown).
     passing_drained: tuple[str, ...] = ()
     checkpoint: dict[str, Any] | None = field(default=None)
+    #: The busy GPUs furthest below the medians (SM clock, utilisation, power), flagged or not.
+    slowest: tuple[SlowGpu, ...] = ()
 
     @property
     def exclude(self) -> str | None:
@@ -131,6 +133,7 @@ class TriageReport:
             "notes": list(self.notes),
             "nodes": [_node_json(n) for n in self.nodes],
             "checkpoint": self.checkpoint,
+            "slowest": [asdict(r) for r in self.slowest],
         }
 
 
@@ -153,6 +156,48 @@ def stragglers(gpus: list[tuple[str, GpuHealth]]) -> list[tuple[str, GpuHealth, 
         return []
     out = [(n, g, (g.sm_mhz or 0.0) / median, median) for n, g in busy]
     return sorted((x for x in out if x[2] < STRAGGLER_RATIO), key=lambda x: x[2])
+
+
+@dataclass(frozen=True)
+class SlowGpu:
+    """One busy GPU against the busy GPUs' medians (1.0: at the median), slowest SM clock first."""
+
+    node: str
+    gpu: int
+    sm_ratio: float
+    util_ratio: float | None
+    power_ratio: float | None
+    reasons: tuple[str, ...]
+
+
+def slowest(gpus: list[tuple[str, GpuHealth]], limit: int = 10) -> list[SlowGpu]:
+    """The ``limit`` busy GPUs furthest below the medians on SM clock (then utilisation and power),
+    with their evidence-worthy clock event reasons: the straggler ranking, flagged or not."""
+    busy = [(n, g) for n, g in gpus if _busy(g)]
+    if len(busy) < MIN_PEERS:
+        return []
+
+    def med(values: list[float]) -> float | None:
+        return statistics.median(values) if len(values) >= MIN_PEERS and statistics.median(values) > 0 else None
+
+    sm = med([g.sm_mhz for _, g in busy if g.sm_mhz is not None])
+    util = med([g.util_pct for _, g in busy if g.util_pct is not None])
+    power = med([g.power_w for _, g in busy if g.power_w is not None])
+    if sm is None:
+        return []
+    rows = [
+        SlowGpu(
+            n,
+            g.index,
+            (g.sm_mhz or 0.0) / sm,
+            None if util is None or g.util_pct is None else g.util_pct / util,
+            None if power is None or g.power_w is None else g.power_w / power,
+            g.reason_names,
+        )
+        for n, g in busy
+    ]
+    rows.sort(key=lambda r: (r.sm_ratio, r.util_ratio or 1.0, r.power_ratio or 1.0, r.node, r.gpu))
+    return rows[:limit]
 
 
 def _busy(g: GpuHealth) -> bool:
@@ -270,8 +315,15 @@ def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
     peers = _peer_buses(nodes)
     ev: dict[str, list[Evidence]] = {n.node: node_evidence(n, peers) for n in nodes}
     pool = [(n.node, g) for n in nodes if n.reachable and n.read for g in n.gpus]
+    ranking = slowest(pool)
+    rel = {(r.node, r.gpu): r for r in ranking}
     for node, g, ratio, median in stragglers(pool):
         detail = f"GPU {g.index}: SM clock {g.sm_mhz:.0f} MHz, {ratio:.1%} of the median {median:.0f} MHz"
+        r = rel.get((node, g.index))
+        if r is not None and r.util_ratio is not None:
+            detail += f"; utilisation {r.util_ratio:.0%} and power " + (
+                f"{r.power_ratio:.0%} of theirs" if r.power_ratio is not None else "unknown"
+            )
         ev[node].append(Evidence(node, g.index, "straggler", detail, _read_at(nodes, node)))
     suspects = []
     for n in nodes:
@@ -304,6 +356,7 @@ def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
         notes=tuple(notes),
         job=job,
         passing_drained=passing,
+        slowest=tuple(ranking),
     )
 
 

@@ -136,3 +136,30 @@ def test_smaller_node_of_the_same_model_is_not_missing_gpus() -> None:
     assert analyze([node("a", 8), node("b", 8), node("c", 4)]).suspects == ()
     got = analyze([node("a", 8), node("b", 8), node("c", 8, skip=5)]).suspects
     assert [(s.node, s.gpus, s.evidence[0].kind) for s in got] == [("c", (5,), "gpu-missing")]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(8, 48).flatmap(
+        lambda n: st.tuples(
+            st.lists(st.floats(-0.015, 0.015), min_size=n, max_size=n), st.integers(0, n - 1), st.floats(0.5, 0.96)
+        )
+    )
+)
+def test_slowest_ranking_puts_the_outlier_first_with_its_reasons(case: tuple[list[float], int, float]) -> None:
+    from backend.triage.analyze import slowest
+
+    noise, at, slow = case
+    pool = [
+        (
+            f"node-{i // 8:03d}",
+            GpuHealth(
+                index=i % 8, util_pct=97.0, power_w=650.0, sm_mhz=1980.0 * (slow if i == at else 1 + e),
+                reasons=0x8 if i == at else 0,
+            ),
+        )
+        for i, e in enumerate(noise)
+    ]  # fmt: skip
+    top = slowest(pool)[0]
+    assert (top.node, top.gpu) == (f"node-{at // 8:03d}", at % 8)
+    assert top.reasons == ("HW slowdown",) and top.util_ratio == 1.0 and top.power_ratio == 1.0

@@ -73,6 +73,14 @@ def render(report: TriageReport) -> list[str]:
         out.append(f"{rank}. {s.node} (GPUs {gpus}) since {_when(s.since)}")
         for e in s.evidence:
             out.append(f"   - {e.kind}: {safe_text(e.detail, 160)} (since {_when(e.since)})")
+    slow = [r for r in report.slowest if r.sm_ratio < 0.995][:5]
+    if slow:
+        out.append("slowest GPUs against the medians (SM clock, utilisation, power):")
+        for r in slow:
+            util = f"{r.util_ratio:.0%}" if r.util_ratio is not None else "?"
+            power = f"{r.power_ratio:.0%}" if r.power_ratio is not None else "?"
+            why = f" [{', '.join(r.reasons)}]" if r.reasons else ""
+            out.append(f"   {r.node} GPU {r.gpu}: clock {r.sm_ratio:.1%}, util {util}, power {power}{why}")
     for note in report.notes:
         out.append(f"note: {safe_text(note, 200)}")
     ck = report.checkpoint
