@@ -435,9 +435,11 @@ async def _follow_pull(
         if final is not None:
             msg = f"{r.node}: {r.state}, retried from the store: {final.state}"
         if end.state == "succeeded" and end.result:
+            # How the bytes were proven, as the runner says it ("verified: size-only ..." when they were not).
+            proof = end.result.get("verified_text") or "verified"
             msg += (
-                f" ({end.result.get('objects')} objects, {bytes_text(end.result.get('bytes'))} verified, "
-                f"{gbps_text(end.result.get('gbps'))})"
+                f" ({end.result.get('objects')} objects, {bytes_text(end.result.get('bytes'))}, "
+                f"{gbps_text(end.result.get('gbps'))}; {proof})"
             )
             relay = end.result.get("relay")
             if relay and relay.get("upstream"):
