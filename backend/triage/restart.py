@@ -55,3 +55,25 @@ async def newest_resumable(services: Services, ref: str) -> dict[str, Any]:
         steps_lost_at_least=(newest - pick.step) if newest is not None and pick.step is not None else None,
     )
     return out
+
+
+def restart_lines(ck: dict[str, Any]) -> list[str]:
+    """The restart point as lines for a terminal or a screen (text from the store sanitised)."""
+    from datetime import UTC, datetime
+
+    from backend.textfmt import safe_text
+
+    if ck.get("step") is None:
+        out = [f"restart: {safe_text(ck.get('why', ''), 200)} in {safe_text(ck.get('url', ''), 120)}"]
+    else:
+        lost = ck.get("steps_lost_at_least")
+        saved = ck.get("saved_at")
+        when = datetime.fromtimestamp(saved, UTC).strftime("%Y-%m-%d %H:%M:%SZ") if saved else "?"
+        out = [
+            f"restart from step {ck['step']} ({safe_text(ck['path'], 120)}, {ck['bytes'] / 1e9:.2f} GB, "
+            f"saved {when}, proven resumable)" + (f"; at least {lost} steps lost since" if lost else "")
+        ]
+    out.extend(
+        f"   not usable: {safe_text(u['path'], 120)}: {safe_text(u['why'], 120)}" for u in ck.get("newer_unusable", [])
+    )
+    return out

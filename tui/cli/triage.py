@@ -83,20 +83,11 @@ def render(report: TriageReport) -> list[str]:
             out.append(f"   {r.node} GPU {r.gpu}: clock {r.sm_ratio:.1%}, util {util}, power {power}{why}")
     for note in report.notes:
         out.append(f"note: {safe_text(note, 200)}")
-    ck = report.checkpoint
-    if ck is not None:
+    if report.checkpoint is not None:
+        from backend.triage.restart import restart_lines
+
         out.append("")
-        if ck.get("step") is None:
-            out.append(f"restart: {safe_text(ck.get('why', ''), 200)} in {safe_text(ck['url'], 120)}")
-        else:
-            lost = ck.get("steps_lost_at_least")
-            out.append(
-                f"restart from step {ck['step']} ({safe_text(ck['path'], 120)}, {ck['bytes'] / 1e9:.2f} GB, "
-                f"saved {_when(ck.get('saved_at'))}, proven resumable)"
-                + (f"; at least {lost} steps lost since" if lost else "")
-            )
-        for u in ck.get("newer_unusable", []):
-            out.append(f"   not usable: {safe_text(u['path'], 120)}: {safe_text(u['why'], 120)}")
+        out.extend(restart_lines(report.checkpoint))
     if report.commands:
         out.append("")
         out.append("commands (shown, not run):")
