@@ -49,6 +49,9 @@ NO_CHECKSUM_MD5_MAX = 64 << 20
 #: Per-part lengths are asked for (one HEAD per part) only for uploads of at most this many parts,
 #: when equal parts did not give the store's value.
 EXACT_PARTS_MAX = 64
+#: Seconds a HEAD may take; after this many failed HEADs in a row the pull stops asking.
+HEAD_TIMEOUT = 20
+HEADS_GIVE_UP = 3
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class StoreHeads:
         self._local = threading.local()
         self.failed: str | None = None  # the first failure, for the log
         self.requests = 0
+        self._failures_in_a_row = 0
 
     def _signer(self) -> tuple[Any, Any]:
         with self._lock:
@@ -123,11 +127,15 @@ class StoreHeads:
         if conn is None or getattr(self._local, "host", None) != (scheme, host):
             if conn is not None:
                 conn.close()
-            conn = (http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection)(host, timeout=60)
+            conn = (http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection)(
+                host, timeout=HEAD_TIMEOUT
+            )
             self._local.conn, self._local.host = conn, (scheme, host)
         return conn
 
     def _send(self, key: str, part: int | None, checksums: bool) -> tuple[int, dict[str, str]]:
+        import http.client
+
         from botocore.awsrequest import AWSRequest
 
         creds, signer = self._signer()
@@ -144,7 +152,7 @@ class StoreHeads:
                 resp = conn.getresponse()
                 resp.read()
                 return resp.status, {k.lower(): v for k, v in resp.getheaders()}
-            except (OSError, ValueError) as exc:  # a dropped keep-alive connection: once more
+            except (OSError, ValueError, http.client.HTTPException) as exc:  # a dropped connection: once more
                 conn.close()
                 self._local.conn = None
                 if attempt == 2:
@@ -152,8 +160,12 @@ class StoreHeads:
         raise AssertionError("unreachable")
 
     def head(self, key: str, *, part: int | None = None, checksums: bool = True) -> dict[str, str] | None:
-        """The object's response headers (lower-cased names), or None when the HEAD failed."""
+        """The object's response headers (lower-cased names), or None when the HEAD failed (and
+        at once, without asking, once HEADS_GIVE_UP in a row failed: a store that does not answer
+        costs the pull a few timeouts, not one per object)."""
         with self._lock:
+            if self._failures_in_a_row >= HEADS_GIVE_UP:
+                return None
             self.requests += 1
         try:
             status, headers = self._send(key, part, checksums)
@@ -165,12 +177,22 @@ class StoreHeads:
                 # nobody here decrypt an SSE-KMS object's checksum, still answers a plain HEAD.
                 status, headers = self._send(key, part, False)
         except Exception as exc:  # noqa: BLE001 - any failure: the weaker proof, said so
-            self.failed = self.failed or f"HEAD {key}: {type(exc).__name__}: {str(exc)[:200]}"
+            self._failed(f"HEAD {key}: {type(exc).__name__}: {str(exc)[:200]}", part)
             return None
         if status != 200 and not (part is not None and status == 206):  # a part is partial content
-            self.failed = self.failed or f"HEAD {key}: HTTP {status}"
+            self._failed(f"HEAD {key}: HTTP {status}", part)
             return None
+        if part is None:
+            with self._lock:
+                self._failures_in_a_row = 0
         return headers
+
+    def _failed(self, why: str, part: int | None) -> None:
+        with self._lock:
+            self.failed = self.failed or why
+            # A store that cannot say a part's length may still serve checksums: only whole-object
+            # HEADs count towards giving up.
+            self._failures_in_a_row += part is None
 
 
 def _length(headers: dict[str, str] | None) -> int | None:

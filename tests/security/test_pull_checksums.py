@@ -197,13 +197,16 @@ async def test_a_store_that_refuses_the_verifiers_heads_gets_the_md5_proof_or_si
     plain, multi = os.urandom(MiB), os.urandom(MiB)
     hostile_s3.put("evil", "h/plain.bin", plain)
     hostile_s3.put("evil", "h/multi.bin", multi, etag=multipart_etag([multi[: MiB // 2], multi[MiB // 2 :]]))
+    more = {f"more-{i}.bin": os.urandom(600 * 1024) for i in range(8)}
+    for name, body in more.items():
+        hostile_s3.put("evil", f"h/{name}", body)
     final, dest = await _pull(hostile_services, lab, "h")
     assert final.state == "succeeded", final.error
     r = final.result or {}
-    assert r["proofs"] == {"multi.bin": "size-only", "plain.bin": "md5"}
-    assert "the store's HEAD failed (HEAD h/multi.bin: HTTP 403)" in r["verified_text"] or (
-        "the store's HEAD failed (HEAD h/plain.bin: HTTP 403)" in r["verified_text"]
-    )
+    assert r["proofs"] == {"multi.bin": "size-only", "plain.bin": "md5", **dict.fromkeys(more, "md5")}
+    # Three refusals in a row and the pull stops asking (one more may race in on the second thread).
+    assert 3 <= r["store_heads"] <= 4
+    assert "(the store's HEAD failed (HEAD h/" in r["verified_text"] and ": HTTP 403))" in r["verified_text"]
     assert (dest / "plain.bin").read_bytes() == plain and (dest / "multi.bin").read_bytes() == multi
 
 
