@@ -46,7 +46,7 @@ def test_lab_up_prints_the_seeded_data_and_it_is_there(tmp_path: Path) -> None:
             "sample data: pull or shard the dataset (Transfers, Shards), prune the run (Checkpoints, Retention):"
         )
         lines = err[start + 1 : start + 4]
-        assert err[start + 4] == "open the console on the sandbox with:", up.stderr
+        assert err[start + 4] == "open the console on the sandbox with (again later: loadmaster lab env):", up.stderr
         raw, shards, ckpt = (re.match(r"\s+(s3://\S+)\s+(.*)$", line).groups() for line in lines)  # type: ignore[union-attr]
         assert raw[0] == f"s3://{bucket}/datasets/laion-mini/raw/"
         assert shards[0] == f"s3://{bucket}/datasets/laion-mini/shards/"
