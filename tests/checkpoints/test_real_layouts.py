@@ -116,6 +116,9 @@ async def test_layout_classified_planned_and_applied(layout: str, tmp_path: Path
         if a.action == "keep-full":
             assert a.resumable == "verified", f"{layout} step {n}: {a.resumable}"
 
+    # every planned action passes apply's checks: plan and apply --dry-run agree
+    dry = await apply_plan(local_services, plan, dry_run=True)
+    assert {o.path for o in dry.outcomes if o.outcome == "would-do"} == {a.path for a in plan.destructive_actions}
     before = {p.name: _digest(p) for p in root.iterdir()}
     report = await apply_plan(local_services, plan)
     assert report.ok, report.as_dict()

@@ -6,9 +6,9 @@ The trees mix what real teams keep in a run folder: steps of one trainer family 
 weights-only, a single ``torch.save`` file, a DCP checkpoint nested in a sub-folder beside a
 trainer-state side file, a full step that also holds its model as FP32 safetensors shards), saves
 still in flight in every layout, corrupt and torn steps (whole
-files whose bytes fail the deep check), and folders that are not steps: a sibling run
-(``version_0``, ``run1``) with steps of its own, and consolidated weights named after their
-precision (``fp32``).
+files whose bytes fail the deep check), and folders that are not steps: sibling runs with steps of
+their own (``version_0``, ``run1``, a sweep's ``sweep_1`` and ``sweep_2``), and consolidated
+weights named after their precision (``fp32``).
 
 After any apply, and after a crash plus a rerun:
 
@@ -49,6 +49,20 @@ from backend.retention.runs import LOCK_KEY
 from backend.services import Services
 from backend.storage import LocalStore
 
+#: state -> what the catalog must call it (what the library's own loader would make of it)
+KIND = {
+    "dcp-full": "full",
+    "dcp-weights": "weights",
+    "torch-full": "full",
+    "nested-full": "full",
+    "nested-weights": "weights",
+    "torn": "full",
+    "full-fp32-shards": "full",
+    "inflight-dcp": "incomplete",
+    "inflight-nested": "incomplete",
+    "inflight-torch": "incomplete",
+    "corrupt": "corrupt",
+}
 #: state -> (committed full in truth, proven by the deep check in truth)
 STATES = {
     "dcp-full": (True, True),
@@ -66,7 +80,7 @@ STATES = {
 #: Shrinking re-runs whole applies (seconds each): a failure is reported as generated.
 PHASES = (Phase.explicit, Phase.reuse, Phase.generate)
 FAMILIES = ("step-{n}", "checkpoint-{n}", "global_step{n}", "iter_{n:07d}")
-DISTRACTORS = ("version_0", "run1", "fp32")
+DISTRACTORS = ("version_0", "run1", "fp32", "sweep_1", "sweep_2")
 
 
 @dataclass(frozen=True)
@@ -109,7 +123,10 @@ def templates() -> Iterator[Templates]:
     shard = next((root / "corrupt").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
     # what is not a step: sibling runs with steps of their own, weights named after a precision
-    for name, inner in (("version_0", ("step-100", "step-200")), ("run1", ("checkpoint-5",))):
+    # (a sweep's runs share a pattern of digits, like steps do; each holds steps of its own)
+    runs = {"version_0": ("step-100", "step-200"), "run1": ("checkpoint-5",), "sweep_1": ("step-100",)}
+    runs["sweep_2"] = ("step-100", "step-300")
+    for name, inner in runs.items():
         for s in inner:
             shutil.copytree(root / "dcp-full", root / name / s)
     # a full step that also holds its model as FP32 safetensors shards: model weights, no BF16 export
@@ -173,6 +190,7 @@ asyncio.run(apply_plan(services, plan, fault=fault))
     every=st.sampled_from([0, 2000]),
     others=st.sampled_from(["delete", "keep-weights"]),
     pins_during=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 7)), max_size=2),
+    pins_at_claim=st.sets(st.integers(1, 7), max_size=2),
     kill=st.one_of(
         st.none(), st.tuples(st.integers(1, 3), st.sampled_from(["before", "exported", "deleting", "after"]))
     ),
@@ -187,6 +205,7 @@ async def test_nothing_is_deleted_without_proof(
     every: int,
     others: str,
     pins_during: list[tuple[int, int]],
+    pins_at_claim: set[int],
     kill: tuple[int, str] | None,
 ) -> None:
     base = tmp_path_factory.mktemp("deny")
@@ -209,6 +228,12 @@ async def test_nothing_is_deleted_without_proof(
         before = _files(run)
         # what must survive: the newest proven-resumable step of every run (nested runs are whole)
         catalog = await list_checkpoints(LocalStore(run))
+        # what is a step and what it holds: by the rule and by content, as the library wrote it
+        listed = {s.name: s for s in catalog.steps}
+        for i, n in names.items():
+            assert listed[n].step == i * 1000 and listed[n].kind == KIND[states[i - 1]], (n, listed[n].note)
+        for d in distractors:
+            assert listed[d].step is None, f"{d} was taken for a step: {listed[d].note}"
         proven = [
             s for s in catalog.steps if s.kind == "full" and await prove_resumable(LocalStore(run), s) == "verified"
         ]
@@ -227,15 +252,24 @@ async def test_nothing_is_deleted_without_proof(
 
         acknowledged: dict[str, dict[str, tuple[int, str]]] = {}
 
+        def pin(which: int) -> None:
+            try:
+                PinStore(other.db).pin(url, which * 1000, "held by another operator")
+            except PolicyError as exc:
+                assert "being deleted right now" in str(exc)
+                return
+            acknowledged[names[which]] = _under(_files(run), names[which])
+
         def pin_from_elsewhere(o) -> None:  # type: ignore[no-untyped-def]
             for trigger, which in pins_during:
                 if o.outcome == "running" and o.index == trigger and which in names:
-                    try:
-                        PinStore(other.db).pin(url, which * 1000, "held by another operator")
-                    except PolicyError as exc:
-                        assert "being deleted right now" in str(exc)
-                        continue
-                    acknowledged[names[which]] = _under(_files(run), names[which])
+                    pin(which)
+
+        def pin_at_claim(stage: str, a) -> None:  # type: ignore[no-untyped-def]
+            # the tightest race: another operator pins the very step, after its checks, before
+            # the deletions are claimed
+            if stage in ("before", "exported") and a.step is not None and a.step // 1000 in pins_at_claim:
+                pin(a.step // 1000)
 
         if kill is not None and named:
             plan_file = base / "plan.json"
@@ -249,14 +283,17 @@ async def test_nothing_is_deleted_without_proof(
             )
             # the operator sees the dead apply's lock named in the refusal and removes it
             await services.ops.retention.unlock(url)
-        report = await apply_plan(services, plan, progress=pin_from_elsewhere)
+        report = await apply_plan(services, plan, progress=pin_from_elsewhere, fault=pin_at_claim)
         assert not report.count("failed"), [o.as_dict() for o in report.outcomes if o.outcome == "failed"]
 
         after = _files(run)
         # the newest proven-resumable step, and the newest N committed full steps, byte-identical
         for keep_name in ({newest_proven} if newest_proven else set()) | must_keep:
             assert _under(after, keep_name) == _under(before, keep_name), f"{keep_name} changed"
-        # nested runs and everything the plan did not name are untouched
+        # what is not a step (sibling runs, a sweep's runs, weights named after a precision) is never touched
+        for d in distractors:
+            assert _under(after, d) == _under(before, d), f"{d} is not a step, but it changed"
+        # and everything else the plan did not name is untouched
         for path, meta in before.items():
             top = path.split("/", 1)[0]
             if top not in named:
