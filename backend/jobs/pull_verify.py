@@ -118,6 +118,8 @@ class StoreHeads:
             u = urllib.parse.urlsplit(str(endpoint))
             base = u.path.rstrip("/")
             return u.scheme or "https", u.netloc, f"{base}/{self.bucket}/{quoted}"
+        if "." in self.bucket:  # a dotted name does not match the wildcard certificate: path style
+            return "https", f"s3.{self.region}.amazonaws.com", f"/{self.bucket}/{quoted}"
         return "https", f"{self.bucket}.s3.{self.region}.amazonaws.com", f"/{quoted}"
 
     def _connection(self, scheme: str, host: str) -> Any:

@@ -218,3 +218,16 @@ def test_composite_and_multipart_recompute_over_any_part_size(
             continue  # an empty object is never multipart in S3
         assert proof.method == method
         assert proof_holds(f, proof)[0]
+
+
+def test_heads_go_path_style_to_an_endpoint_and_virtual_host_style_to_aws() -> None:
+    from backend.jobs.pull_verify import StoreHeads
+
+    secrets_env = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    lab = StoreHeads({"endpoint_url": "http://127.0.0.1:8333", "region": "auto"}, secrets_env, "b")
+    assert lab._url("a dir/ü+x.bin") == ("http", "127.0.0.1:8333", "/b/a%20dir/%C3%BC%2Bx.bin")
+    assert lab.region == "us-east-1"
+    aws = StoreHeads({"region": "eu-west-1"}, secrets_env, "data")
+    assert aws._url("k") == ("https", "data.s3.eu-west-1.amazonaws.com", "/k")
+    dotted = StoreHeads({"region": "eu-west-1"}, secrets_env, "my.data")
+    assert dotted._url("k") == ("https", "s3.eu-west-1.amazonaws.com", "/my.data/k")
