@@ -77,9 +77,14 @@ class Triage(Operation):
             healths = list(await asyncio.gather(*(self._read(n, snap, sem, unknown) for n in names)))
         report = analyze(healths, job=job)
         if run is not None:
-            from backend.triage.restart import newest_resumable
+            from backend.triage.restart import newest_resumable, restage_command
 
-            report = replace(report, checkpoint=await newest_resumable(self.services, run))
+            ck = await newest_resumable(self.services, run)
+            accused = {x.node for x in report.suspects}
+            cmd = restage_command(
+                ck, [n.node for n in report.nodes if n.node not in accused and n.reachable and n.read]
+            )
+            report = replace(report, checkpoint=ck, commands=report.commands + ((cmd,) if cmd else ()))
         if unknown:
             extra = tuple(f"{n}: not in the inventory (no connection details): not read" for n in unknown)
             report = replace(report, notes=report.notes + extra)

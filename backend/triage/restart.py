@@ -77,3 +77,17 @@ def restart_lines(ck: dict[str, Any]) -> list[str]:
         f"   not usable: {safe_text(u['path'], 120)}: {safe_text(u['why'], 120)}" for u in ck.get("newer_unusable", [])
     )
     return out
+
+
+def restage_command(ck: dict[str, Any], nodes: list[str]) -> str | None:
+    """The pull that stages the picked step on the nodes that will resume (pulled once from the
+    store, relayed between them), shown and not run; None without a pick, nodes or an s3:// run."""
+    import shlex
+
+    url = str(ck.get("url") or "")
+    if ck.get("step") is None or not nodes or not url.startswith("s3://"):
+        return None
+    path = str(ck["path"]).strip("/")
+    src = f"{url.rstrip('/')}/{path}/"
+    dest = f"restart/{path.rsplit('/', 1)[-1]}"
+    return shlex.join(["loadmaster", "pull", src, dest, "--nodes", ",".join(nodes), "--fanout", "relay"])

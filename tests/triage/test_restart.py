@@ -33,7 +33,7 @@ def test_newest_proven_step_and_steps_lost(tmp_path: Path, tiny_full_dcp, capsys
     report = asyncio.run(svc.ops.triage.run(nodes=["here"], source="ssh", run=str(run)))
     ck = report.checkpoint
     assert ck is not None and ck["step"] == 10 and ck["proof"] == "verified" and ck["steps_lost_at_least"] == 10
-    assert [u["step"] for u in ck["newer_unusable"]] == [20]
+    assert [u["step"] for u in ck["newer_unusable"]] == [20] and ck["path"] == "step-10"
     cfg = tmp_path / "lm.toml"
     cfg.write_text(f'[[nodes]]\nname = "here"\ntransport = "local"\n[state]\ndir = "{tmp_path / "state"}"\n')
     assert main(["--config", str(cfg), "triage", "--nodes", "here", "--run", str(run), "--json"]) == 0
@@ -54,3 +54,15 @@ def test_no_proof_no_pick(tmp_path: Path, tiny_full_dcp) -> None:  # type: ignor
     ck = report.checkpoint
     assert ck is not None and ck["step"] is None and "no proof, no pick" in ck["why"]
     assert ck["newer_unusable"] and ck["newer_unusable"][0]["step"] == 30
+
+
+def test_restage_command_pulls_the_pick_to_the_nodes_that_resume() -> None:
+    from backend.triage.restart import restage_command
+
+    ck = {"url": "s3://ckpt/llama/run7", "step": 4800, "path": "step-4800"}
+    assert restage_command(ck, ["node-01", "node-03"]) == (
+        "loadmaster pull s3://ckpt/llama/run7/step-4800/ restart/step-4800 --nodes node-01,node-03 --fanout relay"
+    )
+    assert restage_command({**ck, "step": None}, ["node-01"]) is None
+    assert restage_command({**ck, "url": "/data/run7"}, ["node-01"]) is None
+    assert restage_command(ck, []) is None
