@@ -234,7 +234,13 @@ def node_evidence(n: NodeHealth, peer_buses: dict[str, list[str]]) -> list[Evide
     if not n.read:
         return []
     if not n.reachable:
-        return [Evidence(n.node, None, "unreachable", f"does not answer: {n.error or 'no reply'}", t)]
+        detail = f"does not answer: {n.error or 'no reply'}"
+        since = t
+        if n.slurm_state and (n.slurm_state.endswith("*") or n.slurm_state.startswith("down")):
+            # Slurm lost it too: its reason's time is when it started, as far as anyone knows.
+            detail += f" (Slurm: {n.slurm_state}" + (f", {n.slurm_reason})" if n.slurm_reason else ")")
+            since = n.slurm_reason_at or t
+        return [Evidence(n.node, None, "unreachable", detail, since)]
     if n.gpu_status not in ("ok", "absent") and not n.gpus:
         ev.append(
             Evidence(n.node, None, "telemetry-missing", f"nvidia-smi fails while the node answers: {n.gpu_status}", t)

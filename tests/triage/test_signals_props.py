@@ -163,3 +163,15 @@ def test_slowest_ranking_puts_the_outlier_first_with_its_reasons(case: tuple[lis
     top = slowest(pool)[0]
     assert (top.node, top.gpu) == (f"node-{at // 8:03d}", at % 8)
     assert top.reasons == ("HW slowdown",) and top.util_ratio == 1.0 and top.power_ratio == 1.0
+
+
+def test_unreachable_node_since_when_slurm_lost_it() -> None:
+    now = time.time()
+    down = NodeHealth(
+        "n9", reachable=False, read_at=now, error="connection refused", slurm_state="down*",
+        slurm_reason="Not responding", slurm_reason_at=now - 3600,
+    )  # fmt: skip
+    (s,) = analyze([down]).suspects
+    assert s.since == now - 3600 and "(Slurm: down*, Not responding)" in s.evidence[0].detail
+    up_in_slurm = NodeHealth("n8", reachable=False, read_at=now, error="timed out", slurm_state="mixed")
+    assert analyze([up_in_slurm]).suspects[0].since == now
