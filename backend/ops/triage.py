@@ -98,7 +98,7 @@ class Triage(Operation):
         if want == "auto":
             return "prometheus" if tel.prometheus_url else "ssh"
         if want == "prometheus" and not tel.prometheus_url:
-            raise ConfigError("--source prometheus needs [telemetry] prometheus_url", key="--source")
+            raise ConfigError("prometheus needs [telemetry] prometheus_url", key="--source")
         return want
 
     async def _read_prometheus(self, names: list[str], snap: SlurmSnapshot | None) -> list[NodeHealth]:
@@ -134,7 +134,7 @@ class Triage(Operation):
         slurm = self.services.ops.slurm
         if not slurm.settings.enabled:
             if required:
-                raise ConfigError("--job needs Slurm: add [slurm] enabled = true to the config", key="--job")
+                raise ConfigError("needs Slurm: add [slurm] enabled = true to the config", key="--job")
             return None
         return await slurm.snapshot(fresh=True)
 

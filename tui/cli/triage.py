@@ -60,7 +60,9 @@ def render(report: TriageReport) -> list[str]:
     for n in report.nodes:
         answers = "not read" if not n.read else "yes" if n.reachable else "NO"
         gpus = str(len(n.gpus)) + (f"/{n.expected_gpus}" if n.expected_gpus is not None else "")
-        if n.gpu_status not in ("ok", "absent"):
+        if not n.read or not n.reachable:
+            gpus = "-"
+        elif n.gpu_status not in ("ok", "absent"):
             gpus += f" ({safe_text(n.gpu_status, 60)})"
         table.append([n.node, answers, gpus, n.slurm_state or "-", safe_text(n.slurm_reason or "-", 60)])
     out.append(f"triage of {what}")
