@@ -85,9 +85,6 @@ class Triage(Operation):
                 ck, [n.node for n in report.nodes if n.node not in accused and n.reachable and n.read]
             )
             report = replace(report, checkpoint=ck, commands=report.commands + ((cmd,) if cmd else ()))
-        if unknown:
-            extra = tuple(f"{n}: not in the inventory (no connection details): not read" for n in unknown)
-            report = replace(report, notes=report.notes + extra)
         return report
 
     def _source(self, source: str | None) -> str:
@@ -115,7 +112,8 @@ class Triage(Operation):
                 # Slurm says GPUs, Prometheus has none of their series: the telemetry collapsed.
                 out.append(replace(base, gpu_status="absent", xid_error="no DCGM series in Prometheus"))
             else:
-                out.append(replace(base, read=False, gpu_status="no DCGM series in Prometheus"))
+                why = "no DCGM series in Prometheus (no GPUs, or its exporter is down or not scraped): not read"
+                out.append(replace(base, read=False, gpu_status=why))
         return out
 
     def _base(self, name: str, snap: SlurmSnapshot | None) -> NodeHealth:
@@ -143,7 +141,7 @@ class Triage(Operation):
     ) -> NodeHealth:
         base = self._base(name, snap)
         if name in unknown:
-            return replace(base, read=False, gpu_status="not read")
+            return replace(base, read=False, gpu_status="not in the inventory (no connection details): not read")
         async with sem:
             try:
                 res = await self.services.pool.transport(name).run(SCRIPT, timeout=NODE_TIMEOUT_S)

@@ -343,7 +343,9 @@ def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
     suspects.sort(key=lambda s: (-max(WEIGHTS.get(e.kind, 10) for e in s.evidence), -s.score, s.node))
     notes = []
     for n in nodes:
-        if n.reachable and n.xid_error:
+        if not n.read:
+            notes.append(f"{n.node}: {n.gpu_status}")
+        elif n.reachable and n.xid_error:
             notes.append(f"{n.node}: kernel log not read ({n.xid_error})")
     accused = {s.node for s in suspects}
     passing = tuple(
