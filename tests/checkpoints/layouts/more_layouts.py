@@ -38,6 +38,8 @@ from tests.checkpoints.layouts.dcp_family import (
 )
 
 NESTED = "checkpoint"
+#: The builders this module adds (beside dcp_family's in SUPPORTED_KINDS).
+BUILDERS = ("dcp-nested", "dcp-iter", "torch-unsharded", "torch-flat", "lightning-custom")
 
 
 def _save_nested(dest: Path, step: int, model: TinyLM, opt: torch.optim.Optimizer | None) -> None:
