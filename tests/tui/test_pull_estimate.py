@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from tests.firsthour.screen_text import screen_lines
-from tests.tui.snapshot_services import frozen_clock, pull_preview, record_egress_month, snapshot_services
+from tests.tui.snapshot_services import (
+    frozen_clock,
+    pull_preview,
+    record_egress_month,
+    services_with_jobs,
+    snapshot_services,
+)
 from tests.tui.test_snapshots import settle
 from tui.app import LoadmasterApp
 from tui.screens.transfers import PullPlanned
@@ -59,7 +65,7 @@ async def _show_pull(app: Any, pilot: Any, nodes: int) -> Any:
 
 @pytest.mark.parametrize("size", list(SIZES))
 async def test_a_16_node_pull_shows_its_decision_above_the_fold(size: str) -> None:
-    services = snapshot_services()
+    services = services_with_jobs(())
     record_egress_month(services)
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="transfers")
     async with app.run_test(size=SIZES[size]) as pilot:
@@ -72,7 +78,7 @@ async def test_a_16_node_pull_shows_its_decision_above_the_fold(size: str) -> No
 
 @pytest.mark.parametrize("size", list(SIZES))
 def test_pull_estimate_snapshot(snap_compare: Any, size: str) -> None:
-    services = snapshot_services()
+    services = services_with_jobs(())  # no node contacted: the jobs summary never depends on timing
     record_egress_month(services)
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="transfers")
 
