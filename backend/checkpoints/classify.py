@@ -211,14 +211,17 @@ async def _side_facts(
     (trainer state, RNG, counters) holding no optimizer state; their Facts otherwise."""
     if not rest:
         return None
-    f = await _facts(store, step_path, name, rest, False, markers)
     small = all(o.size <= SIDE_FILE_MAX_BYTES for o in rest.values())
+    if small and all(_is_side_name(n) for n in rest):
+        # side files only: read for optimizer state (or damage), never by the folder's name
+        torch_names = sorted(n for n in rest if n.endswith(TORCH_SUFFIXES))
+        if not torch_names:
+            return None
+        f = await torch_save_facts(store, step_path, rest, torch_names)
+        return f if f.kind in ("full", "corrupt") else None
+    f = await _facts(store, step_path, name, rest, False, markers)
     if f.kind == "full":
         return f  # optimizer state beside the nested checkpoint: still the step's state
-    if f.kind == "weights" and small:
-        return None  # trainer state, RNG: never decides the kind on its own
-    if f.kind == "unknown" and small and all(_is_side_name(n) for n in rest):
-        return None
     if f.kind == "weights":
         return None if small else Facts(note=f"{sorted(rest)[0]}: a large file beside the nested checkpoint")
     return f

@@ -15,6 +15,9 @@ from backend.checkpoints.steps import TORCH_SUFFIXES, CheckpointStep
 from backend.checkpoints.torchfile import TorchFileError
 from backend.storage import ObjectStore, join_key
 
+#: Files that hold checkpoint data: empty, they fail the check. Other empty files are markers
+#: (an operator's or a trainer's MILESTONE, a done flag) and prove nothing either way.
+_DATA_SUFFIXES = (".distcp", ".pt", ".pth", ".bin", ".ckpt", ".pkl", ".safetensors", ".metadata")
 #: The deep check reads every torch.save file's directory, but no more than this many per step.
 MAX_PROOF_FILES = 4096
 
@@ -71,6 +74,6 @@ async def prove_resumable(store: ObjectStore, step: CheckpointStep) -> str:
                 await read_header(store, files[n].key, files[n].size)
             except SafetensorsError as exc:
                 return str(exc)
-        elif files[n].size == 0 and not n.endswith((".json", ".txt")):
+        elif files[n].size == 0 and n.endswith(_DATA_SUFFIXES):
             return f"{n}: empty file (0 bytes)"
     return "verified"
