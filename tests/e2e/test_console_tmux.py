@@ -225,7 +225,7 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
     term.press("Escape")
     # the Fleet's alerts show beside the help panel too: wait for the panel itself to go
     term.wait_for(
-        lambda s: "Alerts:" in s and "Keys  (escape closes)" not in s,
+        lambda s: "loadmaster check:" in s and "Keys  (escape closes)" not in s,
         timeout=SCREEN_TIMEOUT,
         what="the Fleet screen after closing help",
     )
