@@ -37,13 +37,17 @@ async def test_list_inspect_strip_and_upload(tmp_path: Path, tiny_full_dcp: tupl
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, CheckpointsScreen)
-        assert "980.0 GB (912.7 GiB)" in str(screen.query_one("#ckpt-footprint", Static).render())
+        footprint = str(screen.query_one("#ckpt-footprint", Static).render())
+        assert "980.0 GB (912.7 GiB)" in footprint and "assumed" in footprint  # no run listed yet
         screen.query_one("#ckpt-url", Input).value = str(run)
         screen.action_reload()
         table = screen.query_one("#ckpt-steps", DataTable)
         await wait_until(pilot, lambda: table.row_count == 2)
         assert [str(table.get_row_at(i)[1]) for i in range(2)] == ["incomplete", "full"]
         assert "by kind" in str(screen.query_one("#ckpt-summary", Static).render())
+        # the footprint is the run's own model now (read from its tensors), not the 70B default
+        footprint = str(screen.query_one("#ckpt-footprint", Static).render())
+        assert "from step-10's tensors" in footprint and "980.0 GB" not in footprint, footprint
 
         # inspect the full step with enter (the detail key of every table): the DCP key list
         table.focus()

@@ -44,6 +44,9 @@ KIND_STYLE = {
     "unknown": "action-skip",
 }
 
+#: The Params field's default: the brief's 70B model, used only while the run's own size is unknown.
+DEFAULT_PARAMS = "70e9"
+
 
 class CatalogListed(Message):
     """A fresh listing of the run prefix arrived, with the current upload-backlog alerts."""
@@ -141,7 +144,7 @@ class CheckpointsScreen(LoadmasterScreen):
                 yield Input(value=first, placeholder="s3://bucket/run, a store name/run or a directory", id="ckpt-url")
             with Horizontal(classes="ckpt-row"):
                 yield Label("Params", classes="ckpt-label")
-                yield Input("70e9", id="ckpt-params", classes="ckpt-num")
+                yield Input(DEFAULT_PARAMS, id="ckpt-params", classes="ckpt-num")
                 yield Label("Local step", classes="ckpt-label")
                 yield Input(placeholder="/nvme/ckpt/step-48000 (for u: upload)", id="ckpt-local")
                 yield Label("Node", classes="ckpt-label")
@@ -192,19 +195,33 @@ class CheckpointsScreen(LoadmasterScreen):
     def _params_changed(self, event: Input.Changed) -> None:
         self.render_footprint()
 
+    def run_params(self) -> tuple[int, str] | None:
+        """The run's own parameter count, from the newest full step whose model tensors were read."""
+        for s in reversed(self.catalog.steps if self.catalog else ()):
+            if s.kind == "full" and s.weights_bytes:
+                return s.weights_bytes // 2, s.name
+        return None
+
     def render_footprint(self) -> None:
-        """Footprint of the model size typed in Params, for the run's retained full checkpoints."""
+        """Footprint for the run's own model size when its tensors were read (else the size typed
+        in Params, said to be assumed), for the run's retained full checkpoints."""
         text = self.query_one("#ckpt-params", Input).value.strip()
         out = self.query_one("#ckpt-footprint", Static)
+        own = self.run_params()
         try:
-            params = float(text)
+            if own is not None and text in ("", DEFAULT_PARAMS):
+                params, source = float(own[0]), f"from {own[1]}'s tensors"
+            else:
+                params = float(text)
+                source = "typed in" if text != DEFAULT_PARAMS else "assumed: type the model's size"
             retained = max(1, sum(1 for s in self.catalog.steps if s.kind == "full")) if self.catalog else 1
             fp = footprint(params, retained)
         except ValueError:
             out.update(f"Params: expected a number like 70e9, got {text!r}")
             return
+        size = f"{params / 1e9:g}B" if params >= 1e9 else f"{params:,.0f}"
         out.update(
-            f"{params / 1e9:g}B params: BF16 weights {bytes_gib_text(fp.weights_bytes)}, full AdamW state "
+            f"{size} params ({source}): BF16 weights {bytes_gib_text(fp.weights_bytes)}, full AdamW state "
             f"{bytes_gib_text(fp.full_bytes)} (14 B/param); weights only saves {fp.saving_fraction:.1%}. "
             f"For {retained} full checkpoint(s): {bytes_gib_text(fp.retained_full_bytes)} vs "
             f"{bytes_gib_text(fp.retained_weights_bytes)}.  GB = 10^9 bytes"
