@@ -729,14 +729,20 @@ class _Guard:
 
     def claim(self, journal: Journal, a: PlannedAction, detail: Mapping[str, Any]) -> str | None:
         """Claim the step for its deletions in one state-DB transaction that also re-reads its
-        pins: a pin made before the claim stops the action; one made after is refused (see
-        :func:`claimed_by`). Returns why the action stops, or None."""
+        pins and milestones: one made before the claim stops the action; one made after is
+        refused (see :func:`claimed_by`). Returns why the action stops, or None."""
         from backend.state import actor
 
         def body(db: Any) -> str | None:
-            pins = {p.step: p.reason for p in _policy_now(self.services, self.plan).pins}
+            from backend.policy.retention_planner import _milestone_reason
+
+            policy = _policy_now(self.services, self.plan)
+            pins = {p.step: p.reason for p in policy.pins}
             if a.step in pins:
                 return f"pinned during the apply ({pins[a.step] or 'no reason given'}): left alone"
+            step = self.by_path.get(a.path)
+            if a.action == "delete" and step is not None and _milestone_reason(step, policy) is not None:
+                return "marked a milestone during the apply: not deleted"
             Journal(db, self.plan.hash, url=self.plan.url).set(
                 a, "deleting", {**detail, "who": f"{actor()}", "plan": self.plan.hash}
             )
@@ -749,13 +755,18 @@ class _Guard:
 def _started(
     entries: Mapping[str, tuple[str, dict[str, Any]]], a: PlannedAction, step: CheckpointStep | None = None
 ) -> dict[str, Any]:
-    """Keep the object list of the original start so a later resume can check against it."""
+    """Keep the object list of the original start so a later resume can check against it, and a
+    killed apply's deletions can be accounted for (a strip writes its export files, so they are
+    left out of its list; a delete removes them like everything else)."""
     if a.path in entries and "objects" in entries[a.path][1]:
         return {"objects": entries[a.path][1]["objects"]}
     if step is not None:
+        keep_export = a.action == "delete"
         return {
             "objects": [
-                [rel_name(step, o.key), o.size] for o in step.objects if not is_export_file(rel_name(step, o.key))
+                [rel_name(step, o.key), o.size]
+                for o in step.objects
+                if keep_export or not is_export_file(rel_name(step, o.key))
             ]
         }
     return {}

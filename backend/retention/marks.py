@@ -44,24 +44,35 @@ class PinStore:
         """Pin ``step`` under ``url`` (audited). A pin binds every apply from the moment it is
         recorded: it is taken under the run's lock, and refused (naming the apply) while an
         apply is deleting that very step, so it is never acknowledged and then ignored."""
-        from backend.errors import PolicyError
         from backend.state import actor
 
+        self._record(
+            url,
+            step,
+            "pin",
+            ("delete", "strip-to-weights"),
+            "INSERT INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (url, step) DO UPDATE SET reason = excluded.reason, who = excluded.who, ts = excluded.ts",
+            (norm_url(url), step, reason, actor(), time.time()),
+        )
+        self.db.record_audit("retention.pin", f"{norm_url(url)}#{step}", "ok", reason=reason or None)
+
+    def _record(
+        self, url: str, step: int, what: str, refused_during: tuple[str, ...], sql: str, params: tuple[object, ...]
+    ) -> None:
+        """Write a mark under the run's lock, refused while an apply's claim on the step is live."""
+        from backend.errors import PolicyError
+
         def body(db: StateDB) -> None:
-            holder = claimed_by(db, url, step)
+            holder = claimed_by(db, url, step, actions=refused_during)
             if holder is not None:
                 raise PolicyError(
-                    f"step {step} of {norm_url(url)} is being deleted right now by {holder}: the pin is refused "
+                    f"step {step} of {norm_url(url)} is being deleted right now by {holder}: the {what} is refused "
                     "(it could not stop what has begun); see 'loadmaster audit --action retention.apply'"
                 )
-            db.execute(
-                "INSERT INTO retention_pins (url, step, reason, who, ts) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (url, step) DO UPDATE SET reason = excluded.reason, who = excluded.who, ts = excluded.ts",
-                (norm_url(url), step, reason, actor(), time.time()),
-            )
+            db.execute(sql, params)
 
         self.db.transact(body, lock=run_lock(url))
-        self.db.record_audit("retention.pin", f"{norm_url(url)}#{step}", "ok", reason=reason or None)
 
     def unpin(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
         """Remove a pin (audited); False when there was none."""
@@ -85,10 +96,15 @@ class MilestoneStore(PinStore):
         return tuple(sorted({int(r["step"]) for r in rows}))
 
     def mark(self, url: str, step: int) -> None:
-        """Mark ``step`` a milestone (audited)."""
+        """Mark ``step`` a milestone (audited): bound by every apply from then on, or refused
+        (naming the apply) while an apply is deleting that very step."""
         from backend.state import actor
 
-        self.db.execute(
+        self._record(
+            url,
+            step,
+            "milestone mark",
+            ("delete",),
             "INSERT INTO retention_milestones (url, step, who, ts) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (url, step) DO UPDATE SET who = excluded.who, ts = excluded.ts",
             (norm_url(url), step, actor(), time.time()),
@@ -110,8 +126,16 @@ def run_lock(url: str) -> str:
     return f"retention-run:{norm_url(url)}"
 
 
-def claimed_by(db: StateDB, url: str, step: int, *, stale_after: float = CLAIM_STALE_S) -> str | None:
-    """Who is deleting ``step`` of the run ``url`` right now (an apply's live claim), or None."""
+def claimed_by(
+    db: StateDB,
+    url: str,
+    step: int,
+    *,
+    actions: tuple[str, ...] = ("delete", "strip-to-weights"),
+    stale_after: float = CLAIM_STALE_S,
+) -> str | None:
+    """Who is deleting ``step`` of the run ``url`` right now (an apply's live claim for one of
+    ``actions``), or None."""
     import json
 
     rows = db.query(
@@ -123,7 +147,12 @@ def claimed_by(db: StateDB, url: str, step: int, *, stale_after: float = CLAIM_S
             d = json.loads(r["detail"])
         except (ValueError, TypeError):
             continue
-        if isinstance(d, dict) and d.get("url") == norm_url(url) and d.get("step") == step:
+        if (
+            isinstance(d, dict)
+            and d.get("url") == norm_url(url)
+            and d.get("step") == step
+            and d.get("action") in actions
+        ):
             return f"the retention apply of plan {str(r['plan_hash'])[:12]} by {d.get('who', 'someone')}"
     return None
 

@@ -17,7 +17,8 @@ After any apply, and after a crash plus a rerun:
   catalog says) are byte-identical;
 * nothing changed outside the steps the plan named;
 * the journal and the audit log account for every deleted byte;
-* a pin acknowledged before an action is honoured (nothing its step held is removed).
+* a pin acknowledged before an action is honoured (nothing its step held is removed), and so is
+  a milestone mark (the step is never deleted outright).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from backend.config import load_config
 from backend.errors import PolicyError
 from backend.policy.retention import RetentionPolicy
 from backend.retention import PinStore, apply_plan, compute_plan
+from backend.retention.marks import MilestoneStore
 from backend.retention.runs import LOCK_KEY
 from backend.services import Services
 from backend.storage import LocalStore
@@ -192,6 +194,7 @@ asyncio.run(apply_plan(services, plan, fault=fault))
     others=st.sampled_from(["delete", "keep-weights"]),
     pins_during=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 7)), max_size=2),
     pins_at_claim=st.sets(st.integers(1, 7), max_size=2),
+    marks_during=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 7)), max_size=2),
     kill=st.one_of(
         st.none(),
         st.tuples(st.integers(1, 2), st.sampled_from(["deleting", "deleting", "before", "exported", "after"])),
@@ -207,6 +210,7 @@ asyncio.run(apply_plan(services, plan, fault=fault))
     others="delete",
     pins_during=[],
     pins_at_claim=set(),
+    marks_during=[],
     kill=(1, "deleting"),
 )
 async def test_nothing_is_deleted_without_proof(
@@ -220,6 +224,7 @@ async def test_nothing_is_deleted_without_proof(
     others: str,
     pins_during: list[tuple[int, int]],
     pins_at_claim: set[int],
+    marks_during: list[tuple[int, int]],
     kill: tuple[int, str] | None,
 ) -> None:
     base = tmp_path_factory.mktemp("deny")
@@ -276,10 +281,23 @@ async def test_nothing_is_deleted_without_proof(
                 return
             acknowledged[names[which]] = _under(_files(run), names[which])
 
+        marked: set[str] = set()
+
+        def mark(which: int) -> None:
+            try:
+                MilestoneStore(other.db).mark(url, which * 1000)
+            except PolicyError as exc:
+                assert "being deleted right now" in str(exc)
+                return
+            marked.add(names[which])
+
         def pin_from_elsewhere(o) -> None:  # type: ignore[no-untyped-def]
             for trigger, which in pins_during:
                 if o.outcome == "running" and o.index == trigger and which in names:
                     pin(which)
+            for trigger, which in marks_during:
+                if o.outcome == "running" and o.index == trigger and which in names:
+                    mark(which)
 
         def pin_at_claim(stage: str, a) -> None:  # type: ignore[no-untyped-def]
             # the tightest race: another operator pins the very step, after its checks, before
@@ -328,6 +346,10 @@ async def test_nothing_is_deleted_without_proof(
             int(e.detail.get("bytes_deleted", 0)) for e in services.db.audit_entries(action="retention.reconcile")
         )
         assert freed + reconciled == deleted, (freed, reconciled, deleted)
+        # a milestone mark that was acknowledged is honoured: the step is never deleted outright
+        for name in marked:
+            held = _under(before, name)
+            assert not held or _under(after, name), f"{name} was deleted after it was marked a milestone"
         # a pin that was acknowledged is honoured: nothing its step held is gone or changed
         for name, held in acknowledged.items():
             for path, meta in held.items():
