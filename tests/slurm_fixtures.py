@@ -49,7 +49,7 @@ def slurm(slurm_lab: SlurmLab) -> SlurmLab:
     return slurm_lab
 
 
-def wait_for(what: str, cond: Callable[[], object], timeout: float = 30.0, every: float = 0.2) -> object:
+def wait_for(what: str, cond: Callable[[], object], timeout: float = 90.0, every: float = 0.2) -> object:
     """Poll ``cond`` until it returns something true; fail naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
