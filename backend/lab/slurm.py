@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import hashlib
 import json
 import os
 import shutil
@@ -82,10 +83,22 @@ class SlurmLab:
 
     # -- config ----------------------------------------------------------------------------------
 
+    @property
+    def spool(self) -> Path:
+        """Where each slurmd keeps its unix sockets: under ``root``, unless that path is too long
+        for a socket name (108 bytes, with slurmstepd's ``<node>_<job>.<step>`` names), as under a
+        test worker's temp dir; then a short folder in /tmp named by ``root``."""
+        inside = self.root / "spool"
+        longest = len(str(inside)) + 2 * max(len(n) for n, _ in self.nodes) + 32
+        if longest < 104:
+            return inside
+        return Path("/tmp") / f"lmslurm-{hashlib.sha1(str(self.root).encode()).hexdigest()[:12]}"
+
     def write_config(self) -> Path:
         """Write slurm.conf and gres.conf (fresh ports each time)."""
-        for d in ("state", "log", "dev", "spool"):
+        for d in ("state", "log", "dev"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
+        self.spool.mkdir(mode=0o700, parents=True, exist_ok=True)
         for i in range(self.gpus):
             link = self.root / "dev" / f"nvidia{i}"
             if not link.is_symlink():
@@ -104,9 +117,9 @@ class SlurmLab:
             f"SlurmUser={user}",
             f"SlurmdUser={user}",
             f"StateSaveLocation={r}/state",
-            f"SlurmdSpoolDir={r}/spool/%n",
+            f"SlurmdSpoolDir={self.spool}/%n",
             f"SlurmctldPidFile={r}/slurmctld.pid",
-            f"SlurmdPidFile={r}/spool/slurmd-%n.pid",
+            f"SlurmdPidFile={self.spool}/slurmd-%n.pid",
             f"SlurmctldLogFile={r}/log/slurmctld.log",
             f"SlurmdLogFile={r}/log/slurmd-%n.log",
             "ProctrackType=proctrack/linuxproc",
@@ -236,6 +249,8 @@ class SlurmLab:
         stop_group(self._ctld, timeout=10)
         self._ctld = None
         self._sweep()
+        if not self.spool.is_relative_to(self.root):
+            shutil.rmtree(self.spool, ignore_errors=True)
 
     # -- a lab that outlives the command that started it (``loadmaster lab up --slurm``) -------------
 
@@ -273,6 +288,8 @@ class SlurmLab:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         lab._sweep()
+        if not lab.spool.is_relative_to(lab.root):
+            shutil.rmtree(lab.spool, ignore_errors=True)
         path.unlink()
         return len(alive)
 
@@ -281,7 +298,7 @@ class SlurmLab:
         process is this cluster's when it carries this ``SLURM_CONF`` and is a Slurm daemon or a
         job's process (``SLURM_JOB_ID`` set), or runs a script from this cluster's spool."""
         mark = f"SLURM_CONF={self.conf}".encode()
-        spool = str(self.root / "spool").encode()
+        spool = str(self.spool).encode()
         daemons = (b"slurmstepd", b"slurmd", b"slurmctld")
         for pid_dir in Path("/proc").iterdir():
             if not pid_dir.name.isdigit() or int(pid_dir.name) == os.getpid():
