@@ -291,29 +291,49 @@ async def compute_plan(
         if catalog is None:
             catalog = await fetch_catalog(store)
         unfinished = unfinished_actions(services, url, catalog)
-        first = plan_retention(
-            catalog.steps,
+        plan, _ = await proven_plan(
+            services,
+            store,
+            catalog,
             pol,
+            url=url,
             now=when,
             in_flight=flying,
-            url=url,
-            prefix=catalog.prefix,
             unfinished=unfinished,
-            candidates_only=True,
+            usd_per_gb_month=price,
+            price_note=note,
         )
-        proofs = await prove_kept(services, store, catalog, first, url)
-    return plan_retention(
-        catalog.steps,
-        pol,
-        now=when,
-        in_flight=flying,
-        url=url,
-        prefix=catalog.prefix,
-        usd_per_gb_month=price,
-        price_note=note,
-        proofs=proofs,
-        unfinished=unfinished,
+    return plan
+
+
+async def proven_plan(
+    services: Services | None,
+    store: ObjectStore,
+    catalog: Catalog,
+    policy: RetentionPolicy,
+    *,
+    url: str,
+    now: float,
+    in_flight: Iterable[str],
+    unfinished: Mapping[str, str],
+    usd_per_gb_month: float | None = None,
+    price_note: str = "",
+) -> tuple[RetentionPlan, dict[str, str]]:
+    """The plan of ``catalog`` under the proof rule, and the proofs it rests on: a first pass
+    (never executed) picks the steps to deep-check, the second plans with their verdicts."""
+    common: dict[str, Any] = {
+        "now": now,
+        "in_flight": in_flight,
+        "url": url,
+        "prefix": catalog.prefix,
+        "unfinished": unfinished,
+    }
+    first = plan_retention(catalog.steps, policy, candidates_only=True, **common)
+    proofs = await prove_kept(services, store, catalog, first, url)
+    plan = plan_retention(
+        catalog.steps, policy, proofs=proofs, usd_per_gb_month=usd_per_gb_month, price_note=price_note, **common
     )
+    return plan, proofs
 
 
 def unfinished_actions(services: Services, url: str, catalog: Catalog) -> dict[str, str]:
@@ -538,26 +558,8 @@ async def _apply_locked(
         policy = _policy_now(services, plan)
         now = time.time()
         unfinished = {p: planned[p].action for p in resumed if resumed[p] == "ok"}
-        first = plan_retention(
-            catalog.steps,
-            policy,
-            now=now,
-            in_flight=flying,
-            url=plan.url,
-            prefix=plan.prefix,
-            unfinished=unfinished,
-            candidates_only=True,
-        )
-        proofs = await prove_kept(services, st, catalog, first, plan.url)
-        fresh = plan_retention(
-            catalog.steps,
-            policy,
-            now=now,
-            in_flight=flying,
-            url=plan.url,
-            prefix=plan.prefix,
-            proofs=proofs,
-            unfinished=unfinished,
+        fresh, proofs = await proven_plan(
+            services, st, catalog, policy, url=plan.url, now=now, in_flight=flying, unfinished=unfinished
         )
         check = recheck_plan(plan, fresh, resumed=resumed, done=done)
         changes = check.changes
