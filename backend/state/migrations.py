@@ -225,12 +225,20 @@ _V5 = (
     "ALTER TABLE jobs ADD COLUMN quarantined TEXT",
 )
 
+_V6 = (
+    # A launch: the jobs one start made (a pull to N nodes is N jobs of one launch), cancelled and
+    # shown as one thing. NULL for jobs started alone (and for rows from before this version).
+    "ALTER TABLE jobs ADD COLUMN launch_id TEXT",
+    "CREATE INDEX jobs_launch ON jobs(launch_id)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, ledger, audit, retention journal, pins and milestones", _V1),
     Migration(2, "egress reservations, named locks, the database's id, job origins", _V2),
     Migration(3, "the alerts loadmaster watch raises, and what each sink acknowledged", _V3),
     Migration(4, "what fan-out pulls saved (bytes peers sent instead of the store)", _V4),
     Migration(5, "job authority: the spec digest and store recorded at launch, quarantined rows", _V5),
+    Migration(6, "launches: the jobs one start made, cancelled and shown as one", _V6),
 )
 
 #: The version this loadmaster writes.
