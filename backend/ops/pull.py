@@ -6,13 +6,12 @@ receives the whole source, each priced in the egress quote.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from backend.errors import ConfigError, JobError, LoadmasterError, PolicyError
+from backend.errors import ConfigError, JobError, PolicyError
 from backend.ops.base import Operation, signals_cancel_launch
 
 if TYPE_CHECKING:
@@ -303,18 +302,11 @@ class Pulls(Operation):
         return rec
 
     def _release_unstarted(self, job_ids: dict[str, str], exc: BaseException) -> None:
-        """After a launch that failed or was interrupted (SIGTERM, SIGHUP): the reservation of
-        every job that never got as far as its record (or whose start failed) stops counting. A
-        job whose start was under way stays reserved: the next refresh finds it on its node, or
-        finds it never started and releases it."""
-        from backend.jobs.store import JobStore
+        """After a launch that failed or was interrupted (SIGTERM, SIGHUP): see
+        ``backend.ops.reserved.release_unstarted`` (shared with shard and strip launches)."""
+        from backend.ops.reserved import release_unstarted
 
-        store = JobStore(self.services.db)
-        why = f"not started: {type(exc).__name__}: {exc}"[:300]
-        for job_id in job_ids.values():
-            with contextlib.suppress(LoadmasterError):
-                if store.state_of(job_id) in (None, "failed"):
-                    self.services.egress.release(job_id, why)
+        release_unstarted(self.services, job_ids.values(), exc)
 
     def _reserve(self, req: PullRequest, plan: PullPlan, job_ids: dict[str, str]) -> Reserved:
         """Step 4: the budget check and every node's reservation, in one transaction, before any

@@ -1,0 +1,63 @@
+"""The egress steps every command that reads a store from a node goes through (pull, shard, strip).
+
+One order, whoever launches: the guard's check and every job's reservation in one transaction
+(``EgressGuard.reserve``: a block budget refuses, a confirm needs a reason), the override audited,
+then the launch; a launch that fails or is interrupted (SIGTERM, SIGHUP: see
+``signals_cancel_launch``) releases the reservation of every job that never started. When the job
+ends, its kind's ``on_ended`` settles the reservation (``backend.ledger.settle_job``), capped by it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from backend.errors import LoadmasterError
+from backend.ops.base import signals_cancel_launch
+
+if TYPE_CHECKING:
+    from backend.config import StoreProfile
+    from backend.ledger import Reservation, Reserved
+    from backend.services import Services
+
+T = TypeVar("T")
+
+
+def release_unstarted(services: Services, job_ids: Iterable[str], exc: BaseException) -> None:
+    """After a launch that failed or was interrupted: the reservation of every job that never got
+    as far as its record (or whose start failed) stops counting. A job whose start was under way
+    stays reserved: the next refresh finds it on its node, or finds it never started and
+    releases it."""
+    from backend.jobs.store import JobStore
+
+    store = JobStore(services.db)
+    why = f"not started: {type(exc).__name__}: {exc}"[:300]
+    for job_id in job_ids:
+        with contextlib.suppress(LoadmasterError):
+            if store.state_of(job_id) in (None, "failed"):
+                services.egress.release(job_id, why)
+
+
+async def launch_reserved(
+    services: Services,
+    profile: StoreProfile,
+    items: Sequence[Reservation],
+    launch: Callable[[], Awaitable[T]],
+    *,
+    reason: str | None = None,
+    what: str = "pull",
+) -> tuple[T, Reserved]:
+    """Reserve ``items`` against ``profile``'s budget (PolicyError, nothing reserved, when the
+    guard refuses), audit an override, then ``launch()``; whatever of it never started is
+    released if the launch raises or a SIGTERM/SIGHUP arrives meanwhile."""
+    with signals_cancel_launch():
+        reserved = services.egress.reserve(profile, items, allow_over_budget_reason=reason, what=what)
+        try:
+            dec = reserved.decision
+            if dec is not None and dec.override_reason:
+                services.egress.record_override(dec, dec.override_reason)
+            return await launch(), reserved
+        except BaseException as exc:
+            release_unstarted(services, [it.job_id for it in items], exc)
+            raise
