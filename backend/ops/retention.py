@@ -14,8 +14,19 @@ from backend.errors import PolicyError
 from backend.ops.base import Operation
 
 if TYPE_CHECKING:
-    from backend.policy.retention import RetentionPlan
+    from backend.checkpoints.steps import Catalog
+    from backend.policy.retention import Pin, RetentionPlan, RetentionPolicy
     from backend.retention.apply import ApplyReport
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """A fresh listing of a run and the marks recorded for it: what a plan is computed from."""
+
+    url: str
+    catalog: Catalog
+    pins: tuple[Pin, ...]
+    milestones: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -28,7 +39,35 @@ class Unlocked:
 
 
 class Retention(Operation):
-    """``retention apply|pin|unpin|milestone|unlock`` and the Retention screen's keys."""
+    """``retention plan|apply|pin|unpin|milestone|unlock`` and the Retention screen's keys."""
+
+    async def listing(self, ref: str) -> RunListing:
+        """List the run ``ref`` afresh, with the pins and milestones recorded for it."""
+        from backend.retention.apply import fetch_catalog
+        from backend.retention.marks import MilestoneStore, PinStore
+
+        url, keys = self.run(ref)
+        async with self.services.stores.open(url) as store:
+            catalog = await fetch_catalog(store)
+        pins = PinStore(self.services.db).pins(url, keys)
+        return RunListing(url, catalog, pins, MilestoneStore(self.services.db).milestones(url, keys))
+
+    async def plan(
+        self,
+        ref: str,
+        policy: RetentionPolicy,
+        *,
+        in_flight: Iterable[str] = (),
+        catalog: Catalog | None = None,
+        now: float | None = None,
+    ) -> RetentionPlan:
+        """The retention plan of the run ``ref`` under ``policy`` (plus the recorded pins,
+        milestones and running jobs): the steps it keeps full are deep-checked first, and one
+        that fails stops every delete. ``retention plan`` and the Retention screen both show
+        this plan; ``catalog`` reuses a listing just made instead of listing again."""
+        from backend.retention.apply import compute_plan
+
+        return await compute_plan(self.services, ref, policy, in_flight=in_flight, now=now, catalog=catalog)
 
     async def apply(
         self,

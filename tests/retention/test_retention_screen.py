@@ -7,7 +7,8 @@ from pathlib import Path
 from retention_helpers import DcpRun  # type: ignore[import-not-found]
 from textual.widgets import DataTable, Input, Static
 
-from tests.helpers import Recorder, settle_workers
+from tests.helpers import Recorder
+from tests.helpers import settle_workers as settle_once
 from tui.app import LoadmasterApp
 from tui.screens.retention import (
     ActionProgressed,
@@ -17,6 +18,14 @@ from tui.screens.retention import (
     RetentionScreen,
 )
 from tui.widgets.confirm import ConfirmTyped
+
+
+async def settle_workers(pilot) -> None:  # type: ignore[no-untyped-def]
+    """Settle until no worker runs: a listing starts the plan's worker when it arrives."""
+    for _ in range(10):
+        await settle_once(pilot)
+        if not any(w.is_running for w in pilot.app.workers):
+            return
 
 
 async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
@@ -46,7 +55,7 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
         # the policy changes live: keep 3 full
         n_plans = len(rec.of(PlanComputed))
         screen.query_one("#keep-full", Input).value = "3"
-        await pilot.pause()
+        await settle_workers(pilot)  # the plan is asked for again from the operation layer
         assert len(rec.of(PlanComputed)) > n_plans
         assert {a.step: a.action for a in screen.plan.actions}[10000] == "keep-full"
 

@@ -179,10 +179,8 @@ def format_plan(plan: RetentionPlan) -> str:
 
 async def cmd_plan(args: argparse.Namespace, services: Services) -> int:
     """Compute and show (or save) a retention plan."""
-    from backend.retention import compute_plan
-
     policy = policy_from_args(services.config.section(RetentionPolicy), args)
-    plan = await compute_plan(services, args.url, policy, in_flight=args.in_flight)
+    plan = await services.ops.retention.plan(args.url, policy, in_flight=args.in_flight)
     if args.out:
         try:
             Path(args.out).write_text(plan.to_json())  # noqa: ASYNC240 - one small file

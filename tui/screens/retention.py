@@ -1,15 +1,16 @@
 """Retention (pruning) screen: a run's steps with the proposed action per step, live as the policy
 changes; pin/unpin, mark milestones, and apply with a typed confirmation.
 
-The listing is fetched in a worker; the plan is recomputed (pure, instant) on every policy change;
-applying runs in a worker that reports each action as it goes. No store or DB access happens here
-directly: everything goes through :mod:`backend.retention`.
+The listing and the plan come from the operation layer (``services.ops.retention.listing`` and
+``.plan``), the same query ``loadmaster retention plan`` prints: the steps the plan keeps full are
+deep-checked there, so both front ends show one plan. Both run in workers; the plan is asked for
+again (reusing the listing) on every policy change; applying runs in a worker that reports each
+action as it goes. No store or DB access happens here directly.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
@@ -22,7 +23,6 @@ from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
 
 from backend.errors import LoadmasterError
 from backend.policy.retention import Pin, RetentionPlan, RetentionPolicy, parse_step_list
-from backend.policy.retention_planner import plan_retention
 from backend.schema import parse_duration
 from backend.units import bytes_text, duration_spec, usd_text
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
@@ -32,6 +32,7 @@ from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
     from backend.checkpoints.steps import Catalog
+    from backend.ops.retention import RunListing
     from backend.retention.apply import ActionOutcome, ApplyReport
     from backend.services import Services
 
@@ -52,10 +53,6 @@ BAR_SEGMENTS = (
 )
 
 
-#: Full steps deep-checked when a run is listed (newest first; a plan keeps only a few full).
-PROVE_AT_MOST = 32
-
-
 def _reason_text(a: Any) -> str:
     """The reason, with the deep resumable check of a kept full step."""
     if a.resumable is None:
@@ -66,24 +63,12 @@ def _reason_text(a: Any) -> str:
 
 
 class CatalogLoaded(Message):
-    """A fresh listing of the run arrived (with the DB pins and milestones, running jobs, the
-    price, and the deep resumable check of every full step)."""
+    """A fresh listing of the run arrived, with the pins and milestones recorded for it."""
 
-    def __init__(
-        self,
-        url: str,
-        catalog: Catalog,
-        pins: tuple[Pin, ...],
-        in_flight: set[str],
-        price: float | None,
-        price_note: str,
-        milestones: tuple[int, ...] = (),
-        proofs: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, listing: RunListing) -> None:
         super().__init__()
-        self.url, self.catalog, self.pins, self.in_flight = url, catalog, pins, in_flight
-        self.price, self.price_note = price, price_note
-        self.milestones, self.proofs = milestones, dict(proofs or {})
+        self.listing = listing
+        self.url, self.catalog = listing.url, listing.catalog
 
 
 class PlanComputed(Message):
@@ -157,10 +142,6 @@ class RetentionScreen(LoadmasterScreen):
         self.pins: dict[int, str] = {p.step: p.reason for p in self.base_policy.pins}
         self.db_pins: set[int] = set()
         self.db_milestones: set[int] = set()
-        self.proofs: dict[str, str] = {}
-        self.in_flight: set[str] = set()
-        self.price: float | None = None
-        self.price_note = ""
         self.applying = False
         self.results: dict[str, str] = {}
 
@@ -253,24 +234,13 @@ class RetentionScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="retention-load", exit_on_error=False)
     async def _load_catalog(self, url: str) -> None:
-        from backend.retention.apply import fetch_catalog, in_flight_from_jobs, prove_steps, storage_price
-        from backend.retention.marks import MilestoneStore, PinStore, canonical_run
-
         try:
-            url, keys = canonical_run(self.services, url)
-            async with self.services.stores.open(url) as store:
-                catalog = await fetch_catalog(store)
-                full = [s.path for s in catalog.steps if s.kind == "full"][-PROVE_AT_MOST:]
-                proofs = await prove_steps(self.services, store, catalog, url, full)
-            pins = PinStore(self.services.db).pins(url, keys)
-            milestones = MilestoneStore(self.services.db).milestones(url, keys)
-            flying = in_flight_from_jobs(self.services, url)
-            price, note = storage_price(self.services, url)
+            listing = await self.services.ops.retention.listing(url)
         except LoadmasterError as exc:
             self.report_error(f"Listing {url}", exc)
             self.query_one("#retention-summary", Static).update(f"Could not list {url}: {exc}")
             return
-        self.post_message(CatalogLoaded(url, catalog, pins, flying, price, note, milestones, proofs))
+        self.post_message(CatalogLoaded(listing))
 
     @on(CatalogLoaded)
     def _catalog_loaded(self, event: CatalogLoaded) -> None:
@@ -278,11 +248,9 @@ class RetentionScreen(LoadmasterScreen):
 
         self.url, self.catalog = event.url.rstrip("/"), event.catalog
         remember_run(self.services.config, self.url)
-        self.in_flight, self.price, self.price_note = event.in_flight, event.price, event.price_note
-        self.db_pins = {p.step for p in event.pins}
-        self.db_milestones = set(event.milestones)
-        self.proofs = event.proofs
-        for p in event.pins:
+        self.db_pins = {p.step for p in event.listing.pins}
+        self.db_milestones = set(event.listing.milestones)
+        for p in event.listing.pins:
             self.pins.setdefault(p.step, p.reason)
         self.results = {}
         self.recompute()
@@ -330,7 +298,7 @@ class RetentionScreen(LoadmasterScreen):
             self.recompute()
 
     def recompute(self) -> None:
-        """Recompute the plan from the last listing and the current policy (pure, instant)."""
+        """Ask the operation layer for the plan of the last listing under the current policy."""
         if self.catalog is None:
             return
         try:
@@ -338,20 +306,24 @@ class RetentionScreen(LoadmasterScreen):
         except LoadmasterError as exc:
             self.query_one("#retention-summary", Static).update(f"Policy: {exc}")
             return
-        plan = plan_retention(
-            self.catalog.steps,
-            policy,
-            now=time.time(),
-            in_flight=self.in_flight,
-            url=self.url,
-            prefix=self.catalog.prefix,
-            usd_per_gb_month=self.price,
-            price_note=self.price_note,
-            proofs=self.proofs,
-        )
-        self.plan = plan
-        self.render_plan(plan)
+        self._compute_plan(self.url, self.catalog, policy)
+
+    @work(exclusive=True, group="retention-plan", exit_on_error=False)
+    async def _compute_plan(self, url: str, catalog: Catalog, policy: RetentionPolicy) -> None:
+        try:
+            plan = await self.services.ops.retention.plan(url, policy, catalog=catalog)
+        except LoadmasterError as exc:
+            self.report_error(f"Planning {url}", exc)
+            self.query_one("#retention-summary", Static).update(f"Could not plan {url}: {exc}")
+            return
         self.post_message(PlanComputed(plan))
+
+    @on(PlanComputed)
+    def _plan_computed(self, event: PlanComputed) -> None:
+        if event.plan.url.rstrip("/") != self.url:
+            return  # a plan of the run listed before this one
+        self.plan = event.plan
+        self.render_plan(event.plan)
 
     def render_plan(self, plan: RetentionPlan) -> None:
         """Show the plan: rows coloured by action, totals, and the storage bar."""
@@ -495,6 +467,7 @@ class RetentionScreen(LoadmasterScreen):
                 ops.pin(self.url, step, reason)
         except LoadmasterError as exc:
             self.report_error(f"{'Unpinning' if reason is None else 'Pinning'} step {step}", exc)
+        self.recompute()  # the recorded pins are part of the plan
 
     def action_toggle_milestone(self) -> None:
         if not self.require_writable("change milestones"):
@@ -531,6 +504,7 @@ class RetentionScreen(LoadmasterScreen):
                 ops.unmark_milestone(self.url, step)
         except LoadmasterError as exc:
             self.report_error(f"{'Marking' if marked else 'Unmarking'} milestone {step}", exc)
+        self.recompute()  # the recorded milestones are part of the plan
 
     # ----------------------------------------------------------------- applying
 
