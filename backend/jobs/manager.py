@@ -42,11 +42,14 @@ from backend.jobs.records import (
     TERMINAL,
     JobProgress,
     JobRecord,
+    LaunchCancel,
     new_job_id,
     progress_from_lines,
+    states_text,
 )
 from backend.jobs.remote import (
     CLEANUP_SCRIPT,
+    JOB_ID_RE,
     LAUNCH_SCRIPT,
     PROVE_SCRIPT,
     SCAN_SCRIPT,
@@ -90,6 +93,11 @@ class JobManager:
         self._readonly = readonly
         #: One line per job record the last refresh skipped (node and job named), for the front end.
         self.problems: list[str] = []
+        #: Why the last refresh could not use the state database (None: it could): said once by
+        #: the front ends, never once per node (the nodes were read fine).
+        self.state_down: str | None = None
+        #: job id -> the launch it is one of, for jobs about to be launched (:meth:`expect_launch`).
+        self._launch_of: dict[str, str] = {}
 
     @property
     def readonly(self) -> bool:
@@ -116,6 +124,11 @@ class JobManager:
             self._homes[node] = res.stdout.strip()
         return self._homes[node]
 
+    def expect_launch(self, launch_id: str, job_ids: Iterable[str]) -> None:
+        """The jobs ``job_ids`` about to be started (by whatever starts them) are one launch."""
+        for job_id in job_ids:
+            self._launch_of[job_id] = launch_id
+
     async def launch(
         self,
         node: str,
@@ -125,11 +138,13 @@ class JobManager:
         secrets: dict[str, str] | None = None,
         label: str = "",
         job_id: str | None = None,
+        launch_id: str | None = None,
     ) -> JobRecord:
         """Start a ``kind`` job on ``node`` detached from this console; returns its record.
 
         ``job_id`` is given when something was recorded under it before the start (the pull's
-        egress reservation); by default a new one is made.
+        egress reservation); by default a new one is made. ``launch_id`` (or one given to
+        :meth:`expect_launch` for this job id) records the launch it is one of.
         """
         check_known(kind)
         self.config.node(node)
@@ -139,6 +154,7 @@ class JobManager:
             raise JobError(f"job parameters must be JSON values: {exc}") from None
         t: Transport = self.pool.transport(node)
         job_id = job_id or new_job_id()
+        launch_id = launch_id or self._launch_of.pop(job_id, None)
         known = self._homes.get(node)
         job_dir = f"{known}/{job_id}" if known else None
         now = time.time()
@@ -154,6 +170,7 @@ class JobManager:
             # The database this job counts in: a console of another one adopts it for display
             # but never puts its bytes in its own ledger.
             "state_id": self.db.state_id,
+            **({"launch": launch_id} if launch_id else {}),
         }
         spec_text = json.dumps(spec)
         self.store.insert(spec, job_dir, digest=spec_digest(spec_text), store=_store_name(params))
@@ -303,6 +320,7 @@ class JobManager:
             # Monitoring goes on without the state database: what the nodes say, not recorded
             # (the next refresh with the database back records it, ends included).
             self.problems = problems
+            self.state_down = str(exc)
             return [
                 self._unrecorded(node, rj, res.now or time.time(), str(exc))
                 for node, res in results.items()
@@ -311,6 +329,7 @@ class JobManager:
                 if rj.problem is None
             ]
         self.problems = problems
+        self.state_down = None
         out = []
         for rec in self.records():
             rec = views.get(rec.id, rec)
@@ -531,6 +550,7 @@ class JobManager:
             heartbeat_age=None if rj.beat is None else max(0.0, now - rj.beat),
             note=f"not recorded: {why}",
             recorded=False,
+            launch=launch if isinstance(launch := spec.get("launch"), str) and JOB_ID_RE.fullmatch(launch) else None,
         )
 
     def _on_ended(self, rec: JobRecord) -> None:
@@ -721,12 +741,70 @@ class JobManager:
 
     # -- cancelling ----------------------------------------------------------------------------
 
+    def launch_ids(self, launch_id: str) -> list[str]:
+        """The ids of the jobs of launch ``launch_id`` (exactly that id); [] when it is none."""
+        return self.store.launch_ids(launch_id)
+
+    async def launch_records(self, launch_id: str) -> list[JobRecord]:
+        """Every job of the launch, each re-read on its node (all at once)."""
+        ids = self.launch_ids(launch_id)
+        if not ids:
+            raise JobError(f"no launch {launch_id!r} (see 'loadmaster jobs')")
+        return list(await asyncio.gather(*(self.refresh_job(i) for i in ids)))
+
     async def cancel(self, job_id: str, *, reason: str | None = None) -> JobRecord:
         """Stop the job's process group (SIGTERM, then SIGKILL after the grace period) and record it.
 
         The group is signalled only once it is proven to be the job's (:data:`PROVE_SCRIPT`);
         otherwise only the cancel file is written, which a live runner also obeys.
         """
+        final, detail = await self._cancel_one(job_id)
+        self.db.record_audit("job.cancel", f"{final.node}:{final.id}", final.state, detail=detail, reason=reason)
+        return final
+
+    async def cancel_launch(self, launch_id: str, *, reason: str | None = None) -> LaunchCancel:
+        """Cancel every job of the launch that is still running, all at once, as :meth:`cancel`
+        does one; the jobs that had already ended are left alone. One audit record
+        (``job.cancel``, target ``launch:<id>``) names each job and what became of it."""
+        if self.readonly:
+            raise ReadOnlyRefused("read-only mode: cannot cancel a job (drop --readonly)")
+        recs = await self.launch_records(launch_id)
+        active = [r for r in recs if not r.terminal]
+        if not active:
+            raise JobError(f"launch {launch_id} already ended ({states_text(recs)}); nothing to cancel")
+        got = await asyncio.gather(*(self._cancel_one(r.id) for r in active), return_exceptions=True)
+        finals: list[JobRecord] = []
+        errors: dict[str, str] = {}
+        jobs: dict[str, str] = {}
+        for rec, res in zip(active, got, strict=True):
+            if isinstance(res, asyncio.CancelledError | KeyboardInterrupt):
+                raise res
+            if isinstance(res, BaseException):
+                errors[rec.id] = _why(res)
+                jobs[rec.id] = f"not cancelled: {errors[rec.id]}"
+                continue
+            finals.append(res[0])
+            jobs[rec.id] = res[0].state
+        ended = tuple(r for r in recs if r.terminal)
+        outcome = "cancelled" if not errors and all(f.state == "cancelled" for f in finals) else "partly cancelled"
+        self.db.record_audit(
+            "job.cancel",
+            f"launch:{launch_id}",
+            outcome,
+            detail={
+                "launch": launch_id,
+                "jobs": jobs,
+                "nodes": sorted({r.node for r in active}),
+                "already_ended": {r.id: r.state for r in ended},
+                "kind": active[0].kind,
+                "label": active[0].label,
+            },
+            reason=reason,
+        )
+        return LaunchCancel(launch_id, tuple(finals), errors, ended)
+
+    async def _cancel_one(self, job_id: str) -> tuple[JobRecord, dict[str, Any]]:
+        """:meth:`cancel` without its audit record: the final record and what to audit of it."""
         if self.readonly:
             raise ReadOnlyRefused("read-only mode: cannot cancel a job (drop --readonly)")
         rec = await self.refresh_job(job_id)
@@ -769,19 +847,8 @@ class JobManager:
             await t.write_file(f"{rec.job_dir}/{RESULT_FILE}", json.dumps(result), mode=0o644)
             await self._run_cleanup(rec.node, rec.id, rec.job_dir or "", rec.kind, rec.params)
         final = await self.refresh_job(rec.id)
-        self.db.record_audit(
-            "job.cancel",
-            f"{rec.node}:{rec.id}",
-            final.state,
-            detail={
-                "kind": rec.kind,
-                "killed": killed,
-                "label": rec.label,
-                "group_proven": "NOTOURS" not in res.stdout,
-            },
-            reason=reason,
-        )
-        return final
+        detail = {"kind": rec.kind, "killed": killed, "label": rec.label, "group_proven": "NOTOURS" not in res.stdout}
+        return final, detail
 
 
 def _store_name(params: dict[str, Any]) -> str | None:

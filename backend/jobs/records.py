@@ -27,6 +27,25 @@ def new_job_id() -> str:
     return time.strftime("%m%d-%H%M%S") + "-" + _secrets.token_hex(2)
 
 
+def new_launch_id() -> str:
+    """The id of one launch (a pull to N nodes): shaped like a job id, ``1129-103200-c3d4``."""
+    return new_job_id()
+
+
+def launch_job_ids(launch_id: str, nodes: Iterable[str]) -> dict[str, str]:
+    """node -> the id of its job in the launch: ``<launch>.<n>``, n from 1 in the nodes' order.
+
+    Every job's id starts with its launch's, so the one id on screen names both the job (unique)
+    and the launch it belongs to (what ``job cancel LAUNCH`` takes).
+    """
+    return {node: f"{launch_id}.{i}" for i, node in enumerate(dict.fromkeys(nodes), start=1)}
+
+
+def retry_job_id(launch_id: str | None) -> str:
+    """The id of a job re-run within ``launch_id`` (a relay node fetched again): ``<launch>.r<hex>``."""
+    return f"{launch_id}.r{_secrets.token_hex(2)}" if launch_id else new_job_id()
+
+
 @dataclass(frozen=True)
 class JobProgress:
     """The latest progress point of a job, with the throughput derived from recent points."""
@@ -105,10 +124,17 @@ class JobRecord:
     foreign: str | None = None
     #: Why the job's row cannot be settled (its end is never recorded again); None normally.
     quarantined: str | None = None
+    #: The launch this job is one of (a pull to N nodes: N jobs, one launch); None: started alone.
+    launch: str | None = None
 
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
+
+    @property
+    def launch_key(self) -> str:
+        """What cancels this job with the rest of its launch: the launch id, else its own id."""
+        return self.launch or self.id
 
     @property
     def source(self) -> str:
@@ -122,6 +148,7 @@ class JobRecord:
         """JSON-ready view (``loadmaster jobs --json``)."""
         return {
             "id": self.id,
+            "launch": self.launch,
             "node": self.node,
             "kind": self.kind,
             "state": self.state,
@@ -143,6 +170,21 @@ class JobRecord:
             "foreign": self.foreign,
             "quarantined": self.quarantined,
         }
+
+
+@dataclass(frozen=True)
+class LaunchCancel:
+    """What cancelling a launch did: each running job's final record, the jobs it could not
+    cancel (id -> why) and those that had already ended (left alone)."""
+
+    launch: str
+    finals: tuple[JobRecord, ...]
+    errors: dict[str, str]
+    ended: tuple[JobRecord, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and all(r.state == "cancelled" for r in self.finals)
 
 
 @dataclass(frozen=True)
@@ -204,6 +246,14 @@ def fleet_rollup(records: Iterable[JobRecord]) -> FleetProgress:
         items_total=it if it_known and recs else None,
         rate_bps=rate,
     )
+
+
+def states_text(recs: Iterable[JobRecord]) -> str:
+    """``2 succeeded, 1 failed``: how many jobs are in each state."""
+    counts: dict[str, int] = {}
+    for r in recs:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in counts.items())
 
 
 def progress_from_lines(lines: list[dict[str, Any]]) -> JobProgress | None:

@@ -32,8 +32,8 @@ class JobStore:
         the spec text it sends and the store whose credentials the job may be given."""
         self.db.execute(
             "INSERT INTO jobs (id, node, kind, label, params, state, created, launched_by, launched_from, job_dir,"
-            " updated, state_id, end_recorded, spec_digest, store)"
-            " VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+            " updated, state_id, end_recorded, spec_digest, store, launch_id)"
+            " VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
             (
                 spec["id"],
                 spec["node"],
@@ -48,6 +48,7 @@ class JobStore:
                 spec.get("state_id"),
                 digest,
                 store,
+                spec.get("launch"),
             ),
         )
 
@@ -181,7 +182,14 @@ class JobStore:
             result=result,
             progress=JobProgress(**prog) if prog else None,
             quarantined=_col(row, "quarantined"),
+            launch=_col(row, "launch_id"),
         )
+
+    def launch_ids(self, launch_id: str) -> list[str]:
+        """The ids of the jobs of launch ``launch_id`` (exactly that id), oldest first; [] when
+        it is not a launch."""
+        rows = self.db.query("SELECT id FROM jobs WHERE launch_id = ? ORDER BY created, id", (launch_id,))
+        return [str(r["id"]) for r in rows]
 
     def resolve_id(self, job_id: str) -> str:
         """The full id of a job given its id or a unique prefix of it."""

@@ -1,14 +1,38 @@
-"""Job actions: cancel a running job (its process group proven first; audited ``job.cancel``)."""
+"""Job actions: cancel a running job, or every job of one launch (a pull to N nodes), its process
+groups proven first; audited ``job.cancel`` once per cancel (a launch's is one record)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backend.errors import JobError
 from backend.ops.base import Operation
 
 if TYPE_CHECKING:
-    from backend.jobs.records import JobRecord
+    from backend.jobs.records import JobRecord, LaunchCancel
+
+
+@dataclass(frozen=True)
+class CancelTarget:
+    """What ``job cancel ID`` would stop: one job, or the running jobs of a launch."""
+
+    #: The launch id when ID named a launch; None for one job.
+    launch: str | None
+    #: The jobs it stops (fresh records, none ended).
+    active: tuple[JobRecord, ...]
+    #: A launch's jobs that already ended (left alone).
+    ended: tuple[JobRecord, ...] = ()
+
+    @property
+    def what(self) -> str:
+        """``launch 1202-0354-c3d4 (3 running jobs on node-01, node-02, node-03)`` or ``job X on N``."""
+        if self.launch is None:
+            r = self.active[0]
+            return f"{r.kind} job {r.id} on {r.node}"
+        nodes = ", ".join(sorted({r.node for r in self.active}))
+        left = f"; {len(self.ended)} already ended, left alone" if self.ended else ""
+        return f"launch {self.launch} ({len(self.active)} running job(s) on {nodes}{left})"
 
 
 class Jobs(Operation):
@@ -21,8 +45,27 @@ class Jobs(Operation):
             raise JobError(f"job {rec.id} already ended ({rec.state}); nothing to cancel")
         return rec
 
+    async def target(self, ident: str) -> CancelTarget:
+        """What cancelling ``ident`` stops: the launch of that id (every job still running), else
+        the job of that id (or unique prefix); a JobError when nothing of it runs."""
+        jobs = self.services.jobs
+        if jobs.launch_ids(ident):
+            recs = await jobs.launch_records(ident)
+            active = tuple(r for r in recs if not r.terminal)
+            if not active:
+                from backend.jobs.records import states_text
+
+                raise JobError(f"launch {ident} already ended ({states_text(recs)}); nothing to cancel")
+            return CancelTarget(ident, active, tuple(r for r in recs if r.terminal))
+        return CancelTarget(None, (await self.cancellable(ident),))
+
     async def cancel(self, job_id: str, *, reason: str | None = None) -> JobRecord:
         """SIGTERM the job's process group, SIGKILL after the grace period, clean up; its final record."""
         self.refuse_if_readonly("cancel a job")
         rec = await self.cancellable(job_id)
         return await self.services.jobs.cancel(rec.id, reason=reason)
+
+    async def cancel_launch(self, launch_id: str, *, reason: str | None = None) -> LaunchCancel:
+        """Cancel every running job of the launch at once (one audit record); what became of each."""
+        self.refuse_if_readonly("cancel a launch")
+        return await self.services.jobs.cancel_launch(launch_id, reason=reason)

@@ -79,6 +79,8 @@ class PullStarted:
     request: PullRequest | None = None
     #: relay-ssh: the hops this process carries through SSH (close it once the jobs have ended).
     hops: SshHops | None = None
+    #: The launch the jobs are (``job cancel LAUNCH`` stops them all); each job id starts with it.
+    launch: str | None = None
 
     def needs_retry(self, record: JobRecord) -> bool:
         """A relay node whose job died (lost) or failed: its copy is to be fetched again."""
@@ -197,7 +199,7 @@ class Pulls(Operation):
     async def start(self, req: PullRequest, *, shown: PullPreview | None = None, label: str = "") -> PullStarted:
         """Start the pull: refuse in read-only mode, re-check, gate on egress, launch, audit."""
         from backend.jobs.pull import launch_pull
-        from backend.jobs.records import new_job_id
+        from backend.jobs.records import launch_job_ids, new_launch_id
 
         self.refuse_if_readonly("launch a pull")
         preview = await self._fresh(req, shown)
@@ -210,7 +212,10 @@ class Pulls(Operation):
                 + "; ".join(preview.blockers)
                 + ("" if req.reason else "; give a reason to go over budget (--allow-over-budget)")
             )
-        job_ids = {n.node: new_job_id() for n in plan.nodes}
+        # One launch: every node's job id is <launch>.<n>, and the launch is recorded with each.
+        launch = new_launch_id()
+        job_ids = launch_job_ids(launch, [n.node for n in plan.nodes])
+        self.services.jobs.expect_launch(launch, job_ids.values())
         with signals_cancel_launch():
             reserved = self._reserve(req, plan, job_ids)
             hops = None
@@ -238,6 +243,7 @@ class Pulls(Operation):
             "started",
             reason=req.reason,
             detail={
+                "launch": launch,
                 "dest": plan.dest,
                 "nodes": [r.node for r in records],
                 "jobs": [r.id for r in records],
@@ -248,7 +254,7 @@ class Pulls(Operation):
                 "seeds": plan.store_nodes if plan.topology is not None else None,
             },
         )
-        return PullStarted(plan, records, audit_id, preview.warnings, req, hops)
+        return PullStarted(plan, records, audit_id, preview.warnings, req, hops, launch)
 
     async def retry_from_store(self, started: PullStarted, record: JobRecord, *, label: str = "") -> JobRecord:
         """Fetch a dead relay node's copy from the store: a direct pull to that node alone, priced
@@ -258,7 +264,7 @@ class Pulls(Operation):
         when it returns.
         """
         from backend.jobs.pull import launch_pull
-        from backend.jobs.records import new_job_id
+        from backend.jobs.records import retry_job_id
 
         self.refuse_if_readonly("retry a pull")
         plan = started.plan
@@ -277,7 +283,11 @@ class Pulls(Operation):
             relay_listen={},
             plan_problems=(),
         )
-        job_ids = {record.node: new_job_id()}
+        # The retry is one more job of the same launch (cancelled with it).
+        launch = started.launch or record.launch
+        job_ids = {record.node: retry_job_id(launch)}
+        if launch:
+            self.services.jobs.expect_launch(launch, job_ids.values())
         reason = started.request.reason if started.request else None
         req = started.request or PullRequest(plan.src, plan.dest, record.node, store=plan.store)
         with signals_cancel_launch():

@@ -51,8 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     lg.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
     lg.set_defaults(func=cmd_logs)
-    c = jsub.add_parser("cancel", help="stop the job (SIGTERM, SIGKILL after a grace period), clean up")
-    c.add_argument("id", metavar="ID")
+    c = jsub.add_parser(
+        "cancel",
+        help="stop the job, or every running job of a launch (SIGTERM, SIGKILL after a grace period), clean up",
+    )
+    c.add_argument(
+        "id", metavar="ID", help="a launch id (every job of a pull to N nodes) or a job id (or a unique prefix)"
+    )
     c.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     c.add_argument("--reason", help="recorded in the audit log")
     c.set_defaults(func=cmd_cancel)
@@ -261,19 +266,33 @@ def _confirm(prompt: str, yes: bool) -> None:
 
 
 async def cmd_cancel(args: argparse.Namespace, services: Services) -> int:
-    """Cancel a running job after showing what will happen."""
-    services.ops.jobs.refuse_if_readonly("cancel a job")
-    rec = await services.ops.jobs.cancellable(args.id)
+    """Cancel a running job, or every running job of a launch, after showing what will happen
+    (one confirmation, one audit record)."""
+    ops = services.ops.jobs
+    ops.refuse_if_readonly("cancel a job")
+    target = await ops.target(args.id)
     grace = services.jobs.settings.cancel_grace
-    print(
-        f"cancel {_t(rec.kind)} job {rec.id} on {rec.node} ({_t(progress_text(rec))}):\n"
-        f"  SIGTERM to its process group, SIGKILL after {grace:g}s, then remove its partial output",
-        file=sys.stderr,
-    )
-    _confirm("cancel it?", args.yes)
-    final = await services.ops.jobs.cancel(rec.id, reason=args.reason)
-    print(_t(f"job {final.id}: {final.state}" + (f" ({final.error})" if final.error else "")))
-    return 0 if final.state == "cancelled" else 1
+    groups = "its process group" if target.launch is None else "each job's process group"
+    print(_t(f"cancel {target.what}:"), file=sys.stderr)
+    if target.launch is not None:
+        for r in target.active:
+            print(_t(f"  {r.id} on {r.node} ({progress_text(r)})"), file=sys.stderr)
+    else:
+        print(_t(f"  {progress_text(target.active[0])}"), file=sys.stderr)
+    print(f"  SIGTERM to {groups}, SIGKILL after {grace:g}s, then remove the partial output", file=sys.stderr)
+    _confirm("cancel the launch?" if target.launch is not None else "cancel it?", args.yes)
+    if target.launch is None:
+        final = await ops.cancel(target.active[0].id, reason=args.reason)
+        print(_t(f"job {final.id}: {final.state}" + (f" ({final.error})" if final.error else "")))
+        return 0 if final.state == "cancelled" else 1
+    done = await ops.cancel_launch(target.launch, reason=args.reason)
+    for f in done.finals:
+        print(_t(f"job {f.id} on {f.node}: {f.state}" + (f" ({f.error})" if f.error else "")))
+    for job_id, why in done.errors.items():
+        print(_t(f"job {job_id}: not cancelled: {why}"))
+    cancelled = sum(f.state == "cancelled" for f in done.finals)
+    print(_t(f"launch {done.launch}: {cancelled} of {len(target.active)} running job(s) cancelled"))
+    return 0 if done.ok else 1
 
 
 def _pull_request(args: argparse.Namespace) -> PullRequest:
