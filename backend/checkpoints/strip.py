@@ -171,6 +171,7 @@ async def strip_step(
                                 items_done=done_items,
                                 items_total=len(weights),
                                 shard=name,
+                                source_bytes_read=src_read,
                             )
                     if pending is not None:
                         digests[pending_name] = await pending

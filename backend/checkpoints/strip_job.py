@@ -17,7 +17,11 @@ from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, strip_step
 from backend.storage import ObjectStore
 
 if TYPE_CHECKING:
+    from backend.config import Config
     from backend.jobs.manager import JobManager
+    from backend.jobs.records import JobRecord
+    from backend.services import Services
+    from backend.state import StateDB
 
 
 def strip_params(
@@ -55,8 +59,10 @@ async def launch_strip(
     out_prefix: str | None = None,
     model_prefix: str = "auto",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    job_id: str | None = None,
 ) -> Any:
-    """Launch a "strip" job of ``step_path`` in ``store`` on ``node``; returns its job record."""
+    """Launch a "strip" job of ``step_path`` in ``store`` on ``node``; returns its job record.
+    ``job_id``: the id its egress reservation was made under (``ops.checkpoints.strip``)."""
     from backend.checkpoints.upload import store_secrets
 
     params = strip_params(
@@ -70,7 +76,7 @@ async def launch_strip(
     secrets = await store_secrets(store)
     if out_store is not None:
         secrets.update(await store_secrets(out_store))
-    return await jobs.launch(node, "strip", params, secrets=secrets, label=f"strip {step_path}")
+    return await jobs.launch(node, "strip", params, secrets=secrets, label=f"strip {step_path}", job_id=job_id)
 
 
 def cleanup(ctx: Any) -> None:
@@ -121,5 +127,50 @@ def run_strip_job(ctx: Any) -> dict[str, Any]:
         return asyncio.run(main())
 
 
+class StripKind(FunctionKind):
+    """Kind "strip"; on the console, an ended strip settles its egress reservation to the source
+    bytes it read (a step in a store is read from the node like a pull, see ``backend.ops.reserved``)."""
+
+    def on_ended(self, config: Config, db: StateDB, record: JobRecord) -> None:
+        # Console side only: the runner never imports the ledger.
+        from backend.ledger import reported_bytes, settle_job
+
+        settle_job(config, db, record, reported_bytes(record, "source_bytes_read"))
+
+
 #: Kind "strip" in the job registry (backend.agent.kinds).
-JOB_KIND = FunctionKind("strip", run_strip_job, cleanup)
+JOB_KIND = StripKind("strip", run_strip_job, cleanup)
+
+
+async def launch_strip_reserved(
+    services: Services,
+    node: str,
+    store: ObjectStore,
+    step_path: str,
+    *,
+    reason: str | None = None,
+    **options: Any,
+) -> Any:
+    """:func:`launch_strip` with the egress a node's read of a step in a store costs: the step
+    folder's listed bytes (all a strip can read) quoted, checked against the budget and reserved
+    before the job starts (``reason``: an over-budget override), released if it never starts,
+    settled when it ends (``backend.ops.reserved``). A step on the node's own disk moves no egress."""
+    from backend.jobs.pull import egress_profile
+    from backend.jobs.records import new_job_id
+    from backend.ledger import Reservation
+    from backend.ops.reserved import launch_reserved
+
+    if not store.url.startswith("s3://"):
+        return await launch_strip(services.jobs, node, store, step_path, **options)
+    listed = await store.list(step_path)
+    job_id = new_job_id()
+    profile = getattr(store, "profile", None) or egress_profile(services.config, None, store.url)
+    rec, _ = await launch_reserved(
+        services,
+        profile,
+        [Reservation(job_id, services.config.node(node).site, sum(o.size for o in listed), len(listed))],
+        lambda: launch_strip(services.jobs, node, store, step_path, job_id=job_id, **options),
+        reason=reason,
+        what="strip",
+    )
+    return rec

@@ -65,6 +65,8 @@ class StripRequest:
     out: str | None = None
     model_prefix: str = "auto"
     max_shard_bytes: int | None = None
+    #: On a node, from a store: go over the egress budget under ``action = "confirm"`` (audited).
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ class Checkpoints(Operation):
     async def strip(self, req: StripRequest, *, progress: Callable[..., Any] | None = None) -> Done:
         """Strip one step; a failure here is audited too, then raised."""
         from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, strip_step
-        from backend.checkpoints.strip_job import launch_strip
+        from backend.checkpoints.strip_job import launch_strip_reserved
 
         self.refuse_if_readonly("strip a checkpoint")
         if req.node:
@@ -106,11 +108,12 @@ class Checkpoints(Operation):
         shard = req.max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
         try:
             if req.node:
-                rec = await launch_strip(
-                    self.services.jobs,
+                rec = await launch_strip_reserved(
+                    self.services,
                     req.node,
                     store,
                     step,
+                    reason=req.reason,
                     out_store=out_store,
                     out_prefix="" if out_store else None,
                     model_prefix=req.model_prefix,

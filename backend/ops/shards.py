@@ -67,11 +67,41 @@ class Shards(Operation):
         self.audit("shard.convert", req.dest, "ok", detail={**detail, **result.as_dict()})
         return result
 
-    async def start_on_node(self, node: str, req: ShardRequest) -> JobRecord:
-        """Start the conversion as a durable ``shard`` job on ``node`` (audited ``shard.launch``)."""
+    async def start_on_node(self, node: str, req: ShardRequest, *, reason: str | None = None) -> JobRecord:
+        """Start the conversion as a durable ``shard`` job on ``node`` (audited ``shard.launch``).
+
+        A source in a store is read by the node like a pull: listed here, quoted, checked against
+        the budget and reserved before the job starts (``reason``: an over-budget override), and
+        settled when it ends (``backend.ops.reserved``); a source on the node's own disk is not.
+        """
+        from backend.jobs.records import new_job_id
+        from backend.ledger import Reservation
+        from backend.ops.reserved import launch_reserved
         from backend.shards.job import launch_on_node
 
         self.refuse_if_readonly("start a conversion")
-        self.services.config.node(node)
+        node_cfg = self.services.config.node(node)
+        req.validate()
         sprof, dprof = self._profiles(req)
-        return await launch_on_node(self.services, node, req, sprof, dprof)
+        if not req.src.startswith("s3://"):
+            return await launch_on_node(self.services, node, req, sprof, dprof)
+        pv = await self.preview(req)
+        if not pv.ok:
+            raise JobError(f"not started: cannot shard {req.src}: " + "; ".join(pv.errors))
+        job_id = new_job_id()
+        rec, _ = await launch_reserved(
+            self.services,
+            sprof or _bucket_profile(self.services, req.src),
+            [Reservation(job_id, node_cfg.site, pv.source_bytes, pv.files)],
+            lambda: launch_on_node(self.services, node, req, sprof, dprof, job_id=job_id),
+            reason=reason,
+            what="shard conversion",
+        )
+        return rec
+
+
+def _bucket_profile(services: Any, src: str) -> StoreProfile:
+    """An s3:// source outside every configured store: priced as its bare bucket, like a pull."""
+    from backend.jobs.pull import egress_profile
+
+    return egress_profile(services.config, None, src)

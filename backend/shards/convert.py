@@ -177,6 +177,7 @@ class _Progress:
         self.samples_done = sum(len(s.samples) for s in done)
         self.bytes_done = sum(s.nbytes for s in done)
         self.shards_done = len(done)
+        self.source_read = 0
         self._base_samples, self._base_bytes = self.samples_done, self.bytes_done
         self.started = time.monotonic()
         self._last = 0.0
@@ -195,6 +196,7 @@ class _Progress:
             (self.bytes_done - self._base_bytes) / el / 1e6,
             phase,
             final,
+            self.source_read,
         )
 
     def tick(self, *, force: bool = False, final: bool = False) -> None:
@@ -245,6 +247,7 @@ def _write_shards(
         out = None  # committed: no longer ours to remove on failure
         entries.append(entry)
         progress.shards_done += 1
+        progress.source_read += sum(s.nbytes for s in shard.samples)
         progress.bytes_done = bytes_before + shard.nbytes  # members plus the end-of-archive
         progress.tick(force=True)
 

@@ -19,7 +19,10 @@ from backend.shards.model import ShardProgress, ShardRequest
 from backend.storage import Credentials, S3Store
 
 if TYPE_CHECKING:
+    from backend.config import Config
+    from backend.jobs.records import JobRecord
     from backend.services import Services
+    from backend.state import StateDB
 
 
 async def job_secrets(*locations: tuple[str, StoreProfile | None]) -> dict[str, str]:
@@ -36,8 +39,11 @@ async def launch_on_node(
     req: ShardRequest,
     src_profile: StoreProfile | None,
     dest_profile: StoreProfile | None,
+    *,
+    job_id: str | None = None,
 ) -> Any:
-    """Start the conversion as a durable ``shard`` job on ``node`` (audited); returns its JobRecord."""
+    """Start the conversion as a durable ``shard`` job on ``node`` (audited); returns its JobRecord.
+    ``job_id``: the id its egress reservation was made under (``Shards.start_on_node``)."""
     node_cfg = services.config.node(node)
     req.validate()
     if req.spool_dir is None and req.dest.startswith("s3://"):
@@ -51,6 +57,7 @@ async def launch_on_node(
         job_params(req, src_profile, dest_profile),
         secrets=secrets,
         label=f"shard {req.src} -> {req.dest}",
+        job_id=job_id,
     )
     services.db.record_audit(
         "shard.launch",
@@ -86,7 +93,10 @@ def run_shard_job(ctx: Any) -> dict[str, Any]:
     has_creds = creds is not None
     req = ShardRequest.from_params(ctx.params)
 
+    read = [0]
+
     def report(p: ShardProgress) -> None:
+        read[0] = p.source_bytes_read
         ctx.progress(
             bytes_done=p.bytes_done,
             bytes_total=p.bytes_total,
@@ -98,6 +108,7 @@ def run_shard_job(ctx: Any) -> dict[str, Any]:
             mb_per_s=round(p.mb_per_s, 2),
             phase=p.phase,
             final=p.final,
+            source_bytes_read=p.source_bytes_read,
         )
 
     result = convert_sync(
@@ -110,7 +121,9 @@ def run_shard_job(ctx: Any) -> dict[str, Any]:
         credentials=creds,
     )
     ctx.log(result.manifest.summary())
-    return result.as_dict()
+    # What this run read from the source (resumed shards were not read again): the bytes its
+    # egress reservation settles to.
+    return {**result.as_dict(), "source_bytes_read": read[0]}
 
 
 def cleanup(ctx: Any) -> None:
@@ -127,4 +140,15 @@ def cleanup(ctx: Any) -> None:
                 pass
 
 
-JOB_KIND = FunctionKind("shard", run_shard_job, cleanup)
+class ShardKind(FunctionKind):
+    """Kind "shard"; on the console, an ended conversion settles its egress reservation (a
+    source in a store is read from the node like a pull, see ``backend.ops.reserved``)."""
+
+    def on_ended(self, config: Config, db: StateDB, record: JobRecord) -> None:
+        # Console side only: the runner never imports the ledger.
+        from backend.ledger import reported_bytes, settle_job
+
+        settle_job(config, db, record, reported_bytes(record, "source_bytes_read"))
+
+
+JOB_KIND = ShardKind("shard", run_shard_job, cleanup)

@@ -97,6 +97,8 @@ class ShardProgress:
     mb_per_s: float
     phase: str = "writing"
     final: bool = False
+    #: Source bytes this run has read (the samples of the shards it committed).
+    source_bytes_read: int = 0
 
 
 @dataclass(frozen=True)

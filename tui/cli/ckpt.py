@@ -75,6 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="largest shard (default 5GB)",
     )
     st.add_argument("--node", metavar="NAME", help="run as a durable job on this node instead of here")
+    st.add_argument(
+        "--allow-over-budget",
+        metavar="REASON",
+        help="with --node and a step in an s3:// store: start although the egress guard asks for "
+        "confirmation (recorded with REASON)",
+    )
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(func=cmd_strip)
 
@@ -186,6 +192,7 @@ async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
             out=args.out,
             model_prefix=args.model_prefix,
             max_shard_bytes=args.max_shard_size,
+            reason=args.allow_over_budget,
         )
     )
     if done.job is not None:

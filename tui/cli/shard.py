@@ -21,7 +21,7 @@ from tui.cli.argtypes import size_arg
 USAGE = (
     "loadmaster shard SRC DEST [--shard-size 512MB] [--pattern shard-%06d.tar] [--node NAME] "
     "[--shuffle SEED] [--workers N] [--overwrite | --resume] [--incomplete error|skip|keep] "
-    "[--dry-run] [--json]\n       loadmaster shard verify DEST [--json]"
+    "[--allow-over-budget REASON] [--dry-run] [--json]\n       loadmaster shard verify DEST [--json]"
 )
 
 
@@ -41,6 +41,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--pattern", help="shard file name pattern (default shard-%%06d.tar)")
     p.add_argument("--node", metavar="NAME", help="run the conversion as a durable job on this node")
+    p.add_argument(
+        "--allow-over-budget",
+        metavar="REASON",
+        help="with --node and an s3:// source: start although the egress guard asks for confirmation "
+        "(recorded with REASON)",
+    )
     p.add_argument("--shuffle", type=int, metavar="SEED", help="shuffle sample order with this seed")
     p.add_argument(
         "--workers",
@@ -112,7 +118,7 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
     if args.node:
         if args.dry_run:
             raise ConfigError("--dry-run previews on this machine; drop --node to preview")
-        rec = await shards.start_on_node(args.node, req)
+        rec = await shards.start_on_node(args.node, req, reason=args.allow_over_budget)
         if args.json:
             print(json.dumps({"job": rec.id, "node": args.node, "src": src, "dest": dest}))
         else:

@@ -1,0 +1,214 @@
+"""Every command that reads a store from a node is quoted, reserved and ledgered like a pull (#28).
+
+``shard`` from an s3:// source and ``ckpt strip --node`` of a step in the lab's SeaweedFS, run on
+real sshd nodes: the launch reserves the bytes the node will read (a block budget refuses it with
+nothing started), a SIGTERM during the launch releases the reservation, and the job's end settles
+it, capped by the reservation even when a hostile node reports more bytes than were reserved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.config import load_config_file
+from backend.lab import Lab
+from backend.ledger import SETTLE_SLACK
+from backend.services import Services
+from tests.checkpoints.conftest import tiny_full_dcp  # noqa: F401 - a fixture, used by name
+from tests.helpers import write_lab_config
+from tests.security.hostile_node import NAME, HostileNode, start_hostile_node
+from tui.cli import main as cli_main
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
+LOADMASTER = str(Path(sys.executable).parent / "loadmaster")
+BLOCK = '\n[egress]\nper_transfer_limit_usd = 0.0000001\naction = "block"\n'
+
+
+@pytest.fixture(scope="module")
+def hostile(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> HostileNode:  # type: ignore[misc]
+    yield from start_hostile_node(lab, tmp_path_factory.mktemp("hostile-reads"))
+
+
+@pytest.fixture
+def shard_src(lab: Lab, s3: Any) -> tuple[str, int]:
+    """40 samples (80 small objects) under a fresh prefix of the lab bucket; (url, total bytes)."""
+    prefix = f"shardsrc-{secrets.token_hex(3)}"
+    client = s3.client()
+    total = 0
+    for i in range(40):
+        for ext, body in (("cls", str(i % 7).encode()), ("bin", bytes([i]) * (300 + i))):
+            client.put_object(Bucket=lab.bucket, Key=f"{prefix}/{i:04d}.{ext}", Body=body)
+            total += len(body)
+    return f"s3://{lab.bucket}/{prefix}", total
+
+
+def _ledger(state: Path) -> list[tuple[Any, ...]]:
+    db = sqlite3.connect(state / "state.sqlite3")
+    try:
+        return db.execute("SELECT job_id, state, bytes, quoted_bytes, store, note FROM egress_ledger").fetchall()
+    finally:
+        db.close()
+
+
+def _jobs(state: Path) -> int:
+    db = sqlite3.connect(state / "state.sqlite3")
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+    finally:
+        db.close()
+
+
+async def _wait(cfg: Path, job_id: str) -> Any:
+    svc = Services(config=load_config_file(cfg))
+    try:
+        return await svc.jobs.wait(job_id, timeout=180)
+    finally:
+        await svc.aclose()
+
+
+def test_a_shard_on_a_node_reserves_the_source_then_settles_to_what_it_read(
+    lab: Lab, shard_src: tuple[str, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    url, total = shard_src
+    state = tmp_path / "state"
+    cfg = write_lab_config(lab, tmp_path / "lm.toml", state)
+    dest = lab.node("node-01").scratch / f"shards-{tmp_path.name[-8:]}"
+    args = ["--config", str(cfg), "shard", url, str(dest), "--shard-size", "4KB", "--node", "node-01", "--json"]
+    assert cli_main(args) == 0
+    job_id = json.loads(capsys.readouterr().out)["job"]
+    [(jid, st, nbytes, quoted, store, _)] = _ledger(state)
+    assert (jid, nbytes, quoted, store) == (job_id, total, total, "lab")
+    assert st in ("reserved", "settled")
+    rec = asyncio.run(_wait(cfg, job_id))
+    assert rec.state == "succeeded", rec.error
+    assert rec.result["source_bytes_read"] == total
+    [(jid, st, nbytes, quoted, _, note)] = _ledger(state)
+    assert (jid, st, nbytes, quoted) == (job_id, "settled", total, total)
+    assert "capped" not in note
+
+
+def test_a_block_budget_refuses_a_shard_and_a_strip_and_starts_nothing(
+    lab: Lab,
+    shard_src: tuple[str, int],
+    tiny_full_dcp: tuple[Path, dict[str, Any]],  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url, _ = shard_src
+    run = f"blocked-{tmp_path.name[-8:]}"
+    free = write_lab_config(lab, tmp_path / "free.toml", tmp_path / "free-state")
+    assert cli_main(["--config", str(free), "upload", str(tiny_full_dcp[0]), f"lab/{run}/step-10"]) == 0
+    state = tmp_path / "state"
+    cfg = write_lab_config(lab, tmp_path / "lm.toml", state, BLOCK)
+    dest = lab.node("node-01").scratch / f"blocked-{tmp_path.name[-8:]}"
+    capsys.readouterr()
+    assert cli_main(["--config", str(cfg), "shard", url, str(dest), "--node", "node-01"]) == 2
+    err = capsys.readouterr().err
+    assert "not started: the egress guard blocks this shard conversion" in err and err.count("\n") == 1
+    assert cli_main(["--config", str(cfg), "ckpt", "strip", f"lab/{run}/step-10", "--node", "node-01"]) == 2
+    err = capsys.readouterr().err
+    assert "not started: the egress guard blocks this strip" in err and err.count("\n") == 1
+    # Nothing reserved, nothing recorded, nothing on the node.
+    assert _ledger(state) == [] and _jobs(state) == 0
+    assert not dest.exists()
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    while not path.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the command ended before its launch reached the node: {err or out}")
+        time.sleep(0.05)
+
+
+def test_sigterm_during_a_shard_launch_releases_its_reservation(
+    lab: Lab, hostile: HostileNode, shard_src: tuple[str, int], tmp_path: Path
+) -> None:
+    url, total = shard_src
+    hostile.clear()
+    hostile.hang_launches()
+    state = tmp_path / "state"
+    try:
+        cfg = write_lab_config(lab, tmp_path / "lm.toml", state, hostile.config_section())
+        proc = subprocess.Popen(
+            [LOADMASTER, "--config", str(cfg), "shard", url, str(hostile.node.scratch / "out"), "--node", NAME],
+            env={**os.environ, **lab.env()},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _wait_for(hostile.launch_marker, proc)
+        [(_, st, nbytes, *_)] = _ledger(state)
+        assert (st, nbytes) == ("reserved", total)  # reserved before the node was asked
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+        assert proc.returncode == -signal.SIGTERM
+        [(_, st, *_)] = _ledger(state)
+        assert st == "released"
+    finally:
+        hostile.hang_launches(on=False)
+
+
+def _forge(path: Path, key: str, value: Any) -> None:
+    """Rewrite every ``key`` in the node's JSON file as an attacker would."""
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: (value if k == key else walk(x)) for k, x in v.items()}
+        return v
+
+    path.write_text(json.dumps(walk(json.loads(path.read_text()))))
+
+
+@pytest.mark.parametrize(
+    ("said", "counted"),
+    [(10**15, "cap"), ("1e30", "reserved"), (-5, "reserved")],
+    ids=["more-than-reserved", "not-a-number", "negative"],
+)
+def test_a_hostile_node_cannot_settle_a_shard_above_its_reservation(
+    lab: Lab,
+    hostile: HostileNode,
+    shard_src: tuple[str, int],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    said: Any,
+    counted: str,
+) -> None:
+    url, total = shard_src
+    hostile.clear()
+    state = tmp_path / "state"
+    cfg = write_lab_config(lab, tmp_path / "lm.toml", state, hostile.config_section())
+    dest = hostile.node.scratch / f"out-{tmp_path.name[-8:]}"
+    assert cli_main(["--config", str(cfg), "shard", url, str(dest), "--node", NAME, "--json"]) == 0
+    job_id = json.loads(capsys.readouterr().out)["job"]
+    result = hostile.jobs / job_id / "result.json"
+    deadline = time.monotonic() + 180
+    while not result.exists():  # the job really runs on the node; no console watches it end
+        assert time.monotonic() < deadline, "the shard job never finished on the node"
+        time.sleep(0.1)
+    assert "source_bytes_read" in result.read_text()
+    _forge(result, "source_bytes_read", said)
+    # A refresh settles it: never more than its reservation allows.
+    assert cli_main(["--config", str(cfg), "jobs", "--json", "--limit", "1000"]) in (0, 4)
+    capsys.readouterr()
+    [(jid, st, nbytes, quoted, _, note)] = _ledger(state)
+    assert (jid, st, quoted) == (job_id, "settled", total)
+    if counted == "cap":
+        assert nbytes == int(total * SETTLE_SLACK)
+        assert f"the node reported {said}" in note and "capped at its reservation" in note
+    else:
+        assert nbytes == total
+        assert "unreadable: counted at its reservation" in note
