@@ -70,6 +70,7 @@ class LoadmasterCommands(Provider):
         out.append(("Help: keys", "List every key binding (key ?)", app.action_help))
         out.append(("Errors", "Recent errors with details (key e)", app.action_errors))
         out.append(("Audit log", "Every operator's guarded and destructive actions (key L)", app.action_audit))
+        out.append(("Triage: a Slurm job or nodes", "Suspects, evidence, exact commands (key T)", app.open_triage))
         out.append(("Quit", "Close the console (key q)", app.action_quit))
         for spec in SCREEN_SPECS:
             cls = app.screen_class(spec)
@@ -105,6 +106,7 @@ class LoadmasterApp(App[int]):
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("e", "errors", "Errors"),
         Binding("L", "audit", "Audit log", show=False),
+        Binding("T", "triage", "Triage"),
         Binding("ctrl+t", "cycle_theme", "Next theme", show=False),
         Binding("escape", "back", "Back", show=False),
         Binding("q", "quit", "Quit"),
@@ -117,6 +119,7 @@ class LoadmasterApp(App[int]):
     | ? | Keys of the console and the current screen. |
     | e | Recent errors with details. |
     | L | The audit log: every operator's guarded and destructive actions. |
+    | T | Triage what is selected: the node (node detail, Fleet), the alert's node or Slurm job. |
     | ctrl+t | Next loadmaster theme (remembered). |
     | ctrl+p | Command palette. |
     | escape | Close a pushed screen (help, errors, dialogs). |
@@ -324,6 +327,36 @@ class LoadmasterApp(App[int]):
         if not isinstance(self.screen, AuditScreen):
             self.push_screen(AuditScreen(self.services))
 
+    def open_triage(self, job: str | None = None, nodes: str | None = None, run: str | None = None) -> None:
+        """Push the Triage screen for a Slurm job or nodes (with neither, it asks which)."""
+        from tui.screens.triage import TriageScreen
+
+        self.push_screen(TriageScreen(self.services, job=job, nodes=nodes, run=run))
+
+    def triage_target(self) -> dict[str, str] | None:
+        """What the active screen would triage: its ``triage_target()``, its ``selected_node()``,
+        or the node a node detail shows; None when it names nothing."""
+        screen = self.screen
+        for hook in ("triage_target", "selected_node"):
+            fn = getattr(screen, hook, None)
+            if callable(fn):
+                got = fn()
+                return ({"nodes": got} if isinstance(got, str) else got) or None
+        name = getattr(screen, "node_name", None)
+        return {"nodes": name} if isinstance(name, str) and name else None
+
+    def action_triage(self) -> None:
+        """Triage what the active screen has selected (key T)."""
+        from tui.screens.triage import TriageScreen
+
+        if isinstance(self.screen, TriageScreen):
+            return
+        target = self.triage_target()
+        if target is None:
+            self.notify("nothing selected to triage: pick a node or an alert", severity="warning")
+            return
+        self.open_triage(**target)
+
     async def action_back(self) -> None:
         """Close the top pushed screen (never the screen of a mode)."""
         if len(self.screen_stack) > 1:
@@ -333,6 +366,10 @@ class LoadmasterApp(App[int]):
         if action == "back":
             # Let escape reach widgets (inputs, tables) when there is nothing to go back from.
             return len(self.screen_stack) > 1
+        if action == "triage":
+            # Shown only where a screen can say what to triage (see triage_target).
+            s = self.screen
+            return any(hasattr(s, h) for h in ("triage_target", "selected_node", "node_name"))
         return True
 
     def get_system_commands(self, screen: Screen[Any]) -> Any:

@@ -4,12 +4,15 @@
 | :- | :- |
 | triage a Slurm job's nodes | ``await ops.triage.run(job="1234")`` |
 | triage named nodes | ``await ops.triage.run(nodes=["node-01", "node-02"])`` |
+| stage a restart: the pick and the pull | ``plan = await ops.triage.restage_plan(run, "node-[01-02]")`` |
+| pull it (relayed, verified, audited) | ``await ops.triage.restage(plan)`` |
 
 Each node is read once over its transport (one script: the GPU health query, the remapped-rows
 query, the kernel log's Xids), all nodes at once; with ``[slurm] enabled`` Slurm's state, reason
 and GPU count join in. The result (:class:`backend.triage.analyze.TriageReport`) ranks suspects
 with their evidence and carries the commands to exclude, drain and resume: shown, never run.
-Nothing here changes anything, so it runs in read-only mode too.
+Triage changes nothing, so it runs in read-only mode too; ``restage`` launches a pull and is
+refused there (and audited everywhere).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from backend.errors import ConfigError, LoadmasterError
+from backend.errors import ConfigError, LoadmasterError, PolicyError
 from backend.ops.base import Operation
 from backend.slurm.model import SlurmSnapshot
 from backend.slurm.parse import expand_nodes
@@ -34,6 +38,12 @@ NODE_TIMEOUT_S = 20.0
 XID_WINDOW_S = 24 * 3600.0
 #: Nodes read at once.
 PARALLEL = 64
+#: How long ``restage`` waits for the nodes to hold the step before reporting them not ready.
+RESTAGE_WAIT_S = 3600.0
+
+if TYPE_CHECKING:
+    from backend.jobs.records import JobRecord
+    from backend.triage.restage import RestagePlan, RestageResult
 
 
 class Triage(Operation):
@@ -76,16 +86,131 @@ class Triage(Operation):
         else:
             healths = list(await asyncio.gather(*(self._read(n, snap, sem, unknown) for n in names)))
         report = analyze(healths, job=job)
-        if run is not None:
-            from backend.triage.restart import newest_resumable, restage_command
+        from backend.triage import goodput
 
-            ck = await newest_resumable(self.services, run)
+        failures, failures_from, why_no = await self._restarts(job, snap)
+        if run is not None:
+            from backend.triage.restart import restage_command, resumable_and_history
+
+            ck, history = await resumable_and_history(self.services, run)
             accused = {x.node for x in report.suspects}
             cmd = restage_command(
                 ck, [n.node for n in report.nodes if n.node not in accused and n.reachable and n.read]
             )
+            good = goodput.compute(
+                history,
+                proven_step=ck.get("step"),
+                failures=failures,
+                failures_from=failures_from,
+                why_no_failures=why_no,
+            )
             report = replace(report, checkpoint=ck, commands=report.commands + ((cmd,) if cmd else ()))
-        return report
+        else:
+            good = goodput.compute(
+                [],
+                proven_step=None,
+                failures=failures,
+                failures_from=failures_from,
+                why_no_failures=why_no,
+                why_no_steps="no run given (--run URL, or the run mapped to the job)",
+            )
+        return replace(report, goodput=good)
+
+    async def _restarts(self, job: str | None, snap: SlurmSnapshot | None) -> tuple[int | None, str | None, str]:
+        """How often Slurm restarted or requeued ``job`` (``scontrol show job``'s ``Restarts``), where
+        that came from, and why it is unknown when it is."""
+        if job is None:
+            return None, None, "no Slurm job given (--job): restarts and requeues unknown"
+        from backend.slurm.parse import key_values
+
+        slurm = self.services.ops.slurm
+        try:
+            res = await slurm.client.run(slurm.client.argv("scontrol", "show", "job", "-o", job.strip()))
+        except LoadmasterError as exc:
+            return None, None, f"scontrol show job {job.strip()} failed: {safe_text(str(exc), 120)}"
+        line = next((ln for ln in res.stdout.decode(errors="replace").splitlines() if "JobId=" in ln), "")
+        restarts = key_values(line).get("Restarts", "")
+        if not restarts.isdigit():
+            return None, None, f"Slurm's record of job {job.strip()} has no restart count"
+        return int(restarts), f"Slurm's restart/requeue count of job {job.strip()}", ""
+
+    async def restage_plan(
+        self, run: str, nodes: str, *, dest: str | None = None, reason: str | None = None
+    ) -> RestagePlan:
+        """The newest step proven resumable in ``run`` and the pull (relay fan-out) that brings it
+        to ``nodes``, quoted; no proof, no pick (``refused`` says why). Read-only services may plan."""
+        from backend.ops.pull import PullRequest
+        from backend.triage.restage import RestagePlan
+        from backend.triage.restart import newest_resumable
+
+        if not nodes.strip():
+            raise ConfigError("name the nodes that will resume (--nodes LIST)", key="--nodes")
+        ck = await newest_resumable(self.services, run)
+        url = str(ck.get("url") or "")
+        if ck.get("step") is None:
+            return RestagePlan(run, nodes, ck, None, str(ck.get("why") or "no step proves resumable"))
+        if not url.startswith("s3://"):
+            why = f"the run is not in an object store ({safe_text(url, 120)}): restage pulls from s3:// runs"
+            return RestagePlan(run, nodes, ck, None, why)
+        path = str(ck["path"]).strip("/")
+        src = f"{url.rstrip('/')}/{path}/"
+        req = PullRequest(src, dest or f"restart/{path.rsplit('/', 1)[-1]}", nodes, fanout="relay", reason=reason)
+        return RestagePlan(run, nodes, ck, await self.services.ops.pulls.plan(req))
+
+    async def restage(self, plan: RestagePlan, *, wait_s: float = RESTAGE_WAIT_S) -> RestageResult:
+        """Pull the picked step once and relay it to the plan's nodes; wait until every node holds
+        it verified (or ``wait_s`` passes). Refused in read-only mode and without a pick; audited."""
+        from backend.triage.restage import RestageResult
+
+        self.refuse_if_readonly("restage a run")
+        if plan.preview is None or plan.refused:
+            self.audit("triage.restage", plan.run, "refused", detail={"nodes": plan.nodes, "why": plan.refused})
+            raise PolicyError(f"not restaged: {plan.refused or 'no plan'}")
+        step = plan.checkpoint.get("step")
+        t0 = time.monotonic()
+        started = await self.services.ops.pulls.start(
+            plan.preview.request, shown=plan.preview, label=f"restage {plan.run} step {step}"
+        )
+        try:
+            records = await self._follow(list(started.records), t0 + wait_s)
+        finally:
+            if started.hops is not None:
+                await started.hops.close()
+        elapsed = time.monotonic() - t0
+        ok = all(r.state == "succeeded" for r in records)
+        p = started.plan
+        store = p.store_cost[0] if p.store_cost else p.total_bytes * len(p.store_nodes)
+        direct = p.direct_cost[0] if p.direct_cost else p.total_bytes * len(p.nodes)
+        audit_id = self.audit(
+            "triage.restage",
+            plan.run,
+            "staged" if ok else "not-ready",
+            reason=plan.preview.request.reason,
+            detail={
+                "step": step,
+                "path": plan.checkpoint.get("path"),
+                "nodes": [r.node for r in records],
+                "jobs": [r.id for r in records],
+                "ready_s": round(elapsed, 3) if ok else None,
+                "store_bytes": store,
+                "direct_bytes": direct,
+                "pull_audit": started.audit_id,
+            },
+        )
+        return RestageResult(
+            plan, tuple(records), elapsed if ok else None, elapsed, store, direct, p.saved_usd, audit_id
+        )
+
+    async def _follow(self, records: list[JobRecord], deadline: float) -> list[JobRecord]:
+        """Wait on the nodes (up to 2 s a round) until every job has ended or ``deadline`` passes."""
+        jobs = self.services.jobs
+        current = records
+        while True:
+            current = list(await asyncio.gather(*(jobs.refresh_job(r.id, max_wait=2.0) for r in records)))
+            if all(r.terminal for r in current) or time.monotonic() > deadline:
+                return current
+            if any(r.note for r in current):
+                await asyncio.sleep(jobs.settings.poll_interval)  # a node does not answer: do not spin
 
     def _source(self, source: str | None) -> str:
         tel = self.services.config.section(TelemetrySettings)

@@ -106,6 +106,8 @@ class TriageReport:
     checkpoint: dict[str, Any] | None = field(default=None)
     #: The busy GPUs furthest below the medians (SM clock, utilisation, power), flagged or not.
     slowest: tuple[SlowGpu, ...] = ()
+    #: :class:`backend.triage.goodput.Goodput` of the run (with ``--run``), else None.
+    goodput: Any = None
 
     @property
     def exclude(self) -> str | None:
@@ -134,6 +136,7 @@ class TriageReport:
             "nodes": [_node_json(n) for n in self.nodes],
             "checkpoint": self.checkpoint,
             "slowest": [asdict(r) for r in self.slowest],
+            "goodput": self.goodput.as_json() if self.goodput is not None else None,
         }
 
 

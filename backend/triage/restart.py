@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from backend.services import Services
+    from backend.triage.goodput import StepTime
 
 #: Full steps proven (newest first) before giving up.
 PROVE_AT_MOST = 3
@@ -19,8 +20,15 @@ PROVE_AT_MOST = 3
 async def newest_resumable(services: Services, ref: str) -> dict[str, Any]:
     """``{"url", "step", "path", "bytes", "saved_at", "newer_unusable": [...], "steps_lost_at_least"}``;
     ``step`` None (with ``why``) when no step proves resumable."""
+    return (await resumable_and_history(services, ref))[0]
+
+
+async def resumable_and_history(services: Services, ref: str) -> tuple[dict[str, Any], list[StepTime]]:
+    """:func:`newest_resumable`'s answer and the run's full steps with their times (for goodput),
+    from one listing of the run."""
     from backend.retention.apply import fetch_catalog, prove_steps
     from backend.retention.marks import canonical_run
+    from backend.triage.goodput import StepTime
 
     url, _ = canonical_run(services, ref)
     refused: list[dict[str, Any]] = []
@@ -42,10 +50,15 @@ async def newest_resumable(services: Services, ref: str) -> dict[str, Any]:
         for s in numbered
         if s.step is not None and s.step > after and s.kind != "full"
     ]
+    history = [
+        StepTime(s.step, s.mtime, _span([o.mtime for o in s.objects]))
+        for s in numbered
+        if s.step is not None and s.kind == "full"
+    ]
     out: dict[str, Any] = {"url": url, "newer_unusable": refused + newer}
     if pick is None:
         out.update(step=None, why="no step proves resumable (deny by default: no proof, no pick)")
-        return out
+        return out, history
     out.update(
         step=pick.step,
         path=pick.path,
@@ -54,7 +67,12 @@ async def newest_resumable(services: Services, ref: str) -> dict[str, Any]:
         proof="verified",
         steps_lost_at_least=(newest - pick.step) if newest is not None and pick.step is not None else None,
     )
-    return out
+    return out, history
+
+
+def _span(times: list[float]) -> float | None:
+    """How long a step's files took to write, as far as their times tell (None: not measurable)."""
+    return max(times) - min(times) if len(times) >= 2 and max(times) > min(times) else None
 
 
 def restart_lines(ck: dict[str, Any]) -> list[str]:
@@ -80,14 +98,12 @@ def restart_lines(ck: dict[str, Any]) -> list[str]:
 
 
 def restage_command(ck: dict[str, Any], nodes: list[str]) -> str | None:
-    """The pull that stages the picked step on the nodes that will resume (pulled once from the
-    store, relayed between them), shown and not run; None without a pick, nodes or an s3:// run."""
+    """The command that stages the picked step on the nodes that will resume (``loadmaster
+    restage``: pulled once from the store, relayed between them, verified), shown and not run;
+    None without a pick, nodes or an s3:// run."""
     import shlex
 
     url = str(ck.get("url") or "")
     if ck.get("step") is None or not nodes or not url.startswith("s3://"):
         return None
-    path = str(ck["path"]).strip("/")
-    src = f"{url.rstrip('/')}/{path}/"
-    dest = f"restart/{path.rsplit('/', 1)[-1]}"
-    return shlex.join(["loadmaster", "pull", src, dest, "--nodes", ",".join(nodes), "--fanout", "relay"])
+    return shlex.join(["loadmaster", "restage", url, "--nodes", ",".join(nodes)])

@@ -61,7 +61,7 @@ def test_restage_command_pulls_the_pick_to_the_nodes_that_resume() -> None:
 
     ck = {"url": "s3://ckpt/llama/run7", "step": 4800, "path": "step-4800"}
     assert restage_command(ck, ["node-01", "node-03"]) == (
-        "loadmaster pull s3://ckpt/llama/run7/step-4800/ restart/step-4800 --nodes node-01,node-03 --fanout relay"
+        "loadmaster restage s3://ckpt/llama/run7 --nodes node-01,node-03"
     )
     assert restage_command({**ck, "step": None}, ["node-01"]) is None
     assert restage_command({**ck, "url": "/data/run7"}, ["node-01"]) is None

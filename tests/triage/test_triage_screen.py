@@ -51,3 +51,91 @@ async def test_screen_ranks_the_suspect_with_evidence_and_commands(tmp_path: Pat
         await pilot.pause()
         assert not isinstance(app.screen, TriageScreen)
     services.db.close()
+
+
+def _services(tmp_path: Path, **sections: object) -> Services:
+    raw: dict[str, object] = {
+        "nodes": [{"name": "here", "transport": "local"}],
+        "state": {"dir": str(tmp_path / "state")},
+        **sections,
+    }
+    return Services(parse_config(raw, file="t.toml", base=tmp_path))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+async def test_key_T_on_a_node_opens_triage_with_suspects_and_commands_on_screen(
+    tmp_path: Path, sick_gpu: Path, size: tuple[int, int]
+) -> None:
+    from tests.tui.test_terminal_sizes import screen_text
+    from tui.screens.node_detail import NodeDetailScreen
+
+    services = _services(tmp_path)
+    app = LoadmasterApp(services)
+    async with app.run_test(size=size) as pilot:
+        await app.push_screen(NodeDetailScreen(services, "here"))
+        await pilot.pause()
+        assert app.triage_target() == {"nodes": "here"}
+        await pilot.press("T")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, TriageScreen) and screen.nodes == "here" and screen.job is None
+        table = screen.query_one(DataTable)
+        await wait_until(pilot, lambda: table.row_count == 1, rounds=600, delay=0.05)
+        await pilot.pause()
+        text = screen_text(app.export_screenshot())
+        # The suspect, the exact commands and the way out are all on the first screen.
+        assert "here" in text and "remap-pending" in text, text
+        assert "--exclude=here" in text and "loadmaster drain here --reason" in text, text
+        assert "goodput ?:" in text or size == (80, 24), text
+        commands = screen.query_one("#triage-commands", Static)
+        assert commands.region.bottom <= size[1] - 1, (commands.region, text)
+        assert "Back" in text.rstrip().splitlines()[-1]
+        # T does nothing on the Triage screen itself (not offered there).
+        assert app.triage_target() is None
+    services.db.close()
+
+
+async def test_opened_with_nothing_it_asks_for_a_job_or_nodes(tmp_path: Path, sick_gpu: Path) -> None:
+    from textual.widgets import Input
+
+    services = _services(tmp_path)
+    app = LoadmasterApp(services)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.open_triage()
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, TriageScreen)
+        ask = screen.query_one("#triage-ask", Input)
+        assert ask.has_focus
+        await pilot.press(*"here", "enter")
+        table = screen.query_one(DataTable)
+        await wait_until(pilot, lambda: table.row_count == 1, rounds=600, delay=0.05)
+        assert screen.nodes == "here" and not ask.display
+        # Without a run, S says what is missing and stages nothing.
+        await pilot.press("S")
+        await pilot.pause()
+        assert any("no run to restage" in n.message for n in app._notifications)
+    services.db.close()
+
+
+async def test_key_T_on_an_alert_triages_its_node_or_its_slurm_job(tmp_path: Path, sick_gpu: Path, am_lab) -> None:  # type: ignore[no-untyped-def]
+    from tests.am_fixtures import unique
+    from tests.tui.test_alerts_screen import alert, apost, wait_for_alert
+
+    services = _services(tmp_path, alerts={"alertmanager_url": am_lab.url, "timeout": "3s"})
+    name, job_name = unique("LmTriageNode"), unique("LmTriageJob")
+    await apost(am_lab.url, alert(name, "here"), alert(job_name, "here", slurm_job_id="4242"))
+    app = LoadmasterApp(services, mode="alerts")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for_alert(pilot, app, job_name)
+        assert app.triage_target() == {"job": "4242"}
+        await wait_for_alert(pilot, app, name)
+        assert app.triage_target() == {"nodes": "here"}
+        await pilot.press("T")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, TriageScreen) and screen.nodes == "here"
+        table = screen.query_one(DataTable)
+        await wait_until(pilot, lambda: table.row_count == 1, rounds=600, delay=0.05)
+        assert [str(c) for c in table.get_row_at(0)][:3] == ["1", "here", "2"]
+    services.db.close()

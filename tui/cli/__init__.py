@@ -46,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "lab": "lab",
     "nodes": "fleet",
     "pull": "jobs",
+    "restage": "restage",
     "resume": "slurm",
     "retention": "retention",
     "shard": "shard",

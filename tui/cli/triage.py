@@ -31,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="where the GPU health comes from (default: the [telemetry] source; auto means Prometheus when set)",
     )
     p.add_argument("--run", metavar="URL", help="a run folder: the newest step proven resumable, steps lost since")
-    p.add_argument("--json", action="store_true", help="one JSON document: suspects, commands, nodes")
+    p.add_argument(
+        "--json", action="store_true", help="one JSON document: suspects, commands, nodes, checkpoint, goodput"
+    )
     p.set_defaults(func=run_triage)
 
 
@@ -90,6 +92,11 @@ def render(report: TriageReport) -> list[str]:
 
         out.append("")
         out.extend(restart_lines(report.checkpoint))
+    if report.goodput is not None:
+        from backend.triage.goodput import lines as goodput_lines
+
+        out.append("")
+        out.extend(goodput_lines(report.goodput))
     if report.commands:
         out.append("")
         out.append("commands (shown, not run):")

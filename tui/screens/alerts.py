@@ -266,6 +266,7 @@ class AlertsScreen(LoadmasterScreen):
     | s | Silence the selected alert (matchers prefilled from its labels; comment required). |
     | x | Expire the selected silence (or the one silencing the selected alert), after a confirmation. |
     | r | Read Alertmanager again now (it is read every 15 s). |
+    | T | Triage the alert's Slurm job (its ``slurm_job_id`` label), else its node (console key). |
     | tab | Move between the alerts and the silences. |
     | / | Filter alerts by name, node, job, severity or summary. |
     """
@@ -417,6 +418,17 @@ class AlertsScreen(LoadmasterScreen):
 
     def main_table(self) -> DataTable[Any] | None:
         return self.query_one("#alerts-table", DataTable)
+
+    def triage_target(self) -> dict[str, str] | None:
+        """What the console's Triage (key T) reads for the selected alert: the Slurm job its
+        ``slurm_job_id`` label names, else its node; None when it names neither."""
+        a = self.selected_alert()
+        if a is None:
+            return None
+        job = (a.alert.labels.get("slurm_job_id") or "").strip()
+        if job.replace("_", "").isdigit():
+            return {"job": job}
+        return {"nodes": a.node} if a.node else None
 
     # -- enter: what the alert is about --------------------------------------------------------
 
