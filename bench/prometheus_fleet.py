@@ -39,6 +39,8 @@ from backend.services import Services  # noqa: E402
 from backend.telemetry.hub import TelemetryHub  # noqa: E402
 from backend.telemetry.prometheus import PrometheusSource  # noqa: E402
 from backend.telemetry.settings import TelemetrySettings  # noqa: E402
+from backend.telemetry.sources.prometheus import PrometheusPoller  # noqa: E402
+from backend.telemetry.sources.ssh import SshSource  # noqa: E402
 from backend.telemetry.synthetic import SyntheticPool, synthetic_fleet  # noqa: E402
 
 
@@ -66,6 +68,7 @@ async def prometheus_run(url: str, names: list[str], refreshes: int, interval: f
     services = Services(Config(nodes=nodes, stores={}))
     services.__dict__["telemetry"] = hub
     source = PrometheusSource(settings, nodes)
+    poller = PrometheusPoller(settings, SshSource(SyntheticPool(list(nodes)), settings))  # type: ignore[arg-type]
     app = LoadmasterApp(services)
     times: list[float] = []
     reads: list[float] = []
@@ -76,7 +79,7 @@ async def prometheus_run(url: str, names: list[str], refreshes: int, interval: f
         screen = app.screen
         assert isinstance(screen, FleetScreen)
         reading = await source.read()  # warm-up: connection, first layout
-        hub._apply_reading(names, reading)
+        poller.apply(hub, names, reading)
         hub.tick()
         await pilot.pause()
         gc.collect()
@@ -85,7 +88,7 @@ async def prometheus_run(url: str, names: list[str], refreshes: int, interval: f
             t0 = time.perf_counter()
             reading = await source.read()
             reads.append(time.perf_counter() - t0)
-            hub._apply_reading(names, reading)
+            poller.apply(hub, names, reading)
             hub.tick()
             await pilot.pause()  # FleetSampled handled: the screen shows this refresh
             times.append(time.perf_counter() - t0)

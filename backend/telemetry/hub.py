@@ -1,25 +1,24 @@
 """TelemetryHub: one sampler stream per node, rates, history, alerts, and a FleetSnapshot per tick.
 
-The hub owns no connections: it asks ``pool.transport(name)`` (a NodePool, or anything with
-``.transport(name)`` and ``.nodes``) for each node's Transport and runs ONE long-lived
-``transport.stream(sampler_script)`` on it, so sampling never pays an SSH handshake. Blocks enter
-through :meth:`TelemetryHub.ingest`, the single door that tests and the benchmark also use.
+The hub owns no connections and reads no node itself: its sources do
+(:class:`backend.telemetry.sources.TelemetrySource`; SSH streams, Prometheus, a recording), chosen
+by ``[telemetry] source`` unless given. Samples enter through :meth:`TelemetryHub.ingest` (a raw
+sampler block) and :meth:`TelemetryHub.ingest_observed` (numbers per node), the doors that tests
+and the benchmarks also use; both end in ``_apply``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from backend.config import Node
-from backend.errors import NodeUnreachable
 from backend.nodes.untrusted import clean_text
 from backend.telemetry.history import NodeHistory
 from backend.telemetry.model import (
@@ -33,14 +32,13 @@ from backend.telemetry.model import (
     XidEvent,
 )
 from backend.telemetry.parse import MALFORMED, MESSAGE_LIMIT, RawSample, compute_rates, parse_block
-from backend.telemetry.sampler import BEGIN, END, MAX_BLOCK_BYTES, MAX_BLOCK_LINES, sampler_script
 from backend.telemetry.settings import TelemetrySettings
+from backend.telemetry.sources import TelemetrySource, build_sources
 from backend.telemetry.starvation import StarvationDetector
 from backend.telemetry.xid import describe as xid_info
 
 if TYPE_CHECKING:
     from backend.nodes.pool import NodePool
-    from backend.telemetry.prometheus import Reading
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +84,7 @@ def _nodes_of(pool: NodePool) -> list[Node]:
 
 
 class TelemetryHub:
-    """Samples every node of ``pool`` and publishes a FleetSnapshot each interval."""
+    """Samples every node of ``pool`` through its sources and publishes a FleetSnapshot each interval."""
 
     def __init__(
         self,
@@ -97,6 +95,7 @@ class TelemetryHub:
         feed_only: bool = False,
         nodes: Iterable[str] | None = None,
         wall_clock: Callable[[], float] = time.time,
+        sources: Sequence[TelemetrySource] | None = None,
     ) -> None:
         self.pool = pool
         #: True: samples arrive only through ingest()/tick() (benchmarks, replays); start() is a no-op.
@@ -116,11 +115,12 @@ class TelemetryHub:
         self._subscribers: list[Subscriber] = []
         self._queues: list[asyncio.Queue[FleetSnapshot]] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._ssh: dict[str, tuple[asyncio.Task[None], asyncio.Task[None]]] = {}
+        #: Where the numbers come from (``[telemetry] source`` unless given).
+        self.sources: list[TelemetrySource] = (
+            list(sources) if sources is not None else build_sources(self.settings, pool)
+        )
         #: Why the configured source is not working now (Prometheus unreachable), for the screen.
         self.source_note: str | None = None
-        #: The last Prometheus refresh (queries made, seconds taken), for benches and doctor.
-        self.last_reading: Reading | None = None
         self._stopping = False
         self._seq = 0
         self._last: FleetSnapshot = self._build(self.clock(), changed=set(self._nodes))
@@ -133,92 +133,42 @@ class TelemetryHub:
         return bool(self._tasks) or self.feed_only
 
     async def start(self, nodes: Iterable[str] | None = None) -> None:
-        """Start sampling (per ``[telemetry] source``) and the ticker (idempotent)."""
+        """Start the sources (for ``nodes``, or every node) and the ticker (idempotent)."""
         if self._tasks or self.feed_only:
             return
         names = [n for n in (list(nodes) if nodes is not None else list(self._nodes)) if n in self._nodes]
-        if self.settings.source == "ssh":
-            for name in names:
-                self._start_ssh(name)
-        else:
-            self._tasks.append(asyncio.create_task(self._run_prometheus(names), name="telemetry:prometheus"))
+        for source in self.sources:
+            source.start(self, names)
         self._tasks.append(asyncio.create_task(self._ticker(), name="telemetry:ticker"))
 
-    def _start_ssh(self, name: str) -> None:
-        """Sample ``name`` over SSH (its sampler stream and latency probe), unless it is already."""
-        if name in self._ssh:
-            return
-        pair = (
-            asyncio.create_task(self._run_node(name), name=f"telemetry:{name}"),
-            asyncio.create_task(self._probe_latency(name), name=f"telemetry-latency:{name}"),
-        )
-        self._ssh[name] = pair
-        self._tasks.extend(pair)
+    # -- what sources use (backend.telemetry.sources.TelemetryFeed) -----------------------
 
-    def _stop_ssh(self, name: str) -> None:
-        """Stop sampling ``name`` over SSH (Prometheus has it again)."""
-        pair = self._ssh.pop(name, None)
-        for task in pair or ():
-            task.cancel()
-            with contextlib.suppress(ValueError):
-                self._tasks.remove(task)
+    @property
+    def stopping(self) -> bool:
+        """Whether stop() is cancelling the tasks (a source's loop ends)."""
+        return self._stopping
 
-    async def _run_prometheus(self, names: list[str]) -> None:
-        """Read the fleet from Prometheus every ``prometheus_interval``; SSH for what it lacks
-        (``auto``), or for everything while it does not answer (``prometheus_fallback_ssh``)."""
-        from backend.telemetry.prometheus import PrometheusSource, PrometheusUnavailable
+    def node(self, name: str) -> Node:
+        """The inventory entry of a sampled node (KeyError for an unknown one)."""
+        return self._nodes[name].node
 
-        s = self.settings
-        source = PrometheusSource(s, [self._nodes[n].node for n in names])
-        try:
-            while not self._stopping:
-                try:
-                    reading = await source.read()
-                except PrometheusUnavailable as exc:
-                    fallback = s.prometheus_fallback_ssh
-                    self.source_note = f"{exc}; " + (
-                        "sampling over SSH meanwhile" if fallback else "nodes go stale until it answers"
-                    )
-                    if fallback:
-                        for name in names:
-                            self._start_ssh(name)
-                except Exception as exc:  # a bad answer must not stop telemetry
-                    log.warning("telemetry: reading Prometheus failed", exc_info=True)
-                    from backend.textfmt import safe_text  # the URL may hold a password
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run a source's loop as a task the hub owns (stop() cancels it)."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.append(task)
+        return task
 
-                    self.source_note = safe_text(f"Prometheus {s.prometheus_url}: {type(exc).__name__}: {exc}", 500)
-                else:
-                    # a cap hit this refresh (GPUs, devices, series skipped) is said, not hidden
-                    self.source_note = "; ".join(reading.warnings)[:500] or None
-                    self.last_reading = reading
-                    self._apply_reading(names, reading)
-                await asyncio.sleep(s.prometheus_interval)
-        finally:
-            await source.close()
-
-    def _apply_reading(self, names: list[str], reading: Reading) -> None:
-        s = self.settings
-        t = self.clock()
-        for name in names:
-            if name in reading.down:
-                self._stop_ssh(name)
-                self.mark_stale(name, reading.down[name])
-            elif name in reading.nodes:
-                self._stop_ssh(name)
-                self.ingest_observed(name, reading.nodes[name], t)
-            elif s.source == "auto":
-                self._start_ssh(name)  # Prometheus does not have it: SSH does
-            else:
-                self._stop_ssh(name)
-                self.mark_unreachable(
-                    name,
-                    f"not in Prometheus: no series with {s.dcgm_node_label} or {s.node_exporter_node_label} = {name}",
-                )
+    def discard(self, task: asyncio.Task[None]) -> None:
+        """Cancel a task made by :meth:`spawn` and forget it."""
+        task.cancel()
+        with contextlib.suppress(ValueError):
+            self._tasks.remove(task)
 
     async def stop(self) -> None:
         """Stop every sampler stream (closing them kills the loops on the nodes)."""
         tasks, self._tasks = self._tasks, []
-        self._ssh.clear()
+        for source in self.sources:
+            source.stopped()
         if not tasks:
             return
         self._stopping = True
@@ -523,92 +473,3 @@ class TelemetryHub:
                 self.tick()
             except Exception:  # a bad tick must not stop every later one
                 log.exception("telemetry tick failed")
-
-    async def _transport(self, name: str) -> Any:
-        tr = self.pool.transport(name)
-        if inspect.isawaitable(tr):
-            tr = await tr
-        return tr
-
-    async def _run_node(self, name: str) -> None:
-        s = self.settings
-        st = self._nodes[name]
-        script = sampler_script(interval=s.interval, scratch=st.node.scratch, nvidia_smi=s.nvidia_smi)
-        # A stream that prints nothing for this long is presumed half-dead and restarted.
-        silence = max(10 * s.interval, 15.0)
-        backoff = s.backoff_initial
-        loop = asyncio.get_running_loop()
-        while not self._stopping:
-            try:
-                transport = await self._transport(name)
-                # Connect first: at fleet scale the wait for a handshake slot (sshd's
-                # MaxStartups) is not the stream's silence, and must not restart it.
-                await transport.connect()
-                got_block = False
-                # One deadline per block, pushed forward at each block's end. (Not
-                # asyncio.wait_for per line: on Python 3.11 it can swallow a cancellation that
-                # races a completing read, and it costs a task per line at fleet scale.)
-                async with (
-                    contextlib.aclosing(transport.stream(script)) as stream,
-                    asyncio.timeout(silence) as deadline,
-                ):
-                    lines: list[str] | None = None
-                    size = 0
-                    flood: str | None = None  # why the block in progress is malformed
-                    async for line in stream:
-                        if line == BEGIN:
-                            lines, size, flood = [], 0, None
-                        elif line == END:
-                            if lines is not None:
-                                if flood is None:
-                                    self.ingest(name, "\n".join(lines))
-                                else:
-                                    self.note_error(name, flood)
-                                got_block = True
-                                backoff = s.backoff_initial
-                                # A deadline already expiring cannot be moved (3.11 raises): its
-                                # TimeoutError is on its way and restarts the stream.
-                                if not deadline.expired():
-                                    deadline.reschedule(loop.time() + silence)
-                            lines = None
-                        elif lines is not None and flood is None:
-                            size += len(line) + 1
-                            if len(lines) >= MAX_BLOCK_LINES or size > MAX_BLOCK_BYTES:
-                                # Bounded memory: the block is dropped, not kept in part.
-                                flood = (
-                                    f"malformed sample: more than {MAX_BLOCK_LINES:,} lines or "
-                                    f"{MAX_BLOCK_BYTES // (1 << 20)} MiB in one block; dropped"
-                                )
-                                lines = []
-                            else:
-                                lines.append(line)
-                self.note_error(
-                    name, "sampler stream ended" if got_block else "sampler stream ended before the first sample"
-                )
-            except asyncio.CancelledError:
-                raise
-            except TimeoutError:
-                self.note_error(name, f"no sample for {silence:g}s; restarting the sampler")
-            except NodeUnreachable as exc:
-                self.mark_unreachable(name, exc.detail)
-            except Exception as exc:  # any failure: show it and retry; never kill the hub
-                log.warning("telemetry sampler on %s failed", name, exc_info=True)
-                self.note_error(name, f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, s.backoff_max)
-
-    async def _probe_latency(self, name: str) -> None:
-        every = self.settings.latency_every
-        while not self._stopping:
-            try:
-                transport = await self._transport(name)
-                t0 = time.perf_counter()
-                await transport.run(":", timeout=max(10.0, every))
-                self.set_latency(name, (time.perf_counter() - t0) * 1000.0)
-            except asyncio.CancelledError:
-                raise
-            except NodeUnreachable as exc:
-                self.mark_unreachable(name, exc.detail)
-            except Exception as exc:
-                log.debug("latency probe on %s failed: %s", name, exc)
-            await asyncio.sleep(every)

@@ -17,6 +17,7 @@ from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.model import FleetSnapshot, NodeSnapshot
 from backend.telemetry.prometheus import QUERY_COUNT
 from backend.telemetry.settings import TelemetrySettings
+from backend.telemetry.sources.prometheus import PrometheusPoller
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 
@@ -72,8 +73,10 @@ async def test_the_fleet_from_prometheus_is_the_fleet_from_ssh(lab: Lab, prom_la
         assert node(snap, "node-02").alerts[0].gpus == tuple(range(8))
         assert not node(snap, "node-01").alerts
         # However many nodes: a fixed handful of queries per refresh.
-        assert hub.last_reading is not None and hub.last_reading.queries == QUERY_COUNT <= 10
-        assert not hub._ssh  # nothing over SSH
+        (poller,) = hub.sources
+        assert isinstance(poller, PrometheusPoller)
+        assert poller.last_reading is not None and poller.last_reading.queries == QUERY_COUNT <= 10
+        assert not poller.ssh.running  # nothing over SSH
     finally:
         await hub.stop()
 
