@@ -45,8 +45,9 @@ class TelemetrySettings:
     backoff_max: float = 30.0
     #: Where the numbers come from: ``ssh`` (a sampler stream per node), ``prometheus`` (the
     #: site's Prometheus: dcgm-exporter and node_exporter), or ``auto`` (Prometheus for the nodes
-    #: it has, SSH for the rest).
-    source: Literal["ssh", "prometheus", "auto"] = "ssh"
+    #: it has, SSH for the rest), or ``replay`` (a recorded Prometheus answer played from
+    #: ``replay_file``: backend/telemetry/sources/replay.py).
+    source: Literal["ssh", "prometheus", "auto", "replay"] = "ssh"
     #: The Prometheus HTTP API (``http://prometheus.internal:9090``).
     prometheus_url: str | None = None
     #: The label that names a node on dcgm-exporter series (dcgm-exporter sets ``Hostname``).
@@ -61,6 +62,8 @@ class TelemetrySettings:
     prometheus_timeout: float = field(default=5.0, metadata={"parse": parse_duration})
     #: With Prometheus unreachable, sample over SSH meanwhile (false: show the nodes stale).
     prometheus_fallback_ssh: bool = True
+    #: The recording ``source = "replay"`` plays, one frame every ``prometheus_interval``.
+    replay_file: str | None = None
 
     def __post_init__(self) -> None:
         if not 0.2 <= self.interval <= 60:
@@ -81,7 +84,9 @@ class TelemetrySettings:
             raise ValueError("backoff_initial must be positive and not above backoff_max")
         if not self.nvidia_smi.strip():
             raise ValueError("nvidia_smi must name a command")
-        if self.source != "ssh" and not self.prometheus_url:
+        if self.source == "replay" and not self.replay_file:
+            raise ValueError('source = "replay" needs replay_file (a recording of Prometheus answers)')
+        if self.source in ("prometheus", "auto") and not self.prometheus_url:
             raise ValueError(f'source = "{self.source}" needs prometheus_url (http://host:9090)')
         if self.prometheus_url and not self.prometheus_url.startswith(("http://", "https://")):
             raise ValueError(f"prometheus_url must be an http:// or https:// URL, got {self.prometheus_url!r}")

@@ -81,11 +81,18 @@ def _prometheus(settings: TelemetrySettings, pool: NodePool) -> list[TelemetrySo
     return [PrometheusPoller(settings, SshSource(pool, settings))]
 
 
+def _replay(settings: TelemetrySettings, pool: NodePool) -> list[TelemetrySource]:
+    from backend.telemetry.sources.replay import ReplaySource
+
+    return [ReplaySource(settings)]
+
+
 #: ``[telemetry] source`` -> the sources it runs.
 SOURCES: dict[str, Callable[[TelemetrySettings, NodePool], list[TelemetrySource]]] = {
     "ssh": _ssh,
     "prometheus": _prometheus,
     "auto": _prometheus,
+    "replay": _replay,
 }
 
 
