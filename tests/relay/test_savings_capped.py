@@ -1,0 +1,77 @@
+"""A relay receiver's report cannot inflate "egress saved" beyond what the plan could save (#28).
+
+A real relay pull on two lab nodes (one seed from the lab's SeaweedFS, one receiver), launched
+detached; once the receiver has finished on its node, its ``result.json`` is rewritten as a hostile
+node would (more bytes received from peers than the pull holds; a number that is not one), then a
+refresh records the end. The saving is at most the plan's bytes, one row per receiver, so a
+group's savings never exceed bytes x receivers; an unreadable count claims nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.lab import Lab
+from backend.lab.counting_proxy import CountingProxy
+from tests.relay.conftest import RelaySource, relay_config
+from tui.cli import main as cli_main
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _forge(path: Path, key: str, value: Any) -> None:
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: (value if k == key else walk(x)) for k, x in v.items()}
+        return v
+
+    path.write_text(json.dumps(walk(json.loads(path.read_text()))))
+
+
+@pytest.mark.parametrize(
+    ("said", "saved"), [(10**15, "plan"), ("1e30", None), (True, None)], ids=["huge", "not-a-number", "bool"]
+)
+def test_a_receiver_cannot_report_more_saved_than_the_plan_holds(
+    lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path, said: Any, saved: str | None
+) -> None:
+    cfg = relay_config(lab, tmp_path, store_proxy)
+    dest = f"pulls/saved-{tmp_path.name[-8:]}"
+    rc, out, err = _cli(
+        "--config", str(cfg), "pull", relay_source.url, dest, "--nodes", "node-0[1-2]", "--fanout", "relay",
+        "--yes", "--json", "--detach",
+    )  # fmt: skip
+    assert rc == 0, err
+    jobs = json.loads(out)["jobs"]
+    [receiver] = [j for j in jobs if j["params"]["relay"]["role"] != "seed"]
+    result = lab.node(receiver["node"]).home / "jobs" / receiver["id"] / "result.json"
+    deadline = time.monotonic() + 240
+    while not result.exists():  # the relay really runs; no console watches it end
+        assert time.monotonic() < deadline, "the receiver never finished on its node"
+        time.sleep(0.1)
+    assert '"peer_bytes"' in result.read_text()
+    _forge(result, "peer_bytes", said)
+    rc, _, err = _cli("--config", str(cfg), "jobs", "--json", "--limit", "1000")
+    assert rc in (0, 4), err
+    db = sqlite3.connect(tmp_path / "state-lm" / "state.sqlite3")
+    rows = db.execute("SELECT job_id, bytes, note FROM fanout_savings").fetchall()
+    if saved is None:
+        assert rows == []
+        return
+    [(jid, nbytes, note)] = rows
+    assert (jid, nbytes) == (receiver["id"], relay_source.total)
+    assert f"capped at the plan's {relay_source.total} bytes: the receiver reported {said}" in note
