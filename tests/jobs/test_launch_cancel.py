@@ -18,9 +18,14 @@ from backend.config import load_config_file
 from backend.lab import Lab
 from backend.ops import PullRequest
 from backend.services import Services
-from tests.helpers import write_lab_config
+from tests.firsthour.screen_text import screen_lines
+from tests.helpers import Recorder, wait_until, write_lab_config
 from tests.jobs.conftest import SourceData
 from tests.jobs.test_pull_lab import store_stalled
+from tui.app import LoadmasterApp
+from tui.screens.transfers import JobsRefreshed, LaunchCancelled
+from tui.widgets.confirm import ConfirmTyped
+from tui.widgets.transfers_table import TransfersTable
 
 pytestmark = pytest.mark.timeout(300)
 LOADMASTER = str(Path(sys.executable).parent / "loadmaster")
@@ -114,5 +119,52 @@ async def test_a_three_node_pull_is_cancelled_as_one_launch(
         res = _cli(cfg, "job", "cancel", launch, "--yes")
         assert res.returncode != 0 and "already ended (3 cancelled); nothing to cancel" in res.stderr, res.stderr
         assert "Traceback" not in res.stderr
+    finally:
+        await services.aclose()
+
+
+async def test_the_console_cancels_the_selected_launch_at_80x24(lab: Lab, source: SourceData, tmp_path: Path) -> None:
+    cfg = write_lab_config(lab, tmp_path / "loadmaster.toml", tmp_path / "state")
+    services = Services(config=load_config_file(cfg))
+    req = PullRequest(
+        src=source.url, dest="pulls/console-launch", nodes="node-0[1,2,4]", numworkers=2, concurrency=2, part_size_mib=5
+    )
+    try:
+        preview = await services.ops.pulls.plan(req)
+        with store_stalled(lab):
+            started = await services.ops.pulls.start(req, shown=preview)
+            ids = [r.id for r in started.records]
+            await _running(services, ids)
+            app = LoadmasterApp(services, mode="transfers")
+            rec = Recorder()
+            async with app.run_test(size=(80, 24), message_hook=rec) as pilot:
+                table = app.screen.query_one(TransfersTable)
+                await wait_until(pilot, lambda: set(ids) <= {str(k.value) for k in table.rows}, rounds=3000)
+                await pilot.pause()
+                shown = "\n".join(screen_lines(app))
+                for r in started.records:  # each job's whole id (which starts with the launch's)
+                    assert r.id in shown, shown
+                table.focus()
+                table.move_cursor(row=[str(k.value) for k in table.rows].index(ids[1]))
+                await pilot.press("c")
+                await wait_until(pilot, lambda: isinstance(app.screen, ConfirmTyped), rounds=500)
+                body = "\n".join(screen_lines(app))
+                assert f"launch {started.launch}: 3 running" in body, body
+                await pilot.press(*"cancel")
+                await pilot.press("enter")
+                await wait_until(pilot, lambda: rec.of(LaunchCancelled), rounds=6000)
+                done = rec.of(LaunchCancelled)[-1].result
+                await wait_until(
+                    pilot,
+                    lambda: any(
+                        {r.state for r in m.records if r.id in ids} == {"cancelled"} for m in rec.of(JobsRefreshed)
+                    ),
+                    rounds=3000,
+                )
+                entries = services.db.audit_entries(action="job.cancel")
+        assert done.launch == started.launch and done.ok
+        assert sorted(r.id for r in done.finals) == sorted(ids)
+        assert [e.target for e in entries] == [f"launch:{started.launch}"]
+        assert entries[0].reason == "cancelled from the console"
     finally:
         await services.aclose()

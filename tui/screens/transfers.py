@@ -21,7 +21,7 @@ from textual.message import Message
 from textual.widgets import Button, DataTable, Static
 
 from backend.errors import LoadmasterError
-from backend.jobs.records import JobProgress, JobRecord, fleet_rollup
+from backend.jobs.records import JobProgress, JobRecord, LaunchCancel, fleet_rollup
 from backend.jobs.settings import JobSettings
 from backend.relay.view import chain_lines, relay_groups
 from backend.units import bytes_text, duration_text, rate_text
@@ -85,6 +85,14 @@ class JobCancelled(Message):
         self.record = record
 
 
+class LaunchCancelled(Message):
+    """Every running job of a launch was cancelled (or some could not be: ``result.errors``)."""
+
+    def __init__(self, result: LaunchCancel) -> None:
+        super().__init__()
+        self.result = result
+
+
 class TransfersScreen(LoadmasterScreen):
     """Jobs on every node with progress, Gbps, ETA; detail with a throughput plot; new pull; cancel."""
 
@@ -104,7 +112,7 @@ class TransfersScreen(LoadmasterScreen):
     | :- | :- |
     | n | Show or hide the new-pull form (enter in a field: estimate). |
     | ctrl+s | Launch the estimated pull (the estimate must allow it). |
-    | c | Cancel the selected job (typed confirmation). |
+    | c | Cancel the selected job's launch: every running job of it (typed confirmation). |
     | r | Re-read every node's jobs now. |
     | enter | Show the selected job's detail: throughput plot and log tail. |
     | d | Show or hide the job detail pane (more room for the table). |
@@ -122,8 +130,8 @@ class TransfersScreen(LoadmasterScreen):
             "launch_pull",
         ),
         (
-            "Cancel selected job",
-            "Stop the selected job's process group and clean its partial output (key c)",
+            "Cancel selected launch",
+            "Stop every running job of the selected job's launch and clean their partial output (key c)",
             "cancel_job",
         ),
         ("Refresh jobs", "Re-read every node's job directories now (key r)", "refresh_jobs"),
@@ -372,7 +380,8 @@ class TransfersScreen(LoadmasterScreen):
     # -- cancel --------------------------------------------------------------------------------
 
     def action_cancel_job(self) -> None:
-        """Cancel the selected job after a typed confirmation."""
+        """Cancel the selected job's launch (every job of it still running; a job started alone:
+        that job) after one typed confirmation."""
         if not self.require_writable("cancel a job"):
             return
         job_id = self.query_one(TransfersTable).selected_job_id
@@ -380,29 +389,57 @@ class TransfersScreen(LoadmasterScreen):
         if rec is None:
             self.notify("select a job first", severity="warning")
             return
-        if rec.terminal:
-            self.notify(f"job {rec.id} already ended ({rec.state})", severity="warning", markup=False)
+        mates = [r for r in self.records if rec.launch and r.launch == rec.launch and not r.foreign]
+        active = [r for r in mates or [rec] if not r.terminal]
+        if not active:
+            what = f"launch {rec.launch}" if rec.launch else f"job {rec.id}"
+            self.notify(f"{what} already ended ({rec.state})", severity="warning", markup=False)
             return
         grace = self.services.config.section(JobSettings).cancel_grace
+        nodes = ", ".join(sorted({r.node for r in active}))
+        ended = len(mates) - len(active)
+        head = (
+            f"launch {rec.launch}: {len(active)} running {rec.kind} job(s) on {nodes}"
+            + (f" ({ended} already ended, left alone)" if ended else "")
+            if rec.launch
+            else f"{rec.kind} job {rec.id} on {rec.node}"
+        )
         body = (
-            f"{rec.kind} job {rec.id} on {rec.node}\n{rec.source} -> {rec.destination}\n"
-            f"SIGTERM to its process group, SIGKILL after {grace:g}s; partial output is removed."
+            f"{head}\n{rec.source} -> {rec.destination}\n"
+            f"SIGTERM to each job's process group, SIGKILL after {grace:g}s; partial output is removed."
         )
 
         def answered(ok: bool | None) -> None:
-            if ok:
+            if ok and rec.launch:
+                self._cancel_launch(rec.launch)
+            elif ok:
                 self._cancel_job(rec.id)
 
-        self.app.push_screen(
-            ConfirmTyped(title="Cancel this job?", phrase="cancel", body=body, confirm_label="Cancel job"), answered
-        )
+        title = "Cancel this launch?" if rec.launch else "Cancel this job?"
+        label = "Cancel launch" if rec.launch else "Cancel job"
+        self.app.push_screen(ConfirmTyped(title=title, phrase="cancel", body=body, confirm_label=label), answered)
 
     @work(exclusive=True, group="transfers-cancel", exit_on_error=False)
     async def _cancel_job(self, job_id: str) -> None:
         rec = await self.services.ops.jobs.cancel(job_id, reason="cancelled from the console")
         self.post_message(JobCancelled(rec))
 
+    @work(exclusive=True, group="transfers-cancel", exit_on_error=False)
+    async def _cancel_launch(self, launch_id: str) -> None:
+        done = await self.services.ops.jobs.cancel_launch(launch_id, reason="cancelled from the console")
+        self.post_message(LaunchCancelled(done))
+
     @on(JobCancelled)
     def _job_cancelled(self, event: JobCancelled) -> None:
         self.notify(f"job {event.record.id}: {event.record.state}", markup=False)
+        self._refresh_jobs()
+
+    @on(LaunchCancelled)
+    def _launch_cancelled(self, event: LaunchCancelled) -> None:
+        done = event.result
+        cancelled = sum(r.state == "cancelled" for r in done.finals)
+        text = f"launch {done.launch}: {cancelled} job(s) cancelled" + (
+            f"; not cancelled: {', '.join(f'{i} ({why})' for i, why in done.errors.items())}" if done.errors else ""
+        )
+        self.notify(text, severity="information" if done.ok else "warning", markup=False)
         self._refresh_jobs()

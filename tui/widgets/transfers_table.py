@@ -26,10 +26,12 @@ STATE_STYLE = {
 #: Fixed widths where content would otherwise push the live columns off screen (the detail pane
 #: shows the full source and destination).
 WIDTHS = {"id": 16, "state": 10, "what": 36, "progress": 31}  # state: "succeeded", "cancelled"
+#: The Job column grows to the longest id shown (``<launch>.<n>``), up to this; never cut below it.
+ID_MAX = 28
 
 #: Most decisive first: on a narrow terminal the columns that scroll off are the rates and the long
-#: path, never the node, the job's id (the one thing ``job cancel`` takes: every job of one launch
-#: shares its time part, so the id is shown whole), state or progress.
+#: path, never the node, the job's id (``<launch>.<n>``: what ``job cancel`` takes, for the job or,
+#: its part before the dot, the whole launch; shown whole), state or progress.
 COLUMNS = (
     ("node", "Node"),
     ("id", "Job"),
@@ -47,10 +49,15 @@ class TransfersTable(DataTable[Text]):
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
+        self._id_width = WIDTHS["id"]
 
     def on_mount(self) -> None:
+        self._add_columns(WIDTHS["id"])
+
+    def _add_columns(self, id_width: int) -> None:
+        self._id_width = id_width
         for key, label in COLUMNS:
-            self.add_column(label, key=key, width=WIDTHS.get(key))
+            self.add_column(label, key=key, width=id_width if key == "id" else WIDTHS.get(key))
 
     def update_records(self, records: Iterable[JobRecord], variables: Mapping[str, str] | None = None) -> None:
         """Show ``records`` (newest first), keeping the cursor on the same job."""
@@ -59,6 +66,11 @@ class TransfersTable(DataTable[Text]):
         selected = self.selected_job_id
         wanted = [r.id for r in recs]
         existing = [str(k.value) for k in self.rows]
+        id_width = min(ID_MAX, max([WIDTHS["id"], *(len(i) for i in wanted)]))
+        if id_width != self._id_width:
+            self.clear(columns=True)
+            self._add_columns(id_width)
+            existing = []
         if existing != wanted:
             self.clear()
             for r in recs:
