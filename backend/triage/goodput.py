@@ -5,9 +5,10 @@ time, the mean time between failures, and the checkpoint interval Young and Daly
 Pure arithmetic on what loadmaster actually read, never on guesses:
 
 - the run's full checkpoints, (step, time written, how long its files took to write) from the
-  catalog: the pace (seconds per step, the median between consecutive checkpoints, so a restart's
-  gap does not slow it), the interval in use (the median time between them), the save time (the
-  median span of a step's files' write times: a lower bound, the first file's start is not known);
+  catalog: the pace (seconds per step, the lower median between consecutive checkpoints, so a
+  restart's gap does not slow it, and with two intervals the healthy one counts), the interval in
+  use (the median time between them), the save time (the median span of a step's files' write
+  times: a lower bound, the first file's start is not known);
 - the newest step proven resumable: steps after it are lost on a restart now;
 - Slurm's record of the job (``scontrol show job``): how often it was restarted or requeued.
 
@@ -84,7 +85,8 @@ def compute(
         missing.append(f"checkpoints: {why_no_steps}")
     pairs = [(b.step - a.step, b.at - a.at) for a, b in zip(pts, pts[1:], strict=False)]
     pairs = [(ds, dt) for ds, dt in pairs if ds > 0 and dt > 0]
-    pace = statistics.median(dt / ds for ds, dt in pairs) if pairs else None
+    # The lower median: with two intervals, one of them a restart's gap, the healthy one is the pace.
+    pace = statistics.median_low(dt / ds for ds, dt in pairs) if pairs else None
     interval = statistics.median(dt for _, dt in pairs) if pairs else None
     if pts and not pairs:
         missing.append(f"pace and interval: {len(pts)} full checkpoint(s) with a step and a time, two in order needed")
