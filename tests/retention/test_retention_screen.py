@@ -61,9 +61,10 @@ async def test_pruning_flow_with_typed_confirmation(tmp_path: Path, local_servic
 
         # pin step 2000 and mark step 4000 a milestone from the table
         table.focus()
-        table.move_cursor(row=1)
+        table.move_cursor(row=table.get_row_index("step-2000"))  # rows: kept first, then deletes
         await pilot.press("p")
-        table.move_cursor(row=3)
+        await settle_workers(pilot)
+        table.move_cursor(row=table.get_row_index("step-4000"))
         await pilot.press("m")
         await settle_workers(pilot)
         acts = {a.step: a for a in screen.plan.actions}

@@ -89,8 +89,8 @@ async def _console(config_file: Path, run: Path, nvme: Path) -> None:
         await settle_workers(pilot)
         table = screen.query_one("#retention-steps", DataTable)
         table.focus()
-        for row, key in ((1, "p"), (3, "m"), (1, "p"), (3, "m")):  # pin 2000, mark 4000, then undo both
-            table.move_cursor(row=row)
+        for path, key in (("step-2000", "p"), ("step-4000", "m"), ("step-2000", "p"), ("step-4000", "m")):
+            table.move_cursor(row=table.get_row_index(path))  # pin 2000, mark 4000, then undo both
             await pilot.press(key)
             await settle_workers(pilot)
         await pilot.press("a")

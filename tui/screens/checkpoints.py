@@ -28,6 +28,7 @@ from backend.units import age_of, bytes_gib_text, bytes_text, gbps_text
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmModal, ConfirmTyped
 from tui.widgets.table_cursor import cursor_row_key
+from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
     from backend.checkpoints.footprint import BacklogAlert
@@ -189,6 +190,11 @@ class CheckpointsScreen(LoadmasterScreen):
         if self._list_on_mount:  # the last run listed here, or the lab's demo run: open on it
             self.action_reload()
 
+    def on_resize(self, event: Any) -> None:
+        super().on_resize(event)
+        self.render_catalog()  # the run prefix is shortened to the width, the footprint reflowed
+        self.render_footprint()
+
     # ----------------------------------------------------------------- footprint
 
     @on(Input.Changed, "#ckpt-params")
@@ -220,6 +226,13 @@ class CheckpointsScreen(LoadmasterScreen):
             out.update(f"Params: expected a number like 70e9, got {text!r}")
             return
         size = f"{params / 1e9:g}B" if params >= 1e9 else f"{params:,.0f}"
+        if (self.size.width or self.app.size.width) < 120:  # two lines at 80 columns, same figures
+            out.update(
+                f"{size} params ({source}): BF16 {bytes_text(fp.weights_bytes)}, full {bytes_text(fp.full_bytes)}\n"
+                f"{retained} full checkpoint(s): {bytes_text(fp.retained_full_bytes)}, "
+                f"as weights {bytes_text(fp.retained_weights_bytes)} (saves {fp.saving_fraction:.1%})"
+            )
+            return
         out.update(
             f"{size} params ({source}): BF16 weights {bytes_gib_text(fp.weights_bytes)}, full AdamW state "
             f"{bytes_gib_text(fp.full_bytes)} (14 B/param); weights only saves {fp.saving_fraction:.1%}. "
@@ -333,9 +346,9 @@ class CheckpointsScreen(LoadmasterScreen):
                 f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
             )
         matching = f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else ""
-        self.query_one("#ckpt-summary", Static).update(
-            f"{self.url}: {len(cat.steps)} steps, {bytes_text(sum(by.values()))}   by kind: {kinds or '-'}{matching}"
-        )
+        tail = f": {len(cat.steps)} steps, {bytes_text(sum(by.values()))}   by kind: {kinds or '-'}{matching}"
+        room = (self.size.width or self.app.size.width) - 2 - len(tail.split("\n", 1)[0])
+        self.query_one("#ckpt-summary", Static).update(short(self.url, max(room, 24)) + tail)
         backlog = self.query_one("#ckpt-backlog", Static)
         backlog.display = bool(self.alerts)
         backlog.update("\n".join(f"ALERT {a.message}" for a in self.alerts))
@@ -376,7 +389,13 @@ class CheckpointsScreen(LoadmasterScreen):
         with self.app.batch_update():
             table.clear()
             for t in ins.tensors:
-                table.add_row(t.name, t.dtype, "×".join(map(str, t.shape)) or "scalar", f"{t.nbytes:,}", t.file)
+                table.add_row(
+                    short(t.name, 48),
+                    t.dtype,
+                    "×".join(map(str, t.shape)) or "scalar",
+                    f"{t.nbytes:,}",
+                    short(t.file, 32),
+                )
             table.display = True
         problems = "; ".join(ins.problems)
         self.query_one("#ckpt-status", Static).update(

@@ -44,6 +44,19 @@ ACTION_STYLE = {
     "delete": "action-delete",
     "skip": "action-skip",
 }
+#: Table columns: (key, label, shown from this terminal width up). Step, action, freed and the
+#: reason are what the operator decides on: they show at every size; sizes before/after give way.
+COLUMNS = (
+    ("step", "Step", 0),
+    ("action", "Action", 0),
+    ("before", "Before", 100),
+    ("after", "After", 100),
+    ("freed", "Freed", 0),
+    ("reason", "Reason", 0),
+    ("result", "Result", 0),
+)
+#: Rows are shown kept first (what stays, and why), then the deletes; each part in step order.
+ROW_ORDER = {"keep-full": 0, "keep-weights": 1, "strip-to-weights": 2, "skip": 3, "delete": 4}
 #: Storage bar segments: (css class, label, actions whose bytes-after fall in it).
 BAR_SEGMENTS = (
     ("-keep", "full", ("keep-full",)),
@@ -189,18 +202,10 @@ class RetentionScreen(LoadmasterScreen):
             yield Static("", id="retention-status", markup=False)
 
     def on_mount(self) -> None:
-        table = self.query_one("#retention-steps", DataTable)
-        for key, label in (
-            ("step", "Step"),
-            ("action", "Action"),
-            ("before", "Before"),
-            ("after", "After"),
-            ("freed", "Freed"),
-            ("reason", "Reason"),
-            ("result", "Result"),
-        ):
-            table.add_column(label, key=key)
+        self._columns: tuple[str, ...] = ()
+        self._set_columns()
         self.query_one("#retention-progress", ProgressBar).display = False
+        self.query_one("#retention-status", Static).display = False
         for seg in self.query(".retention-bar-seg"):
             seg.display = False
         if self._list_on_mount:  # the last run listed here, or the lab's demo run: open on it
@@ -211,6 +216,26 @@ class RetentionScreen(LoadmasterScreen):
     def action_focus_url(self) -> None:
         """Edit the run folder (enter lists it)."""
         self.query_one("#retention-url", Input).focus()
+
+    def _set_columns(self) -> bool:
+        """The columns that fit this width (the result column once an apply reports); True when
+        they changed (the table is then cleared)."""
+        width = self.size.width or self.app.size.width
+        keys = tuple(k for k, _label, min_width in COLUMNS if width >= min_width and (k != "result" or self.results))
+        if keys == self._columns:
+            return False
+        table = self.query_one("#retention-steps", DataTable)
+        table.clear(columns=True)
+        for k, label, _w in COLUMNS:
+            if k in keys:
+                table.add_column(label, key=k)
+        self._columns = keys
+        return True
+
+    def on_resize(self, event: Any) -> None:
+        super().on_resize(event)
+        if self._set_columns() and self.plan is not None:
+            self.render_plan(self.plan)
 
     def main_table(self) -> DataTable[Any]:
         return self.query_one("#retention-steps", DataTable)
@@ -330,32 +355,40 @@ class RetentionScreen(LoadmasterScreen):
         variables = getattr(self.app, "theme_variables", {}) or {}
         table = self.query_one("#retention-steps", DataTable)
         selected = self._selected()
-        shown = [
-            a
-            for a in plan.actions
-            if self.filter_matches(str(a.step) if a.step is not None else "", a.path, a.action, a.reason)
-        ]
+        shown = sorted(
+            (
+                a
+                for a in plan.actions
+                if self.filter_matches(str(a.step) if a.step is not None else "", a.path, a.action, a.reason)
+            ),
+            key=lambda a: ROW_ORDER.get(a.action, 5),  # stable: step order within each part
+        )
+        self._set_columns()
         with self.app.batch_update():
             table.clear()
             for a in shown:
                 style = variables.get(ACTION_STYLE[a.action], "")
                 est = "~" if a.estimated else ""
-                table.add_row(
-                    str(a.step) if a.step is not None else a.path,
-                    Text(a.action, style=style),
-                    bytes_text(a.bytes_before),
-                    est + bytes_text(a.bytes_after),
-                    est + bytes_text(a.bytes_freed),
-                    Text(_reason_text(a)),
-                    self.results.get(a.path, ""),
-                    key=a.path,
-                )
+                cells = {
+                    "step": str(a.step) if a.step is not None else a.path,
+                    "action": Text(a.action, style=style),
+                    "before": bytes_text(a.bytes_before),
+                    "after": est + bytes_text(a.bytes_after),
+                    "freed": est + bytes_text(a.bytes_freed),
+                    "reason": Text(_reason_text(a)),
+                    "result": self.results.get(a.path, ""),
+                }
+                table.add_row(*(cells[k] for k in self._columns), key=a.path)
             paths = [a.path for a in shown]
             if selected is not None and selected.path in paths:
                 table.move_cursor(row=paths.index(selected.path))
             t = plan.totals
             money = (
-                f"  {usd_text(t.usd_month_saved)}/month" if t.usd_month_saved is not None else f"  ({plan.price_note})"
+                f", {usd_text(t.usd_month_saved)}/month"
+                if t.usd_month_saved is not None
+                else f" ({plan.price_note})"
+                if plan.price_note and self.size.width >= 120
+                else ""
             )
             counts = "  ".join(
                 f"{plan.count(x)} {x}"
@@ -375,13 +408,23 @@ class RetentionScreen(LoadmasterScreen):
                     # A label that does not fit its share would be cut into nonsense ("weigh"):
                     # narrow segments stay colour only; the legend line below names them all.
                     seg.update(text if n / total * width >= len(text) + 1 else "")
+            labelled = all(
+                not n or n / total * width >= len(f"{label} {bytes_text(n)}") + 1
+                for (_c, label, _a), n in zip(BAR_SEGMENTS, sizes, strict=True)
+            )
+            # The run folder is in the box above; the bar names its parts unless one is too narrow.
             self.query_one("#retention-summary", Static).update(
-                f"{plan.url}   before {bytes_text(t.bytes_before)} → after {bytes_text(t.bytes_after)}   "
+                f"before {bytes_text(t.bytes_before)} → after {bytes_text(t.bytes_after)}, "
                 f"saves {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}"
                 + (f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else "")
-                + "\nstorage: "
-                + " · ".join(
-                    f"{label} {bytes_text(n)}" for (_c, label, _a), n in zip(BAR_SEGMENTS, sizes, strict=True) if n
+                + ("   kept first" if any(a.action == "delete" for a in shown) else "")
+                + (
+                    ""
+                    if labelled
+                    else "\nstorage: "
+                    + " · ".join(
+                        f"{label} {bytes_text(n)}" for (_c, label, _a), n in zip(BAR_SEGMENTS, sizes, strict=True) if n
+                    )
                 )
             )
 
@@ -576,20 +619,20 @@ class RetentionScreen(LoadmasterScreen):
     @on(ActionProgressed)
     def _action_progressed(self, event: ActionProgressed) -> None:
         o = event.outcome
-        self.results[o.path] = o.outcome
+        self.results[o.path] = o.outcome + (f": {o.detail}" if o.outcome in ("failed", "stopped") else "")
         table = self.query_one("#retention-steps", DataTable)
+        if "result" not in self._columns and self.plan is not None:
+            self.render_plan(self.plan)  # the first result: the result column appears
         try:
-            table.update_cell(
-                o.path, "result", o.outcome + (f": {o.detail}" if o.outcome in ("failed", "stopped") else "")
-            )
+            table.update_cell(o.path, "result", self.results[o.path])
         except Exception:  # noqa: BLE001 - the row may be gone after a re-listing
             pass
         bar = self.query_one("#retention-progress", ProgressBar)
         if o.outcome != "running":
             bar.advance(1)  # actions of different steps finish in any order
-        self.query_one("#retention-status", Static).update(
-            f"[{int(bar.progress)}/{o.total}] {o.path}: {o.action} → {o.outcome}"
-        )
+        status = self.query_one("#retention-status", Static)
+        status.display = True
+        status.update(f"[{int(bar.progress)}/{o.total}] {o.path}: {o.action} → {o.outcome}")
 
     @on(PlanApplied)
     def _plan_applied(self, event: PlanApplied) -> None:
@@ -607,7 +650,9 @@ class RetentionScreen(LoadmasterScreen):
             ]
         lines += [f"changed: {c}" for c in r.changes[:5]]
         lines += [f"failed: {o.path}: {o.detail}" for o in r.outcomes if o.outcome == "failed"][:5]
-        self.query_one("#retention-status", Static).update("\n".join(lines))
+        status = self.query_one("#retention-status", Static)
+        status.display = True
+        status.update("\n".join(lines))
         self.notify(lines[0], severity="information" if r.ok else "warning", markup=False)
         if not r.dry_run:
             self._load_catalog(self.url)  # show what the store holds now
