@@ -15,7 +15,7 @@ from backend.telemetry.settings import TelemetrySettings
 from backend.textfmt import safe_text
 
 if TYPE_CHECKING:
-    from backend.telemetry.sources import TelemetryFeed
+    from backend.telemetry.sources.base import TelemetryFeed
     from backend.telemetry.sources.ssh import SshSource
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from backend.telemetry.sources.prometheus import apply_reading
 from backend.textfmt import safe_text
 
 if TYPE_CHECKING:
-    from backend.telemetry.sources import TelemetryFeed
+    from backend.telemetry.sources.base import TelemetryFeed
 
 log = logging.getLogger(__name__)
 

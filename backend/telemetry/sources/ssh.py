@@ -11,13 +11,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from backend.backoff import Backoff
 from backend.errors import NodeUnreachable
 from backend.telemetry.sampler import BEGIN, END, MAX_BLOCK_BYTES, MAX_BLOCK_LINES, sampler_script
 from backend.telemetry.settings import TelemetrySettings
 
 if TYPE_CHECKING:
     from backend.nodes.pool import NodePool
-    from backend.telemetry.sources import TelemetryFeed
+    from backend.telemetry.sources.base import TelemetryFeed
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class SshSource:
         script = sampler_script(interval=s.interval, scratch=hub.node(name).scratch, nvidia_smi=s.nvidia_smi)
         # A stream that prints nothing for this long is presumed half-dead and restarted.
         silence = max(10 * s.interval, 15.0)
-        backoff = s.backoff_initial
+        backoff = Backoff(s.backoff_initial, s.backoff_max)
         loop = asyncio.get_running_loop()
         while not hub.stopping:
             try:
@@ -93,7 +94,7 @@ class SshSource:
                                 else:
                                     hub.note_error(name, flood)
                                 got_block = True
-                                backoff = s.backoff_initial
+                                backoff.reset()
                                 # A deadline already expiring cannot be moved (3.11 raises): its
                                 # TimeoutError is on its way and restarts the stream.
                                 if not deadline.expired():
@@ -122,8 +123,7 @@ class SshSource:
             except Exception as exc:  # any failure: show it and retry; never kill the hub
                 log.warning("telemetry sampler on %s failed", name, exc_info=True)
                 hub.note_error(name, f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, s.backoff_max)
+            await backoff.sleep()
 
     async def _probe_latency(self, hub: TelemetryFeed, name: str) -> None:
         every = self.settings.latency_every
