@@ -78,11 +78,9 @@ class SilenceRequest:
     comment: str
     #: Regex matchers by name (``name=~value``).
     regex: frozenset[str] = field(default_factory=frozenset)
-    #: The operator chose to silence alerts loadmaster did not raise (``--any-alert``; audited).
-    #: None: a front end that does not ask yet (the console's silence dialog, which prefills the
-    #: selected site alert's labels): allowed, and audited as ``any-alert (not asked)``. TODO for
-    #: the console: ask, pass True/False, then make False the default here.
-    any_alert: bool | None = None
+    #: The operator chose to silence alerts loadmaster did not raise (``--any-alert``, the
+    #: console dialog's "Any alert" box; audited). False: limited to loadmaster's own alerts.
+    any_alert: bool = False
 
 
 def own_alertname(matchers: Iterable[Matcher]) -> str | None:
@@ -162,13 +160,14 @@ class Alerts(Operation):
             raise ConfigError("say why (the comment is what the next on-call reads)", key="comment")
         matchers = [Matcher(n, v, is_regex=n in req.regex) for n, v in req.matchers]
         own = own_alertname(matchers)
-        if own is None and req.any_alert is False:
+        if own is None and req.any_alert is not True:
             raise ConfigError(
                 "this silence could match alerts loadmaster did not raise (the site's, other teams'): add "
-                f"alertname=<one of {', '.join(CONDITIONS)}>, or pass --any-alert (recorded in the audit log)",
+                f"alertname=<one of {', '.join(CONDITIONS)}>, or allow any alert (--any-alert, or the "
+                "dialog's 'Any alert' box; recorded in the audit log)",
                 key="matchers",
             )
-        scope = "loadmaster" if own is not None else "any-alert" if req.any_alert else "any-alert (not asked)"
+        scope = "loadmaster" if own is not None else "any-alert"
         start = datetime.now(UTC)
         end = start + timedelta(seconds=req.duration_s)
         who = actor()

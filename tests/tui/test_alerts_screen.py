@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import Checkbox, DataTable, Input, Static
 
 from backend.alerts.alertmanager import ActiveAlert, AlertmanagerClient, AmAlert, Matcher, Silence
 from backend.alerts.settings import AlertSettings
@@ -191,6 +191,7 @@ async def test_a_silence_made_in_the_console_is_amtools_with_the_operator_and_au
         assert "expected a duration" in str(error.render()) and "\n" not in str(error.render())
         assert isinstance(app.screen, SilenceModal)
         modal.query_one("#silence-duration", Input).value = "90m"
+        modal.query_one("#silence-any", Checkbox).value = True  # not a loadmaster condition: asked
         await pilot.press("enter")
         await wait_until(pilot, lambda: not isinstance(app.screen, SilenceModal), delay=0.05)
         [made] = [s for s in am_lab.amtool_json("silence", "query") if s["comment"] == "draining n0 for a reboot"]

@@ -6,8 +6,9 @@ the top says where the alerts come from, or why alerting is degraded ("alerting 
 Alertmanager unreachable, or ``loadmaster watch`` holding changes it could not deliver), or that
 ``[alerts] alertmanager_url`` is not set. Enter on an alert loadmaster sent itself goes back to
 what it is about: its job on the Transfers screen, its node's detail. ``s`` silences the selected
-alert (matchers prefilled from its identifying labels, a duration, a required comment; the
-operator is the author, the silence is audited, read-only mode refuses it); ``x`` expires a
+alert (matchers prefilled from its identifying labels, a duration, a required comment, and an
+"Any alert" box, off by default: unticked, the silence must name one of loadmaster's own
+conditions; the operator is the author, the silence is audited, read-only mode refuses it); ``x`` expires a
 silence after a confirmation. Each read also hands the app the nodes with an active, unsilenced
 alert (:func:`alerted_nodes`), which the Fleet screen marks.
 """
@@ -26,7 +27,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Input, Label, Static
+from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
 from backend.errors import LoadmasterError
 from backend.ops.alerts import AlertingNotConfigured, SilenceRequest, parse_matchers
@@ -174,6 +175,13 @@ class SilenceModal(ModalScreen[str | None]):
                 with Horizontal(classes="silence-field"):
                     yield Label(label, classes="silence-label", markup=False)
                     yield Input(value=value, placeholder=hint, id=f"silence-{key}", compact=True)
+            # Unticked, the silence must name one of loadmaster's own conditions (ops.alerts).
+            yield Checkbox(
+                "Any alert: may also match the site's and other teams' alerts (audited)",
+                value=False,
+                id="silence-any",
+                compact=True,
+            )
             yield Static("", id="silence-error", markup=False)
             with Horizontal(classes="dialog--buttons"):
                 yield Button("Create silence", id="silence-create", variant="primary")
@@ -194,7 +202,8 @@ class SilenceModal(ModalScreen[str | None]):
             duration = parse_duration(self._value("duration").strip())
         except ValueError as exc:
             raise ConfigError(str(exc), key="duration") from None
-        return SilenceRequest(matchers, duration, self._value("comment"), regex)
+        any_alert = self.query_one("#silence-any", Checkbox).value
+        return SilenceRequest(matchers, duration, self._value("comment"), regex, any_alert=any_alert)
 
     def show_error(self, text: str) -> None:
         box = self.query_one("#silence-error", Static)
