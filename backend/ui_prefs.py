@@ -12,12 +12,31 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.config import config_dir
 from backend.errors import ConfigError
 
+if TYPE_CHECKING:
+    from backend.config import Config
+
 PREFS_FILENAME = "ui-prefs.json"
+#: The store a sandbox lab writes into its config (a fresh bucket every ``lab up``).
+LAB_STORE = "lab"
+
+
+def config_key(config: Config) -> str:
+    """The key what the console remembers for ``config`` is kept under (the run the screens open
+    on): the config file, and for a sandbox lab also the lab's identity, its own store (a new
+    bucket each ``lab up``): a new lab written to the same path never opens on the old lab's run."""
+    lab = config.stores.get(LAB_STORE)
+    source = config.source or ""
+    return f"{source}|lab={lab.url}@{lab.endpoint_url or ''}" if lab is not None else source
+
+
+def forget_config(prefs: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """``prefs`` without what is remembered for the config file ``source`` (any lab's identity)."""
+    return {k: v for k, v in prefs.items() if k != source and not k.startswith(f"{source}|")}
 
 
 def prefs_path() -> Path:

@@ -254,9 +254,10 @@ def opening_run(config: Config, prefs: dict[str, Any]) -> tuple[str, bool]:
     store's root (typed in, not listed: a bucket root is rarely one run)."""
     from backend.checkpoints.upload import url_join
     from backend.lab.seed import CHECKPOINT_RUN
+    from backend.ui_prefs import config_key
 
     last = prefs.get("last_run")
-    remembered = last.get(config.source or "") if isinstance(last, dict) else None
+    remembered = last.get(config_key(config)) if isinstance(last, dict) else None
     if isinstance(remembered, str) and remembered:
         return remembered, True
     lab = config.stores.get("lab")
@@ -270,7 +271,9 @@ def remembered_runs(config: Config, prefs: dict[str, Any], url: str) -> dict[str
     """The ``last_run`` preference with ``url`` as this config's last listed run."""
     last = prefs.get("last_run")
     out = {k: v for k, v in last.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(last, dict) else {}
-    out[config.source or ""] = url
+    from backend.ui_prefs import config_key
+
+    out[config_key(config)] = url
     return out
 
 

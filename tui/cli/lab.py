@@ -317,13 +317,13 @@ def forget_previous_lab(root: Path) -> str:
     if moved:
         done.append(f"the job folders of {moved} node(s) moved aside")
     from backend.errors import ConfigError
-    from backend.ui_prefs import load_ui_prefs, update_ui_prefs
+    from backend.ui_prefs import forget_config, load_ui_prefs, update_ui_prefs
 
+    # Remembered runs are keyed by the lab's identity (its bucket), so a new lab never opens on
+    # the old one's; the old entries are dropped here so they do not pile up.
     prefs = load_ui_prefs()
     last = prefs.get("last_run")
-    key = str(root / "loadmaster.toml")
-    if isinstance(last, dict) and key in last:
-        kept = {k: v for k, v in last.items() if k != key}
+    if isinstance(last, dict) and (kept := forget_config(last, str(root / "loadmaster.toml"))) != last:
         try:
             update_ui_prefs(last_run=kept)
             done.append("the screens' remembered run folder forgotten")
