@@ -2,9 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from backend.units import bytes_text, duration_text
+
+
+def middle(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters (both ends of a path carry meaning)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+
+
+def verified_short(result: Mapping[str, Any] | None) -> str:
+    """How a pull's bytes were proven, in a word for a table: the method(s) (``crc64nvme``,
+    ``md5``, ``md5+crc32c``), ``size-only`` when nothing proved the bytes, ``partly size-only
+    2/4`` when some objects were only sized; ``-`` when the job says nothing of it."""
+    if not result or not isinstance(result.get("verified"), str):
+        return "-"
+    counts = result.get("verification")
+    counts = {str(k): v for k, v in counts.items() if isinstance(v, int)} if isinstance(counts, dict) else {}
+    if result["verified"] == "size-only":
+        return "size-only"
+    strong = [m for m, _n in sorted(counts.items(), key=lambda kv: -kv[1]) if m != "size-only"]
+    if result["verified"] == "partly":
+        weak = counts.get("size-only", 0)
+        return f"partly size-only {weak}/{sum(counts.values())}" if weak else "partly size-only"
+    return "+".join(strong) or str(result["verified"])
 
 
 def describe_plan(plan: Any) -> list[str]:

@@ -38,6 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per job")
     p.add_argument("--local", action="store_true", help="only the local records; do not contact nodes")
     p.add_argument("--limit", type=int, default=50, metavar="N", help="newest N jobs (default 50)")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help=f"every column whole (full paths, progress, why a job is foreign); default: fit {TABLE_WIDTH} columns",
+    )
     p.set_defaults(func=cmd_jobs)
 
     j = sub.add_parser("job", help="show, follow or cancel one job")
@@ -153,8 +158,86 @@ def _t(value: Any) -> str:
     return clean_text(str(value), CELL_LIMIT)
 
 
-def _table(rows: list[list[str]]) -> None:
-    print("\n".join(align_columns([[_t(c) for c in row] for row in rows])))
+#: ``loadmaster jobs`` fits this many columns (``--wide``: every cell whole).
+TABLE_WIDTH = 120
+#: Before ``--wide``, the widest a column but the paths may be (cut in the middle); the team's
+#: job ids (``<launch>.<n>``) are never cut. The paths get what is left, at least PATHS_MIN.
+CAPS = {"ID": 24, "NODE": 16, "KIND": 8, "STATE": 12, "PROGRESS": 26, "VERIFIED": 14}
+PATHS_MIN = 25
+#: STARTED only with --wide: the id says when (``MMDD-HHMMSS-xxxx``, a launch's as its jobs').
+HEADER = ("ID", "NODE", "KIND", "STATE", "PROGRESS", "VERIFIED", "SOURCE -> DEST")
+WIDE_HEADER = ("ID", "NODE", "KIND", "STATE", "PROGRESS", "VERIFIED", "STARTED", "SOURCE -> DEST")
+
+
+def _progress_short(rec: JobRecord) -> str:
+    """``50% 8.80 Gbps ETA 2m05s`` (running), ``25.9 MB`` (done), ``33% 25.9 MB`` (ended short):
+    the table's cell (the byte counts whole with --wide and in ``job show``)."""
+    p = rec.progress
+    if p is None:
+        return "-"
+    if p.fraction is None:
+        return bytes_text(p.bytes_done)
+    if rec.terminal:
+        total = bytes_text(p.bytes_total)
+        return total if rec.state == "succeeded" and p.fraction >= 1 else f"{p.fraction * 100:.0f}% {total}"
+    text = f"{p.fraction * 100:.0f}%"
+    if p.gbps is not None:
+        text += f" {gbps_text(p.gbps)} ETA {duration_text(p.eta_s)}"
+    return text
+
+
+def job_rows(recs: list[JobRecord], *, wide: bool = False, width: int = TABLE_WIDTH) -> list[str]:
+    """The ``jobs`` table: one line per job, within ``width`` columns unless ``wide`` (paths cut
+    in the middle, both ends kept; the job's id whole). Every cell is cleaned of control text."""
+    from backend.jobs.fmt import middle, verified_short
+
+    rows: list[list[str]] = []
+    for r in recs:
+        if r.foreign:  # not this team's: why, in short (the whole reason with --wide and in --json)
+            state = f"foreign ({clean_text(r.foreign, 60)})" if wide else "foreign"
+        elif wide:
+            state = r.state + (f" ({r.note.split(':', 1)[0]})" if r.note else "")
+        else:
+            state = r.state + (" ?" if r.note and r.recorded else "")  # notes are said once, below the table
+        rows.append(
+            [
+                _t(r.id),
+                _t(r.node),
+                _t(r.kind),
+                state,
+                _t(progress_text(r) if wide else _progress_short(r)),
+                _t(verified_short(r.result)),
+                *([fmt_when(r.created)] if wide else []),
+                "",
+            ]
+        )
+    paths = [(_t(r.source), _t(r.destination)) if r.source else (_t(r.label), "") for r in recs]
+    if wide:
+        for row, (src, dest) in zip(rows, paths, strict=True):
+            row[-1] = f"{src} -> {dest}" if dest else src
+        return align_columns([list(WIDE_HEADER), *rows])
+    for row, r in zip(rows, recs, strict=True):
+        for i, name in enumerate(HEADER[:-1]):
+            if name == "ID" and r.foreign is None:
+                continue
+            row[i] = middle(row[i], CAPS[name])
+    widths = [max(len(HEADER[i]), *(len(row[i]) for row in rows)) for i in range(len(HEADER) - 1)]
+    # Still too wide (long node names, a long state): the widest column but the id gives way first.
+    while sum(widths) + 2 * len(widths) > width - PATHS_MIN:
+        i = max(range(1, len(widths)), key=lambda k: widths[k])
+        if widths[i] <= len(HEADER[i]) + 1:
+            break
+        widths[i] -= 1
+        for row in rows:
+            row[i] = middle(row[i], widths[i])
+    room = max(PATHS_MIN, width - sum(widths) - 2 * len(widths))
+    for row, (src, dest) in zip(rows, paths, strict=True):
+        if not dest:
+            row[-1] = middle(src, room)
+            continue
+        side = (room - 4) // 2  # " -> " between the two, each end of each path kept
+        row[-1] = f"{middle(src, side + (room - 4) % 2)} -> {middle(dest, side)}"
+    return align_columns([list(HEADER), *rows])
 
 
 def _record_json(rec: JobRecord) -> dict[str, Any]:
@@ -174,6 +257,8 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
     names = [n.name for n in services.config.nodes]
     unread = {} if args.local else services.pool.unread(names)
     for r in recs:  # a record the refresh could not bring up to date says so itself
+        if not r.recorded:
+            continue  # read from its node fine; the state database being down is said once, below
         if r.note and not args.local and r.foreign is None and not r.note.startswith(NODE_SAID_NOTES):
             unread.setdefault(r.node, clean_text(r.note, CELL_LIMIT))
     if args.json:
@@ -182,27 +267,26 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
     elif not recs:
         print("no jobs")
     else:
-        rows = [["ID", "KIND", "NODE", "STATE", "PROGRESS", "SOURCE -> DEST", "STARTED"]]
-        for r in recs:
-            what = f"{r.source} -> {r.destination}" if r.source else r.label
-            if r.foreign:  # not this team's: why, in short (the whole reason is in --json)
-                state = f"foreign ({clean_text(r.foreign, 60)})"
-            else:
-                state = r.state + (f" ({r.note.split(':', 1)[0]})" if r.note else "")
-            rows.append([r.id, r.kind, r.node, state, progress_text(r), what, fmt_when(r.created)])
-        _table(rows)
+        print("\n".join(job_rows(recs, wide=args.wide)))
     if not args.local and services.jobs.problems:
         # Records a node wrote that could not be read: skipped, one line each (node and job named).
         sys.stdout.flush()
         for line in services.jobs.problems:
             print(f"loadmaster: {clean_text(line, CELL_LIMIT)}", file=sys.stderr)
+    down = None if args.local else services.jobs.state_down
+    if down:
+        # One line, however many nodes: the nodes answered; the database did not.
+        sys.stdout.flush()
+        print(
+            f"loadmaster: {clean_text(down, 300)}; the jobs above are as their nodes report them, not recorded",
+            file=sys.stderr,
+        )
     if unread:
         sys.stdout.flush()
         print(
             f"loadmaster: {unread_line(unread, len(names))}; their jobs may be missing or out of date", file=sys.stderr
         )
-        return PARTIAL_EXIT
-    return 0
+    return PARTIAL_EXIT if unread or down else 0
 
 
 async def cmd_show(args: argparse.Namespace, services: Services) -> int:

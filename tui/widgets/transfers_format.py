@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from backend.jobs.fmt import middle
+
 __all__ = ["bar", "short"]
 
 
@@ -16,7 +18,4 @@ def bar(fraction: float | None, width: int = 12) -> str:
 
 def short(text: str, width: int) -> str:
     """``text`` cut in the middle to ``width`` characters (both ends of a path carry meaning)."""
-    if len(text) <= width:
-        return text
-    head = (width - 1) // 2
-    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+    return middle(text, width)
