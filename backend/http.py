@@ -59,7 +59,7 @@ class HttpClient:
         follow_redirects: bool = True,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.url = url
         self.name = name
         self.shown = shown if shown is not None else safe_text(self.url, REASON_LIMIT)
         self.timeout = float(timeout)
@@ -81,8 +81,10 @@ class HttpClient:
         params: Params | None = None,
         body: Any = None,
         headers: Mapping[str, str] | None = None,
+        cut: bool = False,
     ) -> Answer:
-        """One request (``body`` sent as JSON unless None); the answer, whatever its status."""
+        """One request (``body`` sent as JSON unless None); the answer, whatever its status. A body
+        over ``max_body`` is refused, or with ``cut`` read only that far (a sink's error text)."""
         import aiohttp
 
         what = f"{method} {path}" if path else method
@@ -96,7 +98,7 @@ class HttpClient:
         try:
             async with self._session.request(
                 method,
-                f"{self.url}{path}",
+                f"{self.url.rstrip('/')}{path}" if path else self.url,
                 params=params,
                 data=data,
                 headers=sent,
@@ -105,6 +107,9 @@ class HttpClient:
                 got = bytearray()
                 async for chunk in resp.content.iter_chunked(_CHUNK):
                     got += chunk
+                    if len(got) > self.max_body and cut:
+                        del got[self.max_body :]
+                        break
                     if len(got) > self.max_body:
                         raise self.error(
                             f"{self.name} {self.shown} answered {what} with more than {_size(self.max_body)}; not read"
@@ -139,9 +144,9 @@ class HttpClient:
         answer = await self.request("GET", path, params=params)
         return self.decode(answer, f"GET {path}", check_depth=check_depth)
 
-    async def post_json(self, path: str, body: Any) -> Answer:
+    async def post_json(self, path: str, body: Any, *, cut: bool = False) -> Answer:
         """``POST`` ``body`` as JSON; the answer, for the caller to judge its status."""
-        return await self.request("POST", path, body=body)
+        return await self.request("POST", path, body=body, cut=cut)
 
     async def close(self) -> None:
         if self._session is not None:

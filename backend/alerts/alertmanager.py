@@ -1,4 +1,4 @@
-"""The Alertmanager API v2 client (aiohttp): post alerts, read them, silence them, check health.
+"""The Alertmanager API v2 client (through backend.http): post alerts, read them, silence them, check health.
 
 Shapes as Alertmanager's own OpenAPI spec gives them (``api/v2/openapi.yaml``, checked against
 v0.25.0, Debian's build): ``postableAlert`` (``labels``, ``annotations``, ``startsAt``, ``endsAt``,
@@ -23,7 +23,6 @@ answers. A URL with a user or password in it is refused when the client is made.
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from backend.errors import ConfigError, LoadmasterError
+from backend.http import HttpClient
 from backend.nodes.untrusted import clean_text, loads_bounded
 from backend.textfmt import safe_text
 
@@ -39,7 +39,6 @@ from backend.textfmt import safe_text
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
 #: Longest piece of Alertmanager's error text kept in a message.
 ERROR_LIMIT = 200
-_CHUNK = 64 * 1024
 #: Go's zero time, which Alertmanager writes for "not set".
 _ZERO_YEAR = "0001-01-01"
 #: A silence id (``format: uuid`` in the spec).
@@ -350,7 +349,7 @@ def _one_line(text: str, limit: int) -> str:
 
 
 class AlertmanagerClient:
-    """The Alertmanager API v2 calls loadmaster makes. One aiohttp session, opened on first use;
+    """The Alertmanager API v2 calls loadmaster makes. One HTTP session (backend.http), opened on first use;
     ``close()`` it (or use ``async with``)."""
 
     def __init__(self, url: str, timeout: float = 10.0, *, max_bytes: int = MAX_ANSWER_BYTES) -> None:
@@ -359,7 +358,16 @@ class AlertmanagerClient:
             raise ConfigError(f"Alertmanager timeout must be more than 0 seconds, not {timeout}")
         self.timeout = float(timeout)
         self.max_bytes = int(max_bytes)
-        self._session: Any = None
+        self.http = HttpClient(
+            self.url,
+            name="Alertmanager",
+            shown=self.url,
+            timeout=self.timeout,
+            max_body=self.max_bytes,
+            error=AlertmanagerUnavailable,
+            follow_redirects=False,
+            headers={"Accept": "application/json"},
+        )
 
     async def __aenter__(self) -> AlertmanagerClient:
         return self
@@ -368,9 +376,7 @@ class AlertmanagerClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.http.close()
 
     # -- transport ----------------------------------------------------------------------------
     async def _call(
@@ -384,55 +390,14 @@ class AlertmanagerClient:
     ) -> Any:
         """One request; the decoded JSON answer (None for an empty one). ``not_found``: the text of
         Alertmanager's HTTP 500 that means the thing asked for does not exist (refused, not down)."""
-        import aiohttp
-
         what = f"{method} /api/v2{path}"
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        try:
-            async with self._session.request(
-                method,
-                f"{self.url}/api/v2{path}",
-                params=list(params or ()),
-                data=data,
-                headers=headers,
-                allow_redirects=False,
-            ) as resp:
-                status = resp.status
-                got = bytearray()
-                async for chunk in resp.content.iter_chunked(_CHUNK):
-                    got += chunk
-                    if len(got) > self.max_bytes:
-                        raise AlertmanagerUnavailable(
-                            f"Alertmanager {self.url} answered {what} with more than {self.max_bytes:,} bytes; "
-                            "stopped reading"
-                        )
-        except AlertmanagerError:
-            raise
-        except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:
-            # It answered, but not with HTTP (a bad status line, a header too long, a body cut short).
-            why = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
-            raise AlertmanagerUnavailable(
-                f"Alertmanager {self.url} answered {what} with something that is not HTTP ({_one_line(why, 160)})"
-            ) from None
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            why = "timed out" if isinstance(exc, TimeoutError) else _one_line(str(exc) or type(exc).__name__, 160)
-            raise AlertmanagerUnavailable(f"Alertmanager {self.url} unreachable ({why})") from None
-        answer = bytes(got)
+        answer = await self.http.request(method, f"/api/v2{path}", params=list(params or ()), body=body)
+        status = answer.status
         if 200 <= status < 300:
-            if not answer.strip():
+            if not answer.body.strip():
                 return None
-            try:
-                return loads_bounded(answer, what="the answer", max_bytes=self.max_bytes)
-            except ValueError:
-                raise AlertmanagerUnavailable(
-                    f"Alertmanager {self.url} answered {what} with something that is not its API's JSON"
-                ) from None
-        text = _error_text(answer)
+            return self.http.decode(answer, what)
+        text = _error_text(answer.body)
         if not_found is not None and status == 500 and text == not_found:
             raise AlertmanagerRefused(f"Alertmanager {self.url} refused {what}: {text}")
         if 400 <= status < 500 and status not in (408, 429):

@@ -14,7 +14,6 @@ Each round (:meth:`Notifier.deliver`):
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,7 +23,7 @@ from backend.alerts.alertmanager import AlertmanagerClient, AlertmanagerError, A
 from backend.alerts.settings import AlertSettings
 from backend.alerts.store import AlertStore, StoredAlert
 from backend.errors import LoadmasterError
-from backend.textfmt import redact_known, safe_text
+from backend.http import HttpClient
 
 
 def shown_url(url: str) -> str:
@@ -96,6 +95,10 @@ def webhook_payload(settings: AlertSettings, alerts: list[StoredAlert]) -> dict[
     }
 
 
+#: The part of a webhook's answer read (its error text).
+_HOOK_ANSWER_BYTES = 2048
+
+
 class WebhookError(LoadmasterError):
     """The webhook did not take the alerts (one line, naming the URL)."""
 
@@ -125,7 +128,7 @@ class Notifier:
         self.store = store
         self.settings = settings
         self.am = AlertmanagerClient(settings.alertmanager_url, settings.timeout) if settings.alertmanager_url else None
-        self._session: Any = None
+        self._hook: HttpClient | None = None
 
     async def deliver(self, now: float | None = None) -> Delivery:
         now = time.time() if now is None else now
@@ -158,30 +161,27 @@ class Notifier:
         return Delivery(am_sent, hook_sent, am_error, hook_error, queued)
 
     async def _post_hook(self, payload: dict[str, Any]) -> None:
-        import aiohttp
-
         url = self.settings.webhook_url
-        shown = shown_url(url)
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.settings.timeout))
-        try:
-            async with self._session.post(
-                url, data=json.dumps(payload), headers={"Content-Type": "application/json"}
-            ) as resp:
-                body = await resp.content.read(2048)
-                if resp.status >= 300:
-                    # The server may echo the path (its token): removed before it is shown or stored.
-                    said = body.decode(errors="replace") or resp.reason or ""
-                    why = safe_text(redact_known(said, [url]), 200)
-                    raise WebhookError(f"webhook {shown} answered HTTP {resp.status} {why}".rstrip())
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            why = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
-            why = safe_text(redact_known(why.replace(url, shown), [url]), 200)
-            raise WebhookError(f"webhook {shown} unreachable ({why})") from None
+        if self._hook is None:
+            self._hook = HttpClient(
+                url,
+                name="webhook",
+                shown=shown_url(url),
+                timeout=self.settings.timeout,
+                max_body=_HOOK_ANSWER_BYTES,
+                error=WebhookError,
+            )
+        answer = await self._hook.post_json("", payload, cut=True)
+        if answer.status >= 300:
+            # The server may echo the path (its token): removed before it is shown or stored.
+            said = answer.body.decode(errors="replace") or answer.reason
+            raise WebhookError(
+                f"webhook {self._hook.shown} answered HTTP {answer.status} {self._hook.reason(said)}".rstrip()
+            )
 
     async def close(self) -> None:
         if self.am is not None:
             await self.am.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._hook is not None:
+            await self._hook.close()
+            self._hook = None

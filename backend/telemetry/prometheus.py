@@ -143,7 +143,7 @@ class PrometheusClient:
 
     def __init__(self, url: str, timeout: float) -> None:
         self.http = HttpClient(
-            url, name="Prometheus", timeout=timeout, max_body=MAX_ANSWER_BYTES, error=PrometheusUnavailable
+            url.rstrip("/"), name="Prometheus", timeout=timeout, max_body=MAX_ANSWER_BYTES, error=PrometheusUnavailable
         )
         self.url = self.http.url
         #: The URL as messages show it (a password or token in it redacted).
