@@ -165,8 +165,8 @@ TABLE_WIDTH = 120
 CAPS = {"ID": 24, "NODE": 16, "KIND": 8, "STATE": 12, "PROGRESS": 26, "VERIFIED": 14}
 PATHS_MIN = 25
 #: STARTED only with --wide: the id says when (``MMDD-HHMMSS-xxxx``, a launch's as its jobs').
-HEADER = ("ID", "NODE", "KIND", "STATE", "PROGRESS", "VERIFIED", "SOURCE -> DEST")
-WIDE_HEADER = ("ID", "NODE", "KIND", "STATE", "PROGRESS", "VERIFIED", "STARTED", "SOURCE -> DEST")
+HEADER = ("ID", "KIND", "NODE", "STATE", "PROGRESS", "VERIFIED", "SOURCE -> DEST")
+WIDE_HEADER = ("ID", "KIND", "NODE", "STATE", "PROGRESS", "VERIFIED", "STARTED", "SOURCE -> DEST")
 
 
 def _progress_short(rec: JobRecord) -> str:
@@ -202,8 +202,8 @@ def job_rows(recs: list[JobRecord], *, wide: bool = False, width: int = TABLE_WI
         rows.append(
             [
                 _t(r.id),
-                _t(r.node),
                 _t(r.kind),
+                _t(r.node),
                 state,
                 _t(progress_text(r) if wide else _progress_short(r)),
                 _t(verified_short(r.result)),
