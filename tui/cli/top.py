@@ -114,31 +114,48 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
 FIRING_SHOWN = 8
 
 
-async def oneshot_lines(services: Services, settings: TelemetrySettings) -> list[str]:
-    """What a one-shot look (``--once``, ``--count``) cannot show by itself, said after it.
+async def oneshot_lines(services: Services, settings: TelemetrySettings, *, again: str | None = None) -> list[str]:
+    """What a one-shot look (``top --once``/``--count``, ``watch --once``) cannot show by itself,
+    said after it.
 
-    With ``[alerts] alertmanager_url``: the alerts firing there now (a page about a node is not
-    "all clear" because this run was too short to see it). Without: that windowed conditions
-    (starvation over ``starved_window``, transfer stalls) need ``--count N`` or a running ``watch``.
+    With ``[alerts] alertmanager_url``: the alerts firing there now, loadmaster's own (sent by a
+    ``watch``) named apart from the others (the site's rules, other teams'): a page about a node is
+    not "all clear" because this run was too short to see it. Without: that windowed conditions
+    (starvation over ``starved_window``, transfer stalls) need more looks (``again``: how to ask
+    for them, ``--count N`` by default) or a running ``watch``.
     """
     from backend.alerts.settings import AlertSettings
     from backend.errors import LoadmasterError
+    from backend.textfmt import safe_text
 
     ticks = int(settings.starved_window / settings.interval) + 2
     if not services.config.section(AlertSettings).alertmanager_url:
         return [
             f"note: one look cannot see windowed conditions (GPU starvation over {settings.starved_window:g}s, "
-            f"transfer stalls): run with --count {ticks} or keep 'loadmaster watch' running, "
+            f"transfer stalls): run with {again or f'--count {ticks}'} or keep 'loadmaster watch' running, "
             "or set [alerts] alertmanager_url to see what is paging"
         ]
     try:
         alerts = await services.ops.alerts.site()
     except LoadmasterError as exc:
-        return [f"Alertmanager: cannot read the alerts firing there: {exc}"]
+        return [safe_text(f"Alertmanager: cannot read the alerts firing there: {exc}")]
     firing = [a for a in alerts if a.alert.state == "active" and not a.silenced and not a.alert.inhibited_by]
+    # loadmaster's own first (what its conditions saw), then the others as Alertmanager sorts them.
+    firing.sort(key=lambda a: a.ref is None)
+    own = sum(1 for a in firing if a.ref is not None)
     quiet = sum(1 for a in alerts if a.silenced)
-    head = f"Alertmanager: {len(firing)} firing" + (f", {quiet} silenced" if quiet else "")
-    named = [f"  {a.name} {a.node or a.alert.labels.get('instance', '')}".rstrip() for a in firing[:FIRING_SHOWN]]
+    head = (
+        f"Alertmanager: {len(firing)} firing"
+        + (f" ({own} loadmaster's, {len(firing) - own} other)" if firing else "")
+        + (f", {quiet} silenced" if quiet else "")
+    )
+    named = [
+        safe_text(
+            f"  {'loadmaster' if a.ref is not None else 'other':<10} {a.name} "
+            f"{a.node or a.alert.labels.get('instance', '')}".rstrip()
+        )
+        for a in firing[:FIRING_SHOWN]
+    ]
     if len(firing) > FIRING_SHOWN:
-        named.append(f"  +{len(firing) - FIRING_SHOWN} more (loadmaster alerts)")
+        named.append(f"  +{len(firing) - FIRING_SHOWN} more ('loadmaster alerts' lists them)")
     return [head, *named]

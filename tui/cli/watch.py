@@ -130,5 +130,13 @@ async def run_watch(args: argparse.Namespace, services: Services) -> int:
     if args.once and last is not None:
         for c in last.conditions:
             print(_line("holds", c.all_labels, c.summary))
-        print(f"{len(last.conditions)} condition(s) hold")
+        print(f"{len(last.conditions)} condition(s) hold in this round")
+        # One round is not all clear: what is paging in Alertmanager, or what one round cannot see.
+        from backend.telemetry.settings import TelemetrySettings
+        from tui.cli.top import oneshot_lines
+
+        tele = services.config.section(TelemetrySettings)
+        rounds = int(tele.starved_window / settings.interval) + 2
+        for line in await oneshot_lines(services, tele, again=f"--rounds {rounds}"):
+            print(line, flush=True)
     return 0
