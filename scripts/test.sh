@@ -3,7 +3,8 @@
 # prometheus-alertmanager, slurmctld, slurmd, slurm-client),
 # run the static checks (scripts/lint.sh: ruff lint + format, import-linter, mypy; LOADMASTER_SKIP_LINT=1
 # skips them) and then the full test suite against the real lab: sshd nodes on 127.0.0.x, SeaweedFS S3,
-# s5cmd. Extra arguments go to pytest.
+# s5cmd. Extra arguments go to pytest. Without -n it runs on as many pytest-xdist workers as the
+# machine has cores (each worker starts its own lab), and says how long to expect.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -29,4 +30,34 @@ command -v prometheus-node-exporter >/dev/null 2>&1 || command -v node_exporter 
   && { command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ]; } \
   && command -v sinfo >/dev/null 2>&1 || apt_install slurmctld slurmd slurm-client
 [ "${LOADMASTER_SKIP_LINT:-0}" = 1 ] || bash "$ROOT/scripts/lint.sh"
-exec .venv/bin/python -m pytest "$@"
+workers_given=0
+subset=0
+prev=""
+for arg in "$@"; do
+  case "$prev $arg" in
+    "-p no:xdist") workers_given=1 ;;
+    "-k "*|"-m "*|"-p "*|"--dist "*|"--maxfail "*|"-W "*) ;;  # an option's value, not a test path
+    *)
+      case "$arg" in
+        -n|-n*|--numprocesses|--numprocesses=*) workers_given=1 ;;
+        -*) ;;
+        *) subset=1 ;;
+      esac
+      ;;
+  esac
+  prev="$arg"
+done
+extra=()
+if [ "$workers_given" = 0 ]; then
+  workers="$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
+  extra=(-n "$workers" --dist loadfile)
+  # Measured (issue #30): the full suite is ~25 worker-minutes (12.5 minutes on CI's 2 workers),
+  # plus about a minute for each worker to start its lab.
+  if [ "$subset" = 0 ]; then
+    echo "test.sh: the full suite on $workers workers (one per core; pass -n N to choose):" \
+      "expect about $(( 25 / workers + 2 )) minutes (~25 worker-minutes; slower on a loaded machine)" >&2
+  else
+    echo "test.sh: the chosen tests on $workers workers (one per core; pass -n 0 for one process)" >&2
+  fi
+fi
+exec .venv/bin/python -m pytest "${extra[@]}" "$@"
