@@ -146,8 +146,13 @@ def safe_block(value: Any, limit: int | None = 64 * LINE_LIMIT) -> str:
 
 
 def align_columns(rows: Sequence[Sequence[str]]) -> list[str]:
-    """One line per row, each column left-aligned to its widest cell (trailing spaces dropped)."""
+    """One line per row, each column left-aligned to its widest cell (trailing spaces dropped).
+
+    A cell may hold text from outside (a Slurm reason, an object key, an alert's summary): each is
+    made one printable line by :func:`safe_text` before it is measured, so no table the CLI prints
+    carries an escape sequence, a clipboard write or a bidi override, and its columns line up."""
     if not rows:
         return []
+    rows = [[safe_text(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

@@ -64,7 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def _degraded(services: Services) -> None:
     status = services.ops.alerts.status()
     if status.degraded:
-        print(f"loadmaster: {status.degraded}", file=sys.stderr)
+        from backend.textfmt import safe_text
+
+        print(f"loadmaster: {safe_text(status.degraded)}", file=sys.stderr)  # may quote the server
 
 
 def _since(when: Any) -> str:

@@ -15,6 +15,7 @@ from backend.shards.locations import resolve_location
 from backend.shards.model import ShardProgress, ShardRequest
 from backend.shards.settings import ShardSettings
 from backend.shards.verify import verify
+from backend.textfmt import safe_text
 from backend.units import bytes_text
 from tui.cli.argtypes import size_arg
 
@@ -135,11 +136,11 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
         file=out,
     )
     print(f"  {pv.requests.summary()}", file=out)
-    for w in pv.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    for w in pv.warnings:  # they name source files: text from outside
+        print(f"warning: {safe_text(w)}", file=sys.stderr)
     if args.dry_run:
         for e in pv.errors:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {safe_text(e)}", file=sys.stderr)
         if args.json:
             print(json.dumps(pv.as_dict(), indent=1))
         return 0 if pv.ok else 2
@@ -166,6 +167,7 @@ async def cmd_verify(args: argparse.Namespace, services: Services) -> int:
     else:
         for c in report.checks:
             if not c.ok:
-                print(f"  {c.name}: " + "; ".join(c.problems))
-        print(report.summary())
+                # Shard and member names come from the store: text from outside.
+                print(f"  {safe_text(c.name, 300)}: " + safe_text("; ".join(c.problems)))
+        print(safe_text(report.summary()))
     return 0 if report.ok else 1
