@@ -18,6 +18,19 @@ def middle(text: str, width: int) -> str:
     return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
 
 
+def proof_text(result: Mapping[str, Any]) -> str:
+    """How a pull's bytes were proven, said plainly for a detail view: ``verified: bytes proven
+    by crc64nvme``, else the runner's own line (``verified: size-only for 4 of 4 objects (...)``)."""
+    short = verified_short(result)
+    if result.get("verified") == "bytes":
+        return f"verified: bytes proven by {short}"
+    if short == "-":
+        return "verification not reported"
+    from backend.textfmt import safe_text
+
+    return safe_text(result.get("verified_text") or f"verified: {short}", 300)
+
+
 def verified_short(result: Mapping[str, Any] | None) -> str:
     """How a pull's bytes were proven, in a word for a table: the method(s) (``crc64nvme``,
     ``md5``, ``md5+crc32c``), ``size-only`` when nothing proved the bytes, ``partly size-only

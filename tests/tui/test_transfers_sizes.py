@@ -57,3 +57,47 @@ def test_launch_with_a_failed_node_snapshot(snap_compare: Any, size: str) -> Non
         await _show(app, pilot, records)
 
     assert snap_compare(app, terminal_size=SIZES[size], run_before=before)
+
+
+def _proven(records: tuple[Any, ...], results: dict[int, dict[str, Any]]) -> tuple[Any, ...]:
+    """``records`` with job ``i`` succeeded under ``results[i]``."""
+    import dataclasses
+
+    return tuple(
+        dataclasses.replace(r, state="succeeded", result=results[i]) if i in results else r
+        for i, r in enumerate(records)
+    )
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+async def test_the_detail_says_how_the_bytes_were_proven(size: str) -> None:
+    from textual.widgets import Static
+
+    from tui.widgets.transfers_table import TransfersTable
+
+    weak = {
+        "objects": 4,
+        "bytes": 1_280 * 10**9,
+        "verified": "size-only",
+        "verification": {"size-only": 4},
+        "verified_text": "verified: size-only for 4 of 4 objects (the store gives no checksum and no MD5 ETag)",
+    }
+    strong = {"objects": 4, "bytes": 1_280 * 10**9, "verified": "bytes", "verification": {"crc64nvme": 4}}
+    records = _proven(launch_records(nodes=4, failed=3), {0: weak, 1: strong})
+    app = LoadmasterApp(services_with_jobs(records), theme="loadmaster-dark", mode="transfers")
+    said = {}
+    async with app.run_test(size=SIZES[size]) as pilot:
+        await settle(pilot)
+        table = app.screen.query_one(TransfersTable)
+        info = app.screen.query_one("#transfers-detail-info", Static)
+        for i in (0, 1):
+            table.focus()
+            table.move_cursor(row=[str(k.value) for k in table.rows].index(records[i].id))
+            for _ in range(200):
+                await pilot.pause()
+                if records[i].id in str(info.render()) and "result:" in str(info.render()):
+                    break
+            said[i] = str(info.render())
+    assert "verified: size-only for 4 of 4 objects" in said[0], said[0]
+    assert "bytes proven by crc64nvme" in said[1], said[1]
+    assert "size-only" not in said[1]

@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Sparkline, Static
 
+from backend.jobs.fmt import proof_text
 from backend.jobs.records import JobProgress, JobRecord
 from backend.units import bytes_text, duration_text, gbps_text
 from tui.widgets.transfers_format import bar
@@ -53,8 +54,9 @@ class TransferDetail(Vertical):
             r = rec.result
             if "bytes" in r:
                 lines.append(
-                    f"result: {r.get('objects', '?')} objects, {bytes_text(r.get('bytes'))} verified"
+                    f"result: {r.get('objects', '?')} objects, {bytes_text(r.get('bytes'))}"
                     + (f", {gbps_text(r['gbps'])}" if r.get("gbps") is not None else "")
+                    + f"; {proof_text(r)}"
                 )
         self.query_one("#transfers-detail-info", Static).update("\n".join(lines))
         self.query_one("#transfers-spark", Sparkline).data = [pt.gbps or 0.0 for pt in history] or [0.0]
