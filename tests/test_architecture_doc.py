@@ -54,6 +54,7 @@ NOT_CODE = {
     "LOADMASTER_HOME": "an environment variable",
     "PATH": "an environment variable",
     "RETURNING": "SQL",
+    "TYPE_CHECKING": "typing's flag",
 }
 
 
