@@ -11,11 +11,12 @@ import pytest
 
 from backend.lab import Lab
 from backend.lab.slurm import SlurmLab
+from tests.checkpoints.conftest import tiny_full_dcp
 from tests.slurm_fixtures import job_state, slurm, slurm_lab, wait_for
 from tests.triage.test_triage_lab import faults
 from tui.cli import main
 
-__all__ = ["slurm", "slurm_lab"]
+__all__ = ["slurm", "slurm_lab", "tiny_full_dcp"]
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -68,3 +69,40 @@ def test_one_line_errors(lab: Lab, slurm: SlurmLab, tmp_path: Path, capsys: pyte
     assert main(["--config", cfg, "triage", "--nodes", "node-[01-"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--nodes" in err and "\n" not in err
+
+
+def test_goodput_of_a_requeued_job_from_slurm_and_the_catalog(  # type: ignore[no-untyped-def]
+    lab: Lab, slurm: SlurmLab, tmp_path: Path, tiny_full_dcp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job Slurm requeued once (its restart count: one failure) and a run folder of four proven
+    DCP steps written 100 s apart but for one 400 s gap: goodput 50%, MTBF 600 s, Young/Daly from
+    the steps' write spans, each figure checked against the arithmetic."""
+    import math
+    import os
+    import shutil
+
+    src, _ = tiny_full_dcp
+    run = tmp_path / "run"
+    t0 = 1_700_000_000.0
+    for step, at in ((10, t0), (20, t0 + 100), (30, t0 + 200), (40, t0 + 600)):
+        shutil.copytree(src, run / f"step-{step}")
+        files = sorted(p for p in (run / f"step-{step}").rglob("*") if p.is_file())
+        for j, p in enumerate(files):  # written 2 s apart, the newest at `at`
+            os.utime(p, (at - 2 * (len(files) - 1 - j), at - 2 * (len(files) - 1 - j)))
+    span = 2.0 * (len(files) - 1)
+    job = slurm.sbatch("-N", "1", "-w", "node-01", "--requeue", "-J", "train")
+    wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
+    slurm.command(["scontrol", "requeue", job])
+    # Slurm holds a requeued job back a while (its begin time, about two minutes) before it runs again.
+    wait_for(f"job {job} back to running", lambda: job_state(slurm, job) == "RUNNING", timeout=240)
+    cfg = config(tmp_path, lab, slurm)
+    assert main(["--config", cfg, "triage", "--job", job, "--run", str(run), "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["goodput"]
+    assert g["failures"] == 1 and job in g["failures_from"], g
+    assert g["wall_s"] == 600 and g["sec_per_step"] == 10 and g["steps_kept"] == 30 and g["steps_lost"] == 0
+    assert g["goodput"] == pytest.approx(0.5) and g["mtbf_s"] == 600 and not g["mtbf_at_least"]
+    assert g["save_s"] == span and g["interval_s"] == 100
+    assert g["young_daly_s"] == pytest.approx(math.sqrt(2 * span * 600)) and g["missing"] == []
+    assert main(["--config", cfg, "triage", "--nodes", "node-01", "--run", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert "goodput 50%" in text and "missing: failures: no Slurm job given (--job)" in text
