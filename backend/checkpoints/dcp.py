@@ -112,10 +112,131 @@ class _SafeMetadataUnpickler(pickle.Unpickler):
         return obj
 
 
-def load_metadata(raw: bytes, *, where: str = ".metadata") -> Any:
-    """Parse a DCP ``.metadata`` pickle with an allow-list of classes (never arbitrary code)."""
+class _NeedsTorch(Exception):
+    """The pickle names a torch object the light reader does not know (an unusual dtype)."""
+
+
+class _Record:
+    """Stand-in for one of DCP's metadata dataclasses: its fields as attributes."""
+
+    _FIELDS: tuple[str, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.__dict__.update(zip(self._FIELDS, args, strict=False), **kwargs)
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)):
+            for part in state:  # (dict, slots)
+                self.__dict__.update(part or {})
+        elif isinstance(state, tuple) and self._FIELDS:  # TensorProperties' own __getstate__
+            self.__dict__.update(zip(self._FIELDS, state, strict=False))
+        elif isinstance(state, dict):
+            self.__dict__.update(state)
+        else:
+            raise pickle.UnpicklingError(f"unexpected state for {type(self).__name__}")
+
+
+class _MetadataIndex(_Record):
+    """Equal and hashed by name and offset, as torch's (the index is a search hint)."""
+
+    def _key(self) -> tuple[Any, Any]:
+        return self.__dict__.get("fqn"), self.__dict__.get("offset")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _MetadataIndex) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+class _TensorProperties(_Record):
+    _FIELDS = ("dtype", "layout", "requires_grad", "memory_format", "pin_memory")
+
+
+class _DType:
+    """A torch dtype named in a pickle, without torch: its name and element size."""
+
+    def __init__(self, name: str, itemsize: int) -> None:
+        self.name, self.itemsize = name, itemsize
+        self.is_floating_point = name.startswith(("float", "bfloat", "half", "double"))
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name}"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _DType) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+class _Size(tuple):  # type: ignore[type-arg]
+    """torch.Size without torch: a tuple of ints."""
+
+
+def _light_class(module: str, name: str) -> Any:
+    """The stand-in for an allowed torch (module, name), or the stdlib object; None otherwise."""
+    from backend.checkpoints.torchfile import _DTYPE_SIZES
+
+    if module == "torch" and name in _DTYPE_SIZES:
+        return _DType(name, _DTYPE_SIZES[name])
+    if (module, name) not in _ALLOWED_GLOBALS:
+        if module == "torch" and name.isidentifier() and not name.startswith("_"):
+            raise _NeedsTorch(f"{module}.{name}")  # maybe a dtype this table does not know
+        return None
+    if module == "torch" and name == "Size":
+        return _Size
+    if name == "MetadataIndex":
+        return _MetadataIndex
+    if name == "TensorProperties":
+        return _TensorProperties
+    if module == "torch.serialization":  # _get_layout("torch.strided"): the layout's name
+        return str
+    if name in ("_MEM_FORMAT_ENCODING", "WriteItemType", "LoadItemType"):
+        return lambda value: value  # an enum member: its value
+    if module.startswith("torch."):
+        return type(name, (_Record,), {})
+    import importlib
+
+    obj = getattr(importlib.import_module(module), name, None)
+    return obj if isinstance(obj, type) or callable(obj) else None
+
+
+class _LightMetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if "." in name or name.startswith("__"):
+            obj = None
+        else:
+            obj = _light_class(module, name)
+        if obj is None:
+            raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name} (not a DCP metadata class)")
+        return obj
+
+
+def load_metadata(raw: bytes, *, where: str = ".metadata", light: bool = False) -> Any:
+    """Parse a DCP ``.metadata`` pickle with an allow-list of classes (never arbitrary code).
+
+    ``light``: without importing torch (seconds on a cold start): torch's classes are read into
+    plain stand-ins holding the same fields (dtypes carry their name and size), enough to list,
+    classify and prove a step; a pickle naming a torch object the stand-ins do not know is read
+    with torch after all. Whoever builds tensors (a strip) reads with torch (the default).
+    """
+    if light:
+        try:
+            return _checked(_LightMetadataUnpickler(io.BytesIO(raw)).load, where)
+        except _NeedsTorch:
+            pass
+    return _checked(_SafeMetadataUnpickler(io.BytesIO(raw)).load, where)
+
+
+def _checked(load: Any, where: str) -> Any:
+    """The metadata ``load()`` returns, its tables and storage ranges checked."""
     try:
-        md = _SafeMetadataUnpickler(io.BytesIO(raw)).load()
+        md = load()
+    except _NeedsTorch:
+        raise
     except RecursionError:
         raise CheckpointError(f"{where}: not a readable DCP metadata file (nested too deeply)") from None
     except Exception as exc:  # noqa: BLE001 - any parse failure is the same operator problem

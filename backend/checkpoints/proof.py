@@ -38,6 +38,7 @@ async def prove_resumable(store: ObjectStore, step: CheckpointStep) -> str:
             load_metadata,
             await store.get_bytes(join_key(fresh.path, METADATA_FILE)),
             where=join_key(fresh.path, METADATA_FILE),
+            light=True,  # no tensors are built: the plan must not pay torch's import
         )
 
         async def read(file: str, offset: int, n: int) -> bytes:

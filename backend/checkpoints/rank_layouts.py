@@ -70,13 +70,12 @@ async def dcp_facts(
         f.note = f"{METADATA_FILE} is over the {MAX_METADATA_BYTES}-byte limit: not read"
         return f
     try:
-        import torch  # noqa: F401 - DCP metadata classes live in torch
-    except ImportError:
+        # Read without torch (listing must not pay its import); unpickling a 405B model's
+        # .metadata takes a while: off the event loop (the console stays live).
+        md = await asyncio.to_thread(load_metadata, raw, where=join_key(step_path, METADATA_FILE), light=True)
+    except ImportError:  # an unusual dtype sent the reader to torch, and torch is not here
         f.note = "torch is not installed here: DCP metadata cannot be read (pip install 'loadmaster[node]')"
         return f
-    try:
-        # unpickling a 405B model's .metadata takes a while: off the event loop (the console stays live)
-        md = await asyncio.to_thread(load_metadata, raw, where=join_key(step_path, METADATA_FILE))
     except CheckpointError as exc:
         f.kind, f.note = "corrupt", str(exc)
         return f
