@@ -61,7 +61,7 @@ async def inspect_step(store: ObjectStore, step_path: str) -> StepInspection:
     files = {step.name: step.objects[0]} if step.is_file else {o.key[cut:]: o for o in step.objects}
     if step.layout == "dcp" and METADATA_FILE in files and files[METADATA_FILE].size <= MAX_METADATA_BYTES:
         try:
-            md = load_metadata(await store.get_bytes(join_key(step.path, METADATA_FILE)))
+            md = load_metadata(await store.get_bytes(join_key(step.path, METADATA_FILE)), light=True)
             for e in tensor_entries(md):
                 rows.append(
                     TensorRow(
