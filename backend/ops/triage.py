@@ -100,6 +100,7 @@ class Triage(Operation):
             good = goodput.compute(
                 history,
                 proven_step=ck.get("step"),
+                newest_step=(ck["step"] + ck["steps_lost_at_least"]) if ck.get("steps_lost_at_least") else None,
                 failures=failures,
                 failures_from=failures_from,
                 why_no_failures=why_no,

@@ -74,11 +74,13 @@ def compute(
     *,
     proven_step: int | None,
     failures: int | None,
+    newest_step: int | None = None,
     failures_from: str | None = None,
     why_no_failures: str = "no Slurm job given (--job): restarts and requeues unknown",
     why_no_steps: str = "the run has no full checkpoint with a step number",
 ) -> Goodput:
-    """Goodput from the run's full checkpoints, the newest proven step and the failures counted."""
+    """Goodput from the run's full checkpoints, the newest proven step and the failures counted
+    (``newest_step``: the newest step of any kind, when newer than the newest full one)."""
     missing: list[str] = []
     pts = sorted({(s.step, s.at): s for s in steps}.values(), key=lambda s: (s.step, s.at))
     if not pts:
@@ -98,7 +100,8 @@ def compute(
     kept = lost = None
     effective = good = None
     if pts:
-        newest = pts[-1].step
+        # The newest step of any kind (an unfinished save counts as work done and lost).
+        newest = max(pts[-1].step, newest_step if newest_step is not None else pts[-1].step)
         if proven_step is None:
             missing.append("steps kept: no step proves resumable")
         else:

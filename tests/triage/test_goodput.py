@@ -107,3 +107,8 @@ def test_one_stall_costs_exactly_its_share_of_the_wall(
     assert g.sec_per_step == pytest.approx(pace)
     assert g.goodput == pytest.approx(wall / (wall + stall), rel=1e-9)
     assert g.steps_lost == 0 and g.mtbf_s == pytest.approx(wall + stall)
+
+
+def test_an_unfinished_newer_save_counts_as_steps_lost() -> None:
+    g = compute(regular(4), proven_step=300, newest_step=450, failures=1)
+    assert g.steps_lost == 150 and g.steps_kept == 300 and g.goodput == pytest.approx(1.0)
