@@ -25,7 +25,16 @@ from backend.errors import JobError, StoreError
 from backend.jobs.pull_dest import TempTracker, check_space, outside_dest
 from backend.jobs.pull_objects import PulledObject, check_objects, parse_expected, parse_source
 from backend.jobs.pull_runner import CopyHooks, PullKind, cleanup, run_pull_job
-from backend.relay.node import Cancelled, FatalUpstream, Holdings, Receiver, RelayServer, Upstream, listing_digest
+from backend.relay.node import (
+    Cancelled,
+    FatalUpstream,
+    Holdings,
+    Receiver,
+    RelayServer,
+    Upstream,
+    listing_digest,
+    receiver_proofs,
+)
 from backend.relay.protocol import SECRET_ENV
 
 if TYPE_CHECKING:
@@ -117,6 +126,9 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
                 upstreams=ups,
                 reattach_s=float(r.get("reattach_s", 60.0)),
                 chain_len=int(r.get("chain_len", len(ups))),
+                # The store's full-object checksums where the console listed them (HEAD with
+                # checksum mode), one per object; else the MD5 ETags of single-part objects.
+                proofs=receiver_proofs(expected, r.get("checksums")),
             )
             threading.Thread(
                 target=_report, args=(ctx, h, recv, server, stop_progress), name="relay-progress", daemon=True
@@ -132,9 +144,11 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
                 "seconds": round(elapsed, 3),
                 "dest": str(dest),
                 "gbps": round(total * 8 / 1e9 / max(elapsed, 1e-6), 3),
-                # Every byte by SHA-256 on each hop; single-part objects here against the
-                # listing's MD5 (the seed checked its copy against a fresh listing too).
+                # Every byte by SHA-256 on each hop; each object here against the listing's
+                # full-object checksum, else a single-part object's MD5 (the seed checked its
+                # copy against a fresh listing too).
                 "md5_verified": recv.md5_verified,
+                "verification": dict(sorted(recv.verified.items())),
             }
         h.finish(
             {

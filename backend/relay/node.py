@@ -16,9 +16,11 @@ fresh listing's ETags, MD5 of single-part objects) before any receiver may end: 
 says so, and only then does a receiver finish. A receiver hashes each chunk once (to check it)
 and forwards it with that digest; the seed hashes each chunk once, whatever its children.
 
-A peer is data, not authority, even one holding the secret: each receiver checks a single-part
-object's bytes against the listing's MD5 (the listing comes from the console in the spec, not from
-a peer) before the object is renamed into place; every number in a message is range-checked
+A peer is data, not authority, even one holding the secret: each receiver checks an object's
+bytes against the listing before the object is renamed into place, with the proof a direct pull
+would choose (:func:`receiver_proofs`): the store's full-object checksum (CRC64NVME, CRC32C, CRC32,
+SHA-256, SHA-1) where the spec carries one, else a single-part object's MD5 ETag (the listing comes
+from the console in the spec, not from a peer); every number in a message is range-checked
 (:func:`count_in`, :func:`rate_in`); a handshake has :data:`HANDSHAKE_S` in all and handshakes
 have a cap of their own (:data:`MAX_HANDSHAKES`), so peers without the secret never take a real
 child's place; and a local write error (a full disk, EIO) fails the receiver with one line naming
@@ -27,6 +29,7 @@ DEST instead of re-attaching for ever.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import hashlib
@@ -34,7 +37,6 @@ import json
 import os
 import queue
 import random
-import re
 import socket
 import threading
 import time
@@ -44,6 +46,7 @@ from typing import Any
 
 from backend.agent.context import JobContext
 from backend.errors import JobError
+from backend.jobs.integrity import ALGORITHMS, MD5, ChecksumUnavailable, new_hasher
 from backend.jobs.pull_objects import PulledObject
 from backend.relay.protocol import (
     HANDSHAKE_S,
@@ -108,11 +111,7 @@ class LocalWriteError(JobError):
 
 
 class CorruptObject(JobError):
-    """An object arrived whole but its bytes do not match the listing's MD5: fatal here."""
-
-
-#: An ETag that is a plain MD5 of the object's bytes (single-part, not SSE-KMS).
-_MD5_ETAG = re.compile(r"[0-9a-f]{32}")
+    """An object arrived whole but its bytes do not match the listing's checksum or MD5: fatal here."""
 
 
 class Holdings:
@@ -516,6 +515,7 @@ class Receiver:
         upstreams: list[Upstream],
         reattach_s: float,
         chain_len: int | None = None,
+        proofs: list[ObjectProof | None] | None = None,
     ) -> None:
         self.h = holdings
         self.ctx = ctx
@@ -534,10 +534,16 @@ class Receiver:
         self.codec: FrameCodec | None = None
         self.check: ChunkCheck | None = None
         self.rate = RateWindow()
-        #: The MD5 of each single-part object's bytes (chunks arrive in order), hashed beside the
-        #: receive loop and checked against the listing's ETag before the object is renamed.
-        self.md5 = Md5Pipe()
+        #: What each object's bytes are checked against before it is renamed, from the console's
+        #: spec (never a peer): the store's full-object checksum where the spec carries one, else
+        #: a single-part object's MD5 ETag (:func:`receiver_proofs`); None: the per-hop SHA-256 only.
+        self.proofs = proofs if proofs is not None else receiver_proofs(holdings.objects, None)
+        #: The checksum of each such object's bytes (chunks arrive in order), computed beside the
+        #: receive loop.
+        self.md5 = ProofPipe()
         self.md5_verified = 0
+        #: Objects proven, by method ("md5", "crc64nvme", "sha256", ...).
+        self.verified: dict[str, int] = {}
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -572,7 +578,7 @@ class Receiver:
         t = self.temps.pop(i)
         try:
             os.close(t.fd)
-            self._check_md5(i, t.path)
+            self._check_proof(i, t.path)
             final = self.h.dest / o.rel
             os.replace(t.path, final)
         except OSError as exc:
@@ -589,8 +595,8 @@ class Receiver:
             final.parent.mkdir(parents=True, exist_ok=True)
             path = temp_name(final)
             t = self.temps[i] = _Temp(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            if o.etag and _MD5_ETAG.fullmatch(o.etag):
-                self.md5.start(i)
+            if (proof := self.proofs[i]) is not None:
+                self.md5.start(i, proof.algorithm)
         written = os.pwrite(t.fd, chunk.data, chunk.offset)
         if written != len(chunk.data):
             raise OSError(errno.ENOSPC, f"short write ({written} of {len(chunk.data)} bytes); is the disk full?")
@@ -601,20 +607,29 @@ class Receiver:
             self.h.publish(i, end, t.path)
         return end
 
-    def _check_md5(self, index: int, tmp: Path) -> None:
-        """A single-part object's bytes against the listing's MD5 ETag (the receiver has the
-        listing from the console, not from a peer): a mismatch removes it and fails this node."""
+    def _check_proof(self, index: int, tmp: Path) -> None:
+        """An object's bytes against the listing's proof: the store's full-object checksum, else
+        the MD5 ETag of a single-part object (the receiver has the listing from the console, not
+        from a peer): a mismatch removes it and fails this node."""
         got = self.md5.digest(index)
-        if got is None:
+        proof = self.proofs[index]
+        if got is None or proof is None:
             return
         o = self.h.objects[index]
-        if got != o.etag:
+        if got != proof.expected:
             tmp.unlink(missing_ok=True)
+            if proof.algorithm == MD5:
+                raise CorruptObject(
+                    f"{o.rel} has MD5 {got} but the listing's ETag is {o.etag}: corrupted or forged upstream "
+                    f"of {self.upstream} (removed; an SSE-KMS object's ETag is not its MD5: pull those directly)"
+                )
             raise CorruptObject(
-                f"{o.rel} has MD5 {got} but the listing's ETag is {o.etag}: corrupted or forged upstream "
-                f"of {self.upstream} (removed; an SSE-KMS object's ETag is not its MD5: pull those directly)"
+                f"{o.rel} has {proof.algorithm.upper()} {got} but the store's checksum is {proof.expected}: "
+                f"corrupted or forged upstream of {self.upstream} (removed)"
             )
-        self.md5_verified += 1
+        self.verified[proof.algorithm] = self.verified.get(proof.algorithm, 0) + 1
+        if proof.algorithm == MD5:
+            self.md5_verified += 1
 
     def remove_temps(self) -> None:
         self.md5.close()
@@ -800,22 +815,67 @@ class Receiver:
             self.sock = None
 
 
-class Md5Pipe:
-    """MD5 of objects' bytes on a thread of its own, so the receive loop (SHA-256 check, write,
-    forward) and the MD5 each take a core; hashlib releases the GIL on large buffers. At most
-    :data:`MD5_BACKLOG` chunks wait (each is its own buffer: nothing reuses it meanwhile)."""
+@dataclass(frozen=True)
+class ObjectProof:
+    """What one received object's bytes must give: ``algorithm`` ("md5", or one of the store's
+    full-object checksums) and the value as the listing writes it (MD5 hex; checksum base64)."""
+
+    algorithm: str
+    expected: str
+
+
+def receiver_proofs(
+    objects: list[PulledObject], checksums: Any, *, crt: bool | None = None
+) -> list[ObjectProof | None]:
+    """Each object's proof for a receiver, chosen as a direct pull chooses
+    (``backend.jobs.integrity.choose_proof``): the store's full-object checksum where the spec
+    lists one (``checksums``: one ``"ALGORITHM:BASE64"`` or None per object, from the console's
+    HEADs), else the MD5 ETag of a single-part object, else None (the per-hop SHA-256 alone: a
+    multipart object without a full-object checksum). A malformed entry is no proof: the next
+    weaker one is used."""
+    from backend.jobs.integrity import choose_proof, crt_available, parse_checksum_value
+
+    have_crt = crt_available() if crt is None else crt
+    listed = checksums if isinstance(checksums, list) and len(checksums) == len(objects) else [None] * len(objects)
+    out: list[ObjectProof | None] = []
+    for o, text in zip(objects, listed, strict=True):
+        found = []
+        if isinstance(text, str) and ":" in text:
+            alg, _, value = text.partition(":")
+            c = parse_checksum_value(alg.lower(), value, "FULL_OBJECT")
+            if c is not None:
+                found.append(c)
+        proof = choose_proof(o.size, o.etag, found, crt=have_crt)
+        if proof.algorithm in ALGORITHMS and proof.parts is None and isinstance(proof.expected, bytes):
+            out.append(ObjectProof(proof.algorithm, base64.b64encode(proof.expected).decode()))
+        elif proof.method == MD5 and isinstance(proof.expected, str):
+            out.append(ObjectProof(MD5, proof.expected))
+        else:
+            out.append(None)
+    return out
+
+
+class ProofPipe:
+    """The checksum of objects' bytes on a thread of its own (MD5, or the store's full-object
+    algorithm: CRC64NVME, CRC32C, CRC32, SHA-256, SHA-1), so the receive loop (SHA-256 check,
+    write, forward) and the checksum each take a core; hashlib and awscrt release the GIL on
+    large buffers. At most :data:`MD5_BACKLOG` chunks wait (each is its own buffer: nothing
+    reuses it meanwhile)."""
 
     def __init__(self) -> None:
         self.q: queue.Queue[tuple[int, bytes | memoryview | None, threading.Event | None] | None] = queue.Queue(
             MD5_BACKLOG
         )
-        self.hashes: dict[int, Any] = {}
+        self.hashes: dict[int, tuple[str, Any]] = {}
         self.done: dict[int, str] = {}
         self.thread: threading.Thread | None = None
 
-    def start(self, index: int) -> None:
-        """Object ``index`` is hashed from its first byte on."""
-        self.hashes[index] = hashlib.md5(usedforsecurity=False)
+    def start(self, index: int, algorithm: str = MD5) -> None:
+        """Object ``index`` is hashed with ``algorithm`` from its first byte on."""
+        try:
+            self.hashes[index] = (algorithm, new_hasher(algorithm))
+        except ChecksumUnavailable as exc:
+            raise JobError(f"cannot check the received objects: {exc}") from None
         if self.thread is None:
             self.q = queue.Queue(MD5_BACKLOG)
             self.thread = threading.Thread(target=self._run, args=(self.q,), name="relay-md5", daemon=True)
@@ -826,18 +886,19 @@ class Md5Pipe:
             self.q.put((index, data, None))
 
     def digest(self, index: int) -> str | None:
-        """The MD5 (hex) of every byte added for ``index``, once hashed; None when not hashed."""
+        """The checksum of every byte added for ``index``, once hashed (MD5 as hex, the others as
+        base64, as S3 writes them); None when not hashed."""
         if index not in self.hashes:
             return None
         ev = threading.Event()
         self.q.put((index, None, ev))
         while not ev.wait(1.0):
             if self.thread is None or not self.thread.is_alive():
-                raise JobError("the MD5 check of the received objects stopped")
+                raise JobError("the checksum of the received objects stopped")
         self.hashes.pop(index, None)
         got = self.done.pop(index, None)
         if got is None:  # closed meanwhile: nothing proves these bytes
-            raise JobError("the MD5 check of the received objects stopped")
+            raise JobError("the checksum of the received objects stopped")
         return got
 
     def close(self) -> None:
@@ -850,13 +911,18 @@ class Md5Pipe:
     def _run(self, q: queue.Queue[Any]) -> None:
         while (item := q.get()) is not None:
             index, data, ev = item
-            md5 = self.hashes.get(index)  # None once closed: what is left is dropped
+            held = self.hashes.get(index)  # None once closed: what is left is dropped
             if ev is not None:
-                if md5 is not None:
-                    self.done[index] = md5.hexdigest()
+                if held is not None:
+                    alg, h = held
+                    self.done[index] = h.hexdigest() if alg == MD5 else base64.b64encode(h.digest()).decode()
                 ev.set()
-            elif data is not None and md5 is not None:
-                md5.update(data)
+            elif data is not None and held is not None:
+                held[1].update(data)
+
+
+#: The name this had while it hashed MD5 alone.
+Md5Pipe = ProofPipe
 
 
 #: Chunks waiting for the MD5 thread at most (with 4 MiB chunks: 64 MiB).

@@ -1,0 +1,57 @@
+"""Console side of a relay pull's proofs: the store's full-object checksum of each listed object.
+
+A receiver has no credentials, so it cannot ask the store; and a peer is data, not authority, so it
+cannot take a checksum from its upstream. The console, which lists the source anyway, asks the
+store for each object's checksums (one HEAD with ``ChecksumMode=ENABLED``, a few at a time) and
+puts the full-object ones in the relay spec (``relay["checksums"]``: one ``"ALGORITHM:BASE64"``
+or None per listed object). Each receiver then proves an object's bytes with the method a direct
+pull would choose (``backend.relay.node.receiver_proofs``): that checksum, else a single-part
+object's MD5 ETag. Composite (per-part) checksums are left out: a receiver does not know the part
+boundaries. What the store answers is parsed as a direct pull parses it
+(``backend.jobs.integrity.parse_checksum_value``): a malformed value is no checksum.
+
+Wiring: ``backend.jobs.pull.launch_relay`` adds ``"checksums": await listing_checksums(store,
+keys)`` to the relay params it builds (one call per launch, before the first job starts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from backend.jobs.integrity import ALGORITHMS, parse_checksum_value
+
+#: HEADs in flight at once.
+HEADS_AT_ONCE = 16
+
+
+def full_object_checksum(head: dict[str, Any]) -> str | None:
+    """``"ALGORITHM:BASE64"`` of the cheapest full-object checksum in a HEAD answer (botocore's
+    ``ChecksumCRC64NVME`` ... keys), or None."""
+    kind = head.get("ChecksumType")
+    for alg in ALGORITHMS:  # cheapest first
+        value = head.get(f"Checksum{alg.upper()}")
+        if isinstance(value, str):
+            c = parse_checksum_value(alg, value, kind if isinstance(kind, str) else None)
+            if c is not None and c.parts is None:
+                return f"{alg}:{c.text()}"
+    return None
+
+
+async def listing_checksums(store: Any, keys: Sequence[str]) -> list[str | None]:
+    """The full-object checksum of each of ``keys`` in ``store`` (an ``S3Store``, keys relative
+    to its bucket), None where the store keeps none. A store that refuses checksum mode, or a
+    HEAD that fails, gives None for that object: the receiver falls back to the MD5 ETag."""
+    client = await store.client()
+    gate = asyncio.Semaphore(HEADS_AT_ONCE)
+
+    async def one(key: str) -> str | None:
+        async with gate:
+            try:
+                head = await client.head_object(Bucket=store.bucket, Key=key, ChecksumMode="ENABLED")
+            except Exception:  # noqa: BLE001 - no checksum is a weaker proof, never a failed launch
+                return None
+        return full_object_checksum(head)
+
+    return list(await asyncio.gather(*(one(k) for k in keys)))
