@@ -73,3 +73,36 @@ async def test_important_columns_visible(screen: str, size: str) -> None:
     # The footer keeps the way out and the way to every other key on screen at every size.
     footer = text.rstrip().splitlines()[-1]
     assert "? Help" in footer and "q Quit" in footer, f"{screen} at {size}: footer clipped: {footer!r}"
+
+
+#: Keys every screen shares, documented once in README's table of common keys.
+COMMON_KEYS = {"slash", "enter", "escape", "r", "ctrl+r", "o", "n", "c", "ctrl+s"}
+
+
+def test_readme_names_every_screen_and_its_keys() -> None:
+    """The docs name all 7+ screens' digits and each screen's own keys (`?` shows the same)."""
+    import importlib
+    from pathlib import Path
+
+    from textual.binding import Binding
+
+    from tui.screens.base import SCREEN_SPECS, LoadmasterScreen
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    first, last = SCREEN_SPECS[0].key, SCREEN_SPECS[-1].key
+    assert f"`{first}`-`{last}` switch between " + ", ".join(s.title for s in SCREEN_SPECS[:-1]) in readme
+    para = readme[readme.index("Screen keys") :]
+    para = " ".join(para[: para.index("A text field takes")].split())
+    missing = []
+    for spec in SCREEN_SPECS:
+        cls = getattr(importlib.import_module(spec.module), spec.class_name)
+        own = [
+            b.key
+            for klass in cls.__mro__[: cls.__mro__.index(LoadmasterScreen)]
+            for b in Binding.make_bindings(klass.__dict__.get("BINDINGS", ()))
+            if b.key not in COMMON_KEYS
+        ]
+        part = para.split(f" {spec.title} `", 1)[1].split(" · ", 1)[0] if f" {spec.title} `" in para else ""
+        part = "`" + part
+        missing += [f"{spec.title}: `{k}`" for k in own if f"`{k}`" not in part]
+    assert not missing, f"README's screen keys do not name: {missing}"
