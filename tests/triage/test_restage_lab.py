@@ -87,7 +87,8 @@ def test_restage_pulls_the_proven_step_once_to_two_nodes(  # type: ignore[no-unt
             assert hashlib.sha256((dest / name).read_bytes()).digest() == hashlib.sha256(body_bytes).digest(), name
     text = "\n".join(result.lines())  # type: ignore[attr-defined]
     assert "resume-ready: step 20 on 2 node(s)" in text and "saved" in text
-    print(f"{text}\nstore proxy served {served} bytes for a {step_bytes}-byte step to {len(NODES)} nodes")
+    with capsys.disabled():
+        print(f"{text}\nstore proxy served {served} bytes for a {step_bytes}-byte step to {len(NODES)} nodes")
 
 
 def test_no_proven_step_is_refused_with_its_reason(  # type: ignore[no-untyped-def]
