@@ -24,6 +24,8 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from backend.alerts.settings import AlertSettings
+from backend.errors import LoadmasterError
+from backend.slurm.settings import SlurmSettings
 from backend.telemetry.model import FleetSnapshot
 from backend.telemetry.report import unread_nodes
 from tui.messages import FleetSampled
@@ -32,10 +34,12 @@ from tui.screens.node_detail import NodeDetailScreen
 from tui.widgets.fleet_alerts import AlertList
 from tui.widgets.fleet_format import conditions_line, fleet_summary
 from tui.widgets.fleet_heatmap import HEATMAP_ABOVE, FleetHeatmap, HeatmapGrid, group_key
-from tui.widgets.fleet_table import STARVED_ALERT, TREND_WIDTH, FleetTable, matches
+from tui.widgets.fleet_table import STARVED_ALERT, TREND_WIDTH, FleetTable
+from tui.widgets.slurm_actions import SlurmKeys, drain_flow, resume_flow
 from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
+    from backend.ops.slurm import SlurmNodeRow
     from backend.services import Services
 
 STYLE_NAMES = ("node-up", "node-down", "node-stale", "alert")
@@ -43,12 +47,17 @@ STYLE_NAMES = ("node-up", "node-down", "node-stale", "alert")
 STATE_CHECK_EVERY = 15.0
 
 View = Literal["table", "heatmap"]
+#: The preset filters ``f`` cycles through (None: every node).
+PRESETS: tuple[str | None, ...] = (None, "drained/down", "slowest GPUs")
+#: How many of the slowest GPUs the "slowest GPUs" filter shows the nodes of.
+SLOWEST = 10
 
 
-class FleetScreen(LoadmasterScreen):
+class FleetScreen(SlurmKeys, LoadmasterScreen):
     """Nodes, GPUs, NICs, disks and alerts of the whole fleet."""
 
     SCREEN_TITLE: ClassVar[str] = "Fleet"
+    OWN_STATE_LINE: ClassVar[bool] = True  # the conditions line says a state database that is down
     FILTER_HINT: ClassVar[str] = "node name, site or state (glob or substring)"
     PALETTE_COMMANDS: ClassVar[list[PaletteCommand]] = [
         ("Open node detail", "Per-GPU rows and time series of the selected node (key enter)", "open_node"),
@@ -58,17 +67,34 @@ class FleetScreen(LoadmasterScreen):
             "One cell per GPU, grouped, problems on top; or one row per node (key v)",
             "toggle_view",
         ),
+        (
+            "Filter: drained/down, slowest GPUs",
+            "Cycle the preset filters: Slurm's drained, draining and down nodes; the nodes of the "
+            "slowest GPUs by triage's straggler ranking; every node (key f)",
+            "cycle_preset",
+        ),
+        ("Filter: nodes of a job", "Type job:N in the filter: the nodes Slurm runs job N on (key j)", "filter_job"),
+        ("Drain node in Slurm", "Reason, after the jobs or now, the exact scontrol command, confirm (key d)", "drain"),
+        ("Resume node in Slurm", "The evidence checks, the exact scontrol command, confirm (key R)", "resume"),
     ]
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("enter", "open_node", "Node detail", show=True),
         Binding("v", "toggle_view", "Heatmap/table"),
+        Binding("f", "cycle_preset", "Preset filter", show=False),
+        Binding("j", "filter_job", "Job's nodes", show=False),
+        Binding("d", "drain", "Drain"),
+        Binding("R", "resume", "Resume", show=False),
     ]
     """
     | Key(s) | Description |
     | :- | :- |
-    | / | Filter nodes by name, site or state (glob or substring). |
+    | / | Filter nodes by name, site, state, Slurm state or partition; job:N for the nodes of job N. |
+    | f | Preset filter: drained/down (Slurm), the slowest GPUs' nodes (triage's ranking), every node. |
+    | j | Filter the nodes of a Slurm job (types job: into the filter). |
+    | d | Drain the selected node in Slurm: reason, after the jobs or now, the command, confirm. |
+    | R | Resume the selected node in Slurm: the evidence checks, the command, confirm. |
     | enter | Open the selected node's detail (per-GPU rows and time series). |
     | v | Switch between the heatmap (one cell per GPU) and the node table. |
     | s / S | Table: sort by the next column / reverse (clicking a header also sorts). |
@@ -90,6 +116,13 @@ class FleetScreen(LoadmasterScreen):
         self._site_alerts: Any = None
         #: Why the state database cannot be reached (one line for the whole fleet), or None.
         self.state_down: str | None = None
+        #: Slurm's rows by node (empty until read, or without [slurm] enabled) and why the last
+        #: read failed (None: it did not).
+        self.slurm_rows: dict[str, SlurmNodeRow] = {}
+        self.slurm_error: str | None = None
+        #: The preset filter on (one of PRESETS) and the slowest GPUs' (node, GPU, SM ratio).
+        self.preset: str | None = None
+        self.slowest: list[tuple[str, int, float]] = []
 
     @property
     def hub(self) -> Any:
@@ -108,8 +141,11 @@ class FleetScreen(LoadmasterScreen):
     def on_mount(self) -> None:
         self._apply_theme()
         self._unsubscribe = self.hub.subscribe(self._on_tick)
-        tags = {n.name: n.tags for n in self.services.config.nodes}
-        self.query_one(FleetHeatmap).grid.groups = lambda n: group_key(n.name, n.site, tags.get(n.name, ()))
+        self._set_groups()
+        if self.slurm_enabled:
+            self.query_one(FleetTable).set_slurm({}, enabled=True)
+            self.set_interval(self.services.config.section(SlurmSettings).interval, self._read_slurm)
+            self._read_slurm()
         first = self.hub.snapshot()
         self.show_view("heatmap" if len(first.nodes) > HEATMAP_ABOVE else "table")
         self.apply_snapshot(first)
@@ -118,6 +154,156 @@ class FleetScreen(LoadmasterScreen):
         if self.services.config.state.url:
             self.set_interval(STATE_CHECK_EVERY, self._check_state)
             self._check_state()
+
+    def _set_groups(self) -> None:
+        """Heatmap groups: a Slurm node's first partition, else its site, tag or hostlist prefix."""
+        tags = {n.name: n.tags for n in self.services.config.nodes}
+        parts = {name: r.partitions[0] for name, r in self.slurm_rows.items() if r.partitions}
+        self._partitions = parts
+
+        def group(n: Any) -> str:
+            part = parts.get(n.name)
+            return f"partition:{part}" if part else group_key(n.name, n.site, tags.get(n.name, ()))
+
+        self.query_one(FleetHeatmap).grid.groups = group
+
+    # -- Slurm ---------------------------------------------------------------------------------
+
+    @work(exclusive=True, group="fleet-slurm", exit_on_error=False)
+    async def _read_slurm(self, fresh: bool = False) -> None:
+        """Slurm's nodes (one sinfo and one squeue per [slurm] interval, shared with every reader)."""
+        try:
+            rows = await self.services.ops.slurm.rows(fresh=fresh)
+        except LoadmasterError as exc:
+            self.slurm_error = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        else:
+            self.slurm_error = None
+            self.slurm_read({r.name: r for r in rows})
+            return
+        if self.last_snapshot is not None:
+            self.apply_snapshot(self.last_snapshot)
+
+    def slurm_read(self, rows: dict[str, SlurmNodeRow]) -> None:
+        """Show a read of Slurm: the table's Slurm cells, the heatmap's partitions, the filters."""
+        self.slurm_rows = rows
+        self.query_one(FleetTable).set_slurm(rows, enabled=True)
+        if {n: r.partitions[0] for n, r in rows.items() if r.partitions} != getattr(self, "_partitions", {}):
+            self._set_groups()
+        if self.last_snapshot is not None:
+            self.apply_snapshot(self.last_snapshot)
+
+    def slurm_line(self) -> str:
+        """The conditions line's Slurm part: what takes no new work, or why Slurm is unread."""
+        if self.slurm_error:
+            return f"Slurm: {self.slurm_error}"
+        if not self.slurm_rows:
+            return "Slurm: not read yet"
+        rows = list(self.slurm_rows.values())
+        count = {w: sum(1 for r in rows if r.state.rstrip("*") == w) for w in ("drained", "draining", "down")}
+        repeat = sum(1 for r in rows if r.repeat_offender)
+        text = f"Slurm: {count['drained']} drained, {count['draining']} draining, {count['down']} down"
+        return text + (f", {repeat} drained 3+ times in 30 days" if repeat else "")
+
+    def _selected_node(self) -> str | None:
+        if self.view == "heatmap":
+            cursor = self.query_one(FleetHeatmap).grid.cursor
+            return cursor[0] if cursor is not None else None
+        return cursor_row_key(self.query_one(FleetTable))
+
+    def prompted_by(self, name: str) -> str | None:
+        """What on the node's row prompts a drain: its newest Xid, else loadmaster's starvation."""
+        snap = self.last_snapshot.node(name) if self.last_snapshot is not None else None
+        if snap is None:
+            return None
+        if snap.xids:
+            x = snap.xids[-1]
+            return f"Xid {x.code} GPU {x.gpu}"
+        if snap.alerts:
+            return f"GPU starved: {snap.alerts[0].hint}"
+        return None
+
+    def action_drain(self) -> None:
+        """Drain the selected node in Slurm (reason, after the jobs or now, command, confirm)."""
+        name = self._selected_node()
+        if name is not None:
+            self._drain(name)
+
+    def action_resume(self) -> None:
+        """Resume the selected node in Slurm once the evidence passes (command, confirm)."""
+        name = self._selected_node()
+        if name is not None:
+            self._resume(name)
+
+    @work(exclusive=True, group="slurm-action", exit_on_error=False)
+    async def _drain(self, name: str) -> None:
+        if await drain_flow(self, name, self.slurm_rows.get(name), self.prompted_by(name)):
+            self._read_slurm(fresh=True)
+
+    @work(exclusive=True, group="slurm-action", exit_on_error=False)
+    async def _resume(self, name: str) -> None:
+        if await resume_flow(self, name):
+            self._read_slurm(fresh=True)
+
+    # -- preset filters ------------------------------------------------------------------------
+
+    def action_cycle_preset(self) -> None:
+        """Next preset filter: drained/down, the slowest GPUs' nodes, every node."""
+        nxt = PRESETS[(PRESETS.index(self.preset) + 1) % len(PRESETS)]
+        if nxt == "drained/down" and not self.slurm_enabled:
+            nxt = "slowest GPUs"
+        if nxt == "slowest GPUs":
+            self.preset = nxt
+            self.notify("Ranking the GPUs (triage reads every node)…", timeout=3)
+            self._rank_slowest()
+            return
+        self.set_preset(nxt)
+
+    def set_preset(self, preset: str | None) -> None:
+        self.preset = preset
+        table = self.query_one(FleetTable)
+        if preset == "drained/down":
+            table.only = lambda name: name in self.slurm_rows and self.slurm_rows[name].unavailable
+        elif preset == "slowest GPUs":
+            nodes = {node for node, _gpu, _ratio in self.slowest}
+            table.only = lambda name: name in nodes
+        else:
+            table.only = None
+        if self.last_snapshot is not None:
+            self.apply_snapshot(self.last_snapshot)
+
+    @work(exclusive=True, group="fleet-slowest", exit_on_error=False)
+    async def _rank_slowest(self) -> None:
+        """The slowest GPUs by triage's straggler ranking (backend.triage.analyze.slowest)."""
+        names = [n.name for n in self.last_snapshot.nodes] if self.last_snapshot is not None else []
+        try:
+            report = await self.services.ops.triage.run(nodes=[",".join(names)] if names else [])
+        except LoadmasterError as exc:
+            self.report_error("Slowest GPUs", exc)
+            self.set_preset(None)
+            return
+        self.slowest = [(r.node, r.gpu, r.sm_ratio) for r in report.slowest[:SLOWEST]]
+        if not self.slowest:
+            self.notify("No ranking: fewer than 4 busy GPUs with an SM clock", severity="warning")
+        self.set_preset("slowest GPUs")
+
+    def preset_line(self) -> str:
+        if self.preset == "slowest GPUs":
+            ranked = ", ".join(f"{n} GPU {g} {r:.0%}" for n, g, r in self.slowest[:4])
+            return f"filter: slowest GPUs (SM clock vs median): {ranked or 'none ranked'} · f: next"
+        if self.preset:
+            return f"filter: {self.preset} · f: next"
+        return ""
+
+    def action_filter_job(self) -> None:
+        """Filter the nodes of a Slurm job: ``job:`` in the filter box, the id typed after it."""
+        box = self._filter_box()
+        if box is None:
+            return
+        if not box.value.startswith("job:"):
+            box.value = "job:"
+        self.action_filter()
+        # Focusing selects the box's text; the id is typed after "job:", not over it.
+        self.call_after_refresh(box.action_end)
 
     @work(exclusive=True, group="fleet-state", thread=True, exit_on_error=False)
     def _check_state(self) -> None:
@@ -179,6 +365,8 @@ class FleetScreen(LoadmasterScreen):
                     silenced=getattr(app, "site_silenced", None),
                     state_down=self.state_down,
                 )
+                + (" · " + self.slurm_line() if self.slurm_enabled else "")
+                + (" · " + self.preset_line() if self.preset else "")
             )
             conditions.set_class(bool(snapshot.active_alerts or self.state_down), "-active")
             self._sync_site_alerts()
@@ -219,8 +407,10 @@ class FleetScreen(LoadmasterScreen):
         """Apply the nodes to the view on screen; the other one catches up when it is shown
         (a hidden 256-node table would format every row on every tick)."""
         if self.view == "heatmap":
-            nodes = [n for n in snapshot.nodes if matches(n, self.filter_text)] if self.filter_text else snapshot.nodes
-            empty = f"no node matches {self.filter_text!r}" if self.filter_text else "no nodes configured"
+            table = self.query_one(FleetTable)
+            nodes = [n for n in snapshot.nodes if table.passes(n)]
+            filtered = self.filter_text or self.preset
+            empty = f"no node matches {filtered!r}" if filtered else "no nodes configured"
             self.query_one(FleetHeatmap).show(nodes, empty=empty)
         else:
             self.query_one(FleetTable).show(snapshot.nodes, self._trend)
@@ -291,11 +481,7 @@ class FleetScreen(LoadmasterScreen):
 
     def action_open_node(self) -> None:
         """Open the node under the cursor (the table's row or the heatmap's cell)."""
-        if self.view == "heatmap":
-            cursor = self.query_one(FleetHeatmap).grid.cursor
-            name = cursor[0] if cursor is not None else None
-        else:
-            name = cursor_row_key(self.query_one(FleetTable))
+        name = self._selected_node()
         if name is not None:
             self.open_node(name)
 

@@ -5,21 +5,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Static
 
+from backend.errors import LoadmasterError
+from backend.slurm.settings import SlurmSettings
 from backend.telemetry.model import FleetSnapshot, NodeSnapshot
+from backend.textfmt import safe_text
 from backend.units import bytes_text
 from tui.messages import FleetSampled
-from tui.screens.base import LoadmasterScreen
-from tui.widgets.fleet_format import bar, error_cell, num, rate_pct, spark, state_cell
+from tui.screens.base import LoadmasterScreen, PaletteCommand
+from tui.widgets.fleet_format import bar, error_cell, num, rate_pct, slurm_detail, spark, state_cell
 from tui.widgets.fleet_plot import TimeSeriesPlot
+from tui.widgets.slurm_actions import SlurmKeys, drain_flow, resume_flow
 
 if TYPE_CHECKING:
+    from backend.ops.slurm import GpuJob, SlurmNodeRow
     from backend.services import Services
 
 #: (history series, title, unit) of each plot.
@@ -40,6 +45,18 @@ GPU_COLUMNS = (
     ("trend", "Util trend", 24),
 )
 BAR = 10
+#: The GPU table's Slurm column (with [slurm] enabled): the job on each GPU, after its index.
+JOB_COLUMN = ("job", "Slurm job", 10)
+
+
+def gpu_job_cell(index: int, row: SlurmNodeRow | None, on_node: tuple[GpuJob, ...] | None) -> str:
+    """The Slurm job(s) on GPU ``index``: Slurm's GRES indices, else the node's own answer (each
+    compute process's cgroup ``job_<id>``); ``pid N`` for a process of no job; ``-``: none."""
+    jobs = [j.job_id for j in row.jobs if index in j.gpus] if row is not None else []
+    for g in on_node or ():
+        if g.gpu == index:
+            jobs.append(g.job_id if g.job_id is not None else f"pid {g.pid}")
+    return ",".join(safe_text(j, 20) for j in dict.fromkeys(jobs)) or "-"
 
 
 def gpu_cells(g: Any) -> tuple[str, ...]:
@@ -60,17 +77,25 @@ def gpu_cells(g: Any) -> tuple[str, ...]:
     return (str(g.index), g.name, util, mem, num(g.temp_c, "{:.0f}°C"), power, "ok")
 
 
-class NodeDetailScreen(LoadmasterScreen):
+class NodeDetailScreen(SlurmKeys, LoadmasterScreen):
     """Everything about one node; escape returns to the Fleet screen."""
 
     SCREEN_TITLE: ClassVar[str] = "Node"
+    PALETTE_COMMANDS: ClassVar[list[PaletteCommand]] = [
+        ("Drain node in Slurm", "Reason, after the jobs or now, the exact scontrol command, confirm (key d)", "drain"),
+        ("Resume node in Slurm", "The evidence checks, the exact scontrol command, confirm (key R)", "resume"),
+    ]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Back"),
+        Binding("d", "drain", "Drain"),
+        Binding("R", "resume", "Resume", show=False),
     ]
     """
     | Key(s) | Description |
     | :- | :- |
     | escape | Back to the Fleet screen. |
+    | d | Drain this node in Slurm: reason, after the jobs or now, the command, confirm. |
+    | R | Resume this node in Slurm: the evidence checks, the command, confirm. |
     """
 
     def __init__(self, services: Services, node: str, **kwargs: Any) -> None:
@@ -79,6 +104,10 @@ class NodeDetailScreen(LoadmasterScreen):
         self._unsubscribe: Any = None
         self._shown: NodeSnapshot | None = None
         self._gpu_rows: list[tuple[str, ...]] = []
+        #: Slurm's row for the node and the node's own GPU-to-job answer (with [slurm] enabled).
+        self.slurm_row: SlurmNodeRow | None = None
+        self.gpu_jobs: tuple[GpuJob, ...] | None = None
+        self.slurm_error: str | None = None
 
     @property
     def hub(self) -> Any:
@@ -87,6 +116,7 @@ class NodeDetailScreen(LoadmasterScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(classes="screen-body", id="node-body"):
             yield Static("", id="node-header", markup=False)
+            yield Static("", id="node-slurm", markup=False)
             yield DataTable(id="node-gpus", cursor_type="row", zebra_stripes=True)
             yield Static("", id="node-io", markup=False)
             with Vertical(id="node-plots"):
@@ -97,10 +127,79 @@ class NodeDetailScreen(LoadmasterScreen):
 
     def on_mount(self) -> None:
         table = self.query_one("#node-gpus", DataTable)
-        for key, label, width in GPU_COLUMNS:
+        columns = list(GPU_COLUMNS)
+        if self.slurm_enabled:
+            columns.insert(1, JOB_COLUMN)
+        for key, label, width in columns:
             table.add_column(label, key=key, width=width)
+        self.query_one("#node-slurm", Static).display = self.slurm_enabled
         self._unsubscribe = self.hub.subscribe(lambda s: self.post_message(FleetSampled(s)))
         self.apply_snapshot(self.hub.snapshot())
+        if self.slurm_enabled:
+            self.set_interval(self.services.config.section(SlurmSettings).interval, self._read_slurm)
+            self._read_slurm()
+
+    # -- Slurm -----------------------------------------------------------------------------------
+
+    @work(exclusive=True, group="node-slurm", exit_on_error=False)
+    async def _read_slurm(self, fresh: bool = False) -> None:
+        """Slurm's row for the node (shared, once per interval) and, on the node, which job each
+        GPU's processes belong to (ops.slurm.gpu_jobs: no Slurm rights needed)."""
+        ops = self.services.ops.slurm
+        errors = []
+        try:
+            rows = await ops.rows(fresh=fresh)
+            self.slurm_row = next((r for r in rows if r.name == self.node_name), None)
+        except LoadmasterError as exc:
+            errors.append(f"Slurm: {exc}")
+        if self.node_name in self.services.pool.names:
+            try:
+                self.gpu_jobs = await ops.gpu_jobs(self.node_name)
+            except (LoadmasterError, OSError) as exc:
+                self.gpu_jobs = None
+                errors.append(f"GPU processes: {exc}")
+        self.slurm_error = safe_text("; ".join(errors), 300) if errors else None
+        self._show_slurm()
+
+    def _show_slurm(self) -> None:
+        row = self.slurm_row
+        if row is not None:
+            text = slurm_detail(row)
+        elif self.slurm_error is None:
+            text = f"Slurm: {self.node_name} is not a Slurm node"
+        else:
+            text = ""
+        if self.slurm_error:
+            text = (text + " · " if text else "") + self.slurm_error
+        self.query_one("#node-slurm", Static).update(text)
+        if self._shown is not None:
+            self._gpus(self._shown)
+
+    def action_drain(self) -> None:
+        """Drain this node in Slurm (reason, after the jobs or now, command, confirm)."""
+        self._drain()
+
+    def action_resume(self) -> None:
+        """Resume this node in Slurm once the evidence passes (command, confirm)."""
+        self._resume()
+
+    def _prompted_by(self) -> str | None:
+        n = self._shown
+        if n is not None and n.xids:
+            return f"Xid {n.xids[-1].code} GPU {n.xids[-1].gpu}"
+        if n is not None and n.alerts:
+            return f"GPU starved: {n.alerts[0].hint}"
+        return None
+
+    @work(exclusive=True, group="slurm-action", exit_on_error=False)
+    async def _drain(self) -> None:
+        if await drain_flow(self, self.node_name, self.slurm_row, self._prompted_by()):
+            self._read_slurm(fresh=True)
+
+    @work(exclusive=True, group="slurm-action", exit_on_error=False)
+    async def _resume(self) -> None:
+        if await resume_flow(self, self.node_name):
+            self._read_slurm(fresh=True)
 
     def on_unmount(self) -> None:
         if self._unsubscribe is not None:
@@ -162,6 +261,11 @@ class NodeDetailScreen(LoadmasterScreen):
             return spark(hist.series(f"gpu{index}", 24), 24)
 
         rows = [(*gpu_cells(g), trend(g.index)) for g in n.gpus]
+        if self.slurm_enabled:
+            rows = [
+                (r[0], gpu_job_cell(g.index, self.slurm_row, self.gpu_jobs), *r[1:])
+                for r, g in zip(rows, n.gpus, strict=True)
+            ]
         if len(rows) != len(self._gpu_rows):
             table.clear()
             for row in rows:

@@ -5,11 +5,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 
 from backend.telemetry.model import NO_GPU, Alert, FleetSnapshot, NodeSnapshot
-from backend.units import gbps_text
+from backend.textfmt import safe_text
+from backend.units import age_text, gbps_text
+
+if TYPE_CHECKING:
+    from backend.ops.slurm import SlurmNodeRow
 
 SPARK = "▁▂▃▄▅▆▇█"
 BAR_FULL = "█"
@@ -122,6 +127,55 @@ def node_cells(
         n.site or "",
         error_cell(n),
     )
+
+
+def split_reason(reason: str, set_by: str | None) -> tuple[str, str | None]:
+    """A Slurm reason as (what, who): loadmaster's template ``<what> | loadmaster:<operator> |
+    <UTC time>`` gives the operator; any other reason is Slurm's ``reason_set_by_user``."""
+    parts = reason.split(" | ")
+    if len(parts) >= 3 and parts[-2].startswith("loadmaster:"):
+        return " | ".join(parts[:-2]), parts[-2].removeprefix("loadmaster:")
+    return reason, set_by
+
+
+def slurm_state_cell(row: SlurmNodeRow | None) -> str:
+    """Slurm's word for the node (``drained``, ``draining``, ``down``, ``mixed``, ``idle``; ``*``:
+    slurmctld cannot reach it) and ``×N`` when it was drained N >= 3 times in 30 days; ``-``: not
+    a Slurm node."""
+    if row is None:
+        return "-"
+    word = safe_text(row.state, 12)
+    return f"{word} ×{row.drains_30d}" if row.repeat_offender else word
+
+
+def slurm_reason_cell(row: SlurmNodeRow | None) -> str:
+    """The reason, who set it and how long ago: ``Xid 79 (alice, 2h ago)``; empty when none."""
+    if row is None or not row.reason:
+        return ""
+    what, who = split_reason(safe_text(row.reason, 300), row.reason_by)
+    when = f"{age_text(row.reason_age_s)} ago" if row.reason_age_s is not None else "when unknown"
+    return f"{what} ({safe_text(who or '?', 40)}, {when})"
+
+
+def slurm_detail(row: SlurmNodeRow) -> str:
+    """Node detail's Slurm line: state in Slurm's spelling, partitions, the full reason with who
+    and when, drains in 30 days, and the jobs on the node with their GPUs."""
+    parts = [f"Slurm {safe_text(row.state, 12)} ({safe_text(row.state_text, 80)})"]
+    parts.append("partitions " + (", ".join(safe_text(p, 40) for p in row.partitions) or "none"))
+    if row.reason:
+        who = safe_text(row.reason_by or "?", 40)
+        when = f"{age_text(row.reason_age_s)} ago" if row.reason_age_s is not None else "when unknown"
+        parts.append(f"reason: {safe_text(row.reason, 300)} (set by {who}, {when})")
+    drains = f"drained {row.drains_30d}x in 30 days"
+    parts.append(drains + (" (repeat offender)" if row.repeat_offender else ""))
+    jobs = [
+        f"job {safe_text(j.job_id, 20)} {safe_text(j.user, 32)}/{safe_text(j.name, 40)}"
+        f" {age_text(j.elapsed_s) if j.elapsed_s is not None else '?'}"
+        f" GPUs {','.join(map(str, j.gpus)) or '?'}"
+        for j in row.jobs
+    ]
+    parts.append("jobs: " + ("; ".join(jobs) if jobs else "none"))
+    return " · ".join(parts)
 
 
 def styled(text: str, style: str | None) -> Text | str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual.binding import Binding, BindingType
@@ -11,15 +11,20 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
 
 from backend.telemetry.model import NodeSnapshot
-from tui.widgets.fleet_format import node_cells
+from tui.widgets.fleet_format import node_cells, slurm_reason_cell, slurm_state_cell
 from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.text_filter import text_matches
 from tui.widgets.transfers_format import short
+
+if TYPE_CHECKING:
+    from backend.ops.slurm import SlurmNodeRow
 
 #: (key, label, width) of each column, in display order; the width is the column's natural one.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("node", "Node", 12),
     ("state", "State", 11),
+    # Slurm's state and flags (``draining*``, ``drained ×3``): only with [slurm] enabled.
+    ("slurm", "Slurm", 11),
     ("gpus", "GPUs", 13),
     # Each width leaves room for the sort arrow after the label (" ▲").
     ("util", "Util avg/min", 14),
@@ -27,6 +32,8 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("tx", "TX Gbps (%)", 13),
     # "STARVED line rate unknown" in full; the site's alerts and an Xid take what is left over.
     ("alerts", "Alerts", 25),
+    # Slurm's reason, who set it and how long ago (in full in the node detail).
+    ("reason", "Slurm reason", 30),
     ("trend", "Util trend", 20),
     ("disk", "Disk W MB/s", 13),
     ("mem", "GPU mem", 13),
@@ -52,11 +59,18 @@ PRIORITY: tuple[str, ...] = (
     "site",
     "ssh",
 )
+#: The Slurm columns, shown only with ``[slurm] enabled``.
+SLURM_KEYS = frozenset({"slurm", "reason"})
+#: PRIORITY with Slurm: its state stays beside the alerts at 80 columns (it is what a drain or a
+#: resume is decided on); utilisation gives way first, then the reason (in full in node detail).
+PRIORITY_SLURM: tuple[str, ...] = ("node", "state", "slurm", "alerts", "util", "reason", *PRIORITY[4:])
 #: The narrowest a shown column may get (its cells are cut with an ellipsis below the natural width).
-MIN_WIDTHS = {"gpus": 6, "error": 20, "trend": 10, "site": 12}
+MIN_WIDTHS = {"gpus": 6, "error": 20, "trend": 10, "site": 12, "reason": 16}
 #: Columns that take the width left over once every column that fits is shown, up to this much.
-FLEX_WIDTHS = {"alerts": 48, "error": 80}
+FLEX_WIDTHS = {"alerts": 48, "error": 80, "reason": 60}
 COLUMN_KEYS = tuple(c[0] for c in COLUMNS)
+#: The columns :func:`node_cells` fills (all but Slurm's), in its order.
+BASE_KEYS = tuple(k for k in COLUMN_KEYS if k not in SLURM_KEYS)
 ERROR_INDEX = COLUMN_KEYS.index("error")
 #: Marks the sorted column's header: ascending, descending.
 SORT_ARROWS = ("▲", "▼")
@@ -80,19 +94,25 @@ SORT_KEYS: dict[str, Callable[[NodeSnapshot], Any]] = {
 }
 
 
-def column_layout(width: int, *, padding: int = 1, skip: frozenset[str] = frozenset()) -> tuple[tuple[str, int], ...]:
+def column_layout(
+    width: int, *, padding: int = 1, skip: frozenset[str] = frozenset(), slurm: bool = False
+) -> tuple[tuple[str, int], ...]:
     """The columns shown in ``width`` cells and their widths, in display order.
 
     Columns are taken in PRIORITY order while their narrowest width (plus the cell padding) still
     fits, so they give way strictly in that order; what is left widens them toward their natural
     width, in the same order, then the flexible columns (FLEX_WIDTHS). The node column is always
-    shown. ``skip``: columns with nothing to show (no node has an error).
+    shown. ``skip``: columns with nothing to show (no node has an error). ``slurm``: the Slurm
+    columns, in PRIORITY_SLURM order (without it they are never shown).
     """
+    priority = PRIORITY_SLURM if slurm else PRIORITY
+    if not slurm:
+        skip = skip | SLURM_KEYS
     natural = {key: w for key, _label, w in COLUMNS}
     pad = 2 * padding
     chosen: dict[str, int] = {}
     used = 0
-    for key in PRIORITY:
+    for key in priority:
         if key in skip:
             continue
         need = MIN_WIDTHS.get(key, natural[key]) + pad
@@ -101,7 +121,7 @@ def column_layout(width: int, *, padding: int = 1, skip: frozenset[str] = frozen
         chosen[key] = need - pad
         used += need
     for limits in (natural, FLEX_WIDTHS):
-        for key in PRIORITY:
+        for key in priority:
             if key in chosen and key in limits:
                 grow = max(0, min(limits[key] - chosen[key], width - used))
                 chosen[key] += grow
@@ -112,6 +132,21 @@ def column_layout(width: int, *, padding: int = 1, skip: frozenset[str] = frozen
 #: The alertname loadmaster's starvation check pages Alertmanager with (backend/alerts/conditions.py).
 STARVED_ALERT = "GPUStarved"
 STATE_STYLE = {"up": "node-up", "stale": "node-stale", "unreachable": "node-down", "connecting": "node-stale"}
+#: Sort keys of the Slurm columns, on the node's Slurm row (None: not a Slurm node, sorts last).
+SLURM_SORT_KEYS: dict[str, Callable[[SlurmNodeRow], Any]] = {
+    "slurm": lambda r: (not r.unavailable, r.state),
+    "reason": lambda r: -(r.reason_age_s or 0.0) if r.reason else None,
+}
+
+
+def slurm_matches(row: SlurmNodeRow | None, pattern: str) -> bool:
+    """Filter on Slurm: its state word, a partition, or ``job:N`` (the nodes running job N)."""
+    if row is None:
+        return False
+    if pattern.startswith("job:"):
+        want = pattern[4:].strip()
+        return bool(want) and any(j.job_id == want for j in row.jobs)
+    return text_matches(pattern, row.state, *row.partitions)
 
 
 def matches(n: NodeSnapshot, pattern: str) -> bool:
@@ -164,6 +199,11 @@ class FleetTable(DataTable[Any]):
         self.site_alerts: Mapping[str, Sequence[str]] = {}
         #: Node -> alertnames of its silenced site alerts (a silenced GPUStarved page is said so).
         self.site_silenced: Mapping[str, Sequence[str]] = {}
+        #: Whether the Slurm columns are laid out ([slurm] enabled), and each node's Slurm row.
+        self.slurm_enabled = False
+        self.slurm_rows: Mapping[str, SlurmNodeRow] = {}
+        #: A preset filter on node names (drained/down, a job's nodes, the slowest GPUs), or None.
+        self.only: Callable[[str], bool] | None = None
 
     def on_mount(self) -> None:
         self._relayout()
@@ -183,7 +223,10 @@ class FleetTable(DataTable[Any]):
             width -= self.styles.scrollbar_size_vertical  # more rows than lines: a scrollbar
         has_error = any(cells and cells[ERROR_INDEX] for cells in self._row_cells.values())
         layout = column_layout(
-            width, padding=self.cell_padding, skip=frozenset() if has_error else frozenset({"error"})
+            width,
+            padding=self.cell_padding,
+            skip=frozenset() if has_error else frozenset({"error"}),
+            slurm=self.slurm_enabled,
         )
         self._scrolls = len(self._row_cells) >= self.size.height - 1
         if layout == self._layout:
@@ -250,6 +293,31 @@ class FleetTable(DataTable[Any]):
             if snap is not None and changed:
                 self._pending[name] = snap
 
+    def set_slurm(self, rows: Mapping[str, SlurmNodeRow], *, enabled: bool = True) -> None:
+        """Slurm's rows by node: the rows whose Slurm cells change are rewritten on the next
+        flush; the Slurm columns are laid out once ``enabled``."""
+        old, self.slurm_rows = self.slurm_rows, rows
+        for name in set(old) | set(rows):
+            snap = self._snaps.get(name)
+            if snap is not None and old.get(name) != rows.get(name):
+                self._pending[name] = snap
+        if enabled != self.slurm_enabled:
+            self.slurm_enabled = enabled
+            self._layout = ()  # rebuild the columns
+            if self.is_mounted:
+                self._relayout()
+
+    def passes(self, n: NodeSnapshot) -> bool:
+        """Whether the node is shown: the preset filter, then the typed one (name, site, state,
+        Slurm's state, a partition, ``job:N``)."""
+        if self.only is not None and not self.only(n.name):
+            return False
+        if not self.filter:
+            return True
+        if self.filter.startswith("job:"):
+            return slurm_matches(self.slurm_rows.get(n.name), self.filter)
+        return matches(n, self.filter) or slurm_matches(self.slurm_rows.get(n.name), self.filter)
+
     # -- applying ticks ------------------------------------------------------------------------
 
     def show(self, nodes: Sequence[NodeSnapshot], trend: Callable[[str], Sequence[float]]) -> int:
@@ -260,7 +328,7 @@ class FleetTable(DataTable[Any]):
         a 256-node fleet costs about one screenful of formatting per tick.
         """
         self._trend = trend
-        visible = [n for n in nodes if matches(n, self.filter)]
+        visible = [n for n in nodes if self.passes(n)]
         names = {n.name for n in visible}
         changed = 0
         for gone in [k for k in self._row_cells if k not in names]:
@@ -342,9 +410,14 @@ class FleetTable(DataTable[Any]):
     def _cells(self, n: NodeSnapshot) -> tuple[str, ...]:
         site = self.site_alerts.get(n.name, ()) if self.site_alerts else ()
         quiet = STARVED_ALERT in self.site_silenced.get(n.name, ())
-        return node_cells(
+        base = node_cells(
             n, self._trend(n.name), TREND_WIDTH, local=n.name in self.local_nodes, site_alerts=site, silenced=quiet
         )
+        cells = dict(zip(BASE_KEYS, base, strict=True))
+        row = self.slurm_rows.get(n.name)
+        cells["slurm"] = slurm_state_cell(row) if self.slurm_enabled else ""
+        cells["reason"] = slurm_reason_cell(row) if self.slurm_enabled else ""
+        return tuple(cells[k] for k in COLUMN_KEYS)
 
     def _style_row(self, n: NodeSnapshot, cells: tuple[str, ...]) -> list[Any]:
         """The cells of the columns on screen, styled."""
@@ -352,7 +425,7 @@ class FleetTable(DataTable[Any]):
 
     def _style_cell(self, n: NodeSnapshot, i: int, text: str) -> Any:
         key = COLUMN_KEYS[i]
-        if key in ("site", "error"):
+        if key in ("site", "error", "reason"):
             width = dict(self._layout).get(key)
             if width is not None:
                 text = short(text, width)  # both ends carry meaning (the node column sorts by its text)
@@ -363,12 +436,29 @@ class FleetTable(DataTable[Any]):
             style = self._theme_styles.get("alert")
         elif key == "gpus" and "lost" in text:
             style = self._theme_styles.get("node-down")
+        elif key == "slurm":
+            row = self.slurm_rows.get(n.name)
+            if row is not None and row.repeat_offender:
+                style = self._theme_styles.get("alert")
+            elif row is not None and row.unavailable:
+                style = self._theme_styles.get("node-stale" if row.state.startswith("draining") else "node-down")
         return Text(text, style=style) if style else text
 
     # -- sorting -------------------------------------------------------------------------------
 
+    def _sort_key(self, column: str) -> Callable[[NodeSnapshot], Any]:
+        slurm_key = SLURM_SORT_KEYS.get(column)
+        if slurm_key is None:
+            return SORT_KEYS[column]
+
+        def key(n: NodeSnapshot) -> Any:
+            row = self.slurm_rows.get(n.name)
+            return None if row is None else slurm_key(row)
+
+        return key
+
     def _resort(self) -> None:
-        key = SORT_KEYS[self.sort_column]
+        key = self._sort_key(self.sort_column)
 
         def rank(name: str) -> tuple[int, Any, str]:
             v = key(self._snaps[name])
@@ -388,7 +478,7 @@ class FleetTable(DataTable[Any]):
 
     def set_sort(self, column: str, *, reverse: bool | None = None) -> None:
         """Sort by ``column`` (a COLUMNS key)."""
-        if column not in SORT_KEYS:
+        if column not in SORT_KEYS and column not in SLURM_SORT_KEYS:
             raise ValueError(f"unknown column {column!r}")
         if reverse is not None:
             self.sort_reverse = reverse
