@@ -32,7 +32,7 @@ from tui.messages import FleetSampled
 from tui.screens.base import LoadmasterScreen, PaletteCommand
 from tui.screens.node_detail import NodeDetailScreen
 from tui.widgets.fleet_alerts import AlertList
-from tui.widgets.fleet_format import conditions_line, fleet_summary
+from tui.widgets.fleet_format import conditions_line, drain_prompt, fleet_summary
 from tui.widgets.fleet_heatmap import HEATMAP_ABOVE, FleetHeatmap, HeatmapGrid, group_key
 from tui.widgets.fleet_table import STARVED_ALERT, TREND_WIDTH, FleetTable
 from tui.widgets.slurm_actions import SlurmKeys, drain_flow, resume_flow
@@ -212,15 +212,7 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
 
     def prompted_by(self, name: str) -> str | None:
         """What on the node's row prompts a drain: its newest Xid, else loadmaster's starvation."""
-        snap = self.last_snapshot.node(name) if self.last_snapshot is not None else None
-        if snap is None:
-            return None
-        if snap.xids:
-            x = snap.xids[-1]
-            return f"Xid {x.code} GPU {x.gpu}"
-        if snap.alerts:
-            return f"GPU starved: {snap.alerts[0].hint}"
-        return None
+        return drain_prompt(self.last_snapshot.node(name) if self.last_snapshot is not None else None)
 
     def action_drain(self) -> None:
         """Drain the selected node in Slurm (reason, after the jobs or now, command, confirm)."""

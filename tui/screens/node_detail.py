@@ -19,7 +19,7 @@ from backend.textfmt import safe_text
 from backend.units import bytes_text
 from tui.messages import FleetSampled
 from tui.screens.base import LoadmasterScreen, PaletteCommand
-from tui.widgets.fleet_format import bar, error_cell, num, rate_pct, slurm_detail, spark, state_cell
+from tui.widgets.fleet_format import bar, drain_prompt, error_cell, num, rate_pct, slurm_detail, spark, state_cell
 from tui.widgets.fleet_plot import TimeSeriesPlot
 from tui.widgets.slurm_actions import SlurmKeys, drain_flow, resume_flow
 
@@ -183,17 +183,9 @@ class NodeDetailScreen(SlurmKeys, LoadmasterScreen):
         """Resume this node in Slurm once the evidence passes (command, confirm)."""
         self._resume()
 
-    def _prompted_by(self) -> str | None:
-        n = self._shown
-        if n is not None and n.xids:
-            return f"Xid {n.xids[-1].code} GPU {n.xids[-1].gpu}"
-        if n is not None and n.alerts:
-            return f"GPU starved: {n.alerts[0].hint}"
-        return None
-
     @work(exclusive=True, group="slurm-action", exit_on_error=False)
     async def _drain(self) -> None:
-        if await drain_flow(self, self.node_name, self.slurm_row, self._prompted_by()):
+        if await drain_flow(self, self.node_name, self.slurm_row, drain_prompt(self._shown)):
             self._read_slurm(fresh=True)
 
     @work(exclusive=True, group="slurm-action", exit_on_error=False)

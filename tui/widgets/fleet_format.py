@@ -138,6 +138,17 @@ def split_reason(reason: str, set_by: str | None) -> tuple[str, str | None]:
     return reason, set_by
 
 
+def drain_prompt(n: NodeSnapshot | None) -> str | None:
+    """What on a node prompts a drain (added to the reason): its newest Xid, else loadmaster's
+    starvation check; None: nothing."""
+    if n is not None and n.xids:
+        x = n.xids[-1]
+        return f"Xid {x.code}" + (f" GPU {x.gpu}" if x.gpu >= 0 else "")
+    if n is not None and n.alerts:
+        return f"GPU starved: {n.alerts[0].hint}"
+    return None
+
+
 def slurm_state_cell(row: SlurmNodeRow | None) -> str:
     """Slurm's word for the node (``drained``, ``draining``, ``down``, ``mixed``, ``idle``; ``*``:
     slurmctld cannot reach it) and ``×N`` when it was drained N >= 3 times in 30 days; ``-``: not
