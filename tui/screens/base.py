@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.events import Resize
+from textual.events import Mount, Resize
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import Worker, WorkerState
@@ -89,6 +89,13 @@ class LoadmasterScreen(Screen[None]):
     PALETTE_COMMANDS: ClassVar[list[PaletteCommand]] = []
     """Commands the app's command palette offers for this screen: (title, help, action name)."""
 
+    OWN_STATE_LINE: ClassVar[bool] = False
+    """The screen says a state database that cannot be reached in its own summary (Fleet): the
+    shell's status line stays off there, so it is said once."""
+
+    STATE_CHECK_EVERY: ClassVar[float] = 15.0
+    """Seconds between checks, while the screen is shown, that ``[state] url`` answers."""
+
     def __init__(
         self,
         services: Services,
@@ -117,6 +124,13 @@ class LoadmasterScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield ModeBar([(s.mode, s.key, s.title) for s in SCREEN_SPECS], id="mode-bar")
+        # One line for what is down for the whole console (the state database); hidden when all is well.
+        status = Static("", id="shell-status", markup=False)
+        status.styles.height = 1
+        status.styles.text_wrap = "nowrap"
+        status.styles.text_overflow = "ellipsis"
+        status.display = False
+        yield status
         if self.FILTER_HINT:
             yield Input(
                 placeholder=f"filter: {self.FILTER_HINT} (enter keeps it, escape clears it)",
@@ -238,6 +252,33 @@ class LoadmasterScreen(Screen[None]):
         for bar in self.query(ModeBar):
             bar.active = self.app.current_mode
             bar.refresh()
+        self._check_state_db()
+
+    @on(Mount)
+    def _watch_state_db(self) -> None:
+        if self.services.config.state.url and not self.OWN_STATE_LINE:
+            self.set_interval(self.STATE_CHECK_EVERY, self._check_state_db)
+
+    def _check_state_db(self) -> None:
+        if self.services.config.state.url and not self.OWN_STATE_LINE and self.is_current:
+            self._state_db_worker()
+
+    @work(exclusive=True, group="shell-state", thread=True, exit_on_error=False)
+    def _state_db_worker(self) -> None:
+        """Whether the team's state database answers (in a thread: a connect may take seconds)."""
+        available = getattr(self.services.db, "available", None)
+        down = available() if available is not None else None
+        self.app.call_from_thread(self.note_state_down, str(down) if down is not None else None)
+
+    def note_state_down(self, why: str | None) -> None:
+        """Say (``why``) or stop saying that the state database cannot be reached: one line."""
+        if self.OWN_STATE_LINE:
+            return
+        for line in self.query("#shell-status").results(Static):
+            if why:
+                where = why.split(";")[0].removeprefix("state database ").removeprefix("postgresql://")
+                line.update(f"STATE DATABASE DOWN, nothing recorded: {where}")
+            line.display = bool(why)
 
     @on(ModeBar.Selected)
     def _mode_selected(self, event: ModeBar.Selected) -> None:

@@ -186,6 +186,12 @@ class TransfersScreen(LoadmasterScreen):
         self.records = event.records
         self.unread = event.unread
         self._show_records()
+        # The jobs were read from their nodes; the database that records them is said once, in
+        # the shell's status line, never once per node or per job.
+        down = getattr(self.services.jobs, "state_down", None)
+        if down is None and any(not r.recorded and not r.foreign for r in self.records):
+            down = "the state database did not answer the last read of the jobs"
+        self.note_state_down(down)
         for started in self.relays:
             ids = {r.id for r in started.records}
             for r in self.records:
@@ -213,8 +219,6 @@ class TransfersScreen(LoadmasterScreen):
         active = [r for r in self.records if not r.terminal]
         roll = fleet_rollup(active)
         unreachable = sorted({r.node for r in self.records if r.note and r.recorded} | set(self.unread))
-        # A foreign job folder is not "not recorded because the database is down".
-        unrecorded = any(not r.recorded and not r.foreign for r in self.records)
         total = len(self.services.config.nodes)
         # A partial view says so: the count is of the nodes that answered, not of the fleet.
         scope = f" on {total - len(unreachable)} of {total} nodes (partial view)" if unreachable else ""
@@ -227,7 +231,6 @@ class TransfersScreen(LoadmasterScreen):
                 else ""
             )
             + (f" | not answering: {', '.join(unreachable)}" if unreachable else "")
-            + (" | state database unreachable: as the nodes report them, not recorded" if unrecorded else "")
         )
         if self.filter_text:
             text += f" | showing {len(shown)} matching {self.filter_text!r} (escape shows all)"
