@@ -22,6 +22,7 @@ import pytest
 from backend.lab import Lab
 from backend.lab.counting_proxy import CountingProxy
 from tests.relay.conftest import RelaySource, relay_config
+from tests.security.hostile_node import forge_json
 from tui.cli import main as cli_main
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
@@ -32,15 +33,6 @@ def _cli(*argv: str) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = cli_main(list(argv))
     return rc, out.getvalue(), err.getvalue()
-
-
-def _forge(path: Path, key: str, value: Any) -> None:
-    def walk(v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: (value if k == key else walk(x)) for k, x in v.items()}
-        return v
-
-    path.write_text(json.dumps(walk(json.loads(path.read_text()))))
 
 
 @pytest.mark.parametrize(
@@ -64,7 +56,7 @@ def test_a_receiver_cannot_report_more_saved_than_the_plan_holds(
         assert time.monotonic() < deadline, "the receiver never finished on its node"
         time.sleep(0.1)
     assert '"peer_bytes"' in result.read_text()
-    _forge(result, "peer_bytes", said)
+    forge_json(result, "peer_bytes", said)
     rc, _, err = _cli("--config", str(cfg), "jobs", "--json", "--limit", "1000")
     assert rc in (0, 4), err
     db = sqlite3.connect(tmp_path / "state-lm" / "state.sqlite3")

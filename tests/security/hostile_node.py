@@ -100,6 +100,18 @@ class HostileNode:
         self.jobs.mkdir(parents=True, exist_ok=True)
 
 
+def forge_json(path: Path, key: str, value: Any) -> None:
+    """Rewrite every ``key`` in a node's JSON file (a finished job's ``result.json``) as an
+    attacker would, after the job wrote it."""
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: (value if k == key else walk(x)) for k, x in v.items()}
+        return v
+
+    path.write_text(json.dumps(walk(json.loads(path.read_text()))))
+
+
 def start_hostile_node(lab: Lab, root: Path) -> Iterator[HostileNode]:
     """Start the hostile sshd (the lab's user key logs in; the agent venv is linked, so a
     cleanup the console wrongly ran would really run)."""

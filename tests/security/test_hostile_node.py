@@ -236,7 +236,7 @@ async def test_forged_jobs_get_nothing_count_nothing_and_every_view_stays_up(
     assert rc == 0, err
     assert shown["1202-000005-eeee"]["state"] == FOREIGN and "\x1b" not in out
     assert "evil-01: job 1202-000006-ffff: skipped" in err
-    rc = await asyncio.to_thread(cli_main, ["--config", str(path), "jobs", "--limit", "100000"])
+    rc = await asyncio.to_thread(cli_main, ["--config", str(path), "jobs", "--wide", "--limit", "100000"])
     out, err = capsys.readouterr()
     assert rc == 0 and "foreign (no job with this id was launched" in out and "\x1b" not in out
 

@@ -84,7 +84,9 @@ def seed_server(tmp_path: Path) -> Iterator[tuple[RelayServer, list[str]]]:
         server.stop()
 
 
-def _receiver(dest: Path, objects: list[PulledObject], port: int, reattach_s: float = 5.0) -> Receiver:
+def _receiver(
+    dest: Path, objects: list[PulledObject], port: int, reattach_s: float = 5.0, proofs: Any = None
+) -> Receiver:
     dest.mkdir(parents=True, exist_ok=True)
     return Receiver(
         Holdings(dest, objects),
@@ -94,6 +96,7 @@ def _receiver(dest: Path, objects: list[PulledObject], port: int, reattach_s: fl
         me="child",
         upstreams=[Upstream("evil", "127.0.0.1", port)],
         reattach_s=reattach_s,
+        proofs=proofs,
     )
 
 

@@ -19,13 +19,12 @@ from typing import Any
 
 import pytest
 
-from backend.agent.context import JobContext
 from backend.jobs.integrity import new_hasher
 from backend.jobs.pull_objects import PulledObject
 from backend.relay.checksums import full_object_checksum, listing_checksums
-from backend.relay.node import CorruptObject, Holdings, ObjectProof, Receiver, Upstream, receiver_proofs
+from backend.relay.node import CorruptObject, ObjectProof, receiver_proofs
 from backend.relay.protocol import FrameCodec
-from tests.security.test_hostile_relay import SECRET, EvilUpstream
+from tests.security.test_hostile_relay import EvilUpstream, _receiver
 
 METHODS = ["md5", "crc64nvme", "crc32c", "crc32", "sha256", "sha1"]
 SIZE = 100_000
@@ -46,20 +45,6 @@ def _listing(method: str, bodies: list[bytes]) -> tuple[list[PulledObject], list
     objects = [PulledObject(f"obj-{i}", len(b), _md5(b)) for i, b in enumerate(bodies)]
     checksums = [None if method == "md5" else f"{method}:{_sum(method, b)}" for b in bodies]
     return objects, checksums
-
-
-def _receiver(dest: Path, objects: list[PulledObject], proofs: list[ObjectProof | None], port: int) -> Receiver:
-    dest.mkdir(parents=True, exist_ok=True)
-    return Receiver(
-        Holdings(dest, objects),
-        JobContext.in_process("relay", {}),
-        secret=SECRET,
-        group="g",
-        me="child",
-        upstreams=[Upstream("evil", "127.0.0.1", port)],
-        reattach_s=5.0,
-        proofs=proofs,
-    )
 
 
 def _sender(sent: list[bytes]) -> Any:
@@ -89,7 +74,7 @@ def test_each_method_catches_torn_truncated_and_swapped_objects(tmp_path: Path, 
     assert [p.algorithm if p else None for p in proofs] == [method, method]  # the checksum first, as a pull
     sent = _forged(case, a, b)
     with EvilUpstream(_sender(sent)) as evil:
-        recv = _receiver(tmp_path / "dest", objects, proofs, evil.port)
+        recv = _receiver(tmp_path / "dest", objects, evil.port, proofs=proofs)
         with pytest.raises(CorruptObject) as info:
             recv.run()
         recv.close()
@@ -110,7 +95,7 @@ def test_the_true_bytes_pass_each_method_and_are_counted_by_it(tmp_path: Path, m
     bodies = [os.urandom(SIZE), os.urandom(3_000)]
     objects, checksums = _listing(method, bodies)
     with EvilUpstream(_sender(bodies)) as honest:
-        recv = _receiver(tmp_path / "dest", objects, receiver_proofs(objects, checksums), honest.port)
+        recv = _receiver(tmp_path / "dest", objects, honest.port, proofs=receiver_proofs(objects, checksums))
         recv.run()
         recv.close()
     assert recv.verified == {method: 2}
@@ -172,7 +157,7 @@ def test_the_console_reads_the_store_s_checksums_and_a_receiver_catches_a_forger
     assert [p.algorithm if p else None for p in proofs] == ["crc64nvme", "crc32c", "sha256"]
     real = list(bodies.values())
     with EvilUpstream(_sender([real[0], real[2], real[1]])) as evil:  # the last two swapped
-        recv = _receiver(tmp_path / "dest", objects, proofs, evil.port)
+        recv = _receiver(tmp_path / "dest", objects, evil.port, proofs=proofs)
         with pytest.raises(CorruptObject, match=r"^obj-CRC32C has CRC32C .* but the store's checksum is "):
             recv.run()
         recv.close()

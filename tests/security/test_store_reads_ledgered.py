@@ -27,7 +27,7 @@ from backend.ledger import SETTLE_SLACK
 from backend.services import Services
 from tests.checkpoints.conftest import tiny_full_dcp  # noqa: F401 - a fixture, used by name
 from tests.helpers import write_lab_config
-from tests.security.hostile_node import NAME, HostileNode, start_hostile_node
+from tests.security.hostile_node import NAME, HostileNode, forge_json, start_hostile_node
 from tui.cli import main as cli_main
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
@@ -162,17 +162,6 @@ def test_sigterm_during_a_shard_launch_releases_its_reservation(
         hostile.hang_launches(on=False)
 
 
-def _forge(path: Path, key: str, value: Any) -> None:
-    """Rewrite every ``key`` in the node's JSON file as an attacker would."""
-
-    def walk(v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: (value if k == key else walk(x)) for k, x in v.items()}
-        return v
-
-    path.write_text(json.dumps(walk(json.loads(path.read_text()))))
-
-
 @pytest.mark.parametrize(
     ("said", "counted"),
     [(10**15, "cap"), ("1e30", "reserved"), (-5, "reserved")],
@@ -200,7 +189,7 @@ def test_a_hostile_node_cannot_settle_a_shard_above_its_reservation(
         assert time.monotonic() < deadline, "the shard job never finished on the node"
         time.sleep(0.1)
     assert "source_bytes_read" in result.read_text()
-    _forge(result, "source_bytes_read", said)
+    forge_json(result, "source_bytes_read", said)
     # A refresh settles it: never more than its reservation allows.
     assert cli_main(["--config", str(cfg), "jobs", "--json", "--limit", "1000"]) in (0, 4)
     capsys.readouterr()
