@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from backend.errors import LoadmasterError
+from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
     from backend.services import Services
@@ -77,13 +78,14 @@ class AuditScreen(Screen[None]):
         self.entries = entries
         table = self.query_one(DataTable)
         table.clear()
+        width = self.size.width or self.app.size.width
+        target_width = max(18, width - 62)  # a job id whole, and the outcome, at 80 columns
         for e in entries:
             when = datetime.fromtimestamp(e.ts).strftime("%m-%d %H:%M:%S")
-            table.add_row(when, e.actor, e.action, e.target, e.outcome, key=str(e.id))
-        where = state_where(self.services.config)
-        self.query_one("#audit-status", Static).update(
-            f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, newest first, from {where}"
-        )
+            table.add_row(when, e.actor, e.action, short(e.target, target_width), e.outcome, key=str(e.id))
+        head = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, newest first, from "
+        where = short(str(state_where(self.services.config)), max(20, width - 2 - len(head)))
+        self.query_one("#audit-status", Static).update(head + where)
         self._show(0)
         if entries:
             table.focus()

@@ -347,7 +347,7 @@ class CheckpointsScreen(LoadmasterScreen):
             )
         matching = f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else ""
         tail = f": {len(cat.steps)} steps, {bytes_text(sum(by.values()))}   by kind: {kinds or '-'}{matching}"
-        room = (self.size.width or self.app.size.width) - 2 - len(tail.split("\n", 1)[0])
+        room = (self.size.width or self.app.size.width) - 4 - len(tail.split("\n", 1)[0])  # padding, scrollbar
         self.query_one("#ckpt-summary", Static).update(short(self.url, max(room, 24)) + tail)
         backlog = self.query_one("#ckpt-backlog", Static)
         backlog.display = bool(self.alerts)

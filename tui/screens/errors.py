@@ -13,6 +13,8 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from tui.widgets.transfers_format import short
+
 
 @dataclass(frozen=True)
 class ErrorRecord:
@@ -70,8 +72,10 @@ class ErrorsScreen(Screen[None]):
             return
         table = tables[0]
         table.add_columns("time", "source", "error")
+        # the source gives way (shortened in the middle) so the error itself shows at 80 columns
+        source_width = max(20, (self.size.width or self.app.size.width) // 3)
         for i, rec in enumerate(reversed(self.errors)):
-            table.add_row(rec.when.strftime("%H:%M:%S"), rec.source, rec.summary, key=str(i))
+            table.add_row(rec.when.strftime("%H:%M:%S"), short(rec.source, source_width), rec.summary, key=str(i))
         if self.errors:
             self._show(0)
             table.focus()
