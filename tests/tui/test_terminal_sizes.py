@@ -106,3 +106,24 @@ def test_readme_names_every_screen_and_its_keys() -> None:
         part = "`" + part
         missing += [f"{spec.title}: `{k}`" for k in own if f"`{k}`" not in part]
     assert not missing, f"README's screen keys do not name: {missing}"
+
+
+def test_readme_names_every_console_key() -> None:
+    """Every key the console binds everywhere (digits aside) is named in README's console line."""
+    from pathlib import Path
+
+    from textual.binding import Binding
+
+    from tui.app import LoadmasterApp
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    para = readme[readme.index("## The console") : readme.index("The same key does the same thing")]
+    shown = {"question_mark": "?", "ctrl+p": "ctrl+p", "ctrl+t": "ctrl+t"}
+    missing = [
+        b.key
+        for b in Binding.make_bindings(LoadmasterApp.BINDINGS)
+        if not b.key.isdigit()
+        and b.key not in ("ctrl+q", "ctrl+c", "escape")
+        and f"`{shown.get(b.key, b.key)}`" not in para
+    ]
+    assert not missing, f"README's console keys do not name: {missing}"
