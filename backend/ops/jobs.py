@@ -50,6 +50,8 @@ class Jobs(Operation):
         the job of that id (or unique prefix); a JobError when nothing of it runs."""
         jobs = self.services.jobs
         if jobs.launch_ids(ident):
+            if jobs.store.state_of(ident) is not None:  # never guess which of the two is meant
+                raise JobError(f"{ident!r} is both a job and a launch: cancel the launch's jobs by their ids")
             recs = await jobs.launch_records(ident)
             active = tuple(r for r in recs if not r.terminal)
             if not active:

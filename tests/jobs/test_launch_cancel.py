@@ -115,6 +115,14 @@ async def test_a_three_node_pull_is_cancelled_as_one_launch(
         launched = services.db.audit_entries(action="pull.launch")
         assert launched[0].detail["launch"] == launch
 
+        # The launch id is taken wherever a job id is: show lists its jobs, logs asks for one.
+        res = _cli(cfg, "job", "show", launch)
+        assert res.returncode == 0 and f"launch {launch}: 3 job(s), 3 cancelled" in res.stdout, res.stdout + res.stderr
+        assert all(i in res.stdout for i in ids)
+        res = _cli(cfg, "job", "logs", launch)
+        assert res.returncode != 0 and f"{launch} is a launch of 3 job(s): name one" in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+
         # Nothing of it runs: cancelling the launch again says so in one line.
         res = _cli(cfg, "job", "cancel", launch, "--yes")
         assert res.returncode != 0 and "already ended (3 cancelled); nothing to cancel" in res.stderr, res.stderr

@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     j = sub.add_parser("job", help="show, follow or cancel one job")
     jsub = j.add_subparsers(dest="job_command", metavar="ACTION", required=True)
-    s = jsub.add_parser("show", help="the job's state, progress, result and origin")
-    s.add_argument("id", metavar="ID", help="job id (or a unique prefix)")
+    s = jsub.add_parser("show", help="the job's state, progress, result and origin (a launch: its jobs)")
+    s.add_argument("id", metavar="ID", help="job id (or a unique prefix), or a launch id")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=cmd_show)
     lg = jsub.add_parser("logs", help="the job's log")
@@ -290,7 +290,17 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
 
 
 async def cmd_show(args: argparse.Namespace, services: Services) -> int:
-    """Print one job's full record."""
+    """Print one job's full record, or a launch's jobs (one line each)."""
+    if services.jobs.launch_ids(args.id):
+        from backend.jobs.records import states_text
+
+        recs = await services.jobs.launch_records(args.id)
+        if args.json:
+            print(json.dumps([_record_json(r) for r in recs], indent=2, default=str))
+        else:
+            print(_t(f"launch {args.id}: {len(recs)} job(s), {states_text(recs)}"))
+            print("\n".join(job_rows(recs)))
+        return 0 if all(r.state != "failed" for r in recs) else 1
     rec = await services.jobs.refresh_job(args.id)
     if args.json:
         print(json.dumps(_record_json(rec), indent=2, default=str))
@@ -324,6 +334,10 @@ async def cmd_show(args: argparse.Namespace, services: Services) -> int:
 async def cmd_logs(args: argparse.Namespace, services: Services) -> int:
     """Print (or follow) a job's log."""
     jobs = services.jobs
+    if ids := jobs.launch_ids(args.id):
+        raise JobError(
+            f"{args.id} is a launch of {len(ids)} job(s): name one ({', '.join(ids[:4])}{', ...' * (len(ids) > 4)})"
+        )
     if args.follow:
         try:
             async for chunk in jobs.follow_log(args.id):
@@ -429,6 +443,8 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     plan, recs = started.plan, list(started.records)
     for r in recs:
         print(f"started job {r.id} on {r.node}", file=out)
+    if started.launch and len(recs) > 1:
+        print(f"launch {started.launch}: stop every job of it with 'loadmaster job cancel {started.launch}'", file=out)
     if args.detach:
         if args.json:
             print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in recs]}, indent=2, default=str))
