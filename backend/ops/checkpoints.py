@@ -16,6 +16,7 @@ from backend.errors import ConfigError, LoadmasterError
 from backend.ops.base import Operation
 
 if TYPE_CHECKING:
+    from backend.checkpoints.steps import Catalog
     from backend.checkpoints.strip import StripResult
     from backend.checkpoints.upload import UploadResult, UploadSettings
     from backend.jobs.records import JobRecord
@@ -93,6 +94,15 @@ class Done:
 
 class Checkpoints(Operation):
     """``ckpt strip|upload`` and the Checkpoints screen's strip and upload keys."""
+
+    async def listing(self, ref: str) -> Catalog:
+        """A fresh listing of the run ``ref``: its steps with kind, layout, size and age (read
+        without torch: listing a run must not pay its import). ``ckpt list`` and the
+        Checkpoints screen both show this."""
+        from backend.checkpoints.catalog import list_checkpoints
+
+        async with open_prefix(self.services, ref) as store:
+            return await list_checkpoints(store, "")
 
     async def strip(self, req: StripRequest, *, progress: Callable[..., Any] | None = None) -> Done:
         """Strip one step; a failure here is audited too, then raised."""

@@ -11,7 +11,6 @@ import json
 import sys
 from typing import Any
 
-from backend.checkpoints.catalog import list_checkpoints
 from backend.checkpoints.dcp import CheckpointError
 from backend.checkpoints.footprint import footprint, footprint_table, upload_backlog
 from backend.checkpoints.inspection import inspect_step
@@ -24,7 +23,7 @@ from backend.checkpoints.upload import (
     url_join,
 )
 from backend.ops import StripRequest, UploadRequest
-from backend.ops.checkpoints import Done, open_prefix, open_step
+from backend.ops.checkpoints import Done, open_step
 from backend.services import Services
 from backend.textfmt import align_columns
 from backend.units import age_of, bytes_gib_text, bytes_text, gbps_text
@@ -139,8 +138,7 @@ def cmd_size(args: argparse.Namespace, services: Services) -> int:
 
 async def cmd_list(args: argparse.Namespace, services: Services) -> int:
     """List steps of a run prefix."""
-    async with open_prefix(services, args.url) as store:
-        cat = await list_checkpoints(store, "")
+    cat = await services.ops.checkpoints.listing(args.url)
     if args.json:
         _print_json(
             {

@@ -286,11 +286,8 @@ class CheckpointsScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="checkpoints-list", exit_on_error=False)
     async def _list(self, url: str) -> None:
-        from backend.checkpoints.catalog import list_checkpoints
-
         try:
-            async with self.services.stores.open(url) as store:
-                catalog = await list_checkpoints(store)
+            catalog = await self.services.ops.checkpoints.listing(url)
         except LoadmasterError as exc:
             self.report_error(f"Listing {url}", exc)
             self.query_one("#ckpt-summary", Static).update(f"Could not list {url}: {exc}")
