@@ -4,10 +4,8 @@ promptly: in-process, and as a real process in a terminal (tmux), measured."""
 
 from __future__ import annotations
 
-import os
 import re
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -15,12 +13,12 @@ import pytest
 
 from backend.config import Config, Node, StateSettings
 from backend.services import Services
+from tests.e2e.test_console_tmux import _env
 from tests.e2e.tmux import Tmux
 from tests.firsthour.screen_text import screen_lines
 from tests.helpers import wait_until
 from tui.app import LoadmasterApp
 
-VENV_BIN = str(Path(sys.executable).parent)
 PROMPT = "lm-db$ "
 
 
@@ -69,17 +67,7 @@ def test_the_console_quits_promptly_with_the_state_database_down(tmp_path: Path)
         f'[[nodes]]\nname = "gpu-01"\nhost = "127.0.0.1"\nport = {port}\n\n'
         f'[state]\ndir = "{tmp_path / "state"}"\nurl = "{_down_url()}"\n'
     )
-    env = dict(os.environ)
-    env.update(
-        {
-            "PATH": f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
-            "LOADMASTER_DATA_DIR": str(tmp_path / "data"),
-            "LOADMASTER_CONFIG_DIR": str(tmp_path / "config"),
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-        }
-    )
-    env.pop("TMUX", None)
+    env = _env(tmp_path)  # the walkthrough's terminal environment
     term = Tmux(env=env, width=80, height=24, cwd=str(tmp_path), prompt=PROMPT).start()
     try:
         term.type(f"clear; loadmaster --config {cfg}")
