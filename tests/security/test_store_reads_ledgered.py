@@ -201,3 +201,36 @@ def test_a_hostile_node_cannot_settle_a_shard_above_its_reservation(
     else:
         assert nbytes == total
         assert "unreadable: counted at its reservation" in note
+
+
+def test_a_strip_on_a_hostile_node_settles_at_most_its_reservation(
+    lab: Lab,
+    hostile: HostileNode,
+    tiny_full_dcp: tuple[Path, dict[str, Any]],  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = f"strip-{tmp_path.name[-8:]}"
+    state = tmp_path / "state"
+    cfg = write_lab_config(lab, tmp_path / "lm.toml", state, hostile.config_section())
+    assert cli_main(["--config", str(cfg), "upload", str(tiny_full_dcp[0]), f"lab/{run}/step-10"]) == 0
+    step_bytes = sum(p.stat().st_size for p in tiny_full_dcp[0].iterdir())
+    hostile.clear()
+    capsys.readouterr()
+    assert cli_main(["--config", str(cfg), "ckpt", "strip", f"lab/{run}/step-10", "--node", NAME, "--json"]) == 0
+    job_id = json.loads(capsys.readouterr().out)["job"]
+    [(jid, st, nbytes, quoted, store, _)] = _ledger(state)
+    assert (jid, st, nbytes, quoted, store) == (job_id, "reserved", step_bytes, step_bytes, "lab")
+    result = hostile.jobs / job_id / "result.json"
+    deadline = time.monotonic() + 180
+    while not result.exists():
+        assert time.monotonic() < deadline, "the strip job never finished on the node"
+        time.sleep(0.1)
+    read = json.loads(result.read_text())
+    assert 0 < json.dumps(read).count("source_bytes_read")  # what an honest strip reports
+    forge_json(result, "source_bytes_read", 10**15)
+    assert cli_main(["--config", str(cfg), "jobs", "--json", "--limit", "1000"]) in (0, 4)
+    capsys.readouterr()
+    [(jid, st, nbytes, quoted, _, note)] = _ledger(state)
+    assert (jid, st, nbytes) == (job_id, "settled", int(step_bytes * SETTLE_SLACK))
+    assert "capped at its reservation" in note
