@@ -200,9 +200,11 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
             return "Slurm: not read yet"
         rows = list(self.slurm_rows.values())
         count = {w: sum(1 for r in rows if r.state.rstrip("*") == w) for w in ("drained", "draining", "down")}
+        parts = [f"{n} {w}" for w, n in count.items() if n]
         repeat = sum(1 for r in rows if r.repeat_offender)
-        text = f"Slurm: {count['drained']} drained, {count['draining']} draining, {count['down']} down"
-        return text + (f", {repeat} drained 3+ times in 30 days" if repeat else "")
+        if repeat:
+            parts.append(f"{repeat} drained 3+ times in 30 days")
+        return "Slurm: " + (", ".join(parts) or "none drained or down")
 
     def _selected_node(self) -> str | None:
         if self.view == "heatmap":

@@ -229,12 +229,13 @@ def status_text(n: NodeSnapshot, gpu: int, group: str) -> str:
 
 
 def group_label(group: str, names: Iterable[str]) -> str:
-    """How a group is named on screen: the site, ``tag T``, or the group's hostlist (``gpu-a[001-064]``)."""
+    """How a group is named on screen: the site, ``tag T``, ``partition P`` (Slurm's), or the
+    group's hostlist (``gpu-a[001-064]``)."""
     kind, _, value = group.partition(":")
     if kind == "site":
         return value
-    if kind == "tag":
-        return f"tag {value}"
+    if kind in ("tag", "partition"):
+        return f"{kind} {value}"
     names = list(names)
     if names:
         text = hostlist.collect_hostlist(names)

@@ -139,6 +139,16 @@ SLURM_SORT_KEYS: dict[str, Callable[[SlurmNodeRow], Any]] = {
 }
 
 
+def reason_fit(text: str, width: int | None) -> str:
+    """A reason cell cut to ``width``: the reason gives way, who set it and when stay whole."""
+    if width is None or len(text) <= width:
+        return text
+    head, sep, tail = text.rpartition(" (")
+    if not sep or len(tail) + 3 >= width:
+        return short(text, width)
+    return head[: width - len(tail) - 3] + "…" + sep + tail
+
+
 def slurm_matches(row: SlurmNodeRow | None, pattern: str) -> bool:
     """Filter on Slurm: its state word, a partition, or ``job:N`` (the nodes running job N)."""
     if row is None:
@@ -425,10 +435,12 @@ class FleetTable(DataTable[Any]):
 
     def _style_cell(self, n: NodeSnapshot, i: int, text: str) -> Any:
         key = COLUMN_KEYS[i]
-        if key in ("site", "error", "reason"):
+        if key in ("site", "error"):
             width = dict(self._layout).get(key)
             if width is not None:
                 text = short(text, width)  # both ends carry meaning (the node column sorts by its text)
+        elif key == "reason":
+            text = reason_fit(text, dict(self._layout).get(key))
         style = None
         if key == "state":
             style = self._theme_styles.get(STATE_STYLE.get(n.state, ""))
