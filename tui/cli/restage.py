@@ -32,7 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 async def run_restage(args: argparse.Namespace, services: Services) -> int:
-    from backend.errors import PolicyError
     from backend.textfmt import safe_text
 
     ops = services.ops.triage
@@ -46,15 +45,10 @@ async def run_restage(args: argparse.Namespace, services: Services) -> int:
         if args.json:
             print(json.dumps(plan.as_json(), default=str))
         return 0 if plan.startable else 1
-    if not plan.startable:
-        if plan.refused:
-            ops.audit("triage.restage", plan.run, "refused", detail={"nodes": plan.nodes, "why": plan.refused})
-            raise PolicyError(f"not restaged: {plan.refused}")
-        blockers = "; ".join(plan.preview.blockers) if plan.preview is not None else "no plan"
-        raise PolicyError(f"not restaged: {blockers}")
-    if not args.yes:
+    if plan.startable and not args.yes:
         assert plan.preview is not None
         _confirm(f"pull step {plan.checkpoint['step']} to {len(plan.preview.plan.nodes)} node(s)?")
+    # Without a pick (or past the egress guard) the operation refuses, audited, with the reason.
     result = await ops.restage(plan)
     for line in result.lines():
         print(safe_text(line, 400), file=out)
