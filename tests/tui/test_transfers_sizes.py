@@ -102,3 +102,25 @@ async def test_the_detail_says_how_the_bytes_were_proven(size: str) -> None:
     assert "verified: size-only for 4 of 4 objects" in said[0], said[0]
     assert "bytes proven by crc64nvme" in said[1], said[1]
     assert "size-only" not in said[1]
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+async def test_a_sixteen_node_launch_shows_each_whole_id(size: str) -> None:
+    """Ids of a launch (``<launch>.<n>``, up to 19 characters) are whole at 80 columns, the
+    column growing for them; the rows that fit show node, id and state."""
+    import dataclasses
+
+    from backend.jobs.records import launch_job_ids
+
+    base = launch_records(nodes=16, failed=3)
+    ids = launch_job_ids("1117-030500-c3d4", [r.node for r in base])
+    records = tuple(dataclasses.replace(r, id=ids[r.node], launch="1117-030500-c3d4") for r in base)
+    app = LoadmasterApp(services_with_jobs(records), theme="loadmaster-dark", mode="transfers")
+    async with app.run_test(size=SIZES[size]) as pilot:
+        await settle(pilot)
+        lines = screen_lines(app)
+    rows = [line for line in lines if line.split()[:1] and line.split()[0].startswith("gpu-a")]
+    assert len(rows) >= 3, "\n".join(lines)
+    for line in rows:
+        node = line.split()[0]
+        assert f" {ids[node]} " in line and ("running" in line or "failed" in line), line

@@ -376,7 +376,10 @@ class TransfersScreen(LoadmasterScreen):
             self.relays.append(started)
         if started is not None and started.hops is not None:
             self.hops.append((started.hops, {r.id for r in event.records}))
-        self.notify(f"started {len(event.records)} pull job(s): {', '.join(r.id for r in event.records)}", markup=False)
+        launch = started.launch if started is not None else None
+        jobs = ", ".join(r.id for r in event.records)
+        said = f"launch {launch}: {len(event.records)} pull job(s) ({jobs}); c cancels all of it" if launch else jobs
+        self.notify(f"started {said}" if launch else f"started {len(event.records)} pull job(s): {jobs}", markup=False)
         self._close_form()  # the keys (c, /, digits) act on the jobs again
         self._refresh_jobs()
 
