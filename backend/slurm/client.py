@@ -5,6 +5,11 @@ Each command runs with its arguments as a list (no shell), ``SLURM_CONF`` from t
 a timeout, and its output read up to :data:`MAX_OUTPUT` bytes. Errors are one line naming the
 command and what Slurm said. ``--json`` is used where this Slurm has it (21.08+ with the openapi
 plugins); otherwise the text forms ``scontrol show node -o`` and ``scontrol show job -d -o``.
+
+With ``[slurm] url`` the nodes and jobs are read from slurmrestd instead (``GET
+/slurm/<api>/nodes`` and ``/jobs``: the same JSON shapes, the same adapters), with
+``X-SLURM-USER-NAME`` and, when ``token_env`` is set in the environment, ``X-SLURM-USER-TOKEN``
+(the token is never shown). Changes still run ``scontrol``.
 """
 
 from __future__ import annotations
@@ -120,12 +125,47 @@ class SlurmClient:
         res = await self.run(text_argv)
         return False, res.stdout
 
+    async def rest(self, what: str) -> bytes:
+        """``GET /slurm/<api>/<what>`` from slurmrestd: the JSON body; SlurmError naming slurmrestd
+        and its first error otherwise (never the token)."""
+        import getpass
+
+        from backend.http import HttpClient
+
+        st = self.settings
+        env = self._env if self._env is not None else os.environ
+        headers = {"Accept": "application/json", "X-SLURM-USER-NAME": st.user or getpass.getuser()}
+        token = env.get(st.token_env)
+        if token:
+            headers["X-SLURM-USER-TOKEN"] = token
+        http = HttpClient(
+            st.url,
+            name="slurmrestd",
+            timeout=st.timeout,
+            max_body=MAX_OUTPUT,
+            error=SlurmError,
+            follow_redirects=False,
+            headers=headers,
+        )
+        path = f"/slurm/{st.api}/{what}"
+        try:
+            answer = await http.request("GET", path)
+        finally:
+            await http.close()
+        if answer.status != 200:
+            why = _rest_error(answer.body) or answer.reason or "no reason given"
+            raise SlurmError(f"slurmrestd {http.shown} answered GET {path} with HTTP {answer.status}: {why}")
+        return answer.body
+
     async def nodes(self) -> tuple[list[SlurmNode], list[str]]:
         """Every node (of the configured partitions), in one call."""
         parts = ["--partition", ",".join(self.settings.partitions)] if self.settings.partitions else []
-        is_json, out = await self._json_or_text(
-            self.argv("sinfo", "--json", *parts), self.argv("scontrol", "show", "node", "-o", "-d")
-        )
+        if self.settings.url:
+            is_json, out = True, await self.rest("nodes")
+        else:
+            is_json, out = await self._json_or_text(
+                self.argv("sinfo", "--json", *parts), self.argv("scontrol", "show", "node", "-o", "-d")
+            )
         nodes, skipped = parse_nodes_json(out) if is_json else parse_nodes_text(out.decode(errors="replace"))
         if self.settings.partitions:
             wanted = set(self.settings.partitions)
@@ -134,6 +174,8 @@ class SlurmClient:
 
     async def jobs(self) -> tuple[list[SlurmJob], list[str]]:
         """Every job (running and pending), in one call."""
+        if self.settings.url:
+            return parse_jobs_json(await self.rest("jobs"))
         is_json, out = await self._json_or_text(
             self.argv("squeue", "--json"), self.argv("scontrol", "show", "job", "-d", "-o")
         )
@@ -185,6 +227,22 @@ async def _read_capped(stream: asyncio.StreamReader, limit: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+def _rest_error(body: bytes) -> str:
+    """slurmrestd's first error (``{"errors": [{"error": ..., "description": ...}]}``), one line."""
+    import json
+
+    try:
+        doc = json.loads(body[:65536])
+    except (ValueError, RecursionError):
+        return _first_line(body[:300].decode(errors="replace"))
+    errors = doc.get("errors") if isinstance(doc, dict) else None
+    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+        e = errors[0]
+        parts = [clean(e.get(k), 200) for k in ("description", "error") if e.get(k)]
+        return " - ".join(dict.fromkeys(p for p in parts if p))
+    return ""
 
 
 def _first_line(text: str) -> str:

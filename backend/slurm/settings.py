@@ -8,11 +8,16 @@ conf = "/etc/slurm/slurm.conf" # SLURM_CONF for the commands (default: Slurm's o
 bin_dir = ""                  # where sinfo, squeue and scontrol are (default: PATH)
 interval = "30s"              # at most one sinfo and one squeue per interval
 timeout = "10s"               # one Slurm command may take this long
+url = "http://slurmctld:6820" # read nodes and jobs from slurmrestd instead (drain/resume: scontrol)
+api = "v0.0.39"               # slurmrestd's API version in the path (/slurm/<api>/nodes)
+token_env = "SLURM_JWT"       # the environment variable holding the JWT (never the config)
+user = ""                     # X-SLURM-USER-NAME (default: the login name)
 """
 
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 
 from backend.schema import parse_duration
@@ -27,6 +32,37 @@ def _names(value: list[str]) -> tuple[str, ...]:
     if bad:
         raise ValueError(f"not a Slurm partition name: {bad[0]!r}")
     return tuple(value)
+
+
+def _url(value: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a URL string, got {value!r}")
+    if not value:
+        return value
+    u = urllib.parse.urlsplit(value)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError("expected slurmrestd's http:// or https:// URL, e.g. http://slurmctld:6820")
+    if u.username or u.password or u.query or u.fragment:
+        raise ValueError("slurmrestd's URL takes no credentials, query or fragment (the JWT comes from token_env)")
+    return value.rstrip("/")
+
+
+def _api(value: str) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"v\d+\.\d+\.\d+", value):
+        raise ValueError(f"expected slurmrestd's API version like v0.0.39, got {value!r}")
+    return value
+
+
+def _env_name(value: str) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", value):
+        raise ValueError(f"expected an environment variable name, got {value!r}")
+    return value
+
+
+def _user(value: str) -> str:
+    if not isinstance(value, str) or (value and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}", value)):
+        raise ValueError(f"not a user name: {value!r}")
+    return value
 
 
 def _cluster(value: str) -> str:
@@ -52,6 +88,15 @@ class SlurmSettings:
     interval: float = field(default=30.0, metadata={"parse": parse_duration})
     #: Seconds one Slurm command may take.
     timeout: float = field(default=10.0, metadata={"parse": parse_duration})
+    #: slurmrestd's URL: nodes and jobs are read from its REST API instead of sinfo and squeue
+    #: (drain and resume still run scontrol). Empty: the commands.
+    url: str = field(default="", metadata={"parse": _url})
+    #: slurmrestd's API version, in the path: ``/slurm/<api>/nodes``.
+    api: str = field(default="v0.0.39", metadata={"parse": _api})
+    #: The environment variable holding slurmrestd's JWT (``X-SLURM-USER-TOKEN``); unset: none sent.
+    token_env: str = field(default="SLURM_JWT", metadata={"parse": _env_name})
+    #: ``X-SLURM-USER-NAME`` (empty: the login name).
+    user: str = field(default="", metadata={"parse": _user})
 
     def __post_init__(self) -> None:
         if self.interval < 5:
