@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from backend.units import bytes_text, duration_text
@@ -16,6 +16,14 @@ def middle(text: str, width: int) -> str:
         return "…"[:width]
     head = (width - 1) // 2
     return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+
+
+def nodes_text(nodes: Iterable[str], most: int = 6) -> str:
+    """``gpu-01, gpu-02`` while few; ``16 nodes: gpu-01, gpu-02, gpu-03 ... gpu-16`` beyond ``most``."""
+    names = sorted(set(nodes))
+    if len(names) <= most:
+        return ", ".join(names)
+    return f"{len(names)} nodes: {', '.join(names[:3])} ... {names[-1]}"
 
 
 def proof_text(result: Mapping[str, Any]) -> str:

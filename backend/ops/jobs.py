@@ -30,7 +30,9 @@ class CancelTarget:
         if self.launch is None:
             r = self.active[0]
             return f"{r.kind} job {r.id} on {r.node}"
-        nodes = ", ".join(sorted({r.node for r in self.active}))
+        from backend.jobs.fmt import nodes_text
+
+        nodes = nodes_text(r.node for r in self.active)
         left = f"; {len(self.ended)} already ended, left alone" if self.ended else ""
         return f"launch {self.launch} ({len(self.active)} running job(s) on {nodes}{left})"
 

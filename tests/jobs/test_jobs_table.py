@@ -135,3 +135,11 @@ async def test_jobs_with_the_state_database_down_says_so_once(lab: Lab, source: 
     listed = [line for line in res.stdout.splitlines() if line.startswith(f"{started.launch}.")]
     assert len(listed) == 3, res.stdout  # read from the nodes all the same
     assert res.returncode == 4
+
+
+def test_a_launch_on_many_nodes_is_named_in_one_short_line() -> None:
+    from backend.jobs.fmt import nodes_text
+
+    assert nodes_text(["node-02", "node-01", "node-01"]) == "node-01, node-02"
+    many = nodes_text(f"gpu-a{i:02d}" for i in range(16, 0, -1))
+    assert many == "16 nodes: gpu-a01, gpu-a02, gpu-a03 ... gpu-a16"

@@ -21,6 +21,7 @@ from textual.message import Message
 from textual.widgets import Button, DataTable, Static
 
 from backend.errors import LoadmasterError
+from backend.jobs.fmt import nodes_text
 from backend.jobs.records import JobProgress, JobRecord, LaunchCancel, fleet_rollup
 from backend.jobs.settings import JobSettings
 from backend.relay.view import chain_lines, relay_groups
@@ -402,7 +403,7 @@ class TransfersScreen(LoadmasterScreen):
             self.notify(f"{what} already ended ({rec.state})", severity="warning", markup=False)
             return
         grace = self.services.config.section(JobSettings).cancel_grace
-        nodes = ", ".join(sorted({r.node for r in active}))
+        nodes = nodes_text(r.node for r in active)
         ended = len(mates) - len(active)
         head = (
             f"launch {rec.launch}: {len(active)} running {rec.kind} job(s) on {nodes}"
