@@ -10,6 +10,7 @@ action as it goes. No store or DB access happens here directly.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -55,6 +56,9 @@ COLUMNS = (
     ("reason", "Reason", 0),
     ("result", "Result", 0),
 )
+#: Seconds a policy edit waits for the next keystroke before the plan is asked for (each plan
+#: deep-checks the steps it keeps).
+TYPING_SETTLE_S = 0.3
 #: Rows are shown kept first (what stays, and why), then the deletes; each part in step order.
 ROW_ORDER = {"keep-full": 0, "keep-weights": 1, "strip-to-weights": 2, "skip": 3, "delete": 4}
 #: Storage bar segments: (css class, label, actions whose bytes-after fall in it).
@@ -320,9 +324,9 @@ class RetentionScreen(LoadmasterScreen):
     @on(Select.Changed, "#others")
     def _policy_changed(self, event: Message) -> None:
         if self.catalog is not None:
-            self.recompute()
+            self.recompute(settle_s=TYPING_SETTLE_S)
 
-    def recompute(self) -> None:
+    def recompute(self, *, settle_s: float = 0.0) -> None:
         """Ask the operation layer for the plan of the last listing under the current policy."""
         if self.catalog is None:
             return
@@ -331,10 +335,12 @@ class RetentionScreen(LoadmasterScreen):
         except LoadmasterError as exc:
             self.query_one("#retention-summary", Static).update(f"Policy: {exc}")
             return
-        self._compute_plan(self.url, self.catalog, policy)
+        self._compute_plan(self.url, self.catalog, policy, settle_s)
 
     @work(exclusive=True, group="retention-plan", exit_on_error=False)
-    async def _compute_plan(self, url: str, catalog: Catalog, policy: RetentionPolicy) -> None:
+    async def _compute_plan(self, url: str, catalog: Catalog, policy: RetentionPolicy, settle_s: float) -> None:
+        if settle_s:  # typing: a newer keystroke cancels this worker before it deep-checks anything
+            await asyncio.sleep(settle_s)
         try:
             plan = await self.services.ops.retention.plan(url, policy, catalog=catalog)
         except LoadmasterError as exc:
