@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import ConfigError, JobError, LoadmasterError
 from backend.nodes.pool import PARTIAL_EXIT, unread_line
-from backend.nodes.untrusted import clean_block, clean_text
 from backend.ops import PullRequest
 from backend.services import Services
-from backend.textfmt import align_columns
+from backend.textfmt import align_columns, safe_block, safe_text
 from backend.units import bytes_text, duration_text, gbps_text
 
 # The job manager (and what it imports) is loaded when a command first uses it: a pull imports
@@ -155,7 +154,7 @@ CELL_LIMIT = 300
 
 def _t(value: Any) -> str:
     """A value from a job record as printable text (records hold what nodes wrote)."""
-    return clean_text(str(value), CELL_LIMIT)
+    return safe_text(str(value), CELL_LIMIT)
 
 
 #: ``loadmaster jobs`` fits this many columns (``--wide``: every cell whole).
@@ -194,7 +193,7 @@ def job_rows(recs: list[JobRecord], *, wide: bool = False, width: int = TABLE_WI
     rows: list[list[str]] = []
     for r in recs:
         if r.foreign:  # not this team's: why, in short (the whole reason with --wide and in --json)
-            state = f"foreign ({clean_text(r.foreign, 60)})" if wide else "foreign"
+            state = f"foreign ({safe_text(r.foreign, 60)})" if wide else "foreign"
         elif wide:
             state = r.state + (f" ({r.note.split(':', 1)[0]})" if r.note else "")
         else:
@@ -260,7 +259,7 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
         if not r.recorded:
             continue  # read from its node fine; the state database being down is said once, below
         if r.note and not args.local and r.foreign is None and not r.note.startswith(NODE_SAID_NOTES):
-            unread.setdefault(r.node, clean_text(r.note, CELL_LIMIT))
+            unread.setdefault(r.node, safe_text(r.note, CELL_LIMIT))
     if args.json:
         # json.dumps escapes every control character (ensure_ascii): safe on a terminal as is.
         print(json.dumps([_record_json(r) for r in recs], indent=2, default=str))
@@ -272,13 +271,13 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
         # Records a node wrote that could not be read: skipped, one line each (node and job named).
         sys.stdout.flush()
         for line in services.jobs.problems:
-            print(f"loadmaster: {clean_text(line, CELL_LIMIT)}", file=sys.stderr)
+            print(f"loadmaster: {safe_text(line, CELL_LIMIT)}", file=sys.stderr)
     down = None if args.local else services.jobs.state_down
     if down:
         # One line, however many nodes: the nodes answered; the database did not.
         sys.stdout.flush()
         print(
-            f"loadmaster: {clean_text(down, 300)}; the jobs above are as their nodes report them, not recorded",
+            f"loadmaster: {safe_text(down, 300)}; the jobs above are as their nodes report them, not recorded",
             file=sys.stderr,
         )
     if unread:
@@ -327,7 +326,7 @@ async def cmd_show(args: argparse.Namespace, services: Services) -> int:
         lines.append(f"error     {rec.error}")
     if rec.result:
         lines.append("result    " + json.dumps(rec.result, default=str))
-    print("\n".join(clean_text(line) for line in lines))
+    print("\n".join(safe_text(line, None) for line in lines))
     return 0 if rec.state != "failed" else 1
 
 
@@ -341,7 +340,7 @@ async def cmd_logs(args: argparse.Namespace, services: Services) -> int:
     if args.follow:
         try:
             async for chunk in jobs.follow_log(args.id):
-                sys.stdout.write(clean_block(chunk))
+                sys.stdout.write(safe_block(chunk, None))
                 sys.stdout.flush()
         except (KeyboardInterrupt, asyncio.CancelledError):
             return 130
@@ -349,7 +348,7 @@ async def cmd_logs(args: argparse.Namespace, services: Services) -> int:
         print(_t(f"-- job {rec.id} {rec.state}" + (f": {rec.error}" if rec.error else "")), file=sys.stderr)
         return 0
     text, _ = await jobs.read_log(args.id, tail_lines=args.tail)
-    sys.stdout.write(clean_block(text))
+    sys.stdout.write(safe_block(text, None))
     return 0
 
 
