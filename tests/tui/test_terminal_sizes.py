@@ -127,3 +127,36 @@ def test_readme_names_every_console_key() -> None:
         and f"`{shown.get(b.key, b.key)}`" not in para
     ]
     assert not missing, f"README's console keys do not name: {missing}"
+
+
+@pytest.mark.parametrize("size", ["80x24", "120x34"])
+async def test_a_64_step_plan_shows_what_it_keeps_and_why(size: str, tmp_path: Any, monkeypatch: Any) -> None:
+    """What the operator decides on: every step the plan keeps (full or as weights) is a row on
+    screen with its reason, ahead of the deletes, even at 80x24."""
+    from textual.widgets import Input
+
+    from tests.tui.snapshot_services import snapshot_run
+
+    monkeypatch.setenv("LOADMASTER_CONFIG_DIR", str(tmp_path / "config"))
+    app = LoadmasterApp(snapshot_services(state_dir=tmp_path / "state"), theme="loadmaster-dark", mode="retention")
+    async with app.run_test(size=SIZES[size]) as pilot:
+        screen = app.screen
+        screen.query_one("#retention-url", Input).value = str(snapshot_run())
+        screen.query_one("#milestone-every", Input).value = "8000"
+        screen.action_reload()
+        for _ in range(10):
+            await pilot.pause()
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            if screen.plan is not None and not any(w.is_running for w in app.workers):
+                break
+        text = screen_text(app.export_screenshot())
+    plan = screen.plan
+    assert plan is not None and len(plan.actions) == 64
+    kept = [a for a in plan.actions if a.action != "delete"]
+    assert len(kept) == 5  # 2 latest full, 3 milestones as weights
+    lines = text.splitlines()
+    for a in kept:
+        row = next((line for line in lines if line.split()[:2] == [str(a.step), a.action]), None)
+        assert row is not None, f"step {a.step} ({a.action}) not on screen:\n{text}"
+        assert a.reason.split(" (")[0] in row, f"step {a.step}'s reason cut: {row!r}"
