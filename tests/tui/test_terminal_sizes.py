@@ -160,3 +160,28 @@ async def test_a_64_step_plan_shows_what_it_keeps_and_why(size: str, tmp_path: A
         row = next((line for line in lines if line.split()[:2] == [str(a.step), a.action]), None)
         assert row is not None, f"step {a.step} ({a.action}) not on screen:\n{text}"
         assert a.reason.split(" (")[0] in row, f"step {a.step}'s reason cut: {row!r}"
+
+
+async def test_checkpoints_at_80x24_lists_many_steps_and_the_runs_own_size(tmp_path: Any, monkeypatch: Any) -> None:
+    """At 80x24 Checkpoints shows more than a handful of steps, and the footprint line uses the
+    run's own parameter count (read from its tensors), not the assumed 70e9."""
+    from textual.widgets import Input
+
+    from tests.tui.snapshot_services import snapshot_run
+
+    monkeypatch.setenv("LOADMASTER_CONFIG_DIR", str(tmp_path / "config"))
+    app = LoadmasterApp(snapshot_services(state_dir=tmp_path / "state"), theme="loadmaster-dark", mode="checkpoints")
+    async with app.run_test(size=SIZES["80x24"]) as pilot:
+        footprint_before = screen_text(app.export_screenshot())
+        screen = app.screen
+        screen.query_one("#ckpt-url", Input).value = str(snapshot_run())
+        screen.action_reload()
+        for _ in range(5):
+            await pilot.pause()
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+        text = screen_text(app.export_screenshot())
+    assert "70B params (assumed" in footprint_before  # nothing listed: the size is said to be assumed
+    assert "212 params (from step-32000's tensors)" in text and "assumed" not in text
+    steps = [line for line in text.splitlines() if line.split()[1:3] == ["full", "dcp"]]
+    assert len(steps) >= 8, text
