@@ -517,7 +517,11 @@ def load_config_file(path: Path) -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", file=str(path)) from None
-    return parse_config(raw, file=str(path), base=path.parent.resolve())
+    # Nodes from an inventory source (Slurm) when the file asks for one: backend/inventory.py,
+    # named like FEATURE_SECTIONS' classes (it builds Nodes, so it imports this module).
+    module, _, attr = "backend.inventory:resolve".partition(":")
+    resolve: Callable[[Config], Config] = getattr(importlib.import_module(module), attr)
+    return resolve(parse_config(raw, file=str(path), base=path.parent.resolve()))
 
 
 def installed_s5cmd() -> str:

@@ -8,6 +8,7 @@ conf = "/etc/slurm/slurm.conf" # SLURM_CONF for the commands (default: Slurm's o
 bin_dir = ""                  # where sinfo, squeue and scontrol are (default: PATH)
 interval = "30s"              # at most one sinfo and one squeue per interval
 timeout = "10s"               # one Slurm command may take this long
+inventory = false             # true: Slurm's nodes are loadmaster's nodes ([[nodes]] override them)
 url = "http://slurmctld:6820" # read nodes and jobs from slurmrestd instead (drain/resume: scontrol)
 api = "v0.0.39"               # slurmrestd's API version in the path (/slurm/<api>/nodes)
 token_env = "SLURM_JWT"       # the environment variable holding the JWT (never the config)
@@ -88,6 +89,9 @@ class SlurmSettings:
     interval: float = field(default=30.0, metadata={"parse": parse_duration})
     #: Seconds one Slurm command may take.
     timeout: float = field(default=10.0, metadata={"parse": parse_duration})
+    #: Slurm is the node inventory: its nodes, at Slurm's NodeAddr, with ``[defaults]``' connection
+    #: details; a ``[[nodes]]`` entry of the same name overrides them (backend/inventory.py).
+    inventory: bool = False
     #: slurmrestd's URL: nodes and jobs are read from its REST API instead of sinfo and squeue
     #: (drain and resume still run scontrol). Empty: the commands.
     url: str = field(default="", metadata={"parse": _url})
