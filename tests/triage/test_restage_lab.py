@@ -131,3 +131,42 @@ def test_no_proven_step_is_refused_with_its_reason(  # type: ignore[no-untyped-d
             asyncio.run(services.ops.triage.restage(asyncio.run(services.ops.triage.restage_plan(run, "node-01"))))
         finally:
             services.db.close()
+
+
+async def test_S_on_the_triage_screen_restages_to_the_nodes_that_pass(  # type: ignore[no-untyped-def]
+    lab: Lab, s3, store_proxy: CountingProxy, tmp_path: Path, tiny_full_dcp
+) -> None:
+    from textual.widgets import Static
+
+    from tests.helpers import wait_until
+    from tui.app import LoadmasterApp
+    from tui.screens.triage import TriageScreen
+    from tui.widgets.confirm import ConfirmModal
+
+    src, _ = tiny_full_dcp
+    assert lab.bucket
+    prefix = "restage/screen-" + secrets.token_hex(3)
+    upload(s3, lab.bucket, f"{prefix}/step-70", src)
+    run = f"s3://{lab.bucket}/{prefix}"
+    cfg = relay_config(lab, tmp_path, store_proxy, name="screen", jobs=s5cmd_everywhere())
+    services = Services(load_config_file(cfg))
+    app = LoadmasterApp(services)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            app.open_triage(nodes=",".join(NODES), run=run)
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, TriageScreen)
+            restart = screen.query_one("#triage-restart", Static)
+            await wait_until(pilot, lambda: "restart from step 70" in str(restart.render()), rounds=1200, delay=0.05)
+            assert screen.report is not None and not screen.report.suspects
+            assert "loadmaster restage" in str(screen.query_one("#triage-commands", Static).render())
+            await pilot.press("S")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmModal), rounds=1200, delay=0.05)
+            await pilot.press("y")
+            await wait_until(pilot, lambda: "resume-ready" in str(restart.render()), rounds=2400, delay=0.05)
+            assert "resume-ready: step 70 on 2 node(s)" in str(restart.render())
+    finally:
+        await services.aclose()
+    for node in NODES:
+        assert (lab.node(node).scratch / "restart/step-70/.metadata").is_file()

@@ -41,8 +41,6 @@ class TriageScreen(Screen[None]):
     DEFAULT_CSS = """
     TriageScreen #triage-body { height: 1fr; }
     TriageScreen #triage-table { height: auto; max-height: 7; }
-    TriageScreen #triage-ask { display: none; }
-    TriageScreen #triage-ask.asking { display: block; }
     TriageScreen Static { height: auto; }
     """
 
@@ -86,13 +84,15 @@ class TriageScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one(DataTable).add_columns("#", "node", "GPUs", "evidence", "since")
+        ask = self.query_one("#triage-ask", Input)
         if self.job is None and self.nodes is None:
             self.title = "Triage"
-            ask = self.query_one("#triage-ask", Input)
-            ask.add_class("asking")
             ask.focus()
             self.query_one("#triage-status", Static).update("name a Slurm job or nodes above")
             return
+        # Hidden, and never holding the focus (it would swallow the screen's keys).
+        ask.display = False
+        self.query_one("#triage-body", VerticalScroll).focus()
         self.action_reload()
 
     @on(Input.Submitted, "#triage-ask")
@@ -102,8 +102,8 @@ class TriageScreen(Screen[None]):
         if not text:
             return
         self.job, self.nodes = (text, None) if _JOB_ID.match(text) else (None, text)
-        event.input.remove_class("asking")
-        self.query_one(DataTable).focus()
+        event.input.display = False
+        self.query_one("#triage-body", VerticalScroll).focus()
         self.action_reload()
 
     @work(exclusive=True, group="triage", exit_on_error=False)
