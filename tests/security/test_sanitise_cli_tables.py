@@ -64,3 +64,23 @@ def test_align_columns_makes_every_cell_one_safe_line(rows: list[list[str]]) -> 
     assert len(lines) == len(rows)
     for line in lines:
         assert _clean(line), repr(line)
+
+
+def test_ckpt_inspect_of_hostile_tensor_names_prints_no_escape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import struct
+
+    monkeypatch.setenv("LOADMASTER_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("LOADMASTER_DATA_DIR", str(tmp_path / "data"))
+    step = tmp_path / "run" / "step-10"
+    step.mkdir(parents=True)
+    name = "model.w\x1b]52;c;cm0gLXJmIH4=\x07\u202e\x9b2J"
+    header = json.dumps({name: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (step / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
+    main(["ckpt", "inspect", str(step)])
+    captured = capsys.readouterr()
+    for stream in (captured.out, captured.err):
+        assert all(_clean(line) for line in stream.splitlines()), stream
+    assert "model.w" in captured.out + captured.err

@@ -25,7 +25,7 @@ from backend.checkpoints.upload import (
 from backend.ops import StripRequest, UploadRequest
 from backend.ops.checkpoints import Done, open_step
 from backend.services import Services
-from backend.textfmt import align_columns
+from backend.textfmt import align_columns, safe_text
 from backend.units import age_of, bytes_gib_text, bytes_text, gbps_text
 from tui.cli.argtypes import duration_arg, size_arg
 
@@ -222,9 +222,10 @@ async def cmd_inspect(args: argparse.Namespace, services: Services) -> int:
         f"BF16 export: {'yes' if s.has_bf16_export else 'no'}"
     )
     for t in ins.tensors:
-        print(f"  {t.name:<60} {t.dtype:<9} {list(t.shape)!s:<18} {t.nbytes:>14,}  {t.file}")
+        # Tensor and file names come from the checkpoint's own headers: text from outside.
+        print(f"  {safe_text(t.name, 300):<60} {t.dtype:<9} {list(t.shape)!s:<18} {t.nbytes:>14,}  {safe_text(t.file)}")
     for p in ins.problems:
-        print(f"  problem: {p}", file=sys.stderr)
+        print(f"  problem: {safe_text(p)}", file=sys.stderr)
     return 1 if ins.problems else 0
 
 

@@ -18,7 +18,7 @@ from backend.policy.retention import (
 )
 from backend.schema import parse_duration
 from backend.services import Services
-from backend.textfmt import align_columns
+from backend.textfmt import align_columns, safe_text
 from backend.units import bytes_text, usd_text
 
 
@@ -227,7 +227,7 @@ async def cmd_apply(args: argparse.Namespace, services: Services) -> int:
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
         for c in report.changes:
-            print(f"changed since the plan: {c}")
+            print(f"changed since the plan: {safe_text(c)}")  # names object keys
         print(
             f"{'dry run of' if report.dry_run else 'applied'} plan {plan.hash[:12]}: {report.outcome}; "
             f"{report.count('done')} done, {report.count('already-done')} already done, "
@@ -291,5 +291,5 @@ def cmd_audit(args: argparse.Namespace, services: Services) -> int:
         extra += f" reason={e.reason!r}" if e.reason else ""
         n = len(e.detail.get("actions", [])) if isinstance(e.detail, dict) else 0
         extra += f" actions={n}" if n else ""
-        print(f"#{e.id} {when} {e.actor} {e.action} {e.target} -> {e.outcome}{extra}")
+        print(safe_text(f"#{e.id} {when} {e.actor} {e.action} {e.target} -> {e.outcome}{extra}", None))
     return 0

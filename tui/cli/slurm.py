@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from backend.services import Services
+from backend.textfmt import safe_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -188,7 +189,7 @@ async def run_resume(args: argparse.Namespace, services: Services) -> int:
     plan = await ops.plan_resume(_names(args.nodes), force_reason=args.force)
     for e in plan.evidence:
         for c in e.checks:
-            print(f"{e.node}: {'ok  ' if c.passed else 'FAIL'} {c.name}: {c.detail}")
+            print(f"{e.node}: {'ok  ' if c.passed else 'FAIL'} {c.name}: {safe_text(c.detail)}")  # the node's word
     if not plan.allowed:
         from backend.ops.slurm import ResumeRefused
 
