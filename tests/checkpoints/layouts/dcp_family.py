@@ -42,10 +42,8 @@ per saved step, on ``batch(i, rank)``); the Lightning runs take AdamW to exactly
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import datetime
-import hashlib
 import io
 import json
 import logging
@@ -69,6 +67,7 @@ from torch import nn
 
 from tests.checkpoints.conftest import TinyLM
 from tests.checkpoints.layouts import KINDS, BuiltRun, StepSpec, register
+from tests.checkpoints.layouts.cache import template as cached_template
 
 #: builder id -> the kinds it can write.
 SUPPORTED_KINDS: dict[str, tuple[str, ...]] = {}
@@ -131,33 +130,26 @@ def _quiet() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Templates: written once per process, copied per build.
-
-_TEMPLATE_ROOT: list[Path] = []
+# Templates: written once (tests/checkpoints/layouts/cache.py), copied per build.
 
 
 def _template(layout: str, key: object, write: Callable[[Path], None]) -> Path:
-    """A directory written once per process by ``write`` for (layout, key), reused afterwards."""
-    if not _TEMPLATE_ROOT:
-        root = Path(tempfile.mkdtemp(prefix="lm-layout-templates-"))
-        atexit.register(shutil.rmtree, root, True)
-        _TEMPLATE_ROOT.append(root)
-    digest = hashlib.sha1(repr(key).encode()).hexdigest()[:16]
-    path = _TEMPLATE_ROOT[0] / f"{layout}-{digest}"
-    if not (path / ".done").exists():
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
+    """A directory written once by ``write`` for (layout, key), reused afterwards."""
+
+    def write_quietly(path: Path) -> None:
         with one_thread():
             write(path)
-        (path / ".done").touch()
-    return path
+
+    return cached_template(layout, key, write_quietly)
 
 
 def _copy(src: Path, dest: Path) -> None:
+    # copy, not copy2: a copied step gets a fresh mtime, like a step the library just wrote (the
+    # template may have been written in an earlier session).
     if src.is_dir():
-        shutil.copytree(src, dest)
+        shutil.copytree(src, dest, copy_function=shutil.copy)
     else:
-        shutil.copy2(src, dest)
+        shutil.copy(src, dest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +214,9 @@ class _Layout:
     finish: Callable[[Path, Sequence[StepSpec]], None] = lambda root, specs: None
     check: Callable[[tuple[int, ...], Mapping[int, str]], None] = lambda steps, kinds: None
     weights_in_key: bool = False  # True: the template is written per set of weights steps
+    #: True: a step's files depend only on its place in the run, not its number (FSDP2): one
+    #: template of at least INDEX_TEMPLATE_STEPS steps serves every request, renamed on copy.
+    by_index: bool = False
     kinds: tuple[str, ...] = field(default=KINDS)
 
 
@@ -239,17 +234,26 @@ def _kinds(layout: _Layout, steps: Sequence[int], states: Mapping[int, str]) -> 
     return kinds
 
 
+#: The steps a ``by_index`` template holds at least (the real-layout tests' run of six).
+INDEX_TEMPLATE_STEPS = 6
+
+
 def _build(layout: _Layout, root: Path, steps: Sequence[int], states: Mapping[int, str]) -> BuiltRun:
     kinds = _kinds(layout, steps, states)
     ordered = tuple(kinds)
     weights = frozenset(s for s, k in kinds.items() if k == "weights")
-    key = (ordered, weights) if layout.weights_in_key else ordered
-    template = _template(layout.builder, key, lambda d: layout.write(d, ordered, weights))
+    if layout.by_index:
+        places = tuple(range(max(len(ordered), INDEX_TEMPLATE_STEPS)))
+        template = _template(layout.builder, ("by-index", len(places)), lambda d: layout.write(d, places, frozenset()))
+    else:
+        key = (ordered, weights) if layout.weights_in_key else ordered
+        template = _template(layout.builder, key, lambda d: layout.write(d, ordered, weights))
     root.mkdir(parents=True, exist_ok=True)
     specs = []
     for index, (step, kind) in enumerate(kinds.items()):
         name = layout.name(step, index)
-        source = template / ("weights" if kind == "weights" else "full") / name
+        held = layout.name(index, index) if layout.by_index else name
+        source = template / ("weights" if kind == "weights" else "full") / held
         _copy(source, root / name)
         if kind == "incomplete":
             assert layout.uncommit is not None
@@ -387,6 +391,7 @@ _install(
         write=_write_fsdp2,
         uncommit=_uncommit_dcp,
         corrupt=_drop_rank_shard,  # rank 1's __1_0.distcp missing
+        by_index=True,  # _fsdp2_rank: step i's state is the i-th optimizer step, its number a name
     )
 )
 

@@ -14,14 +14,13 @@ marker), or a run-level marker that names an older step. ``corrupt`` is a commit
 files do not match it (zero bytes, truncated, a rank's or a shard's file missing).
 
 Expensive runs (the Trainer, DeepSpeed) are made once per pytest session per distinct request
-into a template under a private temp dir and copied; copies get fresh mtimes, in step order.
+into a template (tests/checkpoints/layouts/cache.py: shared by the workers and kept between sessions
+while the libraries and builders are unchanged) and copied; copies get fresh mtimes, in step order.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
-import hashlib
 import json
 import os
 import random
@@ -37,18 +36,7 @@ from typing import Any
 import torch
 
 from tests.checkpoints.layouts import KINDS, BuiltRun, StepSpec, register
-
-_TEMPLATES: Path | None = None
-
-
-def _template_dir(name: str, key: object) -> Path:
-    """A session-private folder for one cached template (``name`` + a digest of ``key``)."""
-    global _TEMPLATES
-    if _TEMPLATES is None:
-        _TEMPLATES = Path(tempfile.mkdtemp(prefix="lm-layout-templates-"))
-        atexit.register(shutil.rmtree, _TEMPLATES, True)
-    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
-    return _TEMPLATES / f"{name}-{digest}"
+from tests.checkpoints.layouts.cache import template as cached_template
 
 
 def _kinds(
@@ -222,13 +210,10 @@ def make_trainer(
 
 
 def _hf_trainer_template(steps: tuple[int, ...], model_only: frozenset[int], best: int | None) -> Path:
-    out = _template_dir("hf-trainer", (steps, sorted(model_only), best)) / "run"
-    if not (out / ".done").exists():
-        shutil.rmtree(out.parent, ignore_errors=True)
-        trainer = make_trainer(out, max(steps), save_at={s: s in model_only for s in steps}, best=best)
-        trainer.train()
-        (out / ".done").touch()
-    return out
+    def write(folder: Path) -> None:
+        make_trainer(folder / "run", max(steps), save_at={s: s in model_only for s in steps}, best=best).train()
+
+    return cached_template("hf-trainer", (steps, sorted(model_only), best), write) / "run"
 
 
 @register("hf-trainer")
@@ -418,15 +403,21 @@ def run_deepspeed(variant: str, spec: Mapping[str, Any]) -> str:
         return (Path(logs) / "rank0.log").read_text(errors="replace")
 
 
+#: The steps one DeepSpeed run saves for every request within them (the real-layout tests' 1-6 and
+#: the builder tests' 10, 20, 30): one launch per variant serves both. Each listed step is one
+#: optimizer step, saved under that number.
+DEEPSPEED_TEMPLATE_STEPS = (1, 2, 3, 4, 5, 6, 10, 20, 30)
+
+
 def _deepspeed_template(variant: str, steps: tuple[int, ...]) -> Path:
-    out = _template_dir(variant, steps)
-    if not (out / ".done").exists():
-        shutil.rmtree(out, ignore_errors=True)
-        run_deepspeed(
-            variant, {"out": str(out), "steps": list(steps), "gather16": DEEPSPEED_VARIANTS[variant]["gather16"]}
-        )
-        (out / ".done").touch()
-    return out
+    if set(steps) <= set(DEEPSPEED_TEMPLATE_STEPS):
+        steps = DEEPSPEED_TEMPLATE_STEPS
+
+    def write(folder: Path) -> None:
+        gather16 = DEEPSPEED_VARIANTS[variant]["gather16"]
+        run_deepspeed(variant, {"out": str(folder), "steps": list(steps), "gather16": gather16})
+
+    return cached_template(variant, steps, write)
 
 
 def _deepspeed_run(variant: str, root: Path, steps: Sequence[int], states: Mapping[int, str]) -> BuiltRun:
