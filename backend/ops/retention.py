@@ -92,38 +92,42 @@ class Retention(Operation):
 
     def pin(self, ref: str, step: int, reason: str = "") -> str:
         """Pin ``step`` of the run ``ref`` (no plan touches it); the run's canonical URL."""
-        from backend.retention.marks import PinStore
+        from backend.retention.marks import PinStore, norm_url
 
         self.refuse_if_readonly("change pins")
         url, _ = self.run(ref)
         PinStore(self.services.db).pin(url, step, reason)
+        self.audit("retention.pin", f"{norm_url(url)}#{step}", "ok", reason=reason or None)
         return url
 
     def unpin(self, ref: str, step: int) -> str:
-        from backend.retention.marks import PinStore
+        from backend.retention.marks import PinStore, norm_url
 
         self.refuse_if_readonly("change pins")
         url, keys = self.run(ref)
         if not PinStore(self.services.db).unpin(url, step, keys):
             raise PolicyError(f"step {step} is not pinned under {url}")
+        self.audit("retention.unpin", f"{norm_url(url)}#{step}", "ok")
         return url
 
     def mark_milestone(self, ref: str, step: int) -> str:
         """Mark ``step`` a milestone: plans keep it as BF16 weights at least."""
-        from backend.retention.marks import MilestoneStore
+        from backend.retention.marks import MilestoneStore, norm_url
 
         self.refuse_if_readonly("change milestones")
         url, _ = self.run(ref)
         MilestoneStore(self.services.db).mark(url, step)
+        self.audit("retention.milestone", f"{norm_url(url)}#{step}", "ok")
         return url
 
     def unmark_milestone(self, ref: str, step: int) -> str:
-        from backend.retention.marks import MilestoneStore
+        from backend.retention.marks import MilestoneStore, norm_url
 
         self.refuse_if_readonly("change milestones")
         url, keys = self.run(ref)
         if not MilestoneStore(self.services.db).unmark(url, step, keys):
             raise PolicyError(f"step {step} is not marked a milestone under {url}")
+        self.audit("retention.unmilestone", f"{norm_url(url)}#{step}", "ok")
         return url
 
     async def unlock(self, ref: str) -> Unlocked:

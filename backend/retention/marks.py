@@ -41,7 +41,7 @@ class PinStore:
         return tuple({int(r["step"]): Pin(int(r["step"]), r["reason"]) for r in rows}.values())
 
     def pin(self, url: str, step: int, reason: str = "") -> None:
-        """Pin ``step`` under ``url`` (audited). A pin binds every apply from the moment it is
+        """Pin ``step`` under ``url`` (``ops.retention.pin`` audits it). A pin binds every apply from the moment it is
         recorded: it is taken under the run's lock, and refused (naming the apply) while an
         apply is deleting that very step, so it is never acknowledged and then ignored."""
         from backend.state import actor
@@ -55,7 +55,6 @@ class PinStore:
             " ON CONFLICT (url, step) DO UPDATE SET reason = excluded.reason, who = excluded.who, ts = excluded.ts",
             (norm_url(url), step, reason, actor(), time.time()),
         )
-        self.db.record_audit("retention.pin", f"{norm_url(url)}#{step}", "ok", reason=reason or None)
 
     def _record(
         self, url: str, step: int, what: str, refused_during: tuple[str, ...], sql: str, params: tuple[object, ...]
@@ -75,14 +74,12 @@ class PinStore:
         self.db.transact(body, lock=run_lock(url))
 
     def unpin(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
-        """Remove a pin (audited); False when there was none."""
-        return self._remove("retention_pins", "retention.unpin", url, step, keys)
+        """Remove a pin; False when there was none."""
+        return self._remove("retention_pins", url, step, keys)
 
-    def _remove(self, table: str, action: str, url: str, step: int, keys: Iterable[str]) -> bool:
+    def _remove(self, table: str, url: str, step: int, keys: Iterable[str]) -> bool:
         ks = self._keys(url, keys)
         cur = self.db.execute(f"DELETE FROM {table} WHERE step = ? AND url IN ({','.join('?' * len(ks))})", [step, *ks])
-        if cur.rowcount:
-            self.db.record_audit(action, f"{norm_url(url)}#{step}", "ok")
         return bool(cur.rowcount)
 
 
@@ -96,7 +93,7 @@ class MilestoneStore(PinStore):
         return tuple(sorted({int(r["step"]) for r in rows}))
 
     def mark(self, url: str, step: int) -> None:
-        """Mark ``step`` a milestone (audited): bound by every apply from then on, or refused
+        """Mark ``step`` a milestone (``ops.retention.mark_milestone`` audits it): bound by every apply from then on, or refused
         (naming the apply) while an apply is deleting that very step."""
         from backend.state import actor
 
@@ -109,11 +106,10 @@ class MilestoneStore(PinStore):
             " ON CONFLICT (url, step) DO UPDATE SET who = excluded.who, ts = excluded.ts",
             (norm_url(url), step, actor(), time.time()),
         )
-        self.db.record_audit("retention.milestone", f"{norm_url(url)}#{step}", "ok")
 
     def unmark(self, url: str, step: int, keys: Iterable[str] = ()) -> bool:
-        """Remove a milestone mark (audited); False when there was none."""
-        return self._remove("retention_milestones", "retention.unmilestone", url, step, keys)
+        """Remove a milestone mark; False when there was none."""
+        return self._remove("retention_milestones", url, step, keys)
 
 
 #: An apply's claim on a step it is deleting counts for this long after it was made (an apply
