@@ -26,6 +26,7 @@ one order, whichever front end asked:
 | site alerts, silence, expire | ``ops.alerts.site()``, ``ops.alerts.silence(req)``, ``ops.alerts.expire(id)``, ``ops.alerts.status()`` |
 | triage (suspects, evidence, commands) | ``await ops.triage.run(job=)`` or ``run(nodes=)`` |
 | Slurm nodes, drain, resume | ``ops.slurm.rows()``, ``ops.slurm.plan_drain(...)``/``drain(plan)``, ``ops.slurm.plan_resume(...)``/``resume(plan)`` |
+| state repair, state migrate | ``ops.state.repair(force=)``, ``ops.state.migrate(url, merge=, dry_run=)`` |
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from backend.ops.shards import Shards
 if TYPE_CHECKING:
     from backend.ops.alerts import Alerts
     from backend.ops.slurm import Slurm
+    from backend.ops.state import State
     from backend.ops.triage import Triage
     from backend.services import Services
 
@@ -94,6 +96,12 @@ class Operations:
         from backend.ops.triage import Triage
 
         return Triage(self.services)
+
+    @cached_property
+    def state(self) -> State:
+        from backend.ops.state import State
+
+        return State(self.services)
 
 
 __all__ = ["Operations", "PullPreview", "PullRequest", "PullStarted", "StripRequest", "UploadRequest"]

@@ -14,6 +14,7 @@ from backend.errors import ReadOnlyRefused
 
 if TYPE_CHECKING:
     from backend.services import Services
+    from backend.state import StateDB
 
 
 class Operation:
@@ -36,9 +37,16 @@ class Operation:
         detail: dict[str, Any] | None = None,
         reason: str | None = None,
         plan_hash: str | None = None,
+        into: StateDB | None = None,
     ) -> int:
-        """Append the audit record of what was done (never secrets in ``detail``); its id."""
-        return self.services.db.record_audit(action, target, outcome, detail=detail, reason=reason, plan_hash=plan_hash)
+        """Append the audit record of what was done (never secrets in ``detail``); its id. The
+        record goes into the services' state database, or ``into`` (``state migrate``: the target).
+
+        This is the one writer of audit records outside :mod:`backend.state`
+        (``tests/ops/test_audit_in_ops.py`` keeps it so): feature code returns what it did, and the
+        operation records it."""
+        db = self.services.db if into is None else into
+        return db.record_audit(action, target, outcome, detail=detail, reason=reason, plan_hash=plan_hash)
 
 
 #: The signals a launch outlives long enough to undo what never started (a closed terminal, a

@@ -16,12 +16,8 @@ import sys
 from pathlib import Path
 
 from backend.config import config_dir
-from backend.errors import LoadmasterError
 from backend.services import Services
-from backend.state import StateError, check_state, repair_state, state_where
-
-#: The file name under the state dir (as Services opens it).
-STATE_FILE = "state.sqlite3"
+from backend.state import STATE_FILE, StateError, check_state, state_where
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -85,19 +81,14 @@ def cmd_check(args: argparse.Namespace, services: Services) -> int:
 
 
 def cmd_repair(args: argparse.Namespace, services: Services) -> int:
-    """Rebuild a damaged state database, keeping what can be read."""
-    if services.readonly:
-        raise LoadmasterError("read-only mode: cannot repair the state database")
-    if services.config.state.url:
-        print(
-            f"loadmaster: error: state repair is for the local SQLite file; [state] url points at "
-            f"{state_where(services.config)}: use PostgreSQL's own tools there (pg_amcheck, a backup)",
-            file=sys.stderr,
-        )
+    """Rebuild a damaged state database, keeping what can be read (``ops.state.repair``)."""
+    try:
+        done = services.ops.state.repair(force=args.force)
+    except StateError as exc:
+        print(f"loadmaster: error: {exc}", file=sys.stderr)
         return 1
-    path = services.config.state_dir() / STATE_FILE
-    problems = check_state(path)
-    if not problems and not args.force:
+    path, report = done.path, done.report
+    if report is None:
         msg = (
             f"{path}: ok, nothing to repair (--force rebuilds it anyway)"
             if path.exists()
@@ -105,7 +96,6 @@ def cmd_repair(args: argparse.Namespace, services: Services) -> int:
         )
         print(json.dumps({"path": str(path), "repaired": False}) if args.json else msg)
         return 0
-    report = repair_state(path)
     if args.json:
         print(
             json.dumps(
@@ -115,7 +105,7 @@ def cmd_repair(args: argparse.Namespace, services: Services) -> int:
                     "backup": str(report.backup),
                     "kept": report.kept,
                     "lost": list(report.lost),
-                    "problems": problems,
+                    "problems": done.problems,
                 }
             )
         )
@@ -174,21 +164,17 @@ def config_file(services: Services) -> tuple[Path, bool]:
 
 
 def cmd_migrate(args: argparse.Namespace, services: Services) -> int:
-    """Copy the local SQLite state into the PostgreSQL database ``--to``."""
-    from backend.state.copy import NothingToMigrate, check_target_url, migrate_state
-
-    if services.readonly:
-        raise LoadmasterError("read-only mode: cannot migrate the state database")
-    check_target_url(args.to)
-    path = services.config.state_dir() / STATE_FILE
+    """Copy the local SQLite state into the PostgreSQL database ``--to`` (``ops.state.migrate``)."""
     try:
-        report = migrate_state(path, args.to, merge=args.merge, dry_run=args.dry_run)
-    except NothingToMigrate as exc:
-        print(json.dumps({"source": str(path), "migrated": False, "reason": str(exc)}) if args.json else str(exc))
-        return 0
+        done = services.ops.state.migrate(args.to, merge=args.merge, dry_run=args.dry_run)
     except StateError as exc:
         print(f"loadmaster: error: {exc}", file=sys.stderr)
         return 1
+    report = done.report
+    if report is None:
+        reason = done.nothing or ""
+        print(json.dumps({"source": str(done.source), "migrated": False, "reason": reason}) if args.json else reason)
+        return 0
     cfg, exists = config_file(services)
     setting = f'[state] url = "{args.to}"'
     if args.json:
