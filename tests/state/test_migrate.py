@@ -157,7 +157,11 @@ def test_migrate_copies_every_table_row_for_row_and_says_what_to_set(
     target = PostgresState(pg_url)
     try:
         for table in TABLES:
-            assert rows(target, table) == filled[table], table
+            got = rows(target, table)
+            if table == "audit":  # the migrate's own record follows the copied ones (ops.state)
+                assert got[-1]["action"] == "state.migrate" and got[-1]["target"] == pg_url
+                got = got[:-1]
+            assert got == filled[table], table
         source_id = filled["state_meta"][0]["value"]
         assert target.state_id == source_id
         # Jobs launched from the local state carry its id: the shared ledger counts them.
@@ -175,7 +179,8 @@ def test_identity_sequences_continue_after_the_copied_ids(
     target = PostgresState(pg_url)
     try:
         top = {t: max(r["id"] for r in filled[t]) for t in ID_TABLES}
-        assert target.record_audit("state.test", "after-migrate", "ok") == top["audit"] + 1
+        # + 2: the migrate's own record took the first id after the copied ones
+        assert target.record_audit("state.test", "after-migrate", "ok") == top["audit"] + 2
         JobStore(target).event("pull-0", "after-migrate")
         (event,) = target.query("SELECT id FROM job_events WHERE event = 'after-migrate'")
         assert event["id"] == top["job_events"] + 1
@@ -197,7 +202,8 @@ def test_a_second_migrate_is_refused_naming_the_tables(
     line = one_line(err)
     assert line.startswith("loadmaster: error: state database postgresql://loadmaster@127.0.0.1:")
     for table in ("jobs", "job_events", "egress_ledger", "audit", "retention_pins", "retention_milestones"):
-        assert f"{table} ({len(filled[table])})" in line
+        n = len(filled[table]) + (table == "audit")  # and the first migrate's own record
+        assert f"{table} ({n})" in line
     assert "state_meta" not in line and "--merge" in line
     assert target.counts(TABLES) == before
     target.close()
@@ -309,7 +315,7 @@ def test_read_only_mode_refuses(
 ) -> None:
     rc, out, err = cli(capsys, cfg, "--readonly", "state", "migrate", "--to", pg_url)
     assert rc == 2 and out == ""
-    assert one_line(err) == "loadmaster: error: read-only mode: cannot migrate the state database"
+    assert one_line(err) == "loadmaster: error: read-only mode: cannot migrate the state database (drop --readonly)"
     assert tables_in(pg_cluster, pg_url) == []
 
 
@@ -350,7 +356,8 @@ def test_merge_keeps_the_targets_rows_and_adds_the_local_ones(
             t = per[table]
             assert t["source"] == t["copied"] + t["skipped"] + t["replaced"], table
             extra = 1 if table == "state_meta" else 0  # the merge's note
-            assert after[table] == before[table] + t["copied"] + extra == t["target"], table
+            record = 1 if table == "audit" else 0  # the migrate's own record, written after the copy
+            assert after[table] == before[table] + t["copied"] + extra + record == t["target"] + record, table
         assert target.state_id == own_id
         (kept,) = target.query("SELECT label, job_dir FROM jobs WHERE id = 'pull-1'")
         assert dict(kept) == {"label": "the team's pull-1", "job_dir": "/elsewhere"}
