@@ -116,6 +116,8 @@ class ShardRuns(Vertical):
     def on_mount(self) -> None:
         for key, label in RUN_COLUMNS:
             self.table.add_column(label, key=key, width=COLUMN_WIDTHS.get(key))
+        # No bar until a conversion is shown: an empty screen's "0%" would read as a stalled run.
+        self.query_one("#shards-progress", ProgressBar).display = False
 
     @property
     def table(self) -> DataTable[Any]:
@@ -159,6 +161,7 @@ class ShardRuns(Vertical):
     def show_selected(self, conv: Conversion) -> None:
         """``conv`` under the table: progress bar, counters, paths, detail and manifest summary."""
         bar = self.query_one("#shards-progress", ProgressBar)
+        bar.display = True
         bar.update(total=1.0, progress=conv.fraction or (1.0 if conv.state == "succeeded" else 0.0))
         p = conv.progress
         items: list[tuple[str, object]] = [("state", conv.state)]
