@@ -20,18 +20,7 @@ KNOWN_CYCLES: dict[str, frozenset[str]] = {
         {
             "backend.checkpoints.strip_job",
             "backend.jobs.pull",
-            "backend.ops",
-            "backend.ops.alerts",
-            "backend.ops.base",
-            "backend.ops.checkpoints",
-            "backend.ops.egress",
-            "backend.ops.jobs",
-            "backend.ops.pull",
-            "backend.ops.reserved",
-            "backend.ops.retention",
-            "backend.ops.shards",
-            "backend.ops.slurm",
-            "backend.ops.triage",
+            "backend.ops",  # and every backend.ops.* module (KNOWN_PACKAGES)
             "backend.retention.apply",
             "backend.retention.marks",
             "backend.services",
@@ -94,9 +83,19 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     return out
 
 
+#: Packages whose every module may be in the known cycle of the same name: each operation module
+#: takes Services (under TYPE_CHECKING), so a new operation joins the Services bag until #30 is done.
+KNOWN_PACKAGES: dict[str, str] = {"#30 Services bag": "backend.ops."}
+
+
+def _inside(cycle: list[str], name: str) -> bool:
+    prefix = KNOWN_PACKAGES.get(name)
+    return all(m in KNOWN_CYCLES[name] or (prefix is not None and m.startswith(prefix)) for m in cycle)
+
+
 def _unknown(cycles: list[list[str]]) -> list[list[str]]:
     """The cycles not inside one known cycle."""
-    return [c for c in cycles if not any(set(c) <= known for known in KNOWN_CYCLES.values())]
+    return [c for c in cycles if not any(_inside(c, name) for name in KNOWN_CYCLES)]
 
 
 def test_backend_and_tui_import_graph_has_no_new_cycle() -> None:
@@ -116,6 +115,9 @@ def test_the_allowlist_catches_a_new_and_a_grown_cycle() -> None:
     assert _unknown([known]) == []
     assert _unknown([[*known, "backend.telemetry.hub"]]) == [[*known, "backend.telemetry.hub"]]
     assert _unknown([["backend.telemetry.hub", "backend.telemetry.sources"]]) != []
+    bag = sorted(KNOWN_CYCLES["#30 Services bag"])
+    assert _unknown([[*bag, "backend.ops.new_operation"]]) == []  # an operation takes Services
+    assert _unknown([[*bag, "backend.telemetry.hub"]]) != []
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
