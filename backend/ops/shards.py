@@ -84,7 +84,7 @@ class Shards(Operation):
         req.validate()
         sprof, dprof = self._profiles(req)
         if not req.src.startswith("s3://"):
-            return await launch_on_node(self.services, node, req, sprof, dprof)
+            return self._launched(node, req, await launch_on_node(self.services, node, req, sprof, dprof))
         pv = await self.preview(req)
         if not pv.ok:
             raise JobError(f"not started: cannot shard {req.src}: " + "; ".join(pv.errors))
@@ -97,6 +97,11 @@ class Shards(Operation):
             reason=reason,
             what="shard conversion",
         )
+        return self._launched(node, req, rec)
+
+    def _launched(self, node: str, req: ShardRequest, rec: JobRecord) -> JobRecord:
+        detail = {"src": req.src, "node": node, "job": rec.id, "overwrite": req.overwrite, "resume": req.resume}
+        self.audit("shard.launch", req.dest, "started", detail=detail)
         return rec
 
 

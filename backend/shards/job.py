@@ -42,7 +42,8 @@ async def launch_on_node(
     *,
     job_id: str | None = None,
 ) -> Any:
-    """Start the conversion as a durable ``shard`` job on ``node`` (audited); returns its JobRecord.
+    """Start the conversion as a durable ``shard`` job on ``node``; returns its JobRecord (the
+    operation, ``Shards.start_on_node``, audits it).
     ``job_id``: the id its egress reservation was made under (``Shards.start_on_node``)."""
     node_cfg = services.config.node(node)
     req.validate()
@@ -58,12 +59,6 @@ async def launch_on_node(
         secrets=secrets,
         label=f"shard {req.src} -> {req.dest}",
         job_id=job_id,
-    )
-    services.db.record_audit(
-        "shard.launch",
-        req.dest,
-        "started",
-        detail={"src": req.src, "node": node, "job": rec.id, "overwrite": req.overwrite, "resume": req.resume},
     )
     return rec
 
