@@ -9,7 +9,7 @@ operation, never these; ``services.egress`` is the one guard)::
     # show the quote with the verdict: backend.policy.egress.decision_lines(decision)
     if decision.action == "block":       raise PolicyError(decision.message)  # do not start
     if decision.action == "confirm":     refuse unless the operator gave a reason
-    if decision.override_reason:         guard.record_override(decision, decision.override_reason)
+    if decision.override_reason:         operation.audit_override(decision)  # guard.override_facts
     ... transfer runs ...
     guard.record_transfer(store, node.site, bytes_moved, job_id=job.id)   # when it finished
 
@@ -18,7 +18,8 @@ operation, never these; ``services.egress`` is the one guard)::
 * ``check`` applies ``[egress]``: the monthly budget of the store or its account, the per-transfer
   limit, and the action (warn | confirm | block). ``confirm`` with a reason becomes ``allow`` with
   ``override_reason`` set; ``block`` cannot be overridden.
-* ``record_override`` writes the override and its reason to the audit log (``egress.override``).
+* ``override_facts`` checks an override may be made and gives what the audit log records of it
+  (``egress.override``, written by ``Operation.audit_override``).
 * ``record_transfer`` appends a :class:`LedgerEntry` priced at the tier it actually fell in.
 * ``dest_site`` None (a node without ``site``) is priced as internet egress and the quote says so;
   a store without provider/region, or of an unpriced provider, gives ``priced=False`` with a note
@@ -396,6 +397,15 @@ class EgressLedger:
 
 
 @dataclass(frozen=True)
+class OverrideFacts:
+    """An allowed over-budget transfer as the audit log records it (``egress.override``)."""
+
+    target: str
+    reason: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Reservation:
     """One job's share of a launch: what its node will receive from the store."""
 
@@ -501,8 +511,9 @@ class EgressGuard:
             quote, self.settings, budget=budget, spent_usd=spent, allow_over_budget_reason=allow_over_budget_reason
         )
 
-    def record_override(self, decision: GuardDecision, reason: str) -> int:
-        """Audit an over-budget transfer the operator allowed, with their reason; returns the audit id."""
+    def override_facts(self, decision: GuardDecision, reason: str) -> OverrideFacts:
+        """What the audit log records of an over-budget transfer the operator allowed, with their
+        reason (PolicyError when it cannot be overridden: no reason, nothing exceeded, ``block``)."""
         reason = (reason or "").strip()
         if not reason:
             raise PolicyError("an over-budget override needs a reason (--allow-over-budget REASON)")
@@ -511,12 +522,10 @@ class EgressGuard:
         if self.settings.action == "block":
             raise PolicyError(f'[egress] action is "block": {decision.message}')
         q = decision.quote
-        return self.db.record_audit(
-            "egress.override",
+        return OverrideFacts(
             q.route.label,
-            "allowed-over-budget",
-            reason=reason,
-            detail={
+            reason,
+            {
                 "bytes": q.bytes,
                 "usd": q.total_usd,
                 "exceeded": list(decision.exceeded),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from backend.errors import ReadOnlyRefused
 
 if TYPE_CHECKING:
+    from backend.policy.egress import GuardDecision
     from backend.services import Services
     from backend.state import StateDB
 
@@ -47,6 +48,14 @@ class Operation:
         operation records it."""
         db = self.services.db if into is None else into
         return db.record_audit(action, target, outcome, detail=detail, reason=reason, plan_hash=plan_hash)
+
+    def audit_override(self, decision: GuardDecision) -> int:
+        """Record the over-budget transfer the operator allowed with their reason
+        (``egress.override``); PolicyError when it cannot be overridden. Its audit id."""
+        facts = self.services.egress.override_facts(decision, decision.override_reason or "")
+        return self.audit(
+            "egress.override", facts.target, "allowed-over-budget", reason=facts.reason, detail=facts.detail
+        )
 
 
 #: The signals a launch outlives long enough to undo what never started (a closed terminal, a

@@ -55,4 +55,4 @@ class Egress(Operation):
         if not decision.override_reason:
             return Quoted(decision)
         self.refuse_if_readonly("record an egress override")
-        return Quoted(decision, guard.record_override(decision, decision.override_reason))
+        return Quoted(decision, self.audit_override(decision))

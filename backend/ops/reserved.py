@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from backend.errors import LoadmasterError
-from backend.ops.base import signals_cancel_launch
+from backend.ops.base import Operation, signals_cancel_launch
 
 if TYPE_CHECKING:
     from backend.config import StoreProfile
@@ -56,7 +56,7 @@ async def launch_reserved(
         try:
             dec = reserved.decision
             if dec is not None and dec.override_reason:
-                services.egress.record_override(dec, dec.override_reason)
+                Operation(services).audit_override(dec)
             return await launch(), reserved
         except BaseException as exc:
             release_unstarted(services, [it.job_id for it in items], exc)

@@ -45,7 +45,7 @@ def test_over_budget_under_block_is_blocked_and_names_the_numbers(state_db: Stat
     for text in ("'datasets'", "$500.00", "$891.00", "over by $391.00", "block"):
         assert text in d.message
     with pytest.raises(PolicyError, match="block"):
-        g.record_override(d, "please")
+        g.override_facts(d, "please")
 
 
 def test_over_budget_under_warn_proceeds_with_a_warning(state_db: StateDB) -> None:
@@ -64,12 +64,11 @@ def test_confirm_then_override_is_audited_with_its_reason(state_db: StateDB) -> 
     allowed = g.check(q, allow_over_budget_reason="eval deadline, approved by kim")
     assert allowed.action == "allow" and allowed.override_reason == "eval deadline, approved by kim"
     with pytest.raises(PolicyError, match="reason"):
-        g.record_override(allowed, "  ")
-    audit_id = g.record_override(allowed, allowed.override_reason or "")
-    (entry,) = g.db.audit_entries(action="egress.override")
-    assert entry.id == audit_id and entry.reason == "eval deadline, approved by kim"
-    assert entry.outcome == "allowed-over-budget" and entry.detail["usd"] == pytest.approx(441)
-    assert "datasets" in entry.target and DEST in entry.target
+        g.override_facts(allowed, "  ")
+    # what ops.egress.quote / ops.pulls.start record (Operation.audit_override; tests/egress/test_cli.py)
+    facts = g.override_facts(allowed, allowed.override_reason or "")
+    assert facts.reason == "eval deadline, approved by kim" and facts.detail["usd"] == pytest.approx(441)
+    assert "datasets" in facts.target and DEST in facts.target
 
 
 def test_within_budget_allows_and_near_budget_warns(state_db: StateDB) -> None:
@@ -78,7 +77,7 @@ def test_within_budget_allows_and_near_budget_warns(state_db: StateDB) -> None:
     d = g.check(g.quote_transfer(DATASETS, DEST, 10 * TB))  # $891 = 89% of $1,000
     assert d.action == "warn" and "89%" in d.message
     with pytest.raises(PolicyError, match="nothing to override"):
-        g.record_override(d, "why not")
+        g.override_facts(d, "why not")
 
 
 def test_ledger_prices_each_transfer_at_the_tier_it_fell_in(state_db: StateDB) -> None:
