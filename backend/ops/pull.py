@@ -222,7 +222,7 @@ class Pulls(Operation):
             try:
                 dec = reserved.decision or plan.egress
                 if dec is not None and dec.override_reason:
-                    self.services.egress.record_override(dec, dec.override_reason)
+                    self.audit_override(dec)
                 upstreams = None
                 if plan.fanout == "relay-ssh":
                     from backend.relay.ssh_hops import SshHops
