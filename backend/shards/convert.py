@@ -5,7 +5,7 @@ The pipeline: list the source (paginated on S3), group files into samples, plan 
 headers and large sequential writes while reads run ahead of it (:mod:`backend.shards.sources`:
 a thread pool for local files, bounded concurrent GETs for S3). Each finished shard is renamed
 into place (local) or streamed up as a multipart upload while the next is written (S3, at most
-``pending_uploads`` shards spooled), then recorded in a journal with its sha256
+``pending_uploads`` shards spooled), then recorded in a journal with its BLAKE3 digest
 (:mod:`backend.shards.sinks`), so an interrupted conversion resumes from the last completed
 shard. ``manifest.json`` is written last. The same conversion as a durable node job is
 :mod:`backend.shards.job`.
@@ -26,6 +26,7 @@ from backend.nodes.untrusted import loads_bounded
 from backend.shards import tarfmt
 from backend.shards.locations import normalize_location, open_store
 from backend.shards.manifest import (
+    HASH,
     JOURNAL_MAX_BYTES,
     MANIFEST_NAME,
     Manifest,
@@ -236,13 +237,13 @@ def _write_shards(
         nonlocal out
         assert out is not None
         try:
-            sha = out.finish()
+            digest = out.finish()
         finally:
             out.close()
         shard = out.shard
         if out.written != shard.nbytes:
             raise ShardError(f"internal error: {shard.name} is {out.written} bytes, planned {shard.nbytes}")
-        entry = ShardEntry(shard.name, out.written, len(shard.samples), out.files, sha)
+        entry = ShardEntry(shard.name, out.written, len(shard.samples), out.files, digest, HASH)
         sink.commit(entry, out.path)
         out = None  # committed: no longer ours to remove on failure
         entries.append(entry)

@@ -1,14 +1,18 @@
 """The manifest written next to the shards, the resume journal, and the GET arithmetic.
 
-``manifest.json`` lists every shard (name, bytes, samples, sha256) with totals and what the
-conversion saves per epoch: one GET per file before, one per shard after, priced at the store's
+``manifest.json`` lists every shard (name, bytes, samples, and its digest under the name of the
+hash that made it: ``blake3``, or ``sha256`` in manifests written before) with totals, the hash
+algorithm (``hash``), and what the conversion saves per epoch: one GET per file before, one per shard after, priced at the store's
 GET price (``backend.policy.prices`` when it prices the provider; S3 Standard otherwise).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from backend.config import Config, StoreProfile
@@ -17,7 +21,30 @@ from backend.policy.prices import PriceOverrides, price_table
 from backend.units import bytes_text, usd_text
 
 MANIFEST_NAME = "manifest.json"
-FORMAT = "loadmaster-shards/1"
+FORMAT = "loadmaster-shards/2"
+#: Formats read back: /1 (every shard's ``sha256``) and /2 (the ``hash`` it names, per shard too).
+READ_FORMATS = ("loadmaster-shards/1", FORMAT)
+#: The hash new shards are written with: BLAKE3 (cryptographic, SIMD: ~4x sha256 on one core),
+#: so hashing a shard costs little beside writing it (bench/shard.py, against GNU tar).
+HASH = "blake3"
+
+
+def _blake3() -> Any:
+    import blake3  # a compiled extension, imported when a shard is hashed, not at console start
+
+    return blake3.blake3(max_threads=1)
+
+
+#: Every hash a manifest may name, with a constructor of an incremental hasher (``update``,
+#: ``hexdigest``) and its digest length in hex digits.
+HASHES: dict[str, tuple[Callable[[], Any], int]] = {"blake3": (_blake3, 64), "sha256": (hashlib.sha256, 64)}
+
+
+def new_hasher(algorithm: str = HASH) -> Any:
+    """An incremental hasher for ``algorithm`` (one of :data:`HASHES`)."""
+    return HASHES[algorithm][0]()
+
+
 #: A manifest is read back from a destination someone else may write: its size and nesting are
 #: bounded (one shard is ~150 bytes: 256 MiB holds well over a million shards).
 MANIFEST_MAX_BYTES = 256 * 1024 * 1024
@@ -36,23 +63,46 @@ class ShardEntry:
     bytes: int
     samples: int
     files: int
-    sha256: str
+    digest: str
+    #: The algorithm of ``digest``: :data:`HASH` for new shards, ``sha256`` for older ones.
+    hash: str = HASH
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON object: the digest under its algorithm's name (``"blake3": "..."``)."""
+        return {
+            "name": self.name,
+            "bytes": self.bytes,
+            "samples": self.samples,
+            "files": self.files,
+            self.hash: self.digest,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardEntry:
         """An entry from its JSON object; ValueError/KeyError/TypeError when it is not one."""
         if not isinstance(d, dict):
             raise TypeError(f"a shard entry must be an object, got {type(d).__name__}")
+        algos = [a for a in HASHES if a in d]
+        if len(algos) != 1:
+            raise ValueError(
+                f"shard {str(d.get('name'))[:80]!r} must carry exactly one digest, under one of "
+                f"{', '.join(HASHES)} (has {len(algos)})"
+            )
+        algo = algos[0]
+        digest = d[algo]
+        if not isinstance(digest, str) or len(digest) != HASHES[algo][1] or not set(digest) <= _HEX:
+            raise ValueError(f"shard {str(d.get('name'))[:80]!r}: {algo} is not {HASHES[algo][1]} hex digits")
         return cls(
             name=str(d["name"]),
             bytes=int(d["bytes"]),
             samples=int(d["samples"]),
             files=int(d.get("files", 0)),
-            sha256=str(d["sha256"]),
+            digest=digest,
+            hash=algo,
         )
+
+
+_HEX = frozenset(string.hexdigits.lower())
 
 
 @dataclass(frozen=True)
@@ -145,6 +195,12 @@ class Manifest:
     def bytes(self) -> int:
         return sum(s.bytes for s in self.shards)
 
+    @property
+    def hash(self) -> str:
+        """The manifest's ``hash``: its shards' algorithm (``blake3,sha256`` when a conversion
+        begun by an older loadmaster was resumed: each shard names its own)."""
+        return ",".join(sorted({s.hash for s in self.shards})) or HASH
+
     def to_json(self) -> str:
         """The manifest as JSON (deterministic: no timestamps, sorted shards)."""
         doc = {
@@ -154,6 +210,7 @@ class Manifest:
             "shard_size_target": self.shard_size,
             "seed": self.seed,
             "plan_hash": self.plan_hash,
+            "hash": self.hash,
             "totals": {"shards": len(self.shards), "samples": self.samples, "files": self.files, "bytes": self.bytes},
             "requests": self.requests.as_dict(),
             "input_problems": self.problems,
@@ -172,10 +229,10 @@ class Manifest:
         try:
             if not isinstance(doc, dict):
                 raise TypeError(f"expected a JSON object, got {type(doc).__name__}")
-            if doc.get("format") != FORMAT:
+            if doc.get("format") not in READ_FORMATS:
                 raise ValueError(f"unknown manifest format {doc.get('format')!r}")
             req = doc["requests"]
-            return cls(
+            manifest = cls(
                 source=doc["source"],
                 pattern=doc["pattern"],
                 shard_size=int(doc["shard_size_target"]),
@@ -191,6 +248,12 @@ class Manifest:
                 problems=doc.get("input_problems", {}),
                 incomplete_policy=doc.get("incomplete_policy", "error"),
             )
+            # /1 predates the field: its shards are sha256. A shard hashed otherwise than the
+            # manifest says is an edited manifest, refused rather than verified by either.
+            named = doc.get("hash", "sha256") if doc["format"] == READ_FORMATS[0] else doc["hash"]
+            if manifest.shards and named != manifest.hash:
+                raise ValueError(f"it names hash {str(named)[:40]!r} but its shards are hashed with {manifest.hash}")
+            return manifest
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ValueError(
                 f"{where}: not a loadmaster shard manifest ({type(exc).__name__}: {str(exc)[:200]})"

@@ -1,10 +1,10 @@
 """Writing shards: each one's tar stream to a file, written and hashed, then committed to a sink.
 
 :class:`TarOut` is one shard file being written; :class:`Output` writes its pieces and hashes them
-(sha256) in a thread of its own. A finished shard goes to a :class:`Sink`: renamed into place and
+(BLAKE3, :data:`~backend.shards.manifest.HASH`) in a thread of its own. A finished shard goes to a :class:`Sink`: renamed into place and
 journalled (a local directory, :class:`LocalSink`), or streamed up as a verified multipart upload
 while the next is written, at most ``pending_uploads`` shards spooled (``s3://``, :class:`S3Sink`).
-A shard's journal entry (``JOURNAL_PREFIX/<name>.json``, with its sha256) is written once the
+A shard's journal entry (``JOURNAL_PREFIX/<name>.json``, with its digest) is written once the
 shard is in place, so an interrupted conversion resumes from the last completed shard.
 """
 
@@ -14,7 +14,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import hashlib
 import json
 import os
 import queue
@@ -27,7 +26,7 @@ from typing import Any
 
 from backend.errors import LoadmasterError
 from backend.shards import tarfmt
-from backend.shards.manifest import ShardEntry
+from backend.shards.manifest import HASH, ShardEntry, new_hasher
 from backend.shards.model import ShardRequest
 from backend.shards.plan import STATE_DIR, PlannedShard, ShardError
 from backend.shards.sources import Piece
@@ -171,7 +170,7 @@ class S3Sink(Sink):
 
 
 class Output:
-    """Writes the shard stream and hashes it (sha256) in its own thread, overlapping the reads.
+    """Writes the shard stream and hashes it (:data:`HASH`) in its own thread, overlapping the reads.
 
     Each piece is written, then hashed while still in cache; a buffer goes back to its reader
     only after both. A write error is kept and raised to the writer thread by the next ``feed``
@@ -181,7 +180,7 @@ class Output:
     def __init__(self, *, threaded: bool = True) -> None:
         # Bounded: with reused buffers this rarely fills; with S3 data it bounds memory.
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=16)
-        self.digest = hashlib.sha256()
+        self.digest = new_hasher(HASH)
         self.error: OSError | None = None
         self.thread: threading.Thread | None = None
         if threaded:
@@ -198,7 +197,7 @@ class Output:
                     item.set_exception(self.error)
                 else:
                     item.set_result(self.digest.hexdigest())
-                self.digest, self.error = hashlib.sha256(), None
+                self.digest, self.error = new_hasher(HASH), None
                 continue
             self._put(*item)
 
@@ -239,7 +238,7 @@ class Output:
         """The hex digest of everything fed since the last finish, once it is all written."""
         if self.thread is None:
             error, hexdigest = self.error, self.digest.hexdigest()
-            self.digest, self.error = hashlib.sha256(), None
+            self.digest, self.error = new_hasher(HASH), None
             if error is not None:
                 raise error
             return hexdigest

@@ -1,6 +1,7 @@
 """``loadmaster shard verify DEST``: read the shards back with webdataset, check against the manifest.
 
-Each shard is hashed (sha256 and size against the manifest) and read with
+Each shard is hashed with the algorithm its manifest entry names (``blake3``, or ``sha256`` in
+manifests written before it; digest and size against the manifest) and read with
 ``webdataset.WebDataset(url, shardshuffle=False)`` to count its samples. Shards in ``s3://`` are
 downloaded one at a time to a temporary file (hashed while streaming) and removed after the check.
 Shards present in the destination but absent from the manifest are reported too.
@@ -9,7 +10,6 @@ Shards present in the destination but absent from the manifest are reported too.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -18,7 +18,7 @@ from typing import Any
 
 from backend.config import StoreProfile
 from backend.shards.locations import open_store
-from backend.shards.manifest import MANIFEST_NAME, Manifest, ShardEntry
+from backend.shards.manifest import MANIFEST_NAME, Manifest, ShardEntry, new_hasher
 from backend.shards.plan import ShardError, pattern_regex
 from backend.storage import LocalStore, ObjectStore, S3Store
 
@@ -33,7 +33,9 @@ class ShardCheck:
     ok: bool
     samples: int | None = None
     bytes: int | None = None
-    sha256: str | None = None
+    digest: str | None = None
+    #: The algorithm of ``digest``: the one the manifest names for this shard.
+    hash: str | None = None
     problems: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -42,7 +44,8 @@ class ShardCheck:
             "ok": self.ok,
             "samples": self.samples,
             "bytes": self.bytes,
-            "sha256": self.sha256,
+            "hash": self.hash,
+            "digest": self.digest,
             "problems": list(self.problems),
         }
 
@@ -79,7 +82,7 @@ class VerifyReport:
         if self.ok:
             return (
                 f"OK: {len(self.checks)} shard(s), {self.samples:,} samples match the manifest "
-                f"(sizes, sha256, sample counts)"
+                f"(sizes, digests, sample counts)"
             )
         parts = [f"{len(bad)} of {len(self.checks)} shard(s) do not match the manifest"]
         if self.extra:
@@ -96,7 +99,7 @@ def count_samples(path: str) -> int:
 
 
 def _check_file(path: str, entry: ShardEntry) -> ShardCheck:
-    digest = hashlib.sha256()
+    digest = new_hasher(entry.hash)
     size = 0
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -105,12 +108,12 @@ def _check_file(path: str, entry: ShardEntry) -> ShardCheck:
     return _verdict(path, entry, size, digest.hexdigest())
 
 
-def _verdict(path: str, entry: ShardEntry, size: int, sha: str) -> ShardCheck:
+def _verdict(path: str, entry: ShardEntry, size: int, digest: str) -> ShardCheck:
     problems = []
     if size != entry.bytes:
         problems.append(f"size {size} bytes, manifest says {entry.bytes}")
-    if sha != entry.sha256:
-        problems.append(f"sha256 {sha[:12]}..., manifest says {entry.sha256[:12]}...")
+    if digest != entry.digest:
+        problems.append(f"{entry.hash} {digest[:12]}..., manifest says {entry.digest[:12]}...")
     try:
         n = count_samples(path)
     except Exception as exc:  # noqa: BLE001 - a corrupt tar is a verdict, not a crash
@@ -118,12 +121,13 @@ def _verdict(path: str, entry: ShardEntry, size: int, sha: str) -> ShardCheck:
         n = None
     if n is not None and n != entry.samples:
         problems.append(f"{n} samples, manifest says {entry.samples}")
-    return ShardCheck(entry.name, not problems, n, size, sha, tuple(problems))
+    return ShardCheck(entry.name, not problems, n, size, digest, entry.hash, tuple(problems))
 
 
-async def _download(store: S3Store, key: str, path: str) -> tuple[int, str]:
+async def _download(store: S3Store, entry: ShardEntry, path: str) -> tuple[int, str]:
     client = await store.client()
-    digest = hashlib.sha256()
+    key = entry.name
+    digest = new_hasher(entry.hash)
     size = 0
     try:
         resp = await client.get_object(Bucket=store.bucket, Key=store._key(key))
@@ -159,7 +163,7 @@ async def verify(
     profile: StoreProfile | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> VerifyReport:
-    """Check every shard at ``dest`` against its manifest (size, sha256, webdataset sample count)."""
+    """Check every shard at ``dest`` against its manifest (size, digest, webdataset sample count)."""
     store = open_store(dest, profile)
     try:
         manifest = await read_manifest(store, dest)
@@ -178,8 +182,8 @@ async def verify(
                 fd, tmp = tempfile.mkstemp(prefix="lm-verify-", suffix=".tar")
                 os.close(fd)
                 try:
-                    size, sha = await _download(store, entry.name, tmp)
-                    checks.append(await asyncio.to_thread(_verdict, tmp, entry, size, sha))
+                    size, digest = await _download(store, entry, tmp)
+                    checks.append(await asyncio.to_thread(_verdict, tmp, entry, size, digest))
                 finally:
                     os.unlink(tmp)
             if on_progress is not None:

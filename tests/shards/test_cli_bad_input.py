@@ -40,7 +40,7 @@ def test_cli_converts_verifies_and_reports_get_savings(tmp_path: Path, capsys: p
     report = json.loads(out)
     assert rc == 1 and not report["ok"]
     bad = [s for s in report["shards"] if not s["ok"]]
-    assert [s["name"] for s in bad] == [victim.name] and "sha256" in bad[0]["problems"][0]
+    assert [s["name"] for s in bad] == [victim.name] and "blake3" in bad[0]["problems"][0]
 
 
 def test_dry_run_previews_without_writing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

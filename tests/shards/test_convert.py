@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import tarfile
 from pathlib import Path
 
+import blake3
 import pytest
 import webdataset as wds
 
@@ -36,7 +36,7 @@ def read_back(dest: Path) -> dict[str, dict[str, bytes]]:
 
 
 def digests(dest: Path) -> dict[str, str]:
-    return {Path(p).name: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in shard_paths(dest)}
+    return {Path(p).name: blake3.blake3(Path(p).read_bytes()).hexdigest() for p in shard_paths(dest)}
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_manifest_lists_every_shard_and_the_get_arithmetic(dataset: tuple[Path, 
     convert_sync(ShardRequest(str(src), str(dest), shard_size=16 * KB))
     m = Manifest.from_json((dest / MANIFEST_NAME).read_text())
     assert [s.name for s in m.shards] == [Path(p).name for p in shard_paths(dest)]
-    assert digests(dest) == {s.name: s.sha256 for s in m.shards}
+    assert digests(dest) == {s.name: s.digest for s in m.shards} and {s.hash for s in m.shards} == {"blake3"}
     assert {s.name: s.bytes for s in m.shards} == {Path(p).name: Path(p).stat().st_size for p in shard_paths(dest)}
     assert m.samples == len(data) and m.files == 2 * len(data)
     doc = json.loads((dest / MANIFEST_NAME).read_text())

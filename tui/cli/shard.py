@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
         usage=USAGE.replace("%", "%%"),
         help="pack many small files into WebDataset tar shards (or verify shards)",
         description="Pack a directory or s3:// prefix of small files into deterministic WebDataset tar "
-        "shards with a manifest (sizes, sha256, GETs saved), locally or as a job on a node. "
+        "shards with a manifest (sizes, BLAKE3 digests, GETs saved), locally or as a job on a node. "
         "'shard verify DEST' reads shards back with webdataset and checks them against the manifest.",
     )
     p.add_argument("paths", nargs="+", metavar="SRC DEST", help="source and destination (dir or s3://)")
@@ -159,7 +159,7 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
 
 
 async def cmd_verify(args: argparse.Namespace, services: Services) -> int:
-    """Read every shard at DEST back with webdataset; check sizes, sha256 and sample counts."""
+    """Read every shard at DEST back with webdataset; check sizes, digests (the hash the manifest names) and sample counts."""
     dest, prof = _location(services, args.paths[1])
     report = await verify(dest, profile=prof)
     if args.json:
