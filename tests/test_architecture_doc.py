@@ -48,6 +48,8 @@ NOT_CODE = {
     "DataTable.RowSelected": "Textual's message",
     "egress.override": "an audit action's name",
     "jobs.spec_digest": "a column of the jobs table",
+    "jobs.launch_id": "a column of the jobs table",
+    "job.cancel": "an audit action's name",
     "MaxSessions": "an sshd option",
     "MaxStartups": "an sshd option",
     "SetEnv": "an sshd option",
@@ -136,7 +138,8 @@ def _resolves(dotted: str) -> bool:
     head, _, rest = dotted.partition(".")
     if head in INSTANCES:
         module, cls = INSTANCES[head].rsplit(".", 1)
-        return _walk(getattr(importlib.import_module(module), cls), rest.split("."))
+        if _walk(getattr(importlib.import_module(module), cls), rest.split(".")):
+            return True  # else a module of that name (``ops.pull`` is backend/ops/pull.py)
     packages = [""] + ["backend."] + [f"backend.{p.name}." for p in (ROOT / "backend").iterdir() if p.is_dir()]
     for prefix in packages:
         parts = (prefix + dotted).split(".")
