@@ -304,6 +304,17 @@ class CheckpointsScreen(LoadmasterScreen):
 
         self.url, self.catalog, self.alerts = event.url, event.catalog, event.alerts
         remember_run(self.services.config, event.url)
+        # The store picker names the store the listed run is in, or none (a local directory).
+        picker = self.query_one("#ckpt-store", Select)
+        url = event.url.rstrip("/")
+        store = next(
+            (p.url for p in self.services.config.stores.values() if url == p.url or url.startswith(p.url + "/")), None
+        )
+        with self.prevent(Select.Changed):  # choosing a store would type its root over the run
+            if store is None:
+                picker.clear()
+            elif picker.value != store:
+                picker.value = store
         self.render_catalog()
 
     def render_catalog(self) -> None:
