@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from backend.config import Config, Node, StoreProfile
+from backend.config import Config, Node, StateSettings, StoreProfile
 from backend.services import Services
 from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.settings import TelemetrySettings
@@ -48,9 +49,10 @@ STORES = {
 FEED_SECONDS = 90
 
 
-def snapshot_config() -> Config:
-    """The fixed inventory every snapshot uses."""
-    return Config(nodes=NODES, stores=STORES, source="/etc/loadmaster/loadmaster.toml")
+def snapshot_config(state_dir: Path | None = None) -> Config:
+    """The fixed inventory every snapshot uses (``state_dir``: a state database of its own)."""
+    config = Config(nodes=NODES, stores=STORES, source="/etc/loadmaster/loadmaster.toml")
+    return replace(config, state=StateSettings(dir=str(state_dir))) if state_dir is not None else config
 
 
 def feed_fleet(hub: TelemetryHub, seconds: int = FEED_SECONDS) -> None:
@@ -70,9 +72,9 @@ def feed_fleet(hub: TelemetryHub, seconds: int = FEED_SECONDS) -> None:
         hub.tick(float(t))
 
 
-def snapshot_services(*, readonly: bool = False, fed: bool = True) -> Services:
+def snapshot_services(*, readonly: bool = False, fed: bool = True, state_dir: Path | None = None) -> Services:
     """Services over the fixed config with a feed-only telemetry hub (optionally already fed)."""
-    services = Services(config=snapshot_config(), readonly=readonly)
+    services = Services(config=snapshot_config(state_dir), readonly=readonly)
     # Hub times are synthetic seconds; the wall clock (alerts' "since") is frozen with them.
     hub = TelemetryHub(
         SyntheticPool(NODES),
@@ -263,3 +265,74 @@ def services_with_jobs(records: tuple[Any, ...]) -> Services:
     services = snapshot_services()
     services.__dict__["jobs"] = FixedJobs(records)
     return services
+
+
+#: Where the snapshots' 64-step run lives: a fixed path, since the run folder is on screen.
+SNAPSHOT_RUNS = Path("/tmp/loadmaster-snapshot-runs")  # noqa: S108 - a fixed, shown path
+#: The run's steps: every 500 up to 32000 (64 real DCP checkpoints).
+RUN_STEPS = tuple(range(500, 32001, 500))
+
+
+def snapshot_run(name: str = "llama-70b") -> Path:
+    """A run folder of 64 real DCP checkpoints (a tiny model's weights and AdamW state, saved by
+    torch), each step saved 30 minutes after the one before and the newest 10 minutes before
+    FROZEN_NOW. Built once per machine (atomically: a rename), then reused."""
+    import os
+    import shutil
+    import tempfile
+
+    final = SNAPSHOT_RUNS / name
+    if not final.exists():
+        SNAPSHOT_RUNS.mkdir(parents=True, exist_ok=True)
+        build = Path(tempfile.mkdtemp(prefix=".build-", dir=SNAPSHOT_RUNS))
+        templates = _dcp_templates(build / "templates")
+        for i, step in enumerate(RUN_STEPS):
+            shutil.copytree(templates[i % len(templates)], build / name / f"step-{step}")
+        try:
+            os.rename(build / name, final)
+        except OSError:
+            pass  # another worker built it first: the same bytes
+        shutil.rmtree(build, ignore_errors=True)
+    for i, step in enumerate(RUN_STEPS):  # ages relative to the frozen clock
+        when = FROZEN_NOW - 600 - (len(RUN_STEPS) - 1 - i) * 1800
+        for p in (final / f"step-{step}").rglob("*"):
+            os.utime(p, (when, when))
+    return final
+
+
+def _dcp_templates(root: Path, count: int = 4) -> list[Path]:
+    """``count`` real DCP saves of a seeded tiny model after 1..count AdamW steps."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    out = []
+    for i in range(count):
+        model(torch.randn(4, 8)).pow(2).sum().backward()
+        optim.step()
+        optim.zero_grad()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "no process group" on a single-process save
+            dcp.save({"model": model.state_dict(), "optim": optim.state_dict()}, checkpoint_id=str(root / str(i)))
+        out.append(root / str(i))
+    return out
+
+
+def record_audit_trail(services: Services) -> None:
+    """A few audit records, as two operators' actions leave them (a fixed actor, the frozen clock)."""
+    db = services.db
+    run = "s3://ml-checkpoints/llama-70b"
+    db.record_audit("retention.pin", f"{run}#48000", "ok", reason="eval baseline", who="alice@bastion")
+    db.record_audit("job.cancel", "1117-030500-a1b3", "ok", reason="node failed mid-pull", who="alice@bastion")
+    db.record_audit(
+        "retention.apply",
+        run,
+        "ok",
+        plan_hash="4c0eec197f08a1b2c3d4e5f60718293a4b5c6d7e8f9012345678901234567890",
+        detail={"actions": [{"path": "step-1000", "action": "delete"}]},
+        who="bob@bastion",
+    )
