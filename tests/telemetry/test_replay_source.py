@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,13 @@ from backend.lab import Lab
 from backend.nodes.pool import NodePool
 from backend.services import Services
 from backend.telemetry.hub import TelemetryHub
-from backend.telemetry.model import FleetSnapshot, NodeSnapshot
+from backend.telemetry.model import FleetSnapshot
 from backend.telemetry.prometheus import DCGM_FIELDS, queries
 from backend.telemetry.report import fleet_table
 from backend.telemetry.settings import TelemetrySettings
 from backend.telemetry.sources.replay import FORMAT, ReplaySource, record
 from backend.telemetry.synthetic import SyntheticPool
+from tests.telemetry.test_prometheus_source import node, wait_for
 from tui.app import LoadmasterApp
 from tui.screens.fleet import FleetScreen
 from tui.widgets.fleet_table import FleetTable
@@ -33,25 +33,6 @@ pytestmark = pytest.mark.timeout(240)
 
 def replay_settings(path: Path, **kw: Any) -> TelemetrySettings:
     return TelemetrySettings(source="replay", replay_file=str(path), prometheus_interval=1.0, **kw)
-
-
-async def wait_for(hub: TelemetryHub, pred: Callable[[FleetSnapshot], bool], limit: float = 30.0) -> FleetSnapshot:
-    async def poll() -> FleetSnapshot:
-        while not pred(snap := hub.snapshot()):
-            await asyncio.sleep(0.05)
-        return snap
-
-    try:
-        return await asyncio.wait_for(poll(), limit)
-    except TimeoutError:
-        states = {n.name: (n.state, n.source, n.error) for n in hub.snapshot().nodes}
-        raise AssertionError(f"condition not met: {states}; note: {hub.snapshot().source_note}") from None
-
-
-def node(snap: FleetSnapshot, name: str) -> NodeSnapshot:
-    n = snap.node(name)
-    assert n is not None
-    return n
 
 
 @pytest.mark.lab
