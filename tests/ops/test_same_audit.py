@@ -16,6 +16,8 @@ on PostgreSQL the repair is refused in one line and records nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import re
 import shutil
@@ -25,17 +27,22 @@ from typing import Any
 import pytest
 from textual.widgets import Checkbox, Input
 
-from backend.config import load_config
+from backend.config import load_config, load_config_file
 from backend.errors import ReadOnlyRefused
+from backend.lab import Lab
 from backend.ops import Operations
 from backend.services import Services
 from backend.state import SQLiteState, StateError
 from tests.am_fixtures import AlertmanagerLab, unique
-from tests.helpers import wait_until
+from tests.helpers import wait_until, write_lab_config
+from tests.jobs.conftest import SourceData, source  # noqa: F401  (the fixture)
+from tests.jobs.test_pull_lab import _launch_stalled
 from tests.tui.test_alerts_screen import alert, apost, lab_services, wait_for_alert
 from tui import cli
 from tui.app import LoadmasterApp
 from tui.screens.alerts import SilenceModal
+from tui.widgets.confirm import ConfirmTyped
+from tui.widgets.transfers_table import TransfersTable
 
 #: Measured, not compared: they differ between any two runs.
 VOLATILE = {"seconds", "elapsed_s", "ts", "started", "finished", "starts_at", "ends_at"}
@@ -199,3 +206,56 @@ async def test_a_silence_is_audited_the_same_from_the_cli_and_the_console(
             written.db.close()
     same(logs["cli"], logs["console"])
     assert [r["action"] for r in logs["cli"]] == ["alerts.silence"]
+
+
+# -- cancel ---------------------------------------------------------------------------------------
+
+REASON = "cancelled from the console"  # the console's own reason, given to the CLI too
+until = functools.partial(wait_until, rounds=3000, delay=0.02)
+
+
+async def _cancel_from_console(services: Services, rec: Any) -> None:
+    app = LoadmasterApp(services, mode="transfers")
+    async with app.run_test(size=(200, 50)) as pilot:
+        table = app.screen.query_one(TransfersTable)
+        await until(pilot, lambda: rec.id in [str(k.value) for k in table.rows])
+        table.focus()
+        table.move_cursor(row=[str(k.value) for k in table.rows].index(rec.id))
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmTyped))
+        await pilot.press(*"cancel", "enter")
+        await until(pilot, lambda: bool(services.db.audit_entries(action="job.cancel")))
+
+
+@pytest.mark.timeout(300)
+async def test_a_cancel_is_audited_the_same_from_the_cli_and_the_console(
+    lab: Lab,
+    source: SourceData,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A pull held mid-transfer on node-02 (its store stalled), cancelled from each front end: the
+    job (or its launch, as the console picks) is named the same way, with the same outcome and
+    detail (killed or not, the group proven ours, the label)."""
+    logs: dict[str, list[dict[str, Any]]] = {}
+    for side in ("cli", "console"):
+        cfg = write_lab_config(lab, tmp_path / f"{side}.toml", tmp_path / f"{side}-state")
+        services = Services(config=load_config_file(cfg))
+        dest = f"pulls/same-cancel-{side}"
+        with contextlib.ExitStack() as stack:
+            rec, _job_dir, _pgid = await _launch_stalled(services, lab, source, "node-02", dest, stack)
+            if side == "cli":
+                await services.aclose()
+                argv = ["--config", str(cfg), "job", "cancel", rec.launch or rec.id, "--yes", "--reason", REASON]
+                assert await asyncio.to_thread(cli.main, argv) == 0
+            else:
+                await services.pool.close()
+                await _cancel_from_console(services, rec)
+                await services.aclose()
+        written = Services(config=load_config_file(cfg))
+        ids = {re.escape(i): "<job>" for i in (rec.id, rec.launch) if i}
+        logs[side] = records(written.db, {**ids, re.escape(dest): "<dest>"}, action="job.cancel")
+        written.db.close()
+    same(logs["cli"], logs["console"])
+    [entry] = logs["cli"]
+    assert entry["reason"] == REASON and entry["outcome"] == "cancelled"
+    assert entry["target"] in ("node-02:<job>", "launch:<job>")
