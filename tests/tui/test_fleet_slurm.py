@@ -126,7 +126,11 @@ def test_gpu_job_cell_joins_slurm_indices_and_the_nodes_own_answer() -> None:
 
 def services_for(lab: Lab, sl: SlurmLab, tmp_path: Path, *, readonly: bool = False) -> Services:
     cfg = tmp_path / "lm.toml"
-    cfg.write_text(lab.config_text(f'\n[slurm]\nenabled = true\nconf = "{sl.conf}"\ninterval = "5s"\n'))
+    text = lab.config_text(f'\n[slurm]\nenabled = true\nconf = "{sl.conf}"\ninterval = "5s"\n')
+    # Each test its own audit log: drain counts (the repeat-offender mark) are the test's own.
+    shared = f'dir = "{lab.root / "state"}"'
+    assert shared in text
+    cfg.write_text(text.replace(shared, f'dir = "{tmp_path / "state"}"'))
     services = Services(config=load_config_file(cfg))
     services.readonly = readonly
     return services
@@ -164,7 +168,7 @@ async def test_fleet_shows_slurm_and_drains_from_d(lab: Lab, slurm: SlurmLab, tm
     for _ in range(3):
         services.db.record_audit("slurm.drain", "node-03", "ok", reason="flaky")
     slurm.command(["scontrol", "update", "NodeName=node-03", "State=DRAIN", "Reason=bad psu"])
-    job = slurm.sbatch("-w", "node-01", "--gres=gpu:2", "-J", "train", script="sleep 30")
+    job = slurm.sbatch("-w", "node-01", "--gres=gpu:2", "-J", "train", script="sleep 300")
     wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="fleet")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -293,3 +297,46 @@ async def test_read_only_refuses_drain_and_resume(lab: Lab, slurm: SlurmLab, tmp
         assert any("Read-only mode: cannot resume Slurm nodes" in m for m in notes), notes
     assert node_state(slurm, "node-01") == "idle"
     services.db.close()
+
+
+async def test_drain_now_shows_the_requeue_and_refuses_a_job_that_cannot_be_requeued(
+    lab: Lab, slurm: SlurmLab, tmp_path: Path
+) -> None:
+    services = services_for(lab, slurm, tmp_path)
+    stuck = slurm.sbatch("-w", "node-02", "--gres=gpu:1", "--no-requeue", "-J", "stuck", script="sleep 60")
+    wait_for(f"job {stuck} running", lambda: job_state(slurm, stuck) == "RUNNING")
+    app = LoadmasterApp(services, theme="loadmaster-dark", mode="fleet")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await fleet_ready(app, pilot)
+        table = screen.query_one(FleetTable)
+
+        async def drain_now(node: str, reason: str) -> None:
+            table.move_cursor(row=table._row_order.index(node))
+            table.focus()
+            await pilot.press("d")
+            await wait_until(pilot, lambda: isinstance(app.screen, DrainForm))
+            app.screen.query_one("#drain-reason", Input).value = reason
+            await pilot.click("#now")
+
+        # A job Slurm may not requeue: drain now is refused, in one line, and nothing is drained.
+        await drain_now("node-02", "psu")
+        await wait_until(pilot, lambda: isinstance(app.screen, FleetScreen), rounds=600, delay=0.05)
+        await pilot.pause(0.5)
+        notes = [n.message for n in app._notifications]
+        assert any(f"job {stuck} cannot be requeued" in m for m in notes), notes
+        assert node_state(slurm, "node-02") in ("mixed", "allocated")
+        # A job that may be requeued (on node-03): the requeue is shown with the drain, both run.
+        slurm.command(["scancel", stuck])
+        job = slurm.sbatch("-w", "node-03", "--gres=gpu:1", "-J", "train", script="sleep 60")
+        wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
+        await refresh(screen, pilot)
+        await drain_now("node-03", "psu")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmModal), rounds=600, delay=0.05)
+        shown = modal_text(app)
+        assert "State=DRAIN" in shown and f"scontrol requeue {job}" in shown and f"Requeues job(s) {job}" in shown
+        await pilot.press("y")
+        await wait_until(pilot, lambda: isinstance(app.screen, FleetScreen), rounds=600, delay=0.05)
+        wait_for(f"job {job} requeued", lambda: job_state(slurm, job) in ("PENDING", "CONFIGURING", ""))
+        wait_for("node-03 drained", lambda: node_state(slurm, "node-03") == "drained")
+        await refresh(screen, pilot)
+        await wait_until(pilot, lambda: cell(app, "node-03", "slurm") == "drained", rounds=1200, delay=0.05)
