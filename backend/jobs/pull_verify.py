@@ -17,6 +17,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
+import hmac
 import os
 import threading
 import time
@@ -67,8 +69,70 @@ class ObjectCheck:
     headed: bool = False
 
 
+#: SHA-256 of an empty body: what a HEAD signs as its payload.
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+class SigV4:
+    """AWS Signature Version 4 for a request with no body (a HEAD), by hand: the day's signing
+    key is derived once, so a request costs two SHA-256s and one HMAC (~20 us), where botocore's
+    AWSRequest and S3SigV4Auth cost ~0.4 ms. Checked against botocore's signer in
+    tests/jobs/test_pull_verify_sigv4.py."""
+
+    def __init__(self, access_key: str, secret_key: str, token: str | None = None) -> None:
+        self.access_key, self._secret, self.token = access_key, secret_key, token
+        self._keys: dict[tuple[str, str], bytes] = {}
+
+    def _key(self, day: str, region: str) -> bytes:
+        key = self._keys.get((day, region))
+        if key is None:
+            key = ("AWS4" + self._secret).encode()
+            for part in (day, region, "s3", "aws4_request"):
+                key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+            self._keys = {(day, region): key}  # one day, one region at a time
+        return key
+
+    def sign(
+        self,
+        method: str,
+        host: str,
+        path: str,
+        query: str,
+        region: str,
+        extra: dict[str, str],
+        amz_date: str | None = None,
+    ) -> dict[str, str]:
+        """The headers to send (Host included) for ``method`` on ``path`` (already URI-encoded,
+        as S3 signs it) with ``query`` (``name=value`` pairs of plain characters, or "")."""
+        amz_date = amz_date or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        headers = {"host": host, "x-amz-content-sha256": EMPTY_SHA256, "x-amz-date": amz_date}
+        headers.update((k.lower(), v) for k, v in extra.items())
+        if self.token:
+            headers["x-amz-security-token"] = self.token
+        names = sorted(headers)
+        signed = ";".join(names)
+        canonical_query = "&".join(sorted(query.split("&"))) if query else ""
+        canonical = "\n".join(
+            [
+                method,
+                path,
+                canonical_query,
+                "".join(f"{n}:{' '.join(headers[n].split())}\n" for n in names),
+                signed,
+                EMPTY_SHA256,
+            ]
+        )
+        scope = f"{amz_date[:8]}/{region}/s3/aws4_request"
+        to_sign = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+        signature = hmac.new(self._key(amz_date[:8], region), to_sign.encode(), hashlib.sha256).hexdigest()
+        headers["authorization"] = (
+            f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, SignedHeaders={signed}, Signature={signature}"
+        )
+        return headers
+
+
 class StoreHeads:
-    """HEAD requests for one bucket, signed with SigV4 (botocore's signer) and sent on one
+    """HEAD requests for one bucket, signed with SigV4 (:class:`SigV4`) and sent on one
     keep-alive connection per thread: a HEAD costs a fraction of a millisecond of CPU here, where a
     botocore client costs ~0.5 s to create and ~1.5 ms a request."""
 
@@ -78,22 +142,19 @@ class StoreHeads:
         self.bucket = bucket
         region = params.get("region")
         self.region = str(region) if region and region != "auto" else "us-east-1"
-        self._signing: tuple[Any, Any] | None = None  # (botocore credentials, signer class)
+        self._signing: SigV4 | None = None
         self._lock = threading.Lock()
         self._local = threading.local()
         self.failed: str | None = None  # the first failure, for the log
         self.requests = 0
         self._failures_in_a_row = 0
 
-    def _signer(self) -> tuple[Any, Any]:
+    def _signer(self) -> SigV4:
         with self._lock:
             if self._signing is None:
-                from botocore.auth import S3SigV4Auth
-                from botocore.credentials import Credentials as BotoCredentials
-
                 if self.creds is not None:
-                    creds = BotoCredentials(self.creds.access_key, self.creds.secret_key, self.creds.token)
-                else:  # a profile on the node: botocore's own chain resolves it
+                    self._signing = SigV4(self.creds.access_key, self.creds.secret_key, self.creds.token)
+                else:  # a profile on the node: botocore's own chain resolves it, once
                     import botocore.session
 
                     session = botocore.session.get_session()
@@ -102,9 +163,8 @@ class StoreHeads:
                     found = session.get_credentials()
                     if found is None:
                         raise OSError("no credentials for the store on this node")
-                    creds = found.get_frozen_credentials()
-                    creds = BotoCredentials(creds.access_key, creds.secret_key, creds.token)
-                self._signing = (creds, S3SigV4Auth)
+                    frozen = found.get_frozen_credentials()
+                    self._signing = SigV4(frozen.access_key, frozen.secret_key, frozen.token)
             return self._signing
 
     def _url(self, key: str) -> tuple[str, str, str]:
@@ -138,15 +198,11 @@ class StoreHeads:
     def _send(self, key: str, part: int | None, checksums: bool) -> tuple[int, dict[str, str]]:
         import http.client
 
-        from botocore.awsrequest import AWSRequest
-
-        creds, signer = self._signer()
         scheme, host, path = self._url(key)
-        query = f"?partNumber={part}" if part is not None else ""
-        headers = {"x-amz-checksum-mode": "ENABLED"} if checksums else {}
-        req = AWSRequest(method="HEAD", url=f"{scheme}://{host}{path}{query}", headers=headers)
-        signer(creds, "s3", self.region).add_auth(req)
-        sent = {k: v for k, v in req.headers.items()}
+        query = f"partNumber={part}" if part is not None else ""
+        extra = {"x-amz-checksum-mode": "ENABLED"} if checksums else {}
+        sent = self._signer().sign("HEAD", host, path, query, self.region, extra)
+        query = "?" + query if query else ""
         for attempt in (1, 2):
             conn = self._connection(scheme, host)
             try:
