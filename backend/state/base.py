@@ -242,8 +242,8 @@ class StateDB:
         params.append(limit)
         return [
             AuditEntry(
-                int(r["id"]),
-                float(r["ts"]),
+                _audit_number(r, "id", int),
+                _audit_number(r, "ts", float),
                 r["actor"],
                 r["action"],
                 r["target"],
@@ -258,6 +258,17 @@ class StateDB:
     def counts(self, tables: Iterable[str]) -> dict[str, int]:
         """Rows per table (``state migrate`` checks a copy with these)."""
         return {t: int(self.query(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"]) for t in tables}
+
+
+def _audit_number(row: Mapping[str, Any], key: str, kind: Callable[[Any], Any]) -> Any:
+    """An audit row's id or time; a damaged file can hold NULL or text there, which is a state error
+    naming the repair (never a TypeError from deep inside a view)."""
+    try:
+        return kind(row[key])
+    except (TypeError, ValueError, OverflowError):
+        raise StateCorrupt(
+            f"the audit log holds a damaged row ({key} is {str(row[key])[:20]!r}); run 'loadmaster state repair'"
+        ) from None
 
 
 def _detail(raw: Any) -> Any:
