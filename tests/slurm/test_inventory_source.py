@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.timeout(180)]
 def lab_slurm(lab: Lab) -> Iterator[SlurmLab]:
     """Slurm whose nodes are two of the lab's sshd nodes, at their own addresses (as lab up --slurm)."""
     root = Path(tempfile.mkdtemp(prefix="lm-slurm-inv-"))
-    sl = SlurmLab(root, [(n.name, n.ip) for n in lab.nodes[:2]], gpus=2).up()
+    sl = SlurmLab(root, [(n.name, n.ip) for n in lab.nodes[:2]], gpus=2).up(timeout=90)
     try:
         yield sl
     finally:
