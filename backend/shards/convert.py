@@ -26,7 +26,6 @@ from backend.nodes.untrusted import loads_bounded
 from backend.shards import tarfmt
 from backend.shards.locations import normalize_location, open_store
 from backend.shards.manifest import (
-    HASH,
     JOURNAL_MAX_BYTES,
     MANIFEST_NAME,
     Manifest,
@@ -243,7 +242,7 @@ def _write_shards(
         shard = out.shard
         if out.written != shard.nbytes:
             raise ShardError(f"internal error: {shard.name} is {out.written} bytes, planned {shard.nbytes}")
-        entry = ShardEntry(shard.name, out.written, len(shard.samples), out.files, digest, HASH)
+        entry = ShardEntry(shard.name, out.written, len(shard.samples), out.files, digest, output.algorithm)
         sink.commit(entry, out.path)
         out = None  # committed: no longer ours to remove on failure
         entries.append(entry)

@@ -180,7 +180,9 @@ class Output:
     def __init__(self, *, threaded: bool = True) -> None:
         # Bounded: with reused buffers this rarely fills; with S3 data it bounds memory.
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=16)
-        self.digest = new_hasher(HASH)
+        #: The hash every digest this output returns is made with (the manifest records it).
+        self.algorithm = HASH
+        self.digest = new_hasher(self.algorithm)
         self.error: OSError | None = None
         self.thread: threading.Thread | None = None
         if threaded:
@@ -197,7 +199,7 @@ class Output:
                     item.set_exception(self.error)
                 else:
                     item.set_result(self.digest.hexdigest())
-                self.digest, self.error = new_hasher(HASH), None
+                self.digest, self.error = new_hasher(self.algorithm), None
                 continue
             self._put(*item)
 
@@ -238,7 +240,7 @@ class Output:
         """The hex digest of everything fed since the last finish, once it is all written."""
         if self.thread is None:
             error, hexdigest = self.error, self.digest.hexdigest()
-            self.digest, self.error = new_hasher(HASH), None
+            self.digest, self.error = new_hasher(self.algorithm), None
             if error is not None:
                 raise error
             return hexdigest

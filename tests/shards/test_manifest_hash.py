@@ -177,3 +177,16 @@ def test_an_entry_round_trips_with_its_algorithm(algo: str, name: str, nbytes: i
     d = entry.as_dict()
     assert d[algo] == entry.digest and not ({*ALGORITHMS} - {algo}) & d.keys()
     assert ShardEntry.from_dict(json.loads(json.dumps(d))) == entry
+
+
+def test_the_manifest_names_the_hash_the_writer_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each entry's algorithm comes from the output that hashed it, not from a second constant:
+    a writer set to sha256 (as bench/shard.py sets it to compare) yields a sha256 manifest."""
+    from backend.shards import sinks
+
+    monkeypatch.setattr(sinks, "HASH", "sha256")
+    dest = _convert(tmp_path)
+    doc = json.loads((dest / MANIFEST_NAME).read_text())
+    assert doc["hash"] == "sha256"
+    assert all(s["sha256"] == ALGORITHMS["sha256"]((dest / s["name"]).read_bytes()) for s in doc["shards"])
+    assert _check(dest).ok
