@@ -82,8 +82,8 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("enter", "open_node", "Node detail", show=True),
         Binding("v", "toggle_view", "Heatmap/table"),
-        Binding("f", "cycle_preset", "Preset filter", show=False),
-        Binding("j", "filter_job", "Job's nodes", show=False),
+        Binding("f", "cycle_preset", "Filter: drained/down, slowest GPUs", show=False),
+        Binding("j", "filter_job", "Filter: a job's nodes", show=False),
         Binding("d", "drain", "Drain"),
         Binding("R", "resume", "Resume", show=False),
     ]
