@@ -139,3 +139,21 @@ async def test_key_T_on_an_alert_triages_its_node_or_its_slurm_job(tmp_path: Pat
         await wait_until(pilot, lambda: table.row_count == 1, rounds=600, delay=0.05)
         assert [str(c) for c in table.get_row_at(0)][:3] == ["1", "here", "2"]
     services.db.close()
+
+
+async def test_key_T_on_fleet_triages_the_selected_node(tmp_path: Path, sick_gpu: Path) -> None:
+    """From Fleet (the console's first screen) T triages the node under the cursor."""
+    from tui.screens.fleet import FleetScreen
+
+    services = _services(tmp_path)
+    app = LoadmasterApp(services)
+    async with app.run_test(size=(80, 24)) as pilot:
+        fleet = app.screen
+        assert isinstance(fleet, FleetScreen)
+        await wait_until(pilot, lambda: fleet.selected_node() == "here", rounds=600, delay=0.05)
+        assert app.triage_target() == {"nodes": "here"}
+        await pilot.press("T")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, TriageScreen) and screen.nodes == "here"
+    services.db.close()

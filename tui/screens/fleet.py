@@ -206,6 +206,10 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
             parts.append(f"{repeat} drained 3+ times in 30 days")
         return "Slurm: " + (", ".join(parts) or "none drained or down")
 
+    def selected_node(self) -> str | None:
+        """The node under the cursor (table row or heatmap cell): what ``T`` triages from Fleet."""
+        return self._selected_node()
+
     def _selected_node(self) -> str | None:
         if self.view == "heatmap":
             cursor = self.query_one(FleetHeatmap).grid.cursor
