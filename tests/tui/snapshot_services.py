@@ -260,9 +260,9 @@ class FixedJobs:
         return (f"s5cmd: {rec.error}" if rec.error else "s5cmd: copying shards"), 0
 
 
-def services_with_jobs(records: tuple[Any, ...]) -> Services:
+def services_with_jobs(records: tuple[Any, ...], *, state_dir: Path | None = None) -> Services:
     """Snapshot services whose Transfers screen reads ``records`` (the fleet fed as usual)."""
-    services = snapshot_services()
+    services = snapshot_services(state_dir=state_dir)
     services.__dict__["jobs"] = FixedJobs(records)
     return services
 

@@ -143,15 +143,15 @@ def _audit(state_dir: Path) -> Services:
 
 
 def _failed_launch(state_dir: Path) -> Services:
-    return services_with_jobs(launch_records(nodes=4, failed=3))
+    return services_with_jobs(launch_records(nodes=4, failed=3), state_dir=state_dir)
 
 
 def _jobs_db_down(state_dir: Path) -> Services:
-    return services_with_jobs(launch_records(nodes=16, failed=0, recorded=False))
+    return services_with_jobs(launch_records(nodes=16, failed=0, recorded=False), state_dir=state_dir)
 
 
 def _pull_form(state_dir: Path) -> Services:
-    services = services_with_jobs(())
+    services = services_with_jobs((), state_dir=state_dir)
     record_egress_month(services)
     return services
 
@@ -213,6 +213,21 @@ def _frozen(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
         yield
 
 
+def steady(before: Step) -> Step:
+    """``before``, then every text field's cursor held still: a blinking cursor is drawn or not
+    depending on the moment the picture is taken."""
+
+    async def run(pilot: Any) -> None:
+        from textual.widgets import Input
+
+        await before(pilot)
+        for field in pilot.app.screen.query(Input):
+            field.cursor_blink = False
+        await pilot.pause()
+
+    return run
+
+
 @pytest.mark.parametrize(("case", "size", "theme"), _params())
 def test_screen(snap_compare: Any, case: Case, size: str, theme: str) -> None:
     import shutil
@@ -221,4 +236,4 @@ def test_screen(snap_compare: Any, case: Case, size: str, theme: str) -> None:
     state = SNAPSHOT_RUNS / "state" / f"{case.name}-{size}-{theme}"
     shutil.rmtree(state, ignore_errors=True)
     app = LoadmasterApp(case.services(state), theme=theme, mode=case.mode)
-    assert snap_compare(app, terminal_size=SIZES[size], run_before=case.before)
+    assert snap_compare(app, terminal_size=SIZES[size], run_before=steady(case.before))
