@@ -208,12 +208,13 @@ def _job_state(value: Any) -> str:
     return clean(value, 32).upper()
 
 
-def _opt_id(value: Any) -> str | None:
+def _opt_id(value: Any, *, zero: bool = False) -> str | None:
+    """An id, None when unset (0 too, unless ``zero``: an array's task 0 is a task)."""
     if isinstance(value, Mapping):
         if not value.get("set", False):
             return None
         value = value.get("number")
-    if value in (None, 0, "") or isinstance(value, bool):
+    if value in (None, "") or isinstance(value, bool) or (value == 0 and not zero):
         return None
     if isinstance(value, int):
         return str(value)
@@ -237,7 +238,7 @@ def _job_from_json(rec: Mapping[str, Any]) -> SlurmJob:
     if job_id is None:
         raise ValueError("no job_id")
     array_job = _opt_id(rec.get("array_job_id"))
-    task = _opt_id(rec.get("array_task_id"))
+    task = _opt_id(rec.get("array_task_id"), zero=array_job is not None)
     if array_job is not None and task is not None:
         shown_id = f"{array_job}_{task}"
     elif array_job is not None and clean(rec.get("array_task_string")):

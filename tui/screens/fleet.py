@@ -74,6 +74,11 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
             "cycle_preset",
         ),
         ("Filter: nodes of a job", "Type job:N in the filter: the nodes Slurm runs job N on (key j)", "filter_job"),
+        (
+            "Slurm jobs",
+            "Running and pending jobs, nodes, GPUs, reasons; enter filters to a job's nodes (key J)",
+            "slurm_jobs",
+        ),
         ("Drain node in Slurm", "Reason, after the jobs or now, the exact scontrol command, confirm (key d)", "drain"),
         ("Resume node in Slurm", "The evidence checks, the exact scontrol command, confirm (key R)", "resume"),
     ]
@@ -84,6 +89,7 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
         Binding("v", "toggle_view", "Heatmap/table"),
         Binding("f", "cycle_preset", "Filter: drained/down, slowest GPUs", show=False),
         Binding("j", "filter_job", "Filter: a job's nodes", show=False),
+        Binding("J", "slurm_jobs", "Slurm jobs", show=False),
         Binding("d", "drain", "Drain"),
         Binding("R", "resume", "Resume", show=False),
     ]
@@ -93,6 +99,7 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
     | / | Filter nodes by name, site, state, Slurm state or partition; job:N for the nodes of job N. |
     | f | Preset filter: drained/down (Slurm), the slowest GPUs' nodes (triage's ranking), every node. |
     | j | Filter the nodes of a Slurm job (types job: into the filter). |
+    | J | Slurm jobs: running and pending, nodes, GPUs, reasons; enter filters to a job's nodes, T triages it. |
     | d | Drain the selected node in Slurm: reason, after the jobs or now, the command, confirm. |
     | R | Resume the selected node in Slurm: the evidence checks, the command, confirm. |
     | enter | Open the selected node's detail (per-GPU rows and time series). |
@@ -302,6 +309,25 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
         self.action_filter()
         # Focusing selects the box's text; the id is typed after "job:", not over it.
         self.call_after_refresh(box.action_end)
+
+    def action_slurm_jobs(self) -> None:
+        """Push the Slurm jobs screen; the job chosen there (enter) filters Fleet to its nodes."""
+        from tui.screens.slurm_jobs import SlurmJobsScreen
+
+        if not self.slurm_enabled:
+            self.notify("Slurm is not enabled: add [slurm] enabled = true to the config", severity="warning")
+            return
+        self.app.push_screen(SlurmJobsScreen(self.services), callback=self.filter_to_job)
+
+    def filter_to_job(self, job: str | None) -> None:
+        """Show only the nodes Slurm runs ``job`` on (``job:N`` in the filter box)."""
+        box = self._filter_box()
+        if not job or box is None:
+            return
+        box.value = f"job:{job}"
+        box.display = True
+        self._set_filter(box.value)
+        self.show_view("table")
 
     @work(exclusive=True, group="fleet-state", thread=True, exit_on_error=False)
     def _check_state(self) -> None:
