@@ -53,7 +53,8 @@ def test_no_two_modules_register_the_same_command() -> None:
         ([], None),  # the console
         (["--help"], None),
         (["-h", "pull"], None),
-        (["--version"], None),
+        (["--version"], cli.VERSION_ONLY),
+        (["--readonly", "--version", "pull"], cli.VERSION_ONLY),
         (["no-such-command"], None),  # the full parser says what exists
         (["--", "pull"], None),
     ],
@@ -79,6 +80,23 @@ def test_running_a_command_imports_only_its_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == ["tui.cli.jobs"]
+
+
+def test_version_imports_no_feature_module() -> None:
+    """``--version`` is the start-up baseline bench/console_speed.py divides by: no command module
+    (tui.cli.fleet alone pulled in doctor and asyncssh, 1 s)."""
+    code = (
+        "import json, sys\n"
+        "from tui import cli\n"
+        "try:\n"
+        "    cli.parse(['--version'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('tui.cli.') or m == 'asyncssh')))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert run.stdout.splitlines()[0] == f"loadmaster {__import__('backend').__version__}"
+    assert json.loads(run.stdout.splitlines()[-1]) == []
 
 
 def test_unknown_command_still_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,7 +77,7 @@ def snapshot_services(*, readonly: bool = False, fed: bool = True, state_dir: Pa
     services = Services(config=snapshot_config(state_dir), readonly=readonly)
     # Hub times are synthetic seconds; the wall clock (alerts' "since") is frozen with them.
     hub = TelemetryHub(
-        SyntheticPool(NODES),
+        SyntheticPool(NODES),  # type: ignore[arg-type]
         TelemetrySettings(),
         clock=lambda: float(FEED_SECONDS),
         wall_clock=lambda: FROZEN_NOW,

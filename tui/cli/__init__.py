@@ -58,19 +58,26 @@ COMMANDS: dict[str, str] = {
     "watch": "watch",
 }
 
+#: What command_module answers for ``--version``: the parser needs no feature module at all (the
+#: baseline that bench/console_speed.py compares commands with stays the bare start-up).
+VERSION_ONLY = "--version"
+
 #: Top-level options that take a value (the word after them is not the command).
 _VALUE_OPTIONS = frozenset({"--config", "--theme"})
 
 
 def command_module(argv: Sequence[str]) -> str | None:
-    """The feature module for the command in ``argv``, or None (help, console, unknown: all modules)."""
+    """The feature module for the command in ``argv``, or None (help, console, unknown: all modules);
+    VERSION_ONLY for ``--version`` before any command."""
     skip = False
     for word in argv:
         if skip:
             skip = False
         elif word.startswith("--") and len(word) > 2 and any(o.startswith(word) for o in _VALUE_OPTIONS):
             skip = True  # also an abbreviation argparse accepts (--conf FILE)
-        elif word == "--" or word in ("-h", "--help", "--version"):
+        elif word == "--version":
+            return VERSION_ONLY
+        elif word == "--" or word in ("-h", "--help"):
             return None
         elif not word.startswith("-"):
             return COMMANDS.get(word)
@@ -100,7 +107,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--theme", help="console theme (loadmaster-dark, loadmaster-light, loadmaster-contrast)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in [only] if only else feature_modules():
+    names = [] if only == VERSION_ONLY else [only] if only else feature_modules()
+    for name in names:
         module = importlib.import_module(f"{__name__}.{name}")
         register = getattr(module, "register", None)
         if register is not None:
