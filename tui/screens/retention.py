@@ -418,12 +418,16 @@ class RetentionScreen(LoadmasterScreen):
                 not n or n / total * width >= len(f"{label} {bytes_text(n)}") + 1
                 for (_c, label, _a), n in zip(BAR_SEGMENTS, sizes, strict=True)
             )
+            line = f"{counts}   plan {plan.hash[:12]}" + (
+                f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else ""
+            )
+            # The order note only where it fits: wrapped, it is a line of its own reading "first".
+            if any(a.action == "delete" for a in shown) and len(line) + 13 <= width:
+                line += "   kept first"
             # The run folder is in the box above; the bar names its parts unless one is too narrow.
             self.query_one("#retention-summary", Static).update(
                 f"before {bytes_text(t.bytes_before)} → after {bytes_text(t.bytes_after)}, "
-                f"saves {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{counts}   plan {plan.hash[:12]}"
-                + (f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else "")
-                + ("   kept first" if any(a.action == "delete" for a in shown) else "")
+                f"saves {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{line}"
                 + (
                     ""
                     if labelled
