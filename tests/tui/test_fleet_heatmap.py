@@ -290,7 +290,7 @@ async def test_v_switches_between_the_heatmap_and_the_table() -> None:
         assert screen.view == "table" and table.display and not heatmap.display
         assert app.focused is table and table.row_count == 40
         text = screen_text(app.export_screenshot())
-        assert "Util avg/min" in text and "v Heatmap/table" in text
+        assert "Util avg/min" in text and "v View" in text
         # Ticks while the table is on screen reach the heatmap when it is shown again.
         fleet.hub.mark_unreachable("gpu-033", "connection refused")
         fleet.feed(1, skip=("gpu-033",))

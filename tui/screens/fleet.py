@@ -85,8 +85,8 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter", key_display="/"),
-        Binding("enter", "open_node", "Node detail", show=True),
-        Binding("v", "toggle_view", "Heatmap/table"),
+        Binding("enter", "open_node", "Node", show=True),
+        Binding("v", "toggle_view", "View"),
         Binding("f", "cycle_preset", "Filter: drained/down, slowest GPUs", show=False),
         Binding("j", "filter_job", "Filter: a job's nodes", show=False),
         Binding("J", "slurm_jobs", "Slurm jobs", show=False),
