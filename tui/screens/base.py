@@ -138,7 +138,9 @@ class LoadmasterScreen(Screen[None]):
                 compact=True,
             )
         yield from self.compose_body()
-        yield Footer()
+        # Compact from the start where the terminal is narrow: set later (on_resize), the footer
+        # restyles every key hint once more on a screen's first visit (~0.6 s on a loaded machine).
+        yield Footer(compact=self.app.size.width < self.COMPACT_FOOTER_BELOW)
 
     def compose_body(self) -> ComposeResult:
         """The screen's own content, between the mode bar and the footer."""
@@ -244,8 +246,10 @@ class LoadmasterScreen(Screen[None]):
         self.action_leave_input()
 
     def on_resize(self, event: Resize) -> None:
+        compact = event.size.width < self.COMPACT_FOOTER_BELOW
         for footer in self.query(Footer):
-            footer.compact = event.size.width < self.COMPACT_FOOTER_BELOW
+            if footer.compact != compact:
+                footer.compact = compact
 
     def on_screen_resume(self) -> None:
         # The app's current mode is only final once the screen is shown, not when composed.
