@@ -126,6 +126,8 @@ class JobRecord:
     quarantined: str | None = None
     #: The launch this job is one of (a pull to N nodes: N jobs, one launch); None: started alone.
     launch: str | None = None
+    #: The Slurm job it was launched for (``loadmaster pull --slurm-job N``); None: not tagged.
+    slurm_job: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -149,6 +151,7 @@ class JobRecord:
         return {
             "id": self.id,
             "launch": self.launch,
+            "slurm_job": self.slurm_job,
             "node": self.node,
             "kind": self.kind,
             "state": self.state,

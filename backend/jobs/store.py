@@ -22,6 +22,15 @@ class JobStore:
 
     def __init__(self, db: StateDB) -> None:
         self.db = db
+        #: job id -> the Slurm job it is launched for, recorded by :meth:`insert` (see
+        #: :meth:`expect_slurm_job`).
+        self._slurm_of: dict[str, str] = {}
+
+    def expect_slurm_job(self, job_ids: Iterable[str], slurm_job: str) -> None:
+        """Tag the jobs about to be launched under ``job_ids`` with the Slurm job they are for:
+        their rows carry it from the insert on."""
+        for job_id in job_ids:
+            self._slurm_of[job_id] = slurm_job
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -32,8 +41,8 @@ class JobStore:
         the spec text it sends and the store whose credentials the job may be given."""
         self.db.execute(
             "INSERT INTO jobs (id, node, kind, label, params, state, created, launched_by, launched_from, job_dir,"
-            " updated, state_id, end_recorded, spec_digest, store, launch_id)"
-            " VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+            " updated, state_id, end_recorded, spec_digest, store, launch_id, slurm_job)"
+            " VALUES (?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)",
             (
                 spec["id"],
                 spec["node"],
@@ -49,6 +58,7 @@ class JobStore:
                 digest,
                 store,
                 spec.get("launch"),
+                self._slurm_of.pop(spec["id"], None),
             ),
         )
 
@@ -183,6 +193,7 @@ class JobStore:
             progress=JobProgress(**prog) if prog else None,
             quarantined=_col(row, "quarantined"),
             launch=_col(row, "launch_id"),
+            slurm_job=_col(row, "slurm_job"),
         )
 
     def launch_ids(self, launch_id: str) -> list[str]:

@@ -43,6 +43,8 @@ class PullRequest:
     fanout: str | None = None
     seeds: int | None = None
     degree: int | None = None
+    #: The Slurm job the pull is for (``--slurm-job N``): each job's row is tagged with it.
+    slurm_job: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,10 @@ class Pulls(Operation):
             raise ConfigError("choose a destination directory")
         if not req.nodes.strip():
             raise ConfigError("choose the destination node(s): a name, a hostlist or a glob")
+        if req.slurm_job is not None:
+            from backend.ops.slurm import check_job_id
+
+            check_job_id(req.slurm_job)
         for name, v in (
             ("numworkers", req.numworkers),
             ("concurrency", req.concurrency),
@@ -216,6 +222,8 @@ class Pulls(Operation):
         launch = new_launch_id()
         job_ids = launch_job_ids(launch, [n.node for n in plan.nodes])
         self.services.jobs.expect_launch(launch, job_ids.values())
+        if req.slurm_job:
+            self.services.jobs.store.expect_slurm_job(job_ids.values(), req.slurm_job)
         with signals_cancel_launch():
             reserved = self._reserve(req, plan, job_ids)
             hops = None
@@ -288,6 +296,8 @@ class Pulls(Operation):
         job_ids = {record.node: retry_job_id(launch)}
         if launch:
             self.services.jobs.expect_launch(launch, job_ids.values())
+        if record.slurm_job:
+            self.services.jobs.store.expect_slurm_job(job_ids.values(), record.slurm_job)
         reason = started.request.reason if started.request else None
         req = started.request or PullRequest(plan.src, plan.dest, record.node, store=plan.store)
         with signals_cancel_launch():

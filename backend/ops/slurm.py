@@ -208,6 +208,18 @@ class SlurmActionResult:
     audit_ids: tuple[int, ...] = field(default=())
 
 
+_JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,9})?")
+
+
+def check_job_id(job_id: str) -> str:
+    """A Slurm job id (``123``, an array task ``123_4``) or ConfigError naming --slurm-job."""
+    if not _JOB_ID.fullmatch(job_id):
+        raise ConfigError(
+            f"a Slurm job id is digits (an array task: 123_4), got {clean(job_id, 40)!r}", key="--slurm-job"
+        )
+    return job_id
+
+
 def reason_text(reason: str, *, prompted_by: str | None = None, who: str | None = None, t: float | None = None) -> str:
     """``<reason> [<prompted by>] | loadmaster:<operator> | <UTC time>``; ConfigError on bad text."""
     r = reason.strip()
@@ -336,6 +348,19 @@ class Slurm(Operation):
             and (user is None or j.user == user)
             and (array is None or j.array_job_id == array or j.job_id == array)
         ]
+
+    async def job_nodes(self, job_id: str) -> list[str]:
+        """The nodes Slurm runs ``job_id`` on (read now): ConfigError naming the job when Slurm
+        has no such job or it holds no node yet."""
+        check_job_id(job_id)
+        snap = await self.snapshot(fresh=True)
+        job = next((j for j in snap.jobs if j.job_id == job_id), None)
+        if job is None:
+            raise ConfigError(f"Slurm has no running or pending job {job_id} (squeue)", key="--slurm-job")
+        if not job.nodes:
+            why = f": {job.reason}" if job.reason else ""
+            raise ConfigError(f"Slurm job {job_id} holds no node yet ({job.state.lower()}{why})", key="--slurm-job")
+        return list(job.nodes)
 
     async def inventory(self, *, fresh: bool = False) -> list[Node]:
         """Slurm's nodes as loadmaster nodes (connection details from the config's defaults and

@@ -232,6 +232,12 @@ _V6 = (
     "CREATE INDEX jobs_launch ON jobs(launch_id)",
 )
 
+_V7 = (
+    # The Slurm job a pull was launched for (``loadmaster pull --slurm-job N``): Transfers and
+    # ``loadmaster jobs`` show it. NULL for every other job.
+    "ALTER TABLE jobs ADD COLUMN slurm_job TEXT",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, ledger, audit, retention journal, pins and milestones", _V1),
     Migration(2, "egress reservations, named locks, the database's id, job origins", _V2),
@@ -239,6 +245,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "what fan-out pulls saved (bytes peers sent instead of the store)", _V4),
     Migration(5, "job authority: the spec digest and store recorded at launch, quarantined rows", _V5),
     Migration(6, "launches: the jobs one start made, cancelled and shown as one", _V6),
+    Migration(7, "the Slurm job a pull was launched for", _V7),
 )
 
 #: The version this loadmaster writes.

@@ -75,9 +75,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pl.add_argument(
         "dest", metavar="DEST", help="destination directory on each node (relative: under the node's scratch dir)"
     )
-    where = pl.add_mutually_exclusive_group(required=True)
+    where = pl.add_mutually_exclusive_group()
     where.add_argument("--node", metavar="NAME", help="one node")
     where.add_argument("--nodes", metavar="PATTERN", help="a hostlist or glob: one job per node")
+    pl.add_argument(
+        "--slurm-job",
+        metavar="N",
+        help="tag the pull's jobs with Slurm job N (shown by 'loadmaster jobs' and Transfers); "
+        "without --node/--nodes, pull to the nodes Slurm runs it on",
+    )
     pl.add_argument(
         "--store",
         metavar="PROFILE",
@@ -211,6 +217,8 @@ def job_rows(recs: list[JobRecord], *, wide: bool = False, width: int = TABLE_WI
             ]
         )
     paths = [(_t(r.source), _t(r.destination)) if r.source else (_t(r.label), "") for r in recs]
+    # The Slurm job a pull was launched for leads its paths: "[slurm 41] s3://...".
+    paths = [(f"[slurm {_t(r.slurm_job)}] {s}" if r.slurm_job else s, d) for (s, d), r in zip(paths, recs, strict=True)]
     if wide:
         for row, (src, dest) in zip(rows, paths, strict=True):
             row[-1] = f"{src} -> {dest}" if dest else src
@@ -310,6 +318,7 @@ async def cmd_show(args: argparse.Namespace, services: Services) -> int:
         f"node      {rec.node}",
         f"state     {rec.state}" + (f"  ({rec.note})" if rec.note else ""),
         f"label     {rec.label or '-'}",
+        *([f"slurm job {_t(rec.slurm_job)}"] if rec.slurm_job else []),
         f"launched  {fmt_when(rec.created)} by {rec.launched_by} from {rec.launched_from}",
         f"started   {fmt_when(rec.started)}",
         f"finished  {fmt_when(rec.finished)}",
@@ -412,12 +421,18 @@ def _pull_request(args: argparse.Namespace) -> PullRequest:
         fanout=args.fanout,
         seeds=args.seeds,
         degree=args.degree,
+        slurm_job=args.slurm_job,
     )
 
 
 async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     """Plan a pull (listing, free space, ETA, egress), confirm, launch one job per node, follow."""
     log.debug("pull: start")
+    if not (args.node or args.nodes):
+        if not args.slurm_job:
+            raise ConfigError("choose the destination node(s): --node, --nodes or --slurm-job")
+        args.nodes = ",".join(await services.ops.slurm.job_nodes(args.slurm_job))
+        print(f"Slurm job {args.slurm_job} runs on {args.nodes}", file=sys.stderr if args.json else sys.stdout)
     req = _pull_request(args)
     pulls = services.ops.pulls
     pulls.refuse_if_readonly("launch a pull")  # before the listing: the start would refuse anyway

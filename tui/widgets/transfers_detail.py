@@ -11,6 +11,7 @@ from textual.widgets import Label, Sparkline, Static
 
 from backend.jobs.fmt import proof_text
 from backend.jobs.records import JobProgress, JobRecord
+from backend.textfmt import safe_text
 from backend.units import bytes_text, duration_text, gbps_text
 from tui.widgets.transfers_format import bar
 
@@ -48,6 +49,8 @@ class TransferDetail(Vertical):
                 lines.append(f"{gbps_text(p.gbps)}{pct}, ETA {duration_text(p.eta_s)}")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.created))
         lines.append(f"launched {when} by {rec.launched_by} from {rec.launched_from}")
+        if rec.slurm_job:
+            lines.append(f"for Slurm job {safe_text(rec.slurm_job, 24)}")
         if rec.error:
             lines.append(f"error: {rec.error}")
         if rec.result:

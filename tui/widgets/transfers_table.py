@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from backend.jobs.records import JobRecord
+from backend.textfmt import safe_text
 from backend.units import bytes_text, duration_text
 from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.transfers_format import bar, short
@@ -91,6 +92,11 @@ class TransfersTable(DataTable[Text]):
     def _cells(r: JobRecord, variables: Mapping[str, str]) -> list[Text]:
         p = r.progress
         what = f"{short(r.source, 16)} -> {short(r.destination, 16)}" if r.source else short(r.label or "-", 36)
+        if r.slurm_job:  # the Slurm job the pull is for leads (the detail pane has the paths whole)
+            tag = f"slurm {safe_text(r.slurm_job, 24)} "
+            side = max(6, (36 - len(tag) - 4) // 2)
+            rest = f"{short(r.source, side)} -> {short(r.destination, side)}" if r.source else r.label or "-"
+            what = short(tag + rest, 36)
         frac = p.fraction if p else None
         prog = Text(bar(frac, 8))
         if p is not None:
