@@ -23,7 +23,15 @@ from tests.slurm_fixtures import job_state, slurm, slurm_lab, wait_for
 from tests.tui.test_fleet_slurm import cell, fleet_ready, services_for
 from tui.app import LoadmasterApp
 from tui.screens.fleet import FleetScreen
-from tui.screens.slurm_jobs import MAX_TASKS, SlurmJobsScreen, array_rows, job_rows, task_ids
+from tui.screens.slurm_jobs import (
+    HEADERS,
+    MAX_TASKS,
+    SlurmJobsScreen,
+    array_rows,
+    fit_cells,
+    job_rows,
+    task_ids,
+)
 from tui.widgets.fleet_table import FleetTable
 
 __all__ = ["slurm", "slurm_lab"]
@@ -63,6 +71,23 @@ def test_collapsed_array_record_is_one_row_per_task_and_running_come_first() -> 
     assert [r.job_id for r in rows] == ["9", "7_1", "7_2", "7_3", "7_4"]
     assert "\x1b" not in rows[0].name
     assert rows[2].reason == "Resources" and rows[2].nodes == ()
+
+
+@given(
+    st.lists(
+        st.tuples(st.text(min_size=1, max_size=30), st.text(max_size=80), st.text(max_size=200), st.text(max_size=120)),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_rows_fit_80_columns(cells: list[tuple[str, str, str, str]]) -> None:
+    rows = [
+        [f"{i}_{i}", "pending", user, name, "12h05m", nodes, "8", reason]
+        for i, (user, name, nodes, reason) in enumerate(cells)
+    ]
+    fitted = fit_cells(rows, 80)
+    widths = [max(len(h), *(len(r[i]) for r in fitted)) for i, h in enumerate(HEADERS)]
+    assert sum(w + 2 for w in widths) + 1 <= 80
 
 
 def test_array_task_zero_is_a_task_not_unset() -> None:
