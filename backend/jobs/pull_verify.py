@@ -9,7 +9,8 @@ cache. The hash functions release the GIL, so the threads hash in parallel with 
 with the copy. A small object with a plain MD5 ETag in the listing is hashed without a HEAD:
 below :data:`HEAD_MIN_BYTES` hashing it costs less than asking.
 
-Node side only (the pull runner); botocore is imported only when a HEAD is needed.
+Node side only (the pull runner). HEADs are signed here (:class:`SigV4`); botocore is imported only to
+resolve a named profile's credentials on the node.
 """
 
 from __future__ import annotations
