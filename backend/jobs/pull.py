@@ -773,6 +773,21 @@ async def launch_pull(
     return out
 
 
+async def _relay_checksums(services: Services, plan: PullPlan) -> list[str | None]:
+    """The store's full-object checksum of each listed object, for the receivers' proofs (they hold
+    no credentials and take nothing from a peer on trust): one HEAD per object with ChecksumMode,
+    a few at a time (``backend.relay.checksums``); None where the store keeps none."""
+    from backend.relay.checksums import listing_checksums
+    from backend.storage import S3Store
+
+    pattern = parse_source(plan.src)
+    store = S3Store(f"s3://{pattern.bucket}", services.config.stores.get(plan.store) if plan.store else None)
+    try:
+        return await listing_checksums(store, [pattern.key_of(o.rel) for o in plan.objects])
+    finally:
+        await store.close()
+
+
 async def _plan_credentials(services: Services, plan: PullPlan) -> Credentials:
     creds = plan.credentials
     if creds is None:
@@ -832,6 +847,7 @@ async def launch_relay(
     by_name = {n.node: n for n in plan.nodes}
     order = sorted(by_name, key=lambda n: len(topo.chain(n)))
     expected = [list(o) for o in plan.objects]
+    checksums = await _relay_checksums(services, plan)
     manager: JobManager = services.jobs
     out = []
     for i, name in enumerate(order):
@@ -851,6 +867,7 @@ async def launch_relay(
             "grace_s": settings.relay_grace,
             "reattach_s": settings.relay_reattach,
             "max_gbps": settings.relay_max_gbps,
+            "checksums": checksums,
         }
         params = {**_pull_params(services, plan, est), "expected": expected, "relay": relay}
         if seed:

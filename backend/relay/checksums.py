@@ -10,8 +10,7 @@ object's MD5 ETag. Composite (per-part) checksums are left out: a receiver does 
 boundaries. What the store answers is parsed as a direct pull parses it
 (``backend.jobs.integrity.parse_checksum_value``): a malformed value is no checksum.
 
-Wiring (not done yet): ``backend.jobs.pull.launch_relay`` is to add ``"checksums": await listing_checksums(store,
-keys)`` to the relay params it builds (one call per launch, before the first job starts).
+``backend.jobs.pull.launch_relay`` reads them once per launch, before the first job starts.
 """
 
 from __future__ import annotations

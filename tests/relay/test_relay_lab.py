@@ -56,6 +56,16 @@ def test_relay_store_sends_once_direct_sends_four_times(
         seed = node == "node-01"
         assert (job_dir / "aws-credentials").exists() is False
         assert job["result"]["relay"]["store_bytes"] == (relay_source.total if seed else 0)
+    # Receivers prove each object as a direct pull would: the store's full-object checksum that the
+    # console read (relay["checksums"]) where the store keeps one, else the MD5 ETag.
+    checksums = jobs["node-02"]["params"]["relay"]["checksums"]
+    assert len(checksums) == len(jobs["node-02"]["params"]["expected"])
+    for node in NODES[1:]:
+        proven = jobs[node]["result"]["verification"]
+        # An empty object is made, not received: its size is its proof.
+        assert sum(proven.values()) == sum(1 for o in jobs[node]["params"]["expected"] if o[1] > 0), proven
+        want = {c.split(":")[0] for c in checksums if c}
+        assert want <= set(proven), (want, proven)
     # node-03 has no s5cmd: it received everything from its upstream.
     assert jobs["node-03"]["result"]["relay"]["upstream"] == "node-02"
     assert relay_source.total <= relay_bytes < relay_source.total * 1.05, (relay_bytes, relay_source.total)
