@@ -49,6 +49,7 @@ NOT_CODE = {
     "egress.override": "an audit action's name",
     "jobs.spec_digest": "a column of the jobs table",
     "jobs.launch_id": "a column of the jobs table",
+    "jobs.slurm_job": "a column of the jobs table (schema 7)",
     "job.cancel": "an audit action's name",
     "MaxSessions": "an sshd option",
     "MaxStartups": "an sshd option",
