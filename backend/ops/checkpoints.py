@@ -66,7 +66,8 @@ class StripRequest:
     out: str | None = None
     model_prefix: str = "auto"
     max_shard_bytes: int | None = None
-    #: On a node, from a store: go over the egress budget under ``action = "confirm"`` (audited).
+    #: From a store (on a node, or here at [egress] console_site): go over the egress budget under
+    #: ``action = "confirm"`` (audited).
     reason: str | None = None
 
 
@@ -130,8 +131,9 @@ class Checkpoints(Operation):
                     max_shard_bytes=shard,
                 )
                 return Done(target, self._launched("ckpt.strip", target, rec, overwrite=False), job=rec)
-            try:
-                res = await strip_step(
+
+            async def here() -> Any:
+                return await strip_step(
                     store,
                     step,
                     out_store=out_store,
@@ -140,6 +142,9 @@ class Checkpoints(Operation):
                     max_shard_bytes=shard,
                     progress=progress,
                 )
+
+            try:
+                res = await self._read_here(store, step, here, reason=req.reason)
             except LoadmasterError as exc:
                 self.audit("ckpt.strip", target, "failed", detail={"error": str(exc)})
                 raise
@@ -148,6 +153,27 @@ class Checkpoints(Operation):
             await store.close()
             if out_store is not None:
                 await out_store.close()
+
+    async def _read_here(self, store: Any, step: str, work: Callable[[], Any], *, reason: str | None) -> Any:
+        """Run ``work`` (a strip in this process) with the egress its read of a step in an s3://
+        store costs: the step's listed bytes quoted at [egress] console_site and reserved first
+        (a block budget refuses before a byte is read), then settled to the bytes the strip read;
+        a strip that fails counts at its reservation (what it read is not known)."""
+        from backend.jobs.pull import egress_profile
+        from backend.jobs.records import new_job_id
+        from backend.ledger import Reservation
+        from backend.ops.reserved import read_here_reserved
+        from backend.policy.egress import EgressSettings
+
+        if not store.url.startswith("s3://"):
+            return await work()
+        listed = await store.list(step)
+        site = self.services.config.section(EgressSettings).console_site
+        profile = getattr(store, "profile", None) or egress_profile(self.services.config, None, store.url)
+        item = Reservation(f"strip-{new_job_id()}", site, sum(o.size for o in listed), len(listed))
+        return await read_here_reserved(
+            self.services, profile, item, work, lambda res: int(res.source_bytes_read), reason=reason, what="strip"
+        )
 
     async def upload(self, req: UploadRequest, *, progress: Callable[..., Any] | None = None) -> Done:
         """Upload one step folder; a destination holding objects is refused unless ``overwrite``."""

@@ -61,3 +61,38 @@ async def launch_reserved(
         except BaseException as exc:
             release_unstarted(services, [it.job_id for it in items], exc)
             raise
+
+
+async def read_here_reserved(
+    services: Services,
+    profile: StoreProfile,
+    item: Reservation,
+    work: Callable[[], Awaitable[T]],
+    read: Callable[[T], int],
+    *,
+    reason: str | None = None,
+    what: str,
+) -> T:
+    """What this process itself reads from a store (a strip run here, a retention apply's strips):
+    ``item`` (priced at ``[egress] console_site``) reserved against the budget first (PolicyError,
+    nothing read, when the guard refuses; an override audited), then ``work()``; the reservation
+    settles to ``read(result)`` bytes (released at 0). Work that raises after it began counts at
+    its reservation: what it read before failing is not known, and never counted as nothing."""
+    reserved = services.egress.reserve(profile, [item], allow_over_budget_reason=reason, what=what)
+    dec = reserved.decision
+    if dec is not None and dec.override_reason:
+        Operation(services).audit_override(dec)
+    try:
+        result = await work()
+    except BaseException as exc:
+        with contextlib.suppress(LoadmasterError):
+            services.egress.record_transfer(
+                profile, item.dest_site, item.nbytes, job_id=item.job_id, note=f"{what} failed: {exc}"[:200]
+            )
+        raise
+    nbytes = read(result)
+    if nbytes:
+        services.egress.record_transfer(profile, item.dest_site, nbytes, job_id=item.job_id, note=what)
+    else:
+        services.egress.release(item.job_id, f"{what}: nothing read")
+    return result

@@ -15,7 +15,8 @@ from backend.ops.base import Operation
 
 if TYPE_CHECKING:
     from backend.checkpoints.steps import Catalog
-    from backend.policy.retention import Pin, RetentionPlan, RetentionPolicy
+    from backend.config import StoreProfile
+    from backend.policy.retention import Pin, PlannedAction, RetentionPlan, RetentionPolicy
     from backend.retention.apply import ApplyReport
 
 
@@ -76,13 +77,59 @@ class Retention(Operation):
         dry_run: bool = False,
         in_flight: Iterable[str] = (),
         progress: Callable[[Any], object] | None = None,
+        reason: str | None = None,
     ) -> ApplyReport:
-        """Re-check the plan against a fresh listing and act on what still holds (or only re-check)."""
+        """Re-check the plan against a fresh listing and act on what still holds (or only re-check).
+        ``reason``: the operator's reason to go past the egress budget (its strips' reads)."""
         from backend.retention.apply import apply_plan
 
         if not dry_run:
             self.refuse_if_readonly("apply a retention plan")
-        return await apply_plan(self.services, plan, dry_run=dry_run, in_flight=in_flight, progress=progress)
+        strips = [a for a in plan.actions if a.action == "strip-to-weights"]
+        url, profile = self.services.stores.profile_for(plan.url)
+        if dry_run or not strips or not url.startswith("s3://"):
+            return await apply_plan(self.services, plan, dry_run=dry_run, in_flight=in_flight, progress=progress)
+        return await self._apply_reserved(plan, strips, profile, in_flight=in_flight, progress=progress, reason=reason)
+
+    async def _apply_reserved(
+        self,
+        plan: RetentionPlan,
+        strips: list[PlannedAction],
+        profile: StoreProfile | None,
+        *,
+        in_flight: Iterable[str],
+        progress: Callable[[Any], object] | None,
+        reason: str | None,
+    ) -> ApplyReport:
+        """A plan that strips reads each strip's step from the store into this machine (the
+        export): quoted, reserved and settled like a pull, at [egress] console_site. The guard
+        refuses before anything is read; the strips that ran count at their reservation (the
+        console's reads are not metered), an apply that stripped nothing releases it, and one
+        that fails midway counts at the reservation."""
+        from backend.config import StoreProfile
+        from backend.jobs.records import new_job_id
+        from backend.ledger import Reservation
+        from backend.ops.reserved import read_here_reserved
+        from backend.policy.egress import EgressSettings
+        from backend.retention.apply import apply_plan
+
+        site = self.services.config.section(EgressSettings).console_site
+        job_id = f"retention-{plan.hash[:12]}-{new_job_id()}"
+        priced_by = profile or StoreProfile(url=plan.url, name=plan.url)
+        ran = ("done", "failed")
+        return await read_here_reserved(
+            self.services,
+            priced_by,
+            Reservation(job_id, site, sum(a.bytes_before for a in strips), sum(a.object_count for a in strips)),
+            lambda: apply_plan(self.services, plan, in_flight=in_flight, progress=progress),
+            lambda report: sum(
+                a.bytes_before
+                for a in strips
+                if any(o.path == a.path and o.action == a.action and o.outcome in ran for o in report.outcomes)
+            ),
+            reason=reason,
+            what="retention strip",
+        )
 
     def run(self, ref: str) -> tuple[str, tuple[str, ...]]:
         """The run's canonical URL and the other spellings its records may be under."""

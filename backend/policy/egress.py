@@ -57,6 +57,9 @@ class EgressSettings:
     action: Literal["warn", "confirm", "block"] = "confirm"
     warn_at: float = 0.8
     unpriced_action: Literal["allow", "warn", "confirm", "block"] = "warn"
+    #: The site (``provider:region``) of the machine the console runs on: what the console itself
+    #: reads from a store (a retention strip's export) is priced to it; unset, as internet egress.
+    console_site: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("monthly_budget_usd", "per_transfer_limit_usd"):

@@ -62,6 +62,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="STEP_PATH",
         help="a step folder a running job is still writing; repeatable",
     )
+    a.add_argument(
+        "--allow-over-budget",
+        metavar="REASON",
+        help="strips read their steps into this machine, priced at [egress] console_site: go on although "
+        "the egress guard asks for confirmation (recorded with REASON)",
+    )
     a.add_argument("--json", action="store_true", help="print the result as JSON")
     a.set_defaults(func=cmd_apply)
 
@@ -222,7 +228,9 @@ async def cmd_apply(args: argparse.Namespace, services: Services) -> int:
                 f"[{finished}/{o.total}] {o.path}: {o.action} -> {o.outcome}" + (f" ({o.detail})" if o.detail else "")
             )
 
-    report = await services.ops.retention.apply(plan, dry_run=args.dry_run, in_flight=args.in_flight, progress=show)
+    report = await services.ops.retention.apply(
+        plan, dry_run=args.dry_run, in_flight=args.in_flight, progress=show, reason=args.allow_over_budget
+    )
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
