@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from backend.errors import LoadmasterError
+from backend.errors import LoadmasterError, PolicyError
 from backend.ops.base import Operation, signals_cancel_launch
 
 if TYPE_CHECKING:
@@ -76,14 +76,19 @@ async def read_here_reserved(
     """What this process itself reads from a store (a strip run here, a retention apply's strips):
     ``item`` (priced at ``[egress] console_site``) reserved against the budget first (PolicyError,
     nothing read, when the guard refuses; an override audited), then ``work()``; the reservation
-    settles to ``read(result)`` bytes (released at 0). Work that raises after it began counts at
-    its reservation: what it read before failing is not known, and never counted as nothing."""
+    settles to ``read(result)`` bytes (released at 0). Work refused by a rule (PolicyError: another
+    apply's lock, a refused layout) releases it; work that fails otherwise counts at its
+    reservation: what it read before failing is not known, and never counted as nothing."""
     reserved = services.egress.reserve(profile, [item], allow_over_budget_reason=reason, what=what)
     dec = reserved.decision
     if dec is not None and dec.override_reason:
         Operation(services).audit_override(dec)
     try:
         result = await work()
+    except PolicyError as exc:  # a rule refused the work before it acted (another apply's lock, ...)
+        with contextlib.suppress(LoadmasterError):
+            services.egress.release(item.job_id, f"{what} refused: {exc}"[:300])
+        raise
     except BaseException as exc:
         with contextlib.suppress(LoadmasterError):
             services.egress.record_transfer(

@@ -96,3 +96,18 @@ async def test_a_strip_run_here_is_reserved_and_settled_at_what_it_read(s3, s3_s
         assert int(str(row["quoted_bytes"])) >= int(str(row["bytes"]))
     finally:
         services.db.close()
+
+
+async def test_an_apply_refused_by_another_applys_lock_reads_nothing_and_releases(
+    s3, s3_services, dcp_run: DcpRun
+) -> None:  # type: ignore[no-untyped-def]
+    """A refusal before any action (another apply holds the run) counts nothing: released."""
+    from backend.retention.runs import ApplyLock
+
+    url = dcp_run.upload(s3, s3_services.config.stores["ckpt"].url.removeprefix("s3://"))
+    plan = await compute_plan(s3_services, url, POLICY)
+    async with s3_services.stores.open(url) as store, ApplyLock(store, plan.prefix, run=plan.url, plan=plan.hash):
+        with pytest.raises(PolicyError, match="already running"):
+            await s3_services.ops.retention.apply(plan)
+    (row,) = _ledger(s3_services)
+    assert row["state"] == "released"
