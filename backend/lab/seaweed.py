@@ -106,7 +106,20 @@ class SeaweedS3:
             f.write(f"[lab]\naws_access_key_id = {self.access_key}\naws_secret_access_key = {self.secret_key}\n")
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start ``weed mini`` with every port pinned to a private block; wait for S3."""
+        """Start ``weed mini`` with every port pinned to a private block; wait for S3. A block this
+        chose itself that another process took meanwhile (weed: "Port allocation failed") is
+        chosen again, up to three times; a block the caller gave is not."""
+        chosen = not self.base_port
+        for attempt in range(3 if chosen else 1):
+            try:
+                self._start(timeout)
+                return
+            except LoadmasterError as exc:
+                if not chosen or "Port allocation failed" not in str(exc) or attempt == 2:
+                    raise
+                self.base_port = 0
+
+    def _start(self, timeout: float) -> None:
         if self.proc and self.proc.poll() is None:
             return
         self.prepare()

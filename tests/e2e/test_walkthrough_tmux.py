@@ -37,6 +37,9 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 WIDTH, HEIGHT = 80, 24
 NODES = ("node-01", "node-02", "node-03", "node-04")
 
+#: The two latest complete steps of the lab's demo run: kept whole.
+KEPT = ("10000", "11000")
+
 
 @pytest.fixture
 def term80(sandbox: tuple[Path, str, dict[str, str]], tmp_path: Path) -> Iterator[Tmux]:  # noqa: F811
@@ -173,7 +176,14 @@ def test_walkthrough_at_80x24(sandbox: tuple[Path, str, dict[str, str]], term80:
     term.press("4")
     term.wait_for("Run folder", what="the Retention screen")
     screen = term.wait_for(
-        lambda s: re.search(r"plan [0-9a-f]{12}", s), timeout=SCREEN_TIMEOUT, what="the retention plan"
+        # The plan and its kept rows' reasons in full: the launch's notices (toasts over the right
+        # of the table) time out first.
+        lambda s: (
+            re.search(r"plan [0-9a-f]{12}", s)
+            and all(re.search(rf"^\s*{step}\s+keep-full\s.*latest 2 complete", s, re.MULTILINE) for step in KEPT)
+        ),
+        timeout=SCREEN_TIMEOUT,
+        what="the retention plan with its kept rows",
     )
     assert f"s3://{bucket}/checkpoints/llama-demo" in screen, screen
     assert "2 keep-full  2 strip-to-weights  7 delete  1 skip" in screen, screen

@@ -1,0 +1,51 @@
+"""The lab's SeaweedFS picks its own block of ports; when another process takes one of them between
+the pick and weed's bind (two test workers starting labs at once), it picks again."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from backend.lab import seaweed
+from backend.lab.seaweed import SeaweedS3
+
+
+def test_a_port_taken_between_the_pick_and_the_bind_is_picked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    picks: list[int] = []
+    real = seaweed.free_port_block
+
+    def pick(count: int, ip: str = "127.0.0.1") -> int:
+        # First pick: a block whose filer port (base + 4) another process holds.
+        block = busy - 4 if not picks else real(count, ip)
+        picks.append(block)
+        return block
+
+    monkeypatch.setattr(seaweed, "free_port_block", pick)
+    s3 = SeaweedS3(root=tmp_path / "s3")
+    try:
+        s3.start(timeout=60)
+        assert len(picks) == 2 and s3.base_port == picks[1]
+    finally:
+        s3.stop()
+        taken.close()
+
+
+def test_a_block_the_caller_gave_is_not_changed(tmp_path: Path) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    s3 = SeaweedS3(root=tmp_path / "s3", base_port=taken.getsockname()[1] - 4)
+    try:
+        with pytest.raises(Exception, match="did not start"):
+            s3.start(timeout=30)
+    finally:
+        s3.stop()
+        taken.close()
