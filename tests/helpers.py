@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from textual.message import Message
 from textual.notifications import Notify
 
@@ -76,3 +79,17 @@ async def settle_workers(pilot: Any) -> None:
     """Wait for the app's workers to finish, then for the screen to process what they posted."""
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """Serve the aiohttp ``app`` on a free loopback port for the block; yields its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from backend.backoff import Backoff
 from backend.http import HttpClient, HttpFailure
+from tests.helpers import serving
 
 
 @pytest.fixture
@@ -33,15 +34,8 @@ async def server() -> AsyncIterator[str]:
 
     app = web.Application()
     app.add_routes([web.get("/ok", ok), web.post("/echo", echo), web.get("/big", big), web.get("/junk", junk)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 async def test_json_get_and_post(server: str) -> None:

@@ -17,6 +17,7 @@ from backend.config import parse_config
 from backend.errors import ConfigError
 from backend.slurm.client import SlurmClient, SlurmError
 from backend.slurm.settings import SlurmSettings
+from tests.helpers import serving
 
 DATA = Path(__file__).parent / "data"
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.secret-jwt-value"
@@ -38,15 +39,8 @@ async def restd() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
 
     app = web.Application()
     app.add_routes([web.get("/slurm/v0.0.41/{what:nodes|jobs}", answer)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url, seen
 
 
 def settings(url: str, **kw: Any) -> SlurmSettings:
