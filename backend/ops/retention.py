@@ -116,17 +116,19 @@ class Retention(Operation):
         site = self.services.config.section(EgressSettings).console_site
         job_id = f"retention-{plan.hash[:12]}-{new_job_id()}"
         priced_by = profile or StoreProfile(url=plan.url, name=plan.url)
-        ran = ("done", "failed")
+
+        def stripped(report: ApplyReport) -> int:
+            ran = {
+                o.path for o in report.outcomes if o.action == "strip-to-weights" and o.outcome in ("done", "failed")
+            }
+            return sum(a.bytes_before for a in strips if a.path in ran)
+
         return await read_here_reserved(
             self.services,
             priced_by,
             Reservation(job_id, site, sum(a.bytes_before for a in strips), sum(a.object_count for a in strips)),
             lambda: apply_plan(self.services, plan, in_flight=in_flight, progress=progress),
-            lambda report: sum(
-                a.bytes_before
-                for a in strips
-                if any(o.path == a.path and o.action == a.action and o.outcome in ran for o in report.outcomes)
-            ),
+            stripped,
             reason=reason,
             what="retention strip",
         )
