@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.lab import Lab, LabNodeOptions  # noqa: E402
 from backend.nodes.pool import NodePool  # noqa: E402
 from backend.nodes.transport import Transport  # noqa: E402
+from lab import Lab, LabNodeOptions  # noqa: E402
 
 
 async def true_on(t: Transport) -> int | None:

@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.lab import Lab  # noqa: E402
+from lab import Lab  # noqa: E402
 
 #: The two kinds of store a pull meets: one that keeps a full-object checksum (AWS S3 today:
 #: CRC64NVME) and one that keeps none (only the MD5 ETag of a single-part object).
@@ -47,7 +47,7 @@ def _upload(lab: Lab, prefix: str, objects: int, size: int, checksum: str | None
     import botocore.session
     from botocore.config import Config as BotoConfig
 
-    from backend.lab.seed import put_object
+    from lab.seed import put_object
 
     s3 = lab.s3
     assert s3 is not None

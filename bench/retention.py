@@ -62,10 +62,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from backend.config import StateSettings, StoreProfile, parse_config
-    from backend.lab.seaweed import SeaweedS3
     from backend.policy.retention import RetentionPolicy
     from backend.retention import apply_plan, compute_plan
     from backend.services import Services
+    from lab.seaweed import SeaweedS3
 
     work = Path(tempfile.mkdtemp(prefix="lm-bench-ret-"))
     s3 = SeaweedS3(work / "s3")

@@ -5,7 +5,7 @@ Both backends run the same loadmaster code in the same run, on the same machine:
 * SQLite      -- ``SQLiteState`` on a file in a temp dir (WAL, ``synchronous=NORMAL``, BEGIN
   IMMEDIATE for every transaction, 30 s busy timeout);
 * PostgreSQL  -- ``PostgresState`` on a real private cluster this script starts in /tmp
-  (``backend.lab.postgres.PrivateCluster``: loopback TCP, SCRAM, ``fsync`` and
+  (``lab.postgres.PrivateCluster``: loopback TCP, SCRAM, ``fsync`` and
   ``synchronous_commit`` on); the password is only in the cluster's 0600 pgpass (``PGPASSFILE``).
 
 What is measured, each on a fresh database per backend:
@@ -170,7 +170,7 @@ class Backends:
     private cluster started in ``work/pg``."""
 
     def __init__(self, work: Path) -> None:
-        from backend.lab.postgres import PrivateCluster
+        from lab.postgres import PrivateCluster
 
         self.work = work
         self.cluster = PrivateCluster(work / "pg")

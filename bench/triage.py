@@ -3,7 +3,7 @@
 A real Prometheus 2.42 serves 256 synthetic nodes x 8 GPUs of the dcgm-exporter health series
 triage reads (SM clock, utilisation, power, clock event reasons, ECC, row remap pending/failure,
 Xid, PCIe replay and NVLink CRC counters), made by the dcgm-exporter stand-in's own value
-functions (backend.lab.dcgm_exporter: the stand-in nvidia-smi scenario with per-GPU faults) and
+functions (lab.dcgm_exporter: the stand-in nvidia-smi scenario with per-GPU faults) and
 loaded with ``promtool tsdb create-blocks-from openmetrics``. One GPU is a straggler (95% SM clock,
 HW slowdown); one GPU of another node fell off the bus (only its Xid 79 left). The timed part is
 ``services.ops.triage.run(nodes=..., source="prometheus")``: the queries over HTTP, the parse, the
@@ -29,8 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.config import load_config  # noqa: E402
-from backend.lab import fake_nvidia_smi  # noqa: E402
-from backend.lab.dcgm_exporter import (  # noqa: E402
+from backend.services import Services  # noqa: E402
+from lab import fake_nvidia_smi  # noqa: E402
+from lab.dcgm_exporter import (  # noqa: E402
     FIELDS_BY_NAME,
     DcgmNode,
     format_value,
@@ -39,8 +40,7 @@ from backend.lab.dcgm_exporter import (  # noqa: E402
     label_text,
     xid_message,
 )
-from backend.lab.prometheus import PrometheusServer, find_promtool  # noqa: E402
-from backend.services import Services  # noqa: E402
+from lab.prometheus import PrometheusServer, find_promtool  # noqa: E402
 
 FIELDS = (
     "DCGM_FI_DEV_SM_CLOCK",

@@ -1,6 +1,6 @@
 """Benchmark: upload one checkpoint step folder with loadmaster, ``s5cmd cp`` and ``aws s3 cp``.
 
-Starts its own SeaweedFS S3 (``backend.lab.SeaweedS3``) on loopback, generates a DCP-shaped step
+Starts its own SeaweedFS S3 (``lab.SeaweedS3``) on loopback, generates a DCP-shaped step
 folder (``--size-gb`` GB of random bytes in 8 ``__N_0.distcp`` rank files plus ``.metadata``),
 then uploads it with each tool in its own process, rotating the order every round, each into its
 own prefix of one bucket. Every upload is checked afterwards (object count and sizes), then its
@@ -65,7 +65,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.lab import SeaweedS3  # noqa: E402
+from lab import SeaweedS3  # noqa: E402
 
 BIN = Path(sys.executable).parent
 LM = """

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from backend.errors import LoadmasterError
-from backend.lab.alertmanager import AlertmanagerServer
+from lab.alertmanager import AlertmanagerServer
 
 #: The test timers (seconds).
 TEST_GROUP_WAIT = 0.2

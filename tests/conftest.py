@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import Lab, LabNodeOptions
+from lab import Lab, LabNodeOptions
 
 pytest_plugins = ["tests.pg_fixtures", "tests.prom_fixtures", "tests.am_fixtures"]
 

@@ -12,7 +12,7 @@ from aiohttp import web
 from textual.message import Message
 from textual.notifications import Notify
 
-from backend.lab import Lab
+from lab import Lab
 
 #: Short job timings for tests over the lab (appended to the lab's config text).
 JOBS_SECTION = """

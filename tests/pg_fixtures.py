@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from backend.errors import LoadmasterError
-from backend.lab.postgres import PostgresNotInstalled, PrivateCluster
 from backend.state import SQLiteState, StateDB
 from backend.state.postgres import PostgresState
+from lab.postgres import PostgresNotInstalled, PrivateCluster
 
 
 @pytest.fixture(scope="session")

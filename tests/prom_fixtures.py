@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from backend.errors import LoadmasterError
-from backend.lab import Lab
-from backend.lab.prometheus import PrometheusNotInstalled, StackNode, TelemetryStack
+from lab import Lab
+from lab.prometheus import PrometheusNotInstalled, StackNode, TelemetryStack
 
 #: Seconds between scrapes in the tests (the lab's default is 5).
 TEST_SCRAPE_INTERVAL = 1.0

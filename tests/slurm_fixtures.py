@@ -1,4 +1,4 @@
-"""Slurm for the tests: the real slurmctld and slurmd 22.05 on loopback (backend/lab/slurm.py).
+"""Slurm for the tests: the real slurmctld and slurmd 22.05 on loopback (lab/slurm.py).
 
 ``slurm_lab`` (module scope: one cluster per test file, started in about a second) runs slurmctld
 and three slurmd, ``node-01``..``node-03`` on 127.0.0.1-3, each with four GPU GRES backed by
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab.slurm import SLURM_INSTALL_HINT, SlurmLab, SlurmNotInstalled
+from lab.slurm import SLURM_INSTALL_HINT, SlurmLab, SlurmNotInstalled
 
 SLURM_NODES = [("node-01", "127.0.0.1"), ("node-02", "127.0.0.2"), ("node-03", "127.0.0.3")]
 

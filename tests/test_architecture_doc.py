@@ -27,7 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "ARCHITECTURE.md"
-SOURCE_DIRS = ("backend", "tui")
+SOURCE_DIRS = ("backend", "tui", "lab")
 _PATH = re.compile(r"^[\w.-]+(/[\w.-]+)*/?$")
 _IDENT = r"[A-Za-z_]\w*"
 _DOTTED = re.compile(rf"^{_IDENT}(\.{_IDENT})+$")

@@ -14,9 +14,9 @@ import backend
 from backend import __version__
 from backend.config import Node
 from backend.doctor import NodeReport, check_node, doctor_command, parse_report, run_doctor
-from backend.lab import Lab
 from backend.nodes.pool import NodePool
 from backend.nodes.transport import LocalTransport
+from lab import Lab
 from tui.cli import main
 
 REPORT_KEYS = {

@@ -28,6 +28,7 @@ def test_wheel_ships_packages_and_themes(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "backend/__init__.py" in names
     assert "tui/app.py" in names
+    assert "lab/__init__.py" in names, "`loadmaster lab` needs the lab package in the wheel"
     assert "themes/__init__.py" in names
     tcss = [n for n in names if n.startswith("themes/") and n.endswith(".tcss")]
     assert "themes/app.tcss" in tcss, names

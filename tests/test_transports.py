@@ -14,11 +14,11 @@ import pytest
 
 from backend.config import Node
 from backend.errors import CommandFailed, CommandTimeout, HostKeyRefused, NodeError, NodeUnreachable
-from backend.lab import Lab
 from backend.nodes import ssh as ssh_module
 from backend.nodes.pool import NodePool, NodeStatus
 from backend.nodes.ssh import SshTransport
 from backend.nodes.transport import LocalTransport, Transport
+from lab import Lab
 
 
 def fingerprint_of(pub: Path) -> str:

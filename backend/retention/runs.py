@@ -253,8 +253,8 @@ def opening_run(config: Config, prefs: dict[str, Any]) -> tuple[str, bool]:
     the last run listed with this config, else the sandbox lab's demo run, else the first
     store's root (typed in, not listed: a bucket root is rarely one run)."""
     from backend.checkpoints.upload import url_join
-    from backend.lab.seed import CHECKPOINT_RUN
     from backend.ui_prefs import config_key
+    from lab.seed import CHECKPOINT_RUN
 
     last = prefs.get("last_run")
     remembered = last.get(config_key(config)) if isinstance(last, dict) else None

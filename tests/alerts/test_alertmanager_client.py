@@ -29,8 +29,8 @@ from backend.alerts.alertmanager import (
     parse_time,
 )
 from backend.errors import ConfigError
-from backend.lab import alertmanager as lab_am
 from backend.textfmt import safe_text
+from lab import alertmanager as lab_am
 from tests.am_fixtures import TEST_GROUP_INTERVAL, AlertmanagerLab, unique
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -218,7 +218,7 @@ async def test_a_stopped_alertmanager_is_unavailable_then_it_works_again(am_lab:
 
 def test_missing_binaries_name_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr("backend.lab.prometheus.BIN_DIRS", ())
+    monkeypatch.setattr("lab.prometheus.BIN_DIRS", ())
     with pytest.raises(lab_am.AlertmanagerNotInstalled, match="apt-get install prometheus-alertmanager"):
         lab_am.find_alertmanager()
     with pytest.raises(lab_am.AlertmanagerNotInstalled, match="amtool is not installed"):

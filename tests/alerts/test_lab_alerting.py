@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab.prometheus import PrometheusServer
+from lab.prometheus import PrometheusServer
 from tui.cli import main
 
 

@@ -378,7 +378,7 @@ def _grafana_to_promql(expr: str) -> str:
 async def test_prometheus_scrapes_the_months_egress_dollars_of_the_report(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from backend.lab.prometheus import PrometheusServer, ScrapeTarget
+    from lab.prometheus import PrometheusServer, ScrapeTarget
 
     _fill(services)
     holder = MetricsHolder()

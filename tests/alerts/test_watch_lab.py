@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import Lab
-from backend.lab.alertmanager import AlertmanagerServer
-from backend.lab.fleet import LabNodeOptions
-from backend.lab.ports import free_port
-from backend.lab.prometheus import PrometheusServer, ScrapeTarget
+from lab import Lab
+from lab.alertmanager import AlertmanagerServer
+from lab.fleet import LabNodeOptions
+from lab.ports import free_port
+from lab.prometheus import PrometheusServer, ScrapeTarget
 from tests.am_fixtures import AlertmanagerLab, WebhookSink
 from tests.helpers import write_lab_config
 

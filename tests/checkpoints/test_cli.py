@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from backend.checkpoints.footprint import footprint, upload_backlog
 from backend.config import load_config_file
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.helpers import write_lab_config
 from tui.cli import main
 

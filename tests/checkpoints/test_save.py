@@ -11,8 +11,8 @@ import torch
 from backend.checkpoints.catalog import list_checkpoints
 from backend.checkpoints.save import save_and_upload
 from backend.checkpoints.strip import strip_step
-from backend.lab import Lab
 from backend.storage import S3Store
+from lab import Lab
 from tests.checkpoints.conftest import state, trained
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab.sshd import lab_processes
+from lab.sshd import lab_processes
 from tests.e2e.tmux import Tmux, deadline_poll
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import seaweed, sshd
-from backend.lab.sshd import lab_processes
+from lab import seaweed, sshd
+from lab.sshd import lab_processes
 from tui.cli import main
 
 pytestmark = [pytest.mark.lab]

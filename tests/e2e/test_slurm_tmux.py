@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab.slurm import find_slurm
+from lab.slurm import find_slurm
 from tests.e2e.test_console_tmux import PROMPT, SCREEN_TIMEOUT, _env, _lab
 from tests.e2e.tmux import Tmux, deadline_poll
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from backend.config import Config, load_config_file
-from backend.lab import Lab
 from backend.services import Services
 from backend.state import SQLiteState
+from lab import Lab
 from tests.helpers import write_lab_config
 
 MiB = 1024 * 1024

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from backend.jobs.pull import launch_pull, plan_pull
-from backend.lab import Lab
-from backend.lab.seed import put_multipart, put_object
 from backend.services import Services
+from lab import Lab
+from lab.seed import put_multipart, put_object
 
 pytestmark = pytest.mark.timeout(240)
 MiB = 1 << 20

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import Lab
+from lab import Lab
 from tests.jobs.conftest import SourceData
 from tui.cli import main as cli_main
 

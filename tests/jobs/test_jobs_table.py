@@ -15,9 +15,9 @@ import pytest
 from backend.config import load_config_file
 from backend.jobs.fmt import middle, verified_short
 from backend.jobs.records import JobProgress, JobRecord, launch_job_ids
-from backend.lab import Lab
 from backend.ops import PullRequest
 from backend.services import Services
+from lab import Lab
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData
 from tui.cli.jobs import TABLE_WIDTH, job_rows

@@ -33,7 +33,6 @@ from backend.errors import (
     NodeUnreachable,
     StoreError,
 )
-from backend.lab import Lab
 from backend.nodes.keeper import (
     KeeperClient,
     error_dict,
@@ -44,6 +43,7 @@ from backend.nodes.keeper import (
     stop_keeper,
 )
 from backend.nodes.pool import NodePool
+from lab import Lab
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData
 

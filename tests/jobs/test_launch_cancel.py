@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from backend.config import load_config_file
-from backend.lab import Lab
 from backend.ops import PullRequest
 from backend.services import Services
+from lab import Lab
 from tests.firsthour.screen_text import screen_lines
 from tests.helpers import Recorder, wait_until, write_lab_config
 from tests.jobs.conftest import SourceData

@@ -10,8 +10,8 @@ import pytest
 
 from backend.config import load_config_file
 from backend.jobs.pull import launch_pull, plan_pull
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.jobs.conftest import SourceData
 
 pytestmark = pytest.mark.timeout(240)

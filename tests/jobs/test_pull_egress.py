@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import Lab
+from lab import Lab
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData
 from tui.cli import main as cli_main

@@ -18,8 +18,8 @@ import pytest
 from backend.config import Config
 from backend.errors import JobError, StoreError
 from backend.jobs.pull import launch_pull, plan_pull
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData, fresh_services
 from tui.cli import main as cli_main

@@ -18,10 +18,10 @@ import pytest
 
 from backend.config import load_config_file
 from backend.errors import ConfigError
-from backend.lab import Lab
-from backend.lab.slurm import SlurmLab
 from backend.ops.slurm import check_job_id
 from backend.services import Services
+from lab import Lab
+from lab.slurm import SlurmLab
 from tests.helpers import wait_until, write_lab_config
 from tests.jobs.conftest import SourceData
 from tests.jobs.test_pull_lab import _assert_pulled

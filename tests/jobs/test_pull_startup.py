@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import Lab
+from lab import Lab
 from tests.jobs.conftest import SourceData
 from tui.cli import main as cli_main
 
@@ -35,7 +35,7 @@ FORBIDDEN = (
     "backend.checkpoints",
     "backend.shards",
     "backend.telemetry",
-    "backend.lab",
+    "lab",
 )
 
 _PROBE = """

@@ -17,7 +17,7 @@ import pytest
 from textual.widgets import Button, Input
 
 from backend.config import load_config
-from backend.lab import Lab
+from lab import Lab
 from tests.helpers import Recorder, wait_until, write_lab_config
 from tests.jobs.conftest import SourceData
 from tui import cli

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from backend.config import load_config_file
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.helpers import write_lab_config
 
 pytestmark = pytest.mark.timeout(420)

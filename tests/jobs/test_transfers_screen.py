@@ -12,7 +12,7 @@ import pytest
 from textual.widgets import Button, Input, Static
 
 from backend.config import Config
-from backend.lab import Lab
+from lab import Lab
 from tests.helpers import Recorder, wait_until
 from tests.jobs.conftest import SourceData, fresh_services
 from tests.jobs.test_pull_lab import _assert_pulled, _launch_stalled

@@ -16,8 +16,8 @@ from pathlib import Path
 from backend.alerts.watch import Watcher
 from backend.config import load_config_file
 from backend.jobs.pull import launch_pull, plan_pull
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.am_fixtures import AlertmanagerLab
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData

@@ -24,11 +24,11 @@ from backend import __version__
 from backend.config import Node, load_config_file
 from backend.doctor import run_doctor
 from backend.jobs.pull import launch_pull, plan_pull
-from backend.lab import Lab, LabNodeOptions
-from backend.lab.agent import link_agent_venv
 from backend.nodes.agent import agent_command, install_command, is_python, parse_probe
 from backend.nodes.pool import NodePool
 from backend.services import Services
+from lab import Lab, LabNodeOptions
+from lab.agent import link_agent_venv
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import fresh_services
 from tui.cli import main

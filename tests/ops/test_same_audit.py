@@ -29,10 +29,10 @@ from textual.widgets import Checkbox, Input
 
 from backend.config import load_config, load_config_file
 from backend.errors import ReadOnlyRefused
-from backend.lab import Lab
 from backend.ops import Operations
 from backend.services import Services
 from backend.state import SQLiteState, StateError
+from lab import Lab
 from tests.am_fixtures import AlertmanagerLab, unique
 from tests.helpers import wait_until, write_lab_config
 from tests.jobs.conftest import SourceData, source  # noqa: F401  (the fixture)

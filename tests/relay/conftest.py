@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import Lab
-from backend.lab.counting_proxy import CountingProxy
+from lab import Lab
+from lab.counting_proxy import CountingProxy
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData
 

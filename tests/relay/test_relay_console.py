@@ -16,10 +16,10 @@ import pytest
 from textual.widgets import Button, Input, Static
 
 from backend.config import load_config_file
-from backend.lab import Lab
-from backend.lab.counting_proxy import CountingProxy
 from backend.relay.view import chain_lines, relay_groups
 from backend.services import Services
+from lab import Lab
+from lab.counting_proxy import CountingProxy
 from tests.helpers import Recorder, wait_until
 from tests.relay.conftest import NODES, RelaySource, assert_copy, relay_config
 from tests.relay.test_relay_faults import SLOW, _job_dir, _pgid, _wait_progress

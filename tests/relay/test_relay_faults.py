@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from backend.lab import Lab
-from backend.lab.counting_proxy import CountingProxy
+from lab import Lab
+from lab.counting_proxy import CountingProxy
 from tests.relay.conftest import NODES, RelaySource, assert_copy, relay_config
 from tui.cli import main as cli_main
 

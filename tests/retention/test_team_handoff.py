@@ -20,8 +20,8 @@ from retention_helpers import DcpRun  # type: ignore[import-not-found]
 from textual.widgets import DataTable
 
 from backend.config import load_config_file
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.helpers import Recorder, wait_until, write_lab_config
 from tests.jobs.conftest import SourceData
 from tui.app import LoadmasterApp

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.lab import Lab
-from backend.lab.agent import link_agent_venv
-from backend.lab.ports import free_port
-from backend.lab.sshd import SshdNode
+from lab import Lab
+from lab.agent import link_agent_venv
+from lab.ports import free_port
+from lab.sshd import SshdNode
 
 NAME = "evil-01"
 IP = "127.0.0.128"

@@ -25,10 +25,10 @@ from backend.config import Config, load_config_file
 from backend.jobs.records import FOREIGN, new_job_id
 from backend.jobs.remote import spec_digest
 from backend.jobs.store import JobStore
-from backend.lab import Lab
 from backend.ledger import Reservation
 from backend.services import Services
 from backend.state import open_state
+from lab import Lab
 from tests.helpers import write_lab_config
 from tests.security.hostile_node import NAME, HostileNode, start_hostile_node
 from tui.cli import main as cli_main

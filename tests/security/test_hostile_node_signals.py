@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import Lab
+from lab import Lab
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData, source  # noqa: F401 - a fixture, used by name
 from tests.security.hostile_node import NAME, HostileNode, start_hostile_node

@@ -134,7 +134,7 @@ def test_only_full_object_checksums_are_taken_from_a_head() -> None:
 def test_the_console_reads_the_store_s_checksums_and_a_receiver_catches_a_forger_with_them(
     lab: Any, s3: Any, tmp_path: Path
 ) -> None:
-    from backend.lab.seed import put_object
+    from lab.seed import put_object
     from tests.helpers import lab_bucket_store
 
     store = lab_bucket_store(lab, s3, "relaysum")

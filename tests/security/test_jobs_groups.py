@@ -24,8 +24,8 @@ from backend.config import load_config_file
 from backend.jobs.records import new_job_id
 from backend.jobs.remote import spec_digest
 from backend.jobs.store import JobStore
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.helpers import write_lab_config
 
 pytestmark = pytest.mark.timeout(180)

@@ -21,9 +21,9 @@ import pytest
 
 from backend.config import load_config_file
 from backend.errors import NodeUnreachable
-from backend.lab import Lab
 from backend.nodes.keeper import stop_keeper
 from backend.nodes.pool import NodePool
+from lab import Lab
 
 KEEPALIVE_S = 1.0  # x 3: a loaded test machine still answers healthy keepalives in time
 KEEPALIVE_COUNT = 3

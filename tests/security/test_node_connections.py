@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from backend.config import Node
-from backend.lab import Lab
 from backend.nodes.keeper import keeper_key
 from backend.nodes.ssh import SshTransport
 from backend.nodes.ssh_config import effective_settings, ssh_config_files
+from lab import Lab
 
 
 async def test_fifty_fresh_connections_to_one_node_all_succeed(lab: Lab) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import Lab
 from backend.nodes.pool import PARTIAL_EXIT
+from lab import Lab
 from tests.helpers import write_lab_config
 from tui.cli import main
 

@@ -23,8 +23,8 @@ import pytest
 
 from backend.jobs.integrity import new_hasher
 from backend.jobs.pull import launch_pull, plan_pull
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.security.conftest import HOSTILE_KEY_ID, HOSTILE_SECRET
 from tests.security.hostile_s3 import HostileS3, StoredObject, _Handler, _QuietServer, md5_etag, multipart_etag
 

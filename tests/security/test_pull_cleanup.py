@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from backend.jobs.pull import launch_pull, plan_pull
 from backend.jobs.pull_dest import TempTracker, is_s5cmd_temp_name
 from backend.jobs.pull_objects import PulledObject
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.security.hostile_s3 import HostileS3
 
 pytestmark = pytest.mark.timeout(300)

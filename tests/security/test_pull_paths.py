@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from backend.errors import StoreError
 from backend.jobs.pull import launch_pull, plan_pull
 from backend.jobs.pull_objects import PulledObject, check_objects, parse_source, rel_problem
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.security.conftest import HOSTILE_KEY_ID, HOSTILE_SECRET
 from tests.security.hostile_s3 import HostileS3, md5_etag
 

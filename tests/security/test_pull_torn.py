@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from backend.jobs.pull import launch_pull, plan_pull
-from backend.lab import Lab
 from backend.services import Services
+from lab import Lab
 from tests.security.hostile_s3 import HostileS3
 
 pytestmark = pytest.mark.timeout(240)

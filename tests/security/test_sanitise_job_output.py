@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import Lab
+from lab import Lab
 from tests.helpers import write_lab_config
 from tests.security.hostile_node import NAME, HostileNode, forge_json
 from tests.security.test_store_reads_ledgered import hostile, shard_src  # noqa: F401 - fixtures, used by name

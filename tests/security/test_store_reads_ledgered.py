@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from backend.config import load_config_file
-from backend.lab import Lab
 from backend.ledger import SETTLE_SLACK
 from backend.services import Services
+from lab import Lab
 from tests.checkpoints.conftest import tiny_full_dcp  # noqa: F401 - a fixture, used by name
 from tests.helpers import write_lab_config
 from tests.security.hostile_node import NAME, HostileNode, forge_json, start_hostile_node

@@ -21,11 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.config import Node
-from backend.lab import Lab, LabNodeOptions
 from backend.nodes.transport import LocalTransport
 from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.sampler import BEGIN, END, MAX_BLOCK_LINES
 from backend.telemetry.settings import TelemetrySettings
+from lab import Lab, LabNodeOptions
 
 #: nvidia-smi stand-ins: 200 MB on one line; 200 MB of plausible CSV lines; escape sequences.
 FLOOD_ONE_LINE = "#!/bin/sh\nhead -c 200000000 /dev/zero | tr '\\0' x\n"

@@ -31,9 +31,9 @@ from backend.checkpoints.upload import (
     upload_dir,
     upload_params,
 )
-from backend.lab import Lab
 from backend.services import Services
 from backend.storage import S3Store
+from lab import Lab
 from tests.checkpoints.test_upload import kill_mid_upload
 from tests.helpers import lab_bucket_store
 from tests.security.conftest import HOSTILE_SECRET

@@ -21,9 +21,9 @@ from backend.checkpoints.upload import (
     upload_params,
 )
 from backend.config import load_config_file
-from backend.lab import Lab
 from backend.services import Services
 from backend.storage import S3Store
+from lab import Lab
 from tests.helpers import lab_bucket_store, write_lab_config
 
 SMALL = UploadSettings(part_size=5 * MiB, concurrency=2)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab.slurm import SlurmLab
+from lab.slurm import SlurmLab
 from tests.slurm_fixtures import job_state, node_state, wait_for
 from tui.cli import main
 

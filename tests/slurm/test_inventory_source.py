@@ -16,9 +16,9 @@ import pytest
 from backend.config import load_config_file, parse_config
 from backend.errors import ConfigError
 from backend.inventory import SOURCES, InventorySource, resolve
-from backend.lab import Lab
-from backend.lab.slurm import SlurmLab
 from backend.services import Services
+from lab import Lab
+from lab.slurm import SlurmLab
 
 pytestmark = [pytest.mark.timeout(180)]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab.slurm import find_slurm
+from lab.slurm import find_slurm
 from tests.slurm_fixtures import wait_for
 from tui.cli import main
 

@@ -22,10 +22,10 @@ import pytest
 
 from backend.config import load_config
 from backend.errors import PolicyError, ReadOnlyRefused
-from backend.lab.slurm import SlurmLab
 from backend.ops.slurm import ResumeRefused
 from backend.services import Services
 from backend.state import actor
+from lab.slurm import SlurmLab
 from tests.slurm_fixtures import job_state, node_state, wait_for
 
 pytestmark = [pytest.mark.timeout(180)]

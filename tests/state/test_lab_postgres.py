@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from backend.config import load_config_file
-from backend.lab import Lab
+from lab import Lab
 from tui.cli import main
 
 pytestmark = [pytest.mark.lab]

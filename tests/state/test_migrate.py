@@ -19,7 +19,6 @@ from backend.alerts.conditions import Condition
 from backend.alerts.store import AlertStore
 from backend.config import StoreProfile, load_config_file
 from backend.jobs.store import JobStore
-from backend.lab.postgres import PrivateCluster
 from backend.ledger import EgressGuard, Reservation, record_fanout_saving
 from backend.policy.retention import PlannedAction
 from backend.retention.apply import Journal
@@ -29,6 +28,7 @@ from backend.state import SQLiteState, StateDB
 from backend.state.copy import migrate_state
 from backend.state.migrations import ID_TABLES, LATEST, TABLES
 from backend.state.postgres import PostgresState
+from lab.postgres import PrivateCluster
 from tui.cli import main
 
 DEST = "coreweave:us-east-04"

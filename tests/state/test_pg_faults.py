@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from backend.config import load_config_file
-from backend.lab import Lab, PrivateCluster
 from backend.services import Services
 from backend.state import StateDB, StateUnavailable
 from backend.state.postgres import PostgresState
+from lab import Lab, PrivateCluster
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData
 from tui.cli import main as cli_main

@@ -1,4 +1,4 @@
-"""The private PostgreSQL cluster (backend/lab/postgres.py): the real Debian server, started as an
+"""The private PostgreSQL cluster (lab/postgres.py): the real Debian server, started as an
 unprivileged user, passwords only in the pgpass file."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from backend.lab import PrivateCluster
-from backend.lab import postgres as pgmod
-from backend.lab.postgres import INSTALL_HINT, ClusterError, PostgresNotInstalled
+from lab import PrivateCluster
+from lab import postgres as pgmod
+from lab.postgres import INSTALL_HINT, ClusterError, PostgresNotInstalled
 
 
 @dataclass

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import seaweed
-from backend.lab.seaweed import SeaweedS3
+from lab import seaweed
+from lab.seaweed import SeaweedS3
 
 
 def test_a_port_taken_between_the_pick_and_the_bind_is_picked_again(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import fake_nvidia_smi
-from backend.lab.fake_nvidia_smi import write_scenario
+from lab import fake_nvidia_smi
+from lab.fake_nvidia_smi import write_scenario
 from tui.cli import main
 
 

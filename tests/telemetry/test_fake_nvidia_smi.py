@@ -6,11 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from backend.lab import fake_nvidia_smi
-from backend.lab.fake_nvidia_smi import write_scenario
 from backend.telemetry.model import NO_GPU
 from backend.telemetry.parse import parse_gpu_csv
 from backend.telemetry.sampler import GPU_FIELDS
+from lab import fake_nvidia_smi
+from lab.fake_nvidia_smi import write_scenario
 
 SCRIPT = Path(fake_nvidia_smi.__file__)
 QUERY = [f"--query-gpu={GPU_FIELDS}", "--format=csv,noheader,nounits"]
@@ -141,7 +141,7 @@ def test_unknown_fault_field_rejected(tmp_path):
 
 def test_sh_stand_in_prints_the_health_fields_byte_for_byte(tmp_path):
     """The fleet-scale sh stand-in answers the health and remapped-rows queries as the Python one."""
-    from backend.lab import nvidia_smi_sh
+    from lab import nvidia_smi_sh
 
     for pattern in ("training", "idle"):
         sh = nvidia_smi_sh.write(tmp_path / "smi", fixed_t=3.0, pattern=pattern, gpus=3)

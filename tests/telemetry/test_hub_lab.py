@@ -144,7 +144,7 @@ def test_top_once_json_over_the_lab(lab, capsys):
 
 
 #: A stand-in kernel log in the driver's documented format: what ``dmesg`` prints on a node whose
-#: GPU 2 (bus 3A, see backend/lab/fake_nvidia_smi.py BUS_IDS) fell off the bus, plus noise.
+#: GPU 2 (bus 3A, see lab/fake_nvidia_smi.py BUS_IDS) fell off the bus, plus noise.
 _DMESG = """#!/bin/sh
 cat <<'LOG'
 [    1.000000] Linux version 6.1.0 (debian-kernel@lists.debian.org)

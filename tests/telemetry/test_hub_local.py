@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from backend.config import Node
-from backend.lab import fake_nvidia_smi
-from backend.lab.fake_nvidia_smi import write_scenario
 from backend.nodes.transport import LocalTransport
 from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.model import NO_GPU, FleetSnapshot, NodeSnapshot
 from backend.telemetry.settings import TelemetrySettings
+from lab import fake_nvidia_smi
+from lab.fake_nvidia_smi import write_scenario
 
 
 class LocalPool:

@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 
 from backend.config import load_config_file
-from backend.lab import Lab, fake_nvidia_smi
-from backend.lab.dcgm_exporter import (
+from backend.telemetry.settings import TelemetrySettings
+from lab import Lab, fake_nvidia_smi
+from lab.dcgm_exporter import (
     DEFAULT_FIELDS,
     DcgmNode,
     render,
     xid_message,
 )
-from backend.lab.prometheus import (
+from lab.prometheus import (
     NodeExporter,
     PrometheusNotInstalled,
     PrometheusServer,
@@ -31,7 +32,6 @@ from backend.lab.prometheus import (
     default_profiling,
     find_promtool,
 )
-from backend.telemetry.settings import TelemetrySettings
 from tui.cli import main
 
 pytestmark = [pytest.mark.lab]
@@ -305,7 +305,7 @@ def test_backfill_answers_instant_queries_at_now_for_every_node(tmp_path: Path, 
 
 def test_missing_binaries_name_the_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr("backend.lab.prometheus.BIN_DIRS", ())
+    monkeypatch.setattr("lab.prometheus.BIN_DIRS", ())
     with pytest.raises(PrometheusNotInstalled, match=r"apt-get install prometheus-node-exporter$"):
         NodeExporter(tmp_path, "127.0.0.1").start()
     with pytest.raises(PrometheusNotInstalled, match=r"apt-get install prometheus \("):

@@ -11,13 +11,13 @@ from collections.abc import Callable
 
 import pytest
 
-from backend.lab import Lab
 from backend.nodes.pool import NodePool
 from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.model import FleetSnapshot, NodeSnapshot
 from backend.telemetry.prometheus import QUERY_COUNT
 from backend.telemetry.settings import TelemetrySettings
 from backend.telemetry.sources.prometheus import PrometheusPoller
+from lab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 

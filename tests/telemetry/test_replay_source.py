@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from backend.config import Config, Node
-from backend.lab import Lab
 from backend.nodes.pool import NodePool
 from backend.services import Services
 from backend.telemetry.hub import TelemetryHub
@@ -23,6 +22,7 @@ from backend.telemetry.report import fleet_table
 from backend.telemetry.settings import TelemetrySettings
 from backend.telemetry.sources.replay import FORMAT, ReplaySource, record
 from backend.telemetry.synthetic import SyntheticPool
+from lab import Lab
 from tests.telemetry.test_prometheus_source import node, wait_for
 from tui.app import LoadmasterApp
 from tui.screens.fleet import FleetScreen

@@ -14,9 +14,9 @@ import pytest
 
 from backend.config import load_config_file
 from backend.errors import PolicyError, ReadOnlyRefused
-from backend.lab import Lab
-from backend.lab.counting_proxy import CountingProxy
 from backend.services import Services
+from lab import Lab
+from lab.counting_proxy import CountingProxy
 from tests.checkpoints.conftest import tiny_full_dcp
 from tests.relay.conftest import relay_config, s5cmd_everywhere, store_proxy
 from tui.cli import main

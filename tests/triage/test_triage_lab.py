@@ -1,4 +1,4 @@
-"""Triage on the real lab: sshd nodes whose stand-in nvidia-smi (backend/lab/fake_nvidia_smi.py)
+"""Triage on the real lab: sshd nodes whose stand-in nvidia-smi (lab/fake_nvidia_smi.py)
 prints the health fields with faults injected per GPU, and a stand-in dmesg for the Xid.
 
 Each scenario names exactly its node and GPU; the healthy fleet names nothing. The lab's nodes:
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from backend.lab import Lab, LabNodeOptions
 from backend.services import Services
+from lab import Lab, LabNodeOptions
 from tests.conftest import LAB_NODE_OPTIONS
 
 pytestmark = [pytest.mark.timeout(120)]

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from backend.lab import Lab
-from backend.lab.prometheus import TelemetryStack
 from backend.services import Services
+from lab import Lab
+from lab.prometheus import TelemetryStack
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -10,8 +10,8 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from backend.config import parse_config
-from backend.lab import fake_nvidia_smi
 from backend.services import Services
+from lab import fake_nvidia_smi
 from tests.helpers import wait_until
 from tui.app import LoadmasterApp
 from tui.screens.triage import TriageScreen

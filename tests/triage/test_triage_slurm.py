@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.lab import Lab
-from backend.lab.slurm import SlurmLab
+from lab import Lab
+from lab.slurm import SlurmLab
 from tests.checkpoints.conftest import tiny_full_dcp
 from tests.slurm_fixtures import job_state, slurm, slurm_lab, wait_for
 from tests.triage.test_triage_lab import faults

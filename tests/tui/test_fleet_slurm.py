@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from textual.widgets import DataTable, Input, Static
 
 from backend.config import load_config_file
-from backend.lab import Lab
-from backend.lab.slurm import SlurmLab
 from backend.ops.slurm import JobOnNode, SlurmNodeRow
 from backend.services import Services
+from lab import Lab
+from lab.slurm import SlurmLab
 from tests.firsthour.screen_text import screen_lines
 from tests.helpers import wait_until
 from tests.slurm_fixtures import job_state, node_state, slurm, slurm_lab, wait_for

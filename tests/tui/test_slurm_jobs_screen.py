@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backend.config import default_config
-from backend.lab import Lab
-from backend.lab.slurm import SlurmLab
 from backend.services import Services
 from backend.slurm.model import SlurmJob
+from lab import Lab
+from lab.slurm import SlurmLab
 from tests.firsthour.screen_text import screen_lines
 from tests.helpers import wait_until
 from tests.slurm_fixtures import job_state, slurm, slurm_lab, wait_for

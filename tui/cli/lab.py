@@ -13,9 +13,9 @@ from pathlib import Path
 
 from backend.config import data_dir
 from backend.errors import LoadmasterError
-from backend.lab.fleet import Lab, LabNodeOptions
-from backend.lab.seed import CHECKPOINT_RUN, DATASET_PREFIX
 from backend.services import Services
+from lab.fleet import Lab, LabNodeOptions
+from lab.seed import CHECKPOINT_RUN, DATASET_PREFIX
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -135,7 +135,7 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
     try:
         if not args.no_seed:
             assert lab.s3 is not None and lab.bucket is not None
-            from backend.lab import seed
+            from lab import seed
 
             client = lab.s3.client()
             print("uploading a sample dataset and real DCP checkpoints ...", file=sys.stderr)
@@ -151,7 +151,7 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
             seeded = seed.seeded_lines(lab.bucket, dataset, steps)
         extra = SANDBOX_EXTRA
         if getattr(args, "slurm", False):
-            from backend.lab.slurm import SlurmLab
+            from lab.slurm import SlurmLab
 
             print("starting Slurm (slurmctld + slurmd per node) ...", file=sys.stderr)
             slurm = SlurmLab(root / "slurm", [(n.name, n.ip) for n in lab.nodes]).up()
@@ -162,7 +162,7 @@ def lab_up(args: argparse.Namespace, services: Services) -> int:
         if alerting:
             lab.start_watch()
     except BaseException:
-        from backend.lab.slurm import SlurmLab
+        from lab.slurm import SlurmLab
 
         SlurmLab.stop_saved(root / "slurm.json")
         lab.down()
@@ -231,8 +231,8 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
         print(f"no lab is running in {root}", file=sys.stderr)
         return 0
     info = json.loads(state.read_text())
-    from backend.lab.fleet import stop_lab_keeper
-    from backend.lab.sshd import _children
+    from lab.fleet import stop_lab_keeper
+    from lab.sshd import _children
 
     stopped = 0
     if stop_lab_keeper(root / "loadmaster.toml") is not None:
@@ -252,7 +252,7 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
             pass
         stopped += 1
     # Detached jobs (pulls, uploads) outlive their SSH session: find them by the node's home.
-    from backend.lab.sshd import lab_processes
+    from lab.sshd import lab_processes
 
     for pid in lab_processes(root):
         _kill(pid)
@@ -274,13 +274,13 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
                 _stop_group(pid)
                 stopped += 1
     if info.get("postgres"):
-        from backend.lab.postgres import PrivateCluster
+        from lab.postgres import PrivateCluster
 
         cluster = PrivateCluster(Path(info["postgres"]["root"]))
         if cluster.is_running():
             cluster.stop()  # a clean shutdown: its data stays for the next 'lab up --postgres'
             stopped += 1
-    from backend.lab.slurm import SlurmLab
+    from lab.slurm import SlurmLab
 
     stopped += SlurmLab.stop_saved(root / "slurm.json")
     state.unlink()
@@ -357,7 +357,7 @@ def lab_env(args: argparse.Namespace, services: Services) -> int:
 def _stop_group(pid: int, timeout: float = 20.0) -> None:
     """SIGTERM a process group the lab started (its leader's pid); SIGKILL what is left of it
     once the leader is gone or ``timeout`` has passed."""
-    from backend.lab.sshd import _wait_gone
+    from lab.sshd import _wait_gone
 
     try:
         os.killpg(pid, signal.SIGTERM)

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 from backend.errors import LoadmasterError
-from backend.lab.ports import free_port
-from backend.lab.process import log_tail, start_logged, stop_group
+from lab.ports import free_port
+from lab.process import log_tail, start_logged, stop_group
 
 SLURM_INSTALL_HINT = "apt-get install slurmctld slurmd slurm-client (Debian 12: Slurm 22.05)"
 PARTITION = "gpu"

@@ -1,6 +1,6 @@
 """A cheap stand-in ``nvidia-smi`` for fleet-scale labs: POSIX sh and one awk, no Python start.
 
-:mod:`backend.lab.fake_nvidia_smi` starts a Python interpreter on every call (~30 ms of CPU):
+:mod:`lab.fake_nvidia_smi` starts a Python interpreter on every call (~30 ms of CPU):
 256 nodes sampled each second would spend more CPU in the stand-in than in everything else. This
 one answers the query form the telemetry sampler uses, ``--query-gpu=FIELDS
 --format=csv[,noheader][,nounits]`` (and ``--query-remapped-rows``, healthy GPUs only), with exactly the values and bytes the Python stand-in prints
@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from backend.lab.fake_nvidia_smi import BUS_IDS, DEFAULTS, UNITS
+from lab.fake_nvidia_smi import BUS_IDS, DEFAULTS, UNITS
 
 #: Scenario fields this stand-in honours (the rest of the Python stand-in's are refused).
 FIELDS = (
@@ -38,7 +38,7 @@ FIELDS = (
 _USAGE = 'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.'
 
 _SCRIPT = r"""#!/bin/sh
-# nvidia-smi stand-in written by loadmaster's lab (backend/lab/nvidia_smi_sh.py): sh + awk.
+# nvidia-smi stand-in written by loadmaster's lab (lab/nvidia_smi_sh.py): sh + awk.
 q=; f=; have_q=
 for a in "$@"; do
   case $a in

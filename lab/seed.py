@@ -58,7 +58,7 @@ def put_multipart(
         parts.append({"PartNumber": n, "ETag": r["ETag"], **{k: v for k, v in r.items() if k.startswith("Checksum")}})
     done: dict[str, Any] = {}
     if checksum and checksum_type == "FULL_OBJECT":
-        from backend.jobs.integrity import ALGORITHMS, new_hasher
+        from backend.pulls.integrity import ALGORITHMS, new_hasher
 
         h = new_hasher(checksum.lower())
         h.update(body)

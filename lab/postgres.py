@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import LoadmasterError
-from backend.lab.ports import free_port, port_free
+from lab.ports import free_port, port_free
 
 if TYPE_CHECKING:
     import psycopg
@@ -398,7 +398,7 @@ class PrivateCluster:
     def _write_conf(self, uid: int, gid: int) -> None:
         path = self.data_dir / "loadmaster.conf"
         path.write_text(
-            "# Written by loadmaster (backend/lab/postgres.py) at every start.\n"
+            "# Written by loadmaster (lab/postgres.py) at every start.\n"
             f"listen_addresses = {_conf_quote(self.HOST)}\n"
             f"port = {self.port}\n"
             f"unix_socket_directories = {_conf_quote(str(self.socket_dir))}\n"

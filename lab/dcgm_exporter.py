@@ -36,7 +36,7 @@ What is served follows dcgm-exporter's source, release 4.5.3-4.8.2 (NVIDIA/dcgm-
 NVIDIA/dcgm-exporter ``main`` after that release renamed the label to ``hostname`` (commit d5e5f51,
 "Rename Hostname label to hostname (#655)", not in a release yet): ``hostname_label`` selects it.
 
-Values come from the stand-in nvidia-smi's scenario file (:mod:`backend.lab.fake_nvidia_smi`):
+Values come from the stand-in nvidia-smi's scenario file (:mod:`lab.fake_nvidia_smi`):
 the same GPUs (count, model, driver, UUIDs, PCI bus ids) and the same utilisation, memory,
 temperature and power shapes (``gpu_state``: "training" busy, "starved" low utilisation with the
 memory held, "idle"), so the SSH and the Prometheus paths see one fleet. Writing a node's scenario
@@ -47,7 +47,7 @@ only increase. Runtime control (an injected Xid, profiling on or off, a node's s
 through a JSON control file the server polls and acknowledges, so a caller's change is served on
 the next scrape.
 
-Run by :class:`DcgmExporterStandIn` as ``python -m backend.lab.dcgm_exporter --config FILE``.
+Run by :class:`DcgmExporterStandIn` as ``python -m lab.dcgm_exporter --config FILE``.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.errors import LoadmasterError
-from backend.lab import fake_nvidia_smi
-from backend.lab.process import log_tail, start_logged, stop_group
+from lab import fake_nvidia_smi
+from lab.process import log_tail, start_logged, stop_group
 
 
 class DcgmStandInError(LoadmasterError):
@@ -862,7 +862,7 @@ class DcgmExporterStandIn:
         env = dict(os.environ)
         env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = start_logged(
-            [sys.executable, "-m", "backend.lab.dcgm_exporter", "--config", str(self.config_path)],
+            [sys.executable, "-m", "lab.dcgm_exporter", "--config", str(self.config_path)],
             self.log_path,
             self.root,
             env,

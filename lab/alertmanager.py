@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from backend.errors import LoadmasterError
-from backend.lab.ports import free_port
-from backend.lab.process import log_tail, start_logged, stop_group, wait_http_ready, write_json_config
-from backend.lab.prometheus import PrometheusNotInstalled, _duration, find_binary
+from lab.ports import free_port
+from lab.process import log_tail, start_logged, stop_group, wait_http_ready, write_json_config
+from lab.prometheus import PrometheusNotInstalled, _duration, find_binary
 
 ALERTMANAGER_INSTALL_HINT = "apt-get install prometheus-alertmanager (Debian's package ships amtool too)"
 #: The one receiver of the generated config.

@@ -8,7 +8,7 @@ as plain processes the way an operator starts them; nothing here touches their s
   ``--collector.disable-defaults`` plus ``--collector.X``; ``--web.disable-exporter-metrics``).
 * :class:`PrometheusServer`: the real Prometheus with a generated config (JSON, which is YAML):
   job ``node`` for node_exporters, job ``dcgm`` for dcgm-exporters (the stand-in,
-  :mod:`backend.lab.dcgm_exporter`). Every target carries the target label ``node`` (the
+  :mod:`lab.dcgm_exporter`). Every target carries the target label ``node`` (the
   loadmaster node name) and a relabel rule sets ``instance`` to it as well, so node_exporter series
   are keyed by ``instance`` = node name (the console's default ``node_exporter_node_label``);
   dcgm-exporter series also carry their own ``Hostname`` label (= node name in the lab, the
@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.errors import LoadmasterError
-from backend.lab import fake_nvidia_smi
-from backend.lab.dcgm_exporter import (
+from lab import fake_nvidia_smi
+from lab.dcgm_exporter import (
     CONSOLE_FIELDS,
     FIELDS_BY_NAME,
     DcgmExporterStandIn,
@@ -72,9 +72,9 @@ from backend.lab.dcgm_exporter import (
     label_text,
     xid_message,
 )
-from backend.lab.ports import common_free_port, free_port
-from backend.lab.process import log_tail, start_logged, stop_group, wait_http_ready, write_json_config
-from backend.lab.sshd import wait_port
+from lab.ports import common_free_port, free_port
+from lab.process import log_tail, start_logged, stop_group, wait_http_ready, write_json_config
+from lab.sshd import wait_port
 
 PROMETHEUS_INSTALL_HINT = "apt-get install prometheus (Debian's package ships prometheus and promtool)"
 NODE_EXPORTER_INSTALL_HINT = "apt-get install prometheus-node-exporter"

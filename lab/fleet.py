@@ -19,12 +19,12 @@ from typing import Any
 
 from backend.config import Config, load_config_file
 from backend.errors import LoadmasterError
-from backend.lab.agent import link_agent_venv, make_agent_venv
-from backend.lab.ports import common_free_port
-from backend.lab.postgres import PrivateCluster
-from backend.lab.prometheus import StackNode, TelemetryStack
-from backend.lab.seaweed import SeaweedS3
-from backend.lab.sshd import SshdNode, keygen
+from lab.agent import link_agent_venv, make_agent_venv
+from lab.ports import common_free_port
+from lab.postgres import PrivateCluster
+from lab.prometheus import StackNode, TelemetryStack
+from lab.seaweed import SeaweedS3
+from lab.sshd import SshdNode, keygen
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class Lab:
 
     @property
     def agent_venv(self) -> Path:
-        """The venv every node's default agent path links to (see :mod:`backend.lab.agent`)."""
+        """The venv every node's default agent path links to (see :mod:`lab.agent`)."""
         return self.root / "agent-venv"
 
     def node_options(self, name: str) -> LabNodeOptions:
@@ -171,7 +171,7 @@ class Lab:
                 self.root / "prometheus", self.telemetry_nodes(), scrape_interval=self.prometheus_interval
             ).start()
         if self.with_alerting:
-            from backend.lab.alertmanager import AlertmanagerServer
+            from lab.alertmanager import AlertmanagerServer
 
             # A sandbox's timers: the first page 5 s after the alert, not Alertmanager's 30 s.
             self.alertmanager = AlertmanagerServer(
@@ -184,8 +184,8 @@ class Lab:
         """Start ``loadmaster watch --metrics`` on the lab's config, as systemd would (its own
         session, output in ``watch.log``); with the lab's Prometheus, it scrapes the metrics too.
         The metrics address."""
-        from backend.lab.ports import free_port
-        from backend.lab.prometheus import ScrapeTarget
+        from lab.ports import free_port
+        from lab.prometheus import ScrapeTarget
 
         addr = f"127.0.0.1:{free_port()}"
         log = (self.root / "watch.log").open("ab")
@@ -224,7 +224,7 @@ class Lab:
 
     def set_gpu_scenario(self, node: SshdNode, opts: LabNodeOptions) -> None:
         """(Re)write a node's stand-in nvidia-smi and its scenario file."""
-        from backend.lab import fake_nvidia_smi
+        from lab import fake_nvidia_smi
 
         scenario = node.root / "gpu-scenario.json"
         fake_nvidia_smi.write_scenario(scenario, gpus=opts.gpus, pattern=opts.pattern, **opts.extra)

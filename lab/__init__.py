@@ -5,9 +5,9 @@ parts an operator meets, started on one machine. Nothing here is a mock; only ``
 stand-in script (these machines have no GPU).
 """
 
-from backend.lab.fleet import Lab, LabNodeOptions
-from backend.lab.postgres import PrivateCluster
-from backend.lab.seaweed import SeaweedS3
-from backend.lab.sshd import SshdNode
+from lab.fleet import Lab, LabNodeOptions
+from lab.postgres import PrivateCluster
+from lab.seaweed import SeaweedS3
+from lab.sshd import SshdNode
 
 __all__ = ["Lab", "LabNodeOptions", "PrivateCluster", "SeaweedS3", "SshdNode"]
