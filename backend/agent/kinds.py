@@ -83,8 +83,8 @@ class FunctionKind(JobKind):
 
 #: kind name -> ``"module:attr"`` of its :class:`JobKind` (the module is imported on first lookup).
 KINDS: dict[str, str] = {
-    "pull": "backend.jobs.pull_runner:JOB_KIND",
-    "relay": "backend.relay.job:JOB_KIND",
+    "pull": "backend.pulls.job:JOB_KIND",
+    "relay": "backend.pulls.relay.job:JOB_KIND",
     "upload": "backend.checkpoints.upload:JOB_KIND",
     "strip": "backend.checkpoints.strip_job:JOB_KIND",
     "shard": "backend.shards.job:JOB_KIND",

@@ -155,10 +155,10 @@ async def launch_strip_reserved(
     folder's listed bytes (all a strip can read) quoted, checked against the budget and reserved
     before the job starts (``reason``: an over-budget override), released if it never starts,
     settled when it ends (``backend.ops.reserved``). A step on the node's own disk moves no egress."""
-    from backend.jobs.pull import egress_profile
     from backend.jobs.records import new_job_id
     from backend.ledger import Reservation
     from backend.ops.reserved import launch_reserved
+    from backend.storage import egress_profile
 
     if not store.url.startswith("s3://"):
         return await launch_strip(services.jobs, node, store, step_path, **options)

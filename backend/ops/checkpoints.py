@@ -159,11 +159,11 @@ class Checkpoints(Operation):
         store costs: the step's listed bytes quoted at [egress] console_site and reserved first
         (a block budget refuses before a byte is read), then settled to the bytes the strip read;
         a strip that fails counts at its reservation (what it read is not known)."""
-        from backend.jobs.pull import egress_profile
         from backend.jobs.records import new_job_id
         from backend.ledger import Reservation
         from backend.ops.reserved import read_here_reserved
         from backend.policy.egress import EgressSettings
+        from backend.storage import egress_profile
 
         if not store.url.startswith("s3://"):
             return await work()

@@ -15,10 +15,10 @@ from backend.errors import ConfigError, JobError, PolicyError
 from backend.ops.base import Operation, signals_cancel_launch
 
 if TYPE_CHECKING:
-    from backend.jobs.pull import PullPlan
     from backend.jobs.records import JobRecord
     from backend.ledger import Reserved
-    from backend.relay.ssh_hops import SshHops
+    from backend.pulls.model import PullPlan
+    from backend.pulls.relay.ssh_hops import SshHops
 
 #: How long a plan the operator was shown stands for its listing and free space. Older, the
 #: start lists the source and probes the nodes again; the egress quote is always made afresh.
@@ -100,7 +100,7 @@ def fanout_lines(plan: PullPlan) -> list[str]:
         return out
     out.append(f"  fan-out: {plan.fanout}" + (f" ({plan.fanout_note})" if plan.fanout_note else ""))
     if plan.topology is not None:
-        from backend.relay.planner import seed_flags
+        from backend.pulls.relay.planner import seed_flags
 
         out += [f"    {line}" for line in plan.topology.lines()]
         flags = (plan.numworkers, plan.concurrency, plan.part_size_mib)
@@ -155,7 +155,7 @@ class Pulls(Operation):
 
     async def plan(self, req: PullRequest) -> PullPreview:
         """List the source, probe each node and quote the egress (read-only services may plan)."""
-        from backend.jobs.pull import plan_pull
+        from backend.pulls.plan import plan_pull
 
         nodes = self.validate(req)
         plan = await plan_pull(
@@ -190,7 +190,8 @@ class Pulls(Operation):
         """Step 3: the plan to act on. The listing of a plan just shown stands; the quote never does."""
         if shown is None or shown.request != req or time.time() - shown.planned_at > PLAN_FRESH_S:
             return await self.plan(req)
-        from backend.jobs.pull import egress_check, resolve_store
+        from backend.pulls.fanout import egress_check
+        from backend.pulls.plan import resolve_store
 
         self.validate(req)
         plan = shown.plan
@@ -204,8 +205,8 @@ class Pulls(Operation):
 
     async def start(self, req: PullRequest, *, shown: PullPreview | None = None, label: str = "") -> PullStarted:
         """Start the pull: refuse in read-only mode, re-check, gate on egress, launch, audit."""
-        from backend.jobs.pull import launch_pull
         from backend.jobs.records import launch_job_ids, new_launch_id
+        from backend.pulls.launch import launch_pull
 
         self.refuse_if_readonly("launch a pull")
         preview = await self._fresh(req, shown)
@@ -233,7 +234,7 @@ class Pulls(Operation):
                     self.audit_override(dec)
                 upstreams = None
                 if plan.fanout == "relay-ssh":
-                    from backend.relay.ssh_hops import SshHops
+                    from backend.pulls.relay.ssh_hops import SshHops
 
                     hops = SshHops(self.services.config, [n.node for n in plan.nodes])
                     upstreams = await hops.open(plan)
@@ -271,8 +272,8 @@ class Pulls(Operation):
         Raises NodeUnreachable while the node is down (its reservation is released); call again
         when it returns.
         """
-        from backend.jobs.pull import launch_pull
         from backend.jobs.records import retry_job_id
+        from backend.pulls.launch import launch_pull
 
         self.refuse_if_readonly("retry a pull")
         plan = started.plan
@@ -332,8 +333,9 @@ class Pulls(Operation):
         """Step 4: the budget check and every node's reservation, in one transaction, before any
         job starts (each node's job is reserved what the store will send it: the whole pull; in a
         relay only the seeds take it from the store, so only they are reserved)."""
-        from backend.jobs.pull import egress_profile, resolve_store
         from backend.ledger import Reservation
+        from backend.pulls.plan import resolve_store
+        from backend.storage import egress_profile
 
         profile = resolve_store(self.services.config, plan.src, plan.store) or egress_profile(
             self.services.config, None, plan.src

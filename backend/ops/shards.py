@@ -107,6 +107,6 @@ class Shards(Operation):
 
 def _bucket_profile(services: Any, src: str) -> StoreProfile:
     """An s3:// source outside every configured store: priced as its bare bucket, like a pull."""
-    from backend.jobs.pull import egress_profile
+    from backend.storage import egress_profile
 
     return egress_profile(services.config, None, src)

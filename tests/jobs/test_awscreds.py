@@ -9,7 +9,7 @@ import botocore.session
 import pytest
 
 from backend.credentials import Credentials
-from backend.jobs.awscreds import static_credentials
+from backend.pulls.awscreds import static_credentials
 
 CREDS = """
 [default]

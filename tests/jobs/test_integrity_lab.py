@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.jobs.pull import launch_pull, plan_pull
+from backend.pulls.launch import launch_pull
+from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from lab.seed import put_multipart, put_object

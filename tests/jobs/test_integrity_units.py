@@ -1,4 +1,4 @@
-"""The proof a pull checks each object with (backend/jobs/integrity.py), on real files: every
+"""The proof a pull checks each object with (backend/pulls/integrity.py), on real files: every
 method accepts the right bytes and catches a torn, a truncated and a swapped file; header values
 from the store are untrusted (property tests: anything at all parses to a well-formed checksum or
 to nothing, never an exception)."""
@@ -16,7 +16,7 @@ from awscrt import checksums as crt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.jobs.integrity import (
+from backend.pulls.integrity import (
     ALGORITHMS,
     MD5,
     MD5_MULTIPART,
@@ -28,7 +28,7 @@ from backend.jobs.integrity import (
     parse_checksum_value,
     proof_holds,
 )
-from backend.jobs.pull_verify import ObjectCheck, summarize
+from backend.pulls.verify import ObjectCheck, summarize
 
 MiB = 1 << 20
 
@@ -221,7 +221,7 @@ def test_composite_and_multipart_recompute_over_any_part_size(
 
 
 def test_heads_go_path_style_to_an_endpoint_and_virtual_host_style_to_aws() -> None:
-    from backend.jobs.pull_verify import StoreHeads
+    from backend.pulls.verify import StoreHeads
 
     secrets_env = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
     lab = StoreHeads({"endpoint_url": "http://127.0.0.1:8333", "region": "auto"}, secrets_env, "b")

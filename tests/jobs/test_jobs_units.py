@@ -14,12 +14,12 @@ import pytest
 from backend.agent.context import JobContext
 from backend.agent.kinds import KINDS, FunctionKind, JobKind, check_known, kind
 from backend.errors import JobError, StoreError
-from backend.jobs.pull import NodeEstimate, node_dest
-from backend.jobs.pull_dest import TempTracker, is_s5cmd_temp_name
-from backend.jobs.pull_objects import PulledObject, parse_source, s5cmd_error
 from backend.jobs.records import JobProgress, JobRecord, fleet_rollup, progress_from_lines
 from backend.jobs.remote import parse_scan
 from backend.jobs.settings import JobSettings
+from backend.pulls.destination import TempTracker, is_s5cmd_temp_name
+from backend.pulls.model import NodeEstimate, node_dest
+from backend.pulls.objects import PulledObject, parse_source, s5cmd_error
 from backend.schema import parse_section
 from backend.units import bytes_text, duration_text
 
@@ -147,7 +147,7 @@ def test_context_on_disk_secrets_read_once_and_deleted(tmp_path: Path) -> None:
 def test_kind_registry_and_unknown_kind() -> None:
     pull = kind("pull")
     assert isinstance(pull, JobKind) and pull.name == "pull" and kind("pull") is pull
-    assert type(pull).__module__ == "backend.jobs.pull_runner"
+    assert type(pull).__module__ == "backend.pulls.job"
     for name in KINDS:  # every registered kind's module imports and names the kind it is registered as
         assert kind(name).name == name
     with pytest.raises(JobError, match="unknown job kind 'teleport' \\(known: pull, relay, shard, strip, upload\\)"):
@@ -184,9 +184,9 @@ def test_a_kind_lookup_on_the_node_imports_only_that_kind() -> None:
         cwd=Path(__file__).resolve().parents[2],
     )
     loaded = set(json.loads(res.stdout.splitlines()[-1]))
-    assert "backend.jobs.pull_runner" in loaded
+    assert "backend.pulls.job" in loaded
     forbidden = (
-        "backend.jobs.pull",
+        "backend.pulls.plan",
         "backend.jobs.manager",
         "backend.jobs.store",
         "backend.ledger",

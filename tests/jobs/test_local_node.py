@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from backend.config import load_config_file
-from backend.jobs.pull import launch_pull, plan_pull
+from backend.pulls.launch import launch_pull
+from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from tests.jobs.conftest import SourceData

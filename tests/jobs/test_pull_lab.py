@@ -17,7 +17,8 @@ import pytest
 
 from backend.config import Config
 from backend.errors import JobError, StoreError
-from backend.jobs.pull import launch_pull, plan_pull
+from backend.pulls.launch import launch_pull
+from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from tests.helpers import write_lab_config
@@ -417,8 +418,9 @@ async def test_agent_missing_on_the_node_becomes_lost_with_a_hint(lab: Lab, sour
 
 async def test_s5cmd_listing_matches_the_s3_client_listing(services: Services, source: SourceData) -> None:
     """The console lists with s5cmd when it has it; it must see exactly what the S3 client sees."""
-    from backend.jobs.pull import _console_s5cmd, _list_with_s5cmd, list_source, resolve_store
-    from backend.jobs.pull_objects import parse_source
+    from backend.pulls.listing import _console_s5cmd, _list_with_s5cmd, list_source
+    from backend.pulls.objects import parse_source
+    from backend.pulls.plan import resolve_store
 
     s5cmd = _console_s5cmd()
     assert s5cmd is not None, "the lab needs s5cmd beside the console"

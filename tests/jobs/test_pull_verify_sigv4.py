@@ -1,4 +1,4 @@
-"""The verifier's SigV4 signer (backend.jobs.pull_verify.SigV4) signs exactly as botocore does.
+"""The verifier's SigV4 signer (backend.pulls.verify.SigV4) signs exactly as botocore does.
 
 The HEADs a pull sends to learn each object's checksum are signed by AWS's common runtime
 (awscrt, C; botocore's signer costs ~0.4 ms a request, a fifth of a 1 MiB object's proof), with
@@ -18,7 +18,7 @@ from botocore.credentials import Credentials as BotoCredentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.jobs.pull_verify import SigV4
+from backend.pulls.verify import SigV4
 
 
 def _botocore(url: str, region: str, headers: dict[str, str], token: str | None) -> dict[str, str]:

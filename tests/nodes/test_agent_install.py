@@ -23,9 +23,10 @@ import backend
 from backend import __version__
 from backend.config import Node, load_config_file
 from backend.doctor import run_doctor
-from backend.jobs.pull import launch_pull, plan_pull
 from backend.nodes.agent import agent_command, install_command, is_python, parse_probe
 from backend.nodes.pool import NodePool
+from backend.pulls.launch import launch_pull
+from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab, LabNodeOptions
 from lab.agent import link_agent_venv

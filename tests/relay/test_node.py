@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-import backend.relay.node as node_mod
+import backend.pulls.relay.node as node_mod
 from backend.agent.context import JobContext
 from backend.errors import JobError
-from backend.jobs.pull_objects import PulledObject
-from backend.relay.node import Holdings, Receiver, RelayServer, Upstream
-from backend.relay.protocol import FrameCodec, server_handshake
+from backend.pulls.objects import PulledObject
+from backend.pulls.relay.node import Holdings, Receiver, RelayServer, Upstream
+from backend.pulls.relay.protocol import FrameCodec, server_handshake
 
 
 def _seed(tmp_path: Path, sizes: list[int]) -> tuple[Holdings, list[bytes]]:

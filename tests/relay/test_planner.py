@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.errors import ConfigError
-from backend.relay.planner import PeerNode, plan_topology
+from backend.pulls.relay.planner import PeerNode, plan_topology
 
 
 def _nodes(n: int, site: str = "cw:a", s5: bool = True) -> list[PeerNode]:
@@ -56,7 +56,7 @@ def test_every_node_is_reached_once(n: int, degree: int, seeds: int) -> None:
 
 
 def test_seed_flags_land_large_objects_one_after_another() -> None:
-    from backend.relay.planner import seed_flags
+    from backend.pulls.relay.planner import seed_flags
 
     mib = 1 << 20
     # The brief's checkpoint: 29 x 4.8 GB safetensors, tuned flags: one object at a time, 32 parts.

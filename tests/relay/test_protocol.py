@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.relay.protocol import (
+from backend.pulls.relay.protocol import (
     AuthError,
     Chunk,
     ChunkCheck,

@@ -16,7 +16,7 @@ import pytest
 from textual.widgets import Button, Input, Static
 
 from backend.config import load_config_file
-from backend.relay.view import chain_lines, relay_groups
+from backend.pulls.relay.view import chain_lines, relay_groups
 from backend.services import Services
 from lab import Lab
 from lab.counting_proxy import CountingProxy

@@ -23,12 +23,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import backend.relay.node as node_mod
+import backend.pulls.relay.node as node_mod
 from backend.agent.context import JobContext
 from backend.errors import JobError
-from backend.jobs.pull_objects import PulledObject
-from backend.relay.node import CorruptObject, Holdings, LocalWriteError, Receiver, RelayServer, Upstream
-from backend.relay.protocol import (
+from backend.pulls.objects import PulledObject
+from backend.pulls.relay.node import CorruptObject, Holdings, LocalWriteError, Receiver, RelayServer, Upstream
+from backend.pulls.relay.protocol import (
     MAX_RATE_BPS,
     FrameCodec,
     ProtocolError,
@@ -359,7 +359,7 @@ def test_a_full_disk_on_a_receiver_is_fatal_with_one_line_naming_dest(tmp_path: 
 
 
 def test_the_md5_thread_hashes_each_object_s_chunks_in_order() -> None:
-    from backend.relay.node import Md5Pipe
+    from backend.pulls.relay.node import Md5Pipe
 
     pipe = Md5Pipe()
     bodies = {i: os.urandom(50_000 + i) for i in range(3)}

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from backend.jobs.integrity import new_hasher
-from backend.jobs.pull_objects import PulledObject
-from backend.relay.checksums import full_object_checksum, listing_checksums
-from backend.relay.node import CorruptObject, ObjectProof, receiver_proofs
-from backend.relay.protocol import FrameCodec
+from backend.pulls.integrity import new_hasher
+from backend.pulls.objects import PulledObject
+from backend.pulls.relay.checksums import full_object_checksum, listing_checksums
+from backend.pulls.relay.node import CorruptObject, ObjectProof, receiver_proofs
+from backend.pulls.relay.protocol import FrameCodec
 from tests.security.test_hostile_relay import EvilUpstream, _receiver
 
 METHODS = ["md5", "crc64nvme", "crc32c", "crc32", "sha256", "sha1"]

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from backend.jobs.integrity import new_hasher
-from backend.jobs.pull import launch_pull, plan_pull
+from backend.pulls.integrity import new_hasher
+from backend.pulls.launch import launch_pull
+from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from tests.security.conftest import HOSTILE_KEY_ID, HOSTILE_SECRET

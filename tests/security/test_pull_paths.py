@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.errors import StoreError
-from backend.jobs.pull import launch_pull, plan_pull
-from backend.jobs.pull_objects import PulledObject, check_objects, parse_source, rel_problem
+from backend.pulls.launch import launch_pull
+from backend.pulls.objects import PulledObject, check_objects, parse_source, rel_problem
+from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from tests.security.conftest import HOSTILE_KEY_ID, HOSTILE_SECRET
@@ -72,7 +73,8 @@ async def test_escaping_key_refuses_the_pull_before_launch(
     hostile_s3.put("evil", "data/ok.bin", b"fine" * 100)
     hostile_s3.put("evil", key, b"evil bytes")
     for with_creds in (False, True):  # the S3-client listing and the s5cmd listing the launch uses
-        from backend.jobs.pull import list_source, resolve_store
+        from backend.pulls.listing import list_source
+        from backend.pulls.plan import resolve_store
 
         with pytest.raises(StoreError) as err:
             await list_source(

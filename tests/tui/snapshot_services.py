@@ -159,10 +159,11 @@ def pull_preview(
 
     ``failed``: node numbers that did not answer; ``full``: nodes whose scratch is too small.
     """
-    from backend.jobs.pull import NodeEstimate, PullPlan, egress_check
-    from backend.jobs.pull_objects import PulledObject
     from backend.ops import PullRequest
     from backend.ops.pull import Pulls
+    from backend.pulls.fanout import egress_check
+    from backend.pulls.model import NodeEstimate, PullPlan
+    from backend.pulls.objects import PulledObject
 
     total = 1_280 * 10**9
     objects = tuple(PulledObject(f"shards/laion-{i:05d}.tar", total // 2560) for i in range(2560))

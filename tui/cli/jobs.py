@@ -402,7 +402,7 @@ async def cmd_cancel(args: argparse.Namespace, services: Services) -> int:
 
 
 def _pull_request(args: argparse.Namespace) -> PullRequest:
-    from backend.jobs.pull import PRESETS
+    from backend.pulls.model import PRESETS
 
     nw, cc, ps = PRESETS[args.preset] if args.preset else (None, None, None)
 

@@ -5,7 +5,7 @@ launched from the CLI or another console appear here and vice versa. The selecte
 throughput over time and its log tail. A relay pull shows its chain above the table: who feeds
 whom, Gbps per hop, progress per node. "New pull" plans (listing, free space, ETA at line rate,
 egress quote and decision) before it can launch; cancel asks for a typed confirmation. All I/O
-runs in workers through ``services.jobs`` and :mod:`backend.jobs.pull`.
+runs in workers through ``services.jobs`` and :mod:`backend.pulls.plan`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from backend.errors import LoadmasterError
 from backend.jobs.fmt import nodes_text
 from backend.jobs.records import JobProgress, JobRecord, LaunchCancel, fleet_rollup
 from backend.jobs.settings import JobSettings
-from backend.relay.view import chain_lines, relay_groups
+from backend.pulls.relay.view import chain_lines, relay_groups
 from backend.units import bytes_text, duration_text, rate_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
@@ -35,7 +35,7 @@ from tui.widgets.transfers_table import TransfersTable
 if TYPE_CHECKING:
     from backend.ops import PullPreview, PullRequest
     from backend.ops.pull import PullStarted
-    from backend.relay.ssh_hops import SshHops
+    from backend.pulls.relay.ssh_hops import SshHops
     from backend.services import Services
 
 

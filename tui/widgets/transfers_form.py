@@ -10,9 +10,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Button, Input, Label, Select, Static
 
-from backend.jobs.pull import PRESETS
 from backend.jobs.settings import FANOUTS
 from backend.ops import PullRequest
+from backend.pulls.model import PRESETS
 from tui.widgets.transfers_estimate import estimate_lines
 
 if TYPE_CHECKING:

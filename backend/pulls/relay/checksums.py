@@ -5,12 +5,12 @@ cannot take a checksum from its upstream. The console, which lists the source an
 store for each object's checksums (one HEAD with ``ChecksumMode=ENABLED``, a few at a time) and
 puts the full-object ones in the relay spec (``relay["checksums"]``: one ``"ALGORITHM:BASE64"``
 or None per listed object). Each receiver then proves an object's bytes with the method a direct
-pull would choose (``backend.relay.node.receiver_proofs``): that checksum, else a single-part
+pull would choose (``backend.pulls.relay.node.receiver_proofs``): that checksum, else a single-part
 object's MD5 ETag. Composite (per-part) checksums are left out: a receiver does not know the part
 boundaries. What the store answers is parsed as a direct pull parses it
-(``backend.jobs.integrity.parse_checksum_value``): a malformed value is no checksum.
+(``backend.pulls.integrity.parse_checksum_value``): a malformed value is no checksum.
 
-``backend.jobs.pull.launch_relay`` reads them once per launch, before the first job starts.
+``backend.pulls.plan.launch_relay`` reads them once per launch, before the first job starts.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from backend.jobs.integrity import ALGORITHMS, parse_checksum_value
+from backend.pulls.integrity import ALGORITHMS, parse_checksum_value
 
 #: HEADs in flight at once.
 HEADS_AT_ONCE = 16

@@ -5,7 +5,7 @@ DEST, then feeds ``s5cmd run`` one exact ``cp`` per object (never a wildcard s5c
 from its own listing), with credentials from a 0600 shared-credentials file (never argv); it
 reports bytes done from completed objects plus the job's own temporary files, treats any ERROR
 line as failure even when s5cmd exits 0, and proves every object while the rest downloads
-(:mod:`backend.jobs.pull_verify`: the store's checksum, else its MD5 ETag, else size-only, said
+(:mod:`backend.pulls.verify`: the store's checksum, else its MD5 ETag, else size-only, said
 so), then checks sizes and ETags against a fresh listing before reporting success. :func:`cleanup`
 removes only s5cmd temporaries the job created (look-alikes present before it started are
 recorded and left alone).
@@ -34,7 +34,7 @@ from backend.agent.context import JobContext
 from backend.agent.kinds import JobKind
 from backend.credentials import Credentials
 from backend.errors import JobError, StoreError
-from backend.jobs.pull_dest import (
+from backend.pulls.destination import (
     TempTracker,
     check_space,
     in_flight_bytes,
@@ -43,7 +43,7 @@ from backend.jobs.pull_dest import (
     outside_dest,
     write_job_file,
 )
-from backend.jobs.pull_objects import (
+from backend.pulls.objects import (
     CREDS_FILE,
     CREDS_PROFILE,
     PulledObject,
@@ -55,7 +55,7 @@ from backend.jobs.pull_objects import (
     rel_problem,
     s5cmd_error,
 )
-from backend.jobs.pull_verify import ObjectCheck, PullVerifier, StoreHeads, per_object, stop_quietly, summarize
+from backend.pulls.verify import ObjectCheck, PullVerifier, StoreHeads, per_object, stop_quietly, summarize
 
 if TYPE_CHECKING:
     from backend.config import Config
@@ -187,7 +187,7 @@ def _flags(params: dict[str, Any], expected: list[PulledObject]) -> tuple[int, i
     nw, cc, ps = int(params["numworkers"]), int(params["concurrency"]), int(params["part_size_mib"])
     if not params.get("pipeline"):
         return nw, cc, ps
-    from backend.relay.planner import seed_flags
+    from backend.pulls.relay.planner import seed_flags
 
     return seed_flags(sum(o.size for o in expected), len(expected), nw, cc, ps)
 
@@ -481,9 +481,9 @@ class PullKind(JobKind):
         not this ledger's to count.
         """
         # Console side only: the runner never imports the console's pull module or the ledger.
-        from backend.jobs.pull import egress_profile
         from backend.jobs.store import JobStore
         from backend.ledger import EgressGuard
+        from backend.storage import egress_profile
 
         store = JobStore(db)
         launched_against, adopted = store.origin_of(record.id)

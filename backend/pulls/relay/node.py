@@ -46,9 +46,9 @@ from typing import Any
 
 from backend.agent.context import JobContext
 from backend.errors import JobError
-from backend.jobs.integrity import ALGORITHMS, MD5, ChecksumUnavailable, new_hasher
-from backend.jobs.pull_objects import PulledObject
-from backend.relay.protocol import (
+from backend.pulls.integrity import ALGORITHMS, MD5, ChecksumUnavailable, new_hasher
+from backend.pulls.objects import PulledObject
+from backend.pulls.relay.protocol import (
     HANDSHAKE_S,
     Chunk,
     ChunkCheck,
@@ -828,12 +828,12 @@ def receiver_proofs(
     objects: list[PulledObject], checksums: Any, *, crt: bool | None = None
 ) -> list[ObjectProof | None]:
     """Each object's proof for a receiver, chosen as a direct pull chooses
-    (``backend.jobs.integrity.choose_proof``): the store's full-object checksum where the spec
+    (``backend.pulls.integrity.choose_proof``): the store's full-object checksum where the spec
     lists one (``checksums``: one ``"ALGORITHM:BASE64"`` or None per object, from the console's
     HEADs), else the MD5 ETag of a single-part object, else None (the per-hop SHA-256 alone: a
     multipart object without a full-object checksum). A malformed entry is no proof: the next
     weaker one is used."""
-    from backend.jobs.integrity import choose_proof, crt_available, parse_checksum_value
+    from backend.pulls.integrity import choose_proof, crt_available, parse_checksum_value
 
     have_crt = crt_available() if crt is None else crt
     listed = checksums if isinstance(checksums, list) and len(checksums) == len(objects) else [None] * len(objects)

@@ -1,8 +1,8 @@
 """What the console and the node's runner of a pull both use: source patterns, the objects of a
 pull and where each may land under DEST, and reading s5cmd's output.
 
-Pure helpers (no I/O): :mod:`backend.jobs.pull` (the console: plan and launch) and
-:mod:`backend.jobs.pull_runner` (the node: copy and verify) both check every key with
+Pure helpers (no I/O): :mod:`backend.pulls.plan` (the console: plan and launch) and
+:mod:`backend.pulls.job` (the node: copy and verify) both check every key with
 :func:`check_objects` and read s5cmd's listings and errors the same way.
 """
 

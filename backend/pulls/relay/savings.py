@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 
 def record_receiver(config: Config, db: StateDB, record: JobRecord) -> None:
-    from backend.jobs.pull import egress_profile
     from backend.jobs.store import JobStore
     from backend.ledger import MAX_TRANSFER_BYTES, EgressGuard, record_fanout_saving
+    from backend.storage import egress_profile
 
     store = JobStore(db)
     launched_against, adopted = store.origin_of(record.id)

@@ -4,7 +4,7 @@
 pool of threads asks the store for the object's checksums (one HEAD with
 ``x-amz-checksum-mode: ENABLED``; a second for the first part's length where only a per-part
 value or a multipart ETag is to be had), chooses the cheapest proof
-(:func:`backend.jobs.integrity.choose_proof`) and re-reads the file, which is still in the page
+(:func:`backend.pulls.integrity.choose_proof`) and re-reads the file, which is still in the page
 cache. The hash functions release the GIL, so the threads hash in parallel with each other and
 with the copy. A small object with a plain MD5 ETag in the listing is hashed without a HEAD:
 below :data:`HEAD_MIN_BYTES` hashing it costs less than asking.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.credentials import Credentials
-from backend.jobs.integrity import (
+from backend.pulls.integrity import (
     MD5,
     SIZE_ONLY,
     Proof,
@@ -37,7 +37,7 @@ from backend.jobs.integrity import (
     plain_md5_etag,
     proof_holds,
 )
-from backend.jobs.pull_objects import PulledObject, SourcePattern
+from backend.pulls.objects import PulledObject, SourcePattern
 
 #: Below this size an object whose listed ETag is a plain MD5 is proven by MD5 with no HEAD: a
 #: HEAD costs ~0.3 ms of client CPU signed by :class:`SigV4` (~0.9 ms with botocore's signer) and

@@ -1,7 +1,7 @@
 """What a pull's runner checks and tracks in DEST on the node: paths that would lead out of it,
 s5cmd's temporary files (this job's, told from look-alikes that were there before), free space.
 
-Node side only (the runner and its cleanup, :mod:`backend.jobs.pull_runner`); imports nothing
+Node side only (the runner and its cleanup, :mod:`backend.pulls.job`); imports nothing
 the console needs.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from backend.agent.context import JobContext
 from backend.errors import JobError
-from backend.jobs.pull_objects import PulledObject
+from backend.pulls.objects import PulledObject
 from backend.units import bytes_text
 
 

@@ -1,9 +1,9 @@
-"""Job kind "relay": one node of a relay pull, seed or receiver (launched by :mod:`backend.jobs.pull`).
+"""Job kind "relay": one node of a relay pull, seed or receiver (launched by :mod:`backend.pulls.plan`).
 
-A seed runs the direct pull's runner (:func:`backend.jobs.pull_runner.run_pull_job`: s5cmd, the
+A seed runs the direct pull's runner (:func:`backend.pulls.job.run_pull_job`: s5cmd, the
 same checks and the same verification) and serves each object to its children as soon as s5cmd
 has it in place. A receiver makes the same checks of DEST (paths, symlinks, free space), receives
-from its upstream (:class:`backend.relay.node.Receiver`) and serves its own children while it
+from its upstream (:class:`backend.pulls.relay.node.Receiver`) and serves its own children while it
 receives. Either ends once its copy is verified and every child is done (or gone longer than the
 grace, to be retried by the console). The job's spec names its role, listen address, upstreams
 (nearest first) and children; the relay secret comes in its 0600 secrets file.
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from backend.agent.context import JobContext
 from backend.errors import JobError, StoreError
-from backend.jobs.pull_dest import TempTracker, check_space, outside_dest
-from backend.jobs.pull_objects import PulledObject, check_objects, parse_expected, parse_source
-from backend.jobs.pull_runner import CopyHooks, PullKind, cleanup, run_pull_job
-from backend.relay.node import (
+from backend.pulls.destination import TempTracker, check_space, outside_dest
+from backend.pulls.job import CopyHooks, PullKind, cleanup, run_pull_job
+from backend.pulls.objects import PulledObject, check_objects, parse_expected, parse_source
+from backend.pulls.relay.node import (
     Cancelled,
     FatalUpstream,
     Holdings,
@@ -35,7 +35,7 @@ from backend.relay.node import (
     listing_digest,
     receiver_proofs,
 )
-from backend.relay.protocol import SECRET_ENV
+from backend.pulls.relay.protocol import SECRET_ENV
 
 if TYPE_CHECKING:
     from backend.config import Config
@@ -286,7 +286,7 @@ class RelayKind(PullKind):
         if relay.get("role") == "seed":
             super().on_ended(config, db, record)
             return
-        from backend.relay.savings import record_receiver
+        from backend.pulls.relay.savings import record_receiver
 
         record_receiver(config, db, record)
 

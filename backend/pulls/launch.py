@@ -1,0 +1,186 @@
+"""``loadmaster pull``, console side: starting a planned pull's jobs, one per node (``pull``),
+or one per node of a relay, parents before children (``relay``); each job's secrets go into its
+0600 secrets file, never onto a command line.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from backend.credentials import Credentials
+from backend.errors import JobError
+from backend.jobs.settings import JobSettings
+from backend.pulls.model import NodeEstimate, PullPlan, node_s5cmd
+from backend.pulls.objects import parse_source
+
+if TYPE_CHECKING:
+    from backend.jobs.manager import JobManager
+    from backend.jobs.records import JobRecord
+    from backend.services import Services
+
+
+async def launch_pull(
+    services: Services,
+    plan: PullPlan,
+    *,
+    label: str = "",
+    job_ids: dict[str, str] | None = None,
+    upstreams: dict[str, list[list[Any]]] | None = None,
+) -> list[JobRecord]:
+    """Start one pull job per node of the plan (credentials via each job's 0600 secrets file).
+
+    ``job_ids`` (node -> id) are the ids the egress reservations were made under; a node whose job
+    does not start has its reservation, and those of the nodes after it, released.
+    """
+    if plan.problems:
+        raise JobError("; ".join(plan.problems))
+    if plan.topology is not None:
+        return await launch_relay(services, plan, label=label, job_ids=job_ids, upstreams=upstreams)
+    creds = await _plan_credentials(services, plan)
+    secrets = creds.as_env()
+    settings = services.config.section(JobSettings)
+    expected = [list(o) for o in plan.objects] if len(plan.objects) <= settings.max_spec_objects else None
+    manager: JobManager = services.jobs
+    out = []
+    ids = job_ids or {}
+    for i, est in enumerate(plan.nodes):
+        params = {**_pull_params(services, plan, est), "expected": expected}
+        try:
+            out.append(
+                await manager.launch(
+                    est.node,
+                    "pull",
+                    params,
+                    secrets=secrets,
+                    label=label or f"pull {plan.src} -> {est.dest}",
+                    job_id=ids.get(est.node),
+                )
+            )
+        except BaseException as exc:
+            for later in plan.nodes[i:]:
+                if later.node in ids:
+                    services.egress.release(ids[later.node], f"not started: {type(exc).__name__}: {exc}"[:300])
+            raise
+    return out
+
+
+async def _relay_checksums(services: Services, plan: PullPlan) -> list[str | None]:
+    """The store's full-object checksum of each listed object, for the receivers' proofs (they hold
+    no credentials and take nothing from a peer on trust): one HEAD per object with ChecksumMode,
+    a few at a time (``backend.pulls.relay.checksums``); None where the store keeps none."""
+    from backend.pulls.relay.checksums import listing_checksums
+    from backend.storage import S3Store
+
+    pattern = parse_source(plan.src)
+    store = S3Store(f"s3://{pattern.bucket}", services.config.stores.get(plan.store) if plan.store else None)
+    try:
+        return await listing_checksums(store, [pattern.key_of(o.rel) for o in plan.objects])
+    finally:
+        await store.close()
+
+
+async def _plan_credentials(services: Services, plan: PullPlan) -> Credentials:
+    creds = plan.credentials
+    if creds is None:
+        from backend.storage import S3Store
+
+        store = S3Store(
+            f"s3://{parse_source(plan.src).bucket}", services.config.stores.get(plan.store) if plan.store else None
+        )
+        try:
+            creds = await store.credentials()
+        finally:
+            await store.close()
+    return creds  # type: ignore[no-any-return]
+
+
+def _pull_params(services: Services, plan: PullPlan, est: NodeEstimate) -> dict[str, Any]:
+    settings = services.config.section(JobSettings)
+    return {
+        "src": plan.src,
+        "dest": est.dest,
+        "store": plan.store,
+        "endpoint_url": plan.endpoint_url,
+        "region": plan.region,
+        "numworkers": plan.numworkers,
+        "concurrency": plan.concurrency,
+        "part_size_mib": plan.part_size_mib,
+        "s5cmd": node_s5cmd(services.config.node(est.node), settings.s5cmd),
+        "bytes_total": plan.total_bytes,
+        "objects_total": len(plan.objects),
+    }
+
+
+async def launch_relay(
+    services: Services,
+    plan: PullPlan,
+    *,
+    label: str = "",
+    job_ids: dict[str, str] | None = None,
+    upstreams: dict[str, list[list[Any]]] | None = None,
+) -> list[JobRecord]:
+    """Start one "relay" job per node, parents before children: seeds get the store's credentials
+    and the relay secret, receivers the relay secret alone (each in its job's 0600 secrets file).
+    ``upstreams`` (relay-ssh: the console's forwarded loopback ports) replaces where each node
+    finds the nodes above it."""
+    from backend.jobs.records import new_job_id
+    from backend.pulls.relay.planner import seed_flags
+    from backend.pulls.relay.protocol import SECRET_ENV, new_secret
+
+    topo = plan.topology
+    settings = services.config.section(JobSettings)
+    creds = await _plan_credentials(services, plan)
+    secret = new_secret()
+    ids = dict(job_ids or {})
+    for est in plan.nodes:
+        ids.setdefault(est.node, new_job_id())
+    group = "relay-" + ids[topo.seeds[0]]
+    by_name = {n.node: n for n in plan.nodes}
+    order = sorted(by_name, key=lambda n: len(topo.chain(n)))
+    expected = [list(o) for o in plan.objects]
+    checksums = await _relay_checksums(services, plan)
+    manager: JobManager = services.jobs
+    out = []
+    for i, name in enumerate(order):
+        est = by_name[name]
+        seed = name in topo.seeds
+        relay = {
+            "group": group,
+            "role": "seed" if seed else "receiver",
+            "node": name,
+            "listen": list(plan.relay_listen[name]),
+            "upstreams": (upstreams or {}).get(name) or [[a, *plan.relay_listen[a]] for a in topo.ancestors(name)],
+            "children": list(topo.children.get(name, ())),
+            "chain_len": len(topo.chain(name)),
+            "topology": {k: v for k, v in topo.parent.items()},
+            "jobs": ids,
+            "chunk_mib": settings.relay_chunk_mib,
+            "grace_s": settings.relay_grace,
+            "reattach_s": settings.relay_reattach,
+            "max_gbps": settings.relay_max_gbps,
+            "checksums": checksums,
+        }
+        params = {**_pull_params(services, plan, est), "expected": expected, "relay": relay}
+        if seed:
+            nw, cc, ps = seed_flags(
+                plan.total_bytes, len(plan.objects), plan.numworkers, plan.concurrency, plan.part_size_mib
+            )
+            params.update(numworkers=nw, concurrency=cc, part_size_mib=ps)
+        secrets = {SECRET_ENV: secret, **(creds.as_env() if seed else {})}
+        try:
+            out.append(
+                await manager.launch(
+                    name,
+                    "relay",
+                    params,
+                    secrets=secrets,
+                    label=label or f"relay {plan.src} -> {est.dest}",
+                    job_id=ids[name],
+                )
+            )
+        except BaseException as exc:
+            for later in order[i:]:
+                if job_ids and later in job_ids:
+                    services.egress.release(job_ids[later], f"not started: {type(exc).__name__}: {exc}"[:300])
+            raise
+    return out

@@ -1,0 +1,227 @@
+"""``loadmaster pull``, console side: the plan shown before a pull starts.
+
+:func:`plan_pull` lists the source for object count, bytes and ETags (refusing any key that would
+land outside DEST, :mod:`backend.pulls.listing`), probes each node's free space, NIC line rate and
+s5cmd, prices the egress and chooses the fan-out (:mod:`backend.pulls.fanout`);
+:func:`backend.pulls.launch.launch_pull` then starts one job per node. The job itself runs on the
+node (:mod:`backend.pulls.job`); both sides share :mod:`backend.pulls.objects`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from backend.credentials import Credentials
+from backend.errors import ConfigError, LoadmasterError, NodeUnreachable, StoreError
+from backend.jobs.settings import JobSettings
+from backend.pulls.fanout import egress_check, with_fanout
+from backend.pulls.listing import list_source
+from backend.pulls.model import NodeEstimate, PullPlan, node_dest, node_s5cmd
+from backend.pulls.objects import PulledObject, parse_source
+
+# What only some commands need (asyncio, the S3 client, the ledger) is imported where it is used.
+if TYPE_CHECKING:
+    from backend.config import Config, StoreProfile
+    from backend.services import Services
+
+log = logging.getLogger(__name__)
+
+
+_PROBE = r"""
+D="$1"; case "$D" in "~"*) D="$HOME${D#\~}";; esac
+d="$D"; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
+echo "@@DF $(df -Pk "$d" | tail -n 1 | awk '{print $4}')"
+for i in /sys/class/net/*; do [ -e "$i/device" ] && echo "@@SPEED $(cat "$i/speed" 2>/dev/null)"; done
+command -v "$2" >/dev/null 2>&1 && echo "@@S5CMD 1"
+present=0
+[ -d "$D" ] && echo "@@DEST 1"
+if [ -d "$D" ]; then
+  while IFS= read -r f; do [ -f "$D/$f" ] && present=$((present + $(stat -c %s "$D/$f"))); done
+fi
+echo "@@PRESENT $present"
+for a in $( (ip -o addr show 2>/dev/null | awk '{print $4}'; hostname -I 2>/dev/null) ); do echo "@@ADDR ${a%/*}"; done
+awk 'FNR > 1 && $4 == "0A" { n = split($2, a, ":"); print "@@LISTEN " a[n] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+"""
+
+
+async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> NodeEstimate:
+    """Free space at ``dest``, NIC line rate, s5cmd presence and bytes already there, on one node."""
+    res = await transport.run(
+        f"sh -c {shlex.quote(_PROBE)} probe {shlex.quote(dest)} {shlex.quote(s5cmd)}",
+        input="\n".join(rels) + "\n",
+        timeout=120,
+    )
+    free = None
+    speeds: list[int] = []
+    s5 = False
+    present = 0
+    dest_exists = False
+    addrs: list[str] = []
+    listening: set[int] = set()
+    for line in res.stdout.splitlines():
+        tag, _, v = line.partition(" ")
+        v = v.strip()
+        if tag == "@@DF" and v.isdigit():
+            free = int(v) * 1024
+        elif tag == "@@SPEED" and v.lstrip("-").isdigit() and int(v) > 0:
+            speeds.append(int(v))
+        elif tag == "@@S5CMD":
+            s5 = True
+        elif tag == "@@PRESENT" and v.isdigit():
+            present = int(v)
+        elif tag == "@@DEST":
+            dest_exists = True
+        elif tag == "@@ADDR" and v and v not in addrs:
+            addrs.append(v)
+        elif tag == "@@LISTEN":
+            with contextlib.suppress(ValueError):
+                listening.add(int(v, 16))
+    err = None if free is not None else f"{transport.name}: cannot read free space at {dest}: {res.stderr.strip()}"
+    return NodeEstimate(
+        node=transport.name,
+        dest=dest,
+        free_bytes=free,
+        present_bytes=present,
+        line_rate_gbps=max(speeds) / 1000 if speeds else None,
+        line_rate_known=bool(speeds),
+        s5cmd=s5,
+        error=err,
+        dest_exists=dest_exists,
+        addresses=tuple(addrs),
+        listening=frozenset(listening),
+    )
+
+
+def resolve_store(config: Config, src: str, store: str | None) -> StoreProfile | None:
+    """The store profile that supplies endpoint, region and credentials for ``src``."""
+    if store:
+        prof = config.store(store)
+        if not prof.is_s3:
+            raise ConfigError(f"store {store!r} is a local directory; pull needs an s3:// store")
+        return prof
+    return config.store_for_url(src)
+
+
+async def plan_pull(
+    services: Services,
+    src: str,
+    dest: str,
+    nodes: list[str],
+    *,
+    store: str | None = None,
+    numworkers: int | None = None,
+    concurrency: int | None = None,
+    part_size_mib: int | None = None,
+    allow_over_budget: str | None = None,
+    fanout: str | None = None,
+    seeds: int | None = None,
+    degree: int | None = None,
+) -> PullPlan:
+    """List the source, probe each node and price the egress: the plan shown before launch."""
+    import asyncio
+
+    config = services.config
+    settings = config.section(JobSettings)
+    pattern = parse_source(src)
+    profile = resolve_store(config, src, store)
+    mode = fanout
+
+    async def early(t: Any) -> NodeEstimate:
+        n = config.node(t.name)
+        est = await probe_node(t, node_dest(dest, n.scratch), [], node_s5cmd(n, settings.s5cmd))
+        log.debug("plan: %s connected and probed", t.name)
+        return est
+
+    # Connecting to and probing the nodes overlaps the listing. A node whose destination does not
+    # exist yet has nothing present, so that first probe is its whole answer; the others (and any
+    # node that failed) are probed again below with the object names, to count what is there.
+    log.debug("plan: listing + connecting")
+
+    # The egress quote needs only the listing's total, so it is priced while the nodes answer.
+    async def list_and_price() -> tuple[list[PulledObject], Credentials | None, Any, str | None]:
+        objects, creds = await list_source(pattern, profile, credentials=True)
+        if not objects:
+            return objects, creds, None, None
+        decision, note = egress_check(
+            services,
+            profile,
+            [config.node(n) for n in nodes],
+            sum(o.size for o in objects),
+            len(objects),
+            allow_over_budget,
+            src,
+        )
+        log.debug("plan: egress priced")
+        _ = services.jobs  # the launch needs the job manager: import and set it up while waiting too
+        return objects, creds, decision, note
+
+    # The listing subprocess is spawned first, so it runs while this process imports the SSH
+    # stack and connects (both CPU-bound here).
+    listing = asyncio.ensure_future(list_and_price())
+    await asyncio.sleep(0)
+    try:
+        probing = services.pool.fanout(early, nodes, timeout=120)
+    except BaseException:
+        listing.cancel()
+        raise
+    # A listing error (no such bucket, bad credentials) is raised at once, as before.
+    (objects, creds, decision, note), first = await asyncio.gather(listing, probing)
+    log.debug("plan: listed %d objects, connected", len(objects))
+    if not objects:
+        raise StoreError(f"no objects match {src}")
+    total = sum(o.size for o in objects)
+    rels = [o.rel for o in objects] if len(objects) <= settings.max_spec_objects else []
+
+    async def probe(t: Any) -> NodeEstimate:
+        n = config.node(t.name)
+        return await probe_node(t, node_dest(dest, n.scratch), rels, node_s5cmd(n, settings.s5cmd))
+
+    # A node that could not be reached at all is not probed again: in a one-shot command the
+    # second try only meets the connection backoff ("next retry in 0.9s") and says nothing new.
+    again = [
+        n
+        for n in nodes
+        if not isinstance(first[n], NodeUnreachable)
+        and (isinstance(first[n], BaseException) or first[n].error or (first[n].dest_exists and rels))
+    ]
+    probes = {**first, **(await services.pool.fanout(probe, again, timeout=120) if again else {})}
+    log.debug("plan: probed (%d again)", len(again))
+    ests = []
+    for name in nodes:
+        r = probes[name]
+        if isinstance(r, BaseException):
+            msg = str(r) if isinstance(r, LoadmasterError) else f"{type(r).__name__}: {r}"
+            ests.append(
+                NodeEstimate(
+                    node=name,
+                    dest=node_dest(dest, config.node(name).scratch),
+                    error=msg if msg.startswith(name) else f"{name}: {msg}",
+                )
+            )
+        else:
+            if not r.line_rate_known:
+                r = NodeEstimate(**{**r.__dict__, "line_rate_gbps": settings.nic_gbps})
+            ests.append(r)
+    plan = PullPlan(
+        src=pattern.url,
+        dest=dest,
+        store=profile.name if profile else None,
+        objects=tuple(objects),
+        total_bytes=total,
+        nodes=tuple(ests),
+        numworkers=numworkers or settings.numworkers,
+        concurrency=concurrency or settings.concurrency,
+        part_size_mib=part_size_mib or settings.part_size_mib,
+        endpoint_url=profile.endpoint_url if profile else None,
+        region=profile.region if profile else None,
+        profile=profile.profile if profile else None,
+        egress=decision,
+        egress_note=note,
+        credentials=creds,
+    )
+    return with_fanout(
+        services, plan, profile, fanout=mode, seeds=seeds, degree=degree, allow_over_budget=allow_over_budget
+    )
