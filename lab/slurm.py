@@ -3,8 +3,10 @@
 Debian's ``slurmctld``, ``slurmd`` and ``slurm-client``, started by our code as plain processes
 (``-D``, in the foreground, each in its own session); nothing here touches their systemd units or
 ``/etc/slurm``. The generated ``slurm.conf`` uses ``AuthType=auth/none`` and ``CredType=cred/none``
-(no munge), ``ProctrackType=proctrack/linuxproc`` and ``TaskPlugin=task/none`` (no cgroups), its
-own ports, state and spool directories under ``root``, and the user running it as ``SlurmUser``.
+(no munge) with a short job credential lifetime (``AuthInfo=cred_expire``: a requeued job runs
+again after seconds, not two minutes), ``ProctrackType=proctrack/linuxproc`` and
+``TaskPlugin=task/none`` (no cgroups), its own ports, state and spool directories under ``root``,
+and the user running it as ``SlurmUser``.
 
 Several slurmd run on one machine, one per node (``slurmd -N node-01``), each on its own ``Port=``
 with ``NodeAddr=127.0.0.N``: Debian builds Slurm so that per-node ports work. Each node has
@@ -36,6 +38,9 @@ from lab.process import log_tail, start_logged, stop_group
 
 SLURM_INSTALL_HINT = "apt-get install slurmctld slurmd slurm-client (Debian 12: Slurm 22.05)"
 PARTITION = "gpu"
+#: The job credential's lifetime (``AuthInfo=cred_expire``), which is also how long slurmctld holds
+#: a requeued job back before it may start again.
+CRED_EXPIRE_S = 10
 
 
 class SlurmNotInstalled(LoadmasterError):
@@ -114,6 +119,9 @@ class SlurmLab:
             f"SlurmdPort={next(iter(self.node_ports.values()))}",
             "AuthType=auth/none",
             "CredType=cred/none",
+            # A requeued job waits out the job credential's lifetime before it may start again
+            # (120 s by default; Slurm accepts 5 s at least). Launches here take milliseconds.
+            f"AuthInfo=cred_expire={CRED_EXPIRE_S}",
             f"SlurmUser={user}",
             f"SlurmdUser={user}",
             f"StateSaveLocation={r}/state",

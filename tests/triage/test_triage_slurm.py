@@ -93,8 +93,9 @@ def test_goodput_of_a_requeued_job_from_slurm_and_the_catalog(  # type: ignore[n
     job = slurm.sbatch("-N", "1", "-w", "node-01", "--requeue", "-J", "train")
     wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
     slurm.command(["scontrol", "requeue", job])
-    # Slurm holds a requeued job back a while (its begin time, about two minutes) before it runs again.
-    wait_for(f"job {job} back to running", lambda: job_state(slurm, job) == "RUNNING", timeout=240)
+    # Slurm holds a requeued job back for the job credential's lifetime before it runs again: the
+    # lab's slurm.conf makes that seconds (AuthInfo=cred_expire), not the default two minutes.
+    wait_for(f"job {job} back to running", lambda: job_state(slurm, job) == "RUNNING", timeout=90)
     cfg = config(tmp_path, lab, slurm)
     assert main(["--config", cfg, "triage", "--job", job, "--run", str(run), "--json"]) == 0
     g = json.loads(capsys.readouterr().out)["goodput"]
