@@ -160,6 +160,9 @@ class StoreProfile:
 class UISettings:
     theme: str = "loadmaster-dark"
     refresh_seconds: float = 1.0
+    #: The run folder the Checkpoints and Retention screens open on (and list) before one was
+    #: listed with this config (``loadmaster lab up`` writes its demo run here).
+    opening_run: str | None = None
 
 
 def _state_url(value: Any) -> str:

@@ -17,12 +17,15 @@ heatmap view (one cell per GPU, the view above 16 nodes) on the same fleet.
 
     .venv/bin/python bench/telemetry_render.py            # 256 and 64 nodes x 8 GPUs, 60 s, table and heatmap
     .venv/bin/python bench/telemetry_render.py --seconds 10 --nodes 256
+    .venv/bin/python bench/telemetry_render.py --nodes 256 --views table --no-peer --profile /tmp/render
+    .venv/bin/python -c "import pstats; pstats.Stats('/tmp/render-256-table.prof').sort_stats('tottime').print_stats(25)"
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import gc
 import os
 import statistics
@@ -57,7 +60,10 @@ def rebuild_all(self: FleetTable, nodes: Any, trend: Any) -> int:
     return len(nodes) * 12
 
 
-async def run(count: int, seconds: int, *, peer: bool, view: str = "table") -> dict[str, float]:
+async def run(
+    count: int, seconds: int, *, peer: bool, view: str = "table", profile: str | None = None
+) -> dict[str, float]:
+    """One measured run; ``profile``: write cProfile's stats of the measured seconds alone there."""
     from tui.app import LoadmasterApp
     from tui.screens.fleet import FleetScreen
 
@@ -92,6 +98,9 @@ async def run(count: int, seconds: int, *, peer: bool, view: str = "table") -> d
             screen.apply_cpu_times.clear()
             backend: list[float] = []
             backend_cpu: list[float] = []
+            profiler = cProfile.Profile() if profile else None
+            if profiler is not None:
+                profiler.enable()
             cpu0, wall0 = time.process_time(), time.perf_counter()
             for s in range(1, seconds + 1):
                 t_start, c_start = time.perf_counter(), time.thread_time()
@@ -105,6 +114,9 @@ async def run(count: int, seconds: int, *, peer: bool, view: str = "table") -> d
                 await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
             cpu = time.process_time() - cpu0
             wall = time.perf_counter() - wall0
+            if profiler is not None and profile:
+                profiler.disable()
+                profiler.dump_stats(profile)
             assert screen.last_snapshot is not None and len(screen.last_snapshot.nodes) == count
             apply = list(screen.apply_times)
             apply_cpu = list(screen.apply_cpu_times)
@@ -139,6 +151,12 @@ def main() -> int:
         default=["table", "heatmap"],
         help="Fleet views to measure (default both; the peer is the table's rebuild-all)",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="PREFIX",
+        help="write cProfile stats of each measured run (not the peer's) to PREFIX-NODES-VIEW.prof "
+        "(the CPU figures then include the profiler's own cost)",
+    )
     args = parser.parse_args()
     if args.seconds < 1:
         parser.error("--seconds must be at least 1")
@@ -154,7 +172,8 @@ def main() -> int:
         )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for count, view in ((c, v) for c in args.nodes for v in args.views):
-            ours = asyncio.run(run(count, args.seconds, peer=False, view=view))
+            prof = f"{args.profile}-{count}-{view}.prof" if args.profile else None
+            ours = asyncio.run(run(count, args.seconds, peer=False, view=view, profile=prof))
             theirs = None if args.no_peer or view != "table" else asyncio.run(run(count, args.seconds, peer=True))
             ok = ours["cpu_pct"] < 20 and ours["apply_p99_ms"] < 50
             ok_cpu = ours["cpu_pct"] < 20 and ours["apply_cpu_p99_ms"] < 50

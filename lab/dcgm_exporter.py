@@ -858,7 +858,7 @@ class DcgmExporterStandIn:
                 "nodes": [asdict(n) for n in self.nodes.values()],
             },
         )
-        repo = str(Path(__file__).resolve().parents[2])
+        repo = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ)
         env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = start_logged(

@@ -24,6 +24,7 @@ from lab.ports import common_free_port
 from lab.postgres import PrivateCluster
 from lab.prometheus import StackNode, TelemetryStack
 from lab.seaweed import SeaweedS3
+from lab.seed import CHECKPOINT_RUN
 from lab.sshd import SshdNode, keygen
 
 
@@ -196,7 +197,7 @@ class Lab:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **self.env(), "PYTHONUNBUFFERED": "1"},
-                cwd=Path(__file__).resolve().parents[2],
+                cwd=Path(__file__).resolve().parents[1],
                 start_new_session=True,
             )
         finally:
@@ -331,15 +332,20 @@ class Lab:
         if self.postgres:
             lines.append(f'url = "{self.postgres.url}"')
         lines.append("")
-        telemetry = self.telemetry_keys()
-        if telemetry and "[telemetry]" in extra.splitlines():
-            # The caller's extra text has a [telemetry] table of its own: the keys go into it.
-            extra = "\n".join(
-                "\n".join(["[telemetry]", *telemetry]) if ln == "[telemetry]" else ln for ln in extra.split("\n")
-            )
-        elif telemetry:
-            lines += ["[telemetry]", *telemetry, ""]
+        for table, keys in (("[telemetry]", self.telemetry_keys()), ("[ui]", self.ui_keys())):
+            if keys and table in extra.splitlines():
+                # The caller's extra text has this table of its own: the keys go into it.
+                extra = "\n".join("\n".join([table, *keys]) if ln == table else ln for ln in extra.split("\n"))
+            elif keys:
+                lines += [table, *keys, ""]
         return "\n".join(lines) + extra
+
+    def ui_keys(self) -> list[str]:
+        """The ``[ui]`` keys: the screens open on the demo run ``lab up`` seeds (none without a
+        store). The product knows nothing of the lab; this key is how it learns the run."""
+        if not (self.s3 and self.bucket):
+            return []
+        return [f'opening_run = "s3://{self.bucket}/{CHECKPOINT_RUN}"']
 
     def telemetry_keys(self) -> list[str]:
         """The ``[telemetry]`` keys for the lab's Prometheus (none without one): ``source = "auto"``

@@ -234,35 +234,19 @@ async def read_lock_key(store: ObjectStore, key: str) -> LockInfo | None:
     return None if info is None else _parse_lock(await store.get_bytes(key))
 
 
-def lock_summary(info: LockInfo | None) -> dict[str, Any] | None:
-    """JSON-ready view of a lock (no token)."""
-    if info is None:
-        return None
-    return {
-        "holder": info.holder,
-        "host": info.host,
-        "pid": info.pid,
-        "plan": info.plan,
-        "started": info.started,
-        "refreshed": info.refreshed,
-    }
-
-
 def opening_run(config: Config, prefs: dict[str, Any]) -> tuple[str, bool]:
     """The run folder a Checkpoints or Retention screen opens on, and whether to list it at once:
-    the last run listed with this config, else the sandbox lab's demo run, else the first
-    store's root (typed in, not listed: a bucket root is rarely one run)."""
-    from backend.checkpoints.upload import url_join
+    the last run listed with this config, else the config's ``[ui] opening_run`` (the sandbox lab
+    writes its demo run there), else the first store's root (typed in, not listed: a bucket root
+    is rarely one run)."""
     from backend.ui_prefs import config_key
-    from lab.seed import CHECKPOINT_RUN
 
     last = prefs.get("last_run")
     remembered = last.get(config_key(config)) if isinstance(last, dict) else None
     if isinstance(remembered, str) and remembered:
         return remembered, True
-    lab = config.stores.get("lab")
-    if lab is not None and lab.is_s3:
-        return url_join(lab.url, CHECKPOINT_RUN), True
+    if config.ui.opening_run:
+        return config.ui.opening_run, True
     first = next(iter(config.stores.values()), None)
     return (first.url if first else ""), False
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.config import load_config_file
 from backend.units import bytes_text
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -52,6 +53,9 @@ def test_lab_up_prints_the_seeded_data_and_it_is_there(tmp_path: Path) -> None:
         assert shards[0] == f"s3://{bucket}/datasets/laion-mini/shards/"
         assert ckpt[0] == f"s3://{bucket}/checkpoints/llama-demo/"
         assert ckpt[1] == "12 DCP checkpoints, steps 1000-12000 (12000 still uploading)"
+        # The product does not know the lab's demo run: the config lab up wrote names it.
+        config = load_config_file(root / "loadmaster.toml")
+        assert config.ui.opening_run == f"s3://{bucket}/checkpoints/llama-demo"
 
         objects = _list(root, bucket)
         raw_objs = {k: v for k, v in objects.items() if k.startswith("datasets/laion-mini/raw/")}

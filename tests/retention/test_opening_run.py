@@ -1,5 +1,6 @@
 """The Checkpoints and Retention screens open on something useful: the last run listed with
-this config, else the sandbox lab's demo run; never the bucket root as one 'incomplete' step."""
+this config, else the config's ``[ui] opening_run`` (where ``lab up`` writes its demo run); never
+the bucket root as one 'incomplete' step."""
 
 from __future__ import annotations
 
@@ -16,10 +17,18 @@ from tui.screens.checkpoints import CheckpointsScreen
 from tui.screens.retention import RetentionScreen
 
 
-def test_opening_run_prefers_the_last_run_then_the_lab_demo(tmp_path: Path) -> None:
+def test_opening_run_prefers_the_last_run_then_the_configured_one(tmp_path: Path) -> None:
     node = [{"name": "here", "transport": "local"}]
-    lab = parse_config({"nodes": node, "stores": {"lab": {"url": "s3://lab-1a2b"}}}, file="lab.toml", base=tmp_path)
+    stores = {"lab": {"url": "s3://lab-1a2b"}}
+    lab = parse_config(
+        {"nodes": node, "stores": stores, "ui": {"opening_run": "s3://lab-1a2b/checkpoints/llama-demo"}},
+        file="lab.toml",
+        base=tmp_path,
+    )
     assert opening_run(lab, {}) == ("s3://lab-1a2b/checkpoints/llama-demo", True)
+    # A store named "lab" means nothing to the product: without the key, the store's root.
+    plain = parse_config({"nodes": node, "stores": stores}, file="plain.toml", base=tmp_path)
+    assert opening_run(plain, {}) == ("s3://lab-1a2b", False)
     prefs = {"last_run": remembered_runs(lab, {}, "s3://lab-1a2b/checkpoints/other")}
     assert opening_run(lab, prefs) == ("s3://lab-1a2b/checkpoints/other", True)
     other = parse_config(

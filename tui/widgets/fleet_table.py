@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
 
-from backend.telemetry.model import NodeSnapshot
+from backend.ops.types import NodeSnapshot
 from tui.widgets.fleet_format import node_cells, slurm_reason_cell, slurm_state_cell
 from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.text_filter import text_matches
@@ -164,7 +166,95 @@ def matches(n: NodeSnapshot, pattern: str) -> bool:
     return text_matches(pattern, n.name, n.site or "", n.state)
 
 
-class FleetTable(DataTable[Any]):
+def _cell_identity(value: object) -> Hashable | None:
+    """What a cell's rendering depends on, hashable; None for a value that is neither text nor a
+    Rich Text (rendered afresh every time)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Text):
+        return (value.plain, value.style, tuple(value.spans), value.justify, value.overflow, value.no_wrap, value.end)
+    return None
+
+
+class CellCachedTable(DataTable[Any]):
+    """A DataTable that re-renders a cell only when what it shows changed.
+
+    DataTable keys its cell cache on the table's update count, which any cell update bumps, so
+    one changed cell makes every visible cell go through Rich again (at 256 nodes, the whole
+    screenful each tick: most of the table view's CPU). Here each screen position keeps its last
+    rendering with a key of everything the rendering reads (the cell's text and style, the
+    position, width, cursor and hover, the widget's styles); a cell whose key is unchanged is
+    reused, any other goes through DataTable's own rendering, so the look is DataTable's.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: (row index, column index) -> (key, rendered lines): at most one entry per position
+        #: (set first: DataTable's constructor already clears its caches).
+        self._cell_lines: dict[tuple[int, int], tuple[Hashable, list[list[Segment]]]] = {}
+        super().__init__(*args, **kwargs)
+
+    def _clear_caches(self) -> None:
+        super()._clear_caches()
+        self._cell_lines.clear()
+
+    def notify_style_update(self) -> None:
+        self._cell_lines.clear()
+        super().notify_style_update()
+
+    def _render_cell(
+        self,
+        row_index: int,
+        column_index: int,
+        base_style: Style,
+        width: int,
+        cursor: bool = False,
+        hover: bool = False,
+    ) -> list[list[Segment]]:
+        render = super()._render_cell
+        if column_index < 0:  # row labels: not used here
+            return render(row_index, column_index, base_style, width, cursor, hover)
+        column_key = self._column_locations.get_key(column_index)
+        row_key = self._row_locations.get_key(row_index) if row_index >= 0 else None
+        value: object = None
+        height = self.header_height
+        if column_key is None:
+            pass
+        elif row_index < 0:
+            column = self.columns.get(column_key)
+            value = column.label if column is not None else None
+        elif row_key is not None:
+            value = self._data.get(row_key, {}).get(column_key)
+            row = self.rows.get(row_key)
+            height = row.height if row is not None else 0
+        identity = _cell_identity(value)
+        if identity is None:
+            return render(row_index, column_index, base_style, width, cursor, hover)
+        key = (
+            identity,
+            column_key,
+            height,
+            base_style,
+            width,
+            cursor,
+            hover,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+            self.show_cursor,
+            self.zebra_stripes,
+            self.fixed_rows,
+            self.fixed_columns,
+            self.cell_padding,
+        )
+        slot = (row_index, column_index)
+        kept = self._cell_lines.get(slot)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        lines = render(row_index, column_index, base_style, width, cursor, hover)
+        self._cell_lines[slot] = (key, lines)
+        return lines
+
+
+class FleetTable(CellCachedTable):
     """Nodes of the fleet; :meth:`show` applies a tick, touching only the cells that changed.
 
     Enter posts ``DataTable.RowSelected`` (the row key is the node name).
