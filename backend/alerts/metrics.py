@@ -81,7 +81,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
@@ -97,7 +97,7 @@ if TYPE_CHECKING:
 
     from backend.alerts.webconfig import WebConfig
     from backend.config import Config
-    from backend.services import Services
+    from backend.ledger import EgressGuard
     from backend.state import StateDB
     from backend.telemetry.model import FleetSnapshot
 
@@ -212,8 +212,22 @@ class MetricsHolder:
 # -- gathering ------------------------------------------------------------------------------------
 
 
+class MetricsSources(Protocol):
+    """What a cycle's figures are read from (``backend.services.Services`` is one). Properties, so
+    a state database that is down is a part's one-line note when read, never an error up front."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def db(self) -> StateDB: ...
+
+    @property
+    def egress(self) -> EgressGuard: ...
+
+
 async def gather_metrics(
-    services: Services,
+    services: MetricsSources,
     fleet: FleetSnapshot | None,
     *,
     jobs: Sequence[JobRecord] | None = None,
@@ -282,7 +296,7 @@ class _StateFigures:
     freed: tuple[tuple[str, int], ...] | None = None
 
 
-def _read_state(services: Services, now: float, read_running: bool) -> _StateFigures:
+def _read_state(services: MetricsSources, now: float, read_running: bool) -> _StateFigures:
     """Everything that needs the state database, in one worker thread; a part that fails is None
     with its one-line reason, and the others are still read."""
     notes: list[tuple[str, str]] = []
@@ -305,7 +319,7 @@ def _read_state(services: Services, now: float, read_running: bool) -> _StateFig
         return _StateFigures(False, tuple(notes))
     counts = attempt("jobs", lambda: _job_counts(db))
     running = attempt("jobs", lambda: _running_from_rows(db, now)) if read_running else None
-    egress = attempt("egress", lambda: _egress(services, now))
+    egress = attempt("egress", lambda: _egress(services.egress, now))
     freed = attempt("retention", lambda: _retention_freed(db, services.config))
     return _StateFigures(
         db_ok=ok,
@@ -390,8 +404,8 @@ def _backlog(oldest: dict[str, float], now: float) -> tuple[tuple[str, float], .
     return tuple((node, max(0.0, now - since)) for node, since in sorted(oldest.items()))
 
 
-def _egress(services: Services, now: float) -> _Egress:
-    rep = services.egress.report(now=datetime.fromtimestamp(now, UTC))
+def _egress(guard: EgressGuard, now: float) -> _Egress:
+    rep = guard.report(now=datetime.fromtimestamp(now, UTC))
     routes = tuple(
         EgressRouteFigure(
             account=r.account or "none",

@@ -24,14 +24,20 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.alerts.conditions import Condition, StallTracker, evaluate
 from backend.alerts.notify import Delivery, Notifier
 from backend.alerts.settings import AlertSettings
 from backend.alerts.store import AlertStore, Changes, StoredAlert, interrupted_applies
 from backend.errors import LoadmasterError
-from backend.services import Services
+
+if TYPE_CHECKING:
+    from backend.config import Config
+    from backend.jobs.manager import JobManager
+    from backend.ledger import EgressGuard
+    from backend.state import StateDB
+    from backend.telemetry.hub import TelemetryHub
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +61,32 @@ class Round:
         return "; ".join(parts) if parts else None
 
 
+class WatchedServices(Protocol):
+    """What a watcher reads (``backend.services.Services`` is one; also a
+    :class:`backend.alerts.metrics.MetricsSources`): the fleet, the jobs, the month's egress and
+    the state database a round evaluates. Properties, so a part that is down fails when read."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def db(self) -> StateDB: ...
+
+    @property
+    def egress(self) -> EgressGuard: ...
+
+    @property
+    def telemetry(self) -> TelemetryHub: ...
+
+    @property
+    def jobs(self) -> JobManager: ...
+
+
 @dataclass
 class Watcher:
     """One watcher over ``services`` (which it does not own: the caller closes it)."""
 
-    services: Services
+    services: WatchedServices
     #: Called with each round's :class:`Round` (the CLI prints changes; tests look).
     on_round: Callable[[Round], None] | None = None
     #: Called with the round's metrics snapshot when ``/metrics`` is served.

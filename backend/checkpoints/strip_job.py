@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from backend.config import Config
     from backend.jobs.manager import JobManager
     from backend.jobs.records import JobRecord
-    from backend.services import Services
     from backend.state import StateDB
 
 
@@ -60,7 +59,7 @@ async def launch_strip(
     model_prefix: str = "auto",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     job_id: str | None = None,
-) -> Any:
+) -> JobRecord:
     """Launch a "strip" job of ``step_path`` in ``store`` on ``node``; returns its job record.
     ``job_id``: the id its egress reservation was made under (``ops.checkpoints.strip``)."""
     from backend.checkpoints.upload import store_secrets
@@ -140,37 +139,3 @@ class StripKind(FunctionKind):
 
 #: Kind "strip" in the job registry (backend.agent.kinds).
 JOB_KIND = StripKind("strip", run_strip_job, cleanup)
-
-
-async def launch_strip_reserved(
-    services: Services,
-    node: str,
-    store: ObjectStore,
-    step_path: str,
-    *,
-    reason: str | None = None,
-    **options: Any,
-) -> Any:
-    """:func:`launch_strip` with the egress a node's read of a step in a store costs: the step
-    folder's listed bytes (all a strip can read) quoted, checked against the budget and reserved
-    before the job starts (``reason``: an over-budget override), released if it never starts,
-    settled when it ends (``backend.ops.reserved``). A step on the node's own disk moves no egress."""
-    from backend.jobs.records import new_job_id
-    from backend.ledger import Reservation
-    from backend.ops.reserved import launch_reserved
-    from backend.storage import egress_profile
-
-    if not store.url.startswith("s3://"):
-        return await launch_strip(services.jobs, node, store, step_path, **options)
-    listed = await store.list(step_path)
-    job_id = new_job_id()
-    profile = getattr(store, "profile", None) or egress_profile(services.config, None, store.url)
-    rec, _ = await launch_reserved(
-        services,
-        profile,
-        [Reservation(job_id, services.config.node(node).site, sum(o.size for o in listed), len(listed))],
-        lambda: launch_strip(services.jobs, node, store, step_path, job_id=job_id, **options),
-        reason=reason,
-        what="strip",
-    )
-    return rec

@@ -15,7 +15,7 @@ import itertools
 import json
 import shlex
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from backend.nodes.libsearch import quick_library_search
 
@@ -32,8 +32,22 @@ from backend.nodes.untrusted import (
     clean_text,
 )
 
-if TYPE_CHECKING:
-    from backend.nodes.ssh import SshTransport
+
+class ServedTransport(Protocol):
+    """What the client reads of the SSH transport it runs over (``backend.nodes.ssh.SshTransport``
+    is one): named here so the transport, which starts the server, and its client do not import
+    each other."""
+
+    output_limit: int
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+    def lost_error(self, command: str) -> NodeError: ...
+
 
 #: Seconds to wait for the command server's ready line (python3 start-up, once per connection).
 SERVER_START_TIMEOUT = 20.0
@@ -149,7 +163,7 @@ class CommandServer:
 
     def __init__(
         self,
-        transport: SshTransport,
+        transport: ServedTransport,
         conn: asyncssh.SSHClientConnection,
         proc: asyncssh.SSHClientProcess[bytes],
     ) -> None:

@@ -108,7 +108,6 @@ class Checkpoints(Operation):
     async def strip(self, req: StripRequest, *, progress: Callable[..., Any] | None = None) -> Done:
         """Strip one step; a failure here is audited too, then raised."""
         from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, strip_step
-        from backend.checkpoints.strip_job import launch_strip_reserved
 
         self.refuse_if_readonly("strip a checkpoint")
         if req.node:
@@ -119,8 +118,7 @@ class Checkpoints(Operation):
         shard = req.max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
         try:
             if req.node:
-                rec = await launch_strip_reserved(
-                    self.services,
+                rec = await self._launch_strip_reserved(
                     req.node,
                     store,
                     step,
@@ -218,6 +216,35 @@ class Checkpoints(Operation):
 
         async with open_prefix(self.services, dest) as store:
             return await check_destination(store, "", overwrite=True)
+
+    async def _launch_strip_reserved(
+        self, node: str, store: ObjectStore, step_path: str, *, reason: str | None = None, **options: Any
+    ) -> JobRecord:
+        """:func:`launch_strip` with the egress a node's read of a step in a store costs: the step
+        folder's listed bytes (all a strip can read) quoted, checked against the budget and reserved
+        before the job starts (``reason``: an over-budget override), released if it never starts,
+        settled when it ends (``backend.ops.reserved``). A step on the node's own disk moves no egress."""
+        from backend.checkpoints.strip_job import launch_strip
+        from backend.jobs.records import new_job_id
+        from backend.ledger import Reservation
+        from backend.ops.reserved import launch_reserved
+        from backend.storage import egress_profile
+
+        jobs = self.services.jobs
+        if not store.url.startswith("s3://"):
+            return await launch_strip(jobs, node, store, step_path, **options)
+        listed = await store.list(step_path)
+        job_id = new_job_id()
+        profile = getattr(store, "profile", None) or egress_profile(self.services.config, None, store.url)
+        rec, _ = await launch_reserved(
+            self.services,
+            profile,
+            [Reservation(job_id, self.services.config.node(node).site, sum(o.size for o in listed), len(listed))],
+            lambda: launch_strip(jobs, node, store, step_path, job_id=job_id, **options),
+            reason=reason,
+            what="strip",
+        )
+        return rec
 
     def _launched(self, action: str, target: str, rec: JobRecord, *, overwrite: bool) -> int:
         return self.audit(action, target, "launched", detail={"job": rec.id, "node": rec.node, "overwrite": overwrite})

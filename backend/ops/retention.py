@@ -137,7 +137,7 @@ class Retention(Operation):
         """The run's canonical URL and the other spellings its records may be under."""
         from backend.retention.marks import canonical_run
 
-        return canonical_run(self.services, ref)
+        return canonical_run(self.services.config, ref)
 
     def pin(self, ref: str, step: int, reason: str = "") -> str:
         """Pin ``step`` of the run ``ref`` (no plan touches it); the run's canonical URL."""

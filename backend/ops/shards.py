@@ -84,7 +84,7 @@ class Shards(Operation):
         req.validate()
         sprof, dprof = self._profiles(req)
         if not req.src.startswith("s3://"):
-            return self._launched(node, req, await launch_on_node(self.services, node, req, sprof, dprof))
+            return self._launched(node, req, await launch_on_node(self.services.jobs, node, req, sprof, dprof))
         pv = await self.preview(req)
         if not pv.ok:
             raise JobError(f"not started: cannot shard {req.src}: " + "; ".join(pv.errors))
@@ -93,7 +93,7 @@ class Shards(Operation):
             self.services,
             sprof or _bucket_profile(self.services, req.src),
             [Reservation(job_id, node_cfg.site, pv.source_bytes, pv.files)],
-            lambda: launch_on_node(self.services, node, req, sprof, dprof, job_id=job_id),
+            lambda: launch_on_node(self.services.jobs, node, req, sprof, dprof, job_id=job_id),
             reason=reason,
             what="shard conversion",
         )

@@ -43,7 +43,7 @@ RESTAGE_WAIT_S = 3600.0
 
 if TYPE_CHECKING:
     from backend.jobs.records import JobRecord
-    from backend.triage.restage import RestagePlan, RestageResult
+    from backend.ops.restage import RestagePlan, RestageResult
 
 
 class Triage(Operation):
@@ -92,7 +92,9 @@ class Triage(Operation):
         if run is not None:
             from backend.triage.restart import restage_command, resumable_and_history
 
-            ck, history = await resumable_and_history(self.services, run)
+            ck, history = await resumable_and_history(
+                self.services.config, self.services.stores, self.services.jobs, run
+            )
             accused = {x.node for x in report.suspects}
             cmd = restage_command(
                 ck, [n.node for n in report.nodes if n.node not in accused and n.reachable and n.read]
@@ -141,12 +143,12 @@ class Triage(Operation):
         """The newest step proven resumable in ``run`` and the pull (relay fan-out) that brings it
         to ``nodes``, quoted; no proof, no pick (``refused`` says why). Read-only services may plan."""
         from backend.ops.pull import PullRequest
-        from backend.triage.restage import RestagePlan
+        from backend.ops.restage import RestagePlan
         from backend.triage.restart import newest_resumable
 
         if not nodes.strip():
             raise ConfigError("name the nodes that will resume (--nodes LIST)", key="--nodes")
-        ck = await newest_resumable(self.services, run)
+        ck = await newest_resumable(self.services.config, self.services.stores, self.services.jobs, run)
         url = str(ck.get("url") or "")
         if ck.get("step") is None:
             return RestagePlan(run, nodes, ck, None, str(ck.get("why") or "no step proves resumable"))
@@ -161,7 +163,7 @@ class Triage(Operation):
     async def restage(self, plan: RestagePlan, *, wait_s: float = RESTAGE_WAIT_S) -> RestageResult:
         """Pull the picked step once and relay it to the plan's nodes; wait until every node holds
         it verified (or ``wait_s`` passes). Refused in read-only mode and without a pick; audited."""
-        from backend.triage.restage import RestageResult
+        from backend.ops.restage import RestageResult
 
         self.refuse_if_readonly("restage a run")
         if plan.preview is None or plan.refused:

@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.errors import PolicyError, StoreError
 from backend.policy.prices import PriceOverrides
@@ -27,9 +27,10 @@ from backend.retention.marks import canonical_run, effective_policy, norm_url, r
 
 if TYPE_CHECKING:
     from backend.checkpoints.steps import Catalog, CheckpointStep
-    from backend.services import Services
+    from backend.config import Config
+    from backend.jobs.manager import JobManager
     from backend.state import StateDB
-    from backend.storage import ObjectStore
+    from backend.storage import ObjectStore, StoreRegistry
 
 #: Files in a step folder that describe the run rather than hold its state: kept by a strip.
 _KEEP_AFTER_STRIP = re.compile(r"^[^/]+\.(json|txt|yaml|yml|md|model|tiktoken)$", re.IGNORECASE)
@@ -41,6 +42,24 @@ _COMMIT_MARKERS = frozenset({".metadata", "model.safetensors.index.json", "lates
 
 FaultHook = Callable[[str, PlannedAction], None]
 ProgressHook = Callable[["ActionOutcome"], object]  # its return value is ignored
+
+
+class RetentionServices(Protocol):
+    """What planning and applying a run use, and nothing more (``backend.services.Services`` is
+    one): the config, the state DB (journal, marks, audit), the stores, and the job records (a step
+    a running job writes is left alone; a step loadmaster uploaded needs its upload job succeeded)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def db(self) -> StateDB: ...
+
+    @property
+    def stores(self) -> StoreRegistry: ...
+
+    @property
+    def jobs(self) -> JobManager: ...
 
 
 # -- journal ----------------------------------------------------------------------------------
@@ -158,23 +177,23 @@ class Journal:
 # -- planning ---------------------------------------------------------------------------------
 
 
-def storage_price(services: Services, url: str) -> tuple[float | None, str]:
+def storage_price(config: Config, stores: StoreRegistry, url: str) -> tuple[float | None, str]:
     """Storage $/GB-month of the store holding ``url``, and where the figure comes from."""
-    _, profile = services.stores.profile_for(url)
+    _, profile = stores.profile_for(url)
     if profile is None or not profile.is_s3:
         return None, "local store: storage not priced"
     if not profile.provider:
         return None, f"store {profile.name or profile.url}: no provider configured, storage not priced"
     from backend.policy.prices import price_table
 
-    prices = price_table(services.config.section(PriceOverrides)).provider(profile.provider, profile.region)
+    prices = price_table(config.section(PriceOverrides)).provider(profile.provider, profile.region)
     if prices is None:
         return None, f"provider {profile.provider!r} is not in the price table: storage not priced"
     return prices.storage_gb_month, f"{prices.name} storage ${prices.storage_gb_month}/GB-month ({prices.source})"
 
 
 async def prove_kept(
-    services: Services | None, store: ObjectStore, catalog: Catalog, plan: RetentionPlan, url: str
+    jobs: JobManager | None, store: ObjectStore, catalog: Catalog, plan: RetentionPlan, url: str
 ) -> dict[str, str]:
     """The deep resumable check the deny-by-default rule needs: every step ``plan`` keeps full,
     then the newest committed full steps, newest first, until one is proven (``"verified"``, or
@@ -186,28 +205,29 @@ async def prove_kept(
     # a strip reads what it exports: its source passes the same deep check, or it is refused
     strips = [a.path for a in plan.actions if a.action == "strip-to-weights" and by_path.get(a.path, None)]
     strips = [p for p in strips if by_path[p].kind == "full"]
-    proofs = await prove_steps(services, store, catalog, url, kept + strips)
+    proofs = await prove_steps(jobs, store, catalog, url, kept + strips)
     if any(v == VERIFIED for p, v in proofs.items() if p in kept):
         return proofs
     for path in proof_candidates(catalog.steps, plan):
         if path not in by_path:
             continue
         if path not in proofs:
-            proofs.update(await prove_steps(services, store, catalog, url, [path]))
+            proofs.update(await prove_steps(jobs, store, catalog, url, [path]))
         if proofs[path] == VERIFIED:
             break
     return proofs
 
 
 async def prove_steps(
-    services: Services | None, store: ObjectStore, catalog: Catalog, url: str, paths: Iterable[str]
+    jobs: JobManager | None, store: ObjectStore, catalog: Catalog, url: str, paths: Iterable[str]
 ) -> dict[str, str]:
-    """The deep resumable check of the steps at ``paths`` (bounded concurrency)."""
+    """The deep resumable check of the steps at ``paths`` (bounded concurrency); ``jobs`` (None:
+    no job records) supplies the upload jobs a step loadmaster uploaded must have succeeded."""
     from backend.checkpoints.proof import prove_resumable
 
     by_path = {s.path: s for s in catalog.steps}
     kept = [p for p in paths if p in by_path]
-    uploads = _upload_records(services, url)
+    uploads = _upload_records(jobs, url)
     sem = asyncio.Semaphore(APPLY_CONCURRENCY)
 
     async def one(path: str) -> tuple[str, str]:
@@ -225,12 +245,12 @@ async def prove_steps(
     return dict(await asyncio.gather(*(one(p) for p in kept)))
 
 
-def _upload_records(services: Services | None, url: str) -> dict[str, tuple[str, str]]:
+def _upload_records(jobs: JobManager | None, url: str) -> dict[str, tuple[str, str]]:
     """Step path -> (state, job id) of the newest upload job that wrote into the run ``url``."""
-    if services is None:
+    if jobs is None:
         return {}
     try:
-        records = services.jobs.records()
+        records = jobs.records()
     except Exception:  # noqa: BLE001 - no job manager / nodes unreachable: the file check still runs
         return {}
     base = norm_url(url) + "/"
@@ -244,13 +264,13 @@ def _upload_records(services: Services | None, url: str) -> dict[str, tuple[str,
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-def in_flight_from_jobs(services: Services, url: str) -> set[str]:
+def in_flight_from_jobs(jobs: JobManager, url: str) -> set[str]:
     """Step folders under ``url`` that unfinished jobs (uploads, saves, strips) are writing.
 
     A job's ``dest`` (or, for a strip, its ``src``) inside the run folder names the step it
     writes; the first path segment below ``url`` is that step folder.
     """
-    records = services.jobs.records()
+    records = jobs.records()
     base = norm_url(url) + "/"
     out: set[str] = set()
     for r in records:
@@ -272,7 +292,7 @@ async def fetch_catalog(store: ObjectStore, prefix: str = "") -> Catalog:
 
 
 async def compute_plan(
-    services: Services,
+    services: RetentionServices,
     url: str,
     policy: RetentionPolicy,
     *,
@@ -282,17 +302,17 @@ async def compute_plan(
 ) -> RetentionPlan:
     """List ``url`` afresh and plan it under ``policy`` (plus DB pins, milestones and running
     jobs); every step the plan keeps full is deep-checked, and a failure stops every delete."""
-    url, _ = canonical_run(services, url)
-    flying = set(in_flight) | in_flight_from_jobs(services, url)
-    price, note = storage_price(services, url)
-    pol = effective_policy(services, policy, url)
+    url, _ = canonical_run(services.config, url)
+    flying = set(in_flight) | in_flight_from_jobs(services.jobs, url)
+    price, note = storage_price(services.config, services.stores, url)
+    pol = effective_policy(services.config, services.db, policy, url)
     when = time.time() if now is None else now
     async with services.stores.open(url) as store:
         if catalog is None:
             catalog = await fetch_catalog(store)
-        unfinished = unfinished_actions(services, url, catalog)
+        unfinished = unfinished_actions(services.db, url, catalog)
         plan, _ = await proven_plan(
-            services,
+            services.jobs,
             store,
             catalog,
             pol,
@@ -307,7 +327,7 @@ async def compute_plan(
 
 
 async def proven_plan(
-    services: Services | None,
+    jobs: JobManager | None,
     store: ObjectStore,
     catalog: Catalog,
     policy: RetentionPolicy,
@@ -329,19 +349,19 @@ async def proven_plan(
         "unfinished": unfinished,
     }
     first = plan_retention(catalog.steps, policy, candidates_only=True, **common)
-    proofs = await prove_kept(services, store, catalog, first, url)
+    proofs = await prove_kept(jobs, store, catalog, first, url)
     plan = plan_retention(
         catalog.steps, policy, proofs=proofs, usd_per_gb_month=usd_per_gb_month, price_note=price_note, **common
     )
     return plan, proofs
 
 
-def unfinished_actions(services: Services, url: str, catalog: Catalog) -> dict[str, str]:
+def unfinished_actions(db: StateDB, url: str, catalog: Catalog) -> dict[str, str]:
     """Step path -> the action an interrupted apply began on it and a new plan may finish (the
     step holds nothing it did not hold when that action began)."""
     by_path = {s.path: s for s in catalog.steps}
     out = {}
-    for path, (_, _, d) in Journal(services.db, "", url=url).unfinished_for_run().items():
+    for path, (_, _, d) in Journal(db, "", url=url).unfinished_for_run().items():
         action = d.get("action")
         if action in ("delete", "strip-to-weights") and path in by_path:
             if _consistent_with_start(by_path[path], d, str(action)) == "ok":
@@ -483,7 +503,7 @@ async def _delete(
 
 
 async def apply_plan(
-    services: Services,
+    services: RetentionServices,
     plan: RetentionPlan,
     *,
     dry_run: bool = False,
@@ -522,7 +542,7 @@ UNFINISHED = ("started", "exported", "deleting", "failed")
 
 
 async def _apply_locked(
-    services: Services,
+    services: RetentionServices,
     plan: RetentionPlan,
     st: ObjectStore,
     *,
@@ -554,12 +574,12 @@ async def _apply_locked(
             for p, (state, detail) in entries.items()
             if state in UNFINISHED and p in planned
         }
-        flying = set(in_flight) | in_flight_from_jobs(services, plan.url)
-        policy = _policy_now(services, plan)
+        flying = set(in_flight) | in_flight_from_jobs(services.jobs, plan.url)
+        policy = _policy_now(services.config, services.db, plan)
         now = time.time()
         unfinished = {p: planned[p].action for p in resumed if resumed[p] == "ok"}
         fresh, proofs = await proven_plan(
-            services, st, catalog, policy, url=plan.url, now=now, in_flight=flying, unfinished=unfinished
+            services.jobs, st, catalog, policy, url=plan.url, now=now, in_flight=flying, unfinished=unfinished
         )
         check = recheck_plan(plan, fresh, resumed=resumed, done=done)
         changes = check.changes
@@ -671,16 +691,21 @@ async def _apply_locked(
     return ApplyReport(plan.hash, plan.url, dry_run, tuple(outcomes), changes, audit_id)
 
 
-def _policy_now(services: Services, plan: RetentionPlan) -> RetentionPolicy:
+def _policy_now(config: Config, db: StateDB, plan: RetentionPlan) -> RetentionPolicy:
     """The plan's policy with the pins and milestones recorded now (state DB and config)."""
-    return effective_policy(services, plan.policy, plan.url).with_pins(services.config.section(RetentionPolicy).pins)
+    return effective_policy(config, db, plan.policy, plan.url).with_pins(config.section(RetentionPolicy).pins)
 
 
 class _Guard:
     """The checks made right before each destructive action, under the run's apply lock."""
 
     def __init__(
-        self, services: Services, store: ObjectStore, plan: RetentionPlan, catalog: Catalog, proofs: Mapping[str, str]
+        self,
+        services: RetentionServices,
+        store: ObjectStore,
+        plan: RetentionPlan,
+        catalog: Catalog,
+        proofs: Mapping[str, str],
     ) -> None:
         self.services, self.store, self.plan = services, store, plan
         self.by_path = {s.path: s for s in catalog.steps}
@@ -695,14 +720,14 @@ class _Guard:
         """Why ``a`` may not run now (None: it may)."""
         from backend.policy.retention_planner import _milestone_reason
 
-        policy = _policy_now(self.services, self.plan)
+        policy = _policy_now(self.services.config, self.services.db, self.plan)
         pin = policy.pin_reason(a.step)
         if pin is not None:
             return f"pinned during the apply ({pin or 'no reason given'}): left alone"
         step = self.by_path.get(a.path)
         if a.action == "delete" and step is not None and _milestone_reason(step, policy) is not None:
             return "marked a milestone during the apply: not deleted"
-        if a.path in in_flight_from_jobs(self.services, self.plan.url):
+        if a.path in in_flight_from_jobs(self.services.jobs, self.plan.url):
             return "a running job is writing it now: left alone"
         return await self._newer_proof(a)
 
@@ -738,7 +763,7 @@ class _Guard:
         def body(db: Any) -> str | None:
             from backend.policy.retention_planner import _milestone_reason
 
-            policy = _policy_now(self.services, self.plan)
+            policy = _policy_now(self.services.config, self.services.db, self.plan)
             pins = {p.step: p.reason for p in policy.pins}
             if a.step in pins:
                 return f"pinned during the apply ({pins[a.step] or 'no reason given'}): left alone"

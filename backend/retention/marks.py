@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from backend.policy.retention import Pin, RetentionPolicy
 
 if TYPE_CHECKING:
-    from backend.services import Services
+    from backend.config import Config
     from backend.state import StateDB
 
 
@@ -158,18 +158,18 @@ def norm_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def canonical_run(services: Services, ref: str) -> tuple[str, tuple[str, ...]]:
+def canonical_run(config: Config, ref: str) -> tuple[str, tuple[str, ...]]:
     """The run's canonical URL and every spelling its records may be stored under."""
     from backend.retention.runs import run_keys, run_url
 
-    return run_url(services.config, ref), run_keys(services.config, ref)
+    return run_url(config, ref), run_keys(config, ref)
 
 
-def effective_policy(services: Services, policy: RetentionPolicy, url: str) -> RetentionPolicy:
+def effective_policy(config: Config, db: StateDB, policy: RetentionPolicy, url: str) -> RetentionPolicy:
     """``policy`` plus the pins and milestones recorded in the state DB for the run ``url``."""
     from dataclasses import replace
 
-    url, keys = canonical_run(services, url)
-    marked = MilestoneStore(services.db).milestones(url, keys)
-    pol = policy.with_pins(PinStore(services.db).pins(url, keys))
+    url, keys = canonical_run(config, url)
+    marked = MilestoneStore(db).milestones(url, keys)
+    pol = policy.with_pins(PinStore(db).pins(url, keys))
     return replace(pol, milestones=tuple(sorted(set(pol.milestones) | set(marked)))) if marked else pol

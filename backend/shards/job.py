@@ -1,7 +1,7 @@
 """A shard conversion as a durable ``shard`` job: started from the console or CLI, run on a node.
 
 :func:`launch_on_node` (console side) starts the job with the store settings as params and the
-credentials as job secrets, and writes the ``shard.launch`` audit record. On the node the agent
+credentials as job secrets (the operation, ``Shards.start_on_node``, audits it). On the node the agent
 runs :func:`run_shard_job` (``backend.agent.kinds``) and, after a cancel or a lost run,
 :func:`cleanup`.
 """
@@ -20,8 +20,8 @@ from backend.storage import Credentials, S3Store
 
 if TYPE_CHECKING:
     from backend.config import Config
+    from backend.jobs.manager import JobManager
     from backend.jobs.records import JobRecord
-    from backend.services import Services
     from backend.state import StateDB
 
 
@@ -34,25 +34,25 @@ async def job_secrets(*locations: tuple[str, StoreProfile | None]) -> dict[str, 
 
 
 async def launch_on_node(
-    services: Services,
+    jobs: JobManager,
     node: str,
     req: ShardRequest,
     src_profile: StoreProfile | None,
     dest_profile: StoreProfile | None,
     *,
     job_id: str | None = None,
-) -> Any:
+) -> JobRecord:
     """Start the conversion as a durable ``shard`` job on ``node``; returns its JobRecord (the
     operation, ``Shards.start_on_node``, audits it).
     ``job_id``: the id its egress reservation was made under (``Shards.start_on_node``)."""
-    node_cfg = services.config.node(node)
+    node_cfg = jobs.config.node(node)
     req.validate()
     if req.spool_dir is None and req.dest.startswith("s3://"):
         # Spool shards awaiting upload on the node's scratch disk, not its (often small) /tmp.
         req = dataclasses.replace(req, spool_dir=f"{node_cfg.scratch.rstrip('/')}/.loadmaster-shard-spool")
     # The destination's credentials first: it is the side written.
     secrets = await job_secrets((req.dest, dest_profile), (req.src, src_profile))
-    rec = await services.jobs.launch(
+    rec = await jobs.launch(
         node,
         "shard",
         job_params(req, src_profile, dest_profile),

@@ -10,35 +10,39 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from backend.services import Services
+    from backend.config import Config
+    from backend.jobs.manager import JobManager
+    from backend.storage import StoreRegistry
     from backend.triage.goodput import StepTime
 
 #: Full steps proven (newest first) before giving up.
 PROVE_AT_MOST = 3
 
 
-async def newest_resumable(services: Services, ref: str) -> dict[str, Any]:
+async def newest_resumable(config: Config, stores: StoreRegistry, jobs: JobManager, ref: str) -> dict[str, Any]:
     """``{"url", "step", "path", "bytes", "saved_at", "newer_unusable": [...], "steps_lost_at_least"}``;
     ``step`` None (with ``why``) when no step proves resumable."""
-    return (await resumable_and_history(services, ref))[0]
+    return (await resumable_and_history(config, stores, jobs, ref))[0]
 
 
-async def resumable_and_history(services: Services, ref: str) -> tuple[dict[str, Any], list[StepTime]]:
+async def resumable_and_history(
+    config: Config, stores: StoreRegistry, jobs: JobManager, ref: str
+) -> tuple[dict[str, Any], list[StepTime]]:
     """:func:`newest_resumable`'s answer and the run's full steps with their times (for goodput),
-    from one listing of the run."""
+    from one listing of the run (``jobs``: the upload jobs a step loadmaster uploaded needs succeeded)."""
     from backend.retention.apply import fetch_catalog, prove_steps
     from backend.retention.marks import canonical_run
     from backend.triage.goodput import StepTime
 
-    url, _ = canonical_run(services, ref)
+    url, _ = canonical_run(config, ref)
     refused: list[dict[str, Any]] = []
     pick = None
-    async with services.stores.open(url) as store:
+    async with stores.open(url) as store:
         catalog = await fetch_catalog(store)
         numbered = [s for s in catalog.steps if s.step is not None]
         full = [s for s in numbered if s.kind == "full"]
         for s in reversed(full[-PROVE_AT_MOST:]):
-            proof = (await prove_steps(services, store, catalog, url, [s.path])).get(s.path, "not proven")
+            proof = (await prove_steps(jobs, store, catalog, url, [s.path])).get(s.path, "not proven")
             if proof == "verified":
                 pick = s
                 break

@@ -55,11 +55,11 @@ async def test_every_spelling_of_a_run_is_one_run(
     root = dcp_run.copy_to(tmp_path / "bucket" / "run1")
     monkeypatch.chdir(tmp_path / "bucket")
     forms = ["ckpts/run1", "run1", "./run1/", str(root), str(root) + "/"]
-    urls = {canonical_run(store_services, f)[0] for f in forms}
+    urls = {canonical_run(store_services.config, f)[0] for f in forms}
     assert urls == {str(root)}
     # a pin made with the store/run form protects the step in a plan made from the absolute path
-    PinStore(store_services.db).pin(canonical_run(store_services, "ckpts/run1")[0], 1000, "eval baseline")
-    MilestoneStore(store_services.db).mark(canonical_run(store_services, "./run1")[0], 3000)
+    PinStore(store_services.db).pin(canonical_run(store_services.config, "ckpts/run1")[0], 1000, "eval baseline")
+    MilestoneStore(store_services.db).mark(canonical_run(store_services.config, "./run1")[0], 3000)
     for form in forms:
         plan = await compute_plan(store_services, form, POLICY)
         acts = {a.step: a for a in plan.actions}

@@ -2,7 +2,8 @@
 nodes that will resume (pulled once from the store, relayed between them), and what it did.
 
 The records here are what :meth:`backend.ops.triage.Triage.restage_plan` and
-:meth:`~backend.ops.triage.Triage.restage` hand the CLI and the Triage screen.
+:meth:`~backend.ops.triage.Triage.restage` hand the CLI and the Triage screen: operation results
+(the plan carries the pull's :class:`~backend.ops.pull.PullPreview`), so they live in ``ops``.
 """
 
 from __future__ import annotations
