@@ -51,6 +51,7 @@ NOT_CODE = {
     "jobs.launch_id": "a column of the jobs table",
     "jobs.slurm_job": "a column of the jobs table (schema 7)",
     "job.cancel": "an audit action's name",
+    "triage.restage": "an audit action's name (the records are backend/ops/restage.py)",
     "MaxSessions": "an sshd option",
     "MaxStartups": "an sshd option",
     "SetEnv": "an sshd option",
