@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from backend.nodes.untrusted import CUT_LINE, MAX_LINE_BYTES, clean_text
-from backend.telemetry.model import NO_GPU, DiskRate, GpuSample, NicKind, NicRate
+from backend.telemetry.model import NO_GPU, DiskRate, GpuSample, NicKind, NicRate, gpu_row
 
 _VIRTUAL_PREFIXES = (
     "docker",
@@ -74,8 +74,24 @@ _SECTION_SOURCE = {
 MALFORMED = "malformed"
 
 
+#: Cleaned names by their raw text: a node prints the same GPU models, UUIDs, interfaces and
+#: devices in every block, so each is cleaned once. Bounded: only short texts, and the memo is
+#: emptied when it holds this many (a hostile node printing new names each time costs a clean).
+_NAMES: dict[str, str] = {}
+_NAMES_MAX = 16384
+_NAME_MEMO_LEN = 4 * NAME_LIMIT
+
+
 def _name(text: str) -> str:
-    return clean_text(text, NAME_LIMIT)
+    hit = _NAMES.get(text)
+    if hit is not None:
+        return hit
+    out = clean_text(text, NAME_LIMIT)
+    if len(text) <= _NAME_MEMO_LEN:
+        if len(_NAMES) >= _NAMES_MAX:
+            _NAMES.clear()
+        _NAMES[text] = out
+    return out
 
 
 def _message(text: str) -> str:
@@ -183,20 +199,11 @@ def parse_gpu_csv(text: str, rc: str | None = "0") -> tuple[tuple[GpuSample, ...
             )
             continue
         idx = _value(cells[0])
-        gpus.append(
-            GpuSample(
-                index=int(idx) if idx is not None else len(gpus),
-                uuid=_name(cells[1]),
-                name=_name(cells[2]),
-                util_pct=_value(cells[3]),
-                mem_util_pct=_value(cells[4]),
-                mem_used_mib=_value(cells[5]),
-                mem_total_mib=_value(cells[6]),
-                temp_c=_value(cells[7]),
-                power_w=_value(cells[8]),
-                power_limit_w=_value(cells[9]),
-            )
-        )
+        try:
+            values: list[float | None] = list(map(float, cells[3:10]))  # every number reported: one call
+        except ValueError:
+            values = [_value(c) for c in cells[3:10]]
+        gpus.append(gpu_row(int(idx) if idx is not None else len(gpus), _name(cells[1]), _name(cells[2]), *values))
     if not gpus:
         if rc not in (None, "0") or errors:
             return (), errors[0] if errors else f"nvidia-smi exited {rc}"
@@ -323,9 +330,46 @@ def parse_df(text: str, rc: str | None) -> tuple[int | None, int | None, str | N
 # blocks
 
 
+#: Line breaks other than newline that ``str.splitlines`` also splits on; a block holding one
+#: is split line by line, the exact reference, instead of by markers.
+_ODD_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")
+
+
 def split_sections(block: str) -> dict[str, tuple[str, str | None]]:
     """A framed block -> {section: (body text, the section's rc marker value)}; headers
-    ``@@uptime X``/``@@boot X`` become sections whose body is X."""
+    ``@@uptime X``/``@@boot X`` become sections whose body is X.
+
+    Cut at the ``@@`` marker lines and the bodies kept whole (a block is ~40 lines and only ~12
+    markers, at 256 blocks a second); exactly what :func:`_split_sections_by_line` returns, which
+    the tests check, and what runs for a block with other line breaks than newline.
+    """
+    if not block or not block.isascii() or any(c in block for c in _ODD_BREAKS):
+        return _split_sections_by_line(block)
+    if block.endswith("\n"):
+        block = block[:-1]  # splitlines() yields no empty line after a final newline
+    parts = block.split("\n@@")
+    if parts[0].startswith("@@"):
+        parts[0] = parts[0][2:]
+    else:
+        del parts[0]  # lines before the first marker belong to no section
+    sections: dict[str, list[str]] = {}
+    rcs: dict[str, str] = {}
+    current: str | None = None
+    for part in parts:
+        header, newline, body = part.partition("\n")
+        tag, _, rest = header.partition(" ")
+        if tag.endswith("-rc"):
+            rcs[tag[:-3]] = rest.strip()
+        elif tag not in ("lm-begin", "lm-end"):
+            current = tag
+            sections[current] = [rest] if rest else []
+        if newline and current is not None:
+            sections[current].append(body)  # the lines up to the next marker, joined as they came
+    return {k: ("\n".join(v), rcs.get(k)) for k, v in sections.items()}
+
+
+def _split_sections_by_line(block: str) -> dict[str, tuple[str, str | None]]:
+    """:func:`split_sections`, line by line (the reference)."""
     sections: dict[str, list[str]] = {}
     rcs: dict[str, str] = {}
     current: str | None = None

@@ -182,3 +182,49 @@ def test_any_kernel_log_text_parses_without_raising(text: str) -> None:
 
     xids, _ = parse_xid_log((text, "0"), text[:200])
     assert all(isinstance(c, int) and isinstance(g, int) for _k, g, c in xids)
+
+
+_BLOCK_PIECES = st.sampled_from(
+    [
+        "@@",
+        "@@lm-begin",
+        "@@lm-end",
+        "@@gpu",
+        "@@gpu-rc 0",
+        "@@gpu-rc",
+        "@@df-rc  1 ",
+        "@@uptime 5.0 1",
+        "@@ x",
+        "\n",
+        "\n",
+        "\n",
+        "0, GPU-1, H100, 95",
+        " ",
+        "@",
+        "\r",
+        "\r\n",
+        "\x0c",
+        "\u2028",
+        "é",
+        "",
+    ]
+)
+
+
+@settings(max_examples=500)
+@given(st.lists(st.one_of(_BLOCK_PIECES, st.text(max_size=8)), max_size=40).map("".join))
+def test_split_sections_by_markers_is_the_line_by_line_reference(block: str) -> None:
+    """The marker-cut fast path returns exactly what the line-by-line split does, for any text
+    (frame and rc lines, repeated or empty markers, final newlines, other line breaks)."""
+    from backend.telemetry.parse import _split_sections_by_line
+
+    assert split_sections(block) == _split_sections_by_line(block)
+
+
+def test_gpu_rows_equal_the_dataclass_they_stand_for() -> None:
+    from backend.telemetry.model import GpuSample, gpu_row
+
+    args = (3, "GPU-x", "NVIDIA H100", 95.0, None, 70000.0, 81559.0, 61.0, 640.5, 700.0)
+    fast, slow = gpu_row(*args), GpuSample(*args)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert parse_gpu_csv("3, GPU-x, NVIDIA H100, 95, [N/A], 70000, 81559, 61, 640.5, 700.00")[0] == (slow,)
