@@ -69,7 +69,7 @@ def _relay_port(est: NodeEstimate, ports: str, rng: Any) -> int:
     from backend.jobs.settings import port_range
 
     lo, hi = port_range(ports)
-    free = [p for p in range(lo, hi + 1) if p not in est.listening]
+    free = [p for p in range(lo, hi + 1) if p not in est.ports_taken]
     if not free:
         raise ConfigError(f"{est.node}: every port of [jobs] relay_ports ({ports}) is in use; widen the range")
     return int(rng.choice(free))
@@ -140,7 +140,7 @@ def with_fanout(
                 if mode == "relay-ssh"
                 else _relay_address(config.node(est.node), est, settings.relay_network)
             )
-            port = _relay_port(dataclasses.replace(est, listening=est.listening | taken), settings.relay_ports, rng)
+            port = _relay_port(dataclasses.replace(est, ports_taken=est.ports_taken | taken), settings.relay_ports, rng)
             taken.add(port)
             listen[est.node] = (addr, port)
         except ConfigError as exc:

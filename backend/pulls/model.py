@@ -37,9 +37,13 @@ class NodeEstimate:
     error: str | None = None
     #: The destination directory already exists (files in it may count as present).
     dest_exists: bool = False
-    #: The node's own addresses and the TCP ports listening there (for a relay's peers).
+    #: The node's own addresses (for a relay's peers).
     addresses: tuple[str, ...] = ()
-    listening: frozenset[int] = frozenset()
+    #: The local port of every TCP socket on the node, in any state: a relay may not listen there.
+    #: Listeners, and also outgoing connections and their TIME_WAIT (60 s after they close): bind()
+    #: refuses a port one of them holds, SO_REUSEADDR or not, and the default relay_ports lie inside
+    #: Linux's ephemeral range (32768-60999), where outgoing connections take their ports.
+    ports_taken: frozenset[int] = frozenset()
     #: False for a relay receiver: its data comes from a peer, not from s5cmd.
     needs_s5cmd: bool = True
 

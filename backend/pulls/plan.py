@@ -43,7 +43,7 @@ if [ -d "$D" ]; then
 fi
 echo "@@PRESENT $present"
 for a in $( (ip -o addr show 2>/dev/null | awk '{print $4}'; hostname -I 2>/dev/null) ); do echo "@@ADDR ${a%/*}"; done
-awk 'FNR > 1 && $4 == "0A" { n = split($2, a, ":"); print "@@LISTEN " a[n] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+awk 'FNR > 1 { n = split($2, a, ":"); print "@@PORT " a[n] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
 """
 
 
@@ -60,7 +60,7 @@ async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> 
     present = 0
     dest_exists = False
     addrs: list[str] = []
-    listening: set[int] = set()
+    taken: set[int] = set()
     for line in res.stdout.splitlines():
         tag, _, v = line.partition(" ")
         v = v.strip()
@@ -76,9 +76,9 @@ async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> 
             dest_exists = True
         elif tag == "@@ADDR" and v and v not in addrs:
             addrs.append(v)
-        elif tag == "@@LISTEN":
+        elif tag == "@@PORT":
             with contextlib.suppress(ValueError):
-                listening.add(int(v, 16))
+                taken.add(int(v, 16))
     err = None if free is not None else f"{transport.name}: cannot read free space at {dest}: {res.stderr.strip()}"
     return NodeEstimate(
         node=transport.name,
@@ -91,7 +91,7 @@ async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> 
         error=err,
         dest_exists=dest_exists,
         addresses=tuple(addrs),
-        listening=frozenset(listening),
+        ports_taken=frozenset(taken),
     )
 
 

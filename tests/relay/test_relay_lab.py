@@ -7,6 +7,7 @@ import io
 import json
 import os
 import secrets
+import socket
 import sqlite3
 from pathlib import Path
 
@@ -29,6 +30,19 @@ def _pull(cfg: Path, source: RelaySource, dest: str, *extra: str) -> tuple[int, 
         )
     text = out.getvalue()
     return rc, (json.loads(text) if text.strip().startswith("{") else {}), err.getvalue()
+
+
+def _why(out: dict, err: str, served: int, source: RelaySource) -> str:
+    """What each job of a pull did (kind, state, error, role, upstream, attachments) and the CLI's
+    own lines: a byte count off by a whole copy names the node that went to the store and why."""
+    rows = [f"the store sent {served} bytes for a {source.total}-byte source"]
+    for j in out.get("jobs", []):
+        relay = (j.get("result") or {}).get("relay") or {}
+        rows.append(
+            f"{j.get('node')} {j.get('kind')} {j.get('state')}: error={j.get('error')!r} role={relay.get('role')} "
+            f"upstream={relay.get('upstream')} attachments={relay.get('attachments')}"
+        )
+    return "\n".join([*rows, "the pull's stderr:", err])
 
 
 def test_relay_store_sends_once_direct_sends_four_times(
@@ -68,11 +82,11 @@ def test_relay_store_sends_once_direct_sends_four_times(
         assert want <= set(proven), (want, proven)
     # node-03 has no s5cmd: it received everything from its upstream.
     assert jobs["node-03"]["result"]["relay"]["upstream"] == "node-02"
-    assert relay_source.total <= relay_bytes < relay_source.total * 1.05, (relay_bytes, relay_source.total)
+    assert relay_source.total <= relay_bytes < relay_source.total * 1.05, _why(out, err, relay_bytes, relay_source)
     assert "instead of 4x" in err and "saves" in err
 
     # The same data, each node from the store: 4x.
-    direct_cfg = relay_config(lab, tmp_path, store_proxy, name="direct", jobs=s5cmd_everywhere())
+    direct_cfg = relay_config(lab, tmp_path, store_proxy, name="direct", pull=s5cmd_everywhere())
     store_proxy.reset()
     rc, out, err = _pull(direct_cfg, relay_source, "pulls/direct-4x", "--fanout", "direct")
     assert rc == 0, err
@@ -97,7 +111,8 @@ def test_relay_ssh_carries_the_hops_through_ssh_and_listens_on_loopback_only(
     store_proxy.reset()
     rc, out, err = _pull(cfg, relay_source, "pulls/relay-ssh", "--fanout", "relay-ssh")
     assert rc == 0, err
-    assert relay_source.total <= store_proxy.served < relay_source.total * 1.05
+    served = store_proxy.served
+    assert relay_source.total <= served < relay_source.total * 1.05, _why(out, err, served, relay_source)
     for j in out["jobs"]:
         assert j["state"] == "succeeded", j
         relay = j["params"]["relay"]
@@ -108,6 +123,57 @@ def test_relay_ssh_carries_the_hops_through_ssh_and_listens_on_loopback_only(
         assert_copy(lab.node(j["node"]).scratch / "pulls/relay-ssh", relay_source)
     ups = {j["node"]: j["result"]["relay"]["upstream"] for j in out["jobs"]}
     assert ups == {"node-01": None, "node-02": "node-01", "node-03": "node-02", "node-04": "node-03"}
+
+
+def _free_run(n: int) -> int:
+    """The first of ``n`` consecutive ports free on 127.0.0.1, below Linux's ephemeral range (no
+    outgoing connection takes one of them meanwhile)."""
+    for lo in range(20000, 32000, n):
+        try:
+            with contextlib.ExitStack() as held:
+                for p in range(lo, lo + n):
+                    held.enter_context(socket.create_server(("127.0.0.1", p)))
+        except OSError:
+            continue
+        return lo
+    raise AssertionError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
+async def test_a_relay_port_is_never_one_an_outgoing_connection_holds(
+    lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
+) -> None:
+    """bind() refuses a port that an outgoing connection holds, established or in TIME_WAIT (60 s
+    after it closed), SO_REUSEADDR or not: the plan must not give such a port to a relay. (In CI a
+    relay-ssh node found its loopback port held by the TIME_WAIT of an earlier pull's connection,
+    failed, and fetched its copy from the store again.)"""
+    from backend.config import load_config_file
+    from backend.ops import PullRequest
+    from backend.services import Services
+
+    lo = _free_run(6)
+    cfg = relay_config(lab, tmp_path, store_proxy, pull=f'relay_ports = "{lo}-{lo + 5}"\n')
+    server = socket.create_server(("127.0.0.1", 0))
+    held = []
+    for port in (lo, lo + 1):  # outgoing connections from those ports, as any client's would be
+        c = socket.socket()
+        c.bind(("127.0.0.1", port))
+        c.connect(server.getsockname())
+        held.append((c, server.accept()[0]))
+    closed, peer = held.pop()
+    closed.close()  # the side that closes first keeps the port in TIME_WAIT
+    peer.close()
+    services = Services(load_config_file(cfg))
+    try:
+        req = PullRequest(relay_source.url, "pulls/relay-ports", "node-0[1-4]", fanout="relay-ssh")
+        preview = await services.ops.pulls.plan(req)
+    finally:
+        await services.aclose()
+        for c, p in held:
+            c.close()
+            p.close()
+        server.close()
+    ports = sorted(port for _addr, port in preview.plan.relay_listen.values())
+    assert ports == list(range(lo + 2, lo + 6)), (lo, ports)
 
 
 def test_a_seed_takes_large_objects_a_few_at_a_time(lab: Lab, s3, store_proxy: CountingProxy, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -126,7 +192,7 @@ def test_a_seed_takes_large_objects_a_few_at_a_time(lab: Lab, s3, store_proxy: C
             + ["--yes", "--json"]
         )
     assert rc == 0, err.getvalue()
-    # [jobs] numworkers = 8, concurrency 4, 5 MiB parts: the seed copies 4 objects at a time.
+    # [pull] numworkers = 8, concurrency 4, 5 MiB parts: the seed copies 4 objects at a time.
     assert "seeds: s5cmd --numworkers 4 cp --concurrency 4 --part-size 5" in err.getvalue()
     jobs = {j["node"]: j for j in json.loads(out.getvalue())["jobs"]}
     assert jobs["node-01"]["params"]["numworkers"] == 4 and jobs["node-02"]["params"]["numworkers"] == 8

@@ -929,9 +929,10 @@ Md5Pipe = ProofPipe
 MD5_BACKLOG = 16
 
 
-#: How long a receiver keeps trying its planned port while something else holds it. The port was
-#: free when the pull was planned; an outgoing connection's ephemeral port (the default range lies
-#: inside Linux's 32768-60999) holds it only for a moment.
+#: How long a receiver keeps trying its planned port while something else holds it. No socket
+#: held the port when the pull was planned (the probe's ports_taken: listeners, connections and
+#: TIME_WAIT alike); an outgoing connection that took it since, as its ephemeral port (the default
+#: range lies inside Linux's 32768-60999), may end soon, though its TIME_WAIT holds it 60 s more.
 LISTEN_RETRY_S = 5.0
 
 
