@@ -34,7 +34,7 @@ from backend.agent.context import (
 from backend.agent.kinds import check_known
 from backend.agent.kinds import kind as job_kind
 from backend.config import Config
-from backend.errors import CommandFailed, JobError, LoadmasterError, NodeError, NodeUnreachable, ReadOnlyRefused
+from backend.errors import CommandFailed, JobError, LoadmasterError, NodeError, NodeUnreachable
 from backend.jobs.records import (
     FOREIGN,
     NODE_UNREADABLE,
@@ -110,19 +110,6 @@ class JobManager:
         """The shell words that start the agent on ``node``, before ``agent run|cleanup JOBDIR``: its
         own venv's python run isolated, unless config ``agent`` says otherwise (backend.nodes.agent)."""
         return node_agent_command(self.config.node(node))
-
-    async def jobs_dir(self, node: str) -> str:
-        """The node's jobs directory (``$LOADMASTER_HOME/jobs`` or ``~/.loadmaster/jobs``), created 0700."""
-        if node not in self._homes:
-            t = self.pool.transport(node)
-            res = await t.run(
-                'H="${LOADMASTER_HOME:-$HOME/.loadmaster}"; umask 077; mkdir -p "$H/jobs" && printf %s "$H/jobs"',
-                timeout=30,
-            )
-            if not res.ok or not res.stdout.strip():
-                raise JobError(f"{node}: cannot create the jobs directory: {res.stderr.strip() or 'no output'}")
-            self._homes[node] = res.stdout.strip()
-        return self._homes[node]
 
     def expect_launch(self, launch_id: str, job_ids: Iterable[str]) -> None:
         """The jobs ``job_ids`` about to be started (by whatever starts them) are one launch."""
@@ -752,27 +739,16 @@ class JobManager:
             raise JobError(f"no launch {launch_id!r} (see 'loadmaster jobs')")
         return list(await asyncio.gather(*(self.refresh_job(i) for i in ids)))
 
-    async def cancel(self, job_id: str, *, reason: str | None = None) -> JobRecord:
-        """Stop the job's process group (SIGTERM, then SIGKILL after the grace period) and record it.
-
-        The group is signalled only once it is proven to be the job's (:data:`PROVE_SCRIPT`);
-        otherwise only the cancel file is written, which a live runner also obeys.
-        """
-        final, detail = await self._cancel_one(job_id)
-        self.db.record_audit("job.cancel", f"{final.node}:{final.id}", final.state, detail=detail, reason=reason)
-        return final
-
-    async def cancel_launch(self, launch_id: str, *, reason: str | None = None) -> LaunchCancel:
+    async def cancel_launch(self, launch_id: str) -> tuple[LaunchCancel, dict[str, Any]]:
         """Cancel every job of the launch that is still running, all at once, as :meth:`cancel`
-        does one; the jobs that had already ended are left alone. One audit record
-        (``job.cancel``, target ``launch:<id>``) names each job and what became of it."""
-        if self.readonly:
-            raise ReadOnlyRefused("read-only mode: cannot cancel a job (drop --readonly)")
+        does one; the jobs that had already ended are left alone. Returns what became of each,
+        and the detail of the launch's one ``job.cancel`` audit record (``backend.ops.jobs``
+        writes it, and refuses the cancel in read-only mode)."""
         recs = await self.launch_records(launch_id)
         active = [r for r in recs if not r.terminal]
         if not active:
             raise JobError(f"launch {launch_id} already ended ({states_text(recs)}); nothing to cancel")
-        got = await asyncio.gather(*(self._cancel_one(r.id) for r in active), return_exceptions=True)
+        got = await asyncio.gather(*(self.cancel(r.id) for r in active), return_exceptions=True)
         finals: list[JobRecord] = []
         errors: dict[str, str] = {}
         jobs: dict[str, str] = {}
@@ -786,27 +762,24 @@ class JobManager:
             finals.append(res[0])
             jobs[rec.id] = res[0].state
         ended = tuple(r for r in recs if r.terminal)
-        outcome = "cancelled" if not errors and all(f.state == "cancelled" for f in finals) else "partly cancelled"
-        self.db.record_audit(
-            "job.cancel",
-            f"launch:{launch_id}",
-            outcome,
-            detail={
-                "launch": launch_id,
-                "jobs": jobs,
-                "nodes": sorted({r.node for r in active}),
-                "already_ended": {r.id: r.state for r in ended},
-                "kind": active[0].kind,
-                "label": active[0].label,
-            },
-            reason=reason,
-        )
-        return LaunchCancel(launch_id, tuple(finals), errors, ended)
+        detail = {
+            "launch": launch_id,
+            "jobs": jobs,
+            "nodes": sorted({r.node for r in active}),
+            "already_ended": {r.id: r.state for r in ended},
+            "kind": active[0].kind,
+            "label": active[0].label,
+        }
+        return LaunchCancel(launch_id, tuple(finals), errors, ended), detail
 
-    async def _cancel_one(self, job_id: str) -> tuple[JobRecord, dict[str, Any]]:
-        """:meth:`cancel` without its audit record: the final record and what to audit of it."""
-        if self.readonly:
-            raise ReadOnlyRefused("read-only mode: cannot cancel a job (drop --readonly)")
+    async def cancel(self, job_id: str) -> tuple[JobRecord, dict[str, Any]]:
+        """Stop the job's process group (SIGTERM, then SIGKILL after the grace period); its final
+        record, and the detail of its ``job.cancel`` audit record (``backend.ops.jobs`` writes it,
+        and refuses the cancel in read-only mode).
+
+        The group is signalled only once it is proven to be the job's (:data:`PROVE_SCRIPT`);
+        otherwise only the cancel file is written, which a live runner also obeys.
+        """
         rec = await self.refresh_job(job_id)
         if rec.note:
             raise JobError(f"cannot cancel {rec.id}: {rec.note}")

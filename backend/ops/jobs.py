@@ -67,9 +67,14 @@ class Jobs(Operation):
         """SIGTERM the job's process group, SIGKILL after the grace period, clean up; its final record."""
         self.refuse_if_readonly("cancel a job")
         rec = await self.cancellable(job_id)
-        return await self.services.jobs.cancel(rec.id, reason=reason)
+        final, detail = await self.services.jobs.cancel(rec.id)
+        self.audit("job.cancel", f"{final.node}:{final.id}", final.state, detail=detail, reason=reason)
+        return final
 
     async def cancel_launch(self, launch_id: str, *, reason: str | None = None) -> LaunchCancel:
         """Cancel every running job of the launch at once (one audit record); what became of each."""
         self.refuse_if_readonly("cancel a launch")
-        return await self.services.jobs.cancel_launch(launch_id, reason=reason)
+        done, detail = await self.services.jobs.cancel_launch(launch_id)
+        outcome = "cancelled" if done.ok else "partly cancelled"
+        self.audit("job.cancel", f"launch:{launch_id}", outcome, detail=detail, reason=reason)
+        return done

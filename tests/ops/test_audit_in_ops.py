@@ -22,8 +22,12 @@ PACKAGES = ("backend", "tui", "lab")
 WRITER = "backend/ops/base.py"
 #: file -> how many ``record_audit`` calls it still makes, and why it has not moved yet.
 NOT_YET_MOVED: dict[str, tuple[int, str]] = {
-    "backend/jobs/manager.py": (2, "job.cancel of one job and of a launch: tests call JobManager.cancel directly"),
-    "backend/retention/apply.py": (4, "retention.intent/action/reconcile/apply are written mid-apply, per step"),
+    "backend/retention/apply.py": (
+        4,
+        "retention.intent/action/reconcile/apply are the apply's write-ahead journal: written mid-apply, "
+        "per step, 'action' in one transaction with its journal row and 'apply' even when the apply is "
+        "interrupted, so a kill never leaves a deletion unrecorded",
+    ),
 }
 INSERT_AUDIT = re.compile(r"INSERT\s+INTO\s+audit\b", re.IGNORECASE)
 

@@ -181,7 +181,7 @@ async def test_cancel_signals_only_a_proven_group(lab: Lab, svc: Services, group
     )
     _recorded(svc, job_id)
     await svc.jobs.refresh(["node-01"])
-    final = await svc.jobs.cancel(job_id, reason="security test")
+    final = await svc.ops.jobs.cancel(job_id, reason="security test")
     assert final.state == "cancelled"
     assert _alive(other)
     assert (d / "cancel").exists()  # a live runner would still see the request

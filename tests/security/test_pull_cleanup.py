@@ -179,7 +179,7 @@ async def test_cancel_removes_its_temporaries_only(lab: Lab, hostile_s3: Hostile
     dest = _dest_with_operator_files(lab)
     try:
         rec, _job_dir, temps = await _held_with_a_temp(hostile_services, hostile_s3, dest)
-        final = await hostile_services.jobs.cancel(rec.id, reason="security test")
+        final = await hostile_services.ops.jobs.cancel(rec.id, reason="security test")
     finally:
         hostile_s3.release()
     assert final.state == "cancelled", final.error
