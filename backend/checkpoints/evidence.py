@@ -84,15 +84,11 @@ async def torch_file(store: ObjectStore, key: str, size: int) -> TorchFile:
 MAX_EXPORT_SHARDS = 512
 
 
-async def export_present(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo]) -> bool:
-    """True when the step dir holds a BF16 export: ``model.safetensors.index.json``, every shard
-    it names, every tensor it maps found in its shard's header, and every tensor BF16 (read from
-    the headers: FP32 safetensors shards are model weights, not an export)."""
-    return (await export_problem(store, step_path, files)) is None
-
-
 async def export_problem(store: ObjectStore, step_path: str, files: dict[str, ObjectInfo]) -> str | None:
-    """Why the step holds no usable BF16 export (None: it holds one)."""
+    """Why the step holds no usable BF16 export (None: it holds one). A usable export is
+    ``model.safetensors.index.json``, every shard it names, every tensor it maps found in its
+    shard's header, and every tensor BF16 (read from the headers: FP32 safetensors shards are model
+    weights, not an export)."""
     from backend.checkpoints.safetensors_check import SafetensorsError, read_header
 
     shards, missing = await index_shards(store, step_path, files)

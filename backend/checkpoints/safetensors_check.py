@@ -69,10 +69,6 @@ class SafetensorsHeader:
     metadata: dict[str, str]
     tensors: tuple[TensorInfo, ...]
 
-    @property
-    def data_start(self) -> int:
-        return 8 + self.header_len
-
     def by_name(self) -> dict[str, TensorInfo]:
         return {t.name: t for t in self.tensors}
 

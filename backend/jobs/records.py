@@ -134,11 +134,6 @@ class JobRecord:
         return self.state in TERMINAL
 
     @property
-    def launch_key(self) -> str:
-        """What cancels this job with the rest of its launch: the launch id, else its own id."""
-        return self.launch or self.id
-
-    @property
     def source(self) -> str:
         return str(self.params.get("src") or self.params.get("source") or "")
 

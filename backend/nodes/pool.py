@@ -179,10 +179,6 @@ class NodePool:
         self.node(name)
         return self._status[name]
 
-    def statuses(self) -> dict[str, NodeStatus]:
-        """Every node's status, in inventory order."""
-        return {n: self._status[n] for n in self.names}
-
     async def connect(self, name: str) -> NodeStatus:
         """Connect ``name`` now (SSH only) and return its status; errors are kept in the status."""
         connect = getattr(self.transport(name), "connect", None)  # SSH and kept transports

@@ -114,9 +114,6 @@ class RetentionPolicy:
         have = {p.step for p in self.pins}
         return replace(self, pins=self.pins + tuple(p for p in extra if p.step not in have))
 
-    def without_pin(self, step: int) -> RetentionPolicy:
-        return replace(self, pins=tuple(p for p in self.pins if p.step != step))
-
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["milestones"] = list(self.milestones)

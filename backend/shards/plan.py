@@ -95,11 +95,6 @@ class InputProblems:
     unreadable: tuple[tuple[str, str], ...] = ()  # (path, reason)
     expected_exts: tuple[str, ...] = ()
 
-    @property
-    def unpartnered(self) -> int:
-        """Files without a key partner: lone files of incomplete samples plus unkeyed files."""
-        return len(self.unkeyed) + len(self.incomplete)
-
     def describe(self) -> list[str]:
         """One line per kind of problem, with its count and examples."""
         out = []

@@ -57,8 +57,7 @@ REASON_NAMES = {
     HW_POWER_BRAKE_SLOWDOWN: "HW power brake",
     SW_THERMAL_SLOWDOWN: "SW thermal slowdown",
 }
-#: Reasons that are normal operation (idle, the power cap a job runs into, sync boost): never evidence.
-BENIGN_REASONS = GPU_IDLE | APPLICATIONS_CLOCKS_SETTING | SW_POWER_CAP | SYNC_BOOST | DISPLAY_CLOCK_SETTING
+#: The other reasons are normal operation (idle, the power cap a job runs into, sync boost): never evidence.
 
 #: The script triage runs on a node: one round trip, each part cut short, each with its exit status.
 SCRIPT = (
