@@ -38,6 +38,7 @@ DEFAULT_SCRATCH = "/mnt/local-nvme"
 FEATURE_SECTIONS: dict[str, str] = {
     "telemetry": "backend.telemetry.settings:TelemetrySettings",
     "jobs": "backend.jobs.settings:JobSettings",
+    "pull": "backend.pulls.settings:PullSettings",
     "retention": "backend.policy.retention:RetentionPolicy",
     "egress": "backend.policy.egress:EgressSettings",
     "prices": "backend.policy.prices:PriceOverrides",
@@ -46,6 +47,12 @@ FEATURE_SECTIONS: dict[str, str] = {
     "alerts": "backend.alerts.settings:AlertSettings",
     "slurm": "backend.slurm.settings:SlurmSettings",
 }
+
+#: Sections that took keys over from another (#30): new section -> old section. A key of the old
+#: section that only the new one defines is still read there, with a one-line note naming where it
+#: moved (:attr:`Config.notes`); where both sections set it, the new section wins (and the note
+#: says the old one is ignored).
+MOVED_KEYS: dict[str, str] = {"pull": "jobs"}
 
 
 def data_dir() -> Path:
@@ -202,6 +209,8 @@ class Config:
     state: StateSettings = StateSettings()
     sections: Mapping[str, Any] = field(default_factory=dict)
     source: str = "<embedded default>"
+    #: One line each about the file that is not an error: deprecated keys (:data:`MOVED_KEYS`).
+    notes: tuple[str, ...] = ()
 
     def node(self, name: str) -> Node:
         """The node called ``name``; ConfigError listing the known names otherwise."""
@@ -455,6 +464,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     if fallback is not None and "stores" not in raw:
         stores = dict(fallback.stores)
     sections: dict[str, Any] = dict(fallback.sections) if fallback is not None else {}
+    raw, notes = _moved_keys(raw, file, problems)
     for name in FEATURE_SECTIONS:
         if name in raw:
             if not isinstance(raw[name], Mapping):
@@ -476,7 +486,42 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         state=state,
         sections=sections,
         source=file or "<embedded default>",
+        notes=notes,
     )
+
+
+def _moved_keys(
+    raw: Mapping[str, Any], file: str | None, problems: list[ConfigError]
+) -> tuple[Mapping[str, Any], tuple[str, ...]]:
+    """``raw`` with each moved key (:data:`MOVED_KEYS`) read into its new section, and a note per
+    key. A bad value is reported under the key the file wrote (``jobs.numworkers``)."""
+    notes: list[str] = []
+    out = dict(raw)
+    for new, old in MOVED_KEYS.items():
+        old_raw, new_raw = raw.get(old), raw.get(new, {})
+        if not isinstance(old_raw, Mapping) or not isinstance(new_raw, Mapping):
+            continue  # "expected a table" is reported with the section
+        new_cls, old_cls = _section_class(new), _section_class(old)
+        keep = {f.name for f in dataclasses.fields(old_cls)}
+        moved = [k for k in old_raw if k not in keep and k in {f.name for f in dataclasses.fields(new_cls)}]
+        if not moved:
+            continue
+        given = {k: old_raw[k] for k in moved if k not in new_raw}
+        try:
+            parse_section(new_cls, given, file=file, key=old)
+        except ConfigError as exc:
+            problems.append(exc)
+            given = {}  # reported once, under the key the file wrote
+        out[old] = {k: v for k, v in old_raw.items() if k not in moved}
+        out[new] = {**given, **new_raw}
+        for k in moved:
+            notes.append(
+                f"[{old}] {k} is ignored: [{new}] {k} is set too and wins (delete the [{old}] one)"
+                if k in new_raw
+                else f"[{old}] {k} is deprecated: it moved to [{new}] {k}"
+            )
+    where = f"{file}: " if file else ""
+    return out, tuple(where + n for n in notes)
 
 
 def _parse_store(name: str, item: Any, file: str | None, base: Path) -> StoreProfile:
@@ -551,7 +596,7 @@ def default_config() -> Config:
     return Config(
         nodes=(Node(name=name, host="localhost", transport="local", scratch=str(scratch)),),
         stores={"checkpoints": StoreProfile(url=str(data / "checkpoints"), name="checkpoints", provider="local")},
-        sections={} if s5cmd == "s5cmd" else {"jobs": _section_class("jobs")(s5cmd=s5cmd)},
+        sections={} if s5cmd == "s5cmd" else {"pull": _section_class("pull")(s5cmd=s5cmd)},
     )
 
 

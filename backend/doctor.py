@@ -4,7 +4,7 @@ One POSIX sh script per node gathers everything in a single remote command (sect
 by ``@@lm:<name>`` lines); the pool fans it out to every node at once. Two questions, answered
 apart: a node is *ready for data jobs* (pulls, uploads, shards) when it is reachable and has
 python3, loadmaster's agent (its own venv's interpreter, which says which venv it runs from; see
-:mod:`backend.nodes.agent`), the s5cmd jobs run (``[jobs] s5cmd``) and a writable scratch
+:mod:`backend.nodes.agent`), the s5cmd jobs run (``[pull] s5cmd``) and a writable scratch
 directory; it *has GPUs* when nvidia-smi answers with at least one. A machine without nvidia-smi is a CPU machine, not a
 fault; nvidia-smi that fails or hangs is one.
 """
@@ -161,8 +161,8 @@ def doctor_command(scratch: str, s5cmd: str = "s5cmd", agent_probe: str = "true"
 
 def _s5cmd_missing(s5cmd: str) -> str:
     if "/" in s5cmd:
-        return f"s5cmd not found at {s5cmd} (fix [jobs] s5cmd)"
-    return "s5cmd not found on PATH (install it: https://github.com/peak/s5cmd, or set [jobs] s5cmd to its path)"
+        return f"s5cmd not found at {s5cmd} (fix [pull] s5cmd)"
+    return "s5cmd not found on PATH (install it: https://github.com/peak/s5cmd, or set [pull] s5cmd to its path)"
 
 
 def _int(text: str | None) -> int | None:
@@ -320,7 +320,7 @@ async def run_doctor(
 ) -> list[NodeReport]:
     """Check every node (or ``nodes``) concurrently; one report per node, in inventory order.
 
-    ``s5cmd`` is the one jobs run (``[jobs] s5cmd``).
+    ``s5cmd`` is the one jobs run (``[pull] s5cmd``).
     """
     names = nodes or pool.names
     results = await pool.fanout(lambda t: check_node(t, limit=limit, s5cmd=s5cmd), nodes=names, timeout=limit + 30)

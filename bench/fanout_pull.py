@@ -45,7 +45,7 @@ from lab.counting_proxy import CountingProxy  # noqa: E402
 def _config(lab: Lab, root: Path, proxy: CountingProxy, args: argparse.Namespace) -> Path:
     assert lab.s3 is not None
     jobs = (
-        "[jobs]\n"
+        "[pull]\n"
         f"numworkers = {args.numworkers}\nconcurrency = {args.concurrency}\npart_size_mib = {args.part_size}\n"
         f'relay_chunk_mib = {args.chunk_mib}\nrelay_degree = {args.degree}\nrelay_grace = "5s"\n'
     )

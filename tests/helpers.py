@@ -20,6 +20,8 @@ JOBS_SECTION = """
 lost_after = "3s"
 cancel_grace = "2s"
 poll_interval = "0.3s"
+
+[pull]
 numworkers = 8
 concurrency = 4
 part_size_mib = 5

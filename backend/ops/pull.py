@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from backend.ledger import Reserved
     from backend.pulls.model import PullPlan
     from backend.pulls.relay.ssh_hops import SshHops
+    from backend.pulls.settings import PullSettings
 
 #: How long a plan the operator was shown stands for its listing and free space. Older, the
 #: start lists the source and probes the nodes again; the egress quote is always made afresh.
@@ -39,7 +40,7 @@ class PullRequest:
     part_size_mib: int | None = None
     #: The operator's reason to start over the egress budget (audited), if any.
     reason: str | None = None
-    #: ``direct``, ``relay``, ``auto`` (None: ``[jobs] fanout``); a relay's seeds per site and degree.
+    #: ``direct``, ``relay``, ``auto`` (None: ``[pull] fanout``); a relay's seeds per site and degree.
     fanout: str | None = None
     seeds: int | None = None
     degree: int | None = None
@@ -126,6 +127,14 @@ def fanout_lines(plan: PullPlan) -> list[str]:
 
 class Pulls(Operation):
     """``pull`` from the CLI and the Transfers screen's form."""
+
+    @property
+    def settings(self) -> PullSettings:
+        """The ``[pull]`` section: what a front end shows or waits by (the assumed line rate, how
+        long a follow waits for a relay receiver to re-attach)."""
+        from backend.pulls.settings import PullSettings
+
+        return self.services.config.section(PullSettings)
 
     def validate(self, req: PullRequest) -> list[str]:
         """Step 2: the request's own faults, and the node names it selects."""

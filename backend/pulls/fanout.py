@@ -13,8 +13,8 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import ConfigError
-from backend.jobs.settings import JobSettings
 from backend.pulls.model import NodeEstimate, PullPlan
+from backend.pulls.settings import PullSettings
 from backend.storage import egress_profile
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def _relay_address(node: Any, est: NodeEstimate, network: str) -> str:
             infos = socket.getaddrinfo(node.host, None, type=socket.SOCK_STREAM)
         except OSError as exc:
             raise ConfigError(
-                f"{node.name}: cannot resolve {node.host} for the relay ({exc}); set [jobs] relay_network"
+                f"{node.name}: cannot resolve {node.host} for the relay ({exc}); set [pull] relay_network"
             ) from None
         return str(infos[0][4][0])
     net = ipaddress.ip_network(network, strict=False)
@@ -61,17 +61,17 @@ def _relay_address(node: Any, est: NodeEstimate, network: str) -> str:
                 return a
     raise ConfigError(
         f"{node.name}: no address in {network} (it has {', '.join(est.addresses) or 'none'}); "
-        "fix [jobs] relay_network or pull with --fanout direct"
+        "fix [pull] relay_network or pull with --fanout direct"
     )
 
 
 def _relay_port(est: NodeEstimate, ports: str, rng: Any) -> int:
-    from backend.jobs.settings import port_range
+    from backend.pulls.settings import port_range
 
     lo, hi = port_range(ports)
     free = [p for p in range(lo, hi + 1) if p not in est.ports_taken]
     if not free:
-        raise ConfigError(f"{est.node}: every port of [jobs] relay_ports ({ports}) is in use; widen the range")
+        raise ConfigError(f"{est.node}: every port of [pull] relay_ports ({ports}) is in use; widen the range")
     return int(rng.choice(free))
 
 
@@ -89,10 +89,10 @@ def with_fanout(
     import dataclasses
     import random
 
-    from backend.jobs.settings import FANOUTS
+    from backend.pulls.settings import FANOUTS
 
     config = services.config
-    settings = config.section(JobSettings)
+    settings = config.section(PullSettings)
     mode = fanout or settings.fanout
     if mode not in FANOUTS:
         raise ConfigError(f"--fanout must be one of {', '.join(FANOUTS)}, got {mode!r}")

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from backend.credentials import Credentials
 from backend.errors import JobError
-from backend.jobs.settings import JobSettings
 from backend.pulls.model import NodeEstimate, PullPlan, node_s5cmd
 from backend.pulls.objects import parse_source
+from backend.pulls.settings import PullSettings
 
 if TYPE_CHECKING:
     from backend.jobs.manager import JobManager
@@ -38,7 +38,7 @@ async def launch_pull(
         return await launch_relay(services, plan, label=label, job_ids=job_ids, upstreams=upstreams)
     creds = await _plan_credentials(services, plan)
     secrets = creds.as_env()
-    settings = services.config.section(JobSettings)
+    settings = services.config.section(PullSettings)
     expected = [list(o) for o in plan.objects] if len(plan.objects) <= settings.max_spec_objects else None
     manager: JobManager = services.jobs
     out = []
@@ -95,7 +95,7 @@ async def _plan_credentials(services: Services, plan: PullPlan) -> Credentials:
 
 
 def _pull_params(services: Services, plan: PullPlan, est: NodeEstimate) -> dict[str, Any]:
-    settings = services.config.section(JobSettings)
+    settings = services.config.section(PullSettings)
     return {
         "src": plan.src,
         "dest": est.dest,
@@ -128,7 +128,7 @@ async def launch_relay(
     from backend.pulls.relay.protocol import SECRET_ENV, new_secret
 
     topo = plan.topology
-    settings = services.config.section(JobSettings)
+    settings = services.config.section(PullSettings)
     creds = await _plan_credentials(services, plan)
     secret = new_secret()
     ids = dict(job_ids or {})

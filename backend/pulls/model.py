@@ -63,7 +63,7 @@ class NodeEstimate:
         if self.error:
             return self.error
         if not self.s5cmd and self.needs_s5cmd:
-            return f"{self.node}: s5cmd is not installed on the node (install it or set [jobs] s5cmd)"
+            return f"{self.node}: s5cmd is not installed on the node (install it or set [pull] s5cmd)"
         if not self.fits(total):
             return (
                 f"{self.node}: {self.dest} has {bytes_text(self.free_bytes or 0)} free but the pull needs "

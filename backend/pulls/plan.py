@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from backend.credentials import Credentials
 from backend.errors import ConfigError, LoadmasterError, NodeUnreachable, StoreError
-from backend.jobs.settings import JobSettings
 from backend.pulls.fanout import egress_check, with_fanout
 from backend.pulls.listing import list_source
 from backend.pulls.model import NodeEstimate, PullPlan, node_dest, node_s5cmd
 from backend.pulls.objects import PulledObject, parse_source
+from backend.pulls.settings import PullSettings
 
 # What only some commands need (asyncio, the S3 client, the ledger) is imported where it is used.
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ async def plan_pull(
     import asyncio
 
     config = services.config
-    settings = config.section(JobSettings)
+    settings = config.section(PullSettings)
     pattern = parse_source(src)
     profile = resolve_store(config, src, store)
     mode = fanout

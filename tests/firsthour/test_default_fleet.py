@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from backend.config import default_config, installed_s5cmd
-from backend.jobs.settings import JobSettings
+from backend.pulls.settings import PullSettings
 
 LOADMASTER = Path(sys.executable).parent / "loadmaster"
 VENV_S5CMD = Path(sys.executable).parent / "s5cmd"
@@ -78,9 +78,9 @@ def test_installed_s5cmd_is_found_beside_python_when_not_on_path(
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.setenv("LOADMASTER_DATA_DIR", str(tmp_path / "data"))
     assert installed_s5cmd() == str(VENV_S5CMD)
-    assert default_config().section(JobSettings).s5cmd == str(VENV_S5CMD)  # what jobs run, too
+    assert default_config().section(PullSettings).s5cmd == str(VENV_S5CMD)  # what jobs run, too
     monkeypatch.setenv("PATH", f"{VENV_S5CMD.parent}:/usr/bin:/bin")
     assert installed_s5cmd() == "s5cmd"
-    assert default_config().section(JobSettings).s5cmd == "s5cmd"
+    assert default_config().section(PullSettings).s5cmd == "s5cmd"
     assert (tmp_path / "data" / "scratch").is_dir()
     assert oct((tmp_path / "data" / "scratch").stat().st_mode & 0o777) == "0o700"

@@ -108,7 +108,7 @@ def test_jobs_s5cmd_is_the_nodes_copy_tool_and_the_listing_runs_the_consoles(
     lab: Any, s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The README's claim: the pre-launch listing runs the s5cmd beside loadmaster on this machine;
-    ``[jobs] s5cmd`` (a wrapper here) runs only on the node, for the copy."""
+    ``[pull] s5cmd`` (a wrapper here) runs only on the node, for the copy."""
     import shutil
     import sys
 

@@ -16,11 +16,9 @@ from backend.agent.kinds import KINDS, FunctionKind, JobKind, check_known, kind
 from backend.errors import JobError, StoreError
 from backend.jobs.records import JobProgress, JobRecord, fleet_rollup, progress_from_lines
 from backend.jobs.remote import parse_scan
-from backend.jobs.settings import JobSettings
 from backend.pulls.destination import TempTracker, is_s5cmd_temp_name
 from backend.pulls.model import NodeEstimate, node_dest
 from backend.pulls.objects import PulledObject, parse_source, s5cmd_error
-from backend.schema import parse_section
 from backend.units import bytes_text, duration_text
 
 
@@ -237,17 +235,6 @@ def test_node_estimate_fit_and_problem() -> None:
     assert e.fits(130) and not e.fits(131) and e.problem(131) and "needs" in (e.problem(131) or "")
     assert e.eta_s(1_000_000_030) == pytest.approx(1.0)
     assert "s5cmd is not installed" in (NodeEstimate(node="n", dest="/d", free_bytes=10).problem(1) or "")
-
-
-def test_job_settings_defaults_and_strict_parsing() -> None:
-    s = JobSettings()
-    assert (s.numworkers, s.concurrency, s.part_size_mib) == (256, 32, 64)
-    parsed = parse_section(JobSettings, {"lost_after": "30s", "numworkers": 64}, file="f", key="jobs")
-    assert parsed.lost_after == 30.0 and parsed.numworkers == 64
-    with pytest.raises(Exception, match="numworkers"):
-        parse_section(JobSettings, {"numworkers": 0}, file="f", key="jobs")
-    with pytest.raises(Exception, match="bogus"):
-        parse_section(JobSettings, {"bogus": 1}, file="f", key="jobs")
 
 
 def test_formatting() -> None:

@@ -30,7 +30,7 @@ async def test_pull_to_a_local_node(
         f'[[nodes]]\nname = "here"\ntransport = "local"\nscratch = "{tmp_path / "scratch"}"\n\n'
         f'[stores.lab]\nurl = "s3://{source.bucket}"\nendpoint_url = "{lab.s3.endpoint}"\nprovider = "aws"\n'
         f'region = "{lab.s3.region}"\nprofile = "lab"\naddressing_style = "path"\n\n'
-        f'[jobs]\ns5cmd = "{s5cmd}"\nnumworkers = 4\nconcurrency = 2\npart_size_mib = 5\n\n'
+        f'[pull]\ns5cmd = "{s5cmd}"\nnumworkers = 4\nconcurrency = 2\npart_size_mib = 5\n\n'
         f'[state]\ndir = "{tmp_path / "state"}"\n'
     )
     services = Services(config=load_config_file(cfg))

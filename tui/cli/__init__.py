@@ -169,6 +169,8 @@ def services_for(args: argparse.Namespace) -> Services:
     """The services a command line asks for: its config, read-only flag and SSH connection mode."""
     config = load_config(args.config)
     log.debug("cli: config loaded")
+    for note in config.notes:  # deprecated keys: once per command, on stderr (stdout stays data)
+        print(f"loadmaster: note: {note}", file=sys.stderr)
     # Commands reach SSH nodes through the connection keeper (connections kept between commands,
     # [ssh] persist); the console holds its own, and `doctor` measures fresh ones.
     return Services(

@@ -8,9 +8,9 @@ import sys
 from typing import Any
 
 from backend.doctor import NodeReport, run_doctor
-from backend.jobs.settings import JobSettings
 from backend.nodes.agent import AgentReport
 from backend.nodes.ssh_config import effective_settings
+from backend.pulls.settings import PullSettings
 from backend.services import Services
 from backend.textfmt import align_columns, safe_text
 from backend.units import bytes_text
@@ -147,7 +147,7 @@ def doctor_exit_code(reports: list[NodeReport], *, require_gpus: bool = False) -
 async def cmd_doctor(args: argparse.Namespace, services: Services) -> int:
     """Check every node; exit 1 when any node is not ready."""
     names = [n.name for n in _selected(args, services)]
-    s5cmd = services.config.section(JobSettings).s5cmd
+    s5cmd = services.config.section(PullSettings).s5cmd
     reports = await run_doctor(services.pool, names, limit=args.timeout, s5cmd=s5cmd)
     if args.json:
         print(json.dumps([r.as_dict() for r in reports], indent=2))

@@ -102,7 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=["direct", "relay", "relay-ssh", "auto"],
         help="direct: every node from the store; relay: seeds from the store, the others from peers "
         "over the cluster network; relay-ssh: the peer hops through this command's SSH connections "
-        "(an untrusted network); auto: relay where the route is priced (default: [jobs] fanout)",
+        "(an untrusted network); auto: relay where the route is priced (default: [pull] fanout)",
     )
     pl.add_argument("--seeds", type=int, metavar="K", help="relay: seed nodes per site that pull from the store (1)")
     pl.add_argument("--degree", type=int, metavar="D", help="relay: children per node, 1 = a chain (1)")
@@ -527,7 +527,7 @@ async def _follow_pull(
             waiting_now = [r for r in current if r.id in waiting and r.id not in retried]
             done = all(r.terminal for r in current) and all(r.id in retried for r in pending) and len(recs) == launched
             if all(r.terminal for r in current) and waiting_now:
-                give_up_at = give_up_at or time.monotonic() + jobs.settings.relay_reattach
+                give_up_at = give_up_at or time.monotonic() + services.ops.pulls.settings.relay_reattach
                 if time.monotonic() < give_up_at:
                     done = False
                 else:

@@ -269,7 +269,7 @@ class TransfersScreen(LoadmasterScreen):
 
     @on(JobDetailLoaded)
     def _detail_loaded(self, event: JobDetailLoaded) -> None:
-        rate = self.services.config.section(JobSettings).nic_gbps
+        rate = self.services.ops.pulls.settings.nic_gbps
         self.query_one(TransferDetail).show(event.record, event.history, event.log_tail, rate)
 
     def action_refresh_jobs(self) -> None:

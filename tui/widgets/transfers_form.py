@@ -10,16 +10,16 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Button, Input, Label, Select, Static
 
-from backend.jobs.settings import FANOUTS
 from backend.ops import PullRequest
 from backend.pulls.model import PRESETS
+from backend.pulls.settings import FANOUTS
 from tui.widgets.transfers_estimate import estimate_lines
 
 if TYPE_CHECKING:
     from backend.ops import PullPreview
 
 AUTO_STORE = "(from SRC)"
-#: The fan-out choice that leaves it to ``[jobs] fanout``.
+#: The fan-out choice that leaves it to ``[pull] fanout``.
 CONFIG_FANOUT = "(config)"
 #: Terminal rows the Transfers screen spends around the estimate with the form open (header, tabs,
 #: summary, the form's border, caption and fields, the estimate's other lines, the footer).

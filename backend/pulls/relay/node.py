@@ -949,5 +949,5 @@ def _listen(listen: tuple[str, int]) -> socket.socket:
                 continue
             raise JobError(
                 f"cannot listen for relay peers on {listen[0]}:{listen[1]}: {exc.strerror}; "
-                "set [jobs] relay_network to this node's cluster address or relay_ports to a free range"
+                "set [pull] relay_network to this node's cluster address or relay_ports to a free range"
             ) from None
