@@ -81,7 +81,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
@@ -95,6 +95,7 @@ from backend.state import StateError
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from backend.alerts.sources import MetricsSources
     from backend.alerts.webconfig import WebConfig
     from backend.config import Config
     from backend.ledger import EgressGuard
@@ -210,20 +211,6 @@ class MetricsHolder:
 
 
 # -- gathering ------------------------------------------------------------------------------------
-
-
-class MetricsSources(Protocol):
-    """What a cycle's figures are read from (``backend.services.Services`` is one). Properties, so
-    a state database that is down is a part's one-line note when read, never an error up front."""
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def db(self) -> StateDB: ...
-
-    @property
-    def egress(self) -> EgressGuard: ...
 
 
 async def gather_metrics(

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from backend.alerts.conditions import Condition, StallTracker, evaluate
 from backend.alerts.notify import Delivery, Notifier
@@ -33,11 +33,7 @@ from backend.alerts.store import AlertStore, Changes, StoredAlert, interrupted_a
 from backend.errors import LoadmasterError
 
 if TYPE_CHECKING:
-    from backend.config import Config
-    from backend.jobs.manager import JobManager
-    from backend.ledger import EgressGuard
-    from backend.state import StateDB
-    from backend.telemetry.hub import TelemetryHub
+    from backend.alerts.sources import WatchedServices
 
 log = logging.getLogger(__name__)
 
@@ -59,27 +55,6 @@ class Round:
         if self.delivery is not None and self.delivery.degraded:
             parts.append(self.delivery.degraded)
         return "; ".join(parts) if parts else None
-
-
-class WatchedServices(Protocol):
-    """What a watcher reads (``backend.services.Services`` is one; also a
-    :class:`backend.alerts.metrics.MetricsSources`): the fleet, the jobs, the month's egress and
-    the state database a round evaluates. Properties, so a part that is down fails when read."""
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def db(self) -> StateDB: ...
-
-    @property
-    def egress(self) -> EgressGuard: ...
-
-    @property
-    def telemetry(self) -> TelemetryHub: ...
-
-    @property
-    def jobs(self) -> JobManager: ...
 
 
 @dataclass
