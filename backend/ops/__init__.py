@@ -25,6 +25,7 @@ one order, whichever front end asked:
 | egress override | ``ops.egress.quote(store, nbytes, node=, reason=)`` |
 | site alerts, silence, expire | ``ops.alerts.site()``, ``ops.alerts.silence(req)``, ``ops.alerts.expire(id)``, ``ops.alerts.status()`` |
 | triage (suspects, evidence, commands) | ``await ops.triage.run(job=)`` or ``run(nodes=)`` |
+| nodes, doctor, a sampling hub for ``top`` | ``ops.fleet.connection_settings(nodes)``, ``await ops.fleet.doctor(names, limit=)``, ``ops.fleet.sampler(settings, names)`` |
 | Slurm nodes, drain, resume | ``ops.slurm.rows()``, ``ops.slurm.plan_drain(...)``/``drain(plan)``, ``ops.slurm.plan_resume(...)``/``resume(plan)`` |
 | state repair, state migrate | ``ops.state.repair(force=)``, ``ops.state.migrate(url, merge=, dry_run=)`` |
 """
@@ -43,6 +44,7 @@ from backend.ops.shards import Shards
 
 if TYPE_CHECKING:
     from backend.ops.alerts import Alerts
+    from backend.ops.fleet import Fleet
     from backend.ops.slurm import Slurm
     from backend.ops.state import State
     from backend.ops.triage import Triage
@@ -84,6 +86,12 @@ class Operations:
         from backend.ops.alerts import Alerts
 
         return Alerts(self.services)
+
+    @cached_property
+    def fleet(self) -> Fleet:
+        from backend.ops.fleet import Fleet
+
+        return Fleet(self.services)
 
     @cached_property
     def slurm(self) -> Slurm:
