@@ -14,14 +14,58 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import ConfigError, LoadmasterError
 from backend.ops.base import Operation
+from backend.ops.exports import lazy_exports
 
 if TYPE_CHECKING:
-    from backend.checkpoints.steps import Catalog
-    from backend.checkpoints.strip import StripResult
-    from backend.checkpoints.upload import UploadResult, UploadSettings
+    from backend.checkpoints.dcp import CheckpointError
+    from backend.checkpoints.footprint import BacklogAlert, footprint, footprint_table
+    from backend.checkpoints.inspection import StepInspection
+    from backend.checkpoints.steps import Catalog, CheckpointStep
+    from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, StripResult
+    from backend.checkpoints.upload import DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE, UploadResult, UploadSettings
     from backend.jobs.records import JobRecord
     from backend.services import Services
     from backend.storage import ObjectStore
+
+
+#: What the front ends import from here: the operation, its requests and results, and the
+#: checkpoint types and footprint arithmetic they render (``ckpt size`` and the screen's panel).
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_MAX_SHARD_BYTES",
+    "DEFAULT_PART_SIZE",
+    "BacklogAlert",
+    "Catalog",
+    "CheckpointError",
+    "CheckpointStep",
+    "Checkpoints",
+    "Done",
+    "StepInspection",
+    "StripRequest",
+    "StripResult",
+    "UploadRequest",
+    "UploadResult",
+    "UploadSettings",
+    "footprint",
+    "footprint_table",
+    "open_step",
+    "url_join",
+]
+if not TYPE_CHECKING:  # mypy reads the imports above; at run time each name loads on first use
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            "CheckpointError": "backend.checkpoints.dcp",
+            **dict.fromkeys(("BacklogAlert", "footprint", "footprint_table"), "backend.checkpoints.footprint"),
+            "StepInspection": "backend.checkpoints.inspection",
+            **dict.fromkeys(("Catalog", "CheckpointStep"), "backend.checkpoints.steps"),
+            **dict.fromkeys(("DEFAULT_MAX_SHARD_BYTES", "StripResult"), "backend.checkpoints.strip"),
+            **dict.fromkeys(
+                ("DEFAULT_CONCURRENCY", "DEFAULT_PART_SIZE", "UploadResult", "UploadSettings"),
+                "backend.checkpoints.upload",
+            ),
+        },
+    )
 
 
 def url_join(url: str, sub: str) -> str:
@@ -104,6 +148,26 @@ class Checkpoints(Operation):
 
         async with open_prefix(self.services, ref) as store:
             return await list_checkpoints(store, "")
+
+    def backlog(self, *, interval_s: float | None = None) -> list[BacklogAlert]:
+        """Runs whose upload is still running when their next checkpoint is due (from the job
+        records; ``interval_s``: the checkpoint interval, else each run's own). ``ckpt backlog``
+        and the Checkpoints screen both show these."""
+        from backend.checkpoints.footprint import upload_backlog
+
+        return upload_backlog(self.services.jobs.records(), interval_s=interval_s)
+
+    async def inspect(self, ref: str, step: str | None = None) -> StepInspection:
+        """A step's tensors: ``ref`` names the step folder (``.../run/step-N``, ``ckpt inspect``),
+        or with ``step`` the run's URL and the step's path in it (the Checkpoints screen)."""
+        from backend.checkpoints.inspection import inspect_step
+
+        if step is None:
+            store, step = open_step(self.services, ref)
+        else:
+            store = self.services.stores.open(ref)
+        async with store:
+            return await inspect_step(store, step)
 
     async def strip(self, req: StripRequest, *, progress: Callable[..., Any] | None = None) -> Done:
         """Strip one step; a failure here is audited too, then raised."""

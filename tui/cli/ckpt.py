@@ -11,19 +11,21 @@ import json
 import sys
 from typing import Any
 
-from backend.checkpoints.dcp import CheckpointError
-from backend.checkpoints.footprint import footprint, footprint_table, upload_backlog
-from backend.checkpoints.inspection import inspect_step
-from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, StripResult
-from backend.checkpoints.upload import (
+from backend.ops.checkpoints import (
     DEFAULT_CONCURRENCY,
+    DEFAULT_MAX_SHARD_BYTES,
     DEFAULT_PART_SIZE,
+    CheckpointError,
+    Done,
+    StripRequest,
+    StripResult,
+    UploadRequest,
     UploadResult,
     UploadSettings,
+    footprint,
+    footprint_table,
     url_join,
 )
-from backend.ops import StripRequest, UploadRequest
-from backend.ops.checkpoints import Done, open_step
 from backend.services import Services
 from backend.textfmt import align_columns, safe_text
 from backend.units import age_of, bytes_gib_text, bytes_text, gbps_text
@@ -210,9 +212,7 @@ async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
 
 async def cmd_inspect(args: argparse.Namespace, services: Services) -> int:
     """Show a step's tensors."""
-    store, step = open_step(services, args.src)
-    async with store:
-        ins = await inspect_step(store, step)
+    ins = await services.ops.checkpoints.inspect(args.src)
     if args.json:
         _print_json(ins.as_dict())
         return 0
@@ -231,7 +231,7 @@ async def cmd_inspect(args: argparse.Namespace, services: Services) -> int:
 
 async def cmd_backlog(args: argparse.Namespace, services: Services) -> int:
     """Print upload-backlog alerts from job records."""
-    alerts = upload_backlog(services.jobs.records(), interval_s=args.interval)
+    alerts = services.ops.checkpoints.backlog(interval_s=args.interval)
     if args.json:
         _print_json([a.__dict__ for a in alerts])
     else:

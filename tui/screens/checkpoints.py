@@ -19,11 +19,8 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
 
-from backend.checkpoints.footprint import footprint, upload_backlog
-from backend.checkpoints.strip import StripResult
-from backend.checkpoints.upload import UploadResult
 from backend.errors import LoadmasterError
-from backend.ops import StripRequest, UploadRequest
+from backend.ops.checkpoints import StripRequest, StripResult, UploadRequest, UploadResult, footprint
 from backend.units import age_of, bytes_gib_text, bytes_text, gbps_text
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmModal, ConfirmTyped
@@ -31,9 +28,7 @@ from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
-    from backend.checkpoints.footprint import BacklogAlert
-    from backend.checkpoints.inspection import StepInspection
-    from backend.checkpoints.steps import Catalog, CheckpointStep
+    from backend.ops.checkpoints import BacklogAlert, Catalog, CheckpointStep, StepInspection
     from backend.services import Services
 
 #: Theme variable per kind (cells coloured by meaning, never by literal colour).
@@ -126,11 +121,8 @@ class CheckpointsScreen(LoadmasterScreen):
     # ----------------------------------------------------------------- layout
 
     def compose_body(self) -> ComposeResult:
-        from backend.retention.runs import opening_run
-        from backend.ui_prefs import load_ui_prefs
-
         stores = list(self.services.config.stores.items())
-        first, self._list_on_mount = opening_run(self.services.config, load_ui_prefs())
+        first, self._list_on_mount = self.services.ops.retention.opening_run()
         with Vertical(classes="screen-body", id="ckpt-body"):
             with Horizontal(classes="ckpt-row"):
                 yield Label("Store", classes="ckpt-label")
@@ -293,17 +285,15 @@ class CheckpointsScreen(LoadmasterScreen):
             self.query_one("#ckpt-summary", Static).update(f"Could not list {url}: {exc}")
             return
         try:
-            alerts = upload_backlog(self.services.jobs.records())
+            alerts = self.services.ops.checkpoints.backlog()
         except LoadmasterError:
             alerts = []
         self.post_message(CatalogListed(url, catalog, alerts))
 
     @on(CatalogListed)
     def _listed(self, event: CatalogListed) -> None:
-        from backend.retention.runs import remember_run
-
         self.url, self.catalog, self.alerts = event.url, event.catalog, event.alerts
-        remember_run(self.services.config, event.url)
+        self.services.ops.retention.remember_run(event.url)
         # The store picker names the store the listed run is in, or none (a local directory).
         picker = self.query_one("#ckpt-store", Select)
         url = event.url.rstrip("/")
@@ -380,11 +370,8 @@ class CheckpointsScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="checkpoints-inspect", exit_on_error=False)
     async def _inspect(self, url: str, path: str) -> None:
-        from backend.checkpoints.inspection import inspect_step
-
         try:
-            async with self.services.stores.open(url) as store:
-                ins = await inspect_step(store, path)
+            ins = await self.services.ops.checkpoints.inspect(url, path)
         except LoadmasterError as exc:
             self.report_error(f"Inspecting {path}", exc)
             return
