@@ -12,12 +12,47 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import PolicyError
 from backend.ops.base import Operation
+from backend.ops.exports import lazy_exports
 
 if TYPE_CHECKING:
     from backend.checkpoints.steps import Catalog
     from backend.config import StoreProfile
-    from backend.policy.retention import Pin, PlannedAction, RetentionPlan, RetentionPolicy
-    from backend.retention.apply import ApplyReport
+    from backend.policy.retention import (
+        Pin,
+        PlannedAction,
+        RetentionPlan,
+        RetentionPolicy,
+        parse_pin,
+        parse_step_list,
+    )
+    from backend.retention.apply import ActionOutcome, ApplyReport
+
+#: What the front ends import from here: the operation, the plan and policy types it takes and
+#: returns, and the step-list parser both front ends read pins with.
+__all__ = [
+    "ActionOutcome",
+    "ApplyReport",
+    "Catalog",
+    "Pin",
+    "Retention",
+    "RetentionPlan",
+    "RetentionPolicy",
+    "RunListing",
+    "Unlocked",
+    "parse_pin",
+    "parse_step_list",
+]
+if not TYPE_CHECKING:  # mypy reads the imports above; at run time each name loads on first use
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            "Catalog": "backend.checkpoints.steps",
+            **dict.fromkeys(
+                ("Pin", "RetentionPlan", "RetentionPolicy", "parse_pin", "parse_step_list"), "backend.policy.retention"
+            ),
+            **dict.fromkeys(("ActionOutcome", "ApplyReport"), "backend.retention.apply"),
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -41,6 +76,20 @@ class Unlocked:
 
 class Retention(Operation):
     """``retention plan|apply|pin|unpin|milestone|unlock`` and the Retention screen's keys."""
+
+    def opening_run(self) -> tuple[str, bool]:
+        """The run folder the Checkpoints and Retention screens open on, and whether to list it
+        at once (the last run listed with this config, from the operator's preferences)."""
+        from backend.retention.runs import opening_run
+        from backend.ui_prefs import load_ui_prefs
+
+        return opening_run(self.services.config, load_ui_prefs())
+
+    def remember_run(self, url: str) -> None:
+        """Remember ``url`` as the run those screens open on next time (best effort)."""
+        from backend.retention.runs import remember_run
+
+        remember_run(self.services.config, url)
 
     async def listing(self, ref: str) -> RunListing:
         """List the run ``ref`` afresh, with the pins and milestones recorded for it."""

@@ -10,13 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.errors import PolicyError
-from backend.policy.retention import (
-    RetentionPlan,
-    RetentionPolicy,
-    parse_pin,
-    parse_step_list,
-)
-from backend.schema import parse_duration
+from backend.ops.retention import RetentionPlan, RetentionPolicy, parse_pin, parse_step_list
+from backend.ops.types import parse_duration
 from backend.services import Services
 from backend.textfmt import align_columns, safe_text
 from backend.units import bytes_text, usd_text

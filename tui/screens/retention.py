@@ -23,8 +23,8 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
 
 from backend.errors import LoadmasterError
-from backend.policy.retention import Pin, RetentionPlan, RetentionPolicy, parse_step_list
-from backend.schema import parse_duration
+from backend.ops.retention import Pin, RetentionPlan, RetentionPolicy, parse_step_list
+from backend.ops.types import parse_duration
 from backend.units import bytes_text, duration_spec, usd_text
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
@@ -32,9 +32,7 @@ from tui.widgets.detail import DetailModal
 from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
-    from backend.checkpoints.steps import Catalog
-    from backend.ops.retention import RunListing
-    from backend.retention.apply import ActionOutcome, ApplyReport
+    from backend.ops.retention import ActionOutcome, ApplyReport, Catalog, RunListing
     from backend.services import Services
 
 #: Theme variable per action (cells are coloured by meaning, never by literal colour).
@@ -165,11 +163,8 @@ class RetentionScreen(LoadmasterScreen):
     # ----------------------------------------------------------------- layout
 
     def compose_body(self) -> ComposeResult:
-        from backend.retention.runs import opening_run
-        from backend.ui_prefs import load_ui_prefs
-
         p = self.base_policy
-        first, self._list_on_mount = opening_run(self.services.config, load_ui_prefs())
+        first, self._list_on_mount = self.services.ops.retention.opening_run()
         with Vertical(classes="screen-body", id="retention-body"):
             with Horizontal(id="retention-source", classes="retention-row"):
                 yield Label("Run folder", classes="retention-label")
@@ -273,10 +268,8 @@ class RetentionScreen(LoadmasterScreen):
 
     @on(CatalogLoaded)
     def _catalog_loaded(self, event: CatalogLoaded) -> None:
-        from backend.retention.runs import remember_run
-
         self.url, self.catalog = event.url.rstrip("/"), event.catalog
-        remember_run(self.services.config, self.url)
+        self.services.ops.retention.remember_run(self.url)
         self.db_pins = {p.step for p in event.listing.pins}
         self.db_milestones = set(event.listing.milestones)
         for p in event.listing.pins:
