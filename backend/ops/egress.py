@@ -7,10 +7,61 @@ from typing import TYPE_CHECKING
 
 from backend.errors import PolicyError
 from backend.ops.base import Operation
+from backend.ops.exports import lazy_exports
 from backend.policy.prices import PriceOverrides
 
 if TYPE_CHECKING:
-    from backend.policy.egress import GuardDecision
+    from backend.ledger import EgressReport, FanoutSavings
+    from backend.policy.egress import (
+        EgressEstimate,
+        EgressSettings,
+        GuardDecision,
+        break_even_month,
+        decision_lines,
+        estimate,
+        estimate_lines,
+        parse_count_text,
+        parse_site_text,
+        parse_size_text,
+        quote_lines,
+    )
+    from backend.policy.prices import PriceTable
+
+#: What the front ends import from here: the operation, the month's report and savings, and the
+#: estimate arithmetic and text both front ends show (``egress estimate`` and the Egress screen).
+__all__ = [
+    "Egress",
+    "EgressEstimate",
+    "EgressReport",
+    "EgressSettings",
+    "FanoutSavings",
+    "PriceTable",
+    "Quoted",
+    "break_even_month",
+    "decision_lines",
+    "estimate",
+    "estimate_lines",
+    "parse_count_text",
+    "parse_site_text",
+    "parse_size_text",
+    "quote_lines",
+]
+#: The names not from backend.policy.egress, and where they are from ("": defined here).
+_ELSEWHERE = {
+    "Egress": "",
+    "Quoted": "",
+    "EgressReport": "backend.ledger",
+    "FanoutSavings": "backend.ledger",
+    "PriceTable": "backend.policy.prices",
+}
+if not TYPE_CHECKING:  # mypy reads the imports above; at run time each name loads on first use
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            **dict.fromkeys((n for n in __all__ if n not in _ELSEWHERE), "backend.policy.egress"),
+            **{n: where for n, where in _ELSEWHERE.items() if where},
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -23,6 +74,24 @@ class Quoted:
 
 class Egress(Operation):
     """``egress quote`` (an over-budget reason records an override) and the pull form's reason."""
+
+    def prices(self) -> PriceTable:
+        """The price table in use: the shipped one patched by the config's ``[prices]``."""
+        from backend.policy.prices import price_table
+
+        return price_table(self.services.config.section(PriceOverrides))
+
+    def report(self, month: str | None = None) -> EgressReport:
+        """Month-to-date bytes and $ per route, the budgets used and the projection to month end
+        (this month by default), from the services' one guard: ``egress report`` and the Egress
+        screen show this report."""
+        return self.services.egress.report(month)
+
+    def fanout_savings(self, month: str) -> FanoutSavings:
+        """What relay pulls saved in ``month`` (bytes peers sent instead of the store)."""
+        from backend.ledger import fanout_savings
+
+        return fanout_savings(self.services.db, month)
 
     def quote(
         self,

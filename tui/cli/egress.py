@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from backend.errors import PolicyError
-from backend.ledger import EgressReport
-from backend.policy.egress import (
+from backend.ops.egress import (
+    EgressReport,
     break_even_month,
     decision_lines,
     estimate,
@@ -22,7 +22,6 @@ from backend.policy.egress import (
     parse_site_text,
     parse_size_text,
 )
-from backend.policy.prices import PriceOverrides, price_table
 from backend.services import Services
 from backend.textfmt import align_columns
 from backend.units import bytes_text, usd_text
@@ -135,7 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def cmd_estimate(args: argparse.Namespace, services: Services) -> int:
     """Print the estimate for a month of runs and its alternatives."""
-    table = price_table(services.config.section(PriceOverrides))
+    table = services.ops.egress.prices()
     try:
         est = estimate(
             table,
@@ -210,7 +209,7 @@ def _report_lines(rep: EgressReport) -> list[str]:
 
 def cmd_report(args: argparse.Namespace, services: Services) -> int:
     """Print the month's egress per route from the ledger."""
-    rep = services.egress.report(args.month)
+    rep = services.ops.egress.report(args.month)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=2))
     else:
@@ -220,7 +219,7 @@ def cmd_report(args: argparse.Namespace, services: Services) -> int:
 
 def cmd_prices(args: argparse.Namespace, services: Services) -> int:
     """Print the price table in use."""
-    table = price_table(services.config.section(PriceOverrides))
+    table = services.ops.egress.prices()
     if args.json:
         out = {}
         for k, p in table.providers.items():

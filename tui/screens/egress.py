@@ -24,17 +24,18 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Input, Label, Select, Static
 
-from backend.ledger import EgressGuard, EgressReport, FanoutSavings, fanout_savings
-from backend.policy.egress import (
+from backend.ops.egress import (
     EgressEstimate,
+    EgressReport,
     EgressSettings,
+    FanoutSavings,
+    PriceTable,
     estimate,
     estimate_lines,
     parse_count_text,
     parse_site_text,
     parse_size_text,
 )
-from backend.policy.prices import PriceOverrides, PriceTable, price_table
 from backend.units import bytes_text, usd_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets import Gauge, Summary
@@ -182,7 +183,7 @@ class EgressScreen(LoadmasterScreen):
 
     def __init__(self, services: Services, **kwargs: Any) -> None:
         super().__init__(services, **kwargs)
-        self.prices: PriceTable = price_table(services.config.section(PriceOverrides))
+        self.prices: PriceTable = services.ops.egress.prices()
         self.estimate: EgressEstimate | None = None
         self.report: EgressReport | None = None
         self.errors: dict[str, str] = {}
@@ -295,8 +296,9 @@ class EgressScreen(LoadmasterScreen):
 
     @work(thread=True, exclusive=True, group="egress-report", exit_on_error=False)
     def _load_report(self) -> None:
-        report = EgressGuard(self.services.config, self.services.db, prices=self.prices).report()
-        self.post_message(self.ReportLoaded(report, fanout_savings(self.services.db, report.month)))
+        egress = self.services.ops.egress
+        report = egress.report()
+        self.post_message(self.ReportLoaded(report, egress.fanout_savings(report.month)))
 
     @on(ReportLoaded)
     def _report_loaded(self, event: ReportLoaded) -> None:

@@ -126,7 +126,7 @@ def estimate_lines(preview: PullPreview, *, width: int, node_lines: int) -> list
     else:
         lines += node_summary(plan, width)
     if plan.egress is not None:
-        from backend.policy.egress import quote_lines
+        from backend.ops.egress import quote_lines
 
         lines += [
             f"  egress: {line}" if i == 0 else f"    {line}" for i, line in enumerate(quote_lines(plan.egress.quote))
