@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backend.ops.base import Operation
+from backend.state import STATE_FILE, AuditEntry, StateError
 
 if TYPE_CHECKING:
     from backend.state.copy import MigrateReport
@@ -51,20 +52,64 @@ class Migrated:
     audit_id: int | None = None
 
 
+#: What the front ends import from here: the operation, its results, and the state types shown.
+__all__ = ["STATE_FILE", "AuditEntry", "Migrated", "Repaired", "ServerCheck", "State", "StateError"]
+
+
+@dataclass(frozen=True)
+class ServerCheck:
+    """``state check`` against ``[state] url``: where (password hidden), the schema version read
+    (0 when it could not be), and the one problem found, if any."""
+
+    where: str
+    schema_version: int
+    problem: str | None = None
+
+
 class State(Operation):
-    """``state repair`` and ``state migrate``."""
+    """``state check|repair|migrate`` and where the Audit screen says the records live."""
+
+    def where(self) -> str:
+        """Where the state lives: the SQLite file, or the PostgreSQL URL without its password."""
+        from backend.state import state_where
+
+        return state_where(self.services.config)
+
+    def check_local(self) -> tuple[Path, list[str]]:
+        """The local SQLite state file and the damage a check finds in it (none: healthy)."""
+        from backend.state import check_state
+
+        path = self.local_file()
+        return path, check_state(path)
+
+    def check_server(self) -> ServerCheck:
+        """Connect to ``[state] url`` and read its schema version (a fresh connection of its own)."""
+        from backend.state.migrations import version
+        from backend.state.postgres import PostgresState
+
+        where = self.where()
+        db: PostgresState | None = None
+        try:
+            db = PostgresState(self.services.config.state.url or "")
+            down = db.available()
+            if down is not None:
+                raise down
+            return ServerCheck(where, version(db))
+        except StateError as exc:
+            return ServerCheck(where, 0, str(exc))
+        finally:
+            if db is not None:
+                db.close()
 
     def local_file(self) -> Path:
         """The local SQLite state file (what repair rebuilds and migrate copies)."""
-        from backend.state import STATE_FILE
-
         return self.services.config.state_dir() / STATE_FILE
 
     def repair(self, *, force: bool = False) -> Repaired:
         """Move a damaged SQLite state file aside and build a fresh one from every readable row
         (``force``: even when the check finds no damage). :class:`StateError` with ``[state] url``
         (PostgreSQL has its own tools)."""
-        from backend.state import StateError, check_state, repair_state, state_where
+        from backend.state import check_state, repair_state, state_where
 
         self.refuse_if_readonly("repair the state database")
         config = self.services.config

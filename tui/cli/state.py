@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from backend.config import config_dir
+from backend.ops.state import StateError
 from backend.services import Services
-from backend.state import STATE_FILE, StateError, check_state, state_where
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -67,8 +67,7 @@ def cmd_check(args: argparse.Namespace, services: Services) -> int:
     """Print whether the state database is healthy; exit 1 when it is damaged."""
     if services.config.state.url:
         return _check_postgres(args, services)
-    path = services.config.state_dir() / STATE_FILE
-    problems = check_state(path)
+    path, problems = services.ops.state.check_local()
     if args.json:
         print(json.dumps({"path": str(path), "exists": path.exists(), "ok": not problems, "problems": problems}))
     elif not path.exists():
@@ -118,24 +117,8 @@ def cmd_repair(args: argparse.Namespace, services: Services) -> int:
 
 def _check_postgres(args: argparse.Namespace, services: Services) -> int:
     """``state check`` with ``[state] url``: connect, read the schema version."""
-    from backend.state.migrations import version
-    from backend.state.postgres import PostgresState
-
-    where = state_where(services.config)
-    problem: str | None = None
-    schema = 0
-    db: PostgresState | None = None
-    try:
-        db = PostgresState(services.config.state.url or "")
-        down = db.available()
-        if down is not None:
-            raise down
-        schema = version(db)
-    except StateError as exc:
-        problem = str(exc)
-    finally:
-        if db is not None:
-            db.close()
+    checked = services.ops.state.check_server()
+    where, schema, problem = checked.where, checked.schema_version, checked.problem
     if args.json:
         print(
             json.dumps(

@@ -22,8 +22,8 @@ from backend.errors import LoadmasterError
 from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
+    from backend.ops.state import AuditEntry
     from backend.services import Services
-    from backend.state import AuditEntry
 
 #: How many entries the screen reads (``loadmaster audit --limit`` reads more).
 AUDIT_ROWS = 500
@@ -73,8 +73,6 @@ class AuditScreen(Screen[None]):
         self.query_one("#audit-status", Static).update(f"cannot read the audit log: {why}")
 
     def _loaded(self, entries: list[AuditEntry]) -> None:
-        from backend.state import state_where
-
         self.entries = entries
         table = self.query_one(DataTable)
         table.clear()
@@ -84,7 +82,7 @@ class AuditScreen(Screen[None]):
             when = datetime.fromtimestamp(e.ts).strftime("%m-%d %H:%M:%S")
             table.add_row(when, e.actor, e.action, short(e.target, target_width), e.outcome, key=str(e.id))
         head = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, newest first, from "
-        where = short(str(state_where(self.services.config)), max(20, width - 2 - len(head)))
+        where = short(self.services.ops.state.where(), max(20, width - 2 - len(head)))
         self.query_one("#audit-status", Static).update(head + where)
         self._show(0)
         if entries:
