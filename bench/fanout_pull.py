@@ -1,7 +1,7 @@
 """Relay pull against parallel per-node pulls and a single-node pull, side by side in one run (#21).
 
 Starts its own lab: N real sshd nodes on loopback (default 4, all at one site: one cluster) and
-SeaweedFS S3 behind a counting proxy (:mod:`lab.counting_proxy`), so the bytes the store
+SeaweedFS S3 behind a counting proxy (:mod:`tests.counting_proxy`), so the bytes the store
 sends are measured outside loadmaster. Uploads the data (default 16 x 64 MiB = 1.07 GB), then,
 for each round, in turns:
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.pull_overhead import _upload  # noqa: E402 - the same objects as the pull benchmark's
 from lab import Lab, LabNodeOptions  # noqa: E402
-from lab.counting_proxy import CountingProxy  # noqa: E402
+from tests.counting_proxy import CountingProxy  # noqa: E402
 
 
 def _config(lab: Lab, root: Path, proxy: CountingProxy, args: argparse.Namespace) -> Path:

@@ -1,7 +1,7 @@
 """The fleet at 1,024 nodes x 8 GPUs from a real Prometheus, against the SSH source at 256 nodes.
 
 A real Prometheus 2.42 serves 1,024 synthetic nodes' dcgm-exporter and node_exporter series,
-loaded by ``promtool tsdb create-blocks-from openmetrics`` (lab.prometheus.backfill), so
+loaded by ``promtool tsdb create-blocks-from openmetrics`` (bench/prometheus_backfill.py), so
 real PromQL answers the console's real queries. The console runs headless (the real app, the Fleet
 screen) with its Prometheus source: each refresh is the source's queries over HTTP, the parse,
 the hub (detector, history, Xids) and the screen's update, timed from the first request to the
@@ -172,7 +172,7 @@ def main() -> int:
     parser.add_argument("--ssh-seconds", type=int, default=60, help="SSH source measured seconds at 1 Hz (60)")
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
     args = parser.parse_args()
-    from lab.prometheus import backfill
+    from bench.prometheus_backfill import backfill
 
     load0 = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M:%S")

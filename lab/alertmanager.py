@@ -27,7 +27,7 @@ from typing import Any
 
 from backend.errors import LoadmasterError
 from lab.ports import free_port
-from lab.process import log_tail, start_logged, stop_group, wait_http_ready, write_json_config
+from lab.process import ManagedProcess, http_ok, write_json_config
 from lab.prometheus import PrometheusNotInstalled, _duration, find_binary
 
 ALERTMANAGER_INSTALL_HINT = "apt-get install prometheus-alertmanager (Debian's package ships amtool too)"
@@ -58,8 +58,12 @@ def find_amtool() -> str:
     return _find(["amtool"])
 
 
-class AlertmanagerServer:
-    """The real Alertmanager on ``ip:port`` (a free port if None); config, data and log under ``root``."""
+class AlertmanagerServer(ManagedProcess):
+    """The real Alertmanager on ``ip:port`` (a free port if None); config, data and log under ``root``.
+    Started, it is ready when ``/-/ready`` answers 200; stopped, SIGTERM to its process group and
+    SIGKILL after 20 s: nothing is left running."""
+
+    error = AlertmanagerLabError
 
     def __init__(
         self,
@@ -107,14 +111,6 @@ class AlertmanagerServer:
     def log_path(self) -> Path:
         return self.root / "alertmanager.log"
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     # -- config -----------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
         """One route to :data:`RECEIVER`, with the webhook when one is set."""
@@ -146,24 +142,15 @@ class AlertmanagerServer:
             *self.extra_args,
         ]
 
-    def start(self, timeout: float = 30.0) -> AlertmanagerServer:
-        """Start Alertmanager and wait for ``/-/ready``."""
-        if self.running:
-            return self
-        args = self.args()
+    def before_start(self) -> None:
         self.write_config()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.proc = start_logged(args, self.log_path, self.root)
-        if wait_http_ready(self.proc, f"{self.url}/-/ready", timeout):
-            return self
-        tail = log_tail(self.log_path)
-        self.stop()
-        raise AlertmanagerLabError(f"Alertmanager did not become ready on {self.url}: {tail}")
 
-    def stop(self) -> None:
-        """Stop it (SIGTERM to its process group, SIGKILL after 20 s); nothing is left running."""
-        stop_group(self.proc)
-        self.proc = None
+    def ready(self) -> bool:
+        return http_ok(f"{self.url}/-/ready")
+
+    def start_failure(self) -> str:
+        return f"Alertmanager did not become ready on {self.url}"
 
     # -- amtool -------------------------------------------------------------------------------
     def amtool(self, *args: str, timeout: float = 30.0) -> str:

@@ -69,7 +69,7 @@ from typing import Any
 
 from backend.errors import LoadmasterError
 from lab import fake_nvidia_smi
-from lab.process import log_tail, start_logged, stop_group
+from lab.process import ManagedProcess, log_tail
 
 
 class DcgmStandInError(LoadmasterError):
@@ -780,13 +780,18 @@ def main(argv: list[str] | None = None) -> int:
 # -- the controller (the test or the lab) -----------------------------------------------------------
 
 
-class DcgmExporterStandIn:
+class DcgmExporterStandIn(ManagedProcess):
     """Start, steer and stop the stand-in dcgm-exporter process for ``nodes``.
 
     ``DcgmExporterStandIn(root, [DcgmNode("node-01", scenario, ip="127.0.0.2")]).start()`` then
     :attr:`addresses` (node -> ``ip:port``), :meth:`set_pattern`, :meth:`inject_xid`,
     :meth:`stop_node` / :meth:`start_node`. ``shared=True`` also serves every node on one socket
-    (:attr:`shared_address`, path ``/node/<name>/metrics``)."""
+    (:attr:`shared_address`, path ``/node/<name>/metrics``). Ready when it wrote its ready file
+    (every node's socket listens)."""
+
+    error = DcgmStandInError
+    start_timeout = 20.0
+    stop_grace = 10.0
 
     def __init__(
         self,
@@ -831,18 +836,17 @@ class DcgmExporterStandIn:
     def _ack_path(self) -> Path:
         return self.root / "dcgm-control.ack"
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+    def args(self) -> list[str]:
+        return [sys.executable, "-m", "lab.dcgm_exporter", "--config", str(self.config_path)]
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def env(self) -> dict[str, str]:
+        """This environment, with the repository on PYTHONPATH (``-m lab.dcgm_exporter``)."""
+        repo = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
 
-    def start(self, timeout: float = 20.0) -> DcgmExporterStandIn:
-        """Start the server process; returns once every node's socket listens."""
-        if self.running:
-            return self
+    def before_start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         for p in (self._ready_path, self._ack_path):
             p.unlink(missing_ok=True)
@@ -858,34 +862,20 @@ class DcgmExporterStandIn:
                 "nodes": [asdict(n) for n in self.nodes.values()],
             },
         )
-        repo = str(Path(__file__).resolve().parents[1])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = start_logged(
-            [sys.executable, "-m", "lab.dcgm_exporter", "--config", str(self.config_path)],
-            self.log_path,
-            self.root,
-            env,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._ready_path.exists():
-                ready = json.loads(self._ready_path.read_text())
-                self.addresses = dict(ready["addresses"])
-                self.shared_address = ready.get("shared")
-                for name, addr in self.addresses.items():
-                    self.nodes[name].port = int(addr.rsplit(":", 1)[1])  # the same port on a restart
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        tail = log_tail(self.log_path)
-        self.stop()
-        raise DcgmStandInError(f"the dcgm-exporter stand-in did not start ({self.root}): {tail}")
 
-    def stop(self) -> None:
-        stop_group(self.proc, timeout=10)
-        self.proc = None
+    def ready(self) -> bool:
+        """Whether the ready file is there; then the nodes' addresses are read from it."""
+        if not self._ready_path.exists():
+            return False
+        ready = json.loads(self._ready_path.read_text())
+        self.addresses = dict(ready["addresses"])
+        self.shared_address = ready.get("shared")
+        for name, addr in self.addresses.items():
+            self.nodes[name].port = int(addr.rsplit(":", 1)[1])  # the same port on a restart
+        return True
+
+    def start_failure(self) -> str:
+        return f"the dcgm-exporter stand-in did not start ({self.root})"
 
     # -- where Prometheus scrapes -------------------------------------------------------------
     def target(self, name: str) -> tuple[str, str]:

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +21,12 @@ from backend.errors import LoadmasterError
 from lab.agent import link_agent_venv, make_agent_venv
 from lab.ports import common_free_port
 from lab.postgres import PrivateCluster
+from lab.process import ManagedProcess, alive, children, stop_pid_groups
 from lab.prometheus import StackNode, TelemetryStack
 from lab.seaweed import SeaweedS3
 from lab.seed import CHECKPOINT_RUN
-from lab.sshd import SshdNode, keygen
+from lab.slurm import SlurmLab
+from lab.sshd import SshdNode, keygen, lab_processes
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,32 @@ def stop_lab_keeper(config_path: Path) -> int | None:
 
 def _venv_bin() -> Path:
     return Path(sys.executable).parent
+
+
+class WatchProcess(ManagedProcess):
+    """``loadmaster watch --metrics ADDR`` on the lab's config, as systemd would run it (its own
+    session, output in ``watch.log``); 30 s to finish its round on stop."""
+
+    stop_grace = 30.0
+
+    def __init__(self, root: Path, metrics: str, env: dict[str, str]) -> None:
+        self.root = root
+        self.metrics = metrics
+        self._env = env
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "watch.log"
+
+    @property
+    def cwd(self) -> Path:
+        return Path(__file__).resolve().parents[1]
+
+    def args(self) -> list[str]:
+        return [sys.executable, "-m", "tui.entry", "watch", "--metrics", self.metrics]
+
+    def env(self) -> dict[str, str]:
+        return self._env
 
 
 class Lab:
@@ -96,7 +123,7 @@ class Lab:
         #: The real Alertmanager ([alerts] alertmanager_url) and a ``loadmaster watch`` sending to it.
         self.with_alerting = alerting
         self.alertmanager: Any = None
-        self.watch: subprocess.Popen[bytes] | None = None
+        self.watch: WatchProcess | None = None
         self.watch_metrics: str | None = None
 
     # -- paths -------------------------------------------------------------------------------
@@ -189,19 +216,8 @@ class Lab:
         from lab.prometheus import ScrapeTarget
 
         addr = f"127.0.0.1:{free_port()}"
-        log = (self.root / "watch.log").open("ab")
-        try:
-            self.watch = subprocess.Popen(
-                [sys.executable, "-m", "tui.entry", "watch", "--metrics", addr],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env(), "PYTHONUNBUFFERED": "1"},
-                cwd=Path(__file__).resolve().parents[1],
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+        self.watch = WatchProcess(self.root, addr, {**os.environ, **self.env(), "PYTHONUNBUFFERED": "1"})
+        self.watch.launch()
         self.watch_metrics = addr
         if self.telemetry:
             prom = self.telemetry.prometheus
@@ -250,14 +266,8 @@ class Lab:
     def down(self) -> None:
         """Stop every part that was started (safe to call twice)."""
         stop_lab_keeper(self.config_path)
-        if self.watch is not None and self.watch.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.watch.pid, signal.SIGTERM)
-            try:
-                self.watch.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.watch.pid, signal.SIGKILL)
+        if self.watch is not None:
+            self.watch.stop()
         if self.alertmanager is not None:
             self.alertmanager.stop()
         if self.telemetry:
@@ -399,3 +409,55 @@ class Lab:
                 "watch": {"pid": self.watch.pid if self.watch else None, "metrics": self.watch_metrics},
             }
         (self.root / "lab.json").write_text(json.dumps(state, indent=2))
+
+
+def stop_recorded(root: Path, info: dict[str, Any]) -> int:
+    """Stop every process ``lab.json`` (``info``) records for the lab in ``root``, from another
+    process than the one that started them (``loadmaster lab down``); how many were running.
+    PostgreSQL is shut down cleanly: its data stays for the next ``lab up --postgres``."""
+    stopped = 0
+    if stop_lab_keeper(root / "loadmaster.toml") is not None:
+        stopped += 1  # the connection keeper commands left running for the lab's nodes
+    for node in info.get("nodes", []):
+        pid = node.get("pid")
+        if alive(pid):
+            for kid in children(pid):
+                _kill(kid)
+            _kill(pid)
+            stopped += 1
+    s3pid = info.get("s3", {}).get("pid")
+    if alive(s3pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(s3pid, signal.SIGTERM)
+        stopped += 1
+    # Detached jobs (pulls, uploads) outlive their SSH session: find them by the node's home.
+    for pid in lab_processes(root):
+        _kill(pid)
+        stopped += 1
+    alerting = info.get("alerting") or {}
+    # The watcher first (its last round must not page about the lab going away), then Alertmanager.
+    for part in ("watch", "alertmanager"):
+        pid = (alerting.get(part) or {}).get("pid")
+        if isinstance(pid, int) and alive(pid):
+            stop_pid_groups([pid])
+            stopped += 1
+    prom = info.get("prometheus")
+    if prom:
+        # Prometheus first (no scrape errors for the exporters going away), then the exporters.
+        pids = [prom.get("pid"), (prom.get("dcgm") or {}).get("pid")]
+        pids += [e.get("pid") for e in prom.get("node_exporters", [])]
+        for pid in pids:
+            if alive(pid):
+                stop_pid_groups([pid])
+                stopped += 1
+    if info.get("postgres"):
+        cluster = PrivateCluster(Path(info["postgres"]["root"]))
+        if cluster.is_running():
+            cluster.stop()
+            stopped += 1
+    return stopped + SlurmLab.stop_saved(root / "slurm.json")
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)

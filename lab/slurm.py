@@ -34,7 +34,7 @@ from pathlib import Path
 
 from backend.errors import LoadmasterError
 from lab.ports import free_port
-from lab.process import log_tail, start_logged, stop_group
+from lab.process import ManagedProcess, alive, log_tail, stop_pid_groups
 
 SLURM_INSTALL_HINT = "apt-get install slurmctld slurmd slurm-client (Debian 12: Slurm 22.05)"
 PARTITION = "gpu"
@@ -61,6 +61,29 @@ def find_slurm(name: str) -> str:
     return found
 
 
+class SlurmDaemon(ManagedProcess):
+    """slurmctld or one slurmd, in the foreground (``-D``), its output in ``log_path``. Launched
+    without a probe of its own: :meth:`SlurmLab.wait_idle` waits for the cluster as a whole."""
+
+    stop_grace = 10.0
+
+    def __init__(self, root: Path, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.argv = argv
+        self._log_path = log_path
+        self._env = env
+
+    @property
+    def log_path(self) -> Path:
+        return self._log_path
+
+    def args(self) -> list[str]:
+        return self.argv
+
+    def env(self) -> dict[str, str] | None:
+        return self._env
+
+
 class SlurmLab:
     """slurmctld + one slurmd per ``(name, ip)`` node, all on loopback, under ``root``."""
 
@@ -83,8 +106,8 @@ class SlurmLab:
         self.conf = self.root / "slurm.conf"
         self.ctld_port = 0
         self.node_ports: dict[str, int] = {}
-        self._ctld: subprocess.Popen[bytes] | None = None
-        self._slurmd: dict[str, subprocess.Popen[bytes]] = {}
+        self._ctld: SlurmDaemon | None = None
+        self._slurmd: dict[str, SlurmDaemon] = {}
 
     # -- config ----------------------------------------------------------------------------------
 
@@ -178,11 +201,13 @@ class SlurmLab:
         find_slurm("sinfo")
         self.write_config()
         log = self.root / "log"
-        self._ctld = start_logged([ctld, "-D", "-c", "-i", "-f", str(self.conf)], log / "slurmctld.out", self.root)
+        self._ctld = SlurmDaemon(self.root, [ctld, "-D", "-c", "-i", "-f", str(self.conf)], log / "slurmctld.out")
+        self._ctld.launch()
         for name, _ in self.nodes:
-            self._slurmd[name] = start_logged(
-                [slurmd, "-D", "-N", name, "-f", str(self.conf)], log / f"slurmd-{name}.out", self.root, self._env()
+            self._slurmd[name] = SlurmDaemon(
+                self.root, [slurmd, "-D", "-N", name, "-f", str(self.conf)], log / f"slurmd-{name}.out", self._env()
             )
+            self._slurmd[name].launch()
         try:
             self.wait_idle(timeout)
         except SlurmLabError:
@@ -195,7 +220,8 @@ class SlurmLab:
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
-            for proc, what in [(self._ctld, "slurmctld"), *((p, f"slurmd {n}") for n, p in self._slurmd.items())]:
+            for daemon, what in [(self._ctld, "slurmctld"), *((d, f"slurmd {n}") for n, d in self._slurmd.items())]:
+                proc = daemon.proc if daemon else None
                 if proc is not None and proc.poll() is not None:
                     name = "slurmctld" if what == "slurmctld" else f"slurmd-{what.split()[1]}"
                     raise SlurmLabError(
@@ -248,13 +274,14 @@ class SlurmLab:
 
     def down(self) -> None:
         """Stop the jobs, every slurmd and slurmctld; nothing of this cluster is left running."""
-        if self._ctld is not None and self._ctld.poll() is None:
+        if self._ctld is not None and self._ctld.running:
             with contextlib.suppress(LoadmasterError, subprocess.TimeoutExpired, OSError):
                 self.cancel_all()
-        for proc in self._slurmd.values():
-            stop_group(proc, timeout=10)
+        for daemon in self._slurmd.values():
+            daemon.stop()
         self._slurmd.clear()
-        stop_group(self._ctld, timeout=10)
+        if self._ctld is not None:
+            self._ctld.stop()
         self._ctld = None
         self._sweep()
         if not self.spool.is_relative_to(self.root):
@@ -269,7 +296,7 @@ class SlurmLab:
     def save_state(self, path: Path) -> None:
         """Write what :meth:`stop_saved` needs to stop this cluster from another process."""
         pids = {"slurmctld": self._ctld.pid if self._ctld else None}
-        pids.update({f"slurmd {n}": p.pid for n, p in self._slurmd.items()})
+        pids.update({f"slurmd {n}": d.pid for n, d in self._slurmd.items()})
         doc = {"root": str(self.root), "nodes": self.nodes, "gpus": self.gpus, "pids": pids}
         path.write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -282,24 +309,16 @@ class SlurmLab:
         doc = json.loads(path.read_text())
         lab = cls(Path(doc["root"]), [tuple(n) for n in doc["nodes"]], gpus=int(doc.get("gpus", 4)))
         pids = [p for p in doc.get("pids", {}).values() if isinstance(p, int)]
-        alive = [p for p in pids if _alive(p)]
-        if alive and lab.conf.exists():
+        running = [p for p in pids if alive(p)]
+        if running and lab.conf.exists():
             with contextlib.suppress(LoadmasterError, subprocess.TimeoutExpired, OSError):
                 lab.cancel_all(timeout=10)
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in alive) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+        stop_pid_groups(running, grace=10)
         lab._sweep()
         if not lab.spool.is_relative_to(lab.root):
             shutil.rmtree(lab.spool, ignore_errors=True)
         path.unlink()
-        return len(alive)
+        return len(running)
 
     def _sweep(self) -> None:
         """Kill job processes that outlived their slurmd (slurmstepd and the scripts it ran): a
@@ -321,17 +340,3 @@ class SlurmLab:
             if ours or spool in cmdline:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(pid_dir.name), signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.errors import LoadmasterError
+from lab.process import ManagedProcess, children, wait_gone, wait_port
 
 SSHD_INSTALL_HINT = "install it with: apt-get install -y openssh-server (Debian/Ubuntu)"
 
@@ -42,53 +41,6 @@ def keygen(path: Path, comment: str) -> None:
     )
 
 
-def wait_port(ip: str, port: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((ip, port), timeout=0.5):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
-
-
-def _wait_gone(pids: list[int], timeout: float) -> None:
-    """Wait until every pid has exited (gone, or a zombie left for init to reap)."""
-    deadline = time.monotonic() + timeout
-    for pid in pids:
-        while time.monotonic() < deadline:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                break
-            if state in ("Z", "X"):
-                break
-            time.sleep(0.01)
-
-
-def _children(pid: int) -> list[int]:
-    """All descendants of ``pid`` (walks /proc)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in parents.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def lab_processes(root: Path) -> list[int]:
     """Pids of every process a lab in ``root`` started: sshd and weed (their command lines name
     the lab's files) and whatever ran on a node (its sessions carry the node's LOADMASTER_HOME),
@@ -113,8 +65,9 @@ def lab_processes(root: Path) -> list[int]:
 
 
 @dataclass
-class SshdNode:
-    """A lab node: sshd on ``ip:port`` with its own PATH dir, scratch and LOADMASTER_HOME."""
+class SshdNode(ManagedProcess):
+    """A lab node: sshd on ``ip:port`` with its own PATH dir, scratch and LOADMASTER_HOME; ready
+    when it accepts connections. ``sshd -D`` runs in the foreground as our child."""
 
     name: str
     ip: str
@@ -123,6 +76,17 @@ class SshdNode:
     authorized_keys: Path
     extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+
+    start_timeout = 10.0
+    poll_every = 0.0  # the probe waits 0.2 s itself
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "sshd.log"
+
+    @property
+    def cwd(self) -> Path | None:
+        return None
 
     @property
     def bin_dir(self) -> Path:
@@ -179,34 +143,26 @@ class SshdNode:
     def public_host_key(self) -> str:
         return self.host_key.with_suffix(".pub").read_text().split()[1]
 
-    def start(self, timeout: float = 10.0) -> None:
-        """Start sshd in the foreground as our child; wait until it accepts connections."""
-        if self.running:
-            return
-        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-        log = open(self.root / "sshd.log", "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            [find_sshd(), "-D", "-e", "-f", str(self.root / "sshd_config")],
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
-        if not wait_port(self.ip, self.port, timeout):
-            self.stop()
-            tail = (self.root / "sshd.log").read_text()[-500:]
-            raise LoadmasterError(f"lab node {self.name}: sshd did not start on {self.ip}:{self.port}: {tail}")
+    def args(self) -> list[str]:
+        return [find_sshd(), "-D", "-e", "-f", str(self.root / "sshd_config")]
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def before_start(self) -> None:
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege separation dir
+
+    def ready(self) -> bool:
+        return wait_port(self.ip, self.port, 0.2)
+
+    def start_failure(self) -> str:
+        return f"lab node {self.name}: sshd did not start on {self.ip}:{self.port}"
+
+    def failure_detail(self) -> str:
+        return self.log_path.read_text()[-500:]
 
     def drop_connections(self) -> int:
         """Kill every live SSH session of this node but keep it listening (a Wi-Fi drop)."""
         if not self.proc:
             return 0
-        kids = _children(self.proc.pid)
+        kids = children(self.proc.pid)
         for pid in kids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -219,10 +175,10 @@ class SshdNode:
         a caller checking for strays (``lab down``, a failed ``lab up``) sees none in flight."""
         if self.proc is None:
             return
-        kids = _children(self.proc.pid)
+        kids = children(self.proc.pid)
         self.drop_connections()
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
         self.proc = None
-        _wait_gone(kids, timeout=10.0)
+        wait_gone(kids, timeout=10.0)

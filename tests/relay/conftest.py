@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab.counting_proxy import CountingProxy
 
 from lab import Lab
+from tests.counting_proxy import CountingProxy
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData
 

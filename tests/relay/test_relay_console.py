@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from lab.counting_proxy import CountingProxy
 from textual.widgets import Button, Input, Static
 
 from backend.config import load_config_file
 from backend.pulls.relay.view import chain_lines, relay_groups
 from backend.services import Services
 from lab import Lab
+from tests.counting_proxy import CountingProxy
 from tests.helpers import Recorder, wait_until
 from tests.relay.conftest import NODES, RelaySource, assert_copy, relay_config
 from tests.relay.test_relay_faults import SLOW, _job_dir, _pgid, _wait_progress

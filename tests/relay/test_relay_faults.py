@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lab.counting_proxy import CountingProxy
 
 from lab import Lab
+from tests.counting_proxy import CountingProxy
 from tests.relay.conftest import NODES, RelaySource, assert_copy, relay_config
 from tui.cli import main as cli_main
 

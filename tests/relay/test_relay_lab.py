@@ -12,9 +12,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from lab.counting_proxy import CountingProxy
 
 from lab import Lab
+from tests.counting_proxy import CountingProxy
 from tests.jobs.conftest import SourceData
 from tests.relay.conftest import NODES, RelaySource, assert_copy, layout, relay_config, s5cmd_everywhere
 from tui.cli import main as cli_main

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from lab import Lab
-from lab.counting_proxy import CountingProxy
+from tests.counting_proxy import CountingProxy
 from tests.relay.conftest import RelaySource, relay_config
 from tests.security.hostile_node import forge_json
 from tui.cli import main as cli_main

@@ -1,6 +1,6 @@
 """The real parts the Prometheus telemetry source is tested against: the dcgm-exporter stand-in,
-the real node_exporter and Prometheus scraping them (``prom_lab``), the 1,024-node backfill (here
-32 nodes), and ``lab up --prometheus``."""
+the real node_exporter and Prometheus scraping them (``prom_lab``), the benchmark's 1,024-node
+backfill (``bench/prometheus_backfill.py``; here 32 nodes), and ``lab up --prometheus``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from backend.config import load_config_file
 from backend.telemetry.settings import TelemetrySettings
+from bench.prometheus_backfill import backfill, default_profiling
 from lab import Lab, fake_nvidia_smi
 from lab.dcgm_exporter import (
     DEFAULT_FIELDS,
@@ -28,8 +29,6 @@ from lab.prometheus import (
     PrometheusNotInstalled,
     PrometheusServer,
     TelemetryStack,
-    backfill,
-    default_profiling,
     find_promtool,
 )
 from tui.cli import main

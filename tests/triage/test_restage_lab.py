@@ -11,13 +11,13 @@ import secrets
 from pathlib import Path
 
 import pytest
-from lab.counting_proxy import CountingProxy
 
 from backend.config import load_config_file
 from backend.errors import PolicyError, ReadOnlyRefused
 from backend.services import Services
 from lab import Lab
 from tests.checkpoints.conftest import tiny_full_dcp
+from tests.counting_proxy import CountingProxy
 from tests.relay.conftest import relay_config, s5cmd_everywhere, store_proxy
 from tui.cli import main
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
-import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from backend.config import data_dir
 from backend.errors import LoadmasterError
 from backend.services import Services
 from lab.fleet import Lab, LabNodeOptions
+from lab.process import alive
 from lab.seed import CHECKPOINT_RUN, DATASET_PREFIX
 
 
@@ -91,24 +90,12 @@ milestone_every = 4000
 """
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def lab_up(args: argparse.Namespace, services: Services) -> int:
     root = _lab_dir(args)
     state = root / "lab.json"
     if state.exists():
         info = json.loads(state.read_text())
-        if any(_pid_alive(n.get("pid")) for n in info.get("nodes", [])):
+        if any(alive(n.get("pid")) for n in info.get("nodes", [])):
             raise LoadmasterError(f"a lab is already running in {root}; run 'loadmaster lab down' first")
     postgres = bool(getattr(args, "postgres", False))
     prometheus = bool(getattr(args, "prometheus", False))
@@ -231,58 +218,9 @@ def lab_down(args: argparse.Namespace, services: Services) -> int:
         print(f"no lab is running in {root}", file=sys.stderr)
         return 0
     info = json.loads(state.read_text())
-    from lab.fleet import stop_lab_keeper
-    from lab.sshd import _children
+    from lab.fleet import stop_recorded
 
-    stopped = 0
-    if stop_lab_keeper(root / "loadmaster.toml") is not None:
-        stopped += 1  # the connection keeper commands left running for the lab's nodes
-    for node in info.get("nodes", []):
-        pid = node.get("pid")
-        if _pid_alive(pid):
-            for kid in _children(pid):
-                _kill(kid)
-            _kill(pid)
-            stopped += 1
-    s3pid = info.get("s3", {}).get("pid")
-    if _pid_alive(s3pid):
-        try:
-            os.killpg(s3pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        stopped += 1
-    # Detached jobs (pulls, uploads) outlive their SSH session: find them by the node's home.
-    from lab.sshd import lab_processes
-
-    for pid in lab_processes(root):
-        _kill(pid)
-        stopped += 1
-    alerting = info.get("alerting") or {}
-    # The watcher first (its last round must not page about the lab going away), then Alertmanager.
-    for part in ("watch", "alertmanager"):
-        pid = (alerting.get(part) or {}).get("pid")
-        if isinstance(pid, int) and _pid_alive(pid):
-            _stop_group(pid)
-            stopped += 1
-    prom = info.get("prometheus")
-    if prom:
-        # Prometheus first (no scrape errors for the exporters going away), then the exporters.
-        pids = [prom.get("pid"), (prom.get("dcgm") or {}).get("pid")]
-        pids += [e.get("pid") for e in prom.get("node_exporters", [])]
-        for pid in pids:
-            if _pid_alive(pid):
-                _stop_group(pid)
-                stopped += 1
-    if info.get("postgres"):
-        from lab.postgres import PrivateCluster
-
-        cluster = PrivateCluster(Path(info["postgres"]["root"]))
-        if cluster.is_running():
-            cluster.stop()  # a clean shutdown: its data stays for the next 'lab up --postgres'
-            stopped += 1
-    from lab.slurm import SlurmLab
-
-    stopped += SlurmLab.stop_saved(root / "slurm.json")
+    stopped = stop_recorded(root, info)
     state.unlink()
     forgotten = forget_previous_lab(root)
     print(
@@ -346,35 +284,12 @@ def lab_env(args: argparse.Namespace, services: Services) -> int:
     state = root / "lab.json"
     info = json.loads(state.read_text()) if state.exists() else {}
     env = info.get("env")
-    if not isinstance(env, dict) or not any(_pid_alive(n.get("pid")) for n in info.get("nodes", [])):
+    if not isinstance(env, dict) or not any(alive(n.get("pid")) for n in info.get("nodes", [])):
         raise LoadmasterError(f"no lab is running in {root}; start one with 'loadmaster lab up'")
     for key, value in sorted(env.items()):
         print(f"export {key}={shlex.quote(str(value))}")
     print(f"# open the console on the sandbox: {info.get('console', '')}")
     return 0
-
-
-def _stop_group(pid: int, timeout: float = 20.0) -> None:
-    """SIGTERM a process group the lab started (its leader's pid); SIGKILL what is left of it
-    once the leader is gone or ``timeout`` has passed."""
-    from lab.sshd import _wait_gone
-
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    _wait_gone([pid], timeout)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def lab_status(args: argparse.Namespace, services: Services) -> int:
@@ -385,9 +300,9 @@ def lab_status(args: argparse.Namespace, services: Services) -> int:
         return 1
     info = json.loads(state.read_text())
     for n in info["nodes"]:
-        print(f"{n['name']:10} {n['ip']}:{n['port']:<6} {'up' if _pid_alive(n['pid']) else 'down'}")
+        print(f"{n['name']:10} {n['ip']}:{n['port']:<6} {'up' if alive(n['pid']) else 'down'}")
     print(
-        f"s3         {info['s3']['endpoint']} {'up' if _pid_alive(info['s3']['pid']) else 'down'}"
+        f"s3         {info['s3']['endpoint']} {'up' if alive(info['s3']['pid']) else 'down'}"
         + (
             f"  bucket {info['bucket']} (s3://{info['bucket']}/{DATASET_PREFIX}/, "
             f"s3://{info['bucket']}/{CHECKPOINT_RUN}/)"
@@ -397,18 +312,18 @@ def lab_status(args: argparse.Namespace, services: Services) -> int:
     )
     pg = info.get("postgres")
     if pg:
-        print(f"postgres   {pg['url']} {'up' if _pid_alive(pg['pid']) else 'down'}  pgpass {pg['pgpass']}")
+        print(f"postgres   {pg['url']} {'up' if alive(pg['pid']) else 'down'}  pgpass {pg['pgpass']}")
     prom = info.get("prometheus")
     if prom:
         exporters = prom.get("node_exporters", [])
-        alive = sum(1 for e in exporters if _pid_alive(e.get("pid")))
+        exporters_up = sum(1 for e in exporters if alive(e.get("pid")))
         dcgm = prom.get("dcgm") or {}
         print(
-            f"prometheus {prom['url']} {'up' if _pid_alive(prom.get('pid')) else 'down'}  "
-            f"node_exporter {alive}/{len(exporters)} up"
+            f"prometheus {prom['url']} {'up' if alive(prom.get('pid')) else 'down'}  "
+            f"node_exporter {exporters_up}/{len(exporters)} up"
             + (
                 f", dcgm-exporter stand-in ({len(dcgm.get('addresses', {}))} nodes) "
-                f"{'up' if _pid_alive(dcgm.get('pid')) else 'down'}"
+                f"{'up' if alive(dcgm.get('pid')) else 'down'}"
                 if dcgm
                 else ""
             )
