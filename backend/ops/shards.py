@@ -7,20 +7,45 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import JobError, LoadmasterError
 from backend.ops.base import Operation
+from backend.ops.exports import lazy_exports
 
 if TYPE_CHECKING:
     from backend.config import StoreProfile
     from backend.jobs.records import JobRecord
     from backend.shards.model import ConvertResult, ShardPreview, ShardProgress, ShardRequest
+    from backend.shards.settings import ShardSettings
+    from backend.shards.verify import VerifyReport
+
+#: What the front ends import from here: the operation, its request, preview, progress and result.
+__all__ = ["ConvertResult", "ShardPreview", "ShardProgress", "ShardRequest", "ShardSettings", "Shards"]
+if not TYPE_CHECKING:  # mypy reads the imports above; at run time each name loads on first use
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            **dict.fromkeys(("ConvertResult", "ShardPreview", "ShardProgress", "ShardRequest"), "backend.shards.model"),
+            "ShardSettings": "backend.shards.settings",
+        },
+    )
 
 
 class Shards(Operation):
     """``shard SRC DEST`` and the Shards screen's form."""
 
-    def _profiles(self, req: ShardRequest) -> tuple[StoreProfile | None, StoreProfile | None]:
+    def location(self, text: str) -> tuple[str, StoreProfile | None]:
+        """A source or destination as typed: its URL or directory, and its store's profile (a
+        store's name stands for its URL). ``shard`` and the Shards form read locations here."""
         from backend.shards.locations import resolve_location
 
-        return resolve_location(self.services.config, req.src)[1], resolve_location(self.services.config, req.dest)[1]
+        return resolve_location(self.services.config, text)
+
+    def _profiles(self, req: ShardRequest) -> tuple[StoreProfile | None, StoreProfile | None]:
+        return self.location(req.src)[1], self.location(req.dest)[1]
+
+    async def verify(self, dest: str, *, profile: StoreProfile | None = None) -> VerifyReport:
+        """Read every shard at ``dest`` back: sizes, digests and sample counts (read-only)."""
+        from backend.shards.verify import verify
+
+        return await verify(dest, profile=profile)
 
     async def preview(self, req: ShardRequest) -> ShardPreview:
         """List the source and check the destination; nothing is written (read-only services may)."""

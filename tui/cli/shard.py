@@ -10,11 +10,8 @@ from typing import Any
 
 from backend.config import StoreProfile
 from backend.errors import ConfigError
+from backend.ops.shards import ShardProgress, ShardRequest, ShardSettings
 from backend.services import Services
-from backend.shards.locations import resolve_location
-from backend.shards.model import ShardProgress, ShardRequest
-from backend.shards.settings import ShardSettings
-from backend.shards.verify import verify
 from backend.textfmt import safe_text
 from backend.units import bytes_text
 from tui.cli.argtypes import size_arg
@@ -69,7 +66,7 @@ def register(sub: Any) -> None:
 
 
 def _location(services: Services, text: str) -> tuple[str, StoreProfile | None]:
-    return resolve_location(services.config, text)
+    return services.ops.shards.location(text)
 
 
 def _request(args: argparse.Namespace, services: Services, src: str, dest: str) -> ShardRequest:
@@ -161,7 +158,7 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
 async def cmd_verify(args: argparse.Namespace, services: Services) -> int:
     """Read every shard at DEST back with webdataset; check sizes, digests (the hash the manifest names) and sample counts."""
     dest, prof = _location(services, args.paths[1])
-    report = await verify(dest, profile=prof)
+    report = await services.ops.shards.verify(dest, profile=prof)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
     else:

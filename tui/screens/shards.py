@@ -24,8 +24,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from backend.errors import LoadmasterError
-from backend.shards.model import ConvertResult, ShardPreview, ShardProgress, ShardRequest
-from backend.shards.settings import ShardSettings
+from backend.ops.shards import ConvertResult, ShardPreview, ShardProgress, ShardRequest, ShardSettings
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.detail import DetailModal
@@ -33,7 +32,7 @@ from tui.widgets.shard_form import LOCAL, ShardForm, ShardFormValues, form_reque
 from tui.widgets.shard_runs import Conversion, ShardRuns, from_job_record, progress_fields
 
 if TYPE_CHECKING:
-    from backend.jobs.records import JobRecord
+    from backend.ops.types import JobRecord
     from backend.services import Services
 
 #: How often a node job's conversion is re-read (``JobManager.wait``'s poll).

@@ -17,10 +17,8 @@ from textual.message import Message
 from textual.widgets import Button, Input, Label, Select, Static
 
 from backend.errors import LoadmasterError
-from backend.schema import parse_size
-from backend.shards.locations import resolve_location
-from backend.shards.model import ShardPreview, ShardRequest
-from backend.shards.settings import ShardSettings
+from backend.ops.shards import ShardPreview, ShardRequest, ShardSettings
+from backend.ops.types import parse_size
 from backend.units import bytes_text, usd_text
 
 if TYPE_CHECKING:
@@ -69,7 +67,7 @@ def form_request(
             errors["seed"] = f"the shuffle seed must be a whole number, got {form.seed!r}"
     for name, text in (("src", form.src), ("dest", form.dest)):
         try:
-            url, prof = resolve_location(services.config, text)
+            url, prof = services.ops.shards.location(text)
         except LoadmasterError as exc:
             errors[name] = str(exc)
             continue

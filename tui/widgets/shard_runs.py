@@ -17,13 +17,13 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, ProgressBar, Static
 
-from backend.shards.model import ShardProgress
+from backend.ops.shards import ShardProgress
 from backend.units import bytes_text
 from tui.widgets.summary import Summary
 from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
-    from backend.jobs.records import JobRecord
+    from backend.ops.types import JobRecord
 
 #: The conversions table's columns, the decisive ones first (key, header): on a narrow terminal
 #: the columns that scroll off are the rates, never the state.
