@@ -33,6 +33,22 @@ from backend.ops.base import Operation
 from backend.telemetry.prometheus import NodeIndex
 
 #: Longest silence the console makes (a forgotten silence hides the next real page).
+#: What the front ends import from here: the operation, its requests and rows, and the silence
+#: type both front ends list.
+__all__ = [
+    "MAX_SILENCE_S",
+    "AlertSettings",
+    "AlertingNotConfigured",
+    "AlertingStatus",
+    "Alerts",
+    "Silence",
+    "SilenceRequest",
+    "SiteAlert",
+    "describe",
+    "own_alertname",
+    "parse_matchers",
+]
+
 MAX_SILENCE_S = 7 * 24 * 3600.0
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 

@@ -30,6 +30,8 @@ from backend.telemetry.parse import split_sections
 from backend.telemetry.settings import TelemetrySettings
 from backend.textfmt import safe_text
 from backend.triage.analyze import NodeHealth, TriageReport, analyze
+from backend.triage.goodput import lines as goodput_lines
+from backend.triage.restart import restart_lines
 from backend.triage.signals import SCRIPT, parse_health, parse_xids
 
 #: How long one node may take to answer before it counts as unreachable.
@@ -44,6 +46,11 @@ RESTAGE_WAIT_S = 3600.0
 if TYPE_CHECKING:
     from backend.jobs.records import JobRecord
     from backend.ops.restage import RestagePlan, RestageResult
+
+
+#: What the front ends import from here: the operation, its report, and the report's restart and
+#: goodput sections as lines (``loadmaster triage`` and the Triage screen print the same lines).
+__all__ = ["Triage", "TriageReport", "goodput_lines", "restart_lines"]
 
 
 class Triage(Operation):

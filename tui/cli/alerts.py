@@ -102,7 +102,7 @@ async def run_list(args: argparse.Namespace, services: Services) -> int:
 async def run_silence(args: argparse.Namespace, services: Services) -> int:
     from backend.errors import ConfigError
     from backend.ops.alerts import SilenceRequest, parse_matchers
-    from backend.schema import parse_duration
+    from backend.ops.types import parse_duration
 
     matchers, regex = parse_matchers(",".join(args.match))
     try:

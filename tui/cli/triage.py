@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from backend.ops.triage import TriageReport
     from backend.services import Services
-    from backend.triage.analyze import TriageReport
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -88,12 +88,12 @@ def render(report: TriageReport) -> list[str]:
     for note in report.notes:
         out.append(f"note: {safe_text(note, 200)}")
     if report.checkpoint is not None:
-        from backend.triage.restart import restart_lines
+        from backend.ops.triage import restart_lines
 
         out.append("")
         out.extend(restart_lines(report.checkpoint))
     if report.goodput is not None:
-        from backend.triage.goodput import lines as goodput_lines
+        from backend.ops.triage import goodput_lines
 
         out.append("")
         out.extend(goodput_lines(report.goodput))

@@ -78,10 +78,9 @@ def _printer(out: Any) -> Any:
 
 
 async def run_watch(args: argparse.Namespace, services: Services) -> int:
-    from backend.alerts.notify import shown_url
-    from backend.alerts.settings import AlertSettings
-    from backend.alerts.watch import Watcher
     from backend.errors import ConfigError
+    from backend.ops.types import AlertSettings
+    from backend.ops.watch import Watcher, shown_url
 
     if args.rounds is not None and args.rounds < 1:
         raise ConfigError(f"must be at least 1, got {args.rounds}", key="--rounds")
@@ -90,8 +89,7 @@ async def run_watch(args: argparse.Namespace, services: Services) -> int:
     settings = services.config.section(AlertSettings)
     holder = server = None
     if args.metrics:
-        from backend.alerts.metrics import MetricsHolder, parse_listen, serve_metrics
-        from backend.alerts.webconfig import load_web_config
+        from backend.ops.watch import MetricsHolder, load_web_config, parse_listen, serve_metrics
 
         holder = MetricsHolder()
         host, port = parse_listen(args.metrics)
@@ -124,7 +122,7 @@ async def run_watch(args: argparse.Namespace, services: Services) -> int:
         last = await watcher.run(rounds=rounds, stop=stop)
     finally:
         if server is not None:
-            from backend.alerts.metrics import close_metrics_server
+            from backend.ops.watch import close_metrics_server
 
             close_metrics_server(*server)
     if args.once and last is not None:
@@ -132,7 +130,7 @@ async def run_watch(args: argparse.Namespace, services: Services) -> int:
             print(_line("holds", c.all_labels, c.summary))
         print(f"{len(last.conditions)} condition(s) hold in this round")
         # One round is not all clear: what is paging in Alertmanager, or what one round cannot see.
-        from backend.telemetry.settings import TelemetrySettings
+        from backend.ops.types import TelemetrySettings
         from tui.cli.top import oneshot_lines
 
         tele = services.config.section(TelemetrySettings)

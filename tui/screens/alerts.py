@@ -31,7 +31,7 @@ from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
 
 from backend.errors import LoadmasterError
 from backend.ops.alerts import AlertingNotConfigured, SilenceRequest, parse_matchers
-from backend.schema import parse_duration
+from backend.ops.types import parse_duration
 from backend.units import age_of, age_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen, PaletteCommand
 from tui.widgets.confirm import ConfirmModal
@@ -39,8 +39,7 @@ from tui.widgets.detail import DetailModal
 from tui.widgets.table_cursor import cursor_row_key
 
 if TYPE_CHECKING:
-    from backend.alerts.alertmanager import Silence
-    from backend.ops.alerts import SiteAlert
+    from backend.ops.alerts import Silence, SiteAlert
     from backend.services import Services
 
 #: Seconds between reads of Alertmanager.

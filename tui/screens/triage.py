@@ -23,8 +23,8 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 from backend.errors import LoadmasterError
 
 if TYPE_CHECKING:
+    from backend.ops.triage import TriageReport
     from backend.services import Services
-    from backend.triage.analyze import TriageReport
 
 #: A Slurm job ID (or an array task) as typed in the ask box; anything else is a node list.
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
@@ -138,13 +138,13 @@ class TriageScreen(Screen[None]):
         self.query_one("#triage-commands", Static).update("\n".join(lines))
         restart: list[str] = []
         if report.checkpoint is not None:
-            from backend.triage.restart import restart_lines
+            from backend.ops.triage import restart_lines
 
             restart = restart_lines(report.checkpoint)
         self.query_one("#triage-restart", Static).update("\n".join(restart))
         good: list[str] = []
         if report.goodput is not None:
-            from backend.triage.goodput import lines as goodput_lines
+            from backend.ops.triage import goodput_lines
 
             good = goodput_lines(report.goodput)
         self.query_one("#triage-goodput", Static).update("\n".join(good))
