@@ -30,7 +30,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from backend.errors import ConfigError, LoadmasterError
-from backend.ui_prefs import load_ui_prefs, update_ui_prefs
+from backend.ops.prefs import load_ui_prefs, update_ui_prefs
 from themes import stylesheets
 from themes.palette import DEFAULT_THEME, THEMES, semantic_defaults
 from tui.screens.base import SCREEN_SPECS, ScreenSpec, UnavailableScreen
@@ -238,7 +238,7 @@ class LoadmasterApp(App[int]):
         await self.screen.run_action(action)
 
     def on_mount(self) -> None:
-        from backend.alerts.settings import AlertSettings
+        from backend.ops.types import AlertSettings
 
         self.switch_mode(self._initial_mode)
         if self.services.config.section(AlertSettings).alertmanager_url:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from backend.telemetry.model import FleetSnapshot
+    from backend.ops.types import FleetSnapshot
 
 
 class FleetSampled(Message):

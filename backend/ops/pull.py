@@ -13,17 +13,45 @@ from typing import TYPE_CHECKING
 
 from backend.errors import ConfigError, JobError, PolicyError
 from backend.ops.base import Operation, signals_cancel_launch
+from backend.ops.exports import lazy_exports
 
 if TYPE_CHECKING:
     from backend.jobs.records import JobRecord
     from backend.ledger import Reserved
-    from backend.pulls.model import PullPlan
+    from backend.pulls.model import PRESETS, PullPlan
     from backend.pulls.relay.ssh_hops import SshHops
-    from backend.pulls.settings import PullSettings
+    from backend.pulls.relay.view import chain_lines, relay_groups
+    from backend.pulls.settings import FANOUTS, PullSettings
 
 #: How long a plan the operator was shown stands for its listing and free space. Older, the
 #: start lists the source and probes the nodes again; the egress quote is always made afresh.
 PLAN_FRESH_S = 120.0
+
+#: What the front ends import from here: the operation, its request, preview and result, and the
+#: pull's presets, fan-out modes, settings and relay-chain text both front ends show.
+__all__ = [
+    "FANOUTS",
+    "PRESETS",
+    "PullPreview",
+    "PullRequest",
+    "PullSettings",
+    "PullStarted",
+    "Pulls",
+    "SshHops",
+    "chain_lines",
+    "fanout_lines",
+    "relay_groups",
+]
+if not TYPE_CHECKING:  # mypy reads the imports above; at run time each name loads on first use
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            "PRESETS": "backend.pulls.model",
+            "SshHops": "backend.pulls.relay.ssh_hops",
+            **dict.fromkeys(("chain_lines", "relay_groups"), "backend.pulls.relay.view"),
+            **dict.fromkeys(("FANOUTS", "PullSettings"), "backend.pulls.settings"),
+        },
+    )
 
 
 @dataclass(frozen=True)

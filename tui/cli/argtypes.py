@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from backend.schema import parse_duration, parse_size
+from backend.ops.types import parse_duration, parse_size
 
 
 def size_arg(text: str) -> int:

@@ -7,10 +7,7 @@ import json
 import sys
 from typing import Any
 
-from backend.doctor import NodeReport, run_doctor
-from backend.nodes.agent import AgentReport
-from backend.nodes.ssh_config import effective_settings
-from backend.pulls.settings import PullSettings
+from backend.ops.fleet import AgentReport, NodeReport
 from backend.services import Services
 from backend.textfmt import align_columns, safe_text
 from backend.units import bytes_text
@@ -44,7 +41,7 @@ def _selected(args: argparse.Namespace, services: Services) -> list[Any]:
 
 def cmd_nodes(args: argparse.Namespace, services: Services) -> int:
     """Print each node's effective connection settings."""
-    rows = [effective_settings(n) for n in _selected(args, services)]
+    rows = services.ops.fleet.connection_settings(_selected(args, services))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -147,8 +144,7 @@ def doctor_exit_code(reports: list[NodeReport], *, require_gpus: bool = False) -
 async def cmd_doctor(args: argparse.Namespace, services: Services) -> int:
     """Check every node; exit 1 when any node is not ready."""
     names = [n.name for n in _selected(args, services)]
-    s5cmd = services.config.section(PullSettings).s5cmd
-    reports = await run_doctor(services.pool, names, limit=args.timeout, s5cmd=s5cmd)
+    reports = await services.ops.fleet.doctor(names, limit=args.timeout)
     if args.json:
         print(json.dumps([r.as_dict() for r in reports], indent=2))
     else:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import ConfigError, JobError, LoadmasterError
-from backend.nodes.pool import PARTIAL_EXIT, unread_line
 from backend.ops import PullRequest
+from backend.ops.fleet import PARTIAL_EXIT, unread_line
 from backend.services import Services
 from backend.textfmt import align_columns, safe_block, safe_text
 from backend.units import bytes_text, duration_text, gbps_text
@@ -26,7 +26,7 @@ from backend.units import bytes_text, duration_text, gbps_text
 # The job manager (and what it imports) is loaded when a command first uses it: a pull imports
 # it while it waits on the network, not before it starts connecting.
 if TYPE_CHECKING:
-    from backend.jobs.records import JobRecord
+    from backend.ops.types import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def _progress_short(rec: JobRecord) -> str:
 def job_rows(recs: list[JobRecord], *, wide: bool = False, width: int = TABLE_WIDTH) -> list[str]:
     """The ``jobs`` table: one line per job, within ``width`` columns unless ``wide`` (paths cut
     in the middle, both ends kept; the job's id whole). Every cell is cleaned of control text."""
-    from backend.jobs.fmt import middle, verified_short
+    from backend.ops.types import middle, verified_short
 
     rows: list[list[str]] = []
     for r in recs:
@@ -256,7 +256,7 @@ def _record_json(rec: JobRecord) -> dict[str, Any]:
 
 async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
     """List jobs: local records merged with a fresh read of every node's job directories."""
-    from backend.jobs.records import NODE_SAID_NOTES
+    from backend.ops.types import NODE_SAID_NOTES
 
     recs = services.jobs.records(limit=args.limit) if args.local else await services.jobs.refresh()
     recs = recs[: args.limit]
@@ -299,7 +299,7 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
 async def cmd_show(args: argparse.Namespace, services: Services) -> int:
     """Print one job's full record, or a launch's jobs (one line each)."""
     if services.jobs.launch_ids(args.id):
-        from backend.jobs.records import states_text
+        from backend.ops.types import states_text
 
         recs = await services.jobs.launch_records(args.id)
         if args.json:
@@ -402,7 +402,7 @@ async def cmd_cancel(args: argparse.Namespace, services: Services) -> int:
 
 
 def _pull_request(args: argparse.Namespace) -> PullRequest:
-    from backend.pulls.model import PRESETS
+    from backend.ops.pull import PRESETS
 
     nw, cc, ps = PRESETS[args.preset] if args.preset else (None, None, None)
 
@@ -474,7 +474,7 @@ async def _follow_pull(
     services: Services, plan: Any, recs: list[JobRecord], *, as_json: bool, started_pull: Any = None
 ) -> int:
     from backend.errors import NodeUnreachable
-    from backend.jobs.records import fleet_rollup
+    from backend.ops.types import fleet_rollup
 
     jobs = services.jobs
     recs = list(recs)

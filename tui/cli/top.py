@@ -16,11 +16,9 @@ import time
 from typing import Any
 
 from backend.errors import ConfigError
-from backend.nodes.pool import PARTIAL_EXIT, unread_line
+from backend.ops.fleet import PARTIAL_EXIT, fleet_dict, fleet_table, unread_line, unread_nodes
+from backend.ops.types import TelemetrySettings
 from backend.services import Services
-from backend.telemetry.hub import TelemetryHub
-from backend.telemetry.report import fleet_dict, fleet_table, unread_nodes
-from backend.telemetry.settings import TelemetrySettings
 from tui.cli.argtypes import duration_arg
 
 
@@ -71,7 +69,7 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
     nodes = services.config.select(args.nodes) if args.nodes else list(services.config.nodes)
     local = frozenset(n.name for n in nodes if n.transport == "local")
     settings = _settings(services, args.interval)
-    hub = TelemetryHub(services.pool, settings, nodes=[n.name for n in nodes])
+    hub = services.ops.fleet.sampler(settings, [n.name for n in nodes])
     tty = sys.stdout.isatty() and not args.json
     ticks = 0
     last: Any = None
@@ -124,8 +122,8 @@ async def oneshot_lines(services: Services, settings: TelemetrySettings, *, agai
     (starvation over ``starved_window``, transfer stalls) need more looks (``again``: how to ask
     for them, ``--count N`` by default) or a running ``watch``.
     """
-    from backend.alerts.settings import AlertSettings
     from backend.errors import LoadmasterError
+    from backend.ops.types import AlertSettings
     from backend.textfmt import safe_text
 
     ticks = int(settings.starved_window / settings.interval) + 2

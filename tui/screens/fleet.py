@@ -23,11 +23,9 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from backend.alerts.settings import AlertSettings
 from backend.errors import LoadmasterError
-from backend.slurm.settings import SlurmSettings
-from backend.telemetry.model import FleetSnapshot
-from backend.telemetry.report import unread_nodes
+from backend.ops.fleet import unread_nodes
+from backend.ops.types import AlertSettings, FleetSnapshot, SlurmSettings
 from tui.messages import FleetSampled
 from tui.screens.base import LoadmasterScreen, PaletteCommand
 from tui.screens.node_detail import NodeDetailScreen

@@ -13,8 +13,7 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Static
 
 from backend.errors import LoadmasterError
-from backend.slurm.settings import SlurmSettings
-from backend.telemetry.model import FleetSnapshot, NodeSnapshot
+from backend.ops.types import FleetSnapshot, NodeSnapshot, SlurmSettings
 from backend.textfmt import safe_text
 from backend.units import bytes_text
 from tui.messages import FleetSampled

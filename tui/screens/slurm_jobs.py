@@ -21,15 +21,15 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from backend.errors import LoadmasterError
-from backend.slurm.settings import SlurmSettings
+from backend.ops.types import SlurmSettings
 from backend.textfmt import safe_text
 from backend.units import duration_text
 from tui.widgets.text_filter import text_matches
 from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
+    from backend.ops.types import SlurmJob
     from backend.services import Services
-    from backend.slurm.model import SlurmJob
 
 #: Most tasks one collapsed array record is listed as (the rest is one "... more" row).
 MAX_TASKS = 1000

@@ -21,10 +21,8 @@ from textual.message import Message
 from textual.widgets import Button, DataTable, Static
 
 from backend.errors import LoadmasterError
-from backend.jobs.fmt import nodes_text
-from backend.jobs.records import JobProgress, JobRecord, LaunchCancel, fleet_rollup
-from backend.jobs.settings import JobSettings
-from backend.pulls.relay.view import chain_lines, relay_groups
+from backend.ops.pull import chain_lines, relay_groups
+from backend.ops.types import JobProgress, JobRecord, JobSettings, LaunchCancel, fleet_rollup, nodes_text
 from backend.units import bytes_text, duration_text, rate_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
@@ -34,8 +32,7 @@ from tui.widgets.transfers_table import TransfersTable
 
 if TYPE_CHECKING:
     from backend.ops import PullPreview, PullRequest
-    from backend.ops.pull import PullStarted
-    from backend.pulls.relay.ssh_hops import SshHops
+    from backend.ops.pull import PullStarted, SshHops
     from backend.services import Services
 
 

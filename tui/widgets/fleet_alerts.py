@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
-from backend.telemetry.model import Alert
+from backend.ops.types import Alert
 from tui.widgets.fleet_format import alert_cells
 
 # The decisive columns first, so Node and Hint stay on screen at 80 columns.

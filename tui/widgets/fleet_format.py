@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from backend.telemetry.model import NO_GPU, Alert, FleetSnapshot, NodeSnapshot
+from backend.ops.types import NO_GPU, Alert, FleetSnapshot, NodeSnapshot
 from backend.textfmt import safe_text
 from backend.units import age_text, gbps_text
 

@@ -35,8 +35,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
-from backend.telemetry.model import GpuSample, NodeSnapshot, XidEvent
-from backend.telemetry.xid import describe
+from backend.ops.types import GpuSample, NodeSnapshot, XidEvent
+from backend.ops.types import describe_xid as describe
 from backend.units import gbps_text
 
 #: Utilisation buckets: (upper bound exclusive, glyph, component suffix, legend text).

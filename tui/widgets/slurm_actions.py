@@ -131,7 +131,7 @@ class SlurmKeys:
 
     @property
     def slurm_enabled(self) -> bool:
-        from backend.slurm.settings import SlurmSettings
+        from backend.ops.types import SlurmSettings
 
         return bool(self.services.config.section(SlurmSettings).enabled)
 
@@ -153,7 +153,7 @@ def evidence_lines(plan: ResumePlan) -> list[str]:
 
 def _ready(screen: LoadmasterScreen, what: str) -> bool:
     """Slurm enabled and the console writable (else one line saying which)."""
-    from backend.slurm.settings import SlurmSettings
+    from backend.ops.types import SlurmSettings
 
     if not screen.services.config.section(SlurmSettings).enabled:
         screen.notify("Slurm is not enabled: add [slurm] enabled = true to the config", severity="warning")

@@ -9,8 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Sparkline, Static
 
-from backend.jobs.fmt import proof_text
-from backend.jobs.records import JobProgress, JobRecord
+from backend.ops.types import JobProgress, JobRecord, proof_text
 from backend.textfmt import safe_text
 from backend.units import bytes_text, duration_text, gbps_text
 from tui.widgets.transfers_format import bar

@@ -11,8 +11,7 @@ from textual.message import Message
 from textual.widgets import Button, Input, Label, Select, Static
 
 from backend.ops import PullRequest
-from backend.pulls.model import PRESETS
-from backend.pulls.settings import FANOUTS
+from backend.ops.pull import FANOUTS, PRESETS
 from tui.widgets.transfers_estimate import estimate_lines
 
 if TYPE_CHECKING:

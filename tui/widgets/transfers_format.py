@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.jobs.fmt import middle
+from backend.ops.types import middle
 
 __all__ = ["bar", "short"]
 

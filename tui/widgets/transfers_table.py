@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from rich.text import Text
 from textual.widgets import DataTable
 
-from backend.jobs.records import JobRecord
+from backend.ops.types import JobRecord
 from backend.textfmt import safe_text
 from backend.units import bytes_text, duration_text
 from tui.widgets.table_cursor import cursor_row_key
