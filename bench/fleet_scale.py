@@ -2,7 +2,7 @@
 
 Starts N real OpenSSH sshd nodes (default 256) on 127.0.x.y (y = 2..254, x = 0, 1, ...: Linux
 routes all of 127/8 to lo), each with sshd's default ``MaxStartups 10:30:100`` and ``MaxSessions
-10`` and a stand-in ``nvidia-smi`` in sh + awk (:mod:`lab.nvidia_smi_sh`, one sh and one
+10`` and a stand-in ``nvidia-smi`` in sh + awk (:mod:`bench.nvidia_smi_sh`, one sh and one
 awk per call instead of a Python start; checked at start-up to print the Python stand-in's exact
 bytes). Then, in this one process, the console's real parts as the console builds them: a
 ``Config`` loaded from a written loadmaster.toml, ``NodePool.from_config`` and ``TelemetryHub``
@@ -70,7 +70,8 @@ from backend.nodes.transport import Transport  # noqa: E402
 from backend.telemetry.hub import TelemetryHub  # noqa: E402
 from backend.telemetry.sampler import sampler_script  # noqa: E402
 from backend.telemetry.settings import TelemetrySettings  # noqa: E402
-from lab import fake_nvidia_smi, nvidia_smi_sh  # noqa: E402
+from bench import nvidia_smi_sh  # noqa: E402
+from lab import fake_nvidia_smi  # noqa: E402
 from lab.ports import port_free  # noqa: E402
 from lab.sshd import SshdNode, keygen, lab_processes  # noqa: E402
 
@@ -142,7 +143,7 @@ def check_stand_ins(work: Path) -> dict[str, Any]:
                 if got != want:
                     raise BenchError(
                         f"the sh nvidia-smi stand-in differs from the Python one at t={t:g} ({pattern}, {q[0]}): "
-                        f"{got.splitlines()[:1]} vs {want.splitlines()[:1]}; fix lab/nvidia_smi_sh.py"
+                        f"{got.splitlines()[:1]} vs {want.splitlines()[:1]}; fix bench/nvidia_smi_sh.py"
                     )
     query = queries[0]
     # The clocked script (what the nodes get): same GPUs, same columns.

@@ -141,7 +141,7 @@ def test_unknown_fault_field_rejected(tmp_path):
 
 def test_sh_stand_in_prints_the_health_fields_byte_for_byte(tmp_path):
     """The fleet-scale sh stand-in answers the health and remapped-rows queries as the Python one."""
-    from lab import nvidia_smi_sh
+    from bench import nvidia_smi_sh
 
     for pattern in ("training", "idle"):
         sh = nvidia_smi_sh.write(tmp_path / "smi", fixed_t=3.0, pattern=pattern, gpus=3)

@@ -1,4 +1,5 @@
-"""A cheap stand-in ``nvidia-smi`` for fleet-scale labs: POSIX sh and one awk, no Python start.
+"""A cheap stand-in ``nvidia-smi`` for the fleet-scale benchmark (``bench/fleet_scale.py``): POSIX
+sh and one awk, no Python start.
 
 :mod:`lab.fake_nvidia_smi` starts a Python interpreter on every call (~30 ms of CPU):
 256 nodes sampled each second would spend more CPU in the stand-in than in everything else. This
@@ -38,7 +39,7 @@ FIELDS = (
 _USAGE = 'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.'
 
 _SCRIPT = r"""#!/bin/sh
-# nvidia-smi stand-in written by loadmaster's lab (lab/nvidia_smi_sh.py): sh + awk.
+# nvidia-smi stand-in written by loadmaster's fleet-scale benchmark (bench/nvidia_smi_sh.py): sh + awk.
 q=; f=; have_q=
 for a in "$@"; do
   case $a in
