@@ -15,13 +15,9 @@ import grimp
 #: fails, and so does an entry naming a module no longer in a cycle (narrow the entry, or delete it).
 KNOWN_CYCLES: dict[str, frozenset[str]] = {
     # #30: ``Services.ops`` (services -> ops, under TYPE_CHECKING) while every operation takes
-    # Services; and the pull's functions that still take the whole bag (backend.pulls).
-    # "Explicit collaborators" in the issue removes it.
+    # Services. "Explicit collaborators" in the issue removes it.
     "#30 Services bag": frozenset(
         {
-            "backend.pulls.fanout",
-            "backend.pulls.launch",
-            "backend.pulls.plan",
             "backend.ops",  # and every backend.ops.* module (KNOWN_PACKAGES)
             "backend.services",
         }

@@ -196,7 +196,9 @@ class Pulls(Operation):
 
         nodes = self.validate(req)
         plan = await plan_pull(
-            self.services,
+            self.services.config,
+            self.services.pool,
+            lambda: self.services.egress,
             req.src,
             req.dest,
             nodes,
@@ -208,6 +210,7 @@ class Pulls(Operation):
             fanout=req.fanout,
             seeds=req.seeds,
             degree=req.degree,
+            prepare=lambda: self.services.jobs,
         )
         return self._preview(req, plan, time.time())
 
@@ -235,7 +238,7 @@ class Pulls(Operation):
         profile = resolve_store(self.services.config, plan.src, plan.store)
         nodes = [self.services.config.node(n) for n in plan.store_nodes]
         decision, note = egress_check(
-            self.services, profile, nodes, plan.total_bytes, len(plan.objects), req.reason, src=plan.src
+            self.services.egress, profile, nodes, plan.total_bytes, len(plan.objects), req.reason, src=plan.src
         )
         plan = dataclasses.replace(plan, egress=decision, egress_note=note or plan.egress_note)
         return self._preview(req, plan, shown.planned_at)
@@ -276,7 +279,15 @@ class Pulls(Operation):
                     hops = SshHops(self.services.config, [n.node for n in plan.nodes])
                     upstreams = await hops.open(plan)
                 records = tuple(
-                    await launch_pull(self.services, plan, label=label, job_ids=job_ids, upstreams=upstreams)
+                    await launch_pull(
+                        self.services.jobs,
+                        self.services.config,
+                        self.services.egress,
+                        plan,
+                        label=label,
+                        job_ids=job_ids,
+                        upstreams=upstreams,
+                    )
                 )
             except BaseException as exc:
                 self._release_unstarted(job_ids, exc)
@@ -342,7 +353,9 @@ class Pulls(Operation):
             self._reserve(dataclasses.replace(req, reason=reason), one, job_ids)
             try:
                 [rec] = await launch_pull(
-                    self.services,
+                    self.services.jobs,
+                    self.services.config,
+                    self.services.egress,
                     one,
                     label=label or f"pull {plan.src} -> {est.dest} (retry of {record.id})",
                     job_ids=job_ids,

@@ -10,36 +10,42 @@ pull kind's ``on_ended`` (:class:`backend.pulls.job.PullKind`).
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from backend.errors import ConfigError
 from backend.pulls.model import NodeEstimate, PullPlan
 from backend.pulls.settings import PullSettings
-from backend.storage import egress_profile
+from backend.storage import bucket_profile
 
 if TYPE_CHECKING:
-    from backend.config import StoreProfile
-    from backend.services import Services
+    import random
+
+    from backend.config import Config, Node, StoreProfile
+    from backend.ledger import EgressGuard
+    from backend.policy.egress import GuardDecision
+
+
+def _by_site(nodes: Sequence[Node]) -> Counter[str | None]:
+    """How many of ``nodes`` are at each site (nodes at one site are priced together)."""
+    return Counter(n.site for n in nodes)
 
 
 def egress_costs(
-    services: Services, profile: StoreProfile | None, nodes: list[Any], total: int, objects: int, src: str = ""
+    guard: EgressGuard, profile: StoreProfile | None, nodes: Sequence[Node], total: int, objects: int, src: str = ""
 ) -> tuple[int, float | None]:
     """(bytes, $) the store sends when each of ``nodes`` takes ``total`` bytes from it ($ None
     when any route is unpriced)."""
-    guard = services.egress
-    prof = profile or egress_profile(services.config, None, src)
-    by_site: dict[str | None, int] = {}
-    for n in nodes:
-        by_site[n.site] = by_site.get(n.site, 0) + 1
+    prof = profile or bucket_profile(src)
     usd: float | None = 0.0
-    for site, count in by_site.items():
+    for site, count in _by_site(nodes).items():
         q = guard.quote_transfer(prof, site, total * count, objects=objects * count)
         usd = None if usd is None or q.total_usd is None or not q.priced else usd + q.total_usd
     return total * len(nodes), usd
 
 
-def _relay_address(node: Any, est: NodeEstimate, network: str) -> str:
+def _relay_address(node: Node, est: NodeEstimate, network: str) -> str:
     """Where a node's relay listens: its configured host's address, or its own address in ``network``."""
     import ipaddress
     import socket
@@ -65,18 +71,19 @@ def _relay_address(node: Any, est: NodeEstimate, network: str) -> str:
     )
 
 
-def _relay_port(est: NodeEstimate, ports: str, rng: Any) -> int:
+def _relay_port(est: NodeEstimate, ports: str, rng: random.Random) -> int:
     from backend.pulls.settings import port_range
 
     lo, hi = port_range(ports)
     free = [p for p in range(lo, hi + 1) if p not in est.ports_taken]
     if not free:
         raise ConfigError(f"{est.node}: every port of [pull] relay_ports ({ports}) is in use; widen the range")
-    return int(rng.choice(free))
+    return rng.choice(free)
 
 
 def with_fanout(
-    services: Services,
+    config: Config,
+    guard: EgressGuard,
     plan: PullPlan,
     profile: StoreProfile | None,
     *,
@@ -91,20 +98,16 @@ def with_fanout(
 
     from backend.pulls.settings import FANOUTS
 
-    config = services.config
     settings = config.section(PullSettings)
     mode = fanout or settings.fanout
     if mode not in FANOUTS:
         raise ConfigError(f"--fanout must be one of {', '.join(FANOUTS)}, got {mode!r}")
     cfg_nodes = [config.node(n.node) for n in plan.nodes]
     nobj = len(plan.objects)
-    direct = egress_costs(services, profile, cfg_nodes, plan.total_bytes, nobj, plan.src)
+    direct = egress_costs(guard, profile, cfg_nodes, plan.total_bytes, nobj, plan.src)
     note = ""
     if mode == "auto":
-        sites: dict[str | None, int] = {}
-        for n in cfg_nodes:
-            sites[n.site] = sites.get(n.site, 0) + 1
-        shared = max(sites.values(), default=0) > 1
+        shared = max(_by_site(cfg_nodes).values(), default=0) > 1
         priced = direct[1] is not None and direct[1] > 0
         mode = "relay" if shared and priced else "direct"
         note = (
@@ -147,9 +150,7 @@ def with_fanout(
             problems.append(str(exc))
     ests = tuple(dataclasses.replace(n, needs_s5cmd=n.node in topo.seeds) for n in plan.nodes)
     seed_nodes = [config.node(n) for n in topo.seeds]
-    decision, enote = egress_check(
-        services, profile, seed_nodes, plan.total_bytes, nobj, allow_over_budget, src=plan.src
-    )
+    decision, enote = egress_check(guard, profile, seed_nodes, plan.total_bytes, nobj, allow_over_budget, src=plan.src)
     return dataclasses.replace(
         plan,
         nodes=ests,
@@ -159,31 +160,27 @@ def with_fanout(
         egress=decision,
         egress_note=enote or plan.egress_note,
         direct_cost=direct,
-        store_cost=egress_costs(services, profile, seed_nodes, plan.total_bytes, nobj, plan.src),
+        store_cost=egress_costs(guard, profile, seed_nodes, plan.total_bytes, nobj, plan.src),
         fanout_note=note,
         plan_problems=tuple(problems),
     )
 
 
 def egress_check(
-    services: Services,
+    guard: EgressGuard,
     profile: StoreProfile | None,
-    nodes: list[Any],
+    nodes: Sequence[Node],
     total: int,
     objects: int,
     allow_over_budget: str | None,
     src: str = "",
-) -> tuple[Any, str | None]:
+) -> tuple[GuardDecision | None, str | None]:
     """The guard's decision for pulling ``total`` bytes to each node (the strictest node decides)."""
-    guard = services.egress
-    prof = profile or egress_profile(services.config, None, src)
+    prof = profile or bucket_profile(src)
     order = {"allow": 0, "warn": 1, "confirm": 2, "block": 3}
-    worst = None
+    worst: GuardDecision | None = None
     # Every node receives the whole pull; nodes at the same site are priced together, in sequence.
-    by_site: dict[str | None, int] = {}
-    for n in nodes:
-        by_site[n.site] = by_site.get(n.site, 0) + 1
-    for site, count in by_site.items():
+    for site, count in _by_site(nodes).items():
         quote = guard.quote_transfer(prof, site, total * count, objects=objects * count)
         dec = guard.check(quote, allow_over_budget_reason=allow_over_budget)
         if worst is None or order.get(dec.action, 0) > order.get(worst.action, 0):

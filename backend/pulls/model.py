@@ -9,10 +9,20 @@ fan-out, :mod:`backend.pulls.launch` starts its jobs, and the front ends show it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend.pulls.objects import PulledObject
 from backend.units import bytes_text
+
+if TYPE_CHECKING:
+    from backend.config import Node
+    from backend.credentials import Credentials
+    from backend.policy.egress import GuardDecision
+    from backend.pulls.relay.planner import RelayTopology
+
+#: node -> ``[[upstream node, address, port], ...]``, nearest first: where a relay node finds the
+#: nodes above it (relay-ssh: the console's forwarded loopback ports instead of the peers' own).
+Upstreams = dict[str, list[list[str | int]]]
 
 #: Presets offered by the console and ``--preset``: (numworkers, concurrency, part size MiB).
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -88,14 +98,14 @@ class PullPlan:
     endpoint_url: str | None = None
     region: str | None = None
     profile: str | None = None
-    egress: Any = None  # backend.policy.egress.GuardDecision when the guard is available
+    egress: GuardDecision | None = None
     egress_note: str | None = None
     #: The store's resolved credentials for the jobs' secrets files (never shown or serialised).
-    credentials: Any = field(default=None, repr=False, compare=False)
+    credentials: Credentials | None = field(default=None, repr=False, compare=False)
     #: ``direct`` (every node from the store), ``relay`` or ``relay-ssh`` (seeds from the store).
     fanout: str = "direct"
     #: Who feeds whom (backend.pulls.relay.planner.RelayTopology) for a relay, else None.
-    topology: Any = None
+    topology: RelayTopology | None = None
     #: node -> (address, port) its relay listens on.
     relay_listen: dict[str, tuple[str, int]] = field(default_factory=dict)
     #: What the store would send (bytes, $) to every node directly, and what it sends in this plan.
@@ -130,7 +140,7 @@ class PullPlan:
         etas = [e for n in self.nodes if (e := n.eta_s(self.total_bytes)) is not None]
         return max(etas) if etas else None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "src": self.src,
             "dest": self.dest,
@@ -155,7 +165,7 @@ class PullPlan:
                 }
                 for n in self.nodes
             ],
-            "egress": self.egress.as_dict() if self.egress is not None and hasattr(self.egress, "as_dict") else None,
+            "egress": self.egress.as_dict() if self.egress is not None else None,
             "egress_note": self.egress_note,
             "fanout": self.fanout,
             "fanout_note": self.fanout_note,
@@ -181,10 +191,10 @@ def node_dest(dest: str, scratch: str) -> str:
     return f"{scratch.rstrip('/')}/{dest.strip('/')}"
 
 
-def node_s5cmd(node: Any, configured: str) -> str:
+def node_s5cmd(node: Node, configured: str) -> str:
     """The s5cmd a node's job runs: as configured, except that this machine (a local node) with
     the default ``s5cmd`` not on PATH runs the one installed beside loadmaster."""
-    if getattr(node, "transport", None) == "local" and configured == "s5cmd":
+    if node.transport == "local" and configured == "s5cmd":
         from backend.config import installed_s5cmd
 
         return installed_s5cmd()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import shlex
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from backend.credentials import Credentials
 from backend.errors import ConfigError, LoadmasterError, NodeUnreachable, StoreError
@@ -25,7 +26,10 @@ from backend.pulls.settings import PullSettings
 # What only some commands need (asyncio, the S3 client, the ledger) is imported where it is used.
 if TYPE_CHECKING:
     from backend.config import Config, StoreProfile
-    from backend.services import Services
+    from backend.ledger import EgressGuard
+    from backend.nodes.pool import NodePool
+    from backend.nodes.transport import Transport
+    from backend.policy.egress import GuardDecision
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ awk 'FNR > 1 { n = split($2, a, ":"); print "@@PORT " a[n] }' /proc/net/tcp /pro
 """
 
 
-async def probe_node(transport: Any, dest: str, rels: list[str], s5cmd: str) -> NodeEstimate:
+async def probe_node(transport: Transport, dest: str, rels: list[str], s5cmd: str) -> NodeEstimate:
     """Free space at ``dest``, NIC line rate, s5cmd presence and bytes already there, on one node."""
     res = await transport.run(
         f"sh -c {shlex.quote(_PROBE)} probe {shlex.quote(dest)} {shlex.quote(s5cmd)}",
@@ -105,8 +109,18 @@ def resolve_store(config: Config, src: str, store: str | None) -> StoreProfile |
     return config.store_for_url(src)
 
 
+def _probe_again(first: NodeEstimate | Exception, names: bool) -> bool:
+    """Whether a node's first probe (no object names) is probed again: it failed but the node was
+    reached, or it has the destination already and the names are known (to count what is there)."""
+    if isinstance(first, NodeUnreachable):
+        return False
+    return isinstance(first, BaseException) or bool(first.error) or (first.dest_exists and names)
+
+
 async def plan_pull(
-    services: Services,
+    config: Config,
+    pool: NodePool,
+    guard: Callable[[], EgressGuard],
     src: str,
     dest: str,
     nodes: list[str],
@@ -119,17 +133,20 @@ async def plan_pull(
     fanout: str | None = None,
     seeds: int | None = None,
     degree: int | None = None,
+    prepare: Callable[[], object] | None = None,
 ) -> PullPlan:
-    """List the source, probe each node and price the egress: the plan shown before launch."""
+    """List the source, probe each node over ``pool`` and price the egress: the plan shown before
+    launch. ``guard`` gives the egress guard and ``prepare`` readies what the launch needs next
+    (the job manager); both are called once the listing is in, while the nodes still answer (each
+    may open the state database)."""
     import asyncio
 
-    config = services.config
     settings = config.section(PullSettings)
     pattern = parse_source(src)
     profile = resolve_store(config, src, store)
     mode = fanout
 
-    async def early(t: Any) -> NodeEstimate:
+    async def early(t: Transport) -> NodeEstimate:
         n = config.node(t.name)
         est = await probe_node(t, node_dest(dest, n.scratch), [], node_s5cmd(n, settings.s5cmd))
         log.debug("plan: %s connected and probed", t.name)
@@ -141,12 +158,12 @@ async def plan_pull(
     log.debug("plan: listing + connecting")
 
     # The egress quote needs only the listing's total, so it is priced while the nodes answer.
-    async def list_and_price() -> tuple[list[PulledObject], Credentials | None, Any, str | None]:
+    async def list_and_price() -> tuple[list[PulledObject], Credentials | None, GuardDecision | None, str | None]:
         objects, creds = await list_source(pattern, profile, credentials=True)
         if not objects:
             return objects, creds, None, None
         decision, note = egress_check(
-            services,
+            guard(),
             profile,
             [config.node(n) for n in nodes],
             sum(o.size for o in objects),
@@ -155,7 +172,8 @@ async def plan_pull(
             src,
         )
         log.debug("plan: egress priced")
-        _ = services.jobs  # the launch needs the job manager: import and set it up while waiting too
+        if prepare is not None:
+            prepare()  # the launch needs the job manager: import and set it up while waiting too
         return objects, creds, decision, note
 
     # The listing subprocess is spawned first, so it runs while this process imports the SSH
@@ -163,7 +181,7 @@ async def plan_pull(
     listing = asyncio.ensure_future(list_and_price())
     await asyncio.sleep(0)
     try:
-        probing = services.pool.fanout(early, nodes, timeout=120)
+        probing = pool.fanout(early, nodes, timeout=120)
     except BaseException:
         listing.cancel()
         raise
@@ -175,19 +193,14 @@ async def plan_pull(
     total = sum(o.size for o in objects)
     rels = [o.rel for o in objects] if len(objects) <= settings.max_spec_objects else []
 
-    async def probe(t: Any) -> NodeEstimate:
+    async def probe(t: Transport) -> NodeEstimate:
         n = config.node(t.name)
         return await probe_node(t, node_dest(dest, n.scratch), rels, node_s5cmd(n, settings.s5cmd))
 
     # A node that could not be reached at all is not probed again: in a one-shot command the
     # second try only meets the connection backoff ("next retry in 0.9s") and says nothing new.
-    again = [
-        n
-        for n in nodes
-        if not isinstance(first[n], NodeUnreachable)
-        and (isinstance(first[n], BaseException) or first[n].error or (first[n].dest_exists and rels))
-    ]
-    probes = {**first, **(await services.pool.fanout(probe, again, timeout=120) if again else {})}
+    again = [n for n in nodes if _probe_again(first[n], bool(rels))]
+    probes = {**first, **(await pool.fanout(probe, again, timeout=120) if again else {})}
     log.debug("plan: probed (%d again)", len(again))
     ests = []
     for name in nodes:
@@ -223,5 +236,5 @@ async def plan_pull(
         credentials=creds,
     )
     return with_fanout(
-        services, plan, profile, fanout=mode, seeds=seeds, degree=degree, allow_over_budget=allow_over_budget
+        config, guard(), plan, profile, fanout=mode, seeds=seeds, degree=degree, allow_over_budget=allow_over_budget
     )

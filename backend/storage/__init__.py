@@ -68,10 +68,16 @@ def join_key(*parts: str) -> str:
 
 def egress_profile(config: Config, store: str | None, src: str) -> StoreProfile:
     """The store profile a transfer from ``src`` is priced by: the named store, else the bare
-    bucket (quoted as unpriced: ``[egress] unpriced_action`` decides). Pulls, shard conversions,
-    uploads and strips price their reads with it."""
+    bucket (:func:`bucket_profile`). Pulls, shard conversions, uploads and strips price their
+    reads with it."""
     if store and store in config.stores:
         return config.stores[store]
+    return bucket_profile(src)
+
+
+def bucket_profile(src: str) -> StoreProfile:
+    """The bare bucket of an ``s3://`` URL that no configured store names: quoted as unpriced
+    (``[egress] unpriced_action`` decides)."""
     bucket = f"s3://{parse_s3_url(src)[0]}"
     return StoreProfile(url=bucket, name=bucket)
 

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from backend.pulls.launch import launch_pull
-from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from lab.seed import put_multipart, put_object
+from tests.pulls_helpers import launch_pull, plan_pull
 
 pytestmark = pytest.mark.timeout(240)
 MiB = 1 << 20

@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 
 from backend.config import load_config_file
-from backend.pulls.launch import launch_pull
-from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from tests.jobs.conftest import SourceData
+from tests.pulls_helpers import launch_pull, plan_pull
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -17,12 +17,11 @@ import pytest
 
 from backend.config import Config
 from backend.errors import JobError, StoreError
-from backend.pulls.launch import launch_pull
-from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData, fresh_services
+from tests.pulls_helpers import launch_pull, plan_pull
 from tui.cli import main as cli_main
 
 pytestmark = pytest.mark.timeout(240)

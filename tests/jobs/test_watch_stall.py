@@ -15,14 +15,13 @@ from pathlib import Path
 
 from backend.alerts.watch import Watcher
 from backend.config import load_config_file
-from backend.pulls.launch import launch_pull
-from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from tests.am_fixtures import AlertmanagerLab
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData
 from tests.jobs.test_pull_lab import store_stalled
+from tests.pulls_helpers import launch_pull, plan_pull
 
 
 async def test_a_stalled_pull_raises_transfer_stalled_with_its_job_id(

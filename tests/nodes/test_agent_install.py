@@ -25,13 +25,12 @@ from backend.config import Node, load_config_file
 from backend.doctor import run_doctor
 from backend.nodes.agent import agent_command, install_command, is_python, parse_probe
 from backend.nodes.pool import NodePool
-from backend.pulls.launch import launch_pull
-from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab, LabNodeOptions
 from lab.agent import link_agent_venv
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import fresh_services
+from tests.pulls_helpers import launch_pull, plan_pull
 from tui.cli import main
 
 pytestmark = pytest.mark.timeout(240)

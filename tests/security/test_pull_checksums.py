@@ -22,10 +22,9 @@ from typing import Any
 import pytest
 
 from backend.pulls.integrity import new_hasher
-from backend.pulls.launch import launch_pull
-from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
+from tests.pulls_helpers import launch_pull, plan_pull
 from tests.security.conftest import HOSTILE_KEY_ID, HOSTILE_SECRET
 from tests.security.hostile_s3 import HostileS3, StoredObject, _Handler, _QuietServer, md5_etag, multipart_etag
 

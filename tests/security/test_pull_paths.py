@@ -16,11 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.errors import StoreError
-from backend.pulls.launch import launch_pull
 from backend.pulls.objects import PulledObject, check_objects, parse_source, rel_problem
-from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
+from tests.pulls_helpers import launch_pull, plan_pull
 from tests.security.conftest import HOSTILE_KEY_ID, HOSTILE_SECRET
 from tests.security.hostile_s3 import HostileS3, md5_etag
 

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.pulls.launch import launch_pull
-from backend.pulls.plan import plan_pull
 from backend.services import Services
 from lab import Lab
+from tests.pulls_helpers import launch_pull, plan_pull
 from tests.security.hostile_s3 import HostileS3
 
 pytestmark = pytest.mark.timeout(240)

@@ -177,7 +177,7 @@ def pull_preview(
         free = 400 * 10**9 if i in full else 6_000 * 10**9
         estimates.append(NodeEstimate(name, dest, free, 0, 100.0 if i % 4 else 200.0, i % 5 != 0, s5cmd=True))
     sites = [replace(NODES[0], name=e.node) for e in estimates]
-    decision, note = egress_check(services, STORES["datasets"], sites, total, len(objects), None)
+    decision, note = egress_check(services.egress, STORES["datasets"], sites, total, len(objects), None)
     plan = PullPlan(
         src="s3://ml-datasets/laion-mini/shards/",
         dest="datasets/laion-mini/2026-11-17",
