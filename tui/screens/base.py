@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.events import Mount, Resize
+from textual.events import Mount, Resize, ScreenResume
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import Worker, WorkerState
 
+from tui.widgets.footer import SteadyFooter
 from tui.widgets.mode_bar import ModeBar
 from tui.widgets.text_filter import text_matches
 
@@ -140,7 +141,7 @@ class LoadmasterScreen(Screen[None]):
         yield from self.compose_body()
         # Compact from the start where the terminal is narrow: set later (on_resize), the footer
         # restyles every key hint once more on a screen's first visit (~0.6 s on a loaded machine).
-        yield Footer(compact=self.app.size.width < self.COMPACT_FOOTER_BELOW)
+        yield SteadyFooter(compact=self.app.size.width < self.COMPACT_FOOTER_BELOW)
 
     def compose_body(self) -> ComposeResult:
         """The screen's own content, between the mode bar and the footer."""
@@ -250,6 +251,17 @@ class LoadmasterScreen(Screen[None]):
         for footer in self.query(Footer):
             if footer.compact != compact:
                 footer.compact = compact
+
+    @on(ScreenResume)
+    def _keep_styles(self, event: ScreenResume) -> None:
+        # Textual restyles every widget of a screen each time it is shown (twice on a first visit),
+        # although its styles are kept up to date while it is hidden (classes, focus, hover,
+        # order) and a theme change restyles it on the switch (the app's CSS count, see
+        # LoadmasterApp._make_screen). Skipped while the screen was styled for the current count:
+        # a third of a return to a built screen.
+        count = getattr(self, "_css_update_count", None)
+        if count is not None and count == getattr(self.app, "_css_update_count", None):
+            event.refresh_styles = False
 
     def on_screen_resume(self) -> None:
         # The app's current mode is only final once the screen is shown, not when composed.

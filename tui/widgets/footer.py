@@ -1,0 +1,55 @@
+"""The console's footer: Textual's, rebuilt only when the key hints it shows have changed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.widgets import Footer
+
+if TYPE_CHECKING:
+    from textual.screen import Screen
+
+#: What a footer shows, for one key hint: key, how it is written, description, action, whether
+#: it is enabled, its tooltip and its group.
+HintKey = tuple[str, str, str, str, bool, str, object]
+
+
+class SteadyFooter(Footer):
+    """Textual's :class:`~textual.widgets.Footer`, recomposed only when its hints changed.
+
+    Textual's footer throws its key widgets away and builds them again each time the screen's
+    bindings are refreshed: on every return to a screen and every focus change, although the
+    hints are nearly always the same. Each rebuild restyles every key (a third of a return to a
+    built screen). This one compares what it would show with what it shows and keeps it when
+    they are equal; the first build, and any change of key, description, enabled state or
+    command-palette hint, still rebuilds it as Textual's does.
+    """
+
+    _shown: tuple[HintKey, ...] | None = None
+
+    def _hints(self, screen: Screen[object]) -> tuple[HintKey, ...]:
+        """The key hints the footer would show for ``screen`` now (what :meth:`compose` reads)."""
+        app = screen.app
+        hints = [
+            (
+                binding.key,
+                app.get_key_display(binding),
+                binding.description,
+                binding.action,
+                enabled,
+                tooltip,
+                binding.group,
+            )
+            for (_, binding, enabled, tooltip) in screen.active_bindings.values()
+            if binding.show or binding.key == app.COMMAND_PALETTE_BINDING
+        ]
+        palette = ("", "", "", "", self.show_command_palette and app.ENABLE_COMMAND_PALETTE, "", None)
+        return (*hints, palette)
+
+    def bindings_changed(self, screen: Screen[object]) -> None:
+        if self.is_attached and screen is self.screen and screen.app.app_focus:
+            hints = self._hints(screen)
+            if self._bindings_ready and hints == self._shown:
+                return
+            self._shown = hints
+        super().bindings_changed(screen)
