@@ -53,6 +53,7 @@ cfg, src, tag, n, go = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), 
 async def main() -> None:
     services = Services(load_config_file(Path(cfg)))
     services.db  # open the state (and migrate it) before the start signal
+    go.with_name(f"ready-{tag}").touch()
     while not go.exists():
         time.sleep(0.02)
 
@@ -106,7 +107,12 @@ def _operators(
                 text=True,
             )
         )
-    time.sleep(2.0)  # both have imported loadmaster and opened their state: then at once
+    # Once every operator has imported loadmaster and opened its state: then all at once.
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready-{name}").exists() for name in names):
+        assert time.monotonic() < deadline, [p.poll() for p in procs]
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-3000:] for p in procs if p.poll() is not None]
+        time.sleep(0.02)
     go.touch()
     results = []
     for p in procs:
