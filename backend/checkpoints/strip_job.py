@@ -17,6 +17,7 @@ from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, strip_step
 from backend.storage import ObjectStore
 
 if TYPE_CHECKING:
+    from backend.agent.context import JobContext
     from backend.config import Config
     from backend.jobs.manager import JobManager
     from backend.jobs.records import JobRecord
@@ -78,7 +79,7 @@ async def launch_strip(
     return await jobs.launch(node, "strip", params, secrets=secrets, label=f"strip {step_path}", job_id=job_id)
 
 
-def cleanup(ctx: Any) -> None:
+def cleanup(ctx: JobContext) -> None:
     """Remove partial shards a cancelled strip left in a local output directory."""
     p = ctx.params
     target = p.get("out_store") or p.get("src_store") or {}
@@ -89,7 +90,7 @@ def cleanup(ctx: Any) -> None:
             part.unlink(missing_ok=True)
 
 
-def run_strip_job(ctx: Any) -> dict[str, Any]:
+def run_strip_job(ctx: JobContext) -> dict[str, Any]:
     """Durable-job runner for kind "strip" (params from :func:`strip_params`)."""
     from backend.checkpoints.upload import open_store_params
 

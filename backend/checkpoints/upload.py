@@ -44,6 +44,7 @@ from backend.storage.multipart import (
 from backend.units import gbps_text
 
 if TYPE_CHECKING:
+    from backend.agent.context import JobContext
     from backend.config import Config
     from backend.jobs.manager import JobManager
 
@@ -355,12 +356,12 @@ async def launch_upload(
     )
 
 
-def _journal(ctx: Any) -> MultipartJournal | None:
+def _journal(ctx: JobContext) -> MultipartJournal | None:
     """The job directory's journal; None (this machine's journal for the destination) in-process."""
     return MultipartJournal(ctx.job_dir / JOURNAL_FILE) if ctx.job_dir is not None else None
 
 
-def run_upload_job(ctx: Any) -> dict[str, Any]:
+def run_upload_job(ctx: JobContext) -> dict[str, Any]:
     """Durable-job runner for kind "upload": a step directory to a store, verified, markers last."""
     p = ctx.params
     env = ctx.secret_env()
@@ -411,7 +412,7 @@ async def cleanup_secrets(config: Config, params: dict[str, Any]) -> dict[str, s
         await store.close()
 
 
-def cleanup(ctx: Any) -> None:
+def cleanup(ctx: JobContext) -> None:
     """Abort the multipart uploads this upload job started and never finished (its journal's ids
     only: anyone else's uploads under the destination are left alone)."""
     p = ctx.params

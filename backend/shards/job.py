@@ -19,6 +19,7 @@ from backend.shards.model import ShardProgress, ShardRequest
 from backend.storage import Credentials, S3Store
 
 if TYPE_CHECKING:
+    from backend.agent.context import JobContext
     from backend.config import Config
     from backend.jobs.manager import JobManager
     from backend.jobs.records import JobRecord
@@ -81,7 +82,7 @@ def _profile(d: dict[str, Any] | None, has_env_creds: bool) -> StoreProfile | No
     return dataclasses.replace(p, profile=None) if has_env_creds else p
 
 
-def run_shard_job(ctx: Any) -> dict[str, Any]:
+def run_shard_job(ctx: JobContext) -> dict[str, Any]:
     """Job runner for kind ``shard``: convert, verify every shard landed, return the totals."""
     # The job's secrets go to the stores directly: never into os.environ (children would inherit them).
     creds = Credentials.from_env(ctx.secret_env())
@@ -121,7 +122,7 @@ def run_shard_job(ctx: Any) -> dict[str, Any]:
     return {**result.as_dict(), "source_bytes_read": read[0]}
 
 
-def cleanup(ctx: Any) -> None:
+def cleanup(ctx: JobContext) -> None:
     """After a cancel or a lost run: remove half-written local shards (completed ones stay)."""
     dest = str(ctx.params.get("dest", ""))
     ctx.log("completed shards are kept: continue with 'loadmaster shard SRC DEST --resume'")
