@@ -17,13 +17,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from backend.backoff import Backoff
 from backend.nodes.libsearch import quick_library_search
 
 with quick_library_search():  # asyncssh probes for liboqs at import time
@@ -57,6 +57,8 @@ from backend.nodes.untrusted import (
 
 #: Attempts to open a channel that sshd refuses while it is still freeing closed sessions.
 CHANNEL_OPEN_TRIES = 6
+#: Seconds before the second attempt; each later one waits twice the one before.
+CHANNEL_OPEN_WAIT = 0.02
 #: Attempts at a fresh connection that sshd drops before it answers: beyond MaxStartups' first
 #: number (10) of unauthenticated connections it closes new ones at random ("connection lost" or
 #: "reset"), so a storm of fresh connections retries with jittered exponential backoff.
@@ -125,7 +127,8 @@ class SshTransport(ExecTransport):
         self._handshakes = handshakes
         self._keepalive = keepalive_interval
         self._keepalive_count = keepalive_count
-        self._backoff = backoff
+        #: The wait before the next connect after a failed one: doubles per failure up to the cap.
+        self._backoff = Backoff(*backoff)
         self._ssh_config = ssh_config
         self._on_state = on_state
         self._lock = asyncio.Lock()
@@ -133,7 +136,6 @@ class SshTransport(ExecTransport):
         self._jumps: list[asyncssh.SSHClientConnection] = []
         self._reapers: set[asyncio.Task[None]] = set()
         self._client: VerifyingClient | None = None
-        self._failures = 0
         self._retry_at = 0.0
         self._last_error: str | None = None
         self._last_exc: NodeUnreachable | None = None
@@ -179,9 +181,7 @@ class SshTransport(ExecTransport):
             except (NodeUnreachable, ConfigError) as exc:
                 if isinstance(exc, ConfigError):
                     exc = NodeUnreachable(self.name, str(exc))
-                self._failures += 1
-                first, ceiling = self._backoff
-                self._retry_at = time.monotonic() + min(ceiling, first * 2 ** (self._failures - 1))
+                self._retry_at = time.monotonic() + self._backoff.failed()
                 self._last_error = exc.detail
                 self._last_exc = exc
                 self._state("unreachable", None, exc.detail)
@@ -190,7 +190,7 @@ class SshTransport(ExecTransport):
                 # e.g. a fan-out's per-node limit ran out mid-handshake: do not stay "connecting".
                 self._state("unreachable", None, "connect attempt cancelled before it finished")
                 raise
-            self._failures = 0
+            self._backoff.reset()
             self._server_failed = False
             self._retry_at = 0.0
             self._last_error = None
@@ -269,6 +269,8 @@ class SshTransport(ExecTransport):
         opts = self._options(node, host, port, user)
         # Never let asyncssh open ~/.ssh/config's ProxyJump itself: _open did it, strictly.
         opts["tunnel"] = tunnel
+        # Full jitter, no cap (the tries are bounded): a storm of connections must not come back in step.
+        backoff = Backoff(CONNECT_RETRY_BASE, float("inf"), jitter=0.5)
         for attempt in range(CONNECT_TRIES):
             try:
                 return await self._connect_attempt(node, host, opts, via is None, where)
@@ -279,8 +281,7 @@ class SshTransport(ExecTransport):
                         f"{where}: {exc.reason} before the SSH handshake, {CONNECT_TRIES} "
                         "times (sshd's MaxStartups refusing new connections?)",
                     ) from None
-                # Full jitter: a storm of connections must not come back in step.
-                await asyncio.sleep(random.uniform(0.5, 1.0) * CONNECT_RETRY_BASE * 2**attempt)
+                await backoff.sleep()
         raise AssertionError("unreachable")
 
     async def _connect_attempt(
@@ -347,6 +348,7 @@ class SshTransport(ExecTransport):
     ) -> asyncssh.SSHClientProcess[bytes]:
         # The token rides in the environment of everything the command starts, so a timeout or
         # a closed stream can kill the whole remote tree: sshd signals only the session leader.
+        backoff = Backoff(CHANNEL_OPEN_WAIT, float("inf"))
         for attempt in range(CHANNEL_OPEN_TRIES):
             try:
                 return await conn.create_process(f"export {RUN_ENV}={token}; {command}", encoding=None, **kw)
@@ -357,7 +359,7 @@ class SshTransport(ExecTransport):
                     raise NodeError(self.name, f"cannot open an SSH channel: {exc.reason}") from None
                 # sshd frees a closed session only in a later pass of its main loop, so an open
                 # that races a close can briefly exceed MaxSessions: wait and retry.
-                await asyncio.sleep(0.02 * 2**attempt)
+                await backoff.sleep()
             except (asyncssh.Error, OSError) as exc:
                 if not self.connected:
                     raise self.lost_error(command) from None
@@ -465,7 +467,7 @@ class SshTransport(ExecTransport):
         The connection keeper calls this when a new command arrives, so an operator who fixed a
         node (started sshd, corrected known_hosts) is not told to wait for a retry it set earlier.
         """
-        self._failures = 0
+        self._backoff.reset()
         self._retry_at = 0.0
 
     async def stream(self, command: str, *, input: str | bytes | None = None) -> AsyncIterator[str]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend.backoff import Backoff
 from backend.errors import LoadmasterError, StoreError
 from backend.storage import LocalStore, ObjectStore, S3Store, join_key
 
@@ -38,6 +39,9 @@ MiB = 1024 * 1024
 DEFAULT_PART_SIZE = 32 * MiB
 DEFAULT_CONCURRENCY = 8
 DEFAULT_RETRIES = 4
+#: Seconds a failed part waits before its next attempt: doubling from the first, up to the max.
+PART_RETRY_FIRST = 0.2
+PART_RETRY_MAX = 8.0
 MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
 MAX_PARTS = 10_000
 #: A part's body goes to the socket in slices this size (asyncio copies whatever the socket does
@@ -373,6 +377,7 @@ async def upload_file(
         buf = _take_buffer(sem, length)
         view = memoryview(buf)[:length]
         last: Exception | None = None
+        backoff = Backoff(PART_RETRY_FIRST, PART_RETRY_MAX)
         try:
             for attempt in range(settings.retries + 1):
                 if cancelled is not None and cancelled():
@@ -397,7 +402,7 @@ async def upload_file(
                 except Exception as exc:  # noqa: BLE001 - every transport/server error is retried
                     last = exc
                     del body
-                    await asyncio.sleep(min(8.0, 0.2 * 2**attempt))
+                    await backoff.sleep()
         finally:
             view.release()
         raise UploadError(
