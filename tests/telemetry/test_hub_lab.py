@@ -146,6 +146,7 @@ def test_top_once_json_over_the_lab(lab, capsys):
 #: A stand-in kernel log in the driver's documented format: what ``dmesg`` prints on a node whose
 #: GPU 2 (bus 3A, see lab/fake_nvidia_smi.py BUS_IDS) fell off the bus, plus noise.
 _DMESG = """#!/bin/sh
+echo read >> "$0.reads"
 cat <<'LOG'
 [    1.000000] Linux version 6.1.0 (debian-kernel@lists.debian.org)
 [ 4242.123456] NVRM: Xid (PCI:0000:3a:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
@@ -154,11 +155,16 @@ LOG
 """
 
 
-async def test_a_kernel_log_xid_over_ssh_is_flagged_with_its_meaning(lab):
+async def test_a_kernel_log_xid_over_ssh_is_flagged_with_its_meaning(lab, monkeypatch):
+    from backend.telemetry import sampler
+
     n1 = lab.node("node-01")
     fake = n1.bin_dir / "dmesg"
     fake.write_text(_DMESG)
     fake.chmod(0o755)
+    reads = n1.bin_dir / "dmesg.reads"
+    # The kernel log is read every XID_EVERY_S (10 s): every 1 s here, so the re-read comes soon.
+    monkeypatch.setattr(sampler, "XID_EVERY_S", 1.0)
     try:
         settings = TelemetrySettings(interval=0.5, backoff_initial=0.5, backoff_max=2.0)
         hub = TelemetryHub(NodePool(lab.config.nodes), settings, nodes=["node-01"])
@@ -169,10 +175,13 @@ async def test_a_kernel_log_xid_over_ssh_is_flagged_with_its_meaning(lab):
             assert (ev.gpu, ev.code, ev.mnemonic) == (2, 79, "GPU_FELL_OFF_BUS")
             assert "fallen off the bus" in ev.meaning and "reboot" in ev.action and ev.drain
             assert "Xid on 1 node(s)" in snap.summary_line()
-            # Read again every 10 s: the same log line is not a second event.
-            await asyncio.sleep(11)
+            # The log read again (twice more, so a sample after a re-read is in): the same line is
+            # not a second event.
+            seen = len(reads.read_text().splitlines())
+            await wait_for(hub, lambda s: len(reads.read_text().splitlines()) >= seen + 2, limit=60)
             assert len(node(hub.snapshot(), "node-01").xids) == 1
         finally:
             await hub.stop()
     finally:
         fake.unlink()
+        reads.unlink(missing_ok=True)
