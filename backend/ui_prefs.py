@@ -21,17 +21,15 @@ if TYPE_CHECKING:
     from backend.config import Config
 
 PREFS_FILENAME = "ui-prefs.json"
-#: The store a sandbox lab writes into its config (a fresh bucket every ``lab up``).
-LAB_STORE = "lab"
 
 
 def config_key(config: Config) -> str:
     """The key what the console remembers for ``config`` is kept under (the run the screens open
-    on): the config file, and for a sandbox lab also the lab's identity, its own store (a new
-    bucket each ``lab up``): a new lab written to the same path never opens on the old lab's run."""
-    lab = config.stores.get(LAB_STORE)
+    on): the config file, and the run the config says to open on (``[ui] opening_run``) where it
+    names one. A sandbox lab's names its demo run in the lab's own bucket, new each ``lab up``, so
+    a new lab written to the same path never opens on the old lab's run."""
     source = config.source or ""
-    return f"{source}|lab={lab.url}@{lab.endpoint_url or ''}" if lab is not None else source
+    return f"{source}|run={config.ui.opening_run}" if config.ui.opening_run else source
 
 
 def forget_config(prefs: Mapping[str, Any], source: str) -> dict[str, Any]:

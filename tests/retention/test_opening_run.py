@@ -38,6 +38,23 @@ def test_opening_run_prefers_the_last_run_then_the_configured_one(tmp_path: Path
     assert opening_run(other, {"last_run": "garbage"}) == ("s3://team-ckpts", False)
 
 
+def test_a_new_sandbox_at_the_same_path_does_not_open_on_the_old_ones_run(tmp_path: Path) -> None:
+    """What the screens remember is keyed by the config file and the run it opens on: lab up writes
+    the same file with a new bucket, and the new lab opens on its own demo run."""
+    node = [{"name": "here", "transport": "local"}]
+
+    def sandbox(bucket: str):  # type: ignore[no-untyped-def]
+        raw = {"nodes": node, "stores": {"lab": {"url": f"s3://{bucket}"}}}
+        raw["ui"] = {"opening_run": f"s3://{bucket}/checkpoints/llama-demo"}
+        return parse_config(raw, file=str(tmp_path / "lab.toml"), base=tmp_path)
+
+    first, again = sandbox("lab-0ld"), sandbox("lab-new")
+    assert first.source == again.source
+    prefs = {"last_run": remembered_runs(first, {}, "s3://lab-0ld/checkpoints/other")}
+    assert opening_run(first, prefs) == ("s3://lab-0ld/checkpoints/other", True)
+    assert opening_run(again, prefs) == ("s3://lab-new/checkpoints/llama-demo", True)
+
+
 async def test_a_run_listed_on_retention_is_where_checkpoints_opens(
     tmp_path: Path,
     local_services,  # type: ignore[no-untyped-def]
