@@ -7,9 +7,12 @@ starts), in a local directory, with a local-only config. Each command runs in a 
 an operator runs it; rounds alternate the commands. A command that imports torch says so (the
 listing and the plan must not: torch's import alone is seconds).
 
-The screen switch is measured in one console (Textual's headless driver): switching between
-Fleet, Checkpoints, Retention and Egress, each switch timed until the screen has painted,
-first visits (the screen is built) apart from returns to a screen already built.
+The screen switch is measured in one console (Textual's headless driver): switching through
+every screen (Transfers .. Alerts, then Fleet), each switch timed until the screen has painted,
+first visits (the screen is built) apart from returns to a screen already built. Each switch is
+timed twice: wall seconds, and the CPU seconds the console's process spent on it, which is what
+the switch takes on an idle machine (on a loaded one the wall time also counts the waits for a
+CPU: the ratio to ``--version`` evens that out only in part).
 
 Usage: .venv/bin/python bench/console_speed.py [--rounds 5] [--steps 12]
 """
@@ -64,8 +67,12 @@ def timed(argv: list[str]) -> tuple[float, bool]:
     return took, "BENCH torch True" in out.stderr
 
 
-async def screen_switches(cfg: Path, run: Path, rounds: int) -> tuple[list[float], list[float]]:
-    """Seconds per switch: first visits, then returns to a screen already built."""
+#: The screens a round visits, in order; Fleet (the first screen) last.
+MODES = ("transfers", "checkpoints", "retention", "egress", "shards", "alerts", "fleet")
+
+
+async def screen_switches(cfg: Path, run: Path, rounds: int) -> dict[str, list[float]]:
+    """Seconds per switch, wall and CPU: first visits, then returns to a screen already built."""
     os.environ["LOADMASTER_CONFIG_DIR"] = str(cfg.parent / "prefs")
     from backend.config import load_config
     from backend.retention.runs import remember_run
@@ -76,20 +83,23 @@ async def screen_switches(cfg: Path, run: Path, rounds: int) -> tuple[list[float
     remember_run(config, str(run))  # Checkpoints and Retention open on the run and list it
     services = Services(config)
     app = LoadmasterApp(services, mode="fleet")
-    first: list[float] = []
-    again: list[float] = []
+    out: dict[str, list[float]] = {"first": [], "again": [], "first cpu": [], "again cpu": []}
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
         for r in range(rounds):
-            for mode in ("checkpoints", "retention", "egress", "fleet"):
-                t = time.perf_counter()
+            for mode in MODES:
+                t, c = time.perf_counter(), time.process_time()
                 app.switch_mode(mode)
                 await pilot.pause()  # composed, mounted and painted
-                (first if r == 0 and mode != "fleet" else again).append(time.perf_counter() - t)
+                kind = "first" if r == 0 and mode != "fleet" else "again"
+                out[kind].append(time.perf_counter() - t)
+                out[f"{kind} cpu"].append(time.process_time() - c)
                 await app.workers.wait_for_complete()  # a listing is not part of the switch
                 await pilot.pause()
     services.db.close()
-    return first, again
+    return out
 
 
 def main() -> None:
@@ -115,7 +125,7 @@ def main() -> None:
             took, imported = timed(argv)
             times[name].append(took)
             torch_seen[name] |= imported
-    first, again = asyncio.run(screen_switches(cfg, run, args.rounds))
+    switches = asyncio.run(screen_switches(cfg, run, args.rounds))
     base = statistics.median(times["loadmaster --version"])
     load = os.getloadavg()
     print(f"{args.steps}-step DCP run, {args.rounds} rounds, {os.cpu_count()} CPUs, load {load[0]:.1f} {load[1]:.1f}")
@@ -125,9 +135,10 @@ def main() -> None:
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"| {name} | {med:.2f} s | {med / base:.2f}x | {'yes' if torch_seen[name] else 'no'} |")
-    for name, ts in (("screen switch, first visit", first), ("screen switch, return", again)):
-        med = statistics.median(ts)
-        print(f"| {name} | {med * 1000:.0f} ms | {med / base:.3f}x | - |")
+    for name, key in (("screen switch, first visit", "first"), ("screen switch, return", "again")):
+        med = statistics.median(switches[key])
+        cpu = statistics.median(switches[f"{key} cpu"])
+        print(f"| {name} | {med * 1000:.0f} ms (CPU {cpu * 1000:.0f} ms) | {med / base:.3f}x | - |")
 
 
 if __name__ == "__main__":

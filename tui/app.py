@@ -228,7 +228,19 @@ class LoadmasterApp(App[int]):
         # switch). A theme change after this bumps the app's count, so the screen is refreshed then.
         if hasattr(screen, "_css_update_count"):
             screen._css_update_count = self._css_update_count
+        self._preset_breakpoints(screen)
         return screen
+
+    def _preset_breakpoints(self, screen: Screen[Any]) -> None:
+        """Give a new screen its breakpoint classes (``-narrow`` ...) for the present size before
+        it is styled, as Textual's first resize of it would: set then, they restyle every widget
+        of the screen once more (a third of a first visit to Transfers, Egress or Shards)."""
+        for points, extent in (
+            (_first_set(screen.HORIZONTAL_BREAKPOINTS, self.HORIZONTAL_BREAKPOINTS), self.size.width),
+            (_first_set(screen.VERTICAL_BREAKPOINTS, self.VERTICAL_BREAKPOINTS), self.size.height),
+        ):
+            hit = next((name for at, name in sorted(points, reverse=True) if extent >= at), None)
+            screen.update_classes({name: name == hit for _at, name in points}, update=False)
 
     def _build_screen(self, spec: ScreenSpec) -> Screen[Any]:
         cls = self.screen_class(spec)
@@ -429,6 +441,11 @@ class LoadmasterApp(App[int]):
     def _worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR:
             self.record_worker_failure(event.worker)
+
+
+def _first_set(own: list[tuple[int, str]] | None, app: list[tuple[int, str]] | None) -> list[tuple[int, str]]:
+    """A screen's breakpoints where it sets them (even none), else the app's (Textual's rule)."""
+    return (own if own is not None else app) or []
 
 
 def _one_line(exc: BaseException) -> str:

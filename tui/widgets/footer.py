@@ -20,7 +20,8 @@ class SteadyFooter(Footer):
     Textual's footer throws its key widgets away and builds them again each time the screen's
     bindings are refreshed: on every return to a screen and every focus change, although the
     hints are nearly always the same. Each rebuild restyles every key (a third of a return to a
-    built screen). This one compares what it would show with what it shows and keeps it when
+    built screen). This one ignores the refresh of a screen being hidden (its return refreshes
+    them again), and compares what it would show with what it shows and keeps it when
     they are equal; the first build, and any change of key, description, enabled state or
     command-palette hint, still rebuilds it as Textual's does.
     """
@@ -47,6 +48,8 @@ class SteadyFooter(Footer):
         return (*hints, palette)
 
     def bindings_changed(self, screen: Screen[object]) -> None:
+        if self._bindings_ready and not screen.is_current:
+            return  # leaving: the bindings are refreshed again when the screen is shown
         if self.is_attached and screen is self.screen and screen.app.app_focus:
             hints = self._hints(screen)
             if self._bindings_ready and hints == self._shown:
