@@ -3,7 +3,8 @@ groups proven first; audited ``job.cancel`` once per cancel (a launch's is one r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from backend.errors import JobError
@@ -37,8 +38,35 @@ class CancelTarget:
         return f"launch {self.launch} ({len(self.active)} running job(s) on {nodes}{left})"
 
 
+@dataclass(frozen=True)
+class JobListing:
+    """Every node's job directories read afresh and merged with the local records: what
+    ``loadmaster jobs`` and the Transfers screen show."""
+
+    records: tuple[JobRecord, ...]
+    #: Nodes whose job directories could not be read just now, with why: their jobs may be missing
+    #: or out of date.
+    unread: dict[str, str] = field(default_factory=dict)
+    #: Records a node wrote that could not be read (skipped), one line each.
+    problems: tuple[str, ...] = ()
+    #: Why the state database could not be written, when it could not: the records are then as
+    #: their nodes report them, not recorded. None when it was.
+    state_down: str | None = None
+
+
 class Jobs(Operation):
-    """``job cancel`` and the Transfers/Shards screens' cancel keys."""
+    """``jobs`` and ``job cancel``; the Transfers screen's table and the Transfers/Shards screens'
+    cancel keys."""
+
+    async def listing(self, nodes: Iterable[str] | None = None) -> JobListing:
+        """Read every node's jobs afresh (``nodes``: whose unread state to report, default all)."""
+        jobs = self.services.jobs
+        records = await jobs.refresh()
+        return JobListing(tuple(records), self.services.pool.unread(nodes), tuple(jobs.problems), jobs.state_down)
+
+    def recorded(self, *, limit: int = 500) -> list[JobRecord]:
+        """The local records only, newest first (``jobs --local``: no node is read)."""
+        return self.services.jobs.records(limit=limit)
 
     async def cancellable(self, job_id: str) -> JobRecord:
         """The job's fresh record, or a JobError saying why it cannot be cancelled."""

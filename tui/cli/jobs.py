@@ -256,13 +256,17 @@ def _record_json(rec: JobRecord) -> dict[str, Any]:
 
 async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
     """List jobs: local records merged with a fresh read of every node's job directories."""
+    from backend.ops.jobs import JobListing
     from backend.ops.types import NODE_SAID_NOTES
 
-    recs = services.jobs.records(limit=args.limit) if args.local else await services.jobs.refresh()
-    recs = recs[: args.limit]
     # The nodes whose job directories could not be read just now: their jobs are missing or old.
     names = [n.name for n in services.config.nodes]
-    unread = {} if args.local else services.pool.unread(names)
+    if args.local:
+        listing = JobListing(tuple(services.ops.jobs.recorded(limit=args.limit)))
+    else:
+        listing = await services.ops.jobs.listing(names)
+    recs = list(listing.records[: args.limit])
+    unread = dict(listing.unread)
     for r in recs:  # a record the refresh could not bring up to date says so itself
         if not r.recorded:
             continue  # read from its node fine; the state database being down is said once, below
@@ -275,12 +279,12 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
         print("no jobs")
     else:
         print("\n".join(job_rows(recs, wide=args.wide)))
-    if not args.local and services.jobs.problems:
+    if listing.problems:
         # Records a node wrote that could not be read: skipped, one line each (node and job named).
         sys.stdout.flush()
-        for line in services.jobs.problems:
+        for line in listing.problems:
             print(f"loadmaster: {safe_text(line, CELL_LIMIT)}", file=sys.stderr)
-    down = None if args.local else services.jobs.state_down
+    down = listing.state_down
     if down:
         # One line, however many nodes: the nodes answered; the database did not.
         sys.stdout.flush()

@@ -176,8 +176,8 @@ class TransfersScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="transfers-refresh", exit_on_error=False)
     async def _refresh_jobs(self) -> None:
-        records = await self.services.jobs.refresh()
-        self.post_message(JobsRefreshed(tuple(records), self.services.pool.unread()))
+        listing = await self.services.ops.jobs.listing()
+        self.post_message(JobsRefreshed(listing.records, listing.unread))
 
     @on(JobsRefreshed)
     def _jobs_refreshed(self, event: JobsRefreshed) -> None:
