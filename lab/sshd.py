@@ -101,15 +101,24 @@ class SshdNode(ManagedProcess):
         return self.root / "home"
 
     @property
+    def user_home(self) -> Path:
+        """The login user's home on this node (``HOME`` in its sessions)."""
+        return self.root / "user"
+
+    @property
     def host_key(self) -> Path:
         return self.root / "ssh_host_ed25519_key"
 
     def prepare(self) -> None:
         """Write host key, sshd_config and the node's directories."""
-        for d in (self.root, self.bin_dir, self.scratch, self.home):
+        for d in (self.root, self.bin_dir, self.scratch, self.home, self.user_home):
             d.mkdir(parents=True, exist_ok=True)
         keygen(self.host_key, f"lab-host-{self.name}")
         env = {
+            # A home of the node's own, as a separate machine has: the shell sshd starts would
+            # otherwise read this machine's ~/.bashrc (a pyenv init there serialises every session
+            # on pyenv's rehash lock, and one left behind by a killed session stalls each login 60 s).
+            "HOME": str(self.user_home),
             "PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
             "LOADMASTER_HOME": str(self.home),
             "LOADMASTER_NODE": self.name,
