@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 #: S3's additional checksum algorithms, cheapest per byte first (the order a proof is chosen in),
 #: with their width in bytes.
@@ -52,8 +52,12 @@ _MD5_HEX = re.compile(r"[0-9a-f]{32}")
 _MULTIPART_ETAG = re.compile(r"([0-9a-f]{32})-([1-9][0-9]{0,4})")
 
 
+#: What a hasher takes: the bytes of a read, or a view of the buffer they were read into.
+Bytes = bytes | bytearray | memoryview
+
+
 class Hasher(Protocol):
-    def update(self, data: Any, /) -> None: ...
+    def update(self, data: Bytes, /) -> None: ...
 
     def digest(self) -> bytes: ...
 
@@ -61,10 +65,10 @@ class Hasher(Protocol):
 class _Crc:
     """A running CRC (``fn(data, previous) -> int``) with hashlib's update/digest."""
 
-    def __init__(self, fn: Callable[[Any, int], int], width: int) -> None:
+    def __init__(self, fn: Callable[[Bytes, int], int], width: int) -> None:
         self._fn, self._width, self._value = fn, width, 0
 
-    def update(self, data: Any, /) -> None:
+    def update(self, data: Bytes, /) -> None:
         self._value = self._fn(data, self._value)
 
     def digest(self) -> bytes:
@@ -148,7 +152,7 @@ def parse_checksum_value(algorithm: str, value: str, kind: str | None) -> StoreC
     return StoreChecksum(algorithm, digest, parts)
 
 
-def parse_checksum_headers(headers: Mapping[str, Any]) -> list[StoreChecksum]:
+def parse_checksum_headers(headers: Mapping[str, object]) -> list[StoreChecksum]:
     """The well-formed checksums in an object's response headers, cheapest algorithm first."""
     lower = {str(k).lower(): v for k, v in headers.items()}
     kind = lower.get("x-amz-checksum-type")
@@ -247,7 +251,11 @@ def choose_proof(
 # -- checking a file --------------------------------------------------------------------------------
 
 
-def _read_into(f: Any, view: memoryview, n: int) -> int:
+class _Readable(Protocol):
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+def _read_into(f: _Readable, view: memoryview, n: int) -> int:
     got = 0
     while got < n:
         r = f.readinto(view[got:n])

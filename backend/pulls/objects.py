@@ -11,9 +11,10 @@ from __future__ import annotations
 import fnmatch
 import json
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from backend.errors import JobError, StoreError
 
@@ -136,7 +137,7 @@ def _parents(rel: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def parse_expected(raw: list[Any]) -> list[PulledObject]:
+def parse_expected(raw: Sequence[object]) -> list[PulledObject]:
     """The spec's expected objects ([rel, size] or [rel, size, etag] each)."""
     out = []
     for item in raw:

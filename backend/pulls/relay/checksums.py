@@ -16,16 +16,19 @@ boundaries. What the store answers is parsed as a direct pull parses it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from backend.pulls.integrity import ALGORITHMS, parse_checksum_value
+
+if TYPE_CHECKING:
+    from backend.storage import S3Store
 
 #: HEADs in flight at once.
 HEADS_AT_ONCE = 16
 
 
-def full_object_checksum(head: dict[str, Any]) -> str | None:
+def full_object_checksum(head: Mapping[str, object]) -> str | None:
     """``"ALGORITHM:BASE64"`` of the cheapest full-object checksum in a HEAD answer (botocore's
     ``ChecksumCRC64NVME`` ... keys), or None."""
     kind = head.get("ChecksumType")
@@ -38,7 +41,7 @@ def full_object_checksum(head: dict[str, Any]) -> str | None:
     return None
 
 
-async def listing_checksums(store: Any, keys: Sequence[str]) -> list[str | None]:
+async def listing_checksums(store: S3Store, keys: Sequence[str]) -> list[str | None]:
     """The full-object checksum of each of ``keys`` in ``store`` (an ``S3Store``, keys relative
     to its bucket), None where the store keeps none. A store that refuses checksum mode, or a
     HEAD that fails, gives None for that object: the receiver falls back to the MD5 ETag."""

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.agent.context import JobContext
 from backend.errors import JobError, StoreError
@@ -51,7 +51,7 @@ class _SeedHooks(CopyHooks):
     def object_done(self, index: int, obj: PulledObject) -> None:
         self.h.publish(index, obj.size, self.h.dest / obj.rel, complete=True)
 
-    def progress_extra(self) -> dict[str, Any]:
+    def progress_extra(self) -> dict[str, object]:
         return {"role": "seed", "upstream": None, "served": self.server.served()}
 
 
@@ -76,7 +76,7 @@ def _checked_objects(ctx: JobContext, dest: Path) -> list[PulledObject]:
     return expected
 
 
-def run_relay_job(ctx: JobContext) -> dict[str, Any]:
+def run_relay_job(ctx: JobContext) -> dict[str, object]:
     p = ctx.params
     r = p["relay"]
     role, me, group = str(r["role"]), str(r["node"]), str(r["group"])
@@ -109,7 +109,7 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
     recv: Receiver | None = None
     started = time.time()
     stop_progress = threading.Event()
-    details: dict[str, Any] = {}
+    details: dict[str, object] = {}
     try:
         if role == "seed":
             details = run_pull_job(ctx, _SeedHooks(h, server))
@@ -150,13 +150,14 @@ def run_relay_job(ctx: JobContext) -> dict[str, Any]:
                 "md5_verified": recv.md5_verified,
                 "verification": dict(sorted(recv.verified.items())),
             }
+        md5_verified = details.get("md5_verified", 0)  # a count, from the seed's copy or this receiver's
         h.finish(
             {
                 "by": me,
                 "listing": digest,
                 "objects": len(expected),
                 "bytes": total,
-                "md5_verified": int(details.get("md5_verified", 0)),
+                "md5_verified": md5_verified if isinstance(md5_verified, int) else 0,
             }
         )
         server.ready_at = time.time()
@@ -248,7 +249,7 @@ def _let_children_hear(server: RelayServer, wait_s: float = 5.0) -> None:
 def _progress(
     ctx: JobContext, h: Holdings, recv: Receiver | None, server: RelayServer, total: int, *, final: bool = False
 ) -> None:
-    extra: dict[str, Any] = {
+    extra: dict[str, object] = {
         "role": "receiver" if recv else "seed",
         "upstream": recv.upstream if recv else None,
         "served": server.served(),
@@ -275,7 +276,7 @@ class RelayKind(PullKind):
 
     name = "relay"
 
-    def run(self, ctx: JobContext) -> dict[str, Any]:
+    def run(self, ctx: JobContext) -> dict[str, object]:
         return run_relay_job(ctx)
 
     def cleanup(self, ctx: JobContext) -> None:

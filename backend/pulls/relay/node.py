@@ -42,17 +42,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from backend.agent.context import JobContext
 from backend.errors import JobError
-from backend.pulls.integrity import ALGORITHMS, MD5, ChecksumUnavailable, new_hasher
+from backend.pulls.integrity import ALGORITHMS, MD5, ChecksumUnavailable, Hasher, new_hasher
 from backend.pulls.objects import PulledObject
 from backend.pulls.relay.protocol import (
     HANDSHAKE_S,
     Chunk,
     ChunkCheck,
     FrameCodec,
+    Message,
     ProtocolError,
     client_handshake,
     count_in,
@@ -125,7 +125,7 @@ class Holdings:
         self.path: list[Path | None] = [None] * len(objects)
         self.complete = [False] * len(objects)
         #: Set when this node's whole copy is verified: the end message its children get.
-        self.end: dict[str, Any] | None = None
+        self.end: Message | None = None
         #: Set when this node cannot finish: its children are told and fail or re-attach.
         self.error: str | None = None
         self.fatal = False
@@ -153,7 +153,7 @@ class Holdings:
             self.complete[index] = complete or self.complete[index]
             self.cond.notify_all()
 
-    def finish(self, end: dict[str, Any]) -> None:
+    def finish(self, end: Message) -> None:
         with self.cond:
             self.end = end
             self.cond.notify_all()
@@ -280,7 +280,7 @@ class RelayServer:
         with self.lock:
             return sorted(n for n, st in self.children.items() if not st.done)
 
-    def served(self) -> dict[str, dict[str, Any]]:
+    def served(self) -> dict[str, dict[str, object]]:
         with self.lock:
             return {
                 n: {"bytes": st.served, "gbps": round(st.rate.bps() * 8 / 1e9, 3), "done": st.done}
@@ -528,8 +528,8 @@ class Receiver:
         self.reattach_s = reattach_s
         self.temps: dict[int, _Temp] = {}
         self.upstream: str | None = None
-        self.attachments: list[dict[str, Any]] = []
-        self.end: dict[str, Any] | None = None
+        self.attachments: list[dict[str, object]] = []
+        self.end: Message | None = None
         self.sock: socket.socket | None = None
         self.codec: FrameCodec | None = None
         self.check: ChunkCheck | None = None
@@ -800,7 +800,7 @@ class Receiver:
 
         threading.Thread(target=read, name="relay-watch", daemon=True).start()
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Message) -> None:
         """A message to the upstream on the connection the copy came over (done, cancel)."""
         if self.sock is None or self.codec is None:
             return
@@ -825,7 +825,7 @@ class ObjectProof:
 
 
 def receiver_proofs(
-    objects: list[PulledObject], checksums: Any, *, crt: bool | None = None
+    objects: list[PulledObject], checksums: object, *, crt: bool | None = None
 ) -> list[ObjectProof | None]:
     """Each object's proof for a receiver, chosen as a direct pull chooses
     (``backend.pulls.integrity.choose_proof``): the store's full-object checksum where the spec
@@ -866,7 +866,7 @@ class ProofPipe:
         self.q: queue.Queue[tuple[int, bytes | memoryview | None, threading.Event | None] | None] = queue.Queue(
             MD5_BACKLOG
         )
-        self.hashes: dict[int, tuple[str, Any]] = {}
+        self.hashes: dict[int, tuple[str, Hasher]] = {}
         self.done: dict[int, str] = {}
         self.thread: threading.Thread | None = None
 
@@ -908,14 +908,14 @@ class ProofPipe:
         self.thread = None
         self.hashes.clear()
 
-    def _run(self, q: queue.Queue[Any]) -> None:
+    def _run(self, q: queue.Queue[tuple[int, bytes | memoryview | None, threading.Event | None] | None]) -> None:
         while (item := q.get()) is not None:
             index, data, ev = item
             held = self.hashes.get(index)  # None once closed: what is left is dropped
             if ev is not None:
                 if held is not None:
                     alg, h = held
-                    self.done[index] = h.hexdigest() if alg == MD5 else base64.b64encode(h.digest()).decode()
+                    self.done[index] = h.digest().hex() if alg == MD5 else base64.b64encode(h.digest()).decode()
                 ev.set()
             elif data is not None and held is not None:
                 held[1].update(data)

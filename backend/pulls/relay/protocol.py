@@ -28,7 +28,6 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from backend.errors import JobError
 
@@ -55,11 +54,15 @@ class AuthError(ProtocolError):
     """The peer does not hold this job's relay secret."""
 
 
+#: A control message: a JSON object. Its values are a peer's data, read through :func:`count_in`,
+#: :func:`rate_in` and ``str()``, never trusted as typed.
+Message = dict[str, object]
+
 #: The largest rate (bytes/s) a peer's message may state: far above any network (8 Pb/s).
 MAX_RATE_BPS = 1e15
 
 
-def count_in(value: Any, high: int, what: str) -> int:
+def count_in(value: object, high: int, what: str) -> int:
     """``value`` as an int in [0, ``high``], or :class:`ProtocolError` naming ``what`` (a peer's
     number is data: a string, a bool, a float or 1e30 ends the connection, not the thread)."""
     if type(value) is not int or not 0 <= value <= high:
@@ -67,11 +70,11 @@ def count_in(value: Any, high: int, what: str) -> int:
     return value
 
 
-def rate_in(value: Any, what: str) -> float:
+def rate_in(value: object, what: str) -> float:
     """``value`` as a finite rate in [0, :data:`MAX_RATE_BPS`] bytes/s, or :class:`ProtocolError`."""
-    if type(value) not in (int, float) or not 0 <= value <= MAX_RATE_BPS:  # NaN fails both
-        raise ProtocolError(f"{what}: {str(value)[:40]!r} is not a rate from 0 to {MAX_RATE_BPS:g} bytes/s")
-    return float(value)
+    if (type(value) is int or type(value) is float) and 0 <= value <= MAX_RATE_BPS:  # NaN fails both
+        return float(value)
+    raise ProtocolError(f"{what}: {str(value)[:40]!r} is not a rate from 0 to {MAX_RATE_BPS:g} bytes/s")
 
 
 def new_secret() -> str:
@@ -103,7 +106,7 @@ class FrameCodec:
     def _tag(self, kind: int, meta: bytes) -> bytes:
         return _mac(self.key, self.seq.to_bytes(8, "big"), bytes([kind]), meta)
 
-    def ctrl(self, msg: dict[str, Any]) -> bytes:
+    def ctrl(self, msg: Message) -> bytes:
         payload = json.dumps(msg, separators=(",", ":")).encode()
         frame = _FRAME.pack(CTRL, len(payload)) + payload + self._tag(CTRL, payload)
         self.seq += 1
@@ -142,7 +145,7 @@ class ChunkCheck:
         if not hmac.compare_digest(want, tag):
             raise ProtocolError(f"frame {self.seq}: bad MAC (corrupted, reordered or forged)")
 
-    def frame(self, kind: int, payload: bytes | bytearray, tag: bytes) -> dict[str, Any] | Chunk:
+    def frame(self, kind: int, payload: bytes | bytearray, tag: bytes) -> Message | Chunk:
         if kind == CTRL:
             self._check_tag(CTRL, payload, tag)
             self.seq += 1
@@ -241,13 +244,13 @@ def read_frame(sock: socket.socket) -> tuple[int, bytearray, bytes]:
     return kind, payload, recv_exact(sock, _MAC_LEN)
 
 
-def _plain(msg: dict[str, Any]) -> bytes:
+def _plain(msg: Message) -> bytes:
     """A handshake message (before the session key): length-prefixed JSON."""
     payload = json.dumps(msg, separators=(",", ":")).encode()
     return _FRAME.pack(CTRL, len(payload)) + payload
 
 
-def _read_plain(sock: socket.socket, deadline: float | None = None) -> dict[str, Any]:
+def _read_plain(sock: socket.socket, deadline: float | None = None) -> Message:
     kind, length = _FRAME.unpack(recv_exact(sock, _FRAME.size, deadline))
     if kind != CTRL or length > 65536:
         raise ProtocolError("handshake: not a loadmaster relay peer")

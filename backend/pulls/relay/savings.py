@@ -14,7 +14,7 @@ not recorded at all (no saving is claimed without it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from backend.config import Config
@@ -59,7 +59,7 @@ def record_receiver(config: Config, db: StateDB, record: JobRecord) -> None:
     )
 
 
-def planned_bytes(expected: Any) -> int:
+def planned_bytes(expected: object) -> int:
     """The bytes a relay job's spec lists ([rel, size] or [rel, size, etag] each): all a receiver
     can have got from its peers. 0 for a spec that lists nothing readable."""
     total = 0

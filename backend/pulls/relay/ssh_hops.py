@@ -17,12 +17,16 @@ import asyncio
 import contextlib
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from backend.errors import JobError
 
 if TYPE_CHECKING:
+    import asyncssh
+
     from backend.config import Config
+    from backend.pulls.model import PullPlan, Upstreams
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +40,13 @@ class SshHops:
         from backend.nodes.ssh import SshTransport
 
         self.transports = {n: SshTransport(config.node(n), command_server=False) for n in nodes}
-        self.conns: dict[str, Any] = {}
-        self.listeners: list[Any] = []
+        self.conns: dict[str, asyncssh.SSHClientConnection] = {}
+        self.listeners: list[asyncssh.SSHListener] = []
         self.tasks: set[asyncio.Task[None]] = set()
         #: Bytes carried per hop (parent, child), for the operator.
         self.carried: dict[tuple[str, str], int] = {}
 
-    async def open(self, plan: Any) -> dict[str, list[list[Any]]]:
+    async def open(self, plan: PullPlan) -> Upstreams:
         """Connect every node and listen on each receiver's loopback for each node above it;
         node -> its upstreams as the relay job takes them ([name, 127.0.0.1, port], nearest first)."""
         names = list(self.transports)
@@ -53,9 +57,11 @@ class SshHops:
                 raise JobError(f"relay-ssh: cannot connect to {n}: {c}")
             self.conns[n] = c
         topo = plan.topology
-        out: dict[str, list[list[Any]]] = {}
+        if topo is None:
+            raise JobError("relay-ssh: the plan has no relay topology")
+        out: Upstreams = {}
         for child in names:
-            ups = []
+            ups: list[list[str | int]] = []
             for parent in topo.ancestors(child):
                 port = int(plan.relay_listen[parent][1])
                 try:
@@ -73,8 +79,10 @@ class SshHops:
             out[child] = ups
         return out
 
-    def _accept(self, parent: str, child: str, port: int, _orig_host: str, _orig_port: int) -> Any:
-        async def carry(reader: Any, writer: Any) -> None:
+    def _accept(
+        self, parent: str, child: str, port: int, _orig_host: str, _orig_port: int
+    ) -> Callable[[asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]], Awaitable[None]]:
+        async def carry(reader: asyncssh.SSHReader[bytes], writer: asyncssh.SSHWriter[bytes]) -> None:
             try:
                 up_reader, up_writer = await self.conns[parent].open_connection(LOOPBACK, port)
             except Exception as exc:  # noqa: BLE001 - the child re-attaches elsewhere
@@ -85,7 +93,9 @@ class SshHops:
 
         return carry
 
-    async def _pump(self, reader: Any, writer: Any, hop: tuple[str, str] | None) -> None:
+    async def _pump(
+        self, reader: asyncssh.SSHReader[bytes], writer: asyncssh.SSHWriter[bytes], hop: tuple[str, str] | None
+    ) -> None:
         try:
             while True:
                 block = await reader.read(1 << 20)

@@ -9,19 +9,22 @@ s5cmd gets from the store).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backend.units import gbps_text
 
+if TYPE_CHECKING:
+    from backend.jobs.records import JobRecord
 
-def _group(rec: Any) -> str:
+
+def _group(rec: JobRecord) -> str:
     return str((rec.params.get("relay") or {}).get("group") or "")
 
 
-def relay_groups(records: Iterable[Any], *, keep_ended: int = 1) -> list[list[Any]]:
+def relay_groups(records: Iterable[JobRecord], *, keep_ended: int = 1) -> list[list[JobRecord]]:
     """The relay pulls among ``records``: every one with a job still running, else the latest
     ``keep_ended`` (newest first)."""
-    groups: dict[str, list[Any]] = {}
+    groups: dict[str, list[JobRecord]] = {}
     for r in records:
         if r.kind == "relay" and _group(r):
             groups.setdefault(_group(r), []).append(r)
@@ -30,7 +33,7 @@ def relay_groups(records: Iterable[Any], *, keep_ended: int = 1) -> list[list[An
     return active or ordered[:keep_ended]
 
 
-def _upstream(rec: Any) -> str | None:
+def _upstream(rec: JobRecord) -> str | None:
     relay = rec.params.get("relay") or {}
     if rec.result and (rec.result.get("relay") or {}).get("upstream"):
         return str(rec.result["relay"]["upstream"])
@@ -40,7 +43,7 @@ def _upstream(rec: Any) -> str | None:
     return None if parent is None else str(parent)
 
 
-def chain_lines(group: list[Any]) -> list[str]:
+def chain_lines(group: list[JobRecord]) -> list[str]:
     """One relay pull: a title line, then each node under the node that feeds it."""
     by_node = {r.node: r for r in group}
     relay = group[0].params.get("relay") or {}
