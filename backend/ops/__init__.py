@@ -25,6 +25,7 @@ one order, whichever front end asked:
 | egress override | ``ops.egress.quote(store, nbytes, node=, reason=)`` |
 | site alerts, silence, expire | ``ops.alerts.site()``, ``ops.alerts.silence(req)``, ``ops.alerts.expire(id)``, ``ops.alerts.status()`` |
 | triage (suspects, evidence, commands) | ``await ops.triage.run(job=)`` or ``run(nodes=)`` |
+| reads both front ends render | ``ops.jobs.listing()``, ``ops.state.audit_entries()``, ``ops.egress.report()``, ``ops.checkpoints.listing(ref)``, ``ops.retention.plan(ref, policy)`` (and ARCHITECTURE.md's table) |
 | nodes, doctor, a sampling hub for ``top`` | ``ops.fleet.connection_settings(nodes)``, ``await ops.fleet.doctor(names, limit=)``, ``ops.fleet.sampler(settings, names)`` |
 | Slurm nodes, drain, resume | ``ops.slurm.rows()``, ``ops.slurm.plan_drain(...)``/``drain(plan)``, ``ops.slurm.plan_resume(...)``/``resume(plan)`` |
 | state repair, state migrate | ``ops.state.repair(force=)``, ``ops.state.migrate(url, merge=, dry_run=)`` |

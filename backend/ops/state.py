@@ -75,6 +75,13 @@ class State(Operation):
 
         return state_where(self.services.config)
 
+    def audit_entries(
+        self, *, limit: int = 1000, action: str | None = None, actor_like: str | None = None
+    ) -> list[AuditEntry]:
+        """The audit log, newest first: ``action`` exactly, ``actor_like`` a prefix of who acted.
+        ``loadmaster audit`` and the Audit screen read it here."""
+        return self.services.db.audit_entries(limit=limit, action=action, actor_like=actor_like)
+
     def check_local(self) -> tuple[Path, list[str]]:
         """The local SQLite state file and the damage a check finds in it (none: healthy)."""
         from backend.state import check_state

@@ -281,7 +281,7 @@ async def cmd_unlock(args: argparse.Namespace, services: Services) -> int:
 
 def cmd_audit(args: argparse.Namespace, services: Services) -> int:
     """Show the audit log."""
-    entries = services.db.audit_entries(limit=args.limit, action=args.action, actor_like=args.actor)
+    entries = services.ops.state.audit_entries(limit=args.limit, action=args.action, actor_like=args.actor)
     if args.json:
         print(json.dumps([e.as_dict() for e in entries], indent=2, sort_keys=True, default=str))
         return 0

@@ -63,7 +63,7 @@ class AuditScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="audit")
     def _read(self) -> None:
         try:
-            entries = self.services.db.audit_entries(limit=AUDIT_ROWS)
+            entries = self.services.ops.state.audit_entries(limit=AUDIT_ROWS)
         except LoadmasterError as exc:
             self.app.call_from_thread(self._failed, str(exc))
             return
