@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from backend.agent.context import JobContext
 from backend.agent.kinds import JobKind
@@ -55,6 +55,9 @@ from backend.pulls.objects import (
     rel_problem,
     s5cmd_error,
 )
+from backend.pulls.staging import EXCLUDES as STAGING_EXCLUDES
+from backend.pulls.staging import Staging, classify, cleanup_staging, unplanned_cap
+from backend.pulls.staging import refusal as staging_refusal
 from backend.pulls.verify import ObjectCheck, PullVerifier, StoreHeads, per_object, stop_quietly, summarize
 
 if TYPE_CHECKING:
@@ -167,7 +170,7 @@ def run_pull_job(ctx: JobContext, hooks: CopyHooks | None = None) -> dict[str, A
             raise JobError(f"refusing to write {dest / rel}: it {why}{more}; nothing was pulled")
         total = sum(o.size for o in expected)
         check_space(dest, expected, total, ctx)
-        return _copy(ctx, src, dest, expected, total, env, hooks or CopyHooks())
+        return _copy(ctx, src, dest, expected, total, env, hooks or CopyHooks(), hooks is None)
     finally:
         if creds_path is not None:
             creds_path.unlink(missing_ok=True)
@@ -212,23 +215,79 @@ def _copy(
     total: int,
     env: dict[str, str],
     hooks: CopyHooks,
+    plain_hooks: bool,
 ) -> dict[str, Any]:
+    """Copy in the mode that applies (:func:`backend.pulls.staging.refusal`, said in the log,
+    the progress and the result): one wildcard ``cp`` into a staging folder, else one exact
+    ``cp`` per object; the staging folder is removed whatever happens."""
     p = ctx.params
-    flags = _flags(p, expected)
-    cmd = [*_s5cmd_base({**p, "numworkers": flags[0]}), "run"]
-    ctx.log(
-        f"running: {shlex.join(cmd)} ({len(expected)} cp commands on stdin, --concurrency {flags[1]} "
-        f"--part-size {flags[2]})"
-    )  # credentials: a file in env
+    why = staging_refusal(src, expected, p, plain_hooks)
+    staging = None
+    if why is None:
+        try:
+            staging = Staging.create(dest, ctx.job_id, ctx.job_dir, unplanned_cap(p, total))
+        except OSError as exc:
+            why = f"no staging folder in {dest}: {exc.strerror or exc}"
+    ctx.log(f"copy mode: {'staging' if staging else 'per-object'}" + (f" ({why})" if why else ""))
+    try:
+        return _run_copy(_Copy(ctx, src, dest, expected, total, env, hooks), staging, why)
+    finally:
+        if staging is not None:
+            staging.remove()
+
+
+def _s5cmd_command(
+    src: SourcePattern,
+    dest: Path,
+    expected: list[PulledObject],
+    params: dict[str, Any],
+    staging: Staging | None,
+) -> tuple[list[str], str | None]:
+    """s5cmd's argv and what it reads on stdin (None: nothing)."""
+    flags = _flags(params, expected)
+    base = _s5cmd_base({**params, "numworkers": flags[0]})
+    if staging is None:
+        return [*base, "run"], _commands(src, dest, expected, params, flags)
+    excludes = [a for x in STAGING_EXCLUDES for a in ("--exclude", x)]
+    cp = ["cp", "--concurrency", str(flags[1]), "--part-size", str(flags[2]), *excludes]
+    return [*base, *cp, src.url, staging.url()], None
+
+
+class _Copy(NamedTuple):
+    """What one copy works with (the pull, its objects, s5cmd's environment)."""
+
+    ctx: JobContext
+    src: SourcePattern
+    dest: Path
+    expected: list[PulledObject]
+    total: int
+    env: dict[str, str]
+    hooks: CopyHooks
+
+
+def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str, Any]:
+    """Run s5cmd in the chosen mode, prove each object as it lands (staged: then rename it
+    into DEST), stop s5cmd on a cancel or on what a staged copy may not do; the result."""
+    ctx, src, dest, expected, total, env, hooks = job
+    p = ctx.params
+    cmd, script = _s5cmd_command(src, dest, expected, p, staging)
+    mode = "staging" if staging is not None else "per-object"
+    shown = cmd if staging is not None else [*cmd, f"<{len(expected)} cp commands on stdin>"]
+    ctx.log(f"running: {shlex.join(shown)}")  # credentials: a file in env
     if ctx.cancelled:
         raise JobError("cancelled before the copy started")
-    temps = TempTracker.snapshot(dest, expected, ctx.job_dir)
+    # s5cmd's temporaries: beside each object in DEST, or (staged) in the staging folder only.
+    temps = (
+        TempTracker.snapshot(dest, expected, ctx.job_dir)
+        if staging is None
+        else TempTracker.snapshot(staging.path, expected, None)
+    )
     started = time.time()
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        stdin=subprocess.PIPE,
+        stdin=subprocess.PIPE if script is not None else subprocess.DEVNULL,
         env=env,
         text=True,
         errors="surrogateescape",
@@ -236,20 +295,53 @@ def _copy(
     )  # noqa: PLW1509
     done = {"bytes": 0, "items": 0}
     errors: list[str] = []
+    halted: list[str] = []  # why the runner stopped s5cmd itself (staged: unplanned bytes, an escape)
     lock = threading.Lock()
-    script = _commands(src, dest, expected, p, flags)
     by_dest = {str(dest / o.rel): i for i, o in enumerate(expected)}
+    index_of = {o.rel: i for i, o in enumerate(expected)}
+
+    def placed(index: int, check: ObjectCheck) -> ObjectCheck:
+        # Staged: a proven object is renamed into DEST; an unproven one stays in staging.
+        if staging is None or not check.ok:
+            return check
+        refused = staging.place(expected[index])
+        return check if refused is None else ObjectCheck(check.rel, "size", False, refused)
+
     # Each object is proven as soon as s5cmd has it in place, while the rest downloads.
     verifier = PullVerifier(
         src,
-        dest,
+        dest if staging is None else staging.path,
         expected,
         StoreHeads(p, ctx.secret_env(), src.bucket),
         workers=int(p["verify_workers"]) if p.get("verify_workers") else None,
+        then=placed if staging is not None else None,
     )
 
+    def halt(message: str) -> None:
+        with lock:
+            halted.append(message)
+        with contextlib.suppress(OSError):
+            proc.kill()
+
+    def staged_object(d: dict[str, Any], size: int) -> int | None:
+        """The planned index s5cmd reports copied into staging; an unplanned one is counted."""
+        assert staging is not None
+        r = classify(src, index_of, str(staging.path), str(d.get("source") or ""), str(d.get("destination") or ""))
+        if r.escaped is not None:
+            halt(f"s5cmd wrote {r.key!r} at {r.path}: {r.escaped}; stopped")
+            return None
+        planned = r.index is not None and expected[r.index].size == size
+        if not planned and staging.unplanned(r, size, delete=r.index is None):
+            halt(
+                f"s5cmd copied {len(staging.unplanned_keys)} object(s) not in the plan ({staging.unplanned_bytes} "
+                f"bytes, over the cap of {staging.cap}), the first {staging.unplanned_keys[0]!r} (added to the "
+                "bucket after the plan?); stopped, none of them put in DEST. Plan the pull again"
+            )
+        return r.index if planned else None
+
     def feed() -> None:
-        assert proc.stdin is not None
+        if proc.stdin is None or script is None:
+            return
         with contextlib.suppress(OSError):  # s5cmd gone (cancelled): the exit status tells
             proc.stdin.write(script)
         with contextlib.suppress(OSError):
@@ -259,22 +351,30 @@ def _copy(
         assert proc.stdout is not None
         for line in proc.stdout:
             err = s5cmd_error(line)
-            with lock:
-                if err:
+            index = None
+            if err:
+                with lock:
                     errors.append(err)
-                    continue
-                try:
-                    d = json.loads(line)
-                except ValueError:
-                    continue
-                if d.get("success") and d.get("operation") == "cp":
-                    done["bytes"] += int((d.get("object") or {}).get("size", 0))
-                    done["items"] += 1
-                    index = by_dest.get(str(d.get("destination") or ""))
-                else:
-                    index = None
+                continue
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if not (d.get("success") and d.get("operation") == "cp"):
+                continue
+            size = int((d.get("object") or {}).get("size", 0))
+            if staging is not None:
+                index = staged_object(d, size)
+            else:
+                index = by_dest.get(str(d.get("destination") or ""))
+            if index is None and staging is not None:
+                continue
+            with lock:
+                done["bytes"] += size
+                done["items"] += 1
             if index is not None:
-                _object_done(hooks, dest, expected, index)
+                if staging is None:
+                    _object_done(hooks, dest, expected, index)
                 verifier.submit(index)
 
     def read_err() -> None:
@@ -314,7 +414,9 @@ def _copy(
         while len(window) > 2 and now - window[0][0] > 3.0:
             window.popleft()
         rate = (b - window[0][1]) / (now - window[0][0]) if now > window[0][0] else 0.0
-        extra: dict[str, Any] = {"rate_bps": max(0.0, rate), **hooks.progress_extra()}
+        extra: dict[str, Any] = {"rate_bps": max(0.0, rate), "mode": mode, **hooks.progress_extra()}
+        if staging is not None and staging.unplanned_bytes:
+            extra["unplanned_bytes"] = staging.unplanned_bytes  # moved all the same: the ledger counts it
         if final:
             extra["final"] = True
             extra["rate_bps"] = b / max(1e-6, now - started)
@@ -335,27 +437,18 @@ def _copy(
         for r in readers:
             r.join(timeout=10)
     copied = time.time() - started
-    if ctx.cancelled:
+    if ctx.cancelled or halted or proc.returncode != 0 or errors:
         stop_quietly(verifier)
         temps.remove()
-        raise JobError("cancelled")
-    if proc.returncode != 0 or errors:
-        stop_quietly(verifier)
-        temps.remove()
-        for e in errors[:20]:
-            ctx.log(f"s5cmd: {e}")
-        if any(is_nospace(e) for e in errors):
-            raise nospace_error(dest, expected)
-        more = f" (+{len(errors) - 1} more errors)" if len(errors) > 1 else ""
-        first = errors[0] if errors else "no error output"
-        raise JobError(f"s5cmd exited {proc.returncode}: {first}{more}")
+        report()
+        _copy_failed(ctx, dest, expected, proc.returncode, errors, halted)
     temps.remove()
-    checks = _verify(ctx, src, dest, expected, env, verifier)
+    checks = _verify(ctx, src, dest, expected, env, verifier, None if staging is None else staging.placed)
     elapsed = time.time() - started
     report(final=True)
     summary = summarize(checks, n_items)
     ctx.log(
-        f"copied {n_items} objects, {total} bytes in {copied:.1f}s; {summary['verified_text']}; "
+        f"copied {n_items} objects, {total} bytes in {copied:.1f}s ({mode}); {summary['verified_text']}; "
         f"{elapsed - copied:.2f}s after the copy, {verifier.cpu_s:.2f} CPU s, {verifier.heads.requests} HEADs"
     )
     proofs = per_object(checks)
@@ -372,7 +465,42 @@ def _copy(
         "verify_cpu_s": round(verifier.cpu_s, 3),
         "verify_tail_s": round(elapsed - copied, 3),
         "store_heads": verifier.heads.requests,
+        "copy_mode": mode,
+        **({"copy_mode_why": why} if why else {}),
+        **(_unplanned(ctx, staging) if staging is not None else {}),
         **({"proofs": proofs} if len(proofs) <= RESULT_PROOFS_MAX else {}),
+    }
+
+
+def _copy_failed(
+    ctx: JobContext, dest: Path, expected: list[PulledObject], rc: int | None, errors: list[str], halted: list[str]
+) -> NoReturn:
+    """The one-line error of a copy that did not finish: cancelled, stopped by the runner, s5cmd's."""
+    if ctx.cancelled:
+        raise JobError("cancelled")
+    if halted:
+        raise JobError(halted[0])
+    for e in errors[:20]:
+        ctx.log(f"s5cmd: {e}")
+    if any(is_nospace(e) for e in errors):
+        raise nospace_error(dest, expected)
+    more = f" (+{len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    first = errors[0] if errors else "no error output"
+    raise JobError(f"s5cmd exited {rc}: {first}{more}")
+
+
+def _unplanned(ctx: JobContext, staging: Staging) -> dict[str, Any]:
+    """The result's account of objects s5cmd copied that were not in the plan (none put in DEST)."""
+    if not staging.unplanned_keys:
+        return {"unplanned_objects": 0, "unplanned_bytes": 0}
+    ctx.log(
+        f"s5cmd also copied {len(staging.unplanned_keys)} object(s) not in the plan ({staging.unplanned_bytes} "
+        f"bytes, under the cap of {staging.cap}), the first {staging.unplanned_keys[0]!r}: deleted, not put in DEST"
+    )
+    return {
+        "unplanned_objects": len(staging.unplanned_keys),
+        "unplanned_bytes": staging.unplanned_bytes,
+        "unplanned_keys": staging.unplanned_keys[:10],
     }
 
 
@@ -397,10 +525,14 @@ def _verify(
     expected: list[PulledObject],
     env: dict[str, str],
     verifier: PullVerifier,
+    placed: set[str] | None = None,
 ) -> dict[int, ObjectCheck]:
     """Every object's proof (:class:`PullVerifier`, most of them done during the copy) and its
     size and ETag in a fresh listing against the one the job started from; a wrong file is
-    removed and the job fails. Returns each object's outcome."""
+    removed and the job fails. Returns each object's outcome.
+
+    ``placed``: a staged copy's objects that reached DEST; only those are this job's to remove
+    (a wrong object left in staging never replaced the file DEST had)."""
     pending = len(expected) - sum(1 for f in verifier.futures.values() if f.done())
     if pending:
         ctx.log(f"proving the last {pending} of {len(expected)} objects")
@@ -431,6 +563,8 @@ def _verify(
         for rel, why in list(bad.items())[:50]:
             ctx.log(f"wrong: {rel} {why}")
         for rel in bad:
+            if placed is not None and rel not in placed:
+                continue
             with contextlib.suppress(OSError):
                 if (dest / rel).is_file() and not (dest / rel).is_symlink():
                     (dest / rel).unlink()
@@ -440,13 +574,17 @@ def _verify(
 
 
 def cleanup(ctx: JobContext) -> None:
-    """Remove the job's own s5cmd temporaries; complete objects and every file that was in DEST before stay."""
+    """Remove the job's own s5cmd temporaries and staging folder; complete objects and every
+    file that was in DEST before stay."""
     dest = _dest(ctx.params)
     raw = ctx.params.get("expected")
     if raw is None and ctx.job_dir is not None and (ctx.job_dir / EXPECTED_FILE).exists():
         raw = json.loads((ctx.job_dir / EXPECTED_FILE).read_text())
     if ctx.job_dir is not None:
         (ctx.job_dir / CREDS_FILE).unlink(missing_ok=True)
+    staged = cleanup_staging(ctx.job_dir)  # a staged copy's folder, with every partial file in it
+    if staged:
+        ctx.log(staged)
     if raw:
         objects = parse_expected(raw)
         # Only names that are plain paths inside DEST are looked at (a forged spec reaches nothing else).
@@ -496,11 +634,14 @@ class PullKind(JobKind):
             )
             return
         guard = EgressGuard(config, db)
+        # A staged copy also pays for objects added to the bucket after the plan (never put in DEST).
         if record.state == "succeeded":
-            nbytes = int((record.result or {}).get("bytes", 0))
-            note = ""
+            result = record.result or {}
+            nbytes = int(result.get("bytes", 0)) + int(result.get("unplanned_bytes", 0))
+            note = f"{result['unplanned_bytes']} bytes not in the plan" if result.get("unplanned_bytes") else ""
         else:
-            nbytes = int(record.progress.bytes_done) if record.progress else 0
+            extra = record.progress.extra if record.progress else {}
+            nbytes = (int(record.progress.bytes_done) if record.progress else 0) + int(extra.get("unplanned_bytes", 0))
             note = f"{record.state} after {nbytes} bytes"
         if nbytes == 0 and record.state != "succeeded":
             guard.release(record.id, f"{record.state}: no bytes moved")

@@ -22,6 +22,7 @@ import datetime
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,9 +279,13 @@ class PullVerifier:
         *,
         workers: int | None = None,
         head_min_bytes: int = HEAD_MIN_BYTES,
+        then: Callable[[int, ObjectCheck], ObjectCheck] | None = None,
     ) -> None:
         self.src, self.dest, self.expected, self.heads = src, dest, expected, heads
         self.head_min_bytes = head_min_bytes
+        #: Run on the pool after each proof (a staged copy renames a proven object into DEST
+        #: there); what it returns is the object's outcome.
+        self.then = then
         self.crt = crt_available()
         # A quarter of the node's cores (s5cmd needs the rest), at least 2 and at most 16: ~4 GB/s of
         # CRC64NVME per core from the page cache, ~0.6 GB/s of MD5.
@@ -320,11 +325,13 @@ class PullVerifier:
     def _check(self, index: int) -> ObjectCheck:
         t0 = time.thread_time()
         try:
-            return self._prove(self.expected[index])
+            check = self._prove(self.expected[index])
         except FileNotFoundError:
-            return ObjectCheck(self.expected[index].rel, "size", False, "is missing")
+            check = ObjectCheck(self.expected[index].rel, "size", False, "is missing")
         except OSError as exc:
-            return ObjectCheck(self.expected[index].rel, "size", False, f"cannot be read: {exc.strerror}")
+            check = ObjectCheck(self.expected[index].rel, "size", False, f"cannot be read: {exc.strerror}")
+        try:
+            return self.then(index, check) if self.then is not None else check
         finally:
             dt = time.thread_time() - t0
             with self._lock:
