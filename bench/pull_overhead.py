@@ -292,6 +292,7 @@ def _report(
     for r in rows:
         ph, res = r["phases"], r["result"]
         proof = ", ".join(f"{m} x{n}" for m, n in (res.get("verification") or {}).items()) or "?"
+        proof += f" ({res.get('copy_mode', '?')})"  # staged (one wildcard cp) or one cp per object
         cpu = float(res.get("verify_cpu_s", 0.0)) / gb
         d = "".join(f" {r[k]:.2f} | {r[k] / r['bare']:.3f} |" for k in ("direct", "run") if k in r)
         print(
