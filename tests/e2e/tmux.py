@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Mapping
 
 #: Polling step while waiting for the screen; the deadline, not this, bounds a wait.
-POLL = 0.25
+POLL = 0.1
 
 
 class ScreenTimeout(AssertionError):
