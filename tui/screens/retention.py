@@ -24,12 +24,13 @@ from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
 
 from backend.errors import LoadmasterError
 from backend.ops.retention import Pin, RetentionPlan, RetentionPolicy, parse_step_list
-from backend.ops.types import parse_duration
+from backend.ops.types import middle, parse_duration
 from backend.units import bytes_text, duration_spec, usd_text
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.detail import DetailModal
 from tui.widgets.table_cursor import cursor_row_key
+from tui.widgets.table_fit import cut_end, room_for
 
 if TYPE_CHECKING:
     from backend.ops.retention import ActionOutcome, ApplyReport, Catalog, RunListing
@@ -54,6 +55,8 @@ COLUMNS = (
     ("reason", "Reason", 0),
     ("result", "Result", 0),
 )
+#: A step without a number shows its path in the Step column, cut in the middle to this width.
+STEP_PATH_WIDTH = 24
 #: Seconds a policy edit waits for the next keystroke before the plan is asked for (each plan
 #: deep-checks the steps it keeps).
 TYPING_SETTLE_S = 0.3
@@ -233,7 +236,11 @@ class RetentionScreen(LoadmasterScreen):
 
     def on_resize(self, event: Any) -> None:
         super().on_resize(event)
-        if self._set_columns() and self.plan is not None:
+        if self.plan is not None:  # new columns, or the reasons' room changed
+            self.call_after_refresh(self._rerender)
+
+    def _rerender(self) -> None:
+        if self.plan is not None:
             self.render_plan(self.plan)
 
     def main_table(self) -> DataTable[Any]:
@@ -349,6 +356,19 @@ class RetentionScreen(LoadmasterScreen):
         self.plan = event.plan
         self.render_plan(event.plan)
 
+    def _cells(self, a: Any, variables: dict[str, str]) -> dict[str, str | Text]:
+        """One step's cells by column key; a step without a number shows its path, cut in the middle."""
+        est = "~" if a.estimated else ""
+        return {
+            "step": str(a.step) if a.step is not None else middle(a.path, STEP_PATH_WIDTH),
+            "action": Text(a.action, style=variables.get(ACTION_STYLE[a.action], "")),
+            "before": bytes_text(a.bytes_before),
+            "after": est + bytes_text(a.bytes_after),
+            "freed": est + bytes_text(a.bytes_freed),
+            "reason": Text(_reason_text(a)),
+            "result": self.results.get(a.path, ""),
+        }
+
     def render_plan(self, plan: RetentionPlan) -> None:
         """Show the plan: rows coloured by action, totals, and the storage bar."""
         variables = getattr(self.app, "theme_variables", {}) or {}
@@ -363,21 +383,16 @@ class RetentionScreen(LoadmasterScreen):
             key=lambda a: ROW_ORDER.get(a.action, 5),  # stable: step order within each part
         )
         self._set_columns()
+        rows = [[self._cells(a, variables)[k] for k in self._columns] for a in shown]
+        # The reason takes the room the other columns leave and is cut with "…" (enter shows it whole).
+        flex = self._columns.index("reason")
+        labels = {k: label for k, label, _w in COLUMNS}
+        room = room_for(table, [labels[k] for k in self._columns], rows, flex, table.size.width or self.size.width)
         with self.app.batch_update():
             table.clear()
-            for a in shown:
-                style = variables.get(ACTION_STYLE[a.action], "")
-                est = "~" if a.estimated else ""
-                cells = {
-                    "step": str(a.step) if a.step is not None else a.path,
-                    "action": Text(a.action, style=style),
-                    "before": bytes_text(a.bytes_before),
-                    "after": est + bytes_text(a.bytes_after),
-                    "freed": est + bytes_text(a.bytes_freed),
-                    "reason": Text(_reason_text(a)),
-                    "result": self.results.get(a.path, ""),
-                }
-                table.add_row(*(cells[k] for k in self._columns), key=a.path)
+            for a, row in zip(shown, rows, strict=True):
+                row[flex] = cut_end(row[flex], room)
+                table.add_row(*row, key=a.path)
             paths = [a.path for a in shown]
             if selected is not None and selected.path in paths:
                 table.move_cursor(row=paths.index(selected.path))
