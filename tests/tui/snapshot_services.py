@@ -233,6 +233,9 @@ class FixedJobs:
 
     def __init__(self, records: tuple[Any, ...]) -> None:
         self.records = records
+        #: As JobManager after a refresh that read every record and wrote them to the state database.
+        self.problems: list[str] = []
+        self.state_down: str | None = None
 
     async def refresh(self) -> list[Any]:
         return list(self.records)
