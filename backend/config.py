@@ -13,7 +13,6 @@ import dataclasses
 import fnmatch
 import importlib
 import os
-import re
 import shutil
 import socket
 import sys
@@ -24,14 +23,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import hostlist
 import platformdirs
 
 from backend.errors import ConfigError
+
+# The fleet's types and the config's own inventory sources ([[nodes]] tables: hostlists, hostfiles,
+# ~/.ssh/config): backend/inventory/, re-exported here.
+from backend.inventory.model import DEFAULT_SCRATCH as DEFAULT_SCRATCH
+from backend.inventory.model import Defaults as Defaults
+from backend.inventory.model import Node as Node
+from backend.inventory.model import NodeEntry as NodeEntry
+from backend.inventory.names import expand_hostlist as expand_hostlist
+from backend.inventory.tables import ConfigNodes
 from backend.schema import parse_section
 
 APP_NAME = "loadmaster"
-DEFAULT_SCRATCH = "/mnt/local-nvme"
 
 #: Sections owned by feature modules: name -> "module:DataclassName". Each is validated with
 #: :func:`backend.schema.parse_section`, so unknown keys are rejected with their key path.
@@ -65,75 +71,6 @@ def config_dir() -> Path:
     """The platform config dir (``~/.config/loadmaster`` on Linux)."""
     env = os.environ.get("LOADMASTER_CONFIG_DIR")
     return Path(env) if env else Path(platformdirs.user_config_dir(APP_NAME))
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """Values every node inherits unless it sets its own."""
-
-    user: str | None = None
-    port: int | None = None
-    identity: list[str] = field(default_factory=list)
-    jump: str | None = None
-    scratch: str = DEFAULT_SCRATCH
-    site: str | None = None
-    known_hosts: str | None = None
-    trust_on_first_use: bool = False
-    connect_timeout: float = 10.0
-    #: What runs loadmaster's agent on a node (a python, run -I, or a loadmaster executable);
-    #: unset: the node's own agent venv, see backend.nodes.agent.
-    agent: str | None = None
-    tags: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class NodeEntry:
-    """One ``[[nodes]]`` table as written (before expansion)."""
-
-    name: str | None = None
-    hostfile: str | None = None
-    ssh_config: str | None = None
-    host: str | None = None
-    port: int | None = None
-    user: str | None = None
-    identity: list[str] | None = None
-    jump: str | None = None
-    scratch: str | None = None
-    site: str | None = None
-    tags: list[str] = field(default_factory=list)
-    transport: Literal["ssh", "local"] = "ssh"
-    known_hosts: str | None = None
-    trust_on_first_use: bool | None = None
-    agent: str | None = None
-
-
-@dataclass(frozen=True)
-class Node:
-    """A resolved node: what the transports and the console work with."""
-
-    name: str
-    host: str
-    transport: Literal["ssh", "local"] = "ssh"
-    port: int | None = None
-    user: str | None = None
-    identity: tuple[str, ...] = ()
-    jump: str | None = None
-    scratch: str = DEFAULT_SCRATCH
-    site: str | None = None
-    tags: tuple[str, ...] = ()
-    slots: int | None = None
-    known_hosts: str | None = None
-    trust_on_first_use: bool = False
-    connect_timeout: float = 10.0
-    #: The ``agent`` setting: None for the default (the node's agent venv, see backend.nodes.agent).
-    agent: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready view (used by ``loadmaster nodes --json``)."""
-        d = dataclasses.asdict(self)
-        d["identity"] = list(self.identity)
-        d["tags"] = list(self.tags)
-        return d
 
 
 @dataclass(frozen=True)
@@ -289,125 +226,6 @@ def _section_class(name: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
-def expand_hostlist(expr: str, *, file: str | None = None, key: str = "name") -> list[str]:
-    """Expand ``gpu-[01-16]`` / ``h100-[1-4,7]`` / ``a,b`` the way Slurm and ClusterShell do."""
-    try:
-        names = hostlist.expand_hostlist(expr)
-    except hostlist.BadHostlist as exc:
-        raise ConfigError(
-            f"cannot expand hostlist {expr!r}: {exc} (expected e.g. 'gpu-[01-16]' or 'h100-[1-4,7]')",
-            file=file,
-            key=key,
-        ) from None
-    if not names:
-        raise ConfigError(f"hostlist {expr!r} expands to no names", file=file, key=key)
-    return names
-
-
-def read_hostfile(path: Path, *, file: str | None = None, key: str = "hostfile") -> list[tuple[str, int | None]]:
-    """Parse a DeepSpeed/MPI hostfile: ``worker-1 slots=8`` per line, ``#`` comments."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read hostfile {str(path)!r}: {exc.strerror}", file=file, key=key) from None
-    out: list[tuple[str, int | None]] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        host, slots = parts[0], None
-        for opt in parts[1:]:
-            k, sep, v = opt.partition("=")
-            if not sep or not v:
-                raise ConfigError(f"{path}:{lineno}: expected 'host slots=N', got {raw.strip()!r}", file=file, key=key)
-            if k == "slots":
-                if not v.isdigit():
-                    raise ConfigError(f"{path}:{lineno}: slots must be a whole number, got {v!r}", file=file, key=key)
-                slots = int(v)
-        out.append((host, slots))
-    if not out:
-        raise ConfigError(f"hostfile {str(path)!r} lists no hosts", file=file, key=key)
-    return out
-
-
-def ssh_config_hosts(pattern: str, path: Path | None = None) -> list[str]:
-    """Concrete ``Host`` aliases in an OpenSSH client config that match glob ``pattern``."""
-    path = path or Path(os.path.expanduser("~/.ssh/config"))
-    if not path.exists():
-        return []
-    hosts: list[str] = []
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        m = re.match(r"(?i)host\s*(?:=\s*|\s)(.*)$", line)
-        if not m:
-            continue
-        for alias in m.group(1).split():
-            if any(c in alias for c in "*?!") or alias in hosts:
-                continue
-            if fnmatch.fnmatchcase(alias, pattern):
-                hosts.append(alias)
-    return hosts
-
-
-def _resolve_entries(entries: list[NodeEntry], defaults: Defaults, file: str | None, base: Path) -> list[Node]:
-    nodes: list[Node] = []
-    seen: dict[str, str] = {}
-    for i, e in enumerate(entries):
-        key = f"nodes[{i}]"
-        sources = [k for k in ("name", "hostfile", "ssh_config") if getattr(e, k)]
-        if len(sources) != 1:
-            raise ConfigError(
-                "each [[nodes]] table needs exactly one of 'name' (a name or hostlist), "
-                "'hostfile' (a DeepSpeed/MPI hostfile) or 'ssh_config' (a Host pattern)",
-                file=file,
-                key=key,
-            )
-        names: list[tuple[str, int | None]]
-        if e.name:
-            names = [(n, None) for n in expand_hostlist(e.name, file=file, key=f"{key}.name")]
-        elif e.hostfile:
-            hf = Path(os.path.expanduser(e.hostfile))
-            names = read_hostfile(hf if hf.is_absolute() else base / hf, file=file, key=f"{key}.hostfile")
-        else:
-            assert e.ssh_config
-            found = ssh_config_hosts(e.ssh_config)
-            if not found:
-                raise ConfigError(
-                    f"no Host in ~/.ssh/config matches {e.ssh_config!r}", file=file, key=f"{key}.ssh_config"
-                )
-            names = [(h, None) for h in found]
-        if e.transport == "local" and len(names) != 1:
-            raise ConfigError("a local node must be a single name", file=file, key=f"{key}.name")
-        for name, slots in names:
-            if name in seen:
-                raise ConfigError(f"duplicate node name {name!r} (also defined by {seen[name]})", file=file, key=key)
-            seen[name] = key
-            host = (e.host or name).replace("{name}", name)
-            nodes.append(
-                Node(
-                    name=name,
-                    host="localhost" if e.transport == "local" and not e.host else host,
-                    transport=e.transport,
-                    port=e.port if e.port is not None else defaults.port,
-                    user=e.user or defaults.user,
-                    identity=tuple(e.identity if e.identity is not None else defaults.identity),
-                    jump=e.jump or defaults.jump,
-                    scratch=e.scratch or defaults.scratch,
-                    site=e.site or defaults.site,
-                    tags=tuple(dict.fromkeys([*defaults.tags, *e.tags])),
-                    slots=slots,
-                    known_hosts=e.known_hosts or defaults.known_hosts,
-                    trust_on_first_use=(
-                        e.trust_on_first_use if e.trust_on_first_use is not None else defaults.trust_on_first_use
-                    ),
-                    connect_timeout=defaults.connect_timeout,
-                    agent=e.agent or defaults.agent,
-                )
-            )
-    return nodes
-
-
 _TOP_KEYS = {"defaults", "nodes", "stores", "ui", "state", *FEATURE_SECTIONS}
 
 
@@ -444,7 +262,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
             entries.append(entry)
     nodes: list[Node] = []
     if defaults is not None and len(entries) == len(raw_nodes):
-        nodes = attempt(lambda: _resolve_entries(entries, defaults, file, base)) or []
+        nodes = attempt(lambda: ConfigNodes().nodes(entries, defaults, file=file, base=base)) or []
     # A file holding only sections ([telemetry], [ui], ...) changes those settings and keeps the
     # embedded default for the rest: this machine alone, its local checkpoint store.
     fallback = default_config() if "nodes" not in raw else None
@@ -565,8 +383,9 @@ def load_config_file(path: Path) -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", file=str(path)) from None
-    # Nodes from an inventory source (Slurm) when the file asks for one: backend/inventory.py,
-    # named like FEATURE_SECTIONS' classes (it builds Nodes, so it imports this module).
+    # Then the outside inventory sources (Slurm) when the file asks for one: backend/inventory/,
+    # named like FEATURE_SECTIONS' classes (a source reads the whole Config, so its module is above
+    # this one; imported by name, this module does not import it back).
     module, _, attr = "backend.inventory:resolve".partition(":")
     resolve: Callable[[Config], Config] = getattr(importlib.import_module(module), attr)
     return resolve(parse_config(raw, file=str(path), base=path.parent.resolve()))

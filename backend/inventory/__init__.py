@@ -1,16 +1,29 @@
-"""Where the node list comes from: the config's own ``[[nodes]]``, or an inventory source.
+"""Where the fleet comes from: inventory sources, asked in order when the config is loaded.
 
-An :class:`InventorySource` turns something outside the config (Slurm's node table today; a cloud
-API tomorrow) into ``backend.config.Node`` entries when the config is loaded; everything
-downstream takes a ``Config`` and never knows the source. A source takes the connection details
-(user, port, key, jump host) from ``[defaults]``, and a ``[[nodes]]`` entry of the same name
-overrides them for that node.
+1. The config's own ``[[nodes]]`` tables (:class:`~backend.inventory.tables.ConfigNodes`), each
+   naming its hosts through one table source (:data:`~backend.inventory.tables.TABLE_SOURCES`),
+   picked by the key the table sets; ``backend.config.parse_config`` asks them, so a bad table is
+   reported with the file's other problems:
 
-Sources, one line each in :data:`SOURCES`:
+   | key | source | hosts |
+   | :- | :- | :- |
+   | ``name`` | ``names.HostlistNames`` | a name or hostlist (``gpu-[01-16]``) |
+   | ``hostfile`` | ``hostfile.HostfileInventory`` | a DeepSpeed/MPI hostfile, with slots |
+   | ``ssh_config`` | ``ssh_config.SshConfigInventory`` | ``~/.ssh/config`` Host aliases matching a glob |
 
-| source | enabled by | nodes |
-| :- | :- | :- |
-| ``slurm`` | ``[slurm] enabled = true`` and ``inventory = true`` | every node of ``sinfo`` (``partitions`` only), at Slurm's ``NodeAddr`` |
+2. Then an :class:`InventorySource`, one line each in :data:`SOURCES`, turns something outside the
+   config (Slurm's node table today; a cloud API tomorrow) into ``backend.config.Node`` entries
+   (``backend.config.load_config_file`` hands the parsed config to :func:`resolve`); the first
+   enabled one replaces the tables' fleet. It takes the connection details (user, port, key, jump
+   host) from ``[defaults]``, and a ``[[nodes]]`` entry of the same name overrides them for that
+   node:
+
+   | source | enabled by | nodes |
+   | :- | :- | :- |
+   | ``slurm`` | ``[slurm] enabled = true`` and ``inventory = true`` | every node of ``sinfo`` (``partitions`` only), at Slurm's ``NodeAddr`` |
+
+Everything downstream takes a ``Config`` and never knows the source. The node types themselves
+are in :mod:`backend.inventory.model` (re-exported by ``backend.config``), below both.
 
 A source that cannot be read stops the load with one line naming it: a console on a guessed
 inventory would act on the wrong nodes.
@@ -26,9 +39,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from backend.errors import ConfigError, LoadmasterError
+from backend.inventory.slurm import SlurmInventory
 
 if TYPE_CHECKING:
-    from backend.config import Config, Node
+    from backend.config import Config
+    from backend.inventory.model import Node
 
 _T = TypeVar("_T")
 
@@ -47,27 +62,6 @@ class InventorySource(Protocol):
     async def nodes(self, config: Config) -> list[Node]:
         """The nodes, connection details from ``[defaults]`` and per-node overrides."""
         ...
-
-
-class SlurmInventory:
-    """Slurm's nodes (one ``sinfo``, or slurmrestd with ``[slurm] url``): see
-    :mod:`backend.slurm.inventory`."""
-
-    name = "slurm"
-
-    def enabled(self, config: Config) -> bool:
-        from backend.slurm.settings import SlurmSettings
-
-        st = config.section(SlurmSettings)
-        return st.enabled and st.inventory
-
-    async def nodes(self, config: Config) -> list[Node]:
-        from backend.slurm.client import SlurmClient
-        from backend.slurm.inventory import nodes_from_slurm
-        from backend.slurm.settings import SlurmSettings
-
-        found, _skipped = await SlurmClient(config.section(SlurmSettings)).nodes()
-        return nodes_from_slurm(found, config)
 
 
 #: Every inventory source; the first enabled one supplies the nodes.
