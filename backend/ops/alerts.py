@@ -18,7 +18,6 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from backend.alerts.alertmanager import (
     ActiveAlert,
@@ -257,7 +256,7 @@ def parse_matchers(text: str) -> tuple[tuple[tuple[str, str], ...], frozenset[st
     return tuple(out), frozenset(regex)
 
 
-def describe(a: SiteAlert) -> dict[str, Any]:
+def describe(a: SiteAlert) -> dict[str, object]:
     """An alert as JSON (the CLI's --json)."""
     return {
         "alertname": a.name,

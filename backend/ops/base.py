@@ -7,8 +7,9 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from backend.errors import ReadOnlyRefused
 
@@ -35,7 +36,7 @@ class Operation:
         target: str,
         outcome: str,
         *,
-        detail: dict[str, Any] | None = None,
+        detail: dict[str, object] | None = None,
         reason: str | None = None,
         plan_hash: str | None = None,
         into: StateDB | None = None,
@@ -65,12 +66,12 @@ LAUNCH_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 #: The launches under way on the main thread (their loop and task), the handlers they replaced,
 #: and the signal that arrived meanwhile (delivered again when the last one ends).
-_launches: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
-_handlers_before: dict[int, Any] = {}
+_launches: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[object]]] = []
+_handlers_before: dict[int, Callable[[int, FrameType | None], object] | int | signal.Handlers | None] = {}
 _received: list[int] = []
 
 
-def _on_launch_signal(signum: int, _frame: Any) -> None:
+def _on_launch_signal(signum: int, _frame: FrameType | None) -> None:
     if not _received:
         _received.append(signum)
     for loop, task in list(_launches):

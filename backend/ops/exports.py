@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
 
 
-def lazy_exports(module: str, names: Mapping[str, str]) -> Callable[[str], Any]:
+def lazy_exports(module: str, names: Mapping[str, str]) -> Callable[[str], object]:
     """A module ``__getattr__`` for ``module``: ``names`` maps each re-exported name to
     ``"package.module"`` or ``"package.module:attribute"`` (when the name differs there)."""
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> object:
         target = names.get(name)
         if target is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")

@@ -9,7 +9,7 @@ The records here are what :meth:`backend.ops.triage.Triage.restage_plan` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from backend.jobs.records import JobRecord
@@ -22,7 +22,7 @@ class RestagePlan:
 
     run: str
     nodes: str
-    checkpoint: dict[str, Any]
+    checkpoint: dict[str, object]
     preview: PullPreview | None
     refused: str | None = None
 
@@ -41,7 +41,7 @@ class RestagePlan:
             out.extend(self.preview.lines())
         return out
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         plan = self.preview.plan if self.preview is not None else None
         return {
             "run": self.run,
@@ -103,7 +103,7 @@ class RestageResult:
             )
         return out
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {
             **self.plan.as_json(),
             "jobs": [{"id": r.id, "node": r.node, "state": r.state, "error": r.error} for r in self.records],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.errors import JobError, LoadmasterError
 from backend.ops.base import Operation
@@ -71,7 +71,7 @@ class Shards(Operation):
         if not pv.ok:
             raise JobError(f"cannot shard {req.src}: " + "; ".join(pv.errors))
         sprof, dprof = self._profiles(req)
-        detail: dict[str, Any] = {"src": req.src, "overwrite": req.overwrite, "resume": req.resume}
+        detail: dict[str, object] = {"src": req.src, "overwrite": req.overwrite, "resume": req.resume}
         if req.overwrite:  # what the destination held is about to be replaced: on record first
             self.audit("shard.overwrite", req.dest, "started", detail=detail)
         try:
@@ -103,6 +103,7 @@ class Shards(Operation):
         from backend.ledger import Reservation
         from backend.ops.reserved import launch_reserved
         from backend.shards.job import launch_on_node
+        from backend.storage import bucket_profile
 
         self.refuse_if_readonly("start a conversion")
         node_cfg = self.services.config.node(node)
@@ -116,7 +117,7 @@ class Shards(Operation):
         job_id = new_job_id()
         rec, _ = await launch_reserved(
             self.services,
-            sprof or _bucket_profile(self.services, req.src),
+            sprof or bucket_profile(req.src),
             [Reservation(job_id, node_cfg.site, pv.source_bytes, pv.files)],
             lambda: launch_on_node(self.services.jobs, node, req, sprof, dprof, job_id=job_id),
             reason=reason,
@@ -128,10 +129,3 @@ class Shards(Operation):
         detail = {"src": req.src, "node": node, "job": rec.id, "overwrite": req.overwrite, "resume": req.resume}
         self.audit("shard.launch", req.dest, "started", detail=detail)
         return rec
-
-
-def _bucket_profile(services: Any, src: str) -> StoreProfile:
-    """An s3:// source outside every configured store: priced as its bare bucket, like a pull."""
-    from backend.storage import egress_profile
-
-    return egress_profile(services.config, None, src)
