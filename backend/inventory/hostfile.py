@@ -31,7 +31,7 @@ def read_hostfile(path: Path, *, file: str | None = None, key: str = "hostfile")
             if not sep or not v:
                 raise ConfigError(f"{path}:{lineno}: expected 'host slots=N', got {raw.strip()!r}", file=file, key=key)
             if k == "slots":
-                if not v.isdigit():
+                if not (v.isascii() and v.isdigit()):  # '²'.isdigit(), but int('²') fails
                     raise ConfigError(f"{path}:{lineno}: slots must be a whole number, got {v!r}", file=file, key=key)
                 slots = int(v)
         out.append((host, slots))
