@@ -19,6 +19,8 @@ def read_hostfile(path: Path, *, file: str | None = None, key: str = "hostfile")
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read hostfile {str(path)!r}: {exc.strerror}", file=file, key=key) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read hostfile {str(path)!r}: not UTF-8 text", file=file, key=key) from None
     out: list[tuple[str, int | None]] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()

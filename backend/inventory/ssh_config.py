@@ -39,7 +39,12 @@ class SshConfigInventory:
     what = "a Host pattern"
 
     def hosts(self, value: str, *, base: Path, file: str | None, key: str) -> list[tuple[str, int | None]]:
-        found = ssh_config_hosts(value)
+        try:
+            found = ssh_config_hosts(value)
+        except OSError as exc:
+            raise ConfigError(f"cannot read ~/.ssh/config: {exc.strerror}", file=file, key=key) from None
+        except UnicodeDecodeError:
+            raise ConfigError("cannot read ~/.ssh/config: not UTF-8 text", file=file, key=key) from None
         if not found:
             raise ConfigError(f"no Host in ~/.ssh/config matches {value!r}", file=file, key=key)
         return [(h, None) for h in found]
