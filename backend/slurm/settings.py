@@ -90,7 +90,7 @@ class SlurmSettings:
     #: Seconds one Slurm command may take.
     timeout: float = field(default=10.0, metadata={"parse": parse_duration})
     #: Slurm is the node inventory: its nodes, at Slurm's NodeAddr, with ``[defaults]``' connection
-    #: details; a ``[[nodes]]`` entry of the same name overrides them (backend/inventory.py).
+    #: details; a ``[[nodes]]`` entry of the same name overrides them (backend/inventory/).
     inventory: bool = False
     #: slurmrestd's URL: nodes and jobs are read from its REST API instead of sinfo and squeue
     #: (drain and resume still run scontrol). Empty: the commands.

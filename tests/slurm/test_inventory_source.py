@@ -1,5 +1,5 @@
 """``[slurm] inventory = true``: the config's nodes come from the real slurmctld (Slurm 22.05 on
-loopback) through the InventorySource seam (backend/inventory.py), at Slurm's NodeAddr with the
+loopback) through the InventorySource seam (backend/inventory/), at Slurm's NodeAddr with the
 connection details of ``[defaults]``, a ``[[nodes]]`` entry of the same name overriding them; the
 nodes so found are reached over SSH. A Slurm that cannot be read stops the load with one line."""
 
