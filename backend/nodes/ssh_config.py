@@ -10,7 +10,7 @@ from __future__ import annotations
 import getpass
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from backend.config import Node
 from backend.errors import ConfigError
@@ -96,7 +96,28 @@ def config_value(paths: list[str], node: Node, option: str) -> Any:
     return load_ssh_config(node, paths).get(option)
 
 
-def effective_settings(node: Node, ssh_config: str | Path | None = None) -> dict[str, Any]:
+class ConnectionSettings(TypedDict):
+    """How loadmaster reaches a node (``loadmaster nodes``, ``--json`` prints it as it is)."""
+
+    name: str
+    transport: str
+    hostname: str
+    user: str
+    #: The node's, else ``~/.ssh/config``'s, else 22; None for a local node.
+    port: int | None
+    identity: list[str]
+    proxy_jump: str | None
+    known_hosts: str | None
+    trust_on_first_use: bool
+    scratch: str
+    site: str | None
+    tags: list[str]
+    slots: int | None
+    #: The ssh_config file read (SSH nodes only).
+    ssh_config: NotRequired[str | None]
+
+
+def effective_settings(node: Node, ssh_config: str | Path | None = None) -> ConnectionSettings:
     """How loadmaster will reach ``node``: loadmaster's fields over ``~/.ssh/config``'s."""
     if node.transport == "local":
         return {
@@ -124,10 +145,10 @@ def effective_settings(node: Node, ssh_config: str | Path | None = None) -> dict
         "name": node.name,
         "transport": "ssh",
         "hostname": str(cfg.get("Hostname", node.host)),
-        "user": node.user or cfg.get("User") or getpass.getuser(),
-        "port": node.port or cfg.get("Port") or 22,
+        "user": node.user or _set(cfg.get("User")) or getpass.getuser(),
+        "port": node.port or _port(cfg.get("Port")) or 22,
         "identity": [os.path.expanduser(p) for p in identity],
-        "proxy_jump": node.jump or cfg.get("ProxyJump"),
+        "proxy_jump": node.jump or _set(cfg.get("ProxyJump")) or None,
         "known_hosts": str(known_hosts_path(node)),
         "trust_on_first_use": node.trust_on_first_use,
         "scratch": node.scratch,
@@ -136,6 +157,16 @@ def effective_settings(node: Node, ssh_config: str | Path | None = None) -> dict
         "slots": node.slots,
         "ssh_config": paths[0] if paths else None,
     }
+
+
+def _set(value: object) -> str:
+    """An ssh_config option's text as the table shows it; "" where the file does not set it."""
+    return "" if value is None else str(value)
+
+
+def _port(value: object) -> int | None:
+    """ssh_config's Port (asyncssh parses it to an int); None where the file does not set it."""
+    return value if isinstance(value, int) else None
 
 
 def parse_jump(spec: str) -> tuple[str | None, str, int | None]:

@@ -8,9 +8,9 @@ the audit record names the same target whichever one acted.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from backend.errors import ConfigError, LoadmasterError
 from backend.ops.base import Operation
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from backend.checkpoints.footprint import BacklogAlert, footprint, footprint_table
     from backend.checkpoints.inspection import StepInspection
     from backend.checkpoints.steps import Catalog, CheckpointStep
-    from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, StripResult
+    from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, Progress, StripResult
     from backend.checkpoints.upload import DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE, UploadResult, UploadSettings
     from backend.jobs.records import JobRecord
     from backend.services import Services
@@ -137,6 +137,15 @@ class Done:
     job: JobRecord | None = None
 
 
+class _StripOptions(TypedDict, total=False):
+    """What a node's strip job is told besides its step (``launch_strip``'s keywords)."""
+
+    out_store: ObjectStore | None
+    out_prefix: str | None
+    model_prefix: str
+    max_shard_bytes: int
+
+
 class Checkpoints(Operation):
     """``ckpt strip|upload`` and the Checkpoints screen's strip and upload keys."""
 
@@ -169,7 +178,7 @@ class Checkpoints(Operation):
         async with store:
             return await inspect_step(store, step)
 
-    async def strip(self, req: StripRequest, *, progress: Callable[..., Any] | None = None) -> Done:
+    async def strip(self, req: StripRequest, *, progress: Progress | None = None) -> Done:
         """Strip one step; a failure here is audited too, then raised."""
         from backend.checkpoints.strip import DEFAULT_MAX_SHARD_BYTES, strip_step
 
@@ -194,7 +203,7 @@ class Checkpoints(Operation):
                 )
                 return Done(target, self._launched("ckpt.strip", target, rec, overwrite=False), job=rec)
 
-            async def here() -> Any:
+            async def here() -> StripResult:
                 return await strip_step(
                     store,
                     step,
@@ -216,7 +225,9 @@ class Checkpoints(Operation):
             if out_store is not None:
                 await out_store.close()
 
-    async def _read_here(self, store: Any, step: str, work: Callable[[], Any], *, reason: str | None) -> Any:
+    async def _read_here(
+        self, store: ObjectStore, step: str, work: Callable[[], Awaitable[StripResult]], *, reason: str | None
+    ) -> StripResult:
         """Run ``work`` (a strip in this process) with the egress its read of a step in an s3://
         store costs: the step's listed bytes quoted at [egress] console_site and reserved first
         (a block budget refuses before a byte is read), then settled to the bytes the strip read;
@@ -237,7 +248,9 @@ class Checkpoints(Operation):
             self.services, profile, item, work, lambda res: int(res.source_bytes_read), reason=reason, what="strip"
         )
 
-    async def upload(self, req: UploadRequest, *, progress: Callable[..., Any] | None = None) -> Done:
+    async def upload(
+        self, req: UploadRequest, *, progress: Callable[[int, int, int, int], object] | None = None
+    ) -> Done:
         """Upload one step folder; a destination holding objects is refused unless ``overwrite``."""
         from backend.checkpoints.steps import step_number
         from backend.checkpoints.upload import check_destination, launch_upload, upload_dir
@@ -282,7 +295,13 @@ class Checkpoints(Operation):
             return await check_destination(store, "", overwrite=True)
 
     async def _launch_strip_reserved(
-        self, node: str, store: ObjectStore, step_path: str, *, reason: str | None = None, **options: Any
+        self,
+        node: str,
+        store: ObjectStore,
+        step_path: str,
+        *,
+        reason: str | None = None,
+        **options: Unpack[_StripOptions],
     ) -> JobRecord:
         """:func:`launch_strip` with the egress a node's read of a step in a store costs: the step
         folder's listed bytes (all a strip can read) quoted, checked against the budget and reserved

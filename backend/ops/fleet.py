@@ -7,7 +7,7 @@ footer name the same unread nodes for the same reasons.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.ops.base import Operation
 from backend.ops.exports import lazy_exports
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from backend.doctor import NodeReport
     from backend.nodes.agent import AgentReport
     from backend.nodes.pool import PARTIAL_EXIT, unread_line
+    from backend.nodes.ssh_config import ConnectionSettings
     from backend.telemetry.hub import TelemetryHub
     from backend.telemetry.report import fleet_dict, fleet_table, unread_nodes
     from backend.telemetry.settings import TelemetrySettings
@@ -51,7 +52,7 @@ class Fleet(Operation):
         config = self.services.config
         return config.select(pattern) if pattern else list(config.nodes)
 
-    def connection_settings(self, nodes: list[Node]) -> list[dict[str, Any]]:
+    def connection_settings(self, nodes: list[Node]) -> list[ConnectionSettings]:
         """How loadmaster reaches each node: its fields over ``~/.ssh/config``'s."""
         from backend.nodes.ssh_config import effective_settings
 

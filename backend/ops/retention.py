@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.errors import PolicyError
 from backend.ops.base import Operation
@@ -125,7 +125,7 @@ class Retention(Operation):
         *,
         dry_run: bool = False,
         in_flight: Iterable[str] = (),
-        progress: Callable[[Any], object] | None = None,
+        progress: Callable[[ActionOutcome], object] | None = None,
         reason: str | None = None,
     ) -> ApplyReport:
         """Re-check the plan against a fresh listing and act on what still holds (or only re-check).
@@ -147,7 +147,7 @@ class Retention(Operation):
         profile: StoreProfile | None,
         *,
         in_flight: Iterable[str],
-        progress: Callable[[Any], object] | None,
+        progress: Callable[[ActionOutcome], object] | None,
         reason: str | None,
     ) -> ApplyReport:
         """A plan that strips reads each strip's step from the store into this machine (the
