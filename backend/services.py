@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from backend.ledger import EgressGuard
     from backend.nodes.keeper import KeeperClient
     from backend.nodes.pool import NodePool
-    from backend.ops import Operations
     from backend.storage import StoreRegistry
     from backend.telemetry.hub import TelemetryHub
 
@@ -82,13 +81,6 @@ class Services:
         from backend.ledger import EgressGuard
 
         return EgressGuard(self.config, self.db)
-
-    @cached_property
-    def ops(self) -> Operations:
-        """Every action, with its read-only refusal, checks and audit record (backend.ops)."""
-        from backend.ops import Operations
-
-        return Operations(self)
 
     async def aclose(self) -> None:
         """Stop background work and close connections."""

@@ -6,7 +6,7 @@ Xid, PCIe replay and NVLink CRC counters), made by the dcgm-exporter stand-in's 
 functions (lab.dcgm_exporter: the stand-in nvidia-smi scenario with per-GPU faults) and
 loaded with ``promtool tsdb create-blocks-from openmetrics``. One GPU is a straggler (95% SM clock,
 HW slowdown); one GPU of another node fell off the bus (only its Xid 79 left). The timed part is
-``services.ops.triage.run(nodes=..., source="prometheus")``: the queries over HTTP, the parse, the
+``ops.triage.run(nodes=..., source="prometheus")``: the queries over HTTP, the parse, the
 analysis, the commands. Goal (#32): within 2 s; the answer must name exactly those two GPUs.
 
     .venv/bin/python bench/triage.py                     # 256 nodes, 5 runs
@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.config import load_config  # noqa: E402
+from backend.ops import Operations
 from backend.services import Services  # noqa: E402
 from lab import fake_nvidia_smi  # noqa: E402
 from lab.dcgm_exporter import (  # noqa: E402
@@ -130,11 +131,12 @@ def main() -> int:
             + f'[telemetry]\nsource = "prometheus"\nprometheus_url = "{prom.url}"\nprometheus_timeout = "30s"\n'
         )
         services = Services(load_config(cfg))
+        ops = Operations(services)
         took = []
         report = None
         for _ in range(args.runs):
             t = time.perf_counter()
-            report = asyncio.run(services.ops.triage.run(nodes=[",".join(names)], source="prometheus"))
+            report = asyncio.run(ops.triage.run(nodes=[",".join(names)], source="prometheus"))
             took.append(time.perf_counter() - t)
         if args.profile:
             import cProfile
@@ -142,7 +144,7 @@ def main() -> int:
 
             prof = cProfile.Profile()
             prof.enable()
-            asyncio.run(services.ops.triage.run(nodes=[",".join(names)], source="prometheus"))
+            asyncio.run(ops.triage.run(nodes=[",".join(names)], source="prometheus"))
             prof.disable()
             pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
         assert report is not None

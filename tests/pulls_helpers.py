@@ -2,7 +2,7 @@
 
 ``backend.pulls`` takes what it uses (the config, the node pool, the egress guard, the job
 manager); these unpack a test's Services the way ``backend.ops.pull`` does, without the
-operation's audit and egress reservation (the tests of those go through ``services.ops``).
+operation's audit and egress reservation (the tests of those go through ``Operations(services)``).
 """
 
 from __future__ import annotations

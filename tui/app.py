@@ -30,6 +30,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from backend.errors import ConfigError, LoadmasterError
+from backend.ops import Operations
 from backend.ops.prefs import load_ui_prefs, update_ui_prefs
 from themes import stylesheets
 from themes.palette import DEFAULT_THEME, THEMES, semantic_defaults
@@ -136,6 +137,9 @@ class LoadmasterApp(App[int]):
         """
         super().__init__()
         self.services = services
+        #: The console's one operation layer: every screen acts and reads through it (one Slurm
+        #: snapshot cache for all of them).
+        self.ops = Operations(services)
         self.errors: list[ErrorRecord] = []
         self._recorded_workers: weakref.WeakSet[Worker[Any]] = weakref.WeakSet()
         self._screen_classes: dict[str, type[Screen[Any]] | None] = {}
@@ -299,7 +303,7 @@ class LoadmasterApp(App[int]):
         from tui.screens.alerts import alerted_nodes, silenced_nodes
 
         try:
-            alerts = await self.services.ops.alerts.site()
+            alerts = await self.ops.alerts.site()
         except LoadmasterError as exc:
             # The Alerts screen says why; the Fleet keeps the marks of the last read meanwhile.
             log.info("reading the site's alerts failed: %s", exc)

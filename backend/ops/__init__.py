@@ -13,7 +13,8 @@ one order, whichever front end asked:
 6. **the audit record** (the same record from either front end);
 7. **the result object** the front end renders.
 
-``services.ops`` is the :class:`Operations` of a :class:`backend.services.Services`.
+``Operations(services)`` holds them for one :class:`backend.services.Services`; each front end
+builds its own (the console one for the app, the command line one per command), never a feature module.
 
 | operation | call |
 | :- | :- |
@@ -104,7 +105,7 @@ class Operations:
     def triage(self) -> Triage:
         from backend.ops.triage import Triage
 
-        return Triage(self.services)
+        return Triage(self.services, slurm=self.slurm, pulls=self.pulls)
 
     @cached_property
     def state(self) -> State:

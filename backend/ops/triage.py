@@ -45,7 +45,10 @@ RESTAGE_WAIT_S = 3600.0
 
 if TYPE_CHECKING:
     from backend.jobs.records import JobRecord
+    from backend.ops.pull import Pulls
     from backend.ops.restage import RestagePlan, RestageResult
+    from backend.ops.slurm import Slurm
+    from backend.services import Services
 
 
 #: What the front ends import from here: the operation, its report, and the report's restart and
@@ -55,6 +58,13 @@ __all__ = ["Triage", "TriageReport", "goodput_lines", "restart_lines"]
 
 class Triage(Operation):
     """Read nodes' health and rank the suspects (read-only)."""
+
+    def __init__(self, services: Services, *, slurm: Slurm, pulls: Pulls) -> None:
+        """``slurm`` and ``pulls``: the same container's (``Operations``), so triage reads the Slurm
+        snapshot the Fleet screen cached and a restage pulls as ``ops.pulls`` does."""
+        super().__init__(services)
+        self.slurm = slurm
+        self.pulls = pulls
 
     async def run(
         self,
@@ -133,7 +143,7 @@ class Triage(Operation):
             return None, None, "no Slurm job given (--job): restarts and requeues unknown"
         from backend.slurm.parse import key_values
 
-        slurm = self.services.ops.slurm
+        slurm = self.slurm
         try:
             res = await slurm.client.run(slurm.client.argv("scontrol", "show", "job", "-o", job.strip()))
         except LoadmasterError as exc:
@@ -165,7 +175,7 @@ class Triage(Operation):
         path = str(ck["path"]).strip("/")
         src = f"{url.rstrip('/')}/{path}/"
         req = PullRequest(src, dest or f"restart/{path.rsplit('/', 1)[-1]}", nodes, fanout="relay", reason=reason)
-        return RestagePlan(run, nodes, ck, await self.services.ops.pulls.plan(req))
+        return RestagePlan(run, nodes, ck, await self.pulls.plan(req))
 
     async def restage(self, plan: RestagePlan, *, wait_s: float = RESTAGE_WAIT_S) -> RestageResult:
         """Pull the picked step once and relay it to the plan's nodes; wait until every node holds
@@ -178,7 +188,7 @@ class Triage(Operation):
             raise PolicyError(f"not restaged: {plan.refused or 'no plan'}")
         step = plan.checkpoint.get("step")
         t0 = time.monotonic()
-        started = await self.services.ops.pulls.start(
+        started = await self.pulls.start(
             plan.preview.request, shown=plan.preview, label=f"restage {plan.run} step {step}"
         )
         try:
@@ -264,7 +274,7 @@ class Triage(Operation):
         )
 
     async def _slurm(self, *, required: bool) -> SlurmSnapshot | None:
-        slurm = self.services.ops.slurm
+        slurm = self.slurm
         if not slurm.settings.enabled:
             if required:
                 raise ConfigError("needs Slurm: add [slurm] enabled = true to the config", key="--job")

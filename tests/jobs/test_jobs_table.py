@@ -15,7 +15,7 @@ import pytest
 from backend.config import load_config_file
 from backend.jobs.fmt import middle, verified_short
 from backend.jobs.records import JobProgress, JobRecord, launch_job_ids
-from backend.ops import PullRequest
+from backend.ops import Operations, PullRequest
 from backend.services import Services
 from lab import Lab
 from tests.helpers import write_lab_config
@@ -102,7 +102,7 @@ async def test_jobs_with_the_state_database_down_says_so_once(lab: Lab, source: 
     services = Services(config=load_config_file(cfg))
     try:
         req = PullRequest(src=source.url, dest=f"pulls/dbdown-{tmp_path.name}", nodes="node-0[1,2,4]")
-        started = await services.ops.pulls.start(req)
+        started = await Operations(services).pulls.start(req)
         for r in started.records:
             await services.jobs.wait(r.id, timeout=120)
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from backend.config import load_config_file
-from backend.ops import PullRequest
+from backend.ops import Operations, PullRequest
 from backend.services import Services
 from lab import Lab
 from tests.firsthour.screen_text import screen_lines
@@ -64,9 +64,9 @@ async def test_a_three_node_pull_is_cancelled_as_one_launch(
         part_size_mib=5,
     )
     try:
-        preview = await services.ops.pulls.plan(req)
+        preview = await Operations(services).pulls.plan(req)
         with store_stalled(lab):
-            started = await services.ops.pulls.start(req, shown=preview)
+            started = await Operations(services).pulls.start(req, shown=preview)
             launch = started.launch
             assert launch is not None
             ids = [r.id for r in started.records]
@@ -138,9 +138,9 @@ async def test_the_console_cancels_the_selected_launch_at_80x24(lab: Lab, source
         src=source.url, dest="pulls/console-launch", nodes="node-0[1,2,4]", numworkers=2, concurrency=2, part_size_mib=5
     )
     try:
-        preview = await services.ops.pulls.plan(req)
+        preview = await Operations(services).pulls.plan(req)
         with store_stalled(lab):
-            started = await services.ops.pulls.start(req, shown=preview)
+            started = await Operations(services).pulls.start(req, shown=preview)
             ids = [r.id for r in started.records]
             await _running(services, ids)
             app = LoadmasterApp(services, mode="transfers")

@@ -17,6 +17,7 @@ import pytest
 
 from backend.config import Config
 from backend.errors import JobError, StoreError
+from backend.ops import Operations
 from backend.services import Services
 from lab import Lab
 from tests.helpers import write_lab_config
@@ -250,7 +251,7 @@ async def test_cancel_stops_the_job_cleans_partials_and_audits(
     dest = lab.node("node-01").scratch / dest_rel
     with contextlib.ExitStack() as stack:
         rec, job_dir, pgid = await _launch_stalled(services, lab, source, "node-01", dest_rel, stack)
-        final = await services.ops.jobs.cancel(rec.id, reason="test cancel")
+        final = await Operations(services).jobs.cancel(rec.id, reason="test cancel")
     assert final.state == "cancelled"
     assert not _group_alive(pgid)
     assert _procs_with(f"LOADMASTER_JOB_ID={rec.id}") == []
@@ -261,7 +262,7 @@ async def test_cancel_stops_the_job_cleans_partials_and_audits(
     assert entries and entries[0].target == f"node-01:{rec.id}" and entries[0].outcome == "cancelled"
     assert entries[0].reason == "test cancel"
     with pytest.raises(JobError, match="already ended"):
-        await services.ops.jobs.cancel(rec.id)
+        await Operations(services).jobs.cancel(rec.id)
 
 
 async def test_cancel_escalates_to_sigkill_for_a_frozen_job(lab: Lab, source: SourceData, services: Services) -> None:
@@ -270,7 +271,7 @@ async def test_cancel_escalates_to_sigkill_for_a_frozen_job(lab: Lab, source: So
     with contextlib.ExitStack() as stack:
         rec, job_dir, pgid = await _launch_stalled(services, lab, source, "node-01", dest_rel, stack)
         os.killpg(pgid, signal.SIGSTOP)  # cannot honour SIGTERM: cancel must SIGKILL after the grace
-        final = await services.ops.jobs.cancel(rec.id)
+        final = await Operations(services).jobs.cancel(rec.id)
     assert final.state == "cancelled"
     assert "killed after the grace period" in (final.error or "")
     assert not _group_alive(pgid)

@@ -45,6 +45,7 @@ import asyncio, json, os, sys, time
 from pathlib import Path
 from backend.config import load_config_file
 from backend.errors import LoadmasterError
+from backend.ops import Operations
 from backend.ops.pull import PullRequest
 from backend.services import Services
 
@@ -60,7 +61,7 @@ async def main() -> None:
     async def one(i: int) -> list[object]:
         req = PullRequest(src=src, dest=f"pulls/team-{tag}-{i}", nodes="node-01")
         try:
-            started = await services.ops.pulls.start(req)
+            started = await Operations(services).pulls.start(req)
             return ["started", [r.id for r in started.records]]
         except LoadmasterError as exc:
             return ["refused", str(exc)]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from backend.alerts.watch import Watcher
 from backend.config import load_config_file
+from backend.ops import Operations
 from backend.services import Services
 from lab import Lab
 from tests.am_fixtures import AlertmanagerLab
@@ -58,7 +59,7 @@ conditions = ["TransferStalled", "JobLost"]
             assert got[0]["annotations"]["loadmaster_ref"] == f"job:{rec.id}"
             assert "no bytes for" in got[0]["annotations"]["summary"]
         # Thawed and cancelled: the condition is gone, the alert resolves (Alertmanager drops it).
-        await services.ops.jobs.cancel(rec.id, reason="test: stalled pull")
+        await Operations(services).jobs.cancel(rec.id, reason="test: stalled pull")
         for _ in range(60):
             r = await watcher.round()
             if not am_lab.amtool_json("alert", "query", "alertname=TransferStalled", f"job_id={rec.id}"):

@@ -50,7 +50,7 @@ def _operations(services: Services, tmp_path: Path) -> dict[str, list[Callable[[
     (``ops.pulls.start``), with each way of calling it the front ends use."""
     run = str(tmp_path / "runs" / "run-1")
     plan = asyncio.run(compute_plan(services, run, RetentionPolicy()))
-    ops = services.ops
+    ops = Operations(services)
     unread: Any = None  # refused before the argument is read (a plan or record the caller fetched)
     return {
         "pulls.start": [
@@ -132,10 +132,10 @@ def test_every_operation_refuses_read_only_the_same_way(services: Services, tmp_
 
 def test_reads_and_plans_still_work_read_only(services: Services, tmp_path: Path) -> None:
     services.readonly = True
-    q = services.ops.egress.quote("datasets", 10**13, node="gpu-01")  # a quote without a reason records nothing
+    q = Operations(services).egress.quote("datasets", 10**13, node="gpu-01")  # a quote without a reason records nothing
     assert q.decision.action == "confirm" and q.audit_id is None
     assert asyncio.run(
-        services.ops.retention.apply(
+        Operations(services).retention.apply(
             asyncio.run(compute_plan(services, str(tmp_path / "runs" / "run-1"), RetentionPolicy())), dry_run=True
         )
     )

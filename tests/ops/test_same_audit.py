@@ -133,16 +133,17 @@ def test_state_repair_and_migrate_on_both_backends(state_url: str | None, tmp_pa
     cfg = tmp_path / "lm.toml"
     cfg.write_text(f'[[nodes]]\nname = "here"\ntransport = "local"\n\n[state]\ndir = "{tmp_path / "s"}"\n{url}')
     services = Services(load_config(str(cfg)), readonly=True)
+    ops = Operations(services)
     try:
-        for call in (services.ops.state.repair, lambda: services.ops.state.migrate("postgresql://u@127.0.0.1:1/x")):
+        for call in (ops.state.repair, lambda: ops.state.migrate("postgresql://u@127.0.0.1:1/x")):
             with pytest.raises(ReadOnlyRefused, match=r"^read-only mode: cannot (repair|migrate) the state database"):
                 call()
         services.readonly = False
         if state_url:
             with pytest.raises(StateError, match="state repair is for the local SQLite file"):
-                services.ops.state.repair(force=True)
+                ops.state.repair(force=True)
         else:
-            assert services.ops.state.repair().report is None  # no file yet: nothing to repair
+            assert ops.state.repair().report is None  # no file yet: nothing to repair
         assert services.db.audit_entries() == []
         assert not (tmp_path / "s" / "state.sqlite3").exists() or state_url is None
     finally:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from backend.ops import Operations
 from lab import Lab
 from tests.counting_proxy import CountingProxy
 from tests.relay.conftest import NODES, RelaySource, assert_copy, relay_config
@@ -212,9 +213,9 @@ async def test_a_failed_seed_fails_its_tree_at_once_and_leaves_no_partial_files(
     services = Services(load_config_file(cfg))
     try:
         req = PullRequest(f"s3://{lab.bucket}/{prefix}/", "pulls/relay-vanishing", "node-0[1-4]", fanout="relay")
-        preview = await services.ops.pulls.plan(req)
+        preview = await Operations(services).pulls.plan(req)
         client.delete_object(Bucket=lab.bucket, Key=f"{prefix}/obj-1")  # gone between the plan and the copy
-        started = await services.ops.pulls.start(req, shown=preview)
+        started = await Operations(services).pulls.start(req, shown=preview)
         t0 = time.monotonic()
         final = {r.node: await services.jobs.wait(r.id, timeout=60) for r in started.records}
         took = time.monotonic() - t0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.ops import Operations
 from lab import Lab
 from tests.counting_proxy import CountingProxy
 from tests.jobs.conftest import SourceData
@@ -165,7 +166,7 @@ async def test_a_relay_port_is_never_one_an_outgoing_connection_holds(
     services = Services(load_config_file(cfg))
     try:
         req = PullRequest(relay_source.url, "pulls/relay-ports", "node-0[1-4]", fanout="relay-ssh")
-        preview = await services.ops.pulls.plan(req)
+        preview = await Operations(services).pulls.plan(req)
     finally:
         await services.aclose()
         for c, p in held:

@@ -45,6 +45,7 @@ from backend.checkpoints.catalog import list_checkpoints
 from backend.checkpoints.proof import prove_resumable
 from backend.config import load_config
 from backend.errors import PolicyError
+from backend.ops import Operations
 from backend.policy.retention import RetentionPolicy
 from backend.retention import PinStore, apply_plan, compute_plan
 from backend.retention.marks import MilestoneStore
@@ -320,7 +321,7 @@ async def test_nothing_is_deleted_without_proof(
             # killed at the boundary (-9), or it finished before reaching it: never an error
             assert proc.returncode in (0, -signal.SIGKILL), proc.stderr[-2000:]
             # the operator sees the dead apply's lock named in the refusal and removes it
-            await services.ops.retention.unlock(url)
+            await Operations(services).retention.unlock(url)
         report = await apply_plan(services, plan, progress=pin_from_elsewhere, fault=pin_at_claim)
         assert not report.count("failed"), [o.as_dict() for o in report.outcomes if o.outcome == "failed"]
 

@@ -1,5 +1,5 @@
 """The Retention screen and ``loadmaster retention plan --json`` show one plan: both ask the
-operation layer (``services.ops.retention.plan``), which deep-checks the steps the plan keeps.
+operation layer (``ops.retention.plan``), which deep-checks the steps the plan keeps.
 
 The run has 40 real DCP steps and a pin on the oldest: a console that proved only the newest 32
 full steps (as it once did) left the pinned step's deep check out of its plan, and the two front

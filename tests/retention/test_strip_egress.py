@@ -11,6 +11,7 @@ from retention_helpers import DcpRun  # type: ignore[import-not-found]
 from test_retention_apply import POLICY, listing  # type: ignore[import-not-found]
 
 from backend.errors import PolicyError
+from backend.ops import Operations
 from backend.policy.egress import EgressSettings
 from backend.retention import compute_plan
 from backend.services import Services
@@ -38,7 +39,7 @@ async def test_a_block_budget_refuses_the_apply_before_anything_is_read_or_chang
         async with blocked.stores.open(url) as store:
             before = await listing(store)
             with pytest.raises(PolicyError, match="egress guard blocks this retention strip"):
-                await blocked.ops.retention.apply(plan)
+                await Operations(blocked).retention.apply(plan)
             assert await listing(store) == before  # no export written, nothing deleted
         assert _ledger(blocked) == []
         assert blocked.db.audit_entries(action="retention.apply") == []
@@ -52,7 +53,7 @@ async def test_the_strips_are_reserved_then_settled_at_the_console_site(s3, s3_s
     strips = [a for a in plan.actions if a.action == "strip-to-weights"]
     services = _with_egress(s3_services, console_site="aws:eu-west-1")
     try:
-        report = await services.ops.retention.apply(plan)
+        report = await Operations(services).retention.apply(plan)
         assert report.ok, report.as_dict()
         (row,) = _ledger(services)
         want = sum(a.bytes_before for a in strips)
@@ -64,7 +65,7 @@ async def test_the_strips_are_reserved_then_settled_at_the_console_site(s3, s3_s
             "aws:eu-west-1",
         )
         # A plan with nothing left to strip reserves nothing more.
-        again = await services.ops.retention.apply(plan)
+        again = await Operations(services).retention.apply(plan)
         assert again.count("done") == 0
         assert len(_ledger(services)) == 2 and _ledger(services)[1]["state"] == "released"
     finally:
@@ -82,14 +83,14 @@ async def test_a_strip_run_here_is_reserved_and_settled_at_what_it_read(s3, s3_s
         async with blocked.stores.open(url) as store:
             before = await listing(store)
             with pytest.raises(PolicyError, match="egress guard blocks this strip"):
-                await blocked.ops.checkpoints.strip(StripRequest(src=f"{url}/step-4000"))
+                await Operations(blocked).checkpoints.strip(StripRequest(src=f"{url}/step-4000"))
             assert await listing(store) == before
         assert _ledger(blocked) == []
     finally:
         blocked.db.close()
     services = _with_egress(s3_services, console_site="aws:us-east-1")
     try:
-        done = await services.ops.checkpoints.strip(StripRequest(src=f"{url}/step-4000"))
+        done = await Operations(services).checkpoints.strip(StripRequest(src=f"{url}/step-4000"))
         (row,) = _ledger(services)
         assert str(row["job_id"]).startswith("strip-") and row["state"] == "settled"
         assert row["bytes"] == done.result.source_bytes_read > 0 and row["dest_site"] == "aws:us-east-1"
@@ -108,6 +109,6 @@ async def test_an_apply_refused_by_another_applys_lock_reads_nothing_and_release
     plan = await compute_plan(s3_services, url, POLICY)
     async with s3_services.stores.open(url) as store, ApplyLock(store, plan.prefix, run=plan.url, plan=plan.hash):
         with pytest.raises(PolicyError, match="already running"):
-            await s3_services.ops.retention.apply(plan)
+            await Operations(s3_services).retention.apply(plan)
     (row,) = _ledger(s3_services)
     assert row["state"] == "released"

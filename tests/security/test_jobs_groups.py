@@ -24,6 +24,7 @@ from backend.config import load_config_file
 from backend.jobs.records import new_job_id
 from backend.jobs.remote import spec_digest
 from backend.jobs.store import JobStore
+from backend.ops import Operations
 from backend.services import Services
 from lab import Lab
 from tests.helpers import write_lab_config
@@ -181,7 +182,7 @@ async def test_cancel_signals_only_a_proven_group(lab: Lab, svc: Services, group
     )
     _recorded(svc, job_id)
     await svc.jobs.refresh(["node-01"])
-    final = await svc.ops.jobs.cancel(job_id, reason="security test")
+    final = await Operations(svc).jobs.cancel(job_id, reason="security test")
     assert final.state == "cancelled"
     assert _alive(other)
     assert (d / "cancel").exists()  # a live runner would still see the request

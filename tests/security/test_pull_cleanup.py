@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backend.ops import Operations
 from backend.pulls.destination import TempTracker, is_s5cmd_temp_name
 from backend.pulls.objects import PulledObject
 from backend.services import Services
@@ -178,7 +179,7 @@ async def test_cancel_removes_its_temporaries_only(lab: Lab, hostile_s3: Hostile
     dest = _dest_with_operator_files(lab)
     try:
         rec, _job_dir, temps = await _held_with_a_temp(hostile_services, hostile_s3, dest)
-        final = await hostile_services.ops.jobs.cancel(rec.id, reason="security test")
+        final = await Operations(hostile_services).jobs.cancel(rec.id, reason="security test")
     finally:
         hostile_s3.release()
     assert final.state == "cancelled", final.error

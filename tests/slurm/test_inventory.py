@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 from backend.config import load_config
+from backend.ops import Operations
 from backend.services import Services
 from backend.slurm.inventory import nodes_from_slurm
 from backend.slurm.parse import parse_nodes_json
@@ -41,7 +42,7 @@ def test_array_tasks_are_filtered_on_the_client(tmp_path: Path) -> None:
         (bin_dir / name).chmod(0o755)
     cfg = tmp_path / "lm.toml"
     cfg.write_text(f'[[nodes]]\nname = "x"\nhost = "127.0.0.1"\n\n[slurm]\nenabled = true\nbin_dir = "{bin_dir}"\n')
-    ops = Services(load_config(cfg)).ops.slurm
+    ops = Operations(Services(load_config(cfg))).slurm
     tasks = asyncio.run(ops.jobs(array="900"))
     assert [(j.job_id, j.state) for j in tasks] == [("900_5", "RUNNING"), ("900_[6-9]", "PENDING")]
     assert [j.job_id for j in asyncio.run(ops.jobs(node="gpu-004"))] == ["812"]

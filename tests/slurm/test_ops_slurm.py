@@ -22,6 +22,7 @@ import pytest
 
 from backend.config import load_config
 from backend.errors import PolicyError, ReadOnlyRefused
+from backend.ops import Operations
 from backend.ops.slurm import ResumeRefused
 from backend.services import Services
 from backend.state import actor
@@ -99,7 +100,8 @@ def test_rows_show_jobs_with_their_gpus(slurm: SlurmLab, tmp_path: Path) -> None
     running(slurm, a)
     running(slurm, b)
     svc = services(write_config(tmp_path, slurm))
-    rows = {r.name: r for r in asyncio.run(svc.ops.slurm.rows(fresh=True))}
+    ops = Operations(svc).slurm
+    rows = {r.name: r for r in asyncio.run(ops.rows(fresh=True))}
     assert set(rows) == {"node-01", "node-02", "node-03"}
     r1 = rows["node-01"]
     assert r1.state in ("mixed", "allocated") and r1.partitions == ("gpu",) and r1.gpus == 4
@@ -109,8 +111,8 @@ def test_rows_show_jobs_with_their_gpus(slurm: SlurmLab, tmp_path: Path) -> None
     assert jobs[a].elapsed_s is not None and jobs[a].elapsed_s >= 0
     assert rows["node-02"].state == "idle" and rows["node-02"].jobs == ()
     # At most one read per interval: a second call within it does not run sinfo again.
-    snap = asyncio.run(svc.ops.slurm.snapshot())
-    assert asyncio.run(svc.ops.slurm.snapshot()) is snap
+    snap = asyncio.run(ops.snapshot())
+    assert asyncio.run(ops.snapshot()) is snap
 
 
 def test_gpu_to_job_mapping_on_the_node_matches_slurm(slurm: SlurmLab, tmp_path: Path, gpus: GpuStandIn) -> None:
@@ -127,11 +129,12 @@ def test_gpu_to_job_mapping_on_the_node_matches_slurm(slurm: SlurmLab, tmp_path:
     gpu_ids = [int(g) for g in visible.split(",")]
     gpus.set(apps="".join(f"{pid}, GPU-{g}\n" for g in gpu_ids) + "999999, GPU-3\n")
     svc = services(write_config(tmp_path, slurm))
-    mapped = asyncio.run(svc.ops.slurm.gpu_jobs("node-01"))
+    ops = Operations(svc).slurm
+    mapped = asyncio.run(ops.gpu_jobs("node-01"))
     ours = [(g.gpu, g.job_id) for g in mapped if g.pid == int(pid)]
     assert ours == [(g, job) for g in gpu_ids] and {g.via for g in mapped if g.pid == int(pid)} == {"environ"}
     assert [(g.gpu, g.job_id) for g in mapped if g.pid == 999999] == [(3, None)]  # not a job's process
-    rows = {r.name: r for r in asyncio.run(svc.ops.slurm.rows(fresh=True))}
+    rows = {r.name: r for r in asyncio.run(ops.rows(fresh=True))}
     (on_node,) = [j for j in rows["node-01"].jobs if j.job_id == job]
     assert list(on_node.gpus) == gpu_ids  # Slurm's IDX and the node agree
 
@@ -142,12 +145,13 @@ def test_drain_after_the_job_draining_then_drained_audited(
     job = slurm.sbatch("-w", "node-01", "--gres=gpu:2", "-J", "train")
     running(slurm, job)
     svc = services(write_config(tmp_path, slurm, state_url))
-    plan = asyncio.run(svc.ops.slurm.plan_drain(["node-01"], "GPU 1 fell off the bus", prompted_by="Xid 79"))
+    ops = Operations(svc).slurm
+    plan = asyncio.run(ops.plan_drain(["node-01"], "GPU 1 fell off the bus", prompted_by="Xid 79"))
     shown = plan.shown()
     assert shown[0].startswith("scontrol update NodeName=node-01 State=DRAIN 'Reason=GPU 1 fell off the bus [Xid 79]")
     assert len(shown) == 1 and plan.requeue == ()
     before = time.time()
-    res = asyncio.run(svc.ops.slurm.drain(plan))
+    res = asyncio.run(ops.drain(plan))
     assert res.nodes == ("node-01",)
     # Slurm keeps the reason as written, with who and when.
     out = slurm.command(["scontrol", "show", "node", "node-01"]).stdout
@@ -157,12 +161,12 @@ def test_drain_after_the_job_draining_then_drained_audited(
     assert abs(datetime.strptime(stamp, "%Y-%m-%dT%H:%MZ").replace(tzinfo=UTC).timestamp() - before) < 120
     # The real job still runs: DRAINING; once it ends: DRAINED.
     assert node_state(slurm, "node-01") == "draining"
-    rows = {r.name: r for r in asyncio.run(svc.ops.slurm.rows(fresh=True))}
+    rows = {r.name: r for r in asyncio.run(ops.rows(fresh=True))}
     assert rows["node-01"].state == "draining" and rows["node-01"].reason.startswith("GPU 1 fell off the bus")
     assert rows["node-01"].reason_age_s is not None and rows["node-01"].unavailable
     slurm.command(["scancel", job])
     wait_for("node-01 drained", lambda: node_state(slurm, "node-01") == "drained")
-    rows = {r.name: r for r in asyncio.run(svc.ops.slurm.rows(fresh=True))}
+    rows = {r.name: r for r in asyncio.run(ops.rows(fresh=True))}
     assert rows["node-01"].state == "drained" and rows["node-01"].drains_30d == 1
     entries = svc.db.audit_entries(action="slurm.drain")
     assert [(e.target, e.outcome) for e in entries] == [("node-01", "ok")]
@@ -176,11 +180,12 @@ def test_drain_now_requeues_the_nodes_jobs(slurm: SlurmLab, tmp_path: Path) -> N
     running(slurm, job)
     running(slurm, stuck)
     svc = services(write_config(tmp_path, slurm))
+    ops = Operations(svc).slurm
     with pytest.raises(PolicyError, match=f"job {stuck} cannot be requeued"):
-        asyncio.run(svc.ops.slurm.plan_drain(["node-01"], "bad ib link", now=True))
-    plan = asyncio.run(svc.ops.slurm.plan_drain(["node-02"], "bad ib link", now=True))
+        asyncio.run(ops.plan_drain(["node-01"], "bad ib link", now=True))
+    plan = asyncio.run(ops.plan_drain(["node-02"], "bad ib link", now=True))
     assert plan.requeue == (job,) and plan.shown()[1] == f"scontrol requeue {job}"
-    asyncio.run(svc.ops.slurm.drain(plan))
+    asyncio.run(ops.drain(plan))
     # Requeued, and held back by the drain of the only node it may use.
     wait_for(f"job {job} requeued", lambda: job_state(slurm, job) == "PENDING")
     wait_for("node-02 drained", lambda: node_state(slurm, "node-02") == "drained")
@@ -190,13 +195,14 @@ def test_drain_now_requeues_the_nodes_jobs(slurm: SlurmLab, tmp_path: Path) -> N
 def test_readonly_refuses_drain_and_resume(slurm: SlurmLab, tmp_path: Path) -> None:
     cfg = write_config(tmp_path, slurm)
     ro = services(cfg, readonly=True)
-    plan = asyncio.run(ro.ops.slurm.plan_drain(["node-02"], "maintenance"))
+    ops = Operations(ro).slurm
+    plan = asyncio.run(ops.plan_drain(["node-02"], "maintenance"))
     with pytest.raises(ReadOnlyRefused, match="read-only"):
-        asyncio.run(ro.ops.slurm.drain(plan))
+        asyncio.run(ops.drain(plan))
     slurm.command(["scontrol", "update", "NodeName=node-02", "State=DRAIN", "Reason=by hand"])
-    rplan = asyncio.run(ro.ops.slurm.plan_resume(["node-02"], force_reason="testing"))
+    rplan = asyncio.run(ops.plan_resume(["node-02"], force_reason="testing"))
     with pytest.raises(ReadOnlyRefused, match="read-only"):
-        asyncio.run(ro.ops.slurm.resume(rplan))
+        asyncio.run(ops.resume(rplan))
     assert node_state(slurm, "node-02") == "drained"
     assert ro.db.audit_entries() == []
 
@@ -210,7 +216,7 @@ def test_resume_refused_for_each_failing_check_then_accepted(
     slurm: SlurmLab, tmp_path: Path, gpus: GpuStandIn, state_url: str | None
 ) -> None:
     svc = services(write_config(tmp_path, slurm, state_url))
-    ops = svc.ops.slurm
+    ops = Operations(svc).slurm
 
     def refused(node: str, needle: str) -> None:
         plan = asyncio.run(ops.plan_resume([node]))
@@ -264,14 +270,14 @@ def test_resume_refused_for_each_failing_check_then_accepted(
 
 
 def test_errors_are_one_line(slurm: SlurmLab, tmp_path: Path) -> None:
-    svc = services(write_config(tmp_path, slurm))
+    ops = Operations(services(write_config(tmp_path, slurm))).slurm
     with pytest.raises(Exception, match="Slurm has no node 'node-99'"):
-        asyncio.run(svc.ops.slurm.plan_drain(["node-99"], "x"))
+        asyncio.run(ops.plan_drain(["node-99"], "x"))
     with pytest.raises(Exception, match="a drain needs a reason"):
-        asyncio.run(svc.ops.slurm.plan_drain(["node-01"], "  "))
+        asyncio.run(ops.plan_drain(["node-01"], "  "))
     with pytest.raises(Exception, match="one line"):
-        asyncio.run(svc.ops.slurm.plan_drain(["node-01"], "two\nlines"))
+        asyncio.run(ops.plan_drain(["node-01"], "two\nlines"))
     off = tmp_path / "off.toml"
     off.write_text('[[nodes]]\nname = "n"\nhost = "127.0.0.1"\n')
     with pytest.raises(Exception, match=r"\[slurm\] enabled = true"):
-        asyncio.run(services(off).ops.slurm.rows())
+        asyncio.run(Operations(services(off)).slurm.rows())

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from backend.config import load_config_file
+from backend.ops import Operations
 from backend.services import Services
 from backend.state import StateDB, StateUnavailable
 from backend.state.postgres import PostgresState
@@ -102,7 +103,9 @@ async def test_postgresql_restarted_while_a_pull_runs_loses_nothing(
     from backend.ops.pull import PullRequest
 
     try:
-        started = await services.ops.pulls.start(PullRequest(src=source.url, dest="pulls/restart", nodes="node-01"))
+        started = await Operations(services).pulls.start(
+            PullRequest(src=source.url, dest="pulls/restart", nodes="node-01")
+        )
         (job,) = started.records
         assert services.egress.ledger.for_job(job.id).state == "reserved"  # type: ignore[union-attr]
         pg_cluster.stop()
@@ -121,7 +124,9 @@ async def test_postgresql_restarted_while_a_pull_runs_loses_nothing(
             assert seen[job.id].result and seen[job.id].result["bytes"] == source.total
             # A guarded action meanwhile is refused, and says why.
             with pytest.raises(StateUnavailable, match="unreachable"):
-                await services.ops.pulls.start(PullRequest(src=source.url, dest="pulls/restart2", nodes="node-01"))
+                await Operations(services).pulls.start(
+                    PullRequest(src=source.url, dest="pulls/restart2", nodes="node-01")
+                )
         finally:
             pg_cluster.start()
         await asyncio.sleep(3.1)  # the handle's reconnect back-off

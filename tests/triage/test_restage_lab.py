@@ -14,6 +14,7 @@ import pytest
 
 from backend.config import load_config_file
 from backend.errors import PolicyError, ReadOnlyRefused
+from backend.ops import Operations
 from backend.services import Services
 from lab import Lab
 from tests.checkpoints.conftest import tiny_full_dcp
@@ -61,11 +62,12 @@ def test_restage_pulls_the_proven_step_once_to_two_nodes(  # type: ignore[no-unt
 
     async def body() -> tuple[object, int]:
         services = Services(load_config_file(cfg))
+        triage = Operations(services).triage
         try:
-            plan = await services.ops.triage.restage_plan(run, ",".join(NODES))
+            plan = await triage.restage_plan(run, ",".join(NODES))
             assert plan.startable and plan.checkpoint["step"] == 20, plan.lines()
             store_proxy.reset()  # the proof read the store; from here on only the pull does
-            result = await services.ops.triage.restage(plan)
+            result = await triage.restage(plan)
             served = store_proxy.served
             entries = services.db.audit_entries(action="triage.restage")
             assert [e.outcome for e in entries] == ["staged"]
@@ -121,14 +123,16 @@ def test_no_proven_step_is_refused_with_its_reason(  # type: ignore[no-untyped-d
     ro = Services(load_config_file(cfg), readonly=True)
     try:
         with pytest.raises(ReadOnlyRefused, match="cannot restage a run"):
-            plan = asyncio.run(ro.ops.triage.restage_plan(run, "node-01"))
-            asyncio.run(ro.ops.triage.restage(plan))
+            triage = Operations(ro).triage
+            plan = asyncio.run(triage.restage_plan(run, "node-01"))
+            asyncio.run(triage.restage(plan))
     finally:
         ro.db.close()
     with pytest.raises(PolicyError, match="no proof, no pick"):
         services = Services(load_config_file(cfg))
         try:
-            asyncio.run(services.ops.triage.restage(asyncio.run(services.ops.triage.restage_plan(run, "node-01"))))
+            triage = Operations(services).triage
+            asyncio.run(triage.restage(asyncio.run(triage.restage_plan(run, "node-01"))))
         finally:
             services.db.close()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from backend.config import parse_config
+from backend.ops import Operations
 from backend.services import Services
 from tests.checkpoints.conftest import tiny_full_dcp
 from tui.cli import main
@@ -30,7 +31,7 @@ def test_newest_proven_step_and_steps_lost(tmp_path: Path, tiny_full_dcp, capsys
     shutil.copytree(src, run / "step-20")
     (run / "step-20" / ".metadata").unlink()  # in flight: no commit marker
     svc = services(tmp_path)
-    report = asyncio.run(svc.ops.triage.run(nodes=["here"], source="ssh", run=str(run)))
+    report = asyncio.run(Operations(svc).triage.run(nodes=["here"], source="ssh", run=str(run)))
     ck = report.checkpoint
     assert ck is not None and ck["step"] == 10 and ck["proof"] == "verified" and ck["steps_lost_at_least"] == 10
     assert [u["step"] for u in ck["newer_unusable"]] == [20] and ck["path"] == "step-10"
@@ -50,7 +51,7 @@ def test_no_proof_no_pick(tmp_path: Path, tiny_full_dcp) -> None:  # type: ignor
     shutil.copytree(src, run / "step-30")
     shard = next(p for p in (run / "step-30").iterdir() if p.suffix == ".distcp")
     shard.write_bytes(shard.read_bytes()[:-40])  # a truncated shard: its marker no longer matches
-    report = asyncio.run(services(tmp_path).ops.triage.run(nodes=["here"], source="ssh", run=str(run)))
+    report = asyncio.run(Operations(services(tmp_path)).triage.run(nodes=["here"], source="ssh", run=str(run)))
     ck = report.checkpoint
     assert ck is not None and ck["step"] is None and "no proof, no pick" in ck["why"]
     assert ck["newer_unusable"] and ck["newer_unusable"][0]["step"] == 30

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from backend.ops import Operations
 from backend.services import Services
 from lab import Lab, LabNodeOptions
 from tests.conftest import LAB_NODE_OPTIONS
@@ -53,7 +54,7 @@ def kernel_log(lab: Lab, node: str, text: str) -> Iterator[None]:
 def triage(lab: Lab, nodes: str = NODES):  # type: ignore[no-untyped-def]
     services = Services(config=lab.config)
     try:
-        return asyncio.run(services.ops.triage.run(nodes=[nodes]))
+        return asyncio.run(Operations(services).triage.run(nodes=[nodes]))
     finally:
         services.db.close()
 

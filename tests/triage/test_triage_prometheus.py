@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from backend.ops import Operations
 from backend.services import Services
 from lab import Lab
 from lab.prometheus import TelemetryStack
@@ -42,7 +43,7 @@ def triage(lab: Lab, stack: TelemetryStack, nodes: str = "node-0[1-4]"):  # type
     text = lab.config_text(stack.telemetry_toml("prometheus"))
     services = Services(config=_config(lab, text))
     try:
-        return asyncio.run(services.ops.triage.run(nodes=[nodes]))
+        return asyncio.run(Operations(services).triage.run(nodes=[nodes]))
     finally:
         services.db.close()
 

@@ -21,6 +21,7 @@ from backend.alerts.alertmanager import ActiveAlert, AlertmanagerClient, AmAlert
 from backend.alerts.settings import AlertSettings
 from backend.config import Config, Node, StateSettings
 from backend.errors import ReadOnlyRefused
+from backend.ops import Operations
 from backend.ops.alerts import SilenceRequest, SiteAlert
 from backend.services import Services
 from backend.state import actor
@@ -241,7 +242,7 @@ async def test_read_only_refuses_a_silence_and_makes_nothing(am_lab: Alertmanage
         # The operation refuses it too, whoever asks, before Alertmanager is asked.
         req = SilenceRequest((("alertname", name),), 3600.0, "should not exist")
         with pytest.raises(ReadOnlyRefused, match=r"^read-only mode: cannot create a silence \(drop --readonly\)$"):
-            await services.ops.alerts.silence(req)
+            await Operations(services).alerts.silence(req)
         assert services.db.audit_entries(action="alerts.silence") == []
     assert not [s for s in am_lab.amtool_json("silence", "query") if s["comment"] == "should not exist"]
 

@@ -16,9 +16,12 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.services import Services
+
+if TYPE_CHECKING:
+    from backend.ops.alerts import Alerts
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -61,8 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     u.set_defaults(func=run_unsilence)
 
 
-def _degraded(services: Services) -> None:
-    status = services.ops.alerts.status()
+def _degraded(alerts: Alerts) -> None:
+    status = alerts.status()
     if status.degraded:
         from backend.textfmt import safe_text
 
@@ -76,10 +79,12 @@ def _since(when: Any) -> str:
 
 
 async def run_list(args: argparse.Namespace, services: Services) -> int:
+    from backend.ops import Operations
     from backend.ops.alerts import describe
     from backend.textfmt import align_columns
 
-    alerts = await services.ops.alerts.site()
+    ops = Operations(services).alerts
+    alerts = await ops.site()
     if args.json:
         for a in alerts:
             print(json.dumps(describe(a), sort_keys=True))
@@ -95,12 +100,13 @@ async def run_list(args: argparse.Namespace, services: Services) -> int:
             print(line)
         firing = sum(1 for a in alerts if not a.silenced)
         print(f"{len(alerts)} alert(s): {firing} firing, {len(alerts) - firing} silenced")
-    _degraded(services)
+    _degraded(ops)
     return 0
 
 
 async def run_silence(args: argparse.Namespace, services: Services) -> int:
     from backend.errors import ConfigError
+    from backend.ops import Operations
     from backend.ops.alerts import SilenceRequest, parse_matchers
     from backend.ops.types import parse_duration
 
@@ -110,15 +116,16 @@ async def run_silence(args: argparse.Namespace, services: Services) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc), key="--for") from None
     req = SilenceRequest(matchers, duration, args.comment, regex, any_alert=args.any_alert)
-    sid = await services.ops.alerts.silence(req)
+    sid = await Operations(services).alerts.silence(req)
     print(sid)
     return 0
 
 
 async def run_silences(args: argparse.Namespace, services: Services) -> int:
+    from backend.ops import Operations
     from backend.textfmt import align_columns
 
-    silences = await services.ops.alerts.silences()
+    silences = await Operations(services).alerts.silences()
     shown = [s for s in silences if args.all or s.state != "expired"]
     if args.json:
         for s in shown:
@@ -146,6 +153,8 @@ async def run_silences(args: argparse.Namespace, services: Services) -> int:
 
 
 async def run_unsilence(args: argparse.Namespace, services: Services) -> int:
-    await services.ops.alerts.expire(args.silence_id, reason=args.reason)
+    from backend.ops import Operations
+
+    await Operations(services).alerts.expire(args.silence_id, reason=args.reason)
     print(f"silence {args.silence_id} expired")
     return 0

@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any
 
+from backend.ops import Operations
 from backend.ops.checkpoints import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MAX_SHARD_BYTES,
@@ -140,7 +141,7 @@ def cmd_size(args: argparse.Namespace, services: Services) -> int:
 
 async def cmd_list(args: argparse.Namespace, services: Services) -> int:
     """List steps of a run prefix."""
-    cat = await services.ops.checkpoints.listing(args.url)
+    cat = await Operations(services).checkpoints.listing(args.url)
     if args.json:
         _print_json(
             {
@@ -185,7 +186,7 @@ def _print_done(done: Done, args: argparse.Namespace) -> None:
 
 async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
     """Strip a step locally or as a node job."""
-    done = await services.ops.checkpoints.strip(
+    done = await Operations(services).checkpoints.strip(
         StripRequest(
             src=args.src,
             node=args.node,
@@ -212,7 +213,7 @@ async def cmd_strip(args: argparse.Namespace, services: Services) -> int:
 
 async def cmd_inspect(args: argparse.Namespace, services: Services) -> int:
     """Show a step's tensors."""
-    ins = await services.ops.checkpoints.inspect(args.src)
+    ins = await Operations(services).checkpoints.inspect(args.src)
     if args.json:
         _print_json(ins.as_dict())
         return 0
@@ -231,7 +232,7 @@ async def cmd_inspect(args: argparse.Namespace, services: Services) -> int:
 
 async def cmd_backlog(args: argparse.Namespace, services: Services) -> int:
     """Print upload-backlog alerts from job records."""
-    alerts = services.ops.checkpoints.backlog(interval_s=args.interval)
+    alerts = Operations(services).checkpoints.backlog(interval_s=args.interval)
     if args.json:
         _print_json([a.__dict__ for a in alerts])
     else:
@@ -245,7 +246,7 @@ async def cmd_backlog(args: argparse.Namespace, services: Services) -> int:
 async def cmd_upload(args: argparse.Namespace, services: Services) -> int:
     """Upload a step folder here or as a node job."""
     settings = UploadSettings(part_size=args.part_size, concurrency=args.concurrency)
-    done = await services.ops.checkpoints.upload(
+    done = await Operations(services).checkpoints.upload(
         UploadRequest(
             local_dir=args.local_dir,
             dest=args.url,

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from backend.errors import PolicyError
+from backend.ops import Operations
 from backend.ops.egress import (
     EgressReport,
     break_even_month,
@@ -134,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def cmd_estimate(args: argparse.Namespace, services: Services) -> int:
     """Print the estimate for a month of runs and its alternatives."""
-    table = services.ops.egress.prices()
+    table = Operations(services).egress.prices()
     try:
         est = estimate(
             table,
@@ -163,7 +164,7 @@ def cmd_estimate(args: argparse.Namespace, services: Services) -> int:
 
 def cmd_quote(args: argparse.Namespace, services: Services) -> int:
     """Quote one transfer and show the guard's decision; exit 3 when it would not start."""
-    q = services.ops.egress.quote(
+    q = Operations(services).egress.quote(
         args.store, args.bytes, objects=args.objects, node=args.node, site=args.dest, reason=args.allow_over_budget
     )
     decision = q.decision
@@ -209,7 +210,7 @@ def _report_lines(rep: EgressReport) -> list[str]:
 
 def cmd_report(args: argparse.Namespace, services: Services) -> int:
     """Print the month's egress per route from the ledger."""
-    rep = services.ops.egress.report(args.month)
+    rep = Operations(services).egress.report(args.month)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=2))
     else:
@@ -219,7 +220,7 @@ def cmd_report(args: argparse.Namespace, services: Services) -> int:
 
 def cmd_prices(args: argparse.Namespace, services: Services) -> int:
     """Print the price table in use."""
-    table = services.ops.egress.prices()
+    table = Operations(services).egress.prices()
     if args.json:
         out = {}
         for k, p in table.providers.items():

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from backend.ops import Operations
 from backend.ops.fleet import AgentReport, NodeReport
 from backend.services import Services
 from backend.textfmt import align_columns, safe_text
@@ -41,7 +42,7 @@ def _selected(args: argparse.Namespace, services: Services) -> list[Any]:
 
 def cmd_nodes(args: argparse.Namespace, services: Services) -> int:
     """Print each node's effective connection settings."""
-    rows = services.ops.fleet.connection_settings(_selected(args, services))
+    rows = Operations(services).fleet.connection_settings(_selected(args, services))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -144,7 +145,7 @@ def doctor_exit_code(reports: list[NodeReport], *, require_gpus: bool = False) -
 async def cmd_doctor(args: argparse.Namespace, services: Services) -> int:
     """Check every node; exit 1 when any node is not ready."""
     names = [n.name for n in _selected(args, services)]
-    reports = await services.ops.fleet.doctor(names, limit=args.timeout)
+    reports = await Operations(services).fleet.doctor(names, limit=args.timeout)
     if args.json:
         print(json.dumps([r.as_dict() for r in reports], indent=2))
     else:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import ConfigError, JobError, LoadmasterError
-from backend.ops import PullRequest
+from backend.ops import Operations, PullRequest
 from backend.ops.fleet import PARTIAL_EXIT, unread_line
 from backend.services import Services
 from backend.textfmt import align_columns, safe_block, safe_text
@@ -26,6 +26,7 @@ from backend.units import bytes_text, duration_text, gbps_text
 # The job manager (and what it imports) is loaded when a command first uses it: a pull imports
 # it while it waits on the network, not before it starts connecting.
 if TYPE_CHECKING:
+    from backend.ops.pull import Pulls
     from backend.ops.types import JobRecord
 
 log = logging.getLogger(__name__)
@@ -262,9 +263,9 @@ async def cmd_jobs(args: argparse.Namespace, services: Services) -> int:
     # The nodes whose job directories could not be read just now: their jobs are missing or old.
     names = [n.name for n in services.config.nodes]
     if args.local:
-        listing = JobListing(tuple(services.ops.jobs.recorded(limit=args.limit)))
+        listing = JobListing(tuple(Operations(services).jobs.recorded(limit=args.limit)))
     else:
-        listing = await services.ops.jobs.listing(names)
+        listing = await Operations(services).jobs.listing(names)
     recs = list(listing.records[: args.limit])
     unread = dict(listing.unread)
     for r in recs:  # a record the refresh could not bring up to date says so itself
@@ -378,7 +379,7 @@ def _confirm(prompt: str, yes: bool) -> None:
 async def cmd_cancel(args: argparse.Namespace, services: Services) -> int:
     """Cancel a running job, or every running job of a launch, after showing what will happen
     (one confirmation, one audit record)."""
-    ops = services.ops.jobs
+    ops = Operations(services).jobs
     ops.refuse_if_readonly("cancel a job")
     target = await ops.target(args.id)
     grace = services.jobs.settings.cancel_grace
@@ -432,13 +433,14 @@ def _pull_request(args: argparse.Namespace) -> PullRequest:
 async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     """Plan a pull (listing, free space, ETA, egress), confirm, launch one job per node, follow."""
     log.debug("pull: start")
+    ops = Operations(services)
     if not (args.node or args.nodes):
         if not args.slurm_job:
             raise ConfigError("choose the destination node(s): --node, --nodes or --slurm-job")
-        args.nodes = ",".join(await services.ops.slurm.job_nodes(args.slurm_job))
+        args.nodes = ",".join(await ops.slurm.job_nodes(args.slurm_job))
         print(f"Slurm job {args.slurm_job} runs on {args.nodes}", file=sys.stderr if args.json else sys.stdout)
     req = _pull_request(args)
-    pulls = services.ops.pulls
+    pulls = ops.pulls
     pulls.refuse_if_readonly("launch a pull")  # before the listing: the start would refuse anyway
     preview = await pulls.plan(req)
     out = sys.stderr if args.json else sys.stdout
@@ -468,14 +470,14 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
             print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in recs]}, indent=2, default=str))
         return 0
     try:
-        return await _follow_pull(services, plan, recs, as_json=args.json, started_pull=started)
+        return await _follow_pull(services, pulls, plan, recs, as_json=args.json, started_pull=started)
     finally:
         if started.hops is not None:
             await started.hops.close()
 
 
 async def _follow_pull(
-    services: Services, plan: Any, recs: list[JobRecord], *, as_json: bool, started_pull: Any = None
+    services: Services, pulls: Pulls, plan: Any, recs: list[JobRecord], *, as_json: bool, started_pull: Any = None
 ) -> int:
     from backend.errors import NodeUnreachable
     from backend.ops.types import fleet_rollup
@@ -506,7 +508,7 @@ async def _follow_pull(
             launched = len(recs)
             for r in pending:
                 try:
-                    again = await services.ops.pulls.retry_from_store(started_pull, r)
+                    again = await pulls.retry_from_store(started_pull, r)
                 except NodeUnreachable:
                     if r.id not in waiting:
                         waiting.add(r.id)
@@ -531,7 +533,7 @@ async def _follow_pull(
             waiting_now = [r for r in current if r.id in waiting and r.id not in retried]
             done = all(r.terminal for r in current) and all(r.id in retried for r in pending) and len(recs) == launched
             if all(r.terminal for r in current) and waiting_now:
-                give_up_at = give_up_at or time.monotonic() + services.ops.pulls.settings.relay_reattach
+                give_up_at = give_up_at or time.monotonic() + pulls.settings.relay_reattach
                 if time.monotonic() < give_up_at:
                     done = False
                 else:

@@ -255,7 +255,7 @@ def forget_previous_lab(root: Path) -> str:
     if moved:
         done.append(f"the job folders of {moved} node(s) moved aside")
     from backend.errors import ConfigError
-    from backend.ui_prefs import forget_config, load_ui_prefs, update_ui_prefs
+    from backend.ops.prefs import forget_config, load_ui_prefs, update_ui_prefs
 
     # Remembered runs are keyed by the lab's identity (its bucket), so a new lab never opens on
     # the old one's; the old entries are dropped here so they do not pile up.

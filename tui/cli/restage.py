@@ -32,9 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 async def run_restage(args: argparse.Namespace, services: Services) -> int:
+    from backend.ops import Operations
     from backend.textfmt import safe_text
 
-    ops = services.ops.triage
+    ops = Operations(services).triage
     if not args.dry_run:
         ops.refuse_if_readonly("restage a run")  # before the listing: the pull would refuse anyway
     plan = await ops.restage_plan(args.run, args.nodes, dest=args.dest, reason=args.allow_over_budget)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.errors import PolicyError
+from backend.ops import Operations
 from backend.ops.retention import RetentionPlan, RetentionPolicy, parse_pin, parse_step_list
 from backend.ops.types import parse_duration
 from backend.services import Services
@@ -181,7 +182,7 @@ def format_plan(plan: RetentionPlan) -> str:
 async def cmd_plan(args: argparse.Namespace, services: Services) -> int:
     """Compute and show (or save) a retention plan."""
     policy = policy_from_args(services.config.section(RetentionPolicy), args)
-    plan = await services.ops.retention.plan(args.url, policy, in_flight=args.in_flight)
+    plan = await Operations(services).retention.plan(args.url, policy, in_flight=args.in_flight)
     if args.out:
         try:
             Path(args.out).write_text(plan.to_json())  # noqa: ASYNC240 - one small file
@@ -223,7 +224,7 @@ async def cmd_apply(args: argparse.Namespace, services: Services) -> int:
                 f"[{finished}/{o.total}] {o.path}: {o.action} -> {o.outcome}" + (f" ({o.detail})" if o.detail else "")
             )
 
-    report = await services.ops.retention.apply(
+    report = await Operations(services).retention.apply(
         plan, dry_run=args.dry_run, in_flight=args.in_flight, progress=show, reason=args.allow_over_budget
     )
     if args.json:
@@ -246,14 +247,14 @@ async def cmd_apply(args: argparse.Namespace, services: Services) -> int:
 def cmd_pin(args: argparse.Namespace, services: Services) -> int:
     """Record a pin for a step."""
     p = parse_pin(args.pin)
-    url = services.ops.retention.pin(args.url, p.step, p.reason)
+    url = Operations(services).retention.pin(args.url, p.step, p.reason)
     print(f"pinned step {p.step} under {url}" + (f" ({p.reason})" if p.reason else ""))
     return 0
 
 
 def cmd_unpin(args: argparse.Namespace, services: Services) -> int:
     """Remove a pin."""
-    url = services.ops.retention.unpin(args.url, args.step)
+    url = Operations(services).retention.unpin(args.url, args.step)
     print(f"unpinned step {args.step} under {url}")
     return 0
 
@@ -261,17 +262,17 @@ def cmd_unpin(args: argparse.Namespace, services: Services) -> int:
 def cmd_milestone(args: argparse.Namespace, services: Services) -> int:
     """Mark (or with --remove unmark) a step as a milestone."""
     if args.remove:
-        url = services.ops.retention.unmark_milestone(args.url, args.step)
+        url = Operations(services).retention.unmark_milestone(args.url, args.step)
         print(f"step {args.step} under {url} is no longer a milestone")
     else:
-        url = services.ops.retention.mark_milestone(args.url, args.step)
+        url = Operations(services).retention.mark_milestone(args.url, args.step)
         print(f"step {args.step} under {url} is a milestone: plans keep it as BF16 weights at least")
     return 0
 
 
 async def cmd_unlock(args: argparse.Namespace, services: Services) -> int:
     """Remove a run's apply lock (after checking who held it)."""
-    done = await services.ops.retention.unlock(args.url)
+    done = await Operations(services).retention.unlock(args.url)
     if done.held_by is None:
         print(f"{done.url} has no apply lock")
     else:
@@ -281,7 +282,7 @@ async def cmd_unlock(args: argparse.Namespace, services: Services) -> int:
 
 def cmd_audit(args: argparse.Namespace, services: Services) -> int:
     """Show the audit log."""
-    entries = services.ops.state.audit_entries(limit=args.limit, action=args.action, actor_like=args.actor)
+    entries = Operations(services).state.audit_entries(limit=args.limit, action=args.action, actor_like=args.actor)
     if args.json:
         print(json.dumps([e.as_dict() for e in entries], indent=2, sort_keys=True, default=str))
         return 0

@@ -10,7 +10,8 @@ from typing import Any
 
 from backend.config import StoreProfile
 from backend.errors import ConfigError
-from backend.ops.shards import ShardProgress, ShardRequest, ShardSettings
+from backend.ops import Operations
+from backend.ops.shards import ShardProgress, ShardRequest, Shards, ShardSettings
 from backend.services import Services
 from backend.textfmt import safe_text
 from backend.units import bytes_text
@@ -65,8 +66,8 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_shard)
 
 
-def _location(services: Services, text: str) -> tuple[str, StoreProfile | None]:
-    return services.ops.shards.location(text)
+def _location(shards: Shards, text: str) -> tuple[str, StoreProfile | None]:
+    return shards.location(text)
 
 
 def _request(args: argparse.Namespace, services: Services, src: str, dest: str) -> ShardRequest:
@@ -109,10 +110,10 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
         return await cmd_verify(args, services)
     if len(args.paths) != 2:
         raise ConfigError(f"expected SRC and DEST (or 'verify DEST'); usage: {USAGE}")
-    (src, _), (dest, _) = (_location(services, a) for a in args.paths)
+    shards = Operations(services).shards
+    (src, _), (dest, _) = (_location(shards, a) for a in args.paths)
     req = _request(args, services, src, dest)
     out = sys.stderr if args.json else sys.stdout
-    shards = services.ops.shards
     if args.node:
         if args.dry_run:
             raise ConfigError("--dry-run previews on this machine; drop --node to preview")
@@ -157,8 +158,9 @@ async def cmd_shard(args: argparse.Namespace, services: Services) -> int:
 
 async def cmd_verify(args: argparse.Namespace, services: Services) -> int:
     """Read every shard at DEST back with webdataset; check sizes, digests (the hash the manifest names) and sample counts."""
-    dest, prof = _location(services, args.paths[1])
-    report = await services.ops.shards.verify(dest, profile=prof)
+    shards = Operations(services).shards
+    dest, prof = _location(shards, args.paths[1])
+    report = await shards.verify(dest, profile=prof)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
     else:

@@ -84,9 +84,10 @@ def _ago(seconds: float | None) -> str:
 
 
 async def run_nodes(args: argparse.Namespace, services: Services) -> int:
+    from backend.ops import Operations
     from backend.textfmt import align_columns
 
-    rows = await services.ops.slurm.rows()
+    rows = await Operations(services).slurm.rows()
     if args.json:
         for r in rows:
             doc: dict[str, Any] = {
@@ -124,10 +125,11 @@ async def run_nodes(args: argparse.Namespace, services: Services) -> int:
 async def run_jobs(args: argparse.Namespace, services: Services) -> int:
     import time
 
+    from backend.ops import Operations
     from backend.textfmt import align_columns
     from backend.units import duration_text
 
-    jobs = await services.ops.slurm.jobs(node=args.node, user=args.user, array=args.array)
+    jobs = await Operations(services).slurm.jobs(node=args.node, user=args.user, array=args.array)
     now = time.time()
     if args.json:
         for j in jobs:
@@ -156,9 +158,10 @@ async def run_jobs(args: argparse.Namespace, services: Services) -> int:
 
 
 async def run_gpus(args: argparse.Namespace, services: Services) -> int:
+    from backend.ops import Operations
     from backend.textfmt import align_columns
 
-    found = await services.ops.slurm.gpu_jobs(args.node)
+    found = await Operations(services).slurm.gpu_jobs(args.node)
     if args.json:
         for g in found:
             print(json.dumps({"gpu": g.gpu, "pid": g.pid, "job": g.job_id, "via": g.via}, sort_keys=True))
@@ -172,7 +175,9 @@ async def run_gpus(args: argparse.Namespace, services: Services) -> int:
 
 
 async def run_drain(args: argparse.Namespace, services: Services) -> int:
-    ops = services.ops.slurm
+    from backend.ops import Operations
+
+    ops = Operations(services).slurm
     ops.refuse_if_readonly("drain Slurm nodes")
     plan = await ops.plan_drain(_names(args.nodes), args.reason, now=args.now, prompted_by=args.prompted_by)
     _show_and_confirm(
@@ -184,7 +189,9 @@ async def run_drain(args: argparse.Namespace, services: Services) -> int:
 
 
 async def run_resume(args: argparse.Namespace, services: Services) -> int:
-    ops = services.ops.slurm
+    from backend.ops import Operations
+
+    ops = Operations(services).slurm
     ops.refuse_if_readonly("resume Slurm nodes")
     plan = await ops.plan_resume(_names(args.nodes), force_reason=args.force)
     for e in plan.evidence:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from backend.config import config_dir
+from backend.ops import Operations
 from backend.ops.state import StateError
 from backend.services import Services
 
@@ -67,7 +68,7 @@ def cmd_check(args: argparse.Namespace, services: Services) -> int:
     """Print whether the state database is healthy; exit 1 when it is damaged."""
     if services.config.state.url:
         return _check_postgres(args, services)
-    path, problems = services.ops.state.check_local()
+    path, problems = Operations(services).state.check_local()
     if args.json:
         print(json.dumps({"path": str(path), "exists": path.exists(), "ok": not problems, "problems": problems}))
     elif not path.exists():
@@ -82,7 +83,7 @@ def cmd_check(args: argparse.Namespace, services: Services) -> int:
 def cmd_repair(args: argparse.Namespace, services: Services) -> int:
     """Rebuild a damaged state database, keeping what can be read (``ops.state.repair``)."""
     try:
-        done = services.ops.state.repair(force=args.force)
+        done = Operations(services).state.repair(force=args.force)
     except StateError as exc:
         print(f"loadmaster: error: {exc}", file=sys.stderr)
         return 1
@@ -117,7 +118,7 @@ def cmd_repair(args: argparse.Namespace, services: Services) -> int:
 
 def _check_postgres(args: argparse.Namespace, services: Services) -> int:
     """``state check`` with ``[state] url``: connect, read the schema version."""
-    checked = services.ops.state.check_server()
+    checked = Operations(services).state.check_server()
     where, schema, problem = checked.where, checked.schema_version, checked.problem
     if args.json:
         print(
@@ -149,7 +150,7 @@ def config_file(services: Services) -> tuple[Path, bool]:
 def cmd_migrate(args: argparse.Namespace, services: Services) -> int:
     """Copy the local SQLite state into the PostgreSQL database ``--to`` (``ops.state.migrate``)."""
     try:
-        done = services.ops.state.migrate(args.to, merge=args.merge, dry_run=args.dry_run)
+        done = Operations(services).state.migrate(args.to, merge=args.merge, dry_run=args.dry_run)
     except StateError as exc:
         print(f"loadmaster: error: {exc}", file=sys.stderr)
         return 1

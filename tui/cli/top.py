@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from backend.errors import ConfigError
+from backend.ops import Operations
 from backend.ops.fleet import PARTIAL_EXIT, fleet_dict, fleet_table, unread_line, unread_nodes
 from backend.ops.types import TelemetrySettings
 from backend.services import Services
@@ -69,7 +70,7 @@ async def run_top(args: argparse.Namespace, services: Services) -> int:
     nodes = services.config.select(args.nodes) if args.nodes else list(services.config.nodes)
     local = frozenset(n.name for n in nodes if n.transport == "local")
     settings = _settings(services, args.interval)
-    hub = services.ops.fleet.sampler(settings, [n.name for n in nodes])
+    hub = Operations(services).fleet.sampler(settings, [n.name for n in nodes])
     tty = sys.stdout.isatty() and not args.json
     ticks = 0
     last: Any = None
@@ -134,7 +135,7 @@ async def oneshot_lines(services: Services, settings: TelemetrySettings, *, agai
             "or set [alerts] alertmanager_url to see what is paging"
         ]
     try:
-        alerts = await services.ops.alerts.site()
+        alerts = await Operations(services).alerts.site()
     except LoadmasterError as exc:
         return [safe_text(f"Alertmanager: cannot read the alerts firing there: {exc}")]
     firing = [a for a in alerts if a.alert.state == "active" and not a.silenced and not a.alert.inhibited_by]

@@ -42,8 +42,10 @@ def _when(t: float | None) -> str:
 
 
 async def run_triage(args: argparse.Namespace, services: Services) -> int:
+    from backend.ops import Operations
+
     nodes = [args.nodes] if args.nodes is not None else None
-    report = await services.ops.triage.run(job=args.job, nodes=nodes, source=args.source, run=args.run)
+    report = await Operations(services).triage.run(job=args.job, nodes=nodes, source=args.source, run=args.run)
     if args.json:
         print(json.dumps(report.as_json(), sort_keys=True))
         return 0

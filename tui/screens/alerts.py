@@ -33,7 +33,7 @@ from backend.errors import LoadmasterError
 from backend.ops.alerts import AlertingNotConfigured, SilenceRequest, parse_matchers
 from backend.ops.types import parse_duration
 from backend.units import age_of, age_text
-from tui.screens.base import FILTER_BINDING, LoadmasterScreen, PaletteCommand
+from tui.screens.base import FILTER_BINDING, LoadmasterScreen, PaletteCommand, console_ops
 from tui.widgets.confirm import ConfirmModal
 from tui.widgets.detail import DetailModal
 from tui.widgets.table_cursor import cursor_row_key
@@ -222,7 +222,7 @@ class SilenceModal(ModalScreen[str | None]):
     @work(exclusive=True, group="silence-create", exit_on_error=False)
     async def _create(self, req: SilenceRequest) -> None:
         try:
-            sid = await self.services.ops.alerts.silence(req)
+            sid = await console_ops(self).alerts.silence(req)
         except LoadmasterError as exc:
             self.show_error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             self.query_one("#silence-create", Button).disabled = False
@@ -308,7 +308,7 @@ class AlertsScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="alerts-refresh", exit_on_error=False)
     async def _refresh(self) -> None:
-        ops = self.services.ops.alerts
+        ops = self.ops.alerts
         alerts: list[SiteAlert] | None = None
         silences: list[Silence] | None = None
         error: str | None = None
@@ -547,7 +547,7 @@ class AlertsScreen(LoadmasterScreen):
     @work(exclusive=True, group="alerts-expire", exit_on_error=False)
     async def _expire(self, silence_id: str) -> None:
         try:
-            await self.services.ops.alerts.expire(silence_id, reason="expired from the console")
+            await self.ops.alerts.expire(silence_id, reason="expired from the console")
         except LoadmasterError as exc:
             self.report_error("Could not expire the silence", exc)
             return

@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from backend.errors import LoadmasterError
+from tui.screens.base import console_ops
 from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class AuditScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="audit")
     def _read(self) -> None:
         try:
-            entries = self.services.ops.state.audit_entries(limit=AUDIT_ROWS)
+            entries = console_ops(self).state.audit_entries(limit=AUDIT_ROWS)
         except LoadmasterError as exc:
             self.app.call_from_thread(self._failed, str(exc))
             return
@@ -82,7 +83,7 @@ class AuditScreen(Screen[None]):
             when = datetime.fromtimestamp(e.ts).strftime("%m-%d %H:%M:%S")
             table.add_row(when, e.actor, e.action, short(e.target, target_width), e.outcome, key=str(e.id))
         head = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, newest first, from "
-        where = short(self.services.ops.state.where(), max(20, width - 2 - len(head)))
+        where = short(console_ops(self).state.where(), max(20, width - 2 - len(head)))
         self.query_one("#audit-status", Static).update(head + where)
         self._show(0)
         if entries:

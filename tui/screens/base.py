@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -24,6 +24,7 @@ from tui.widgets.mode_bar import ModeBar
 from tui.widgets.text_filter import text_matches
 
 if TYPE_CHECKING:
+    from backend.ops import Operations
     from backend.services import Services
 
 
@@ -62,6 +63,20 @@ RUN_FOLDER_BINDINGS = (
 
 #: A palette command a screen offers: (title, help, action name run on the screen).
 PaletteCommand = tuple[str, str, str]
+
+
+class _ConsoleApp(Protocol):
+    """What a screen reads from the app that shows it (``tui.app.LoadmasterApp``, which imports
+    this module)."""
+
+    ops: Operations
+
+
+def console_ops(screen: Screen[Any]) -> Operations:
+    """The console's operation layer (``LoadmasterApp.ops``) for ``screen`` (a feature screen, a
+    pushed one or a dialog): one for every screen, so what one screen caches (the Slurm snapshot)
+    is what the next one reads."""
+    return cast(_ConsoleApp, screen.app).ops
 
 
 class LoadmasterScreen(Screen[None]):
@@ -109,6 +124,11 @@ class LoadmasterScreen(Screen[None]):
         self.services = services
         #: What the ``/`` filter box holds (stripped); screens show only rows matching it.
         self.filter_text = ""
+
+    @property
+    def ops(self) -> Operations:
+        """The console's operation layer (:func:`console_ops`)."""
+        return console_ops(self)
 
     @classmethod
     def palette_commands(cls) -> list[PaletteCommand]:

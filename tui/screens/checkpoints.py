@@ -122,7 +122,7 @@ class CheckpointsScreen(LoadmasterScreen):
 
     def compose_body(self) -> ComposeResult:
         stores = list(self.services.config.stores.items())
-        first, self._list_on_mount = self.services.ops.retention.opening_run()
+        first, self._list_on_mount = self.ops.retention.opening_run()
         with Vertical(classes="screen-body", id="ckpt-body"):
             with Horizontal(classes="ckpt-row"):
                 yield Label("Store", classes="ckpt-label")
@@ -279,13 +279,13 @@ class CheckpointsScreen(LoadmasterScreen):
     @work(exclusive=True, group="checkpoints-list", exit_on_error=False)
     async def _list(self, url: str) -> None:
         try:
-            catalog = await self.services.ops.checkpoints.listing(url)
+            catalog = await self.ops.checkpoints.listing(url)
         except LoadmasterError as exc:
             self.report_error(f"Listing {url}", exc)
             self.query_one("#ckpt-summary", Static).update(f"Could not list {url}: {exc}")
             return
         try:
-            alerts = self.services.ops.checkpoints.backlog()
+            alerts = self.ops.checkpoints.backlog()
         except LoadmasterError:
             alerts = []
         self.post_message(CatalogListed(url, catalog, alerts))
@@ -293,7 +293,7 @@ class CheckpointsScreen(LoadmasterScreen):
     @on(CatalogListed)
     def _listed(self, event: CatalogListed) -> None:
         self.url, self.catalog, self.alerts = event.url, event.catalog, event.alerts
-        self.services.ops.retention.remember_run(event.url)
+        self.ops.retention.remember_run(event.url)
         # The store picker names the store the listed run is in, or none (a local directory).
         picker = self.query_one("#ckpt-store", Select)
         url = event.url.rstrip("/")
@@ -371,7 +371,7 @@ class CheckpointsScreen(LoadmasterScreen):
     @work(exclusive=True, group="checkpoints-inspect", exit_on_error=False)
     async def _inspect(self, url: str, path: str) -> None:
         try:
-            ins = await self.services.ops.checkpoints.inspect(url, path)
+            ins = await self.ops.checkpoints.inspect(url, path)
         except LoadmasterError as exc:
             self.report_error(f"Inspecting {path}", exc)
             return
@@ -434,7 +434,7 @@ class CheckpointsScreen(LoadmasterScreen):
         req = StripRequest(src=f"{self.url}/{path}", node=node)
 
         async def run() -> str:
-            done = await self.services.ops.checkpoints.strip(
+            done = await self.ops.checkpoints.strip(
                 req,
                 progress=lambda **kw: self.post_message(
                     ActionProgressed(int(kw.get("bytes_done") or 0), int(kw.get("bytes_total") or 0))
@@ -487,7 +487,7 @@ class CheckpointsScreen(LoadmasterScreen):
     async def _confirm_upload(self, local: str, name: str, node: str | None, body: str) -> None:
         dest = f"{self.url}/{name}"
         try:
-            present = await self.services.ops.checkpoints.present(dest)
+            present = await self.ops.checkpoints.present(dest)
         except LoadmasterError as exc:
             self.report_error(f"Upload {name}", exc)
             return
@@ -512,7 +512,7 @@ class CheckpointsScreen(LoadmasterScreen):
         req = UploadRequest(local_dir=local, dest=dest, node=node, overwrite=overwrite)
 
         async def run() -> str:
-            done = await self.services.ops.checkpoints.upload(
+            done = await self.ops.checkpoints.upload(
                 req, progress=lambda done, total, _f, _ft: self.post_message(ActionProgressed(done, total))
             )
             if done.job is not None:

@@ -183,7 +183,7 @@ class EgressScreen(LoadmasterScreen):
 
     def __init__(self, services: Services, **kwargs: Any) -> None:
         super().__init__(services, **kwargs)
-        self.prices: PriceTable = services.ops.egress.prices()
+        self.prices: PriceTable = self.ops.egress.prices()
         self.estimate: EgressEstimate | None = None
         self.report: EgressReport | None = None
         self.errors: dict[str, str] = {}
@@ -296,7 +296,7 @@ class EgressScreen(LoadmasterScreen):
 
     @work(thread=True, exclusive=True, group="egress-report", exit_on_error=False)
     def _load_report(self) -> None:
-        egress = self.services.ops.egress
+        egress = self.ops.egress
         report = egress.report()
         self.post_message(self.ReportLoaded(report, egress.fanout_savings(report.month)))
 

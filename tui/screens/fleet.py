@@ -178,7 +178,7 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
     async def _read_slurm(self, fresh: bool = False) -> None:
         """Slurm's nodes (one sinfo and one squeue per [slurm] interval, shared with every reader)."""
         try:
-            rows = await self.services.ops.slurm.rows(fresh=fresh)
+            rows = await self.ops.slurm.rows(fresh=fresh)
         except LoadmasterError as exc:
             self.slurm_error = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         else:
@@ -279,7 +279,7 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
         """The slowest GPUs by triage's straggler ranking (backend.triage.analyze.slowest)."""
         names = [n.name for n in self.last_snapshot.nodes] if self.last_snapshot is not None else []
         try:
-            report = await self.services.ops.triage.run(nodes=[",".join(names)] if names else [])
+            report = await self.ops.triage.run(nodes=[",".join(names)] if names else [])
         except LoadmasterError as exc:
             self.report_error("Slowest GPUs", exc)
             self.set_preset(None)

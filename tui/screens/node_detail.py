@@ -144,7 +144,7 @@ class NodeDetailScreen(SlurmKeys, LoadmasterScreen):
     async def _read_slurm(self, fresh: bool = False) -> None:
         """Slurm's row for the node (shared, once per interval) and, on the node, which job each
         GPU's processes belong to (ops.slurm.gpu_jobs: no Slurm rights needed)."""
-        ops = self.services.ops.slurm
+        ops = self.ops.slurm
         errors = []
         try:
             rows = await ops.rows(fresh=fresh)

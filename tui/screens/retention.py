@@ -1,7 +1,7 @@
 """Retention (pruning) screen: a run's steps with the proposed action per step, live as the policy
 changes; pin/unpin, mark milestones, and apply with a typed confirmation.
 
-The listing and the plan come from the operation layer (``services.ops.retention.listing`` and
+The listing and the plan come from the operation layer (``ops.retention.listing`` and
 ``.plan``), the same query ``loadmaster retention plan`` prints: the steps the plan keeps full are
 deep-checked there, so both front ends show one plan. Both run in workers; the plan is asked for
 again (reusing the listing) on every policy change; applying runs in a worker that reports each
@@ -167,7 +167,7 @@ class RetentionScreen(LoadmasterScreen):
 
     def compose_body(self) -> ComposeResult:
         p = self.base_policy
-        first, self._list_on_mount = self.services.ops.retention.opening_run()
+        first, self._list_on_mount = self.ops.retention.opening_run()
         with Vertical(classes="screen-body", id="retention-body"):
             with Horizontal(id="retention-source", classes="retention-row"):
                 yield Label("Run folder", classes="retention-label")
@@ -266,7 +266,7 @@ class RetentionScreen(LoadmasterScreen):
     @work(exclusive=True, group="retention-load", exit_on_error=False)
     async def _load_catalog(self, url: str) -> None:
         try:
-            listing = await self.services.ops.retention.listing(url)
+            listing = await self.ops.retention.listing(url)
         except LoadmasterError as exc:
             self.report_error(f"Listing {url}", exc)
             self.query_one("#retention-summary", Static).update(f"Could not list {url}: {exc}")
@@ -276,7 +276,7 @@ class RetentionScreen(LoadmasterScreen):
     @on(CatalogLoaded)
     def _catalog_loaded(self, event: CatalogLoaded) -> None:
         self.url, self.catalog = event.url.rstrip("/"), event.catalog
-        self.services.ops.retention.remember_run(self.url)
+        self.ops.retention.remember_run(self.url)
         self.db_pins = {p.step for p in event.listing.pins}
         self.db_milestones = set(event.listing.milestones)
         for p in event.listing.pins:
@@ -342,7 +342,7 @@ class RetentionScreen(LoadmasterScreen):
         if settle_s:  # typing: a newer keystroke cancels this worker before it deep-checks anything
             await asyncio.sleep(settle_s)
         try:
-            plan = await self.services.ops.retention.plan(url, policy, catalog=catalog)
+            plan = await self.ops.retention.plan(url, policy, catalog=catalog)
         except LoadmasterError as exc:
             self.report_error(f"Planning {url}", exc)
             self.query_one("#retention-summary", Static).update(f"Could not plan {url}: {exc}")
@@ -520,7 +520,7 @@ class RetentionScreen(LoadmasterScreen):
 
     @work(group="retention-pins", exit_on_error=False)
     async def _save_pin(self, step: int, reason: str | None) -> None:
-        ops = self.services.ops.retention
+        ops = self.ops.retention
         try:
             if reason is None:
                 ops.unpin(self.url, step)
@@ -557,7 +557,7 @@ class RetentionScreen(LoadmasterScreen):
 
     @work(group="retention-pins", exit_on_error=False)
     async def _save_milestone(self, step: int, marked: bool) -> None:
-        ops = self.services.ops.retention
+        ops = self.ops.retention
         try:
             if marked:
                 ops.mark_milestone(self.url, step)
@@ -624,7 +624,7 @@ class RetentionScreen(LoadmasterScreen):
         bar.display = True
         bar.update(total=len(plan.actions), progress=0)
         try:
-            report = await self.services.ops.retention.apply(
+            report = await self.ops.retention.apply(
                 plan, dry_run=dry_run, progress=lambda o: self.post_message(ActionProgressed(o))
             )
         except LoadmasterError as exc:

@@ -145,7 +145,7 @@ class ShardsScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="shards-preview", exit_on_error=False)
     async def _preview_form(self, form: ShardFormValues) -> None:
-        req, errors, _, _ = form_request(self.services, form)
+        req, errors, _, _ = form_request(self.services, self.ops.shards, form)
         if req is None:
             self.post_message(self.PreviewFailed(form, errors))
             return
@@ -162,7 +162,7 @@ class ShardsScreen(LoadmasterScreen):
             )
             return
         try:
-            pv = await self.services.ops.shards.preview(req)
+            pv = await self.ops.shards.preview(req)
         except LoadmasterError as exc:
             self.post_message(self.PreviewFailed(form, {"preview": str(exc)}))
             return
@@ -197,7 +197,7 @@ class ShardsScreen(LoadmasterScreen):
         if not self.require_writable("start a conversion"):
             return
         form = self.form()
-        req, errors, _, _ = form_request(self.services, form)
+        req, errors, _, _ = form_request(self.services, self.ops.shards, form)
         if req is None:
             self.query_one(ShardForm).show_errors(errors)
             return
@@ -234,7 +234,7 @@ class ShardsScreen(LoadmasterScreen):
             self.post_message(self.ConversionUpdated(replace(base, progress=p, fraction=frac, detail="")))
 
         try:
-            result: ConvertResult = await self.services.ops.shards.convert_here(
+            result: ConvertResult = await self.ops.shards.convert_here(
                 req, shown=self.preview, on_progress=on_progress, cancelled=cancel.is_set
             )
         except LoadmasterError as exc:
@@ -261,7 +261,7 @@ class ShardsScreen(LoadmasterScreen):
     async def _run_on_node(self, key: str, node: str, req: ShardRequest) -> None:
         base = self.conversions[key]
         try:
-            rec = await self.services.ops.shards.start_on_node(node, req)
+            rec = await self.ops.shards.start_on_node(node, req)
         except LoadmasterError as exc:
             self.post_message(self.ConversionUpdated(replace(base, state="failed", detail=str(exc))))
             return
@@ -325,7 +325,7 @@ class ShardsScreen(LoadmasterScreen):
 
     @work(group="shards-cancel", exit_on_error=False)
     async def _cancel_job(self, job_id: str) -> None:
-        rec = await self.services.ops.jobs.cancel(job_id, reason="cancelled from the console")
+        rec = await self.ops.jobs.cancel(job_id, reason="cancelled from the console")
         self.notify(f"job {rec.id}: {rec.state}", markup=False)
 
     def action_conversion_detail(self) -> None:

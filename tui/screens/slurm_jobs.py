@@ -24,6 +24,7 @@ from backend.errors import LoadmasterError
 from backend.ops.types import SlurmSettings
 from backend.textfmt import safe_text
 from backend.units import duration_text
+from tui.screens.base import console_ops
 from tui.widgets.text_filter import text_matches
 from tui.widgets.transfers_format import short
 
@@ -244,7 +245,7 @@ class SlurmJobsScreen(Screen[str | None]):
     @work(exclusive=True, group="slurm-jobs", exit_on_error=False)
     async def _read(self, fresh: bool) -> None:
         try:
-            jobs = await self.services.ops.slurm.jobs(fresh=fresh)
+            jobs = await console_ops(self).slurm.jobs(fresh=fresh)
         except LoadmasterError as exc:
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             self.query_one("#slurm-jobs-status", Static).update(f"cannot read Slurm's jobs: {safe_text(first, 200)}")

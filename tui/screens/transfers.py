@@ -176,7 +176,7 @@ class TransfersScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="transfers-refresh", exit_on_error=False)
     async def _refresh_jobs(self) -> None:
-        listing = await self.services.ops.jobs.listing()
+        listing = await self.ops.jobs.listing()
         self.post_message(JobsRefreshed(listing.records, listing.unread))
 
     @on(JobsRefreshed)
@@ -266,7 +266,7 @@ class TransfersScreen(LoadmasterScreen):
 
     @on(JobDetailLoaded)
     def _detail_loaded(self, event: JobDetailLoaded) -> None:
-        rate = self.services.ops.pulls.settings.nic_gbps
+        rate = self.ops.pulls.settings.nic_gbps
         self.query_one(TransferDetail).show(event.record, event.history, event.log_tail, rate)
 
     def action_refresh_jobs(self) -> None:
@@ -325,7 +325,7 @@ class TransfersScreen(LoadmasterScreen):
     @work(exclusive=True, group="transfers-plan", exit_on_error=False)
     async def _plan_pull(self, req: PullRequest) -> None:
         try:
-            preview = await self.services.ops.pulls.plan(req)
+            preview = await self.ops.pulls.plan(req)
         except LoadmasterError as exc:
             self.post_message(PullPlanned(None, f"cannot start: {exc}", False))
             return
@@ -349,7 +349,7 @@ class TransfersScreen(LoadmasterScreen):
     @work(exclusive=True, group="transfers-launch", exit_on_error=False)
     async def _launch_pull(self, req: PullRequest) -> None:
         # The operation plans again unless the estimate shown is fresh, and re-quotes the egress.
-        started = await self.services.ops.pulls.start(req, shown=self.preview)
+        started = await self.ops.pulls.start(req, shown=self.preview)
         self.post_message(PullLaunched(started.records, started))
 
     @work(group="transfers-retry", exit_on_error=False)
@@ -358,7 +358,7 @@ class TransfersScreen(LoadmasterScreen):
         from backend.errors import NodeUnreachable
 
         try:
-            again = await self.services.ops.pulls.retry_from_store(started, record)
+            again = await self.ops.pulls.retry_from_store(started, record)
         except NodeUnreachable:
             self.retried.discard(record.id)  # tried again on a later refresh
             return
@@ -425,12 +425,12 @@ class TransfersScreen(LoadmasterScreen):
 
     @work(exclusive=True, group="transfers-cancel", exit_on_error=False)
     async def _cancel_job(self, job_id: str) -> None:
-        rec = await self.services.ops.jobs.cancel(job_id, reason="cancelled from the console")
+        rec = await self.ops.jobs.cancel(job_id, reason="cancelled from the console")
         self.post_message(JobCancelled(rec))
 
     @work(exclusive=True, group="transfers-cancel", exit_on_error=False)
     async def _cancel_launch(self, launch_id: str) -> None:
-        done = await self.services.ops.jobs.cancel_launch(launch_id, reason="cancelled from the console")
+        done = await self.ops.jobs.cancel_launch(launch_id, reason="cancelled from the console")
         self.post_message(LaunchCancelled(done))
 
     @on(JobCancelled)

@@ -21,6 +21,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from backend.errors import LoadmasterError
+from tui.screens.base import console_ops
 
 if TYPE_CHECKING:
     from backend.ops.triage import TriageReport
@@ -109,7 +110,7 @@ class TriageScreen(Screen[None]):
     @work(exclusive=True, group="triage", exit_on_error=False)
     async def _read(self) -> None:
         try:
-            report = await self.services.ops.triage.run(
+            report = await console_ops(self).triage.run(
                 job=self.job, nodes=[self.nodes] if self.nodes is not None else None, run=self.run
             )
         except LoadmasterError as exc:
@@ -202,7 +203,7 @@ class TriageScreen(Screen[None]):
         out = self.query_one("#triage-restart", Static)
         assert self.run is not None
         try:
-            plan = await self.services.ops.triage.restage_plan(self.run, nodes)
+            plan = await console_ops(self).triage.restage_plan(self.run, nodes)
         except LoadmasterError as exc:
             out.update(f"cannot restage: {safe_text(str(exc), 200)}")
             return
@@ -215,7 +216,7 @@ class TriageScreen(Screen[None]):
             return
         out.update(f"{body}\npulling...")
         try:
-            result = await self.services.ops.triage.restage(plan)
+            result = await console_ops(self).triage.restage(plan)
         except LoadmasterError as exc:
             out.update(f"{body}\nnot restaged: {safe_text(str(exc), 200)}")
             return

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.widgets import Button, Input, Label, Select, Static
 
 from backend.errors import LoadmasterError
-from backend.ops.shards import ShardPreview, ShardRequest, ShardSettings
+from backend.ops.shards import ShardPreview, ShardRequest, Shards, ShardSettings
 from backend.ops.types import parse_size
 from backend.units import bytes_text, usd_text
 
@@ -48,9 +48,11 @@ class ShardFormValues:
 
 def form_request(
     services: Services,
+    shards: Shards,
     form: ShardFormValues,
 ) -> tuple[ShardRequest | None, dict[str, str], Any, Any]:
-    """Validate the form: (request, errors by field, source profile, destination profile)."""
+    """Validate the form: (request, errors by field, source profile, destination profile);
+    ``shards`` (the console's ``ops.shards``) resolves the locations typed."""
     errors: dict[str, str] = {}
     settings = services.config.section(ShardSettings)
     size = seed = None
@@ -67,7 +69,7 @@ def form_request(
             errors["seed"] = f"the shuffle seed must be a whole number, got {form.seed!r}"
     for name, text in (("src", form.src), ("dest", form.dest)):
         try:
-            url, prof = services.ops.shards.location(text)
+            url, prof = shards.location(text)
         except LoadmasterError as exc:
             errors[name] = str(exc)
             continue

@@ -170,7 +170,7 @@ async def drain_flow(screen: LoadmasterScreen, node: str, row: SlurmNodeRow | No
     if answer is None:
         return False
     reason, now = answer
-    ops = screen.services.ops.slurm
+    ops = screen.ops.slurm
     try:
         plan = await ops.plan_drain([node], reason, now=now, prompted_by=prompted_by)
     except LoadmasterError as exc:
@@ -209,7 +209,7 @@ async def resume_flow(screen: LoadmasterScreen, node: str) -> bool:
     if not _ready(screen, "resume Slurm nodes"):
         return False
     app: Any = screen.app
-    ops = screen.services.ops.slurm
+    ops = screen.ops.slurm
     screen.notify(f"Checking {node} before a resume (GPU processes, remap/ECC, Xid, reachable)…", timeout=3)
     try:
         plan = await ops.plan_resume([node])
