@@ -272,8 +272,13 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
     p = ctx.params
     cmd, script = _s5cmd_command(src, dest, expected, p, staging)
     mode = "staging" if staging is not None else "per-object"
-    shown = cmd if staging is not None else [*cmd, f"<{len(expected)} cp commands on stdin>"]
-    ctx.log(f"running: {shlex.join(shown)}")  # credentials: a file in env
+    if staging is None:
+        _nw, cc, ps = _flags(p, expected)
+        ctx.log(
+            f"running: {shlex.join(cmd)} ({len(expected)} cp commands on stdin, --concurrency {cc} --part-size {ps})"
+        )  # credentials: a file in env
+    else:
+        ctx.log(f"running: {shlex.join(cmd)}")
     if ctx.cancelled:
         raise JobError("cancelled before the copy started")
     # s5cmd's temporaries: beside each object in DEST, or (staged) in the staging folder only.
