@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 from tests.firsthour.screen_text import screen_lines
 from tests.tui.snapshot_services import STARVED, frozen_clock, snapshot_services
+from tests.tui.table_edges import cut_at_edge, header_on_screen, table_lines
 from tests.tui.test_snapshots import settle
 from tui.app import LoadmasterApp
 from tui.widgets.fleet_alerts import AlertList
+from tui.widgets.fleet_format import gpu_ranges
 from tui.widgets.fleet_table import COLUMN_KEYS, PRIORITY, FleetTable, column_layout
 
 
@@ -97,3 +99,46 @@ def test_starved_node_and_database_down_snapshot(snap_compare: Any, size: tuple[
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+def _parse_ranges(text: str) -> list[int]:
+    """``0-2,5`` -> [0, 1, 2, 5], read independently of the formatter."""
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+@given(st.sets(st.integers(min_value=0, max_value=300)))
+def test_gpu_ranges_round_trip_sorted_and_whole(gpus: set[int]) -> None:
+    text = gpu_ranges(sorted(gpus, reverse=True))
+    got = _parse_ranges(text)
+    assert set(got) == gpus  # never drops (nor adds) a GPU
+    assert got == sorted(gpus)  # sorted, each once
+    # Compact: no two parts could have been one range.
+    parts = [_parse_ranges(p) for p in text.split(",")] if text else []
+    assert all(a[-1] + 1 < b[0] for a, b in zip(parts, parts[1:], strict=False))
+
+
+def test_gpu_ranges_reads_as_the_operator_would_write_it() -> None:
+    assert gpu_ranges(range(8)) == "0-7"
+    assert gpu_ranges([5, 0, 1, 2]) == "0-2,5"
+    assert gpu_ranges([9, 10, 12]) == "9-10,12"
+    assert gpu_ranges([]) == ""
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+async def test_the_alert_list_says_which_gpus_and_no_column_is_cut(size: tuple[int, int]) -> None:
+    """The starved node's GPUs read as a range (``0-7``, not ``0,1,2,3,4,5,`` cut by the edge);
+    both tables' last headers are whole, no column runs past the screen's edge."""
+    app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="fleet")
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        alerts = app.screen.query_one(AlertList)
+        row = next(line for line in table_lines(app, alerts) if line.lstrip().startswith(STARVED + " "))
+        headers = header_on_screen(app, alerts)
+        assert headers[-1] == ("GPUs" if size[0] == 80 else "Status"), headers
+        assert row.split()[-1 if size[0] == 80 else -3] == "0-7", row
+        assert cut_at_edge(app, alerts) == []
+        assert cut_at_edge(app, app.screen.query_one(FleetTable)) == []

@@ -124,3 +124,25 @@ async def test_a_sixteen_node_launch_shows_each_whole_id(size: str) -> None:
     for line in rows:
         node = line.split()[0]
         assert f" {ids[node]} " in line and ("running" in line or "failed" in line), line
+
+
+@pytest.mark.parametrize("jobs", [0, 4], ids=["no-jobs", "4-jobs"])
+@pytest.mark.parametrize("size", list(SIZES))
+async def test_no_column_is_cut_by_the_screen_edge(size: str, jobs: int) -> None:
+    """The last column on screen is whole or not shown (the edge cut ETA to ``ET`` at 80 columns);
+    the path gives way to the others and is cut in the middle, with "…"."""
+    from tests.tui.table_edges import cut_at_edge, header_on_screen
+    from tui.widgets.transfers_table import TransfersTable
+
+    records = launch_records(nodes=4, failed=3) if jobs else ()
+    app = LoadmasterApp(services_with_jobs(records), theme="loadmaster-dark", mode="transfers")
+    async with app.run_test(size=SIZES[size]) as pilot:
+        await settle(pilot)
+        table = app.screen.query_one(TransfersTable)
+        assert cut_at_edge(app, table) == []
+        headers = header_on_screen(app, table)
+        assert headers[:4] == ["Node", "Job", "State", "Progress"], headers
+        if size == "120x40":
+            assert headers[-1] == "Source -> Destination"
+            routes = [str(table.get_row_at(i)[-1]) for i in range(table.row_count)]
+            assert all("…" in r and " -> " in r for r in routes), routes

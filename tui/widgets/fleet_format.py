@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import hostlist
 from rich.text import Text
 
 from backend.ops.types import NO_GPU, Alert, FleetSnapshot, NodeSnapshot
@@ -193,6 +194,14 @@ def styled(text: str, style: str | None) -> Text | str:
     return Text(text, style=style) if style else text
 
 
+def gpu_ranges(gpus: Iterable[int]) -> str:
+    """GPU indices as sorted ranges: ``0-7``, ``0-2,5`` (a list ``0,1,2,3,4,5,`` cut by a narrow
+    column read as GPUs 0-5 when all 8 starve). Python-hostlist's compressor, which Slurm's node
+    lists use, without its brackets; empty for no GPU."""
+    text: str = hostlist.collect_hostlist([str(g) for g in gpus])
+    return text.removeprefix("[").removesuffix("]")
+
+
 def alert_cells(a: Alert) -> tuple[str, ...]:
     """The alert list's cells: node, hint, duration, util, NIC, GPUs, since, status."""
     nic = rate_pct(a.rx_gbps, a.rx_pct)
@@ -203,7 +212,7 @@ def alert_cells(a: Alert) -> tuple[str, ...]:
         f"{a.duration:.0f}s",
         f"{a.mean_util_pct:.0f}%",
         nic,
-        ",".join(str(g) for g in a.gpus),
+        gpu_ranges(a.gpus),
         since,
         "active" if a.active else "cleared",
     )

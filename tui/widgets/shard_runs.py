@@ -11,22 +11,24 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import DataTable, ProgressBar, Static
+from textual.widgets import ProgressBar, Static
 
 from backend.ops.shards import ShardProgress
 from backend.units import bytes_text
 from tui.widgets.summary import Summary
+from tui.widgets.table_fit import CellFor, FitColumn, FittedTable
 from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
     from backend.ops.types import JobRecord
 
 #: The conversions table's columns, the decisive ones first (key, header): on a narrow terminal
-#: the columns that scroll off are the rates, never the state.
+#: the columns that give way (the last first; one that does not fit whole is not shown) are the
+#: rates, never the state.
 RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("state", "State"),
     ("shards", "Shards"),
@@ -35,12 +37,22 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("rate", "smp/s"),
     ("mbps", "MB/s"),
 )
-#: Source -> destination is cut to this width (each path in the middle); the full paths are shown
-#: under the table for the selected conversion.
+#: Source -> destination is cut to this width (each path in the middle), down to ROUTE_LEAST where
+#: the rates would not fit beside it; the full paths are shown under the table for the selected
+#: conversion.
 ROUTE_WIDTH = 36
-#: Fixed widths: the route is cut to fit; State fits its longest word ("succeeded", "cancelled")
-#: from the start, since a cell update does not widen its column.
+ROUTE_LEAST = 16
+#: Fixed widths: State fits its longest word ("succeeded", "cancelled") from the start.
 COLUMN_WIDTHS = {"route": ROUTE_WIDTH, "state": 9}
+FIT_COLUMNS = tuple(
+    FitColumn(key, label, COLUMN_WIDTHS.get(key), ROUTE_LEAST if key == "route" else None) for key, label in RUN_COLUMNS
+)
+
+
+def route_text(conv: Conversion, width: int) -> str:
+    """``source -> destination`` in ``width`` cells, both paths keeping their ends."""
+    half = max(3, (width - 4) // 2)
+    return f"{short(conv.src, half)} -> {short(conv.dest, half)}"
 
 
 @dataclass(frozen=True)
@@ -106,52 +118,50 @@ def progress_fields(p: ShardProgress) -> list[tuple[str, str]]:
 class ShardRuns(Vertical):
     """The conversions table (rows keyed by conversion key) and the selected conversion under it."""
 
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        #: The conversions in the table, in order.
+        self._rows: dict[str, Conversion] = {}
+
     def compose(self) -> ComposeResult:
         yield Static("Conversions", id="shards-runs-title", markup=False)
-        yield DataTable(id="shards-table", cursor_type="row", zebra_stripes=True)
+        yield FittedTable(FIT_COLUMNS, id="shards-table", cursor_type="row", zebra_stripes=True)
         yield ProgressBar(id="shards-progress", total=1.0, show_eta=False)
         yield Summary(id="shards-run-summary")
         yield Static("", id="shards-manifest", markup=False)
 
     def on_mount(self) -> None:
-        for key, label in RUN_COLUMNS:
-            self.table.add_column(label, key=key, width=COLUMN_WIDTHS.get(key))
         # No bar until a conversion is shown: an empty screen's "0%" would read as a stalled run.
         self.query_one("#shards-progress", ProgressBar).display = False
 
     @property
-    def table(self) -> DataTable[Any]:
-        return self.query_one("#shards-table", DataTable)
+    def table(self) -> FittedTable:
+        return self.query_one("#shards-table", FittedTable)
 
     def show_row(self, conv: Conversion, *, visible: bool) -> None:
         """Add, update or (when ``visible`` is false) remove ``conv``'s row."""
-        table = self.table
-        shown = conv.key in table.rows
-        if not visible:
-            if shown:
-                table.remove_row(conv.key)
-        elif not shown:
-            table.add_row(*self._cells(conv), key=conv.key)
-        else:
-            for (key, _), cell in zip(RUN_COLUMNS, self._cells(conv), strict=True):
-                table.update_cell(conv.key, key, cell)
+        if visible:
+            self._rows[conv.key] = conv
+        elif self._rows.pop(conv.key, None) is None:
+            return
+        self._show()
 
     def show_rows(self, convs: Iterable[Conversion]) -> None:
         """Exactly ``convs`` in the table, in order."""
-        table = self.table
+        self._rows = {conv.key: conv for conv in convs}
         with self.app.batch_update():
-            table.clear()
-            for conv in convs:
-                table.add_row(*self._cells(conv), key=conv.key)
+            self._show()
+
+    def _show(self) -> None:
+        self.table.set_rows([(key, self._cells(conv)) for key, conv in self._rows.items()])
 
     @staticmethod
-    def _cells(conv: Conversion) -> list[str]:
+    def _cells(conv: Conversion) -> list[CellFor]:
         p = conv.progress
-        half = (ROUTE_WIDTH - 4) // 2  # both paths keep their ends; the full ones are under the table
-        cells = {
+        cells: dict[str, CellFor] = {
             "state": conv.state,
             "shards": f"{p.shards_done}/{p.shards_total}" if p else "",
-            "route": f"{short(conv.src, half)} -> {short(conv.dest, half)}",
+            "route": lambda width: route_text(conv, width),
             "where": conv.where,
             "rate": f"{p.samples_per_s:,.0f}" if p else "",
             "mbps": f"{p.mb_per_s:,.1f}" if p else "",
