@@ -56,17 +56,14 @@ def fit_spec(id_width: int) -> list[FitColumn]:
 
 
 def route_text(r: JobRecord, width: int) -> str:
-    """``source -> destination`` in ``width`` cells, each path cut in the middle (its Slurm job,
-    when it has one, first); the label of a job without paths."""
-    if r.slurm_job:  # the Slurm job the pull is for leads (the detail pane has the paths whole)
-        tag = f"slurm {safe_text(r.slurm_job, 24)} "
-        side = max(3, (width - len(tag) - 4) // 2)
-        rest = f"{short(r.source, side)} -> {short(r.destination, side)}" if r.source else r.label or "-"
-        return short(tag + rest, width)
-    if r.source:
-        side = max(3, (width - 4) // 2)
-        return f"{short(r.source, side)} -> {short(r.destination, side)}"
-    return short(r.label or "-", width)
+    """``source -> destination`` in ``width`` cells, each path cut in the middle, after its Slurm
+    job when it has one (kept whole: it leads); the label of a job without paths."""
+    tag = f"slurm {safe_text(r.slurm_job, 24)} " if r.slurm_job else ""
+    room = max(width - len(tag), 1)
+    if not r.source:
+        return tag + short(r.label or "-", room)
+    side = max(3, (room - 4) // 2)
+    return f"{tag}{short(r.source, side)} -> {short(r.destination, side)}"
 
 
 class TransfersTable(FittedTable):
