@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import importlib
 import logging
 import os
@@ -26,7 +27,10 @@ from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.geometry import Size
 from textual.screen import Screen
+from textual.timer import Timer
+from textual.widget import AwaitMount
 from textual.worker import Worker, WorkerState
 
 from backend.errors import ConfigError, LoadmasterError
@@ -43,11 +47,20 @@ if TYPE_CHECKING:
 
 #: How many errors the in-memory log keeps (oldest dropped first).
 MAX_ERRORS = 200
+#: Seconds of quiet before the console builds the next screen ahead of time (after the first
+#: paint, after each build, after the operator's own switch): a key pressed meanwhile is handled
+#: before the next build starts.
+PREBUILD_PAUSE_S = 0.3
 #: Seconds between the app's reads of the site's alerts (the Fleet screen's marks), made only
 #: with ``[alerts] alertmanager_url`` set and when the Alerts screen has not just read them.
 SITE_ALERTS_EVERY = 15.0
 
 log = logging.getLogger(__name__)
+
+#: The screen whose key hints are being built while it is not shown (built ahead of time): the
+#: app's keys that depend on the screen (T, triage) are enabled as they will be on that screen.
+#: A context variable: only the task building it sees it, never the screen on show.
+_BINDINGS_OF: contextvars.ContextVar[Screen[Any] | None] = contextvars.ContextVar("bindings_of", default=None)
 
 
 class LoadmasterCommands(Provider):
@@ -127,13 +140,18 @@ class LoadmasterApp(App[int]):
     | q, ctrl+q | Quit. |
     """
 
-    def __init__(self, services: Services, *, theme: str | None = None, mode: str = "fleet") -> None:
+    def __init__(
+        self, services: Services, *, theme: str | None = None, mode: str = "fleet", prebuild: bool = False
+    ) -> None:
         """Create the console.
 
         Args:
             services: Everything built by the composition root (config, db, pool, ...).
             theme: A theme name from ``--theme``; beats the remembered one and the config's.
             mode: The screen to open first (a mode name such as ``fleet`` or ``transfers``).
+            prebuild: Build the other screens ahead of time, one at a time while the console is
+                idle, so a first visit costs what a return does (the console does; tests that
+                look at one screen need not pay for the others).
         """
         super().__init__()
         self.services = services
@@ -148,6 +166,10 @@ class LoadmasterApp(App[int]):
             known = ", ".join(s.mode for s in SCREEN_SPECS)
             raise ConfigError(f"no screen called {mode!r} (known: {known})")
         self._initial_mode = mode
+        self._prebuild = prebuild
+        self._prebuild_timer: Timer | None = None
+        #: The screens built ahead so far, in order (what a visit to them no longer waits for).
+        self.built_ahead: list[str] = []
         #: Node -> alertnames of its active, unsilenced site alerts (Alertmanager's), which the
         #: Fleet screen marks. Replaced, never changed in place: a screen sees a change by identity.
         self.site_alerts: dict[str, list[str]] = {}
@@ -258,6 +280,60 @@ class LoadmasterApp(App[int]):
         self.report_error(f"{spec.title} screen failed to load", err)
         return UnavailableScreen(self.services, title=spec.title, reason=_one_line(err))
 
+    # ----------------------------------------------------------------- building screens ahead
+
+    def _schedule_prebuild(self) -> None:
+        """Build the next unbuilt screen after ``PREBUILD_PAUSE_S`` of quiet (a switch restarts
+        the wait: the operator's own switch comes first)."""
+        if self._prebuild_timer is not None:
+            self._prebuild_timer.stop()
+            self._prebuild_timer = None
+        if self._prebuild and self._next_prebuild() is not None:
+            self._prebuild_timer = self.set_timer(PREBUILD_PAUSE_S, self._prebuild_next, name="prebuild")
+
+    def _next_prebuild(self) -> str | None:
+        """The next screen to build ahead: the first in digit order not built yet whose module
+        loads (a broken one is reported when the operator visits it, not in the background)."""
+        return next(
+            (s.mode for s in SCREEN_SPECS if s.mode not in self._screen_stacks and self.screen_class(s) is not None),
+            None,
+        )
+
+    async def _prebuild_next(self) -> None:
+        """Build (compose, style, mount), lay out and render one screen without showing it; its
+        reads wait until it is first shown (``LoadmasterScreen.start_reads``). Then wait for quiet
+        before the next. Each step is short and keys are handled between them (this runs in the
+        timer's task, not the app's message loop)."""
+        self._prebuild_timer = None
+        mode = self._next_prebuild()
+        if mode is None or not self.is_running:
+            return
+        log.debug("building the %s screen ahead", mode)
+        await self._init_mode(mode)  # Textual's own first step of switch_mode, without the switch
+        screen = self.get_screen_stack(mode)[0]
+        build_ahead = getattr(screen, "build_ahead", None)
+        if build_ahead is not None:
+            token = _BINDINGS_OF.set(screen)  # its footer's hints are the ones it will show
+            try:
+                await build_ahead()
+            finally:
+                _BINDINGS_OF.reset(token)
+        # Twice: the widgets answer the first layout's Resize (table columns, widths) with changes.
+        for _ in range(2):
+            await asyncio.sleep(PREBUILD_PAUSE_S)  # the new widgets' own messages go first
+            if screen.is_current or not self.is_running:
+                break  # the operator went there meanwhile: Textual paints it as usual
+            _paint_hidden(screen, self.size)
+        self.built_ahead.append(mode)
+        self.call_after_refresh(self._schedule_prebuild)
+
+    def switch_mode(self, mode: str) -> AwaitMount:
+        """Switch screens (see Textual's); a build ahead waits for quiet again after it."""
+        await_mount = super().switch_mode(mode)
+        if self._prebuild_timer is not None:
+            self._schedule_prebuild()
+        return await_mount
+
     async def run_screen_action(self, mode: str, action: str) -> None:
         """Switch to ``mode`` and run ``action`` on its screen (palette commands use this)."""
         await self.switch_mode(mode)
@@ -267,6 +343,8 @@ class LoadmasterApp(App[int]):
         from backend.ops.types import AlertSettings
 
         self.switch_mode(self._initial_mode)
+        if self._prebuild:
+            self.call_after_refresh(self._schedule_prebuild)
         if self.services.config.section(AlertSettings).alertmanager_url:
             self.set_interval(SITE_ALERTS_EVERY, self._poll_site_alerts)
             self._poll_site_alerts()
@@ -394,7 +472,7 @@ class LoadmasterApp(App[int]):
             return len(self.screen_stack) > 1
         if action == "triage":
             # Shown only where a screen can say what to triage (see triage_target).
-            s = self.screen
+            s = _BINDINGS_OF.get() or self.screen
             return any(hasattr(s, h) for h in ("triage_target", "selected_node", "node_name"))
         return True
 
@@ -447,6 +525,17 @@ class LoadmasterApp(App[int]):
             self.record_worker_failure(event.worker)
 
 
+def _paint_hidden(screen: Screen[Any], size: Size) -> None:
+    """Lay out and render a screen that is not shown, discarding the picture: what Textual's
+    update timer does for the screen on show (``Screen._on_timer_update``), so each widget's
+    arrangement and rendered lines are cached and the first show only composites (two thirds of
+    a first visit's CPU: render_lines of 150-200 widgets and the reflow)."""
+    screen._refresh_layout(size)
+    screen._layout_required = False
+    screen._dirty_widgets.clear()
+    screen._compositor.render_update(full=True)
+
+
 def _first_set(own: list[tuple[int, str]] | None, app: list[tuple[int, str]] | None) -> list[tuple[int, str]]:
     """A screen's breakpoints where it sets them (even none), else the app's (Textual's rule)."""
     return (own if own is not None else app) or []
@@ -475,7 +564,7 @@ def run_console(services: Services, *, theme: str | None = None) -> NoReturn:
     alive (``asyncio.run`` would wait for all of it: 30 s and more was seen), and the process
     ends without the interpreter's teardown. It does not return.
     """
-    app = LoadmasterApp(services, theme=theme)
+    app = LoadmasterApp(services, theme=theme, prebuild=True)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:

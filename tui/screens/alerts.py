@@ -297,6 +297,8 @@ class AlertsScreen(LoadmasterScreen):
             self.query_one("#alerts-table", DataTable).add_column(label, key=key, width=width)
         for key, label, width in SILENCE_COLUMNS:
             self.query_one("#alerts-silences", DataTable).add_column(label, key=key, width=width)
+
+    def start_reads(self) -> None:
         self._refresh()
         self.set_interval(REFRESH_S, self._tick)
 

@@ -124,6 +124,8 @@ class LoadmasterScreen(Screen[None]):
         self.services = services
         #: What the ``/`` filter box holds (stripped); screens show only rows matching it.
         self.filter_text = ""
+        #: Whether the screen was shown once (its reads started then: :meth:`start_reads`).
+        self.shown = False
 
     @property
     def ops(self) -> Operations:
@@ -284,11 +286,28 @@ class LoadmasterScreen(Screen[None]):
             event.refresh_styles = False
 
     def on_screen_resume(self) -> None:
+        if not self.is_current:
+            return  # built ahead of time (Textual resumes a mode's screen as it builds it): not shown
         # The app's current mode is only final once the screen is shown, not when composed.
         for bar in self.query(ModeBar):
             bar.active = self.app.current_mode
             bar.refresh()
         self._check_state_db()
+        if not self.shown:
+            self.shown = True
+            self.start_reads()
+
+    async def build_ahead(self) -> None:
+        """What the screen's first show would build, done while it is built ahead of time (by
+        ``LoadmasterApp``'s prebuilding): the footer's key hints."""
+        for footer in self.query(SteadyFooter):
+            await footer.build_ahead()
+
+    def start_reads(self) -> None:
+        """Start the screen's reads (listings, polls of nodes, stores, Alertmanager, the ledger):
+        once, when the screen is first shown, never when it is built. The console builds its
+        screens ahead of time (``LoadmasterApp`` prebuilding), so one that is never visited never
+        reads; screens override this instead of reading in ``on_mount``."""
 
     @on(Mount)
     def _watch_state_db(self) -> None:

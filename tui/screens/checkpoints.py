@@ -179,6 +179,8 @@ class CheckpointsScreen(LoadmasterScreen):
         self.query_one("#ckpt-progress", ProgressBar).display = False
         self.query_one("#ckpt-backlog", Static).display = False
         self.render_footprint()
+
+    def start_reads(self) -> None:
         if self._list_on_mount:  # the last run listed here, or the lab's demo run: open on it
             self.action_reload()
 

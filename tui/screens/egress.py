@@ -222,11 +222,13 @@ class EgressScreen(LoadmasterScreen):
         for key, label in ROUTE_COLUMNS:
             table.add_column(label, key=key, width=ROUTE_WIDTH if key == "route" else None)
         self.recompute()
+
+    def start_reads(self) -> None:
         self.action_refresh()
 
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
-        if self.report is not None:
+        if self.report is not None and self.is_current:
             self.action_refresh()
 
     # ------------------------------------------------------------------ calculator

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
@@ -21,6 +22,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
+from textual.worker import get_current_worker
 
 from backend.errors import LoadmasterError
 from backend.ops.retention import Pin, RetentionPlan, RetentionPolicy, parse_step_list
@@ -210,6 +212,8 @@ class RetentionScreen(LoadmasterScreen):
         self.query_one("#retention-status", Static).display = False
         for seg in self.query(".retention-bar-seg"):
             seg.display = False
+
+    def start_reads(self) -> None:
         if self._list_on_mount:  # the last run listed here, or the lab's demo run: open on it
             self.action_reload()
 
@@ -263,15 +267,24 @@ class RetentionScreen(LoadmasterScreen):
         self.query_one("#retention-summary", Static).update(f"Listing {url} …")
         self._load_catalog(url)
 
-    @work(exclusive=True, group="retention-load", exit_on_error=False)
-    async def _load_catalog(self, url: str) -> None:
+    # The listing and the plan run in a thread, on an event loop of their own: each has parts
+    # that do not yield (the database's pins, milestones and jobs, reading the checkpoints'
+    # metadata, the deep check's hashing), which on a loaded machine held up the keys for
+    # seconds when they ran on the console's loop. Their stores are opened on that loop.
+
+    @work(thread=True, exclusive=True, group="retention-load", exit_on_error=False)
+    def _load_catalog(self, url: str) -> None:
         try:
-            listing = await self.ops.retention.listing(url)
+            listing = asyncio.run(self.ops.retention.listing(url))
         except LoadmasterError as exc:
-            self.report_error(f"Listing {url}", exc)
-            self.query_one("#retention-summary", Static).update(f"Could not list {url}: {exc}")
+            self.app.call_from_thread(self._not_read, f"Listing {url}", f"Could not list {url}: {exc}", exc)
             return
-        self.post_message(CatalogLoaded(listing))
+        if not get_current_worker().is_cancelled:
+            self.post_message(CatalogLoaded(listing))
+
+    def _not_read(self, title: str, summary: str, exc: LoadmasterError) -> None:
+        self.report_error(title, exc)
+        self.query_one("#retention-summary", Static).update(summary)
 
     @on(CatalogLoaded)
     def _catalog_loaded(self, event: CatalogLoaded) -> None:
@@ -337,17 +350,20 @@ class RetentionScreen(LoadmasterScreen):
             return
         self._compute_plan(self.url, self.catalog, policy, settle_s)
 
-    @work(exclusive=True, group="retention-plan", exit_on_error=False)
-    async def _compute_plan(self, url: str, catalog: Catalog, policy: RetentionPolicy, settle_s: float) -> None:
+    @work(thread=True, exclusive=True, group="retention-plan", exit_on_error=False)
+    def _compute_plan(self, url: str, catalog: Catalog, policy: RetentionPolicy, settle_s: float) -> None:
+        worker = get_current_worker()
         if settle_s:  # typing: a newer keystroke cancels this worker before it deep-checks anything
-            await asyncio.sleep(settle_s)
-        try:
-            plan = await self.ops.retention.plan(url, policy, catalog=catalog)
-        except LoadmasterError as exc:
-            self.report_error(f"Planning {url}", exc)
-            self.query_one("#retention-summary", Static).update(f"Could not plan {url}: {exc}")
+            time.sleep(settle_s)
+        if worker.is_cancelled:
             return
-        self.post_message(PlanComputed(plan))
+        try:
+            plan = asyncio.run(self.ops.retention.plan(url, policy, catalog=catalog))
+        except LoadmasterError as exc:
+            self.app.call_from_thread(self._not_read, f"Planning {url}", f"Could not plan {url}: {exc}", exc)
+            return
+        if not worker.is_cancelled:
+            self.post_message(PlanComputed(plan))
 
     @on(PlanComputed)
     def _plan_computed(self, event: PlanComputed) -> None:

@@ -163,7 +163,7 @@ class TransfersScreen(LoadmasterScreen):
                 yield TransfersTable(id="transfers-jobs")
                 yield TransferDetail(id="transfers-detail")
 
-    def on_mount(self) -> None:
+    def start_reads(self) -> None:
         self._refresh_jobs()
         interval = max(1.0, float(self.services.config.section(JobSettings).poll_interval))
         self.set_interval(interval, self._tick)

@@ -47,9 +47,22 @@ class SteadyFooter(Footer):
         palette = ("", "", "", "", self.show_command_palette and app.ENABLE_COMMAND_PALETTE, "", None)
         return (*hints, palette)
 
+    async def build_ahead(self) -> None:
+        """Build the key hints of a screen that is not shown yet (the console builds screens
+        ahead of time): Textual's footer builds them on the screen's first show otherwise."""
+        if not self.is_attached:
+            return
+        hints = self._hints(self.screen)
+        if self._bindings_ready and hints == self._shown:
+            return
+        self._bindings_ready = True
+        self._shown = hints
+        with self._context():  # composed as from the footer's own queue (its keys bind to it)
+            await self.recompose()
+
     def bindings_changed(self, screen: Screen[object]) -> None:
-        if self._bindings_ready and not screen.is_current:
-            return  # leaving: the bindings are refreshed again when the screen is shown
+        if not screen.is_current:
+            return  # leaving, or built ahead: the bindings are refreshed again when it is shown
         if self.is_attached and screen is self.screen and screen.app.app_focus:
             hints = self._hints(screen)
             if self._bindings_ready and hints == self._shown:
