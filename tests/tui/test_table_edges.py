@@ -61,10 +61,7 @@ SCREENS = ("fleet", "transfers", "checkpoints", "retention", "egress", "alerts",
 #: Screens that list the 64-step run (the box its folder is typed in).
 RUN_BOX = {"checkpoints": "#ckpt-url", "retention": "#retention-url"}
 #: (screen, size) -> why a column is cut there today (strict: a fix turns these into XPASS).
-KNOWN: dict[tuple[str, str], str] = {
-    ("alerts", "80x24"): "Alerts' Summary and the silences' Created by are cut (tui/screens/alerts.py: fixed widths)",
-    ("alerts", "120x40"): "the silences' Comment is cut (tui/screens/alerts.py: fixed widths)",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 CASES = [

@@ -37,6 +37,7 @@ from tui.screens.base import FILTER_BINDING, LoadmasterScreen, PaletteCommand, c
 from tui.widgets.confirm import ConfirmModal
 from tui.widgets.detail import DetailModal
 from tui.widgets.table_cursor import cursor_row_key
+from tui.widgets.table_fit import FitColumn, FittedTable
 
 if TYPE_CHECKING:
     from backend.ops.alerts import Silence, SiteAlert
@@ -51,22 +52,24 @@ SEVERITY_STYLE = {"critical": "error", "page": "error", "error": "error", "warni
 
 #: (key, header, width): 116 columns with the cell padding, so all fit at 120; at 80 the most
 #: decisive ones (severity, name, node, job) do.
+#: The alerts table's columns, the most decisive first: where the screen is narrow, the last ones
+#: give way whole (never cut by the edge) and the wide ones narrow to their least, cut with "…".
 ALERT_COLUMNS = (
-    ("severity", "Severity", 8),
-    ("alertname", "Alert", 22),
-    ("node", "Node", 12),
-    ("job", "Job", 12),
-    ("summary", "Summary", 33),
-    ("since", "Since", 5),
-    ("silenced", "Silenced by", 11),
+    FitColumn("severity", "Severity", 8),
+    FitColumn("alertname", "Alert", None, least=16),
+    FitColumn("node", "Node", None, least=12),
+    FitColumn("job", "Job", None, least=12),
+    FitColumn("summary", "Summary", None, least=12),
+    FitColumn("since", "Since", 5),
+    FitColumn("silenced", "Silenced by", 11),
 )
 SILENCE_COLUMNS = (
-    ("matchers", "Matchers", 40),
-    ("state", "State", 8),
-    ("ends", "Ends in", 8),
-    ("by", "Created by", 20),
-    ("comment", "Comment", 40),
-    ("id", "Id", 36),
+    FitColumn("matchers", "Matchers", 40, least=24),
+    FitColumn("state", "State", 8),
+    FitColumn("ends", "Ends in", 8),
+    FitColumn("by", "Created by", 20, least=10),
+    FitColumn("comment", "Comment", 40, least=12),
+    FitColumn("id", "Id", 36),
 )
 
 
@@ -288,15 +291,9 @@ class AlertsScreen(LoadmasterScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(classes="screen-body", id="alerts-body"):
             yield Static("reading Alertmanager...", id="alerts-status", markup=False)
-            yield DataTable(cursor_type="row", zebra_stripes=True, id="alerts-table")
+            yield FittedTable(ALERT_COLUMNS, cursor_type="row", zebra_stripes=True, id="alerts-table")
             yield Static("Silences", id="alerts-silences-title", markup=False)
-            yield DataTable(cursor_type="row", zebra_stripes=True, id="alerts-silences")
-
-    def on_mount(self) -> None:
-        for key, label, width in ALERT_COLUMNS:
-            self.query_one("#alerts-table", DataTable).add_column(label, key=key, width=width)
-        for key, label, width in SILENCE_COLUMNS:
-            self.query_one("#alerts-silences", DataTable).add_column(label, key=key, width=width)
+            yield FittedTable(SILENCE_COLUMNS, cursor_type="row", zebra_stripes=True, id="alerts-silences")
 
     def start_reads(self) -> None:
         self._refresh()
@@ -368,11 +365,10 @@ class AlertsScreen(LoadmasterScreen):
         return {k: v for k, v in variables.items() if k in ("error", "warning")}
 
     def _show_alert_rows(self) -> None:
-        table = self.query_one("#alerts-table", DataTable)
-        selected = cursor_row_key(table)
-        table.clear()
+        table = self.query_one("#alerts-table", FittedTable)
         styles = self._styles()
         keys: list[str] = []
+        rows: list[tuple[str, list[Any]]] = []
         for a in self.alerts:
             labels = a.alert.labels
             if not self.filter_matches(
@@ -381,22 +377,19 @@ class AlertsScreen(LoadmasterScreen):
                 continue
             if a.alert.fingerprint in keys:
                 continue
-            table.add_row(*alert_cells(a, styles), key=a.alert.fingerprint)
+            rows.append((a.alert.fingerprint, alert_cells(a, styles)))
             keys.append(a.alert.fingerprint)
-        if selected in keys:
-            table.move_cursor(row=keys.index(selected))
+        table.set_rows(rows)  # the cursor stays on its row's key
 
     def _show_silence_rows(self) -> None:
-        table = self.query_one("#alerts-silences", DataTable)
-        selected = cursor_row_key(table)
-        table.clear()
+        table = self.query_one("#alerts-silences", FittedTable)
         keys = []
+        rows: list[tuple[str, list[Any]]] = []
         for s in self.silences:
             ends = age_of(None) if s.ends_at is None else _until(s.ends_at.timestamp())
-            table.add_row(matcher_text(s), s.state, ends, s.created_by, s.comment, s.id, key=s.id)
+            rows.append((s.id, [matcher_text(s), s.state, ends, s.created_by, s.comment, s.id]))
             keys.append(s.id)
-        if selected in keys:
-            table.move_cursor(row=keys.index(selected))
+        table.set_rows(rows)
         title = self.query_one("#alerts-silences-title", Static)
         title.update(f"Silences: {len(self.silences)} (x expires the selected one)" if keys else "Silences: none")
 
