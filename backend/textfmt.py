@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+import hostlist
+
 from backend.nodes.untrusted import clean_block, clean_text
 
 #: What replaces a secret.
@@ -156,3 +158,11 @@ def align_columns(rows: Sequence[Sequence[str]]) -> list[str]:
     rows = [[safe_text(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def gpu_ranges(gpus: Iterable[int]) -> str:
+    """GPU indices as sorted ranges: ``0-7``, ``0-2,5`` (a list ``0,1,2,3,4,5,`` cut by a narrow
+    column read as GPUs 0-5 when all 8 starve). Python-hostlist's compressor, which Slurm's node
+    lists use, without its brackets; empty for no GPU."""
+    text: str = hostlist.collect_hostlist([str(g) for g in gpus])
+    return text.removeprefix("[").removesuffix("]")

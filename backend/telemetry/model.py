@@ -135,7 +135,9 @@ class Alert:
     @property
     def message(self) -> str:
         """One line for a list or a log."""
-        gpus = ",".join(str(g) for g in self.gpus)
+        from backend.textfmt import gpu_ranges
+
+        gpus = gpu_ranges(self.gpus)
         nic = f"rx {gbps_text(self.rx_gbps)}"
         if self.rx_pct is not None:
             nic += f" ({self.rx_pct:.0f}% of line rate)"

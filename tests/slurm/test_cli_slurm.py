@@ -57,7 +57,7 @@ def test_nodes_and_jobs_table_and_json(slurm: SlurmLab, tmp_path: Path, capsys: 
     assert main(["--config", cfg, "slurm", "nodes"]) == 0
     out = capsys.readouterr().out
     row = next(ln for ln in out.splitlines() if ln.startswith("node-02"))
-    assert f"{job}:" in row and "(0,1,2)" in row and " gpu " in row
+    assert f"{job}:" in row and "(0-2)" in row and " gpu " in row
     assert "3 node(s): 0 drained, draining or down" in out
     assert main(["--config", cfg, "slurm", "nodes", "--json"]) == 0
     docs = {d["name"]: d for d in map(json.loads, capsys.readouterr().out.splitlines())}

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from backend.textfmt import gpu_ranges
 from tests.firsthour.screen_text import screen_lines
 from tests.tui.snapshot_services import STARVED, frozen_clock, snapshot_services
 from tests.tui.table_edges import cut_at_edge, header_on_screen, table_lines
 from tests.tui.test_snapshots import settle
 from tui.app import LoadmasterApp
 from tui.widgets.fleet_alerts import AlertList
-from tui.widgets.fleet_format import gpu_ranges
 from tui.widgets.fleet_table import COLUMN_KEYS, PRIORITY, FleetTable, column_layout
 
 

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from backend.services import Services
-from backend.textfmt import safe_text
+from backend.textfmt import gpu_ranges, safe_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -109,7 +109,7 @@ async def run_nodes(args: argparse.Namespace, services: Services) -> int:
         return 0
     table = [["NODE", "STATE", "PARTITIONS", "GPUS", "JOBS (GPUS)", "DRAINS 30D", "REASON"]]
     for r in rows:
-        jobs = " ".join(f"{j.job_id}:{j.user}({','.join(map(str, j.gpus)) or '-'})" for j in r.jobs) or "-"
+        jobs = " ".join(f"{j.job_id}:{j.user}({gpu_ranges(j.gpus) or '-'})" for j in r.jobs) or "-"
         reason = f"{r.reason} ({r.reason_by or '?'}, {_ago(r.reason_age_s)} ago)" if r.reason else "-"
         mark = "!" if r.repeat_offender else ""
         table.append(
@@ -148,7 +148,7 @@ async def run_jobs(args: argparse.Namespace, services: Services) -> int:
         return 0
     table = [["JOBID", "USER", "NAME", "STATE", "ELAPSED", "NODES (GPUS)", "REASON"]]
     for j in jobs:
-        where = " ".join(f"{n}({','.join(map(str, j.gpus_on(n))) or '-'})" for n in j.nodes) or "-"
+        where = " ".join(f"{n}({gpu_ranges(j.gpus_on(n)) or '-'})" for n in j.nodes) or "-"
         reason = j.reason if j.state == "PENDING" else ""
         table.append([j.job_id, j.user, j.name, j.state, duration_text(j.elapsed(now)), where, reason or "-"])
     for line in align_columns(table):

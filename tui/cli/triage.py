@@ -56,7 +56,7 @@ async def run_triage(args: argparse.Namespace, services: Services) -> int:
 
 def render(report: TriageReport) -> list[str]:
     """The report as lines: the nodes, the suspects with their evidence, the commands."""
-    from backend.textfmt import align_columns, safe_text
+    from backend.textfmt import align_columns, gpu_ranges, safe_text
 
     out = []
     what = f"job {report.job}" if report.job else f"{len(report.nodes)} node(s)"
@@ -75,7 +75,7 @@ def render(report: TriageReport) -> list[str]:
     if not report.suspects:
         out.append("no suspects: every node answered and no GPU shows evidence")
     for rank, s in enumerate(report.suspects, 1):
-        gpus = ",".join(map(str, s.gpus)) or "-"
+        gpus = gpu_ranges(s.gpus) or "-"
         out.append(f"{rank}. {s.node} (GPUs {gpus}) since {_when(s.since)}")
         for e in s.evidence:
             out.append(f"   - {e.kind}: {safe_text(e.detail, 160)} (since {_when(e.since)})")

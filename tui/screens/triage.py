@@ -119,14 +119,14 @@ class TriageScreen(Screen[None]):
         self._loaded(report)
 
     def _loaded(self, report: TriageReport) -> None:
-        from backend.textfmt import safe_text
+        from backend.textfmt import gpu_ranges, safe_text
 
         self.report = report
         table = self.query_one(DataTable)
         table.clear()
         for rank, s in enumerate(report.suspects, 1):
             kinds = ", ".join(dict.fromkeys(e.kind for e in s.evidence))
-            gpus = ",".join(map(str, s.gpus)) or "-"
+            gpus = gpu_ranges(s.gpus) or "-"
             table.add_row(str(rank), s.node, gpus, kinds, _when(s.since), key=s.node)
         down = sum(1 for n in report.nodes if not n.reachable)
         status = f"{len(report.nodes)} node(s) read, {down} not answering: "

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import hostlist
 from rich.text import Text
 
 from backend.ops.types import NO_GPU, Alert, FleetSnapshot, NodeSnapshot
-from backend.textfmt import safe_text
+from backend.textfmt import gpu_ranges, safe_text
 from backend.units import age_text, gbps_text
 
 if TYPE_CHECKING:
@@ -183,7 +182,7 @@ def slurm_detail(row: SlurmNodeRow) -> str:
     jobs = [
         f"job {safe_text(j.job_id, 20)} {safe_text(j.user, 32)}/{safe_text(j.name, 40)}"
         f" {age_text(j.elapsed_s) if j.elapsed_s is not None else '?'}"
-        f" GPUs {','.join(map(str, j.gpus)) or '?'}"
+        f" GPUs {gpu_ranges(j.gpus) or '?'}"
         for j in row.jobs
     ]
     parts.append("jobs: " + ("; ".join(jobs) if jobs else "none"))
@@ -192,14 +191,6 @@ def slurm_detail(row: SlurmNodeRow) -> str:
 
 def styled(text: str, style: str | None) -> Text | str:
     return Text(text, style=style) if style else text
-
-
-def gpu_ranges(gpus: Iterable[int]) -> str:
-    """GPU indices as sorted ranges: ``0-7``, ``0-2,5`` (a list ``0,1,2,3,4,5,`` cut by a narrow
-    column read as GPUs 0-5 when all 8 starve). Python-hostlist's compressor, which Slurm's node
-    lists use, without its brackets; empty for no GPU."""
-    text: str = hostlist.collect_hostlist([str(g) for g in gpus])
-    return text.removeprefix("[").removesuffix("]")
 
 
 def alert_cells(a: Alert) -> tuple[str, ...]:
