@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from backend.nodes.agent import AgentReport
     from backend.nodes.pool import PARTIAL_EXIT, unread_line
     from backend.nodes.ssh_config import ConnectionSettings
+    from backend.telemetry.cells import alert_cell, error_cell, gpus_cell, link_cell, num, rate_pct, state_cell
     from backend.telemetry.hub import TelemetryHub
     from backend.telemetry.report import fleet_dict, fleet_table, unread_nodes
     from backend.telemetry.settings import TelemetrySettings
@@ -27,6 +28,13 @@ __all__ = [
     "AgentReport",
     "Fleet",
     "NodeReport",
+    "alert_cell",
+    "error_cell",
+    "gpus_cell",
+    "link_cell",
+    "num",
+    "rate_pct",
+    "state_cell",
     "fleet_dict",
     "fleet_table",
     "unread_line",
@@ -40,6 +48,10 @@ if not TYPE_CHECKING:  # mypy reads the imports above; at run time each name loa
             "AgentReport": "backend.nodes.agent",
             **dict.fromkeys(("PARTIAL_EXIT", "unread_line"), "backend.nodes.pool"),
             **dict.fromkeys(("fleet_dict", "fleet_table", "unread_nodes"), "backend.telemetry.report"),
+            **dict.fromkeys(
+                ("alert_cell", "error_cell", "gpus_cell", "link_cell", "num", "rate_pct", "state_cell"),
+                "backend.telemetry.cells",
+            ),
         },
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from backend.telemetry.cells import alert_cell, error_cell, gpus_cell, link_cell, state_cell
 from backend.telemetry.model import FleetSnapshot, NodeSnapshot
 from backend.textfmt import align_columns
 
@@ -129,25 +130,14 @@ def fleet_table(snap: FleetSnapshot, *, local: frozenset[str] = frozenset()) -> 
     """The fleet as an aligned text table with a summary line (like nvidia-smi for a fleet);
     nodes named in ``local`` are this machine (no SSH: their link shows ``local``)."""
     rows = [COLUMNS]
-    for n in snap.nodes:
-        state = n.state if not n.error or n.state == "up" else f"{n.state} ({n.error})"
-        if n.sampled_at is None:
-            gpus = "-"
-        elif n.gpu_status != "ok":
-            gpus = n.gpu_status[:48]
-        else:
-            lost = sum(1 for g in n.gpus if g.lost)
-            gpus = f"{len(n.gpus) - lost}/{len(n.gpus)}" if lost else str(len(n.gpus))
-        alert = f"GPU starved {n.alerts[0].duration:.0f}s: {n.alerts[0].hint}" if n.alerts else ""
-        if n.xids:
-            x = n.xids[-1]
-            alert = "; ".join(a for a in (alert, f"Xid {x.code} on GPU {x.gpu}{' - drain' if x.drain else ''}") if a)
+    for n in snap.nodes:  # the cells the console's Fleet table shows (backend.telemetry.cells)
+        error = error_cell(n)
         rows.append(
             (
                 n.name,
-                state[:48],
-                "local" if n.name in local else _f(n.latency_ms, "{:.0f}ms"),
-                gpus,
+                (f"{state_cell(n)} ({error})" if error else state_cell(n))[:48],
+                link_cell(n, n.name in local),
+                gpus_cell(n),
                 _f(n.util_mean, "{:.0f}%"),
                 _f(n.util_min, "{:.0f}%"),
                 _f(None if n.mem_used_mib is None else n.mem_used_mib / 1024, "{:.0f}"),
@@ -155,7 +145,7 @@ def fleet_table(snap: FleetSnapshot, *, local: frozenset[str] = frozenset()) -> 
                 _f(n.rx_pct, "{:.0f}%"),
                 _f(n.tx_gbps, "{:.2f}"),
                 _f(n.disk_write_mbps, "{:.1f}"),
-                alert,
+                alert_cell(n),
             )
         )
     lines = [snap.summary_line(), *align_columns(rows)]
