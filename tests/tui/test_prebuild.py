@@ -93,6 +93,10 @@ async def test_a_screen_built_ahead_reads_nothing_until_it_is_shown(
         await pilot.press("4")
         await pilot.pause()
         assert calls["retention"] == 1  # once: a return does not list the run again
+        await pilot.press("3")
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        assert calls["checkpoints"] == 1 and "checkpoints" not in ON_THE_LOOP
 
 
 async def test_a_key_pressed_while_building_ahead_switches_before_the_next_build(

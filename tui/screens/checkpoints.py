@@ -7,6 +7,7 @@ results arrive as past-tense messages. Nothing here touches a store directly.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -18,6 +19,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Select, Static
+from textual.worker import get_current_worker
 
 from backend.errors import LoadmasterError
 from backend.ops.checkpoints import StripRequest, StripResult, UploadRequest, UploadResult, footprint
@@ -278,19 +280,25 @@ class CheckpointsScreen(LoadmasterScreen):
         self.query_one("#ckpt-summary", Static).update(f"Listing {url} …")
         self._list(url)
 
-    @work(exclusive=True, group="checkpoints-list", exit_on_error=False)
-    async def _list(self, url: str) -> None:
+    @work(thread=True, exclusive=True, group="checkpoints-list", exit_on_error=False)
+    def _list(self, url: str) -> None:
+        # In a thread, on an event loop of its own, as Retention's listing: reading the steps'
+        # metadata and the job records (the backlog) do not yield, and must not hold up the keys.
         try:
-            catalog = await self.ops.checkpoints.listing(url)
+            catalog = asyncio.run(self.ops.checkpoints.listing(url))
         except LoadmasterError as exc:
-            self.report_error(f"Listing {url}", exc)
-            self.query_one("#ckpt-summary", Static).update(f"Could not list {url}: {exc}")
+            self.app.call_from_thread(self._not_listed, url, exc)
             return
         try:
             alerts = self.ops.checkpoints.backlog()
         except LoadmasterError:
             alerts = []
-        self.post_message(CatalogListed(url, catalog, alerts))
+        if not get_current_worker().is_cancelled:
+            self.post_message(CatalogListed(url, catalog, alerts))
+
+    def _not_listed(self, url: str, exc: LoadmasterError) -> None:
+        self.report_error(f"Listing {url}", exc)
+        self.query_one("#ckpt-summary", Static).update(f"Could not list {url}: {exc}")
 
     @on(CatalogListed)
     def _listed(self, event: CatalogListed) -> None:
