@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on, work
@@ -40,6 +41,7 @@ from backend.units import bytes_text, usd_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets import Gauge, Summary
 from tui.widgets.detail import DetailModal
+from tui.widgets.table_fit import CellFor, FitColumn, FittedTable
 from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
@@ -71,6 +73,12 @@ ROUTE_COLUMNS: tuple[tuple[str, str], ...] = (
 #: The route column is bounded (longer routes are cut in the middle, the full route is the table's
 #: tooltip on the highlighted row) so that a long store or site name cannot push the money off.
 ROUTE_WIDTH = 32
+#: The same columns as a :class:`FittedTable` lays them out: at 80 columns N and Kind give way
+#: whole (never cut by the edge); the widths are set with the rows, so the header always lines up.
+ROUTE_FIT = tuple(
+    FitColumn(key, label, ROUTE_WIDTH, least=28) if key == "route" else FitColumn(key, label)
+    for key, label in ROUTE_COLUMNS
+)
 
 #: The brief's scenario: 40 TB read by 5 runs a month from S3 us-east-1 into 16 nodes elsewhere.
 BRIEF_SCENARIO = CalculatorInputs()
@@ -198,7 +206,7 @@ class EgressScreen(LoadmasterScreen):
                 yield Static("Month to date", id="egress-month-title", markup=False)
                 yield Summary(id="egress-summary")
                 yield Vertical(id="egress-budgets")
-                yield DataTable(id="egress-routes", cursor_type="row", zebra_stripes=True)
+                yield FittedTable(ROUTE_FIT, id="egress-routes", cursor_type="row", zebra_stripes=True)
             with VerticalScroll(id="egress-calc"):
                 yield Static("Calculator  (GB = 10^9 bytes)", id="egress-calc-title", markup=False)
                 for key, label, hint in _FIELDS:
@@ -217,10 +225,6 @@ class EgressScreen(LoadmasterScreen):
                 yield Static("", id="egress-quote", markup=False)
 
     def on_mount(self) -> None:
-        table = self.query_one("#egress-routes", DataTable)
-        # The money first: on a narrow terminal the columns that scroll off are N and Kind.
-        for key, label in ROUTE_COLUMNS:
-            table.add_column(label, key=key, width=ROUTE_WIDTH if key == "route" else None)
         self.recompute()
 
     def start_reads(self) -> None:
@@ -357,23 +361,24 @@ class EgressScreen(LoadmasterScreen):
         rep = self.report
         if rep is None:
             return
-        table = self.query_one("#egress-routes", DataTable)
-        table.clear()
+        table = self.query_one("#egress-routes", FittedTable)
+        rows: list[tuple[str, list[CellFor]]] = []
         named = [(r, f"{r.store} -> {r.dest_site or '?'}") for r in rep.routes]
         self.shown_routes = [(r, name) for r, name in named if self.filter_matches(name, r.kind)]
         for r, route in self.shown_routes:
-            cells = {
-                "route": short(route, ROUTE_WIDTH),
+            cells: dict[str, CellFor] = {
+                "route": partial(short, route),  # cut in the middle to the column's width
                 "usd": usd_text(r.usd),
                 "projected": usd_text(r.projected_usd),
                 "bytes": bytes_text(r.bytes),
                 "n": str(r.transfers),
                 "kind": r.kind,
             }
-            table.add_row(*(cells[k] for k, _ in ROUTE_COLUMNS))
+            rows.append((f"{len(rows)}:{route}", [cells[k] for k, _ in ROUTE_COLUMNS]))
         if not self.shown_routes:
             empty = f"no route matches {self.filter_text!r}" if rep.routes else "no transfers recorded this month"
-            table.add_row(*(empty if k == "route" else "" for k, _ in ROUTE_COLUMNS))
+            rows.append(("empty", [empty if k == "route" else "" for k, _ in ROUTE_COLUMNS]))
+        table.set_rows(rows)
 
     def apply_filter(self) -> None:
         self._render_routes()
