@@ -84,7 +84,10 @@ async def test_a_pull_for_a_slurm_job_goes_to_its_nodes_and_is_tagged(
         app = LoadmasterApp(services, mode="transfers")
         async with app.run_test(size=(120, 40)) as pilot:
             table_w = app.screen.query_one(TransfersTable)
-            await wait_until(pilot, lambda: table_w.row_count >= 2, rounds=1200, delay=0.05)
+            # The rows, laid out at the table's width (the route is the last column to fit).
+            await wait_until(
+                pilot, lambda: table_w.row_count >= 2 and "what" in table_w.shown_columns, rounds=1200, delay=0.05
+            )
             cells = [" ".join(str(c) for c in table_w.get_row_at(i)) for i in range(table_w.row_count)]
             assert sum(f"slurm {job}" in c for c in cells) == 2, cells
             info = app.screen.query_one(TransferDetail).query_one("#transfers-detail-info")

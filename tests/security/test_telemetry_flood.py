@@ -101,7 +101,13 @@ def test_top_reports_the_floods_as_malformed_samples_at_bounded_memory(flood_lab
     assert "node-01 (malformed sample: nvidia-smi printed a line over 64 KiB)" in stderr[0]
     assert "node-02 (malformed sample: nvidia-smi output was cut (too long) or did not finish)" in stderr[0]
     rows = {ln.split()[0]: ln for ln in res.stdout.splitlines()[2:] if ln.startswith("node-")}
-    assert rows["node-03"].split()[1:4:2] == ["up", "2"]  # the healthy node's row is complete
+    header = res.stdout.splitlines()[1]  # the columns are aligned under their names
+
+    def cell(row: str, name: str, after: str) -> str:
+        return row[header.index(name) : header.index(after)].strip()
+
+    healthy = rows["node-03"]  # its row is complete
+    assert (cell(healthy, "STATE", "SSH"), cell(healthy, "GPUS", "UTIL")) == ("up", "2"), healthy
     assert "malformed sample" in rows["node-01"] and "malformed sample" in rows["node-02"]
     assert max(len(ln) for ln in res.stdout.splitlines()) < 400  # nothing printed whole
     assert not ESCAPES.search(res.stdout + res.stderr)
