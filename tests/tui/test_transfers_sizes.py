@@ -146,3 +146,22 @@ async def test_no_column_is_cut_by_the_screen_edge(size: str, jobs: int) -> None
             assert headers[-1] == "Source -> Destination"
             routes = [str(table.get_row_at(i)[-1]) for i in range(table.row_count)]
             assert all("…" in r and " -> " in r for r in routes), routes
+
+
+async def test_the_route_and_its_slurm_tag_stay_at_120_columns_beside_a_long_id() -> None:
+    """Seen in CI: jobs of other launches on the same nodes, one with a 28-character id, pushed
+    the route (which leads with a pull's Slurm job) off a 120-column Transfers table. Progress
+    narrows first (its byte counts cut with '…'), so the route stays."""
+    import dataclasses
+
+    from tui.widgets.transfers_table import TransfersTable
+
+    records = list(launch_records(nodes=30, failed=0))
+    records[0] = dataclasses.replace(records[0], id="x" * 28, slurm_job="4242")
+    app = LoadmasterApp(services_with_jobs(tuple(records)), theme="loadmaster-dark", mode="transfers")
+    async with app.run_test(size=SIZES["120x40"]) as pilot:
+        await _show(app, pilot, tuple(records))
+        table = app.screen.query_one(TransfersTable)
+        assert table.shown_columns[-1] == "what", table.shown_columns
+        row = " ".join(str(c) for c in table.get_row("x" * 28))
+        assert "slurm 4242 " in row and "x" * 28 in row, row

@@ -29,6 +29,10 @@ STATE_STYLE = {
 #: wide as their widest cell. Source -> Destination takes what the others leave, down to WHAT_LEAST.
 WIDTHS = {"id": 16, "state": 10, "what": 36, "progress": 31}
 WHAT_LEAST = 16
+#: Progress narrows before the route is dropped: its bar and percentage stay, the byte counts are
+#: cut with "…" (the detail pane shows them whole), so long job ids or node names at 120 columns
+#: do not cost the route and its Slurm tag.
+PROGRESS_LEAST = 18
 #: The Job column grows to the longest id shown (``<launch>.<n>``), up to this; never cut below it.
 ID_MAX = 28
 
@@ -51,7 +55,7 @@ COLUMNS = (
 def fit_spec(id_width: int) -> list[FitColumn]:
     """The columns, the Job column ``id_width`` wide."""
     widths = {**WIDTHS, "id": id_width}
-    least = {"id": id_width, "what": WHAT_LEAST}
+    least = {"id": id_width, "what": WHAT_LEAST, "progress": PROGRESS_LEAST}
     return [FitColumn(key, label, widths.get(key), least.get(key)) for key, label in COLUMNS]
 
 
