@@ -302,6 +302,11 @@ async def test_unconfigured_says_what_to_set(tmp_path: Path) -> None:
         await wait_until(pilot, lambda: "alertmanager_url" in status(app), delay=0.05)
         assert status(app).startswith("[alerts] alertmanager_url is not set")
         assert table(app).row_count == 0 and app.errors == []
+        # Fleet still says none is set: an Alertmanager nobody asked is not "0 firing".
+        await pilot.press("1")
+        conditions = app.screen.query_one("#fleet-conditions", Static)
+        await wait_until(pilot, lambda: "Alertmanager" in str(conditions.render()), delay=0.05)
+        assert "Alertmanager: not set" in str(conditions.render()), str(conditions.render())
 
 
 # -- the snapshot ---------------------------------------------------------------------------------

@@ -129,13 +129,21 @@ class AlertsRead(Message):
     """One read of Alertmanager: the alerts and silences (None: not read) and the status line."""
 
     def __init__(
-        self, alerts: list[SiteAlert] | None, silences: list[Silence] | None, status: str, degraded: bool
+        self,
+        alerts: list[SiteAlert] | None,
+        silences: list[Silence] | None,
+        status: str,
+        degraded: bool,
+        *,
+        configured: bool = True,
     ) -> None:
         super().__init__()
         self.alerts = alerts
         self.silences = silences
         self.status = status
         self.degraded = degraded
+        #: False: no Alertmanager is set (empty tables, and nothing read to tell Fleet).
+        self.configured = configured
 
 
 class SilenceModal(ModalScreen[str | None]):
@@ -315,7 +323,7 @@ class AlertsScreen(LoadmasterScreen):
             alerts = await ops.site()
             silences = await ops.silences()
         except AlertingNotConfigured as exc:
-            self.post_message(AlertsRead([], [], str(exc), False))
+            self.post_message(AlertsRead([], [], str(exc), False, configured=False))
             return
         except LoadmasterError as exc:
             error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -335,7 +343,9 @@ class AlertsScreen(LoadmasterScreen):
 
     @on(AlertsRead)
     def _read(self, event: AlertsRead) -> None:
-        self.show_alerts(event.alerts, event.silences, event.status, degraded=event.degraded)
+        self.show_alerts(
+            event.alerts, event.silences, event.status, degraded=event.degraded, configured=event.configured
+        )
 
     def show_alerts(
         self,
@@ -344,8 +354,12 @@ class AlertsScreen(LoadmasterScreen):
         status: str,
         *,
         degraded: bool = False,
+        configured: bool = True,
     ) -> None:
-        """Render one read (None keeps what is shown: a failed read leaves the last one on screen)."""
+        """Render one read (None keeps what is shown: a failed read leaves the last one on screen).
+
+        ``configured`` False: no Alertmanager is set; the tables are empty, and Fleet is not told
+        of a read (it would count "0 firing" where nothing was asked)."""
         self.status_text = status
         line = self.query_one("#alerts-status", Static)
         line.update(status)
@@ -353,7 +367,7 @@ class AlertsScreen(LoadmasterScreen):
         if alerts is not None:
             self.alerts = alerts
             set_alerts = getattr(self.app, "set_site_alerts", None)
-            if set_alerts is not None:
+            if set_alerts is not None and configured:
                 set_alerts(alerted_nodes(alerts), silenced=silenced_nodes(alerts))
             self._show_alert_rows()
         if silences is not None:
