@@ -89,7 +89,6 @@ class AlertmanagerServer(ManagedProcess):
         self.group_interval = float(group_interval)
         self.repeat_interval = float(repeat_interval)
         self.extra_args = tuple(extra_args)
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:

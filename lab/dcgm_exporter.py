@@ -59,7 +59,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -808,7 +807,6 @@ class DcgmExporterStandIn(ManagedProcess):
             raise DcgmStandInError("dcgm stand-in: node names must be unique")
         self.collect_interval = collect_interval
         self.shared_ip = shared_ip if shared else None
-        self.proc: subprocess.Popen[bytes] | None = None
         self.addresses: dict[str, str] = {}
         self.shared_address: str | None = None
         self._generation = 0

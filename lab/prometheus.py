@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -129,7 +128,6 @@ class NodeExporter(ManagedProcess):
         self.port = port or free_port(ip)
         self.collectors = tuple(collectors)
         self.extra_args = tuple(extra_args)
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
@@ -231,7 +229,6 @@ class PrometheusServer(ManagedProcess):
         self.targets_config: list[ScrapeTarget] = list(targets)
         self.data_dir = Path(data_dir).absolute() if data_dir else self.root / "data"
         self.extra_args = tuple(extra_args)
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
