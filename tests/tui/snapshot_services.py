@@ -112,13 +112,13 @@ def frozen_clock(monkeypatch: Any | None = None) -> Iterator[None]:
     """
     import os
 
-    import backend.ledger as ledger
+    from backend.ledger import clock as ledger_clock
 
     saved_tz = os.environ.get("TZ")
     os.environ["TZ"] = "UTC"  # clock times on screen must not depend on the machine's zone
     time.tzset()
     try:
-        with _frozen(ledger, monkeypatch):
+        with _frozen(ledger_clock, monkeypatch):
             yield
     finally:
         if saved_tz is None:
@@ -129,13 +129,13 @@ def frozen_clock(monkeypatch: Any | None = None) -> Iterator[None]:
 
 
 @contextmanager
-def _frozen(ledger: Any, monkeypatch: Any | None) -> Iterator[None]:
-    real_now = ledger._now
+def _frozen(ledger_clock: Any, monkeypatch: Any | None) -> Iterator[None]:
+    real_now = ledger_clock.now
 
     def fixed_now(now: Any = None) -> datetime:
         return real_now(FROZEN_NOW if now is None else now)
 
-    patches = [(time, "time", lambda: FROZEN_NOW), (ledger, "_now", fixed_now)]
+    patches = [(time, "time", lambda: FROZEN_NOW), (ledger_clock, "now", fixed_now)]
     if monkeypatch is not None:
         for obj, name, value in patches:
             monkeypatch.setattr(obj, name, value)
