@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 from backend.agent.context import JobContext
 from backend.agent.kinds import JobKind
@@ -55,6 +55,7 @@ from backend.pulls.objects import (
     rel_problem,
     s5cmd_error,
 )
+from backend.pulls.params import PullParams, read_dest, read_params
 from backend.pulls.staging import EXCLUDES as STAGING_EXCLUDES
 from backend.pulls.staging import Staging, classify, cleanup_staging, unplanned_cap
 from backend.pulls.staging import refusal as staging_refusal
@@ -81,26 +82,27 @@ def _die_with_parent() -> None:
         pass
 
 
-def _dest(params: dict[str, Any]) -> Path:
-    return Path(os.path.expanduser(str(params["dest"])))
+def _dest(dest: str) -> Path:
+    return Path(os.path.expanduser(dest))
 
 
-def _s5cmd_base(params: dict[str, Any]) -> list[str]:
-    cmd = [str(params.get("s5cmd") or "s5cmd"), "--json", "--numworkers", str(int(params["numworkers"]))]
-    if params.get("endpoint_url"):
-        cmd += ["--endpoint-url", str(params["endpoint_url"])]
+def _s5cmd_base(params: PullParams, numworkers: int | None = None) -> list[str]:
+    nw = params["numworkers"] if numworkers is None else numworkers
+    cmd = [params.get("s5cmd") or "s5cmd", "--json", "--numworkers", str(nw)]
+    if endpoint := params.get("endpoint_url"):
+        cmd += ["--endpoint-url", endpoint]
     return cmd
 
 
-def _s5cmd_env(ctx: JobContext, workdir: Path) -> tuple[dict[str, str], Path | None]:
+def _s5cmd_env(ctx: JobContext, params: PullParams, workdir: Path) -> tuple[dict[str, str], Path | None]:
     """The environment for s5cmd: a 0600 shared-credentials file, region, no IMDS."""
     env = dict(os.environ)
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         env.pop(k, None)
     env["AWS_EC2_METADATA_DISABLED"] = "true"
-    region = ctx.params.get("region")
+    region = params.get("region")
     if region and region != "auto":
-        env["AWS_REGION"] = str(region)
+        env["AWS_REGION"] = region
     creds = Credentials.from_env(ctx.secret_env())
     creds_path = None
     if creds is not None:
@@ -110,13 +112,13 @@ def _s5cmd_env(ctx: JobContext, workdir: Path) -> tuple[dict[str, str], Path | N
             f.write(creds.shared_credentials_file(CREDS_PROFILE))
         env["AWS_SHARED_CREDENTIALS_FILE"] = str(creds_path)
         env["AWS_PROFILE"] = CREDS_PROFILE
-    elif ctx.params.get("profile"):
-        env["AWS_PROFILE"] = str(ctx.params["profile"])
+    elif profile := params.get("profile"):
+        env["AWS_PROFILE"] = profile
     return env, creds_path
 
 
-def _list_on_node(ctx: JobContext, src: SourcePattern, env: dict[str, str]) -> list[PulledObject]:
-    cmd = [*_s5cmd_base(ctx.params), "ls", src.url]
+def _list_on_node(params: PullParams, src: SourcePattern, env: dict[str, str]) -> list[PulledObject]:
+    cmd = [*_s5cmd_base(params), "ls", src.url]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, errors="surrogateescape")
     errors = [e for e in map(s5cmd_error, (res.stdout + "\n" + res.stderr).split("\n")) if e]
     if res.returncode != 0 or errors:
@@ -132,34 +134,34 @@ class CopyHooks:
     def object_done(self, index: int, obj: PulledObject) -> None:
         """Object ``index`` of the expected list is in place at its final path."""
 
-    def progress_extra(self) -> dict[str, Any]:
+    def progress_extra(self) -> dict[str, object]:
         return {}
 
 
-def run_pull_job(ctx: JobContext, hooks: CopyHooks | None = None) -> dict[str, Any]:
+def run_pull_job(ctx: JobContext, hooks: CopyHooks | None = None) -> dict[str, object]:
     """Run s5cmd for the pull in ``ctx.params``, report progress, verify every object; the result details."""
-    p = ctx.params
-    src = parse_source(str(p["src"]))
-    dest = _dest(p)
+    p = read_params(ctx.params)
+    src = parse_source(p["src"])
+    dest = _dest(p["dest"])
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise JobError(f"cannot create destination {dest}: {exc.strerror}") from None
     workdir = ctx.job_dir or Path(tempfile.mkdtemp(prefix="lm-pull-"))
-    env, creds_path = _s5cmd_env(ctx, workdir)
+    env, creds_path = _s5cmd_env(ctx, p, workdir)
     try:
-        if p.get("expected") is not None:
+        if "expected" in p:
             expected = parse_expected(p["expected"])
         else:
             ctx.log(f"listing {src.url} on the node")
-            expected = _list_on_node(ctx, src, env)
+            expected = _list_on_node(p, src, env)
         # Refused again here, whatever the console checked: the spec or the node's own listing
         # could name a key that would land outside DEST.
         try:
             check_objects(src, expected)
         except StoreError as exc:
             raise JobError(str(exc)) from None
-        if p.get("expected") is None and ctx.job_dir is not None:
+        if "expected" not in p and ctx.job_dir is not None:
             write_job_file(ctx.job_dir / EXPECTED_FILE, json.dumps(expected))
         if not expected:
             raise JobError(f"no objects match {src.url}")
@@ -170,7 +172,7 @@ def run_pull_job(ctx: JobContext, hooks: CopyHooks | None = None) -> dict[str, A
             raise JobError(f"refusing to write {dest / rel}: it {why}{more}; nothing was pulled")
         total = sum(o.size for o in expected)
         check_space(dest, expected, total, ctx)
-        return _copy(ctx, src, dest, expected, total, env, hooks or CopyHooks(), hooks is None)
+        return _copy(_Copy(ctx, p, src, dest, expected, total, env, hooks or CopyHooks()), hooks is None)
     finally:
         if creds_path is not None:
             creds_path.unlink(missing_ok=True)
@@ -178,7 +180,7 @@ def run_pull_job(ctx: JobContext, hooks: CopyHooks | None = None) -> dict[str, A
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _flags(params: dict[str, Any], expected: list[PulledObject]) -> tuple[int, int, int]:
+def _flags(params: PullParams, expected: list[PulledObject]) -> tuple[int, int, int]:
     """s5cmd's (numworkers, concurrency, part size MiB): as planned; with ``pipeline`` in the spec,
     large objects are taken a few at a time (the relay seeds' flags), so they land one after
     another and each is proven while the rest downloads.
@@ -187,7 +189,7 @@ def _flags(params: dict[str, Any], expected: list[PulledObject]) -> tuple[int, i
     made s5cmd itself ~0.7 s slower than the plan's (half the streams), while proving every object
     after they all landed together costs 0.1-0.3 s with the store's CRC64NVME. Objects that land
     early are still proven at once."""
-    nw, cc, ps = int(params["numworkers"]), int(params["concurrency"]), int(params["part_size_mib"])
+    nw, cc, ps = params["numworkers"], params["concurrency"], params["part_size_mib"]
     if not params.get("pipeline"):
         return nw, cc, ps
     from backend.pulls.relay.planner import seed_flags
@@ -195,9 +197,7 @@ def _flags(params: dict[str, Any], expected: list[PulledObject]) -> tuple[int, i
     return seed_flags(sum(o.size for o in expected), len(expected), nw, cc, ps)
 
 
-def _commands(
-    src: SourcePattern, dest: Path, expected: list[PulledObject], params: dict[str, Any], flags: tuple[int, int, int]
-) -> str:
+def _commands(src: SourcePattern, dest: Path, expected: list[PulledObject], flags: tuple[int, int, int]) -> str:
     """One ``cp`` per object for ``s5cmd run``: the source key exact (--raw: no wildcards), the
     destination a file path the runner checked, never a directory s5cmd fills from its own listing."""
     opts = f"cp --raw --concurrency {flags[1]} --part-size {flags[2]}"
@@ -207,30 +207,21 @@ def _commands(
     )
 
 
-def _copy(
-    ctx: JobContext,
-    src: SourcePattern,
-    dest: Path,
-    expected: list[PulledObject],
-    total: int,
-    env: dict[str, str],
-    hooks: CopyHooks,
-    plain_hooks: bool,
-) -> dict[str, Any]:
+def _copy(job: _Copy, plain_hooks: bool) -> dict[str, object]:
     """Copy in the mode that applies (:func:`backend.pulls.staging.refusal`, said in the log,
     the progress and the result): one wildcard ``cp`` into a staging folder, else one exact
     ``cp`` per object; the staging folder is removed whatever happens."""
-    p = ctx.params
-    why = staging_refusal(src, expected, p, plain_hooks)
+    ctx, dest = job.ctx, job.dest
+    why = staging_refusal(job.src, job.expected, job.params, plain_hooks)
     staging = None
     if why is None:
         try:
-            staging = Staging.create(dest, ctx.job_id, ctx.job_dir, unplanned_cap(p, total))
+            staging = Staging.create(dest, ctx.job_id, ctx.job_dir, unplanned_cap(job.params, job.total))
         except OSError as exc:
             why = f"no staging folder in {dest}: {exc.strerror or exc}"
     ctx.log(f"copy mode: {'staging' if staging else 'per-object'}" + (f" ({why})" if why else ""))
     try:
-        return _run_copy(_Copy(ctx, src, dest, expected, total, env, hooks), staging, why)
+        return _run_copy(job, staging, why)
     finally:
         if staging is not None:
             staging.remove()
@@ -240,14 +231,14 @@ def _s5cmd_command(
     src: SourcePattern,
     dest: Path,
     expected: list[PulledObject],
-    params: dict[str, Any],
+    params: PullParams,
     staging: Staging | None,
 ) -> tuple[list[str], str | None]:
     """s5cmd's argv and what it reads on stdin (None: nothing)."""
     flags = _flags(params, expected)
-    base = _s5cmd_base({**params, "numworkers": flags[0]})
+    base = _s5cmd_base(params, numworkers=flags[0])
     if staging is None:
-        return [*base, "run"], _commands(src, dest, expected, params, flags)
+        return [*base, "run"], _commands(src, dest, expected, flags)
     excludes = [a for x in STAGING_EXCLUDES for a in ("--exclude", x)]
     cp = ["cp", "--concurrency", str(flags[1]), "--part-size", str(flags[2]), *excludes]
     return [*base, *cp, src.url, staging.url()], None
@@ -257,6 +248,7 @@ class _Copy(NamedTuple):
     """What one copy works with (the pull, its objects, s5cmd's environment)."""
 
     ctx: JobContext
+    params: PullParams
     src: SourcePattern
     dest: Path
     expected: list[PulledObject]
@@ -265,11 +257,28 @@ class _Copy(NamedTuple):
     hooks: CopyHooks
 
 
-def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str, Any]:
+def _copied(line: str) -> dict[str, object] | None:
+    """One line of s5cmd's ``--json`` output when it reports a successful ``cp``, else None."""
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(d, dict) or not (d.get("success") and d.get("operation") == "cp"):
+        return None
+    return d
+
+
+def _size_of(d: dict[str, object]) -> int:
+    """The size s5cmd reports of the object it copied (0 when it says none)."""
+    obj = d.get("object")
+    size = obj.get("size", 0) if isinstance(obj, dict) else 0
+    return size if isinstance(size, int) and not isinstance(size, bool) else 0
+
+
+def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str, object]:
     """Run s5cmd in the chosen mode, prove each object as it lands (staged: then rename it
     into DEST), stop s5cmd on a cancel or on what a staged copy may not do; the result."""
-    ctx, src, dest, expected, total, env, hooks = job
-    p = ctx.params
+    ctx, p, src, dest, expected, total, env, hooks = job
     cmd, script = _s5cmd_command(src, dest, expected, p, staging)
     mode = "staging" if staging is not None else "per-object"
     if staging is None:
@@ -318,7 +327,7 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
         dest if staging is None else staging.path,
         expected,
         StoreHeads(p, ctx.secret_env(), src.bucket),
-        workers=int(p["verify_workers"]) if p.get("verify_workers") else None,
+        workers=p.get("verify_workers") or None,
         then=placed if staging is not None else None,
     )
 
@@ -328,7 +337,7 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
         with contextlib.suppress(OSError):
             proc.kill()
 
-    def staged_object(d: dict[str, Any], size: int) -> int | None:
+    def staged_object(d: dict[str, object], size: int) -> int | None:
         """The planned index s5cmd reports copied into staging; an unplanned one is counted."""
         assert staging is not None
         r = classify(src, index_of, str(staging.path), str(d.get("source") or ""), str(d.get("destination") or ""))
@@ -361,13 +370,10 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
                 with lock:
                     errors.append(err)
                 continue
-            try:
-                d = json.loads(line)
-            except ValueError:
+            d = _copied(line)
+            if d is None:
                 continue
-            if not (d.get("success") and d.get("operation") == "cp"):
-                continue
-            size = int((d.get("object") or {}).get("size", 0))
+            size = _size_of(d)
             if staging is not None:
                 index = staged_object(d, size)
             else:
@@ -419,7 +425,7 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
         while len(window) > 2 and now - window[0][0] > 3.0:
             window.popleft()
         rate = (b - window[0][1]) / (now - window[0][0]) if now > window[0][0] else 0.0
-        extra: dict[str, Any] = {"rate_bps": max(0.0, rate), "mode": mode, **hooks.progress_extra()}
+        extra: dict[str, object] = {"rate_bps": max(0.0, rate), "mode": mode, **hooks.progress_extra()}
         if staging is not None and staging.unplanned_bytes:
             extra["unplanned_bytes"] = staging.unplanned_bytes  # moved all the same: the ledger counts it
         if final:
@@ -448,7 +454,7 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
         report()
         _copy_failed(ctx, dest, expected, proc.returncode, errors, halted)
     temps.remove()
-    checks = _verify(ctx, src, dest, expected, env, verifier, None if staging is None else staging.placed)
+    checks = _verify(ctx, p, src, dest, expected, env, verifier, None if staging is None else staging.placed)
     elapsed = time.time() - started
     report(final=True)
     summary = summarize(checks, n_items)
@@ -494,7 +500,7 @@ def _copy_failed(
     raise JobError(f"s5cmd exited {rc}: {first}{more}")
 
 
-def _unplanned(ctx: JobContext, staging: Staging) -> dict[str, Any]:
+def _unplanned(ctx: JobContext, staging: Staging) -> dict[str, object]:
     """The result's account of objects s5cmd copied that were not in the plan (none put in DEST)."""
     if not staging.unplanned_keys:
         return {"unplanned_objects": 0, "unplanned_bytes": 0}
@@ -525,6 +531,7 @@ def _object_done(hooks: CopyHooks, dest: Path, expected: list[PulledObject], ind
 
 def _verify(
     ctx: JobContext,
+    params: PullParams,
     src: SourcePattern,
     dest: Path,
     expected: list[PulledObject],
@@ -547,7 +554,7 @@ def _verify(
         # place: that is what a fresh listing would say of it.
         now = {o.rel: o for o in expected}
     else:
-        now = {o.rel: o for o in _list_on_node(ctx, src, env)}
+        now = {o.rel: o for o in _list_on_node(params, src, env)}
     # What is wrong on disk is named first, then what changed in the bucket, then the bytes.
     bad = {c.rel: c.detail for c in checks.values() if not c.ok and c.method == "size"}
     for o in expected:
@@ -581,7 +588,7 @@ def _verify(
 def cleanup(ctx: JobContext) -> None:
     """Remove the job's own s5cmd temporaries and staging folder; complete objects and every
     file that was in DEST before stay."""
-    dest = _dest(ctx.params)
+    dest = _dest(read_dest(ctx.params))
     raw = ctx.params.get("expected")
     if raw is None and ctx.job_dir is not None and (ctx.job_dir / EXPECTED_FILE).exists():
         raw = json.loads((ctx.job_dir / EXPECTED_FILE).read_text())
@@ -608,7 +615,7 @@ class PullKind(JobKind):
 
     name = "pull"
 
-    def run(self, ctx: JobContext) -> dict[str, Any]:
+    def run(self, ctx: JobContext) -> dict[str, object]:
         return run_pull_job(ctx)
 
     def cleanup(self, ctx: JobContext) -> None:

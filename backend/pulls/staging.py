@@ -42,10 +42,10 @@ import stat as stat_mod
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from backend.pulls.destination import outside_dest, write_job_file
 from backend.pulls.objects import PulledObject, SourcePattern, rel_problem
+from backend.pulls.params import PullParams
 
 STAGING_PREFIX = ".loadmaster-staging-"
 #: In the job directory: the staging folder this job created (path, device, inode).
@@ -69,7 +69,7 @@ def excluded(rel: str) -> bool:
     return any(r.match(rel) for r in _EXCLUDE_RES)
 
 
-def refusal(src: SourcePattern, expected: list[PulledObject], params: dict[str, Any], plain_hooks: bool) -> str | None:
+def refusal(src: SourcePattern, expected: list[PulledObject], params: PullParams, plain_hooks: bool) -> str | None:
     """Why this pull is copied one object per command rather than staged; None when staging applies.
 
     Deny by default: staged only when s5cmd's wildcard copies exactly the plan's keys (a source
@@ -93,11 +93,11 @@ def refusal(src: SourcePattern, expected: list[PulledObject], params: dict[str, 
     return None
 
 
-def unplanned_cap(params: dict[str, Any], total: int) -> int:
+def unplanned_cap(params: PullParams, total: int) -> int:
     """Bytes of objects not in the plan a staged copy may move before it is stopped
     (``unplanned_cap_bytes`` in the spec, else 1% of the planned bytes, at most 64 MiB)."""
-    if params.get("unplanned_cap_bytes") is not None:
-        return max(0, int(params["unplanned_cap_bytes"]))
+    if (cap := params.get("unplanned_cap_bytes")) is not None:
+        return max(0, cap)
     return min(UNPLANNED_CAP_MAX, int(total * UNPLANNED_CAP_FRACTION))
 
 

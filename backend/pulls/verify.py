@@ -19,13 +19,15 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import http.client
 import os
 import threading
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from backend.credentials import Credentials
 from backend.pulls.integrity import (
@@ -39,6 +41,7 @@ from backend.pulls.integrity import (
     proof_holds,
 )
 from backend.pulls.objects import PulledObject, SourcePattern
+from backend.pulls.params import PullParams
 
 #: Below this size an object whose listed ETag is a plain MD5 is proven by MD5 with no HEAD: a
 #: HEAD costs ~0.3 ms of client CPU signed by :class:`SigV4` (~0.9 ms with botocore's signer) and
@@ -79,14 +82,15 @@ class SigV4:
 
     def __init__(self, access_key: str, secret_key: str, token: str | None = None) -> None:
         self.access_key, self._secret, self.token = access_key, secret_key, token
+        # awscrt has no type stubs: its module is held as a module, its provider as an object.
+        self._crt: types.ModuleType | None = None
+        self._provider: object = None
         try:
             from awscrt import auth as crt_auth
         except ImportError:  # a node without awscrt: botocore signs (slower, same headers)
-            self._crt: Any = None
-            self._provider: Any = None
-        else:
-            self._crt = crt_auth
-            self._provider = crt_auth.AwsCredentialsProvider.new_static(access_key, secret_key, token)
+            return
+        self._crt = crt_auth
+        self._provider = crt_auth.AwsCredentialsProvider.new_static(access_key, secret_key, token)
 
     def sign(
         self,
@@ -145,7 +149,7 @@ class StoreHeads:
     keep-alive connection per thread: a HEAD costs a fraction of a millisecond of CPU here, where a
     botocore client costs ~0.5 s to create and ~1.5 ms a request."""
 
-    def __init__(self, params: dict[str, Any], secret_env: dict[str, str], bucket: str) -> None:
+    def __init__(self, params: PullParams, secret_env: dict[str, str], bucket: str) -> None:
         self.params = params
         self.creds = Credentials.from_env(secret_env)
         self.bucket = bucket
@@ -167,8 +171,8 @@ class StoreHeads:
                     import botocore.session
 
                     session = botocore.session.get_session()
-                    if self.params.get("profile"):
-                        session.set_config_variable("profile", str(self.params["profile"]))
+                    if profile := self.params.get("profile"):
+                        session.set_config_variable("profile", profile)
                     found = session.get_credentials()
                     if found is None:
                         raise OSError("no credentials for the store on this node")
@@ -184,16 +188,14 @@ class StoreHeads:
         quoted = urllib.parse.quote(key, safe="/-_.~")
         endpoint = self.params.get("endpoint_url")
         if endpoint:
-            u = urllib.parse.urlsplit(str(endpoint))
+            u = urllib.parse.urlsplit(endpoint)
             base = u.path.rstrip("/")
             return u.scheme or "https", u.netloc, f"{base}/{self.bucket}/{quoted}"
         if "." in self.bucket:  # a dotted name does not match the wildcard certificate: path style
             return "https", f"s3.{self.region}.amazonaws.com", f"/{self.bucket}/{quoted}"
         return "https", f"{self.bucket}.s3.{self.region}.amazonaws.com", f"/{quoted}"
 
-    def _connection(self, scheme: str, host: str) -> Any:
-        import http.client
-
+    def _connection(self, scheme: str, host: str) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
         if conn is None or getattr(self._local, "host", None) != (scheme, host):
             if conn is not None:
@@ -205,8 +207,6 @@ class StoreHeads:
         return conn
 
     def _send(self, key: str, part: int | None, checksums: bool) -> tuple[int, dict[str, str]]:
-        import http.client
-
         scheme, host, path = self._url(key)
         query = f"partNumber={part}" if part is not None else ""
         extra = {"x-amz-checksum-mode": "ENABLED"} if checksums else {}
@@ -405,7 +405,15 @@ class PullVerifier:
         return ok, detail
 
 
-def summarize(checks: dict[int, ObjectCheck], total: int) -> dict[str, Any]:
+class Summary(TypedDict):
+    """The result's verification fields (:func:`summarize`)."""
+
+    verified: str
+    verification: dict[str, int]
+    verified_text: str
+
+
+def summarize(checks: dict[int, ObjectCheck], total: int) -> Summary:
     """The result's verification fields: counts per method, ``verified`` ("bytes" when every
     object's bytes were proven, "size-only" when none were, "partly" otherwise) and a line."""
     counts: dict[str, int] = {}
@@ -421,7 +429,7 @@ def summarize(checks: dict[int, ObjectCheck], total: int) -> dict[str, Any]:
         text = f"verified: size-only for {weak} of {total} objects ({why})" + (
             f"; bytes proven for the rest ({byte_counts})" if byte_counts else ""
         )
-    return {"verified": verified, "verification": counts, "verified_text": text}
+    return Summary(verified=verified, verification=counts, verified_text=text)
 
 
 def per_object(checks: dict[int, ObjectCheck]) -> dict[str, str]:
