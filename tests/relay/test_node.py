@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import backend.pulls.relay.node as node_mod
+import backend.pulls.relay.receiver as receiver_mod
 from backend.agent.context import JobContext
 from backend.errors import JobError
 from backend.pulls.objects import PulledObject
@@ -104,7 +104,7 @@ def test_a_child_leaves_an_upstream_fed_far_slower_than_its_siblings(
     # The planned upstream is a real peer (the handshake, MACed frames) that says, once a second,
     # that it is fed at a tenth of its fastest sibling's rate and sends nothing else: the child
     # re-attaches to the node above it and copies from there.
-    monkeypatch.setattr(node_mod, "SLOW_S", 1.0)
+    monkeypatch.setattr(receiver_mod, "SLOW_S", 1.0)
     h, bodies = _seed(tmp_path, [200_000])
     above = _server(h)
     slow = socket.create_server(("127.0.0.1", 0))

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import backend.pulls.relay.node as node_mod
+import backend.pulls.relay.server as server_mod
 from backend.agent.context import JobContext
 from backend.errors import JobError
 from backend.pulls.objects import PulledObject
@@ -286,7 +286,7 @@ def test_stalled_handshakes_without_the_secret_never_take_a_real_child_s_place(
     port = server.sock.getsockname()[1]
     # Far more stalled connections than the handshake cap (each sends half a hello, then nothing).
     stalled = []
-    for _ in range(node_mod.MAX_HANDSHAKES * 3):
+    for _ in range(server_mod.MAX_HANDSHAKES * 3):
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         s.sendall(struct.pack("!BI", 1, 100) + b'{"v"')
         stalled.append(s)
@@ -297,7 +297,7 @@ def test_stalled_handshakes_without_the_secret_never_take_a_real_child_s_place(
         assert recv.md5_verified == 2
         # The oldest stalled ones were dropped to make room: the cap holds.
         assert _closed(stalled[0])
-        assert len(server.pending) <= node_mod.MAX_HANDSHAKES
+        assert len(server.pending) <= server_mod.MAX_HANDSHAKES
     finally:
         for s in stalled:
             s.close()
@@ -306,7 +306,7 @@ def test_stalled_handshakes_without_the_secret_never_take_a_real_child_s_place(
 def test_a_handshake_trickled_a_byte_at_a_time_is_dropped_at_its_deadline(
     monkeypatch: pytest.MonkeyPatch, seed_server: tuple[RelayServer, list[str]]
 ) -> None:
-    monkeypatch.setattr(node_mod, "HANDSHAKE_S", 1.0)
+    monkeypatch.setattr(server_mod, "HANDSHAKE_S", 1.0)
     server, log = seed_server
     hello = json.dumps({"v": 1, "group": "g", "node": "slow", "nonce": "ab" * 8}).encode()
     frame = struct.pack("!BI", 1, len(hello)) + hello
