@@ -85,8 +85,8 @@ class FunctionKind(JobKind):
 KINDS: dict[str, str] = {
     "pull": "backend.pulls.job:JOB_KIND",
     "relay": "backend.pulls.relay.job:JOB_KIND",
-    "upload": "backend.checkpoints.upload:JOB_KIND",
-    "strip": "backend.checkpoints.strip_job:JOB_KIND",
+    "upload": "backend.checkpoints.upload.job:JOB_KIND",
+    "strip": "backend.checkpoints.strip.job:JOB_KIND",
     "shard": "backend.shards.job:JOB_KIND",
 }
 

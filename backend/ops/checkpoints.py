@@ -253,7 +253,8 @@ class Checkpoints(Operation):
     ) -> Done:
         """Upload one step folder; a destination holding objects is refused unless ``overwrite``."""
         from backend.checkpoints.steps import step_number
-        from backend.checkpoints.upload import check_destination, launch_upload, upload_dir
+        from backend.checkpoints.upload import check_destination, upload_dir
+        from backend.checkpoints.upload.job import launch_upload
 
         self.refuse_if_readonly("upload a checkpoint")
         if not req.local_dir.strip():
@@ -307,7 +308,7 @@ class Checkpoints(Operation):
         folder's listed bytes (all a strip can read) quoted, checked against the budget and reserved
         before the job starts (``reason``: an over-budget override), released if it never starts,
         settled when it ends (``backend.ops.reserved``). A step on the node's own disk moves no egress."""
-        from backend.checkpoints.strip_job import launch_strip
+        from backend.checkpoints.strip.job import launch_strip
         from backend.jobs.records import new_job_id
         from backend.ledger import Reservation
         from backend.ops.reserved import launch_reserved

@@ -24,11 +24,10 @@ from backend.checkpoints.upload import (
     UploadError,
     UploadSettings,
     list_multipart,
-    run_upload_job,
     store_params,
     upload_dir,
-    upload_params,
 )
+from backend.checkpoints.upload.job import run_upload_job, upload_params
 from backend.config import data_dir
 from backend.storage import S3Store
 from tests.helpers import lab_bucket_store

@@ -25,12 +25,10 @@ from backend.checkpoints.upload import (
     UploadCancelled,
     UploadError,
     UploadSettings,
-    cleanup,
-    launch_upload,
     list_multipart,
     upload_dir,
-    upload_params,
 )
+from backend.checkpoints.upload.job import cleanup, launch_upload, upload_params
 from backend.services import Services
 from backend.storage import S3Store
 from lab import Lab

@@ -15,11 +15,9 @@ from backend.checkpoints.upload import (
     MiB,
     UploadError,
     UploadSettings,
-    launch_upload,
-    run_upload_job,
     upload_dir,
-    upload_params,
 )
+from backend.checkpoints.upload.job import launch_upload, run_upload_job, upload_params
 from backend.config import load_config_file
 from backend.services import Services
 from backend.storage import S3Store

@@ -5,7 +5,7 @@ the largest tensor, not by the model. The export (``model-0000i-of-0000N.safeten
 ``model.safetensors.index.json``) goes into the step folder itself by default, index last, so a
 stripped milestone keeps its path and a reader never sees an index without its shards. The
 result is verified (:mod:`backend.checkpoints.strip_verify`) before success. The node job that
-runs a strip on a GPU node is :mod:`backend.checkpoints.strip_job`.
+runs a strip on a GPU node is :mod:`backend.checkpoints.strip.job`.
 """
 
 from __future__ import annotations
