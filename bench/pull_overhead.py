@@ -15,13 +15,14 @@ on after s5cmd ended, and the median loadmaster/s5cmd ratio; optionally (``--dir
     .venv/bin/python bench/pull_overhead.py --object-mb 512    # 8.6 GB
     .venv/bin/python bench/pull_overhead.py --objects 2000 --object-mb 1   # many small objects
     .venv/bin/python bench/pull_overhead.py --stores md5       # only the store without checksums
-    .venv/bin/python bench/pull_overhead.py --trace   # also when the CLI listed, connected, launched
+    .venv/bin/python bench/pull_overhead.py --trace   # also when the CLI started, listed, probed, priced, launched
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -118,12 +119,18 @@ def _bare_run(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> fl
     return time.perf_counter() - t0
 
 
-#: --trace: the CLI's own LOADMASTER_TRACE lines that mark the plan's steps (ms since the spawn).
+#: --trace: the CLI's own LOADMASTER_TRACE lines that mark the plan's steps (ms since the spawn):
+#: the command started (imports, config), the listing and the nodes' probes in, the egress priced
+#: (the ledger opened in a thread meanwhile), the launch sent and the job started on its node.
 TRACE_MARKS = {
+    "cmd start": "pull: start",
     "listed": "listed with",
     "ssh up": ": connected",
     "shell ready": "command server ready",
+    "probed": "plan: probed",
+    "priced": "plan: egress priced",
     "launch sent": "pull: launching",
+    "launched": "pull: launched",
 }
 
 
@@ -149,12 +156,16 @@ def _loadmaster(
     ]
     if trace:
         env.update(LOADMASTER_TRACE="1", LOADMASTER_TRACE_T0=repr(time.time()))
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     dt = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if res.returncode != 0:
         raise SystemExit(f"loadmaster pull failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
     phases = _phases(lab, t0, dt)
+    # CPU of the CLI process and what it waited for (its listing), not the node's or the keeper's.
+    phases["cli cpu"] = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
     for line in res.stderr.splitlines() if trace else ():
         for name, mark in TRACE_MARKS.items():
             if mark in line and name not in phases and line.startswith("[trace"):
@@ -204,8 +215,9 @@ def main() -> int:
     ap.add_argument(
         "--trace",
         action="store_true",
-        help="also show when the CLI listed, connected, had the "
-        "node's shell ready and sent the launch (LOADMASTER_TRACE; seconds since the spawn)",
+        help="also show when the CLI's command started, it listed, connected, had the node's shell ready "
+        "and probed, priced the egress, sent the launch and saw the job start (LOADMASTER_TRACE; "
+        "seconds since the spawn)",
     )
     args = ap.parse_args()
     flags = (args.numworkers, args.concurrency, args.part_size)
@@ -285,10 +297,10 @@ def _report(
     )
     print(
         f"| round | bare s5cmd (s) | loadmaster pull (s) | ratio |{direct} proof | verify CPU s/GB | "
-        "s5cmd in the job (s) | after the copy (s) | plan+launch | agent start | copy+verify in job | end seen -> exit |"
-        + "".join(f" {m} |" for m in marks)
+        "s5cmd in the job (s) | after the copy (s) | plan+launch | agent start | copy+verify in job | end seen -> exit | "
+        "CLI CPU (s) |" + "".join(f" {m} |" for m in marks)
     )
-    print("|---:|---:|---:|---:|" + "---:|---:|" * (args.direct + args.bare_run) + "---|" + "---:|" * (7 + len(marks)))
+    print("|---:|---:|---:|---:|" + "---:|---:|" * (args.direct + args.bare_run) + "---|" + "---:|" * (8 + len(marks)))
     for r in rows:
         ph, res = r["phases"], r["result"]
         proof = ", ".join(f"{m} x{n}" for m, n in (res.get("verification") or {}).items()) or "?"
@@ -299,7 +311,8 @@ def _report(
             f"| {r['round']} | {r['bare']:.2f} | {r['lm']:.2f} | {r['lm'] / r['bare']:.3f} |{d} {proof} | {cpu:.3f} | "
             f"{float(res.get('seconds', 0.0)) - float(res.get('verify_tail_s', 0.0)):.2f} | "
             f"{float(res.get('verify_tail_s', 0.0)):.2f} | {ph['plan']:.2f} | {ph['agent']:.2f} | {ph['copy']:.2f} | "
-            f"{ph['tail']:.2f} |" + "".join(f" {ph[m]:.2f} |" if m in ph else " - |" for m in marks)
+            f"{ph['tail']:.2f} | {ph['cli cpu']:.2f} |"
+            + "".join(f" {ph[m]:.2f} |" if m in ph else " - |" for m in marks)
         )
     med = statistics.median(r["lm"] / r["bare"] for r in rows)
     extra = statistics.median(r["lm"] - r["bare"] for r in rows)

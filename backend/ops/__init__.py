@@ -37,20 +37,25 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from backend.ops.checkpoints import Checkpoints, StripRequest, UploadRequest
-from backend.ops.egress import Egress
-from backend.ops.jobs import Jobs
+from backend.ops.exports import lazy_exports
 from backend.ops.pull import PullPreview, PullRequest, Pulls, PullStarted
-from backend.ops.retention import Retention
-from backend.ops.shards import Shards
 
+# Each operation's module is imported when a front end first uses it: a pull (one command, one
+# process) does not load the checkpoint, retention, shard, job or egress report operations.
 if TYPE_CHECKING:
     from backend.ops.alerts import Alerts
+    from backend.ops.checkpoints import Checkpoints, StripRequest, UploadRequest
+    from backend.ops.egress import Egress
     from backend.ops.fleet import Fleet
+    from backend.ops.jobs import Jobs
+    from backend.ops.retention import Retention
+    from backend.ops.shards import Shards
     from backend.ops.slurm import Slurm
     from backend.ops.state import State
     from backend.ops.triage import Triage
     from backend.services import Services
+else:  # mypy reads the imports above; at run time each name loads on first use
+    __getattr__ = lazy_exports(__name__, dict.fromkeys(("StripRequest", "UploadRequest"), "backend.ops.checkpoints"))
 
 
 class Operations:
@@ -65,22 +70,32 @@ class Operations:
 
     @cached_property
     def checkpoints(self) -> Checkpoints:
+        from backend.ops.checkpoints import Checkpoints
+
         return Checkpoints(self.services)
 
     @cached_property
     def shards(self) -> Shards:
+        from backend.ops.shards import Shards
+
         return Shards(self.services)
 
     @cached_property
     def jobs(self) -> Jobs:
+        from backend.ops.jobs import Jobs
+
         return Jobs(self.services)
 
     @cached_property
     def retention(self) -> Retention:
+        from backend.ops.retention import Retention
+
         return Retention(self.services)
 
     @cached_property
     def egress(self) -> Egress:
+        from backend.ops.egress import Egress
+
         return Egress(self.services)
 
     @cached_property

@@ -32,6 +32,11 @@ def _by_site(nodes: Sequence[Node]) -> Counter[str | None]:
     return Counter(n.site for n in nodes)
 
 
+def _share_a_site(nodes: Sequence[Node]) -> bool:
+    """Two or more of ``nodes`` are at one site: what ``auto`` needs before it weighs a relay."""
+    return max(_by_site(nodes).values(), default=0) > 1
+
+
 def egress_costs(
     guard: EgressGuard, profile: StoreProfile | None, nodes: Sequence[Node], total: int, objects: int, src: str = ""
 ) -> tuple[int, float | None]:
@@ -81,6 +86,19 @@ def _relay_port(est: NodeEstimate, ports: str, rng: random.Random) -> int:
     return rng.choice(free)
 
 
+def may_relay(config: Config, fanout: str | None, nodes: Sequence[str]) -> bool:
+    """Whether a plan for ``nodes`` may end as a relay (so its probes must read each node's
+    addresses and ports in use): asked for, or ``auto`` with two nodes at one site (what
+    :func:`with_fanout` requires before it weighs the price). An unknown mode says yes; the plan
+    refuses it later."""
+    mode = fanout or config.section(PullSettings).fanout
+    if mode == "direct":
+        return False
+    if mode == "auto":
+        return _share_a_site([config.node(n) for n in nodes])
+    return True
+
+
 def with_fanout(
     config: Config,
     guard: EgressGuard,
@@ -107,7 +125,7 @@ def with_fanout(
     direct = egress_costs(guard, profile, cfg_nodes, plan.total_bytes, nobj, plan.src)
     note = ""
     if mode == "auto":
-        shared = max(_by_site(cfg_nodes).values(), default=0) > 1
+        shared = _share_a_site(cfg_nodes)
         priced = direct[1] is not None and direct[1] > 0
         mode = "relay" if shared and priced else "direct"
         note = (

@@ -15,12 +15,11 @@ import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from backend.credentials import Credentials
 from backend.errors import ConfigError, LoadmasterError, NodeUnreachable, StoreError
-from backend.pulls.fanout import egress_check, with_fanout
+from backend.pulls.fanout import egress_check, may_relay, with_fanout
 from backend.pulls.listing import list_source
 from backend.pulls.model import NodeEstimate, PullPlan, node_dest, node_s5cmd
-from backend.pulls.objects import PulledObject, parse_source
+from backend.pulls.objects import parse_source
 from backend.pulls.settings import PullSettings
 
 # What only some commands need (asyncio, the S3 client, the ledger) is imported where it is used.
@@ -29,16 +28,25 @@ if TYPE_CHECKING:
     from backend.ledger import EgressGuard
     from backend.nodes.pool import NodePool
     from backend.nodes.transport import Transport
-    from backend.policy.egress import GuardDecision
 
 log = logging.getLogger(__name__)
 
 
+#: The probe of a destination node, one ``sh`` and as few processes as it can (each fork costs a
+#: few ms on a busy node, and the probe is on the plan's critical path): free space from ``stat -f``
+#: (``df`` where that fails), shell builtins for the rest. ``$3`` = 1 adds the node's addresses
+#: and the ports in use, which only a relay needs (where each node listens).
 _PROBE = r"""
 D="$1"; case "$D" in "~"*) D="$HOME${D#\~}";; esac
-d="$D"; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
-echo "@@DF $(df -Pk "$d" | tail -n 1 | awk '{print $4}')"
-for i in /sys/class/net/*; do [ -e "$i/device" ] && echo "@@SPEED $(cat "$i/speed" 2>/dev/null)"; done
+d="$D"
+while [ ! -d "$d" ]; do case "$d" in */*) d="${d%/*}"; d="${d:-/}";; *) d=.;; esac; done
+set -- "$@" $(stat -f -c '%a %S' "$d" 2>/dev/null)
+if [ $# -eq 5 ] && case "$4$5" in "" | *[!0-9]*) false;; esac; then
+  echo "@@DF $(( $4 * $5 / 1024 ))"
+else
+  echo "@@DF $(df -Pk "$d" | tail -n 1 | awk '{print $4}')"
+fi
+for i in /sys/class/net/*; do [ -e "$i/device" ] && { s=; read -r s < "$i/speed"; echo "@@SPEED $s"; } 2>/dev/null; done
 command -v "$2" >/dev/null 2>&1 && echo "@@S5CMD 1"
 present=0
 [ -d "$D" ] && echo "@@DEST 1"
@@ -46,15 +54,19 @@ if [ -d "$D" ]; then
   while IFS= read -r f; do [ -f "$D/$f" ] && present=$((present + $(stat -c %s "$D/$f"))); done
 fi
 echo "@@PRESENT $present"
+[ "$3" = 1 ] || exit 0
 for a in $( (ip -o addr show 2>/dev/null | awk '{print $4}'; hostname -I 2>/dev/null) ); do echo "@@ADDR ${a%/*}"; done
 awk 'FNR > 1 { n = split($2, a, ":"); print "@@PORT " a[n] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
 """
 
 
-async def probe_node(transport: Transport, dest: str, rels: list[str], s5cmd: str) -> NodeEstimate:
-    """Free space at ``dest``, NIC line rate, s5cmd presence and bytes already there, on one node."""
+async def probe_node(
+    transport: Transport, dest: str, rels: list[str], s5cmd: str, *, peers: bool = True
+) -> NodeEstimate:
+    """Free space at ``dest``, NIC line rate, s5cmd presence and bytes already there, on one node;
+    with ``peers``, also its addresses and the TCP ports in use (what a relay chooses from)."""
     res = await transport.run(
-        f"sh -c {shlex.quote(_PROBE)} probe {shlex.quote(dest)} {shlex.quote(s5cmd)}",
+        f"sh -c {shlex.quote(_PROBE)} probe {shlex.quote(dest)} {shlex.quote(s5cmd)} {int(peers)}",
         input="\n".join(rels) + "\n",
         timeout=120,
     )
@@ -137,65 +149,73 @@ async def plan_pull(
 ) -> PullPlan:
     """List the source, probe each node over ``pool`` and price the egress: the plan shown before
     launch. ``guard`` gives the egress guard and ``prepare`` readies what the launch needs next
-    (the job manager); both are called once the listing is in, while the nodes still answer (each
-    may open the state database)."""
+    (the job manager); both are called in a worker thread while the store and the nodes answer
+    (each may import the ledger and open the state database), and the quote is made once the
+    listing is in."""
     import asyncio
 
     settings = config.section(PullSettings)
     pattern = parse_source(src)
     profile = resolve_store(config, src, store)
     mode = fanout
+    # Addresses and ports in use are only read where a relay may be chosen (a few ms a node).
+    peers = may_relay(config, fanout, nodes)
 
     async def early(t: Transport) -> NodeEstimate:
         n = config.node(t.name)
-        est = await probe_node(t, node_dest(dest, n.scratch), [], node_s5cmd(n, settings.s5cmd))
+        est = await probe_node(t, node_dest(dest, n.scratch), [], node_s5cmd(n, settings.s5cmd), peers=peers)
         log.debug("plan: %s connected and probed", t.name)
         return est
 
-    # Connecting to and probing the nodes overlaps the listing. A node whose destination does not
-    # exist yet has nothing present, so that first probe is its whole answer; the others (and any
-    # node that failed) are probed again below with the object names, to count what is there.
+    # The listing subprocess is spawned first; connecting to and probing the nodes overlaps it. A
+    # node whose destination does not exist yet has nothing present, so that first probe is its
+    # whole answer; the others (and any node that failed) are probed again below with the object
+    # names, to count what is there.
     log.debug("plan: listing + connecting")
+    listing = asyncio.ensure_future(list_source(pattern, profile, credentials=True))
+    await asyncio.sleep(0)
+    probing = asyncio.ensure_future(pool.fanout(early, nodes, timeout=120))
 
-    # The egress quote needs only the listing's total, so it is priced while the nodes answer.
-    async def list_and_price() -> tuple[list[PulledObject], Credentials | None, GuardDecision | None, str | None]:
-        objects, creds = await list_source(pattern, profile, credentials=True)
+    def ready() -> EgressGuard:
+        egress = guard()
+        if prepare is not None:
+            prepare()
+        return egress
+
+    # The egress guard and the job manager are readied off the event loop, so the probes'
+    # replies are read while they import and open the database (CPU work, the store's and the
+    # nodes' waits).
+    readying = asyncio.ensure_future(asyncio.to_thread(ready))
+    try:
+        # A listing error (no such bucket, bad credentials) is raised at once, as before.
+        objects, creds = await listing
+        log.debug("plan: listed %d objects", len(objects))
         if not objects:
-            return objects, creds, None, None
+            raise StoreError(f"no objects match {src}")
+        total = sum(o.size for o in objects)
+        # The egress quote needs only the listing's total, so it is priced while the nodes answer.
         decision, note = egress_check(
-            guard(),
+            await readying,
             profile,
             [config.node(n) for n in nodes],
-            sum(o.size for o in objects),
+            total,
             len(objects),
             allow_over_budget,
             src,
         )
         log.debug("plan: egress priced")
-        if prepare is not None:
-            prepare()  # the launch needs the job manager: import and set it up while waiting too
-        return objects, creds, decision, note
-
-    # The listing subprocess is spawned first, so it runs while this process imports the SSH
-    # stack and connects (both CPU-bound here).
-    listing = asyncio.ensure_future(list_and_price())
-    await asyncio.sleep(0)
-    try:
-        probing = pool.fanout(early, nodes, timeout=120)
+        first = await probing
     except BaseException:
-        listing.cancel()
+        for task in (listing, probing, readying):
+            task.cancel()
+        await asyncio.gather(listing, probing, readying, return_exceptions=True)
         raise
-    # A listing error (no such bucket, bad credentials) is raised at once, as before.
-    (objects, creds, decision, note), first = await asyncio.gather(listing, probing)
-    log.debug("plan: listed %d objects, connected", len(objects))
-    if not objects:
-        raise StoreError(f"no objects match {src}")
-    total = sum(o.size for o in objects)
+    log.debug("plan: probed")
     rels = [o.rel for o in objects] if len(objects) <= settings.max_spec_objects else []
 
     async def probe(t: Transport) -> NodeEstimate:
         n = config.node(t.name)
-        return await probe_node(t, node_dest(dest, n.scratch), rels, node_s5cmd(n, settings.s5cmd))
+        return await probe_node(t, node_dest(dest, n.scratch), rels, node_s5cmd(n, settings.s5cmd), peers=peers)
 
     # A node that could not be reached at all is not probed again: in a one-shot command the
     # second try only meets the connection backoff ("next retry in 0.9s") and says nothing new.
