@@ -37,9 +37,11 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import msgspec
 
 from backend.config import Node
 from backend.errors import LoadmasterError
@@ -159,7 +161,15 @@ class PrometheusClient:
 
     async def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
         """An instant query at now: (labels, value) per series; NaN and infinite values are skipped."""
-        return vector_of(await self._get("/api/v1/query", {"query": expr}), expr, self.cut)
+        path = "/api/v1/query"
+        answer = await self.http.request("GET", path, params={"query": expr})
+        honest = honest_vector(answer.body, expr, self.cut)
+        if honest is not None:
+            return honest
+        # Anything else (an error, another result type, a label or value of the wrong type, not
+        # JSON) is judged by the generic path, series by series, as it always was.
+        doc = self.http.decode(answer, f"GET {path}", check_depth=False)
+        return vector_of(api_data(doc, f"Prometheus {self.shown}", path), expr, self.cut)
 
     async def targets(self) -> list[dict[str, Any]]:
         """The active scrape targets (labels, health, lastError)."""
@@ -212,6 +222,65 @@ def vector_of(data: Any, expr: str, cut: list[str]) -> list[tuple[dict[str, str]
     return out
 
 
+class _Value(msgspec.Struct, array_like=True, gc=False):
+    """A sample's ``[time, "value"]``; the value as Prometheus writes it ("NaN", "+Inf" too)."""
+
+    at: float
+    text: str
+
+
+class _Series(msgspec.Struct, gc=False):
+    """One series of an instant vector: every label a string."""
+
+    metric: dict[str, str]
+    value: _Value
+
+
+class _Vector(msgspec.Struct, gc=False):
+    result_type: str = msgspec.field(name="resultType")
+    result: list[_Series] = msgspec.field(default_factory=list)
+
+
+class _VectorAnswer(msgspec.Struct, gc=False):
+    """A successful instant query as Prometheus writes it; other keys (warnings) are skipped."""
+
+    status: str
+    data: _Vector
+
+
+#: The typed decoder of :func:`honest_vector`. The structs are not tracked by the garbage
+#: collector (they hold only strings and floats): tens of thousands of series a refresh no longer
+#: set off collections of the console's whole heap, which json.loads' dicts and lists did.
+_DECODE_VECTOR = msgspec.json.Decoder(_VectorAnswer)
+
+
+def honest_vector(body: bytes, expr: str, cut: list[str]) -> list[tuple[dict[str, str], float]] | None:
+    """:func:`vector_of` of an answer that is exactly what Prometheus sends for an instant vector
+    (every label a string, every value ``[time, "text"]``), decoded in one typed pass without the
+    intermediate dicts and lists; None for anything else, which the caller hands to the generic
+    path. The same caps: NaN and infinities skipped, at most :data:`MAX_SERIES_PER_QUERY`."""
+    try:
+        doc = _DECODE_VECTOR.decode(body)
+    except msgspec.DecodeError:  # ValidationError too: not the honest shape
+        return None
+    if doc.status != "success" or doc.data.result_type != "vector":
+        return None
+    result = doc.data.result
+    if len(result) > MAX_SERIES_PER_QUERY:
+        cut.append(f"{len(result):,} series for {expr[:80]}")
+        result = result[:MAX_SERIES_PER_QUERY]
+    out: list[tuple[dict[str, str], float]] = []
+    append, finite = out.append, math.isfinite
+    for series in result:
+        try:
+            value = float(series.value.text)
+        except ValueError:
+            continue
+        if finite(value):  # not NaN, not +-Inf
+            append((series.metric, value))
+    return out
+
+
 def targets_of(data: Any) -> list[dict[str, Any]]:
     """The active targets of a ``/api/v1/targets`` answer's ``data``."""
     got = data.get("activeTargets") if isinstance(data, dict) else None
@@ -250,21 +319,9 @@ class PrometheusSource:
         #: node -> the sources of its GPU numbers, and of its node_exporter numbers
         gpu_src: dict[str, set[str]] = {}
         host_src: dict[str, set[str]] = {}
-        gpus: dict[str, dict[int, dict[str, Any]]] = {}
+        gpus = _GpuFields(find, s.dcgm_node_label, caps, source_of, gpu_src)
         for fname, answer in zip(DCGM_FIELDS, dcgm, strict=True):
-            for labels, v in answer:
-                node = find(labels.get(s.dcgm_node_label))
-                if node is None:
-                    continue
-                try:
-                    idx = int(labels.get("gpu", ""))
-                except (TypeError, ValueError):
-                    continue
-                if not 0 <= idx < MAX_GPUS_PER_NODE:
-                    caps.skip(node, "GPU", f"gpu label {str(idx)[:20]} outside 0-{MAX_GPUS_PER_NODE - 1}")
-                    continue
-                gpu_src.setdefault(node, set()).add(source_of(labels))
-                gpus.setdefault(node, {}).setdefault(idx, {})[fname] = v
+            gpus.add(fname, answer)
         nic: dict[str, dict[str, dict[str, float]]] = {}
         dsk: dict[str, dict[str, dict[str, float]]] = {}
         for answer, into in ((net, nic), (disk, dsk)):
@@ -310,10 +367,15 @@ class PrometheusSource:
                     more = f" and {len(srcs) - 3} more" if len(srcs) > 3 else ""
                     said = f"{len(srcs)} {what} sources claim this node ({named}{more}): not shown until one goes"
                     conflicts[node] = "; ".join(x for x in (conflicts.get(node), f"conflict: {said}") if x)
-        covered = (set(gpus) | set(nic) | set(dsk) | set(fs)) - set(conflicts)
+        covered = (set(gpus.nodes) | set(nic) | set(dsk) | set(fs)) - set(conflicts)
         observed = {
             node: self._observed(
-                node, gpus.get(node, {}), nic.get(node, {}), speed.get(node, {}), dsk.get(node, {}), fs.get(node, {})
+                node,
+                gpus.nodes.get(node, {}),
+                nic.get(node, {}),
+                speed.get(node, {}),
+                dsk.get(node, {}),
+                fs.get(node, {}),
             )
             for node in covered
         }
@@ -453,6 +515,61 @@ class _SourceNames:
             return name
         except TypeError:  # a label value that is not text (a hostile answer): not kept
             return _source(labels)
+
+
+#: What one series' labels (node label, gpu, job, instance) came to: the GPU's fields to fill, a
+#: cap that skips it (node, kind, why: :meth:`_Caps.skip`), or None (not ours, or no GPU index).
+_Slot = dict[str, float] | tuple[str, str, str] | None
+
+
+class _GpuFields:
+    """node -> GPU index -> dcgm field -> value, from the DCGM answers of one refresh.
+
+    Each GPU's series carry the same labels in every field's answer (7 answers, 8 series a node),
+    so what a set of labels comes to (which node, which index, which source, or a cap) is worked
+    out once per refresh and looked up for the other six fields."""
+
+    def __init__(
+        self,
+        find: Callable[[object], str | None],
+        node_label: str,
+        caps: _Caps,
+        source_of: Callable[[Mapping[str, Any]], str],
+        sources: dict[str, set[str]],
+    ) -> None:
+        self.find, self.node_label, self.caps, self.source_of, self.sources = find, node_label, caps, source_of, sources
+        self.nodes: dict[str, dict[int, dict[str, float]]] = {}
+        self._slots: dict[tuple[object, ...], _Slot] = {}
+
+    def add(self, field_name: str, answer: Iterable[tuple[Mapping[str, Any], float]]) -> None:
+        """One field's answer: each series' value lands on its GPU, or is skipped (counted at a cap)."""
+        slots, label = self._slots, self.node_label
+        for labels, v in answer:
+            get = labels.get
+            key = (get(label), get("gpu"), get("job"), get("instance"))
+            try:
+                slot = slots[key]
+            except KeyError:
+                slot = slots[key] = self._slot(labels)
+            except TypeError:  # a label value that cannot be a key (a hostile answer): judged alone
+                slot = self._slot(labels)
+            if isinstance(slot, dict):
+                slot[field_name] = v
+            elif slot is not None:
+                self.caps.skip(*slot)
+
+    def _slot(self, labels: Mapping[str, Any]) -> _Slot:
+        node = self.find(labels.get(self.node_label))
+        if node is None:
+            return None
+        try:
+            idx = int(labels.get("gpu", ""))
+        except (TypeError, ValueError):
+            return None
+        if not 0 <= idx < MAX_GPUS_PER_NODE:
+            return (node, "GPU", f"gpu label {str(idx)[:20]} outside 0-{MAX_GPUS_PER_NODE - 1}")
+        self.sources.setdefault(node, set()).add(self.source_of(labels))
+        return self.nodes.setdefault(node, {}).setdefault(idx, {})
 
 
 class _Caps:
