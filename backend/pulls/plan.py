@@ -66,7 +66,8 @@ async def probe_node(
     """Free space at ``dest``, NIC line rate, s5cmd presence and bytes already there, on one node;
     with ``peers``, also its addresses and the TCP ports in use (what a relay chooses from)."""
     res = await transport.run(
-        f"sh -c {shlex.quote(_PROBE)} probe {shlex.quote(dest)} {shlex.quote(s5cmd)} {int(peers)}",
+        # exec: the shell the node runs the command in becomes the probe's (one process fewer).
+        f"exec sh -c {shlex.quote(_PROBE)} probe {shlex.quote(dest)} {shlex.quote(s5cmd)} {int(peers)}",
         input="\n".join(rels) + "\n",
         timeout=120,
     )
