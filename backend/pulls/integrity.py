@@ -27,6 +27,7 @@ import base64
 import binascii
 import hashlib
 import re
+import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -265,16 +266,28 @@ def _read_into(f: _Readable, view: memoryview, n: int) -> int:
     return got
 
 
+_BUFFERS = threading.local()
+
+
+def _buffer() -> memoryview:
+    """This thread's read buffer (:data:`CHUNK` bytes), reused: a fresh 2 MiB buffer (and a
+    buffered reader) per file cost as much CPU as reading and CRC64NVME-ing a 1 MiB file from the
+    page cache (bench/verify_cost.py, #33)."""
+    view: memoryview | None = getattr(_BUFFERS, "view", None)
+    if view is None:
+        view = _BUFFERS.view = memoryview(bytearray(CHUNK))
+    return view
+
+
 def digest_file(path: Path, proof: Proof, part_sizes: Sequence[int] | None = None) -> bytes | str:
     """What ``path`` gives under ``proof``: the checksum (full or composite) as bytes, or for the
     MD5 methods the ETag text. ``part_sizes`` overrides equal parts of ``proof.part_size``."""
     assert proof.algorithm is not None
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb") as f:
+    view = _buffer()
+    with open(path, "rb", buffering=0) as f:
         if proof.part_size is None and proof.method != MD5_MULTIPART:
             h = new_hasher(proof.algorithm)
-            while n := f.readinto(buf):
+            while n := f.readinto(view):
                 h.update(view[:n])
             return h.hexdigest() if proof.method == MD5 else h.digest()  # type: ignore[attr-defined]
         size = Path(path).stat().st_size

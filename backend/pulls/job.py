@@ -462,6 +462,8 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
         f"copied {n_items} objects, {total} bytes in {copied:.1f}s ({mode}); {summary['verified_text']}; "
         f"{elapsed - copied:.2f}s after the copy, {verifier.cpu_s:.2f} CPU s, {verifier.heads.requests} HEADs"
     )
+    if verifier.heads.ahead_off:
+        ctx.log(f"HEADs were asked one at a time after one sent ahead failed: {verifier.heads.ahead_off}")
     proofs = per_object(checks)
     if ctx.job_dir is not None:
         write_job_file(ctx.job_dir / VERIFICATION_FILE, json.dumps(proofs))

@@ -10,11 +10,16 @@ with the copy. A small object with a plain MD5 ETag in the listing is hashed wit
 below :data:`HEAD_MIN_BYTES` hashing it costs less than asking.
 
 Node side only (the pull runner). HEADs are signed by :class:`SigV4` (AWS's common runtime, else
-botocore); botocore also resolves a named profile's credentials on the node.
+botocore); botocore also resolves a named profile's credentials on the node. Once the store has
+shown that it keeps checksums, the next objects' HEADs are sent ahead, as s5cmd reports them in
+place, through awscrt's HTTP client with several in flight (:mod:`backend.pulls.crt_http`: ~0.4x
+the client CPU of one ``http.client`` HEAD at a time); the thread that proves an object takes its
+answer, and any HEAD that went wrong there is asked again the plain way.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -24,12 +29,14 @@ import os
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Protocol, TypedDict
 
 from backend.credentials import Credentials
+from backend.pulls import crt_http
+from backend.pulls.crt_http import HeadPool, Pending
 from backend.pulls.integrity import (
     MD5,
     SIZE_ONLY,
@@ -60,6 +67,10 @@ EXACT_PARTS_MAX = 64
 #: Seconds a HEAD may take; after this many failed HEADs in a row the pull stops asking.
 HEAD_TIMEOUT = 20
 HEADS_GIVE_UP = 3
+#: HEADs sent ahead (:meth:`StoreHeads.send_ahead`) and not yet taken, at the most: enough to keep
+#: awscrt's connections busy (bench/verify_cost.py: 16 in flight cost ~0.4x the CPU of one at a
+#: time), few enough that a store that starts failing is not asked much past HEADS_GIVE_UP.
+AHEAD_MAX = 32
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,13 @@ class ObjectCheck:
     #: A HEAD after s5cmd had the object in place gave the listed size and ETag: it stands in for
     #: a fresh listing of this object.
     headed: bool = False
+
+
+class _CrtRequest(Protocol):
+    """What is used of a signed ``awscrt.http.HttpRequest`` (awscrt has no type stubs)."""
+
+    @property
+    def headers(self) -> Iterable[tuple[str, str]]: ...
 
 
 class SigV4:
@@ -113,8 +131,24 @@ class SigV4:
         headers = {"host": host, **{k.lower(): v for k, v in extra.items()}}
         if self._crt is None:
             return self._sign_botocore(method, target, region, headers, when)
+        request = self._crt_signed(method, target, region, headers, when)
+        return {k.lower(): v for k, v in request.headers}
+
+    def crt_request(self, method: str, host: str, path: str, query: str, region: str, extra: dict[str, str]) -> object:
+        """The signed request as an ``awscrt.http.HttpRequest``, to send through awscrt's HTTP
+        client (:mod:`backend.pulls.crt_http`); None where awscrt does not sign here."""
+        if self._crt is None:
+            return None
+        target = f"{path}?{query}" if query else path
+        headers = {"host": host, **{k.lower(): v for k, v in extra.items()}}
+        return self._crt_signed(method, target, region, headers, datetime.datetime.now(datetime.UTC))
+
+    def _crt_signed(
+        self, method: str, target: str, region: str, headers: dict[str, str], when: datetime.datetime
+    ) -> _CrtRequest:
         from awscrt import http as crt_http
 
+        assert self._crt is not None
         request = crt_http.HttpRequest(method, target, crt_http.HttpHeaders(list(headers.items())))
         config = self._crt.AwsSigningConfig(
             algorithm=self._crt.AwsSigningAlgorithm.V4,
@@ -129,7 +163,7 @@ class SigV4:
             signed_body_header_type=self._crt.AwsSignedBodyHeaderType.X_AMZ_CONTENT_SHA_256,
         )
         self._crt.aws_sign_request(request, config).result()
-        return {k.lower(): v for k, v in request.headers}
+        return request
 
     def _sign_botocore(
         self, method: str, target: str, region: str, headers: dict[str, str], when: datetime.datetime
@@ -147,7 +181,12 @@ class SigV4:
 class StoreHeads:
     """HEAD requests for one bucket, signed with SigV4 (:class:`SigV4`) and sent on one
     keep-alive connection per thread: a HEAD costs a fraction of a millisecond of CPU here, where a
-    botocore client costs ~0.5 s to create and ~1.5 ms a request."""
+    botocore client costs ~0.5 s to create and ~1.5 ms a request.
+
+    An object's first HEAD can be sent ahead (:meth:`send_ahead`, as soon as s5cmd has the object
+    in place) through awscrt's HTTP client, many in flight (:mod:`backend.pulls.crt_http`: about a
+    third of the client CPU, measured by bench/verify_cost.py); :meth:`head` takes its answer, and
+    asks again the plain way when it has none."""
 
     def __init__(self, params: PullParams, secret_env: dict[str, str], bucket: str) -> None:
         self.params = params
@@ -161,6 +200,12 @@ class StoreHeads:
         self.failed: str | None = None  # the first failure, for the log
         self.requests = 0
         self._failures_in_a_row = 0
+        self._pool: HeadPool | None = None
+        self._pool_for: tuple[str, str] | None = None
+        self._ahead: dict[str, Pending] = {}
+        self.ahead_off: str | None = None  # why HEADs are no longer sent ahead
+        self.sent_ahead = 0
+        self.pool_cpu_s = 0.0  # CPU of closed pools' event-loop threads
 
     def _signer(self) -> SigV4:
         with self._lock:
@@ -206,13 +251,22 @@ class StoreHeads:
             self._local.conn, self._local.host = conn, (scheme, host)
         return conn
 
-    def _send(self, key: str, part: int | None, checksums: bool) -> tuple[int, dict[str, str]]:
+    def _send(
+        self, key: str, part: int | None, checksums: bool, ahead: Pending | None = None
+    ) -> tuple[int, dict[str, str]]:
+        """One HEAD's status and headers: the answer to the one sent ahead (``ahead``), else
+        sent on this thread's connection; a failure (a dropped connection) is asked once more."""
+        if ahead is not None:
+            try:
+                return ahead.wait(HEAD_TIMEOUT)
+            except crt_http.HeadError as exc:  # the first attempt: once more, the plain way
+                self._ahead_failed(str(exc))
         scheme, host, path = self._url(key)
         query = f"partNumber={part}" if part is not None else ""
         extra = {"x-amz-checksum-mode": "ENABLED"} if checksums else {}
         sent = self._signer().sign("HEAD", host, path, query, self.region, extra)
         query = "?" + query if query else ""
-        for attempt in (1, 2):
+        for attempt in (1, 2) if ahead is None else (2,):
             conn = self._connection(scheme, host)
             try:
                 conn.request("HEAD", path + query, headers=sent)
@@ -226,6 +280,78 @@ class StoreHeads:
                     raise OSError(str(exc)) from None
         raise AssertionError("unreachable")
 
+    def send_ahead(self, key: str) -> bool:
+        """Send ``key``'s HEAD (with checksums) now, through awscrt's client, for :meth:`head`
+        to take; False when it was not (awscrt cannot send it, :data:`AHEAD_MAX` are waiting to be
+        taken, or the store's HEADs are failing): it is asked the plain way then."""
+        with self._lock:
+            if (
+                self._failures_in_a_row
+                or self.ahead_off
+                or len(self._ahead) >= AHEAD_MAX
+                or key in self._ahead
+                or not crt_http.available()
+            ):
+                return False
+        try:
+            scheme, host, path = self._url(key)
+            request = self._signer().crt_request(
+                "HEAD", host, path, "", self.region, {"x-amz-checksum-mode": "ENABLED"}
+            )
+            if request is None:
+                return False
+            pool = self._head_pool(scheme, host)
+        except Exception:  # noqa: BLE001 - nothing sent ahead: head() asks, and says why it could not
+            return False
+        pending = pool.send(request)
+        with self._lock:
+            self._ahead[key] = pending
+            self.requests += 1
+            self.sent_ahead += 1
+        return True
+
+    def _ahead_failed(self, why: str) -> None:
+        """A HEAD sent ahead went wrong: none is sent ahead any more in this pull (a TLS setup or
+        a proxy that only http.client gets through must not cost a failed attempt per object)."""
+        with self._lock:
+            self.ahead_off = self.ahead_off or why
+
+    def forget(self, key: str) -> None:
+        """``key`` was proven without taking what was sent ahead for it (if anything)."""
+        with self._lock:
+            self._ahead.pop(key, None)
+
+    def _head_pool(self, scheme: str, host: str) -> HeadPool:
+        with self._lock:
+            if self._pool is not None and self._pool_for == (scheme, host):
+                return self._pool
+            old, self._pool = self._pool, HeadPool(scheme, host, HEAD_TIMEOUT)
+            self._pool_for = (scheme, host)
+            pool = self._pool
+        if old is not None:  # the bucket's region (and so its host) learnt meanwhile
+            self._close_pool(old)
+        return pool
+
+    def _close_pool(self, pool: HeadPool) -> None:
+        with self._lock:
+            self.pool_cpu_s += pool.cpu_s
+        pool.close()
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds of the awscrt event-loop threads that sent HEADs ahead."""
+        with self._lock:
+            pool = self._pool
+        return self.pool_cpu_s + (pool.cpu_s if pool is not None else 0.0)
+
+    def close(self) -> None:
+        """Close the connections HEADs were sent ahead on (what was not taken is dropped)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self._ahead.clear()
+        if pool is not None:
+            self._close_pool(pool)
+
     def head(self, key: str, *, part: int | None = None, checksums: bool = True) -> dict[str, str] | None:
         """The object's response headers (lower-cased names), or None when the HEAD failed (and
         at once, without asking, once HEADS_GIVE_UP in a row failed: a store that does not answer
@@ -233,9 +359,11 @@ class StoreHeads:
         with self._lock:
             if self._failures_in_a_row >= HEADS_GIVE_UP:
                 return None
-            self.requests += 1
+            ahead = self._ahead.pop(key, None) if part is None and checksums else None
+            if ahead is None:
+                self.requests += 1
         try:
-            status, headers = self._send(key, part, checksums)
+            status, headers = self._send(key, part, checksums, ahead)
             if status in (301, 400) and (region := headers.get("x-amz-bucket-region")) and region != self.region:
                 self.region = region  # the bucket lives elsewhere: S3 says where
                 status, headers = self._send(key, part, checksums)
@@ -260,6 +388,9 @@ class StoreHeads:
             # A store that cannot say a part's length may still serve checksums: only whole-object
             # HEADs count towards giving up.
             self._failures_in_a_row += part is None
+            give_up = self._failures_in_a_row >= HEADS_GIVE_UP
+        if give_up:  # what was sent ahead and not answered yet is not asked
+            self.close()
 
 
 def _length(headers: dict[str, str] | None) -> int | None:
@@ -298,13 +429,56 @@ class PullVerifier:
         self._stopped = False
         self._heads = 0  # HEADs of whole objects answered, and how many carried a checksum
         self._with_checksums = 0
+        #: Objects in place whose HEAD may go ahead (in the order they are proven), and those a
+        #: thread has begun proving (too late to send theirs ahead).
+        self._unsent: collections.deque[int] = collections.deque()
+        self._begun: set[int] = set()
+        self._send_lock = threading.Lock()
 
     def submit(self, index: int) -> None:
-        """Object ``index`` is in place: prove it (once) on the pool."""
+        """Object ``index`` is in place: send its HEAD now (:meth:`StoreHeads.send_ahead`) and
+        prove it (once) on the pool."""
+        t0 = time.thread_time()
         with self._lock:
             if index in self.futures or self._stopped:
                 return
             self.futures[index] = self.pool.submit(self._check, index)
+        if not self._no_head(self.expected[index]):
+            with self._lock:
+                self._unsent.append(index)
+        self._send_ahead()
+        dt = time.thread_time() - t0
+        with self._lock:
+            self.cpu_s += dt
+
+    def _send_ahead(self) -> None:
+        """Send ahead the HEADs of the next objects to be proven, up to AHEAD_MAX waiting, once
+        the store has shown it keeps checksums (a store that keeps none, or refuses HEADs, is
+        asked one object at a time as before, and learnt about or given up on just as soon)."""
+        with self._lock:
+            if self._with_checksums == 0 or not self._unsent:
+                return
+        with self._send_lock:
+            while True:
+                with self._lock:
+                    if not self._unsent:
+                        return
+                    index = self._unsent[0]
+                    if index in self._begun:
+                        self._unsent.popleft()
+                        continue
+                if not self.heads.send_ahead(self.src.key_of(self.expected[index].rel)):
+                    return
+                with self._lock:
+                    self._unsent.popleft()
+
+    def _no_head(self, o: PulledObject) -> bool:
+        """Whether ``o`` is proven by the MD5 of its listed ETag with no HEAD (:meth:`_prove`)."""
+        with self._lock:
+            none_kept = self._heads >= LEARN_AFTER and self._with_checksums == 0
+        return plain_md5_etag(o.etag) and (
+            o.size < self.head_min_bytes or (none_kept and o.size <= NO_CHECKSUM_MD5_MAX)
+        )
 
     def finish(self) -> dict[int, ObjectCheck]:
         """Prove every object not proven yet; each object's outcome once all are done."""
@@ -312,6 +486,7 @@ class PullVerifier:
             self.submit(i)
         out = {i: f.result() for i, f in self.futures.items()}
         self.pool.shutdown(wait=True)
+        self._close_heads()
         return out
 
     def stop(self) -> None:
@@ -319,17 +494,28 @@ class PullVerifier:
         with self._lock:
             self._stopped = True
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self._close_heads()
+
+    def _close_heads(self) -> None:
+        """Close the connections HEADs went ahead on; their C side's CPU counts as the verifier's."""
+        self.heads.close()
+        with self._lock:
+            self.cpu_s += self.heads.cpu_s
 
     # -- one object ------------------------------------------------------------------------------
 
     def _check(self, index: int) -> ObjectCheck:
         t0 = time.thread_time()
+        with self._lock:
+            self._begun.add(index)
+        self._send_ahead()  # the next objects' HEADs, while this one is proven
         try:
             check = self._prove(self.expected[index])
         except FileNotFoundError:
             check = ObjectCheck(self.expected[index].rel, "size", False, "is missing")
         except OSError as exc:
             check = ObjectCheck(self.expected[index].rel, "size", False, f"cannot be read: {exc.strerror}")
+        self.heads.forget(self.src.key_of(self.expected[index].rel))
         try:
             return self.then(index, check) if self.then is not None else check
         finally:
@@ -343,9 +529,7 @@ class PullVerifier:
         if got != o.size:
             return ObjectCheck(o.rel, "size", False, f"is {got} bytes, the listing says {o.size}")
         key = self.src.key_of(o.rel)
-        with self._lock:
-            none_kept = self._heads >= LEARN_AFTER and self._with_checksums == 0
-        if plain_md5_etag(o.etag) and (o.size < self.head_min_bytes or (none_kept and o.size <= NO_CHECKSUM_MD5_MAX)):
+        if self._no_head(o):
             proof = Proof(MD5, "md5", o.etag)
             ok, detail = self._holds(path, proof, o.size)
             if ok:
