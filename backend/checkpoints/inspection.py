@@ -52,7 +52,7 @@ async def inspect_step(store: ObjectStore, step_path: str) -> StepInspection:
     """Read only headers / metadata of a step and list its tensors."""
     step = await step_catalog(store, step_path)
     if not step.objects:
-        from backend.checkpoints.strip_source import explain_missing_step
+        from backend.checkpoints.strip.source import explain_missing_step
 
         raise await explain_missing_step(store, step_path)
     rows: list[TensorRow] = []

@@ -817,8 +817,8 @@ async def _strip(
     A string says why it refused (``stopped: ...`` when a protection stopped it)."""
     from backend.checkpoints.catalog import step_catalog
     from backend.checkpoints.strip import strip_step
-    from backend.checkpoints.strip_source import source_digests
-    from backend.checkpoints.strip_verify import verify_export
+    from backend.checkpoints.strip.source import source_digests
+    from backend.checkpoints.strip.verify import verify_export
     from backend.policy.retention_planner import export_fingerprint
 
     entries = entries or {}

@@ -17,7 +17,7 @@ from backend.checkpoints.dcp import CheckpointError
 from backend.checkpoints.safetensors_check import SafetensorsError, read_header_file
 from backend.checkpoints.strip import strip_step
 from backend.checkpoints.strip.job import run_strip_job, strip_params
-from backend.checkpoints.strip_verify import verify_export
+from backend.checkpoints.strip.verify import verify_export
 from backend.storage import LocalStore
 from tests.checkpoints.conftest import trained
 

@@ -11,7 +11,7 @@ import pytest
 from retention_helpers import IN_FLIGHT, STEPS, DcpRun, save_step  # type: ignore[import-not-found]
 
 from backend.checkpoints.catalog import list_checkpoints
-from backend.checkpoints.strip_verify import verify_export
+from backend.checkpoints.strip.verify import verify_export
 from backend.policy.retention import RetentionPolicy
 from backend.retention import apply_plan, compute_plan
 from backend.retention.apply import Journal

@@ -1,10 +1,10 @@
 """Strip a full training checkpoint to its model weights as sharded BF16 safetensors.
 
-Streams tensor by tensor (see :mod:`backend.checkpoints.strip_source`): peak memory is bounded by
+Streams tensor by tensor (see :mod:`backend.checkpoints.strip.source`): peak memory is bounded by
 the largest tensor, not by the model. The export (``model-0000i-of-0000N.safetensors`` +
 ``model.safetensors.index.json``) goes into the step folder itself by default, index last, so a
 stripped milestone keeps its path and a reader never sees an index without its shards. The
-result is verified (:mod:`backend.checkpoints.strip_verify`) before success. The node job that
+result is verified (:mod:`backend.checkpoints.strip.verify`) before success. The node job that
 runs a strip on a GPU node is :mod:`backend.checkpoints.strip.job`.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 from backend.checkpoints.dcp import CheckpointError
 from backend.checkpoints.safetensors_check import build_header
 from backend.checkpoints.steps import INDEX_FILE
-from backend.checkpoints.strip_source import Buffers, Weight, source_weights, strippable_step, write_tensor
-from backend.checkpoints.strip_verify import ExportCheck, verify_export
+from backend.checkpoints.strip.source import Buffers, Weight, source_weights, strippable_step, write_tensor
+from backend.checkpoints.strip.verify import ExportCheck, verify_export
 from backend.storage import LocalStore, ObjectStore, join_key
 from backend.units import bytes_text
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from backend.checkpoints.safetensors_check import SafetensorsError, read_header
 from backend.checkpoints.steps import INDEX_FILE, MAX_INDEX_BYTES
-from backend.checkpoints.strip_source import read_range
+from backend.checkpoints.strip.source import read_range
 from backend.storage import ObjectStore, join_key
 
 
