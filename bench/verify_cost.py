@@ -44,7 +44,10 @@ def _measure(fn: Callable[[int], object], n: int) -> tuple[float, float]:
     return (time.process_time() - c0) / n * 1e6, (time.perf_counter() - w0) / n * 1e6
 
 
-def _heads(n: int, rounds: int) -> list[tuple[str, list[tuple[float, float]]]]:
+Rows = list[tuple[str, list[tuple[float, float]]]]
+
+
+def _heads(n: int, rounds: int, proofs: int) -> tuple[Rows, Rows]:
     from concurrent.futures import ThreadPoolExecutor
 
     from backend.pulls.params import read_params
@@ -87,7 +90,7 @@ def _heads(n: int, rounds: int) -> list[tuple[str, list[tuple[float, float]]]]:
             return run
 
         candidates: list[tuple[str, Callable[[int], object]]] = [
-            ("http.client, one at a time (today)", lambda i: plain.head(key(i))),
+            ("http.client, one at a time (before)", lambda i: plain.head(key(i))),
             ("awscrt.http sent ahead, 1 in flight", windowed(1)),
             ("awscrt.http sent ahead, 4 in flight", windowed(4)),
             ("awscrt.http sent ahead, 16 in flight", windowed(16)),
@@ -98,7 +101,7 @@ def _heads(n: int, rounds: int) -> list[tuple[str, list[tuple[float, float]]]]:
                 fn(0)  # connected, warm
                 results.append(_measure(fn, n))
         ahead.close()
-        return out
+        return out, (_proofs(s3, bucket, store, env, root, proofs, rounds) if proofs else [])
     finally:
         s3.stop()
         import shutil
@@ -106,7 +109,62 @@ def _heads(n: int, rounds: int) -> list[tuple[str, list[tuple[float, float]]]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _reads(n: int, rounds: int, size: int) -> list[tuple[str, list[tuple[float, float]]]]:
+def _proofs(s3: object, bucket: str, store: object, env: dict[str, str], root: Path, n: int, rounds: int) -> Rows:
+    """One object's whole proof on one verifier thread (``PullVerifier._check``: stat, HEAD,
+    read + CRC64NVME, the staged copy's rename into DEST), ``n`` objects of 1 MiB in place."""
+    import shutil
+
+    from backend.pulls.objects import PulledObject, parse_source
+    from backend.pulls.staging import Staging
+    from backend.pulls.verify import PullVerifier, StoreHeads
+    from lab.seed import put_object
+
+    client = s3.client()  # type: ignore[attr-defined]
+    block = os.urandom(1 << 20)
+    expected = []
+    for i in range(n):
+        body = i.to_bytes(8, "little") + block[8:]
+        put_object(client, bucket, f"p/o{i:04d}.bin", body)
+        expected.append(PulledObject(f"o{i:04d}.bin", len(body), None))
+    out: Rows = [("HEADs one at a time (http.client)", []), ("HEADs sent ahead (awscrt)", [])]
+    out += [("HEADs sent ahead + the staged rename into DEST", [])]
+    for r in range(rounds):
+        for label, results in out:
+            dest = root / f"dest-{r}-{len(results)}-{label[:5]}"
+            dest.mkdir()
+            staging = Staging.create(dest, "bench", None, 0)
+            for o in expected:
+                (staging.path / o.rel).write_bytes(
+                    int(o.rel[1:5]).to_bytes(8, "little") + block[8:]
+                )  # written: in the page cache
+            heads = StoreHeads(store, env, bucket)  # type: ignore[arg-type]
+            if "one at a time" in label:
+                heads.send_ahead = lambda key: False  # type: ignore[method-assign]
+
+            def placed(i: int, check: object, staging: Staging = staging) -> object:
+                assert staging.place(expected[i]) is None
+                return check
+
+            verifier = PullVerifier(
+                parse_source(f"s3://{bucket}/p/*"),
+                staging.path,
+                expected,
+                heads,
+                workers=1,
+                then=placed if "staged" in label else None,  # type: ignore[arg-type]
+            )
+            verifier._check(0)  # the first HEAD shows the store keeps checksums
+            with verifier._lock:
+                verifier._unsent.extend(range(1, n))
+            check = verifier._check
+            results.append(_measure(lambda i, check=check: check(i + 1), n - 1))
+            assert verifier.bytes_hashed == n << 20
+            heads.close()
+            shutil.rmtree(dest)
+    return out
+
+
+def _reads(n: int, rounds: int, size: int) -> Rows:
     from awscrt import checksums
 
     from backend.pulls.integrity import Proof, proof_holds
@@ -187,17 +245,20 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--object-kib", type=int, default=1024, help="size of the file read and CRC'd (KiB)")
     ap.add_argument("--skip-heads", action="store_true", help="only the read + CRC64NVME (no SeaweedFS)")
+    ap.add_argument("--proofs", type=int, default=500, help="objects of 1 MiB for the whole-proof rows (0: none)")
     args = ap.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load0 = open("/proc/loadavg").read().split()[:3]
     reads = _reads(args.n, args.rounds, args.object_kib << 10)
-    heads = [] if args.skip_heads else _heads(args.n, args.rounds)
+    heads, proofs = ([], []) if args.skip_heads else _heads(args.n, args.rounds, args.proofs)
     load1 = open("/proc/loadavg").read().split()[:3]
     print(f"started {started}; load average {' '.join(load0)} at the start, {' '.join(load1)} at the end")
     print(f"{args.rounds} rounds of {args.n} calls each, one thread; CPU = the whole process's (time.process_time)")
     _table(f"read + CRC64NVME of a {args.object_kib} KiB file from the page cache", reads)
     if heads:
         _table("HEAD with x-amz-checksum-mode: ENABLED, SigV4-signed, against SeaweedFS on loopback", heads)
+    if proofs:
+        _table(f"one object's whole proof (PullVerifier._check, 1 MiB, CRC64NVME), {args.proofs} objects", proofs)
     return 0
 
 

@@ -149,12 +149,11 @@ class HeadPool:
         self._open = 0
         self._queue: collections.deque[Pending] = collections.deque()
         self._closed = False
-        self._cpu0 = _threads_cpu(self._threads)
 
     @property
     def cpu_s(self) -> float:
         """CPU seconds of this pool's event-loop thread so far (what its sends cost in C)."""
-        return _threads_cpu(self._threads) - self._cpu0
+        return _threads_cpu(self._threads)
 
     def send(self, request: object) -> Pending:
         """Queue ``request`` (a signed ``awscrt.http.HttpRequest``); it goes out on the first free
@@ -286,20 +285,18 @@ class HeadPool:
 
 
 def _loop_threads() -> set[int]:
-    """Ids of this process's awscrt event-loop threads."""
-    out = set()
+    """Ids of this process's threads (the event loop's is told apart by :func:`_threads_cpu`: it
+    names itself once it runs)."""
     with contextlib.suppress(OSError):
-        for tid in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError):
-                if Path(f"/proc/self/task/{tid}/comm").read_text().startswith("AwsEventLoop"):
-                    out.add(int(tid))
-    return out
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
+    return set()
 
 
 def _threads_cpu(tids: set[int]) -> float:
-    """CPU seconds the threads ``tids`` of this process have run (scheduler's ns count)."""
+    """CPU seconds the awscrt event-loop threads among ``tids`` have run (the scheduler's count)."""
     total = 0
     for tid in tids:
         with contextlib.suppress(OSError, ValueError, IndexError):
-            total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+            if Path(f"/proc/self/task/{tid}/comm").read_text().startswith("AwsEventLoop"):
+                total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
     return total / 1e9

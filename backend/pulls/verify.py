@@ -316,6 +316,12 @@ class StoreHeads:
         with self._lock:
             self.ahead_off = self.ahead_off or why
 
+    @property
+    def waiting(self) -> int:
+        """HEADs sent ahead and not taken yet."""
+        with self._lock:
+            return len(self._ahead)
+
     def forget(self, key: str) -> None:
         """``key`` was proven without taking what was sent ahead for it (if anything)."""
         with self._lock:
@@ -458,6 +464,8 @@ class PullVerifier:
         with self._lock:
             if self._with_checksums == 0 or not self._unsent:
                 return
+        if self.heads.waiting > AHEAD_MAX // 2:
+            return  # topped up in bursts: awscrt's thread then answers several at each wake-up
         with self._send_lock:
             while True:
                 with self._lock:
