@@ -307,11 +307,6 @@ class PrometheusSource:
         """One refresh of every node Prometheus has (raises PrometheusUnavailable)."""
         t0 = time.perf_counter()
         self.client.cut = []
-        got: list[Any] = await asyncio.gather(*(self.client.query(q) for q in self.queries), self.client.targets())
-        answers: list[list[tuple[dict[str, str], float]]] = got[:-1]
-        targets: list[dict[str, Any]] = got[-1]
-        nf = len(DCGM_FIELDS)
-        dcgm, (net, disk, gauges) = answers[:nf], answers[nf:]
         s = self.settings
         find = self.index.find
         caps = _Caps()
@@ -320,8 +315,20 @@ class PrometheusSource:
         gpu_src: dict[str, set[str]] = {}
         host_src: dict[str, set[str]] = {}
         gpus = _GpuFields(find, s.dcgm_node_label, caps, source_of, gpu_src)
-        for fname, answer in zip(DCGM_FIELDS, dcgm, strict=True):
-            gpus.add(fname, answer)
+
+        async def dcgm_field(name: str, expr: str) -> None:
+            # Each field is read into the GPUs as soon as it is answered, while Prometheus still
+            # works on the others (the order of the fields changes nothing: each has its own key).
+            gpus.add(name, await self.client.query(expr))
+
+        nf = len(DCGM_FIELDS)
+        got: list[Any] = await asyncio.gather(
+            *(dcgm_field(f, q) for f, q in zip(DCGM_FIELDS, self.queries[:nf], strict=True)),
+            *(self.client.query(q) for q in self.queries[nf:]),
+            self.client.targets(),
+        )
+        net, disk, gauges = got[nf:-1]
+        targets: list[dict[str, Any]] = got[-1]
         nic: dict[str, dict[str, dict[str, float]]] = {}
         dsk: dict[str, dict[str, dict[str, float]]] = {}
         for answer, into in ((net, nic), (disk, dsk)):
