@@ -233,6 +233,27 @@ class LoadmasterApp(App[int]):
         self.set_theme(names[i % len(names)])
         self.notify(f"Theme: {self.theme}", timeout=2)
 
+    def refresh_css(self, animate: bool = True) -> None:
+        """Restyle for the present CSS count; re-parse only when the variables may have changed.
+
+        After a theme change Textual (8.x ``switch_mode``) calls this for every screen shown
+        again that was styled before it, and each call re-parses every stylesheet from scratch
+        (~0.4 s) although the theme's change already did, with the same variables: the
+        count only moves with the theme (``_invalidate_css``). Once parsed for the present
+        count, the shown screen, and any below it that missed the change, are restyled alone.
+        """
+        count = self._css_update_count
+        stale = [s for s in self.screen_stack if s._css_update_count != count] if self._screen_stack else []
+        if getattr(self, "_css_parsed_at", None) != count or not stale:
+            super().refresh_css(animate)
+            self._css_parsed_at = count
+            return
+        for screen in stale:
+            self.stylesheet.update(screen, animate=animate)
+            screen._css_update_count = count
+        if self.screen.is_mounted:
+            self.screen._refresh_layout(self.size)
+
     # ----------------------------------------------------------------- screens
 
     def screen_class(self, spec: ScreenSpec) -> type[Screen[Any]] | None:

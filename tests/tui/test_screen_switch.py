@@ -102,6 +102,30 @@ async def test_a_theme_changed_elsewhere_reaches_a_hidden_screen(services: Servi
         assert screen.styles.background == shown.styles.background
 
 
+async def test_screens_shown_after_a_theme_change_take_it_from_one_parse(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = LoadmasterApp(services, mode="checkpoints")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        hidden = [app.screen]
+        for mode in ("retention", "egress"):
+            await app.switch_mode(mode)
+            await pilot.pause()
+            hidden.append(app.screen)
+        before = hidden[0].styles.background
+        reparses = Counter(monkeypatch, "reparse")
+        app.theme = next(n for n, t in THEMES.items() if t.background != THEMES[app.theme].background)
+        await pilot.pause()
+        assert reparses.calls == 1  # the theme's own
+        for mode, screen in zip(("checkpoints", "retention"), hidden, strict=False):
+            await app.switch_mode(mode)
+            await pilot.pause()
+            assert app.screen is screen and screen.styles.background != before, mode
+        # Textual would re-parse every stylesheet again for each screen shown after the change.
+        assert reparses.calls == 1
+
+
 class Toggled(App[None]):
     """A key hint shown only while ``on`` is set (its check_action), for the footer's rebuilds."""
 
