@@ -51,10 +51,11 @@ from backend.pulls.objects import PulledObject, SourcePattern
 from backend.pulls.params import PullParams
 
 #: Below this size an object whose listed ETag is a plain MD5 is proven by MD5 with no HEAD: a
-#: HEAD costs ~0.3 ms of client CPU signed by :class:`SigV4` (~0.9 ms with botocore's signer) and
-#: ~0.4-0.55 ms of the store's (loopback SeaweedFS), MD5 ~2 ms a MiB, reading and CRC64NVME ~0.3 ms
-#: a MiB, so above ~0.5 MiB the store's checksum is the cheaper proof even where the store's CPU
-#: is ours too (the lab); on a remote store the crossing is lower (not moved: unmeasured there).
+#: HEAD costs ~0.2 ms of client CPU sent ahead through awscrt (~0.5 ms one at a time through
+#: http.client, ~0.9 ms with botocore's signer; bench/verify_cost.py) and ~0.4-0.55 ms of the
+#: store's (loopback SeaweedFS), MD5 ~2 ms a MiB, reading and CRC64NVME ~0.1 ms a MiB, so above
+#: ~0.5 MiB the store's checksum is the cheaper proof even where the store's CPU is ours too (the
+#: lab); on a remote store the crossing is lower (not moved: unmeasured there).
 HEAD_MIN_BYTES = 512 << 10
 #: After this many HEADs that carried no checksum, the store is taken to keep none: objects with a
 #: plain MD5 ETag are then proven by it without asking (up to NO_CHECKSUM_MD5_MAX bytes, past
