@@ -11,6 +11,8 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -192,6 +194,14 @@ class SeaweedS3(ManagedProcess):
             aws_secret_access_key=self.secret_key,
             config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
         )
+
+    def put_many(self, bucket: str, objects: Mapping[str, bytes], *, threads: int = 8) -> None:
+        """PUT every ``key: body`` of ``objects`` into ``bucket``, a few at a time: test set-up of
+        hundreds of small objects waits on one round trip each, not on the store."""
+        client = self.client()  # botocore clients are thread-safe; its pool holds 10 connections
+        with ThreadPoolExecutor(max_workers=min(threads, 10)) as pool:
+            for fut in [pool.submit(client.put_object, Bucket=bucket, Key=k, Body=b) for k, b in objects.items()]:
+                fut.result()
 
     def new_bucket(self, prefix: str = "lab") -> str:
         """Create a fresh bucket with a unique name and return it."""

@@ -40,17 +40,18 @@ def hostile(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> HostileNode: 
     yield from start_hostile_node(lab, tmp_path_factory.mktemp("hostile-reads"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def shard_src(lab: Lab, s3: Any) -> tuple[str, int]:
-    """40 samples (80 small objects) under a fresh prefix of the lab bucket; (url, total bytes)."""
+    """40 samples (80 small objects) under a fresh prefix of the lab bucket; (url, total bytes).
+    Written once for the module: every test only reads it (each shards into its own destination)."""
     prefix = f"shardsrc-{secrets.token_hex(3)}"
-    client = s3.client()
-    total = 0
-    for i in range(40):
-        for ext, body in (("cls", str(i % 7).encode()), ("bin", bytes([i]) * (300 + i))):
-            client.put_object(Bucket=lab.bucket, Key=f"{prefix}/{i:04d}.{ext}", Body=body)
-            total += len(body)
-    return f"s3://{lab.bucket}/{prefix}", total
+    objects = {
+        f"{prefix}/{i:04d}.{ext}": body
+        for i in range(40)
+        for ext, body in (("cls", str(i % 7).encode()), ("bin", bytes([i]) * (300 + i)))
+    }
+    s3.put_many(lab.bucket, objects)
+    return f"s3://{lab.bucket}/{prefix}", sum(len(b) for b in objects.values())
 
 
 def _ledger(state: Path) -> list[tuple[Any, ...]]:
