@@ -21,10 +21,9 @@ pytestmark = pytest.mark.lab
 async def test_shard_job_on_a_node_from_s3(lab: Any, s3: Any, tmp_path: Path) -> None:
     config = load_config_file(write_lab_config(lab, tmp_path / "loadmaster.toml", tmp_path / "state"))
     prefix = f"shardsrc-{secrets.token_hex(3)}"
-    client = s3.client()
-    for i in range(40):
-        client.put_object(Bucket=lab.bucket, Key=f"{prefix}/{i:04d}.cls", Body=str(i % 7).encode())
-        client.put_object(Bucket=lab.bucket, Key=f"{prefix}/{i:04d}.bin", Body=bytes([i]) * (300 + i))
+    objects = {f"{prefix}/{i:04d}.cls": str(i % 7).encode() for i in range(40)}
+    objects |= {f"{prefix}/{i:04d}.bin": bytes([i]) * (300 + i) for i in range(40)}
+    s3.put_many(lab.bucket, objects)
     dest = lab.node("node-01").scratch / f"shards-{prefix}"
     svc = Services(config=config)
     try:

@@ -22,18 +22,19 @@ from backend.shards.verify import verify
 pytestmark = pytest.mark.lab
 
 
-def put_dataset(client: Any, bucket: str, prefix: str, n: int) -> dict[str, dict[str, bytes]]:
+def put_dataset(s3: Any, bucket: str, prefix: str, n: int) -> dict[str, dict[str, bytes]]:
     import random
 
     rng = random.Random(11)
     data: dict[str, dict[str, bytes]] = {}
+    objects: dict[str, bytes] = {}
     for i in range(n):
         key = f"{i:05d}"
         jpg = rng.randbytes(rng.randint(200, 2500))
         meta = json.dumps({"i": i}).encode()
-        client.put_object(Bucket=bucket, Key=f"{prefix}/{key}.jpg", Body=jpg)
-        client.put_object(Bucket=bucket, Key=f"{prefix}/{key}.json", Body=meta)
+        objects[f"{prefix}/{key}.jpg"], objects[f"{prefix}/{key}.json"] = jpg, meta
         data[key] = {"jpg": jpg, "json": meta}
+    s3.put_many(bucket, objects)
     return data
 
 
@@ -41,7 +42,7 @@ def test_s3_to_s3_round_trip_and_verify(lab: Any, s3: Any, tmp_path: Path) -> No
     src_bucket, dest_bucket = s3.new_bucket("shsrc"), s3.new_bucket("shdst")
     client = s3.client()
     # > 1000 objects: the listing must paginate
-    data = put_dataset(client, src_bucket, "raw", 520)
+    data = put_dataset(s3, src_bucket, "raw", 520)
     base = lab.config.stores["lab"]
     sprof = dataclasses.replace(base, url=f"s3://{src_bucket}")
     dprof = dataclasses.replace(base, url=f"s3://{dest_bucket}")
