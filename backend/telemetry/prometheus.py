@@ -302,6 +302,8 @@ class PrometheusSource:
         self.queries = queries(settings)
         #: node -> the sources (job/instance) its numbers came from, in this refresh or before
         self.sources: dict[str, dict[str, None]] = {}
+        #: node -> what its last :class:`Observed` was made of, and that Observed
+        self._last: dict[str, tuple[tuple[Any, ...], Observed]] = {}
 
     async def read(self) -> Reading:
         """One refresh of every node Prometheus has (raises PrometheusUnavailable)."""
@@ -376,13 +378,9 @@ class PrometheusSource:
                     conflicts[node] = "; ".join(x for x in (conflicts.get(node), f"conflict: {said}") if x)
         covered = (set(gpus.nodes) | set(nic) | set(dsk) | set(fs)) - set(conflicts)
         observed = {
-            node: self._observed(
+            node: self._observed_of(
                 node,
-                gpus.nodes.get(node, {}),
-                nic.get(node, {}),
-                speed.get(node, {}),
-                dsk.get(node, {}),
-                fs.get(node, {}),
+                (gpus.nodes.get(node, {}), nic.get(node, {}), speed.get(node, {}), dsk.get(node, {}), fs.get(node, {})),
             )
             for node in covered
         }
@@ -428,6 +426,18 @@ class PrometheusSource:
         if named is None or named in covered or self.sources.get(named):
             return []  # its numbers come from elsewhere: an unrelated target is down
         return [named]
+
+    def _observed_of(self, node: str, made_of: tuple[Any, ...]) -> Observed:
+        """The node's :class:`Observed`: the last refresh's own object when the numbers it was made
+        of are the same. Prometheus scrapes every 15-30 s and the console reads every few
+        seconds, so most refreshes of most nodes change nothing; building their thousands of
+        samples again cost CPU and, kept until the next refresh, full garbage collections."""
+        last = self._last.get(node)
+        if last is not None and last[0] == made_of:
+            return last[1]
+        obs = self._observed(node, *made_of)
+        self._last[node] = (made_of, obs)
+        return obs
 
     def _observed(
         self,

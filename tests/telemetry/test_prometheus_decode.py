@@ -218,3 +218,25 @@ def test_the_dcgm_memo_reads_as_each_series_on_its_own(series: list[tuple[int, d
         }
         assert got == want
     assert {w.split(":")[0]: int(w.split(": ")[1].split()[0]) for w in reading.warnings} == skipped
+
+
+def test_a_node_whose_numbers_did_not_change_keeps_its_observed_and_a_change_is_seen() -> None:
+    import asyncio
+
+    first = [(0, {"Hostname": "gpu-01", "gpu": str(i), "job": "dcgm", "instance": "a:9400"}, 50.0) for i in range(2)]
+    first.append((0, {"Hostname": "gpu-02", "gpu": "0", "job": "dcgm", "instance": "b:9400"}, 10.0))
+    client = Recorded(first)
+    source = PrometheusSource(
+        TelemetrySettings(source="prometheus", prometheus_url="http://127.0.0.1:9"), NODES, client
+    )
+    one = asyncio.run(source.read())
+    two = asyncio.run(source.read())  # the same answers
+    assert two.nodes["gpu-01"] is one.nodes["gpu-01"] and two.nodes["gpu-02"] is one.nodes["gpu-02"]
+    client.series = [*first[:2], (first[2][0], first[2][1], 11.0)]  # gpu-02's GPU moved
+    three = asyncio.run(source.read())
+    assert three.nodes["gpu-01"] is one.nodes["gpu-01"]
+    assert three.nodes["gpu-02"] is not one.nodes["gpu-02"]
+    assert [g.util_pct for g in three.nodes["gpu-02"].gpus] == [11.0]
+    client.series = first[:1]  # gpu-01's second GPU is gone from the answer
+    four = asyncio.run(source.read())
+    assert [g.index for g in four.nodes["gpu-01"].gpus] == [0] and "gpu-02" not in four.nodes
