@@ -179,7 +179,8 @@ class HeadPool:
         return p
 
     def close(self) -> None:
-        """Close every connection; what is still queued fails."""
+        """Close the idle connections (a busy one closes once its request ends, or its waiter's
+        timeout closes it); what is still queued fails."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
