@@ -152,8 +152,8 @@ async def fleet_ready(app: LoadmasterApp, pilot: Any) -> FleetScreen:
 
 
 async def refresh(screen: FleetScreen, pilot: Any) -> None:
-    screen._read_slurm(fresh=True)
-    await pilot.pause(0.3)
+    screen._read_slurm(fresh=True)  # a worker, registered as it starts: waited for below
+    await pilot.pause()
     await screen.workers.wait_for_complete()
     await pilot.pause()
 
@@ -321,7 +321,10 @@ async def test_drain_now_shows_the_requeue_and_refuses_a_job_that_cannot_be_requ
         # A job Slurm may not requeue: drain now is refused, in one line, and nothing is drained.
         await drain_now("node-02", "psu")
         await wait_until(pilot, lambda: isinstance(app.screen, FleetScreen), rounds=600, delay=0.05)
-        await pilot.pause(0.5)
+        for _ in range(10):
+            if any(f"job {stuck} cannot be requeued" in n.message for n in app._notifications):
+                break
+            await pilot.pause(0.05)
         notes = [n.message for n in app._notifications]
         assert any(f"job {stuck} cannot be requeued" in m for m in notes), notes
         assert node_state(slurm, "node-02") in ("mixed", "allocated")
