@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import shutil
 import tarfile
 import tempfile
 import warnings
@@ -109,32 +110,75 @@ def seed_checkpoints(
     The ``in_flight`` step is uploaded without its ``.metadata`` commit marker, the way a reader
     sees a checkpoint whose upload is still running. Milestone steps carry a MILESTONE marker.
     """
+    saved = saved_checkpoints(steps)
+    done = []
+    for step in steps:
+        out = saved / f"step-{step}"
+        files = sorted(out.iterdir(), key=lambda p: p.name == ".metadata")  # commit marker last
+        for f in files:
+            if step == in_flight and f.name == ".metadata":
+                continue
+            _put(client, bucket, f"{CHECKPOINT_RUN}/step-{step}/{f.name}", f.read_bytes())
+        if step in milestones:
+            _put(client, bucket, f"{CHECKPOINT_RUN}/step-{step}/MILESTONE", b"")
+        done.append(step)
+    return done
+
+
+def saved_checkpoints(steps: range) -> Path:
+    """The folder holding a ``step-N`` DCP save for each of ``steps``, made once per torch version.
+
+    Importing torch, and the ``torch._dynamo`` its optimizers import, is most of a ``lab up``
+    (~6 s of a quiet machine's CPU) while the same seed saves the same tiny model every time:
+    the saves are kept in the user's cache dir and made again only for another torch or steps.
+    Raises ImportError without torch, as the import would.
+    """
+    import importlib.metadata
+
+    import platformdirs
+
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError("torch is not installed") from None
+    parent = Path(platformdirs.user_cache_dir("loadmaster")) / "lab-checkpoints"
+    kept = parent / f"torch-{version}-steps-{steps.start}-{steps.stop}-{steps.step}"
+    if kept.is_dir():
+        return kept
+    parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=".building-", dir=parent))
+    try:
+        _save_steps(building, steps)
+        try:
+            building.rename(kept)  # whole or not at all; only ever made by this rename
+        except OSError:
+            if not kept.is_dir():
+                raise
+            shutil.rmtree(building)  # another lab up kept the same saves first
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return kept
+
+
+def _save_steps(folder: Path, steps: range) -> None:
+    """One DCP save of the model and its AdamW state per step, into ``folder/step-N``."""
     import torch
     import torch.distributed.checkpoint as dcp
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    done = []
-    with tempfile.TemporaryDirectory(prefix="lm-seed-") as tmp:
-        for step in steps:
-            model(torch.randn(4, 64)).sum().backward()
-            optim.step()
-            optim.zero_grad()
-            out = Path(tmp) / f"step-{step}"
-            with warnings.catch_warnings():  # single-process save: no process group, by design
-                warnings.simplefilter("ignore", UserWarning)
-                dcp.save({"model": model.state_dict(), "optim": optim.state_dict()}, checkpoint_id=str(out))
-            files = sorted(out.iterdir(), key=lambda p: p.name == ".metadata")  # commit marker last
-            for f in files:
-                if step == in_flight and f.name == ".metadata":
-                    continue
-                _put(client, bucket, f"{CHECKPOINT_RUN}/step-{step}/{f.name}", f.read_bytes())
-            if step in milestones:
-                _put(client, bucket, f"{CHECKPOINT_RUN}/step-{step}/MILESTONE", b"")
-            done.append(step)
+    for step in steps:
+        model(torch.randn(4, 64)).sum().backward()
+        optim.step()
+        optim.zero_grad()
+        with warnings.catch_warnings():  # single-process save: no process group, by design
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save(
+                {"model": model.state_dict(), "optim": optim.state_dict()}, checkpoint_id=str(folder / f"step-{step}")
+            )
     os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
-    return done
 
 
 def seeded_lines(

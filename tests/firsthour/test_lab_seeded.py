@@ -97,3 +97,28 @@ def _list(root: Path, bucket: str) -> dict[str, int]:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         objects.update((o["Key"], o["Size"]) for o in page.get("Contents", []))
     return objects
+
+
+def test_the_checkpoint_saves_are_made_once_per_torch_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second ``lab up`` uploads the kept saves: it neither imports torch nor saves again."""
+    from lab import seed
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    made: list[Path] = []
+
+    def save(folder: Path, steps: range) -> None:  # what torch writes, minus torch's import
+        made.append(folder)
+        for step in steps:
+            (folder / f"step-{step}").mkdir()
+            (folder / f"step-{step}" / ".metadata").write_bytes(b"meta")
+
+    monkeypatch.setattr(seed, "_save_steps", save)
+    first = seed.saved_checkpoints(range(1, 3))
+    assert seed.saved_checkpoints(range(1, 3)) == first and len(made) == 1
+    assert first.is_relative_to(tmp_path / "cache") and sorted(p.name for p in first.iterdir()) == ["step-1", "step-2"]
+    assert not [p for p in first.parent.iterdir() if p.name.startswith(".building-")]
+    # Other steps are other saves; a failed save leaves nothing that a later one would take.
+    monkeypatch.setattr(seed, "_save_steps", lambda folder, steps: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        seed.saved_checkpoints(range(1, 4))
+    assert [p.name for p in first.parent.iterdir()] == [first.name]
