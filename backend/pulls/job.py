@@ -460,7 +460,8 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
     summary = summarize(checks, n_items)
     ctx.log(
         f"copied {n_items} objects, {total} bytes in {copied:.1f}s ({mode}); {summary['verified_text']}; "
-        f"{elapsed - copied:.2f}s after the copy, {verifier.cpu_s:.2f} CPU s, {verifier.heads.requests} HEADs"
+        f"{elapsed - copied:.2f}s after the copy, {verifier.cpu_s:.2f} CPU s, {verifier.heads.requests} HEADs "
+        f"({verifier.heads.sent_ahead} sent ahead)"
     )
     if verifier.heads.ahead_off:
         ctx.log(f"HEADs were asked one at a time after one sent ahead failed: {verifier.heads.ahead_off}")
