@@ -24,7 +24,6 @@ from backend.ledger.records import (
     Reservation,
     Reserved,
 )
-from backend.ledger.report import egress_report
 from backend.ledger.store import EgressLedger
 from backend.policy.egress import (
     EgressQuote,
@@ -326,6 +325,8 @@ class EgressGuard:
 
     def report(self, month: str | None = None, *, now: datetime | float | None = None) -> EgressReport:
         """Month-to-date bytes and $ per route, budgets used, and the projection to month end."""
+        from backend.ledger.report import egress_report  # a report's own: not loaded by a pull's guard
+
         return egress_report(self.db, self.settings, self.prices, self.config.stores, month, at=clock.now(now))
 
 

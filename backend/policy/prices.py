@@ -27,7 +27,6 @@ under ``[egress] unpriced_action``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import math
 import tomllib
@@ -166,6 +165,8 @@ class PriceTable:
         if site.region is None or not regions or site.region in regions:
             return None
         owner = f"providers.{key}" if key else f"sites.{compute.key}"  # type: ignore[union-attr]
+        import difflib  # only for a typo's hint: not on every command that prices bytes
+
         close = difflib.get_close_matches(site.region, regions, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}? " if close else ""
         return (
