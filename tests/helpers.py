@@ -77,6 +77,20 @@ async def wait_until(pilot: Any, cond: Any, rounds: int = 400, delay: float | No
     assert cond(), "condition never became true"
 
 
+async def type_text(pilot: Any, text: str) -> None:
+    """Type ``text`` into the focused widget: the key events ``pilot.press(*text)`` sends, in order,
+    then one wait for the screen. ``press`` waits for the process to go idle after every key (up to
+    2 s a key while a screen's workers poll the lab): typing a word cost seconds."""
+    from textual import events
+    from textual.keys import _character_to_key
+
+    for ch in text:
+        key = events.Key(ch if ch.isalnum() else _character_to_key(ch), ch)
+        key.set_sender(pilot.app)  # as the driver sends a key it read
+        pilot.app.post_message(key)
+    await pilot.pause()
+
+
 async def settle_workers(pilot: Any) -> None:
     """Wait for the app's workers to finish, then for the screen to process what they posted."""
     await pilot.app.workers.wait_for_complete()

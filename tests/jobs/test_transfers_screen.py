@@ -13,7 +13,7 @@ from textual.widgets import Button, Input, Static
 
 from backend.config import Config
 from lab import Lab
-from tests.helpers import Recorder, wait_until
+from tests.helpers import Recorder, type_text, wait_until
 from tests.jobs.conftest import SourceData, fresh_services
 from tests.jobs.test_pull_lab import _assert_pulled, _launch_stalled
 from tui.app import LoadmasterApp
@@ -152,7 +152,7 @@ async def test_cancel_from_console_needs_typed_confirmation(
             table.move_cursor(row=[str(k.value) for k in table.rows].index(job.id))
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, ConfirmTyped))
-            await pilot.press(*"cancel")
+            await type_text(pilot, "cancel")
             await pilot.press("enter")
             await until(pilot, lambda: rec.of(JobCancelled))
             final = rec.of(JobCancelled)[-1].record
