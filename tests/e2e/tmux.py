@@ -9,8 +9,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 
-#: Polling step while waiting for the screen; the deadline, not this, bounds a wait.
-POLL = 0.1
+#: Polling steps while waiting for the screen: short for the first second (most waits are one
+#: key's redraw, a few tens of ms), then coarser; the deadline, not these, bounds a wait.
+POLL_FIRST, POLL_FIRST_FOR, POLL = 0.02, 1.0, 0.1
 
 
 class ScreenTimeout(AssertionError):
@@ -21,14 +22,16 @@ def deadline_poll(
     check: Callable[[], object], *, timeout: float, what: str, describe: Callable[[], str] = lambda: ""
 ) -> object:
     """Call ``check`` until it returns something truthy; raise ScreenTimeout after ``timeout`` s."""
-    end = time.monotonic() + timeout
+    start = time.monotonic()
+    end = start + timeout
     while True:
         value = check()
         if value:
             return value
-        if time.monotonic() > end:
+        now = time.monotonic()
+        if now > end:
             raise ScreenTimeout(f"timed out after {timeout:.0f}s waiting for {what}\n{describe()}")
-        time.sleep(POLL)
+        time.sleep(POLL_FIRST if now - start < POLL_FIRST_FOR else POLL)
 
 
 class Tmux:
