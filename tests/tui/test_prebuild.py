@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import tui.app
 from backend.config import default_config
 from backend.retention.runs import remember_run
 from backend.services import Services
@@ -70,6 +71,8 @@ def _counted(real: Callable[..., Any], calls: dict[str, int], mode: str) -> Call
 async def test_a_screen_built_ahead_reads_nothing_until_it_is_shown(
     services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The quiet before each build is not what this test is about: six of them, shortened.
+    monkeypatch.setattr(tui.app, "PREBUILD_PAUSE_S", 0.02)
     app = LoadmasterApp(services, mode="fleet", prebuild=True)
     calls = count_reads(app, monkeypatch)
     async with app.run_test(size=SIZE) as pilot:
