@@ -24,12 +24,8 @@ class DcpRun:
         return dest
 
     def upload(self, s3, bucket: str, prefix: str = "run1") -> str:  # type: ignore[no-untyped-def]
-        client = s3.client()
-        for p in sorted(self.root.rglob("*")):
-            if p.is_file():
-                client.put_object(
-                    Bucket=bucket, Key=f"{prefix}/{p.relative_to(self.root).as_posix()}", Body=p.read_bytes()
-                )
+        files = sorted(p for p in self.root.rglob("*") if p.is_file())
+        s3.put_many(bucket, {f"{prefix}/{p.relative_to(self.root).as_posix()}": p.read_bytes() for p in files})
         return f"s3://{bucket}/{prefix}"
 
 
