@@ -83,6 +83,12 @@ _VIRTUAL = re.compile(r"^(veth|docker|br-|virbr|cni|flannel|cali|tun|tap|vxlan|g
 _NOT_PHYSICAL = re.compile(r"^(dm-|md|loop|ram|zram|nbd)")
 
 
+#: One answer: its series' labels and their values, side by side. A ``(labels, value)`` pair a
+#: series would be ~73,000 tuples a refresh at 1,024 x 8 for the garbage collector to count;
+#: ``zip(*columns)`` hands them out one by one without making any.
+Columns = tuple[list[dict[str, str]], list[float]]
+
+
 class PrometheusUnavailable(LoadmasterError):
     """The Prometheus API did not answer (or answered with an error): one line, naming it."""
 
@@ -161,6 +167,10 @@ class PrometheusClient:
 
     async def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
         """An instant query at now: (labels, value) per series; NaN and infinite values are skipped."""
+        return list(zip(*await self.columns(expr), strict=True))
+
+    async def columns(self, expr: str) -> Columns:
+        """:meth:`query`'s series as :data:`Columns`."""
         path = "/api/v1/query"
         answer = await self.http.request("GET", path, params={"query": expr})
         honest = honest_vector(answer.body, expr, self.cut)
@@ -169,7 +179,7 @@ class PrometheusClient:
         # Anything else (an error, another result type, a label or value of the wrong type, not
         # JSON) is judged by the generic path, series by series, as it always was.
         doc = self.http.decode(answer, f"GET {path}", check_depth=False)
-        return vector_of(api_data(doc, f"Prometheus {self.shown}", path), expr, self.cut)
+        return columns_of(vector_of(api_data(doc, f"Prometheus {self.shown}", path), expr, self.cut))
 
     async def targets(self) -> list[dict[str, Any]]:
         """The active scrape targets (labels, health, lastError)."""
@@ -184,7 +194,7 @@ class ApiClient(Protocol):
 
     cut: list[str]
 
-    async def query(self, expr: str) -> list[tuple[dict[str, str], float]]: ...
+    async def columns(self, expr: str) -> Columns: ...
 
     async def targets(self) -> list[dict[str, Any]]: ...
 
@@ -254,7 +264,12 @@ class _VectorAnswer(msgspec.Struct, gc=False):
 _DECODE_VECTOR = msgspec.json.Decoder(_VectorAnswer)
 
 
-def honest_vector(body: bytes, expr: str, cut: list[str]) -> list[tuple[dict[str, str], float]] | None:
+def columns_of(series: list[tuple[dict[str, str], float]]) -> Columns:
+    """(labels, value) pairs as :data:`Columns`."""
+    return [labels for labels, _ in series], [v for _, v in series]
+
+
+def honest_vector(body: bytes, expr: str, cut: list[str]) -> Columns | None:
     """:func:`vector_of` of an answer that is exactly what Prometheus sends for an instant vector
     (every label a string, every value ``[time, "text"]``), decoded in one typed pass without the
     intermediate dicts and lists; None for anything else, which the caller hands to the generic
@@ -269,16 +284,22 @@ def honest_vector(body: bytes, expr: str, cut: list[str]) -> list[tuple[dict[str
     if len(result) > MAX_SERIES_PER_QUERY:
         cut.append(f"{len(result):,} series for {expr[:80]}")
         result = result[:MAX_SERIES_PER_QUERY]
-    out: list[tuple[dict[str, str], float]] = []
-    append, finite = out.append, math.isfinite
-    for series in result:
-        try:
-            value = float(series.value.text)
-        except ValueError:
-            continue
-        if finite(value):  # not NaN, not +-Inf
-            append((series.metric, value))
-    return out
+    labels = [series.metric for series in result]
+    try:
+        values = [float(series.value.text) for series in result]
+    except ValueError:  # a value that is not a number: that series is skipped, as NaN is
+        values = [_number(series.value.text) for series in result]
+    if not all(map(math.isfinite, values)):  # not NaN, not +-Inf
+        kept = [i for i, v in enumerate(values) if math.isfinite(v)]
+        labels, values = [labels[i] for i in kept], [values[i] for i in kept]
+    return labels, values
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def targets_of(data: Any) -> list[dict[str, Any]]:
@@ -321,20 +342,23 @@ class PrometheusSource:
         async def dcgm_field(name: str, expr: str) -> None:
             # Each field is read into the GPUs as soon as it is answered, while Prometheus still
             # works on the others (the order of the fields changes nothing: each has its own key).
-            gpus.add(name, await self.client.query(expr))
+            gpus.add(name, await self.client.columns(expr))
 
         nf = len(DCGM_FIELDS)
         got: list[Any] = await asyncio.gather(
             *(dcgm_field(f, q) for f, q in zip(DCGM_FIELDS, self.queries[:nf], strict=True)),
-            *(self.client.query(q) for q in self.queries[nf:]),
+            *(self.client.columns(q) for q in self.queries[nf:]),
             self.client.targets(),
         )
+        net: Columns
+        disk: Columns
+        gauges: Columns
         net, disk, gauges = got[nf:-1]
         targets: list[dict[str, Any]] = got[-1]
         nic: dict[str, dict[str, dict[str, float]]] = {}
         dsk: dict[str, dict[str, dict[str, float]]] = {}
         for answer, into in ((net, nic), (disk, dsk)):
-            for labels, v in answer:
+            for labels, v in zip(*answer, strict=True):
                 node = find(labels.get(s.node_exporter_node_label))
                 dev = _text(labels.get("device"))
                 if node and dev:
@@ -346,7 +370,7 @@ class PrometheusSource:
                     devs.setdefault(dev, {})[_text(labels.get("lm")) or ""] = v
         speed: dict[str, dict[str, float]] = {}
         fs: dict[str, dict[str, dict[str, float]]] = {}
-        for labels, v in gauges:
+        for labels, v in zip(*gauges, strict=True):
             node = find(labels.get(s.node_exporter_node_label))
             if node is None:
                 continue
@@ -558,10 +582,10 @@ class _GpuFields:
         self.nodes: dict[str, dict[int, dict[str, float]]] = {}
         self._slots: dict[tuple[object, ...], _Slot] = {}
 
-    def add(self, field_name: str, answer: Iterable[tuple[Mapping[str, Any], float]]) -> None:
+    def add(self, field_name: str, answer: Columns) -> None:
         """One field's answer: each series' value lands on its GPU, or is skipped (counted at a cap)."""
         slots, label = self._slots, self.node_label
-        for labels, v in answer:
+        for labels, v in zip(*answer, strict=True):
             get = labels.get
             key = (get(label), get("gpu"), get("job"), get("instance"))
             try:

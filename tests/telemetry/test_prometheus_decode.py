@@ -61,10 +61,10 @@ _ANSWER = st.fixed_dictionaries(
 )
 
 
-def generic(body: bytes, cut: list[str]) -> list[tuple[dict[str, str], float]] | str:
+def generic(body: bytes, cut: list[str]) -> prom.Columns | str:
     """What the generic path makes of ``body``: the series, or the one-line refusal."""
     try:
-        return vector_of(api_data(json.loads(body), "Prometheus", "/api/v1/query"), "q", cut)
+        return prom.columns_of(vector_of(api_data(json.loads(body), "Prometheus", "/api/v1/query"), "q", cut))
     except PrometheusUnavailable as exc:
         return str(exc)
 
@@ -90,7 +90,9 @@ def test_an_honest_vector_decodes_as_the_generic_path_and_the_rest_falls_to_it(a
     assert (fast is not None) == honest, body  # anything else is left to the generic path
     if fast is not None:
         assert (fast, fast_cut) == (slow, slow_cut)
-        assert all(math.isfinite(v) and all(type(x) is str for x in labels.values()) for labels, v in fast)
+        assert all(
+            math.isfinite(v) and all(type(x) is str for x in labels.values()) for labels, v in zip(*fast, strict=True)
+        )
 
 
 _HONEST = st.lists(
@@ -115,7 +117,7 @@ def test_an_honest_vector_is_cut_at_the_series_cap(monkeypatch: pytest.MonkeyPat
     body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
     cut: list[str] = []
     got = honest_vector(body, "max(x)", cut)
-    assert got == [({"gpu": str(i)}, float(i)) for i in range(3)]
+    assert got == ([{"gpu": str(i)} for i in range(3)], [float(i) for i in range(3)])
     assert cut == ["5 series for max(x)"]
 
 
@@ -123,7 +125,7 @@ def test_what_is_not_an_honest_vector_is_left_to_the_generic_path() -> None:
     def answer(series: list[Any], status: str = "success", kind: str = "vector") -> bytes:
         return json.dumps({"status": status, "data": {"resultType": kind, "result": series}}).encode()
 
-    assert honest_vector(answer([{"metric": {"a": "b"}, "value": [1.0, "2"]}]), "q", []) == [({"a": "b"}, 2.0)]
+    assert honest_vector(answer([{"metric": {"a": "b"}, "value": [1.0, "2"]}]), "q", []) == ([{"a": "b"}], [2.0])
     for body in (
         answer([{"metric": {"a": ["b"]}, "value": [1.0, "2"]}]),  # a label that is not text
         answer([{"metric": {"a": "b"}, "value": [1.0, 2]}]),  # a value that is not text
@@ -160,8 +162,9 @@ class Recorded:
         self.cut: list[str] = []
         self.series = series
 
-    async def query(self, expr: str) -> list[tuple[dict[str, Any], float]]:
-        return [(labels, v) for f, labels, v in self.series if expr.endswith(f"({DCGM_FIELDS[f]})")]
+    async def columns(self, expr: str) -> prom.Columns:
+        mine = [(labels, v) for f, labels, v in self.series if expr.endswith(f"({DCGM_FIELDS[f]})")]
+        return prom.columns_of(mine)
 
     async def targets(self) -> list[dict[str, Any]]:
         return []

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from backend.errors import LoadmasterError
 from backend.telemetry.prometheus import (
+    Columns,
     PrometheusClient,
     PrometheusSource,
     api_data,
+    columns_of,
     queries,
     targets_of,
     vector_of,
@@ -74,14 +76,16 @@ class RecordedClient:
         self.shown = shown
         self.cut: list[str] = []
 
-    async def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
+    async def columns(self, expr: str) -> Columns:
         answers = self.frame.get("query")
         if not isinstance(answers, dict) or expr not in answers:
             raise ReplayError(
                 f"replay file {self.shown} has no answer for {expr[:80]!r}: "
                 "recorded with other [telemetry] label or rate settings; record it again"
             )
-        return vector_of(api_data(answers[expr], f"replay file {self.shown}", "/api/v1/query"), expr, self.cut)
+        return columns_of(
+            vector_of(api_data(answers[expr], f"replay file {self.shown}", "/api/v1/query"), expr, self.cut)
+        )
 
     async def targets(self) -> list[dict[str, Any]]:
         got = self.frame.get("targets")
