@@ -53,6 +53,8 @@ from backend.retention.runs import LOCK_KEY
 from backend.services import Services
 from backend.storage import LocalStore
 
+pytestmark = pytest.mark.usefixtures("lock_read_back_at_once")
+
 #: state -> what the catalog must call it (what the library's own loader would make of it)
 KIND = {
     "dcp-full": "full",

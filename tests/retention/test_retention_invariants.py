@@ -28,6 +28,8 @@ from backend.retention import PinStore, apply_plan, compute_plan
 from backend.retention.marks import MilestoneStore
 from backend.storage import LocalStore
 
+pytestmark = pytest.mark.usefixtures("lock_read_back_at_once")
+
 STATES = ("dcp-full", "dcp-weights", "torch-full", "export", "in-flight", "corrupt", "unknown")
 
 
