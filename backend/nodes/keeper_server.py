@@ -63,6 +63,10 @@ class Keeper:
         self.started = time.time()
         self._stop = asyncio.Event()
         self._inode: int | None = None
+        #: Each connected client's writer and handler task: closed and awaited on exit, so a
+        #: handler ends on EOF rather than being cancelled by the loop's shutdown (Python 3.11's
+        #: streams then log the cancelled handler as a traceback).
+        self._connected: dict[asyncio.StreamWriter, asyncio.Task[None]] = {}
 
     def _changed(self, name: str, state: str, error: str | None) -> None:
         log.info("%s: %s%s", name, state, f" ({error})" if error else "")
@@ -137,8 +141,17 @@ class Keeper:
             if self._socket_is_ours():
                 with contextlib.suppress(OSError):
                     self.sock.unlink()
+            await self._disconnect_clients()
             await self.pool.close()
             log.info("exiting: %s", why)
+
+    async def _disconnect_clients(self) -> None:
+        """End every client's connection; its handler reads EOF and cleans up as on a hang-up."""
+        handlers = list(self._connected.values())
+        for writer in list(self._connected):
+            writer.close()
+        if handlers:
+            await asyncio.wait(handlers, timeout=5)
 
     def _socket_is_ours(self) -> bool:
         try:
@@ -160,6 +173,8 @@ class Keeper:
             return
         self.clients += 1
         self.last_active = time.monotonic()
+        if (me := asyncio.current_task()) is not None:
+            self._connected[writer] = me
         tasks: dict[int, asyncio.Task[None]] = {}
         lock = asyncio.Lock()
 
@@ -211,6 +226,7 @@ class Keeper:
             if tasks:
                 await asyncio.gather(*tasks.values(), return_exceptions=True)
             writer.close()
+            self._connected.pop(writer, None)
             self.clients -= 1
             self.last_active = time.monotonic()
 

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -121,14 +122,24 @@ def test_commands_share_one_private_keeper_without_secrets(lab: Lab, kept: Confi
     status = _run(jobs_config_path, "keeper", "status")
     assert status.returncode == 0 and f"keeper pid {pid}" in status.stdout
     assert "node-01  up" in status.stdout
+    # A client still connected when the keeper stops (a console left open) is hung up on
+    # cleanly: its handler ends on EOF, and the log holds no traceback.
+    idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    idle.connect(str(sock))
+    idle.sendall(b'{"op": "hello"}\n')
+    assert b"hello" in idle.recv(4096)
     stop = _run(jobs_config_path, "keeper", "stop")
     assert stop.returncode == 0 and f"stopped keeper pid {pid}" in stop.stdout
     _wait_for(lambda: not _alive(pid), "the keeper exits on stop")
+    idle.settimeout(5)
+    assert idle.recv(4096) == b"", "the keeper hangs up on a connected client when it stops"
+    idle.close()
     assert not sock.exists()
     gone = _run(jobs_config_path, "keeper", "status")
     assert gone.returncode == 1 and "no connection keeper running" in gone.stdout
     log = log_path(sock).read_text()
     assert "stop requested" in log and "exiting: stopped" in log
+    assert "Traceback" not in log and "Exception in callback" not in log, log
 
 
 def test_pull_through_the_keeper_verifies_bytes_and_keeps_credentials_off_the_log(
