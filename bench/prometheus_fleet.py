@@ -100,13 +100,18 @@ async def prometheus_run(
     services.__dict__["telemetry"] = hub
     source = PrometheusSource(settings, nodes)
     poller = PrometheusPoller(settings, SshSource(SyntheticPool(list(nodes)), settings))  # type: ignore[arg-type]
-    app = LoadmasterApp(services)
+    # As `loadmaster` starts it: the other screens built ahead, then the start-up heap frozen.
+    app = LoadmasterApp(services, prebuild=True)
     times: list[float] = []
     reads: list[float] = []
     queries: list[int] = []
     covered = 0
     async with app.run_test(size=(200, 60)) as pilot:
         await pilot.pause()
+        for _ in range(600):
+            if app.heap_frozen:
+                break
+            await pilot.pause(0.05)
         screen = app.screen
         assert isinstance(screen, FleetScreen)
         reading = await source.read()  # warm-up: connection, first layout
@@ -145,6 +150,7 @@ async def prometheus_run(
         up = snap.nodes_up
         gpus = snap.gpu_count
     await source.close()
+    gc.unfreeze()
     if profiler is not None and profile:
         profiler.dump_stats(profile)
         print(f"cProfile of the {refreshes} measured refreshes (wall time, profiler's cost included): {profile}")
