@@ -108,3 +108,18 @@ def local_services(tmp_path: Path, state_url: str | None):  # type: ignore[no-un
     services = Services(config)
     yield services
     services.db.close()
+
+
+@pytest.fixture(scope="module")
+def lock_read_back_at_once() -> Iterator[None]:
+    """An apply reads its run lock back at once instead of after ``_SETTLE_S`` (0.3 s each apply).
+
+    The pause lets a second apply that wrote the lock at the same moment win; a module whose tests
+    run one apply at a time (retention's property tests race pins, marks and kills, not applies)
+    waits it out for nothing. The lock is still written, read back and checked;
+    tests/retention/test_run_safety.py races two applies with the real pause."""
+    from backend.retention import runs
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runs, "_SETTLE_S", 0.0)
+        yield

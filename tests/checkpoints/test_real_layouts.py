@@ -22,6 +22,7 @@ from backend.retention import apply_plan, compute_plan
 from backend.storage import LocalStore
 from tests.checkpoints.layouts import LAYOUTS, BuiltRun, StepSpec, build
 
+pytestmark = pytest.mark.usefixtures("lock_read_back_at_once")
 STEPS = (1, 2, 3, 4, 5, 6)
 POLICY = RetentionPolicy(keep_full_latest=2, milestone_every=2, others="delete")
 

@@ -47,18 +47,3 @@ def s3_services(lab, s3, tmp_path: Path):  # type: ignore[no-untyped-def]
     services = Services(config)
     yield services
     services.db.close()
-
-
-@pytest.fixture(scope="module")
-def lock_read_back_at_once() -> Iterator[None]:
-    """An apply reads its run lock back at once instead of after ``_SETTLE_S`` (0.3 s each apply).
-
-    The pause lets a second apply that wrote the lock at the same moment win; a module whose tests
-    run one apply at a time (the property tests: their races are pins, marks and kills) waits it
-    out for nothing. The lock is still written, read back and checked; test_run_safety races two
-    applies with the real pause."""
-    from backend.retention import runs
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runs, "_SETTLE_S", 0.0)
-        yield

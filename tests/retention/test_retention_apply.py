@@ -17,6 +17,7 @@ from backend.retention import apply_plan, compute_plan
 from backend.retention.apply import Journal
 from backend.storage import DeleteResult, LocalStore, ObjectStore, S3Store
 
+pytestmark = pytest.mark.usefixtures("lock_read_back_at_once")
 POLICY = RetentionPolicy(keep_full_latest=2, milestone_every=4000)
 EXPECTED = {
     **{s: "delete" for s in STEPS if s not in (4000, 8000, 11000, 12000, IN_FLIGHT)},
