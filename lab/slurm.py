@@ -39,8 +39,9 @@ from lab.process import ManagedProcess, alive, log_tail, stop_pid_groups
 SLURM_INSTALL_HINT = "apt-get install slurmctld slurmd slurm-client (Debian 12: Slurm 22.05)"
 PARTITION = "gpu"
 #: The job credential's lifetime (``AuthInfo=cred_expire``), which is also how long slurmctld holds
-#: a requeued job back before it may start again.
-CRED_EXPIRE_S = 10
+#: a requeued job back before it may start again: the least Slurm accepts (its launches here take
+#: milliseconds), so a test that requeues a job waits 5 s, not 10.
+CRED_EXPIRE_S = 5
 
 
 class SlurmNotInstalled(LoadmasterError):
