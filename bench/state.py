@@ -32,7 +32,8 @@ What is measured, each on a fresh database per backend:
    ``action``), ``actor_like=`` (a common and a rare prefix; index ``audit_actor``), median of 5
    after one warm-up; on PostgreSQL again after ``ANALYZE audit`` (what autovacuum does to a table
    soon after a bulk load); and ``loadmaster audit`` (the CLI, a fresh process each time: start-up,
-   config, connect, query, print) with ``--limit 1``, ``--limit 1000`` and ``--action``.
+   config, connect, query, print) with ``--limit 1``, ``--limit 1000`` and ``--action``. And ``state migrate`` of a SQLite state holding
+   that many audit rows into a fresh PostgreSQL database (the rows counted on arrival).
 
 Prints one table per part with the ratio PostgreSQL / SQLite, then one JSON line (also written to
 ``--json PATH``). Records the date, the load average before and after, and the versions.
@@ -611,8 +612,43 @@ def run_reservations(backends: Backends, procs: int, calls: int) -> dict[str, An
     return r
 
 
+def bench_migrate(backends: Backends, n: int) -> dict[str, float]:
+    """``state migrate`` of a SQLite state holding ``n`` audit rows into a fresh PostgreSQL
+    database (the copy's own seconds and with connecting), the rows counted on arrival."""
+    from backend.state.copy import migrate_state
+    from backend.state.postgres import PostgresState
+
+    config = config_of(backends.fresh("sqlite", "migrate"), 1e12)
+    db = open_state(config)
+    try:
+        db.executemany(
+            "INSERT INTO audit (ts, actor, action, target, outcome, plan_hash, reason, detail)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            audit_rows(n),
+        )
+    finally:
+        db.close()
+    url = backends.fresh("postgresql", "migrate")["url"]
+    t = time.perf_counter()
+    report = migrate_state(config.state_dir() / "state.sqlite3", url)
+    wall = time.perf_counter() - t
+    target = PostgresState(url)
+    try:
+        got = target.counts(["audit"])["audit"]
+    finally:
+        target.close()
+    if got != n:
+        raise BenchError(f"state migrate copied {got} audit rows of {n}")
+    return {"rows": n, "copy_s": report.seconds, "wall_s": wall}
+
+
 def run_audit(backends: Backends, n_audit: int, work: Path, cli_reps: int) -> dict[str, Any]:
-    a = {b: bench_audit(backends.fresh(b, "audit"), n_audit, work, cli_reps) for b in BACKENDS}
+    a: dict[str, Any] = {b: bench_audit(backends.fresh(b, "audit"), n_audit, work, cli_reps) for b in BACKENDS}
+    m = a["migrate"] = bench_migrate(backends, n_audit)
+    print(
+        f"\n`state migrate` of {n_audit:,} audit rows, SQLite -> PostgreSQL: {m['copy_s']:.2f} s copying, "
+        f"{m['wall_s']:.2f} s with connecting"
+    )
     print(f"\n3. audit log over {n_audit:,} entries (median of 5 after a warm-up; CLI: median of {cli_reps})\n")
     print(
         "| | SQLite ms (rows) | PostgreSQL ms (rows), just loaded | PostgreSQL ms after ANALYZE | "
