@@ -181,9 +181,10 @@ def test_walkthrough_at_80x24(sandbox: tuple[Path, str, dict[str, str]], term80:
         lambda s: (
             re.search(r"plan [0-9a-f]{12}", s)
             and all(re.search(rf"^\s*{step}\s+keep-full\s.*latest 2 complete", s, re.MULTILINE) for step in KEPT)
+            and re.search(r"^\s*12000\s+skip\s.*in flight", s, re.MULTILINE)
         ),
         timeout=SCREEN_TIMEOUT,
-        what="the retention plan with its kept rows",
+        what="the retention plan with its kept rows and the in-flight step's reason",
     )
     assert f"s3://{bucket}/checkpoints/llama-demo" in screen, screen
     assert "2 keep-full  2 strip-to-weights  7 delete  1 skip" in screen, screen
