@@ -448,9 +448,15 @@ def test_socket_path_fits_the_unix_limit_and_differs_per_host(tmp_path: Path, mo
     path = socket_path(config)
     assert len(os.fsencode(str(path))) <= 107
     assert path.parent == Path(tempfile.gettempdir()) / f"loadmaster-{os.geteuid()}"
-    short = tmp_path / "short.toml"
-    short.write_text(f'[[nodes]]\nname = "gpu-01"\n\n[state]\ndir = "{tmp_path / "s"}"\n')
-    here = socket_path(load_config(str(short)))
-    assert here.parent == tmp_path / "s" / "run"
-    monkeypatch.setattr(socketmod, "gethostname", lambda: "other-login-node")
-    assert socket_path(load_config(str(short))) != here
+    # A state dir short enough for the socket beside it (pytest's own tmp_path can be one
+    # character too long, as pytest's run number grows).
+    near = Path(tempfile.mkdtemp(prefix="lm-k-", dir="/tmp"))
+    try:
+        short = tmp_path / "short.toml"
+        short.write_text(f'[[nodes]]\nname = "gpu-01"\n\n[state]\ndir = "{near / "s"}"\n')
+        here = socket_path(load_config(str(short)))
+        assert here.parent == near / "s" / "run"
+        monkeypatch.setattr(socketmod, "gethostname", lambda: "other-login-node")
+        assert socket_path(load_config(str(short))) != here
+    finally:
+        shutil.rmtree(near, ignore_errors=True)
