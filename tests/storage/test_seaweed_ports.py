@@ -49,3 +49,13 @@ def test_a_block_the_caller_gave_is_not_changed(tmp_path: Path) -> None:
     finally:
         s3.stop()
         taken.close()
+
+
+def test_a_block_is_chosen_below_the_ports_outgoing_connections_use() -> None:
+    # A port in the kernel's ephemeral range can be held by an outgoing connection in TIME_WAIT,
+    # which no listener may bind: after a benchmark's many S3 requests the whole range can be.
+    lo, _hi = seaweed._ephemeral_range()
+    for _ in range(20):
+        base = seaweed.free_port_block(12)
+        assert 1024 <= base and base + 12 + 10000 <= lo
+        assert all(seaweed._bindable("127.0.0.1", p) for p in (*range(base, base + 12), base + 10000, base + 10011))
