@@ -42,8 +42,7 @@ from backend.services import Services  # noqa: E402
 from backend.telemetry.hub import TelemetryHub  # noqa: E402
 from backend.telemetry.settings import TelemetrySettings  # noqa: E402
 from backend.telemetry.synthetic import SyntheticPool, synthetic_fleet  # noqa: E402
-from tui.widgets.fleet_format import node_cells  # noqa: E402
-from tui.widgets.fleet_table import TREND_WIDTH, FleetTable  # noqa: E402
+from tui.widgets.fleet_table import FleetTable  # noqa: E402
 
 
 def p99(values: list[float]) -> float:
@@ -53,11 +52,13 @@ def p99(values: list[float]) -> float:
 
 
 def rebuild_all(self: FleetTable, nodes: Any, trend: Any) -> int:
-    """The peer: clear the table and add every row again on every tick."""
+    """The peer: clear the table and add every row again on every tick, each with the same
+    cells (the columns laid out for the width) and styles as loadmaster's."""
+    self._trend = trend
     self.clear()
     for n in nodes:
-        self.add_row(*node_cells(n, trend(n.name), TREND_WIDTH), key=n.name)
-    return len(nodes) * 12
+        self.add_row(*self._style_row(n, self._cells(n)), key=n.name)
+    return len(nodes) * len(self.shown_columns())
 
 
 async def run(
