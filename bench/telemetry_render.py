@@ -58,7 +58,7 @@ def rebuild_all(self: FleetTable, nodes: Any, trend: Any) -> int:
     self.clear()
     for n in nodes:
         self.add_row(*self._style_row(n, self._cells(n)), key=n.name)
-    return len(nodes) * len(self.shown_columns())
+    return len(nodes) * len(self.shown_columns)
 
 
 async def run(
