@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.pull_overhead import _upload  # noqa: E402 - the same objects as the pull benchmark's
+from bench.pull_overhead import STORES, _upload  # noqa: E402 - the same objects as the pull benchmark's
 from lab import Lab, LabNodeOptions  # noqa: E402
 from tests.counting_proxy import CountingProxy  # noqa: E402
 
@@ -88,6 +88,13 @@ def main() -> int:
     ap.add_argument("--part-size", type=int, default=64)
     ap.add_argument("--chunk-mib", type=int, default=4, help="relay chunk (MiB)")
     ap.add_argument("--degree", type=int, default=1, help="relay degree: 1 = a chain")
+    ap.add_argument(
+        "--store",
+        choices=sorted(STORES),
+        default="md5",
+        help="what the store keeps for each object: md5 (ETags only, as in the runs recorded before "
+        "#33; every node proves its copy by MD5) or crc64nvme (a full-object checksum, as AWS S3 keeps)",
+    )
     ap.add_argument("--json", action="store_true", help="print the rounds as JSON too")
     args = ap.parse_args()
     if not 2 <= args.nodes <= 16:
@@ -102,7 +109,7 @@ def main() -> int:
         prefix = "bench/fanout"
         size = args.object_mb * 2**20
         data = args.objects * size
-        _upload(lab, prefix, args.objects, size)
+        _upload(lab, prefix, args.objects, size, STORES[args.store])
         src = f"s3://{lab.bucket}/{prefix}/*"
         cfg = _config(lab, root, proxy, args)
         names = lab.names()
@@ -134,7 +141,7 @@ def main() -> int:
         print(f"\nload average at the end (1/5/15 min): {load}; at the start: {load0}")
         print(
             f"\n### fan-out pull: {args.nodes} nodes, {args.objects} x {args.object_mb} MiB ({data / 1e9:.2f} GB), "
-            f"relay degree {args.degree}, chunk {args.chunk_mib} MiB\n"
+            f"relay degree {args.degree}, chunk {args.chunk_mib} MiB, store keeps {args.store}\n"
         )
         print(
             "| round | single node (s) | direct, parallel (s) | relay (s) | relay / single | relay / direct | "
