@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.text import Text
 
 from backend.textfmt import gpu_ranges
 from tests.firsthour.screen_text import screen_lines
@@ -17,6 +18,7 @@ from tests.tui.test_snapshots import settle
 from tui.app import LoadmasterApp
 from tui.widgets.fleet_alerts import AlertList
 from tui.widgets.fleet_table import COLUMN_KEYS, PRIORITY, FleetTable, column_layout
+from tui.widgets.table_fit import cut_end
 
 
 @given(st.integers(min_value=1, max_value=400), st.booleans())
@@ -70,7 +72,10 @@ async def test_a_silenced_starvation_page_is_shown_as_silenced() -> None:
         await settle(pilot)
         table = app.screen.query_one(FleetTable)
         table.flush_all()
-        assert str(table.get_cell(STARVED, "alerts")) == "STARVED request-bound (silenced)"
+        quiet = table.get_cell(STARVED, "alerts")
+        # Whole where the column has room, else cut with '…'; never styled as a live alert.
+        assert str(quiet) == cut_end("STARVED request-bound (silenced)", dict(table._layout)["alerts"]), quiet
+        assert not isinstance(quiet, Text) or not quiet.style, quiet
         assert str(table.get_cell("gpu-b01", "alerts")) == "!1 NodeDown"
         status = [str(c) for c in app.screen.query_one(AlertList).get_row_at(0)]
         assert status[0] == STARVED and status[-1] == "silenced"
@@ -142,3 +147,35 @@ async def test_the_alert_list_says_which_gpus_and_no_column_is_cut(size: tuple[i
         assert row.split()[-1 if size[0] == 80 else -3] == "0-7", row
         assert cut_at_edge(app, alerts) == []
         assert cut_at_edge(app, app.screen.query_one(FleetTable)) == []
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+async def test_a_cell_wider_than_its_column_ends_in_an_ellipsis(size: tuple[int, int]) -> None:
+    # A node without NVIDIA GPUs says so ("no NVIDIA GPU", 13 cells); at 80 columns the GPUs column
+    # is 6 wide: the cell must read as cut ("no NV…"), not as a whole word ("no NVI").
+    from backend.telemetry.hub import TelemetryHub
+    from backend.telemetry.settings import TelemetrySettings
+    from backend.telemetry.synthetic import SyntheticNode, SyntheticPool
+    from tests.tui.snapshot_services import NODES
+
+    services = snapshot_services(fed=False)
+    hub = TelemetryHub(SyntheticPool(NODES), TelemetrySettings(), feed_only=True)  # type: ignore[arg-type]
+    gens = [SyntheticNode(n.name, gpus=0 if i == 1 else 8, seed=i) for i, n in enumerate(NODES, start=1)]
+    for t in range(3):
+        for g in gens:
+            hub.ingest(g.name, g.block(float(t)), float(t))
+        hub.tick(float(t))
+    services.__dict__["telemetry"] = hub
+    app = LoadmasterApp(services, theme="loadmaster-dark", mode="fleet")
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        table = app.screen.query_one(FleetTable)
+        widths = dict(table._layout)
+        for r in range(table.row_count):
+            for key, cell in zip(table.shown_columns, table.get_row_at(r), strict=True):
+                assert len(str(cell)) <= widths[key], (key, str(cell))
+        row = next(line for line in screen_lines(app) if line.lstrip().startswith(NODES[0].name))
+        if widths["gpus"] < len("no NVIDIA GPU"):
+            assert "no NV" in row and "…" in row, row
+        else:
+            assert "no NVIDIA GPU" in row, row

@@ -15,6 +15,7 @@ from textual.widgets.data_table import ColumnKey, RowKey
 from backend.ops.types import NodeSnapshot
 from tui.widgets.fleet_format import node_cells, slurm_reason_cell, slurm_state_cell
 from tui.widgets.table_cursor import cursor_row_key
+from tui.widgets.table_fit import cut_end
 from tui.widgets.text_filter import text_matches
 from tui.widgets.transfers_format import short
 
@@ -544,6 +545,11 @@ class FleetTable(CellCachedTable):
                 style = self._theme_styles.get("alert")
             elif row is not None and row.unavailable:
                 style = self._theme_styles.get("node-stale" if row.state.startswith("draining") else "node-down")
+        width = dict(self._layout).get(key)
+        if width is not None and key == "trend":
+            text = text[-width:]  # a narrower sparkline keeps its newest samples (the right end)
+        elif width is not None and key != "node":  # the node cell is its row's sort identity: kept whole
+            text = str(cut_end(text, width))  # wider than its column: ends in '…', never cut bare
         return Text(text, style=style) if style else text
 
     # -- sorting -------------------------------------------------------------------------------
