@@ -526,12 +526,12 @@ class FleetTable(CellCachedTable):
 
     def _style_cell(self, n: NodeSnapshot, i: int, text: str) -> Any:
         key = COLUMN_KEYS[i]
+        width = dict(self._layout).get(key)
         if key in ("site", "error"):
-            width = dict(self._layout).get(key)
             if width is not None:
                 text = short(text, width)  # both ends carry meaning (the node column sorts by its text)
         elif key == "reason":
-            text = reason_fit(text, dict(self._layout).get(key))
+            text = reason_fit(text, width)
         style = None
         if key == "state":
             style = self._theme_styles.get(STATE_STYLE.get(n.state, ""))
@@ -545,7 +545,6 @@ class FleetTable(CellCachedTable):
                 style = self._theme_styles.get("alert")
             elif row is not None and row.unavailable:
                 style = self._theme_styles.get("node-stale" if row.state.startswith("draining") else "node-down")
-        width = dict(self._layout).get(key)
         if width is not None and key == "trend":
             text = text[-width:]  # a narrower sparkline keeps its newest samples (the right end)
         elif width is not None and key != "node":  # the node cell is its row's sort identity: kept whole
