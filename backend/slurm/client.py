@@ -81,6 +81,19 @@ class SlurmClient:
             env["SLURM_CONF"] = os.path.expanduser(self.settings.conf)
         return env
 
+    def _check_conf(self) -> None:
+        """A configured ``conf`` that cannot be read is refused before any command runs: Slurm's
+        commands retry a missing slurm.conf for up to 60 s, so the operator would wait out the
+        timeout to read "slurmctld busy or down?" instead of what to fix."""
+        if not self.settings.conf:
+            return
+        path = os.path.expanduser(self.settings.conf)
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise SlurmError(f"cannot read slurm.conf {path}: {exc.strerror} (set [slurm] conf)") from None
+
     def argv(self, name: str, *args: str) -> list[str]:
         """The command as it will run (shown to the operator before any change)."""
         cluster = ["--clusters", self.settings.cluster] if self.settings.cluster and name != "scontrol" else []
@@ -89,6 +102,7 @@ class SlurmClient:
     async def run(self, argv: list[str], *, check: bool = True) -> CommandResult:
         """Run one Slurm command; SlurmError on a non-zero exit when ``check``."""
         full = [self.binary(argv[0]), *argv[1:]]
+        self._check_conf()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *full,

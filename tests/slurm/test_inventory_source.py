@@ -80,6 +80,7 @@ def test_slurm_unreadable_stops_the_load_with_one_line(lab: Lab, lab_slurm: Slur
         load_config_file(cfg)
     msg = str(err.value)
     assert "cannot read the node inventory from slurm:" in msg and "\n" not in msg
+    assert str(tmp_path / "missing.conf") in msg  # names what to fix (not a timeout: Slurm retries 60 s)
 
 
 def test_without_inventory_the_file_keeps_its_nodes(tmp_path: Path) -> None:
