@@ -28,7 +28,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ import pytest
 
 from backend.errors import LoadmasterError
 from lab.alertmanager import AlertmanagerServer
+from tests.loopback_http import LoopbackHTTPServer, serve
 
 #: The test timers (seconds).
 TEST_GROUP_WAIT = 0.2
@@ -81,9 +82,8 @@ class WebhookSink:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
                 pass
 
-        self.server = ThreadingHTTPServer((ip, 0), Handler)
-        self.server.daemon_threads = True
-        self._thread = threading.Thread(target=self.server.serve_forever, name="am-webhook", daemon=True)
+        self.server = LoopbackHTTPServer((ip, 0), Handler)
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -91,13 +91,14 @@ class WebhookSink:
         return f"http://{host!s}:{port}{self.PATH}"
 
     def start(self) -> WebhookSink:
-        self._thread.start()
+        self._thread = serve(self.server, "am-webhook")
         return self
 
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
     def clear(self) -> None:
         with self._lock:

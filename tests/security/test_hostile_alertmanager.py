@@ -14,15 +14,15 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.alerts.test_webhook import DATASETS, GB, rounds, services
+from tests.loopback_http import LoopbackHTTPServer, serve
 from tui.cli import main
 
 #: What must never reach the terminal: ESC, BEL, C1 CSI/OSC/ST, bidi overrides and isolates, CR.
@@ -92,9 +92,8 @@ class HostileAM:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = LoopbackHTTPServer(("127.0.0.1", 0), Handler)
+        serve(self.server, "hostile-alertmanager")
 
     @property
     def url(self) -> str:

@@ -13,9 +13,8 @@ import asyncio
 import contextlib
 import json
 import socket
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -33,6 +32,7 @@ from backend.telemetry.prometheus import (
     PrometheusUnavailable,
 )
 from backend.telemetry.settings import TelemetrySettings
+from tests.loopback_http import LoopbackHTTPServer, serve
 
 NODES = [Node(name="gpu-01", host="10.0.0.1", scratch="/scratch"), Node(name="gpu-02", host="10.0.0.2")]
 
@@ -70,9 +70,8 @@ class Hostile:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = LoopbackHTTPServer(("127.0.0.1", 0), Handler)
+        serve(self.server, "hostile-prometheus")
 
     @property
     def url(self) -> str:
@@ -311,7 +310,9 @@ async def test_the_console_shows_the_conflict_on_the_node_and_a_cap_in_its_note(
         return ok([])
 
     hostile.answer = answer
-    s = TelemetrySettings(source="prometheus", prometheus_url=hostile.url, prometheus_timeout=10, prometheus_interval=1)
+    s = TelemetrySettings(
+        source="prometheus", prometheus_url=hostile.url, prometheus_timeout=10, prometheus_interval=1, interval=0.2
+    )
     hub = TelemetryHub(NodePool(NODES), s)
     await hub.start()
     try:
