@@ -248,6 +248,11 @@ async def test_fleet_shows_slurm_and_drains_from_d(lab: Lab, slurm: SlurmLab, tm
         assert isinstance(app.screen, ConfirmModal), modal_text(app)
         assert "scontrol update NodeName=node-01 State=RESUME" in modal_text(app)
         await pilot.press("y")
+        # The console reads Slurm again after the resume: the drain is gone from the row at once
+        # (``idle*`` until slurmctld's ping of the node answers, which Fleet's next read shows).
+        await wait_until(pilot, lambda: cell(app, "node-01", "slurm").startswith("idle"), rounds=1200, delay=0.05)
+        wait_for("node-01 idle", lambda: node_state(slurm, "node-01") == "idle")
+        await refresh(screen, pilot)
         await wait_until(pilot, lambda: cell(app, "node-01", "slurm") == "idle", rounds=1200, delay=0.05)
         entries = services.db.audit_entries(limit=20, action="slurm.drain")
         assert any(e.target == "node-01" and e.outcome == "ok" for e in entries)

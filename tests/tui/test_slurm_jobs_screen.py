@@ -122,10 +122,33 @@ async def open_jobs(app: LoadmasterApp, pilot: object) -> SlurmJobsScreen:
     return jobs
 
 
-@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
-async def test_jobs_screen_lists_running_pending_and_array_tasks(
-    lab: Lab, slurm: SlurmLab, tmp_path: Path, size: tuple[int, int]
-) -> None:
+def check_listing(app: LoadmasterApp, jobs: SlurmJobsScreen, train: str, sweep: str, width: int) -> None:
+    """The jobs screen as shown ``width`` columns wide: every array task its own row, running first,
+    pending ones with their reason, no line past the edge, every column in the header."""
+    ids = [r.job_id for r in jobs.rows]
+    # Every array task is its own row (squeue --json collapses the pending ones).
+    assert {f"{sweep}_{t}" for t in range(6)} <= set(ids), ids
+    assert not any("[" in i for i in ids), ids
+    waiting = [r for r in jobs.rows if r.state == "PENDING"]
+    assert waiting and all(r.reason for r in waiting), waiting
+    running = [r for r in jobs.rows if r.running]
+    assert ids[: len(running)] == [r.job_id for r in running]  # running first
+    row = next(r for r in jobs.rows if r.job_id == train)
+    assert row.user and row.name == "train" and row.nodes == ("node-01",) and row.gpu_count == 2
+    lines = screen_lines(app)
+    text = "\n".join(lines)
+    assert all(len(line) <= width for line in lines)
+    header = next(line for line in lines if "job" in line and "state" in line)
+    for column in ("user", "name", "elapsed", "nodes", "gpus", "reason"):
+        assert column in header, (width, header)
+    assert "running" in text and "train" in text
+    assert any("pending" in line and f"{sweep}_" in line for line in lines), text
+    assert "Its nodes in Fleet" in text or "enter" in text
+
+
+async def test_jobs_screen_lists_running_pending_and_array_tasks(lab: Lab, slurm: SlurmLab, tmp_path: Path) -> None:
+    """At 120x40, then opened again after the terminal is resized to 80x24 (one cluster's jobs and
+    one console for both sizes: the screen fits its rows to the width it opens at)."""
     services = services_for(lab, slurm, tmp_path)
     train = slurm.sbatch("-w", "node-01", "--gres=gpu:2", "-J", "train", script="sleep 300")
     wait_for(f"job {train} running", lambda: job_state(slurm, train) == "RUNNING")
@@ -133,7 +156,7 @@ async def test_jobs_screen_lists_running_pending_and_array_tasks(
     sweep = slurm.sbatch("--array=0-5", "--gres=gpu:4", "-J", "sweep", script="sleep 300")
     wait_for("array tasks running", lambda: "RUNNING" in job_state(slurm, sweep))
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="fleet")
-    async with app.run_test(size=size) as pilot:
+    async with app.run_test(size=(120, 40)) as pilot:
         jobs = await open_jobs(app, pilot)
         # Every task listed (a read may land while slurmctld still starts some of them).
         for _ in range(60):
@@ -141,26 +164,19 @@ async def test_jobs_screen_lists_running_pending_and_array_tasks(
                 break
             await pilot.pause(0.05)
         assert sum(r.job_id.startswith(f"{sweep}_") for r in jobs.rows) == 6, [(r.job_id, r.state) for r in jobs.rows]
-        ids = [r.job_id for r in jobs.rows]
-        # Every array task is its own row (squeue --json collapses the pending ones).
-        assert {f"{sweep}_{t}" for t in range(6)} <= set(ids), ids
-        assert not any("[" in i for i in ids), ids
-        waiting = [r for r in jobs.rows if r.state == "PENDING"]
-        assert waiting and all(r.reason for r in waiting), waiting
-        running = [r for r in jobs.rows if r.running]
-        assert ids[: len(running)] == [r.job_id for r in running]  # running first
-        row = next(r for r in jobs.rows if r.job_id == train)
-        assert row.user and row.name == "train" and row.nodes == ("node-01",) and row.gpu_count == 2
         await pilot.pause()
-        lines = screen_lines(app)
-        text = "\n".join(lines)
-        assert all(len(line) <= size[0] for line in lines)
-        header = next(line for line in lines if "job" in line and "state" in line)
-        for column in ("user", "name", "elapsed", "nodes", "gpus", "reason"):
-            assert column in header, header
-        assert "running" in text and "train" in text
-        assert any("pending" in line and f"{sweep}_" in line for line in lines), text
-        assert "Its nodes in Fleet" in text or "enter" in text
+        check_listing(app, jobs, train, sweep, 120)
+        # Back to Fleet, the terminal resized to 80x24, the screen opened again.
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: isinstance(app.screen, FleetScreen))
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        jobs = await open_jobs(app, pilot)
+        await wait_until(
+            pilot, lambda: sum(r.job_id.startswith(f"{sweep}_") for r in jobs.rows) == 6, rounds=60, delay=0.05
+        )
+        await pilot.pause()
+        check_listing(app, jobs, train, sweep, 80)
         # / filters the rows.
         await pilot.press("slash", *"train", "enter")
         await pilot.pause()
