@@ -880,6 +880,9 @@ class DcgmExporterStandIn(ManagedProcess):
         """(address, metrics path) of a node's exporter: its own socket, else the shared one."""
         if name in self.addresses:
             return self.addresses[name], "/metrics"
+        node = self.nodes.get(name)
+        if node is not None and node.ip is not None and node.port:
+            return f"{node.ip}:{node.port}", "/metrics"  # its port chosen before it listens
         if self.shared_address and name in self.nodes:
             return self.shared_address, f"/node/{name}/metrics"
         raise KeyError(name)
@@ -915,6 +918,26 @@ class DcgmExporterStandIn(ManagedProcess):
         raise DcgmStandInError(
             f"the dcgm-exporter stand-in did not take the change ({self.root}): {log_tail(self.log_path)}"
         )
+
+    @property
+    def generation(self) -> int:
+        """How many changes were sent to the process so far (every steering call is one)."""
+        return self._generation
+
+    def reset(self, profiling: dict[str, bool], *, reread: bool = False) -> bool:
+        """Every node listening, without Xids, serving profiling as ``profiling`` says (its node's
+        own setting where it does not): one change, sent only when that is not so already or with
+        ``reread`` (the stand-in drops what it rendered and reads the scenario files again).
+        Whether a change was sent."""
+        want = {
+            name: {"xids": {}, "profiling": bool(profiling.get(name, n.profiling)), "listening": True}
+            for name, n in self.nodes.items()
+        }
+        if want == self._control and not reread:
+            return False
+        self._control = want
+        self._apply()
+        return True
 
     def _node(self, name: str) -> DcgmNode:
         try:

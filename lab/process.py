@@ -232,7 +232,15 @@ class ManagedProcess:
         ``timeout`` passes) stops what it started and raises :attr:`error` with the log's tail."""
         if self.running:
             return self
-        proc = self.launch()
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float | None = None) -> Self:
+        """Wait until the :meth:`launch`-ed process is :meth:`ready` (several servers launched
+        first, then waited for, start side by side); what :meth:`start` says on a failure."""
+        proc = self.proc
+        if proc is None:
+            raise self.error(f"{self.start_failure()}: not launched")
         deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
         while time.monotonic() < deadline and proc.poll() is None:
             if self.ready():

@@ -400,6 +400,15 @@ class PrometheusServer(ManagedProcess):
 # -- the lab's telemetry stack ------------------------------------------------------------------------
 
 
+def _other_free_port(ips: list[str], taken: int) -> int:
+    """A port free on every one of ``ips`` other than ``taken`` (picked, not yet listening)."""
+    for _ in range(100):
+        port = common_free_port(ips)
+        if port != taken:
+            return port
+    raise PrometheusError(f"no second port free on every lab address (besides {taken})")
+
+
 @dataclass
 class StackNode:
     """One lab node for :class:`TelemetryStack`: where its exporters listen and its GPUs.
@@ -435,8 +444,12 @@ class TelemetryStack:
         self.prometheus = PrometheusServer(self.root / "prometheus", prometheus_port, scrape_interval=scrape_interval)
         self.exporters: dict[str, NodeExporter] = {}
         self.dcgm: DcgmExporterStandIn | None = None
-        self._patterns: dict[str, Any] = {}  # as started, for restore()
+        self._scenarios: dict[str, bytes] = {}  # the GPU nodes' scenario files as started, for restore()
         self._stopped: set[str] = set()
+        #: Targets stopped or started so far (with the stand-in's generation: what was changed).
+        self._target_changes = 0
+        #: What had been changed when Prometheus last scraped everything after it (None: not yet).
+        self._settled: tuple[int, int] | None = None
 
     @property
     def url(self) -> str:
@@ -462,7 +475,7 @@ class TelemetryStack:
         ips = [n.ip for n in self.nodes.values()]
         port = common_free_port(ips) if ips else 0
         for n in self.nodes.values():
-            self.exporters[n.name] = NodeExporter(self.root / "node_exporter" / n.name, n.ip, port).start()
+            self.exporters[n.name] = NodeExporter(self.root / "node_exporter" / n.name, n.ip, port)
         gpu_nodes = []
         for n in self.nodes.values():
             if n.gpus <= 0:
@@ -471,13 +484,27 @@ class TelemetryStack:
             if n.scenario is None:
                 fake_nvidia_smi.write_scenario(path, gpus=n.gpus, pattern=n.pattern)
             gpu_nodes.append(DcgmNode(n.name, str(path), ip=n.ip, profiling=n.profiling))
-            self._patterns[n.name] = fake_nvidia_smi.load_scenario(str(path))["pattern"]
+            self._scenarios[n.name] = path.read_bytes()
         if gpu_nodes:
-            self.dcgm = DcgmExporterStandIn(
-                self.root / "dcgm", gpu_nodes, collect_interval=self.collect_interval
-            ).start()
+            # Ports chosen here, so Prometheus's config names every target before they listen.
+            dcgm_port = _other_free_port([g.ip for g in gpu_nodes if g.ip], port) if ips else 0
+            for g in gpu_nodes:
+                g.port = dcgm_port
+            self.dcgm = DcgmExporterStandIn(self.root / "dcgm", gpu_nodes, collect_interval=self.collect_interval)
+        # Every process is launched before any is waited for: the stand-in's Python start,
+        # Prometheus's and the exporters' go side by side (Prometheus's first scrapes come 5 s
+        # after it starts, whatever the interval).
+        parts: list[ManagedProcess] = [*self.exporters.values(), *([self.dcgm] if self.dcgm else [])]
+        for part in parts:
+            part.launch()
         self.prometheus.targets_config = self.scrape_targets()
         self.prometheus.start()
+        for part in parts:
+            part.wait_ready()
+        self._settled = self._changes()  # what its first scrapes will see
+
+    def _changes(self) -> tuple[int, int]:
+        return (self.dcgm.generation if self.dcgm else 0, self._target_changes)
 
     def scrape_targets(self) -> list[ScrapeTarget]:
         out = [ScrapeTarget(NODE_JOB, e.address, name) for name, e in self.exporters.items()]
@@ -520,6 +547,7 @@ class TelemetryStack:
         if name not in self.nodes:
             raise PrometheusError(f"no lab node {name!r}")
         self._stopped.add(name)
+        self._target_changes += 1
         self.exporters[name].stop()
         if self.dcgm and name in self.dcgm.nodes:
             self.dcgm.stop_node(name)
@@ -531,19 +559,24 @@ class TelemetryStack:
         if self.dcgm and name in self.dcgm.nodes:
             self.dcgm.start_node(name)
         self._stopped.discard(name)
+        self._target_changes += 1
 
-    def restore(self) -> None:
-        """Back to how :meth:`start` left it: every target up, no Xid, patterns and profiling as
-        configured (what a test changed, put back)."""
+    def restore(self) -> bool:
+        """Back to how :meth:`start` left it: every target up, no Xid, scenarios (patterns, faults)
+        and profiling as configured (what a test changed, put back; nothing sent where nothing
+        changed). Whether anything was changed since Prometheus last scraped every target after
+        it (:meth:`wait_scraped`): then wait for a fresh scrape before relying on what it holds."""
         for name in sorted(self._stopped):
             self.start_target(name)
         if self.dcgm:
-            for name, node in self.dcgm.nodes.items():
-                self.dcgm.clear_xid(name)
-                self.dcgm.set_profiling(name, self.nodes[name].profiling)
-                sc = fake_nvidia_smi.load_scenario(node.scenario)
-                if sc["pattern"] != self._patterns[name]:
-                    self.dcgm.set_pattern(name, self._patterns[name])
+            rewritten = False
+            for name, text in self._scenarios.items():
+                path = self.scenario(name)
+                if path.read_bytes() != text:
+                    path.write_bytes(text)
+                    rewritten = True
+            self.dcgm.reset({n: self.nodes[n].profiling for n in self.dcgm.nodes}, reread=rewritten)
+        return self._changes() != self._settled
 
     def telemetry_toml(self, source: str = "auto") -> str:
         """A ``[telemetry]`` table pointing the console at this Prometheus (the lab's labels)."""
@@ -562,7 +595,11 @@ class TelemetryStack:
     def wait_scraped(self, timeout: float = 30.0, *, fresh: bool = True) -> list[TargetHealth]:
         """Wait until every target is up; ``fresh``: each scraped after this call (so what was
         changed before it is in Prometheus)."""
-        return self.prometheus.wait_scraped(timeout=timeout, after=time.time() if fresh else None)
+        changes = self._changes()
+        got = self.prometheus.wait_scraped(timeout=timeout, after=time.time() if fresh else None)
+        if fresh:
+            self._settled = changes
+        return got
 
     def wait_down(self, name: str, timeout: float = 30.0) -> list[TargetHealth]:
         """Wait until Prometheus reports every target of ``name`` down."""
