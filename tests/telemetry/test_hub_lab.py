@@ -163,8 +163,9 @@ async def test_a_kernel_log_xid_over_ssh_is_flagged_with_its_meaning(lab, monkey
     fake.write_text(_DMESG)
     fake.chmod(0o755)
     reads = n1.bin_dir / "dmesg.reads"
-    # The kernel log is read every XID_EVERY_S (10 s): every 1 s here, so the re-read comes soon.
-    monkeypatch.setattr(sampler, "XID_EVERY_S", 1.0)
+    # The kernel log is read every XID_EVERY_S (10 s): at every sample here (0.5 s), so the
+    # re-reads come soon.
+    monkeypatch.setattr(sampler, "XID_EVERY_S", 0.5)
     try:
         settings = TelemetrySettings(interval=0.5, backoff_initial=0.5, backoff_max=2.0)
         hub = TelemetryHub(NodePool(lab.config.nodes), settings, nodes=["node-01"])

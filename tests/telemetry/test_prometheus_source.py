@@ -22,6 +22,11 @@ from lab import Lab
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(240)]
 
 
+#: The hub's tick where only Prometheus is read (no SSH sampling, which ``interval`` also paces):
+#: what a refresh brings is in the snapshot 0.2 s later, not up to a second.
+FAST_TICK = {"interval": 0.2}
+
+
 def settings(url: str, **kw: object) -> TelemetrySettings:
     base = {
         "source": "prometheus",
@@ -55,7 +60,7 @@ def node(snap: FleetSnapshot, name: str) -> NodeSnapshot:
 
 
 async def test_the_fleet_from_prometheus_is_the_fleet_from_ssh(lab: Lab, prom_lab) -> None:  # type: ignore[no-untyped-def]
-    hub = TelemetryHub(NodePool(lab.config.nodes), settings(prom_lab.url))
+    hub = TelemetryHub(NodePool(lab.config.nodes), settings(prom_lab.url, **FAST_TICK))
     await hub.start()
     try:
         snap = await wait_for(
@@ -82,7 +87,7 @@ async def test_the_fleet_from_prometheus_is_the_fleet_from_ssh(lab: Lab, prom_la
 
 
 async def test_an_xid_from_dcgm_and_a_down_target(lab: Lab, prom_lab) -> None:  # type: ignore[no-untyped-def]
-    hub = TelemetryHub(NodePool(lab.config.nodes), settings(prom_lab.url))
+    hub = TelemetryHub(NodePool(lab.config.nodes), settings(prom_lab.url, **FAST_TICK))
     await hub.start()
     try:
         await wait_for(hub, lambda s: all(n.state == "up" for n in s.nodes))
@@ -158,7 +163,9 @@ async def test_nodes_are_found_by_the_label_the_site_uses(lab: Lab, prom_lab) ->
     # same nodes as with the defaults (Hostname, instance); a label no series has maps nothing,
     # and with source = "prometheus" those nodes say so rather than showing another node's GPUs.
     nodes = [n for n in lab.config.nodes if n.name in ("node-01", "node-03")]
-    hub = TelemetryHub(NodePool(nodes), settings(prom_lab.url, dcgm_node_label="node", node_exporter_node_label="node"))
+    hub = TelemetryHub(
+        NodePool(nodes), settings(prom_lab.url, dcgm_node_label="node", node_exporter_node_label="node", **FAST_TICK)
+    )
     await hub.start()
     try:
         snap = await wait_for(hub, lambda s: all(n.state == "up" and n.samples >= 2 for n in s.nodes))
@@ -166,7 +173,7 @@ async def test_nodes_are_found_by_the_label_the_site_uses(lab: Lab, prom_lab) ->
         assert node(snap, "node-03").gpus == () and node(snap, "node-03").scratch_total_bytes
     finally:
         await hub.stop()
-    hub = TelemetryHub(NodePool(nodes), settings(prom_lab.url, dcgm_node_label="gpu_host"))
+    hub = TelemetryHub(NodePool(nodes), settings(prom_lab.url, dcgm_node_label="gpu_host", **FAST_TICK))
     await hub.start()
     try:
         snap = await wait_for(hub, lambda s: all(n.samples >= 2 for n in s.nodes))

@@ -104,7 +104,8 @@ async def test_a_hand_written_recording_cycles_its_frames(tmp_path: Path) -> Non
     base = TelemetrySettings()
     path.write_text(json.dumps({"format": FORMAT, "frames": [_frame(base, 95.0), _frame(base, 20.0)]}))
     nodes = [Node(name="gpu-a", host="10.0.0.1"), Node(name="gpu-b", host="10.0.0.2"), Node(name="gpu-c", host="x")]
-    hub = TelemetryHub(SyntheticPool(nodes), replay_settings(path))  # type: ignore[arg-type]
+    # A tick every 0.2 s: each frame (one a second) reaches the snapshot at once.
+    hub = TelemetryHub(SyntheticPool(nodes), replay_settings(path, interval=0.2))  # type: ignore[arg-type]
     await hub.start()
     try:
         seen: list[float | None] = []
@@ -140,7 +141,8 @@ async def test_a_bad_recording_is_one_line_naming_the_file(tmp_path: Path, conte
     path = tmp_path / "rec.json"
     if content is not None:
         path.write_text(content)
-    hub = TelemetryHub(SyntheticPool([Node(name="n", host="h")]), replay_settings(path))  # type: ignore[arg-type]
+    settings = replay_settings(path, interval=0.2)  # the note is in the snapshot from the first tick on
+    hub = TelemetryHub(SyntheticPool([Node(name="n", host="h")]), settings)  # type: ignore[arg-type]
     await hub.start()
     try:
         snap = await wait_for(hub, lambda s: bool(s.source_note))
