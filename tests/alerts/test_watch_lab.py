@@ -58,7 +58,7 @@ def watch_config(lab: Lab, tmp_path: Path, am_url: str) -> Path:
     extra = f"""
 [telemetry]
 interval = 0.5
-starved_window = "3s"
+starved_window = "1s"
 
 [alerts]
 alertmanager_url = "{am_url}"
