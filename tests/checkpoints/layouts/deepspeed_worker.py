@@ -2,9 +2,11 @@
 
 Started by ``frameworks._deepspeed_template`` once per rank (``RANK``/``WORLD_SIZE``/``MASTER_*``
 in the environment, gloo between the ranks), never imported by the tests. argv[1] is a JSON spec:
-``{"out", "stage", "bf16", "steps", "gather16"}`` to save, or ``{"load", "tag", "stage", "bf16"}``
-to resume with ``engine.load_checkpoint`` and print, on rank 0, one ``RESULT {json}`` line with
-the loaded path, ``global_steps`` and the sum of every (gathered) parameter. Between two saves the engine takes one real
+``{"out", "stage", "bf16", "steps", "gather16"}`` to save, or ``{"load", "tags", "stage", "bf16"}``
+to resume with ``engine.load_checkpoint`` once per tag, in order, into the one engine (its
+creation, mostly imports, is most of a launch), and print, on rank 0, one ``RESULT {json}`` line
+per load with the loaded path, ``global_steps`` and the sum of every (gathered) parameter; a
+load that fails ends the run there. Between two saves the engine takes one real
 optimizer step; the step counter is set to the step number before each save, so the tag,
 ``global_steps`` and ``global_samples`` inside the files are those of a run that trained that
 long (training thousands of steps to reach the number would change nothing in the files'
@@ -64,12 +66,14 @@ def main() -> None:
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
     if "load" in spec:
-        path, _ = engine.load_checkpoint(spec["load"], tag=spec["tag"])
-        params = dict(engine.module.named_parameters())
-        with deepspeed.zero.GatheredParameters(list(params.values()), enabled=spec["stage"] == 3):
-            sums = {name: p.detach().float().sum().item() for name, p in params.items()}
-        if rank == 0:
-            print("RESULT " + json.dumps({"path": path, "global_steps": engine.global_steps, "sums": sums}))
+        for tag in spec["tags"]:
+            path, _ = engine.load_checkpoint(spec["load"], tag=tag)
+            params = dict(engine.module.named_parameters())
+            with deepspeed.zero.GatheredParameters(list(params.values()), enabled=spec["stage"] == 3):
+                sums = {name: p.detach().float().sum().item() for name, p in params.items()}
+            if rank == 0:
+                result = {"path": path, "global_steps": engine.global_steps, "sums": sums}
+                print("RESULT " + json.dumps(result), flush=True)
         return
     gen = torch.Generator().manual_seed(rank)
     for step in spec["steps"]:

@@ -360,8 +360,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class DeepSpeedRunFailed(RuntimeError):
+    """A rank of a DeepSpeed run exited non-zero; ``output`` is rank 0's log all the same (what it
+    printed before the failure, e.g. the loads that succeeded)."""
+
+    def __init__(self, message: str, output: str) -> None:
+        super().__init__(message)
+        self.output = output
+
+
 def run_deepspeed(variant: str, spec: Mapping[str, Any]) -> str:
-    """Run ``deepspeed_worker.py`` on every rank of ``variant`` with ``spec``; rank 0's output."""
+    """Run ``deepspeed_worker.py`` on every rank of ``variant`` with ``spec``; rank 0's output.
+
+    Raises :class:`DeepSpeedRunFailed` (with each failed rank's log tail) if any rank fails."""
     v = DEEPSPEED_VARIANTS[variant]
     argv = json.dumps(dict(spec, stage=v["stage"], bf16=v["bf16"]))
     port = str(_free_port())
@@ -398,9 +409,10 @@ def run_deepspeed(variant: str, spec: Mapping[str, Any]) -> str:
             if p.returncode != 0:
                 tail = (Path(logs) / f"rank{rank}.log").read_text(errors="replace")[-3000:]
                 failures.append(f"rank {rank} exited {p.returncode}:\n{tail}")
+        output = (Path(logs) / "rank0.log").read_text(errors="replace")
         if failures:
-            raise RuntimeError(f"{variant}: the DeepSpeed run failed\n" + "\n".join(failures))
-        return (Path(logs) / "rank0.log").read_text(errors="replace")
+            raise DeepSpeedRunFailed(f"{variant}: the DeepSpeed run failed\n" + "\n".join(failures), output)
+        return output
 
 
 #: The steps one DeepSpeed run saves for every request within them (the real-layout tests' 1-6 and
