@@ -78,19 +78,45 @@ async def _settle(pilot: Any) -> None:
     await pilot.pause()
 
 
-def _cases() -> list[Any]:
-    return [pytest.param(screen, size, id=f"{screen}-{size}") for screen in FORMS for size in SIZES]
+#: screen -> the sizes it is checked at, in order: the console starts at the first and the terminal
+#: is then resized to the second (what an operator does too). Half the screens start at each size,
+#: so each size is checked both as the size the console starts at and as one resized to.
+ORDER: dict[str, tuple[str, str]] = {
+    "transfers": ("80x24", "120x35"),
+    "egress": ("120x35", "80x24"),
+    "shards": ("80x24", "120x35"),
+    "retention": ("120x35", "80x24"),
+}
 
 
-@pytest.mark.parametrize(("screen", "size"), _cases())
-async def test_every_field_shows_its_whole_value(screen: str, size: str) -> None:
+async def _problems(app: Any, pilot: Any, values: dict[str, str]) -> list[str]:
+    """What of the form is not shown whole at the current size: each typed field, and each select
+    at each of its choices."""
+    problems: list[str] = []
+    inputs = list(app.screen.query(Input).results())
+    assert {i.id for i in inputs} >= set(values), "a field of the form is gone"
+    for field in inputs:
+        if field.id in values and (p := field_problem(app, field)):
+            problems.append(p)
+    for select in app.screen.query(Select).results():
+        for _label, option in list(select._options):
+            select.value = option
+            await _settle(pilot)
+            if p := field_problem(app, select):
+                problems.append(p)
+    return problems
+
+
+@pytest.mark.parametrize("screen", list(FORMS))
+async def test_every_field_shows_its_whole_value(screen: str) -> None:
     keys, values = FORMS[screen]
     services = snapshot_services()
     if screen == "egress":
         record_egress_month(services)
     app = LoadmasterApp(services, theme="loadmaster-dark", mode=screen)
+    first, second = ORDER[screen]
     problems: list[str] = []
-    async with app.run_test(size=SIZES[size]) as pilot:
+    async with app.run_test(size=SIZES[first]) as pilot:
         await _settle(pilot)
         for key in keys:
             await pilot.press(key)
@@ -98,19 +124,13 @@ async def test_every_field_shows_its_whole_value(screen: str, size: str) -> None
         for field_id, value in values.items():
             app.screen.query_one(f"#{field_id}", Input).value = value
         await _settle(pilot)
-        inputs = list(app.screen.query(Input).results())
-        assert {i.id for i in inputs} >= set(values), "a field of the form is gone"
-        for field in inputs:
-            if field.id in values and (p := field_problem(app, field)):
-                problems.append(p)
-        for select in app.screen.query(Select).results():
-            for _label, option in list(select._options):
-                select.value = option
-                await _settle(pilot)
-                if p := field_problem(app, select):
-                    problems.append(p)
-        screen_text = "\n".join(screen_lines(app))
-    assert not problems, f"{screen} at {size}:\n" + "\n".join(problems) + "\n" + screen_text
+        problems += [f"at {first}: {p}" for p in await _problems(app, pilot, values)]
+        text = "\n".join(screen_lines(app))
+        await pilot.resize_terminal(*SIZES[second])
+        await _settle(pilot)
+        problems += [f"at {second}: {p}" for p in await _problems(app, pilot, values)]
+        text += "\n" + "\n".join(screen_lines(app))
+    assert not problems, f"{screen}:\n" + "\n".join(problems) + "\n" + text
 
 
 def _header(app: Any) -> str:
@@ -118,12 +138,12 @@ def _header(app: Any) -> str:
     return next(line for line in screen_lines(app) if line.lstrip().startswith(("Node", "Node ▲", "Node ▼")))
 
 
-@pytest.mark.parametrize("size", list(SIZES))
-async def test_fleet_table_shows_the_column_it_sorts_by(size: str) -> None:
+async def test_fleet_table_shows_the_column_it_sorts_by() -> None:
+    """At 80x24, then again after the terminal is resized to 120x35."""
     from tui.widgets.fleet_table import FleetTable
 
     app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="fleet")
-    async with app.run_test(size=SIZES[size]) as pilot:
+    async with app.run_test(size=SIZES["80x24"]) as pilot:
         await _settle(pilot)
         header = _header(app)
         assert "Node ▲" in header, header
@@ -137,10 +157,21 @@ async def test_fleet_table_shows_the_column_it_sorts_by(size: str) -> None:
         assert "State ▼" in header, header
         table = app.screen.query_one(FleetTable)
         assert (table.sort_column, table.sort_reverse) == ("state", True)
+        await pilot.resize_terminal(*SIZES["120x35"])
+        await _settle(pilot)
+        header = _header(app)
+        assert "State ▼" in header and "Node ▲" not in header, header
+        await pilot.press("S")  # reversed again, at 120 columns
+        await _settle(pilot)
+        header = _header(app)
+        assert "State ▲" in header and "Node ▲" not in header, header
         # The filter box of the Fleet screen shows a typed pattern in full too.
         await pilot.press("slash")
         await _settle(pilot)
         box = app.screen.query_one("#screen-filter", Input)
         box.value = "gpu-a0*"
+        await _settle(pilot)
+        assert field_problem(app, box) is None
+        await pilot.resize_terminal(*SIZES["80x24"])
         await _settle(pilot)
         assert field_problem(app, box) is None

@@ -1,5 +1,5 @@
 """No table's column is cut by the screen's edge at 80x24 or 120x40 (#29): the last column on
-screen is whole or not shown. Known cuts in other screens are strict xfails naming the fix."""
+screen is whole or not shown, both at the size the console starts at and after a resize."""
 
 from __future__ import annotations
 
@@ -38,45 +38,50 @@ def _conversion() -> Conversion:
     return Conversion("c1", src, dest, "gpu-a01", progress=progress, fraction=0.375)
 
 
-@pytest.mark.parametrize("size", list(SIZES))
-async def test_the_conversions_header_is_whole(size: str) -> None:
+def _conversions_problems(app: Any) -> list[str]:
+    table = app.screen.query_one("#shards-table", DataTable)
+    cut = cut_at_edge(app, table)
+    assert header_on_screen(app, table) == [label for _key, label in RUN_COLUMNS]
+    row = [str(c) for c in table.get_row_at(0)]
+    assert row[0] == "running" and row[-2:] == ["12,345", "456.7"], row
+    assert "…" in row[2] and row[2].startswith("s3:/") and row[2].endswith("mb/"), row
+    assert table.virtual_size.width <= table.scrollable_content_region.width  # no sideways scroll
+    return cut
+
+
+async def test_the_conversions_header_is_whole() -> None:
     """At 120x40 the conversions table beside the form was cut at ``smp/``: the route now gives
-    way (cut in the middle) so the rates fit whole; at 80 columns every column fits."""
+    way (cut in the middle) so the rates fit whole; at 80 columns every column fits. Checked at
+    120x40, then with the terminal resized to 80x24 (the route fitted again to the new width)."""
     app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="shards")
-    async with app.run_test(size=SIZES[size]) as pilot:
+    async with app.run_test(size=SIZES["120x40"]) as pilot:
         await settle(pilot)
         app.screen._apply(_conversion())
         await settle(pilot)
-        table = app.screen.query_one("#shards-table", DataTable)
-        assert cut_at_edge(app, table) == []
-        assert header_on_screen(app, table) == [label for _key, label in RUN_COLUMNS]
-        row = [str(c) for c in table.get_row_at(0)]
-        assert row[0] == "running" and row[-2:] == ["12,345", "456.7"], row
-        assert "…" in row[2] and row[2].startswith("s3:/") and row[2].endswith("mb/"), row
-        assert table.virtual_size.width <= table.scrollable_content_region.width  # no sideways scroll
+        assert _conversions_problems(app) == [], "120x40"
+        await pilot.resize_terminal(*SIZES["80x24"])
+        await settle(pilot)
+        assert _conversions_problems(app) == [], "80x24"
 
 
 #: Screens whose tables are checked, and how they are brought up.
 SCREENS = ("fleet", "transfers", "checkpoints", "retention", "egress", "alerts", "shards")
 #: Screens that list the 64-step run (the box its folder is typed in).
 RUN_BOX = {"checkpoints": "#ckpt-url", "retention": "#retention-url"}
-#: (screen, size) -> why a column is cut there today (strict: a fix turns these into XPASS).
-KNOWN: dict[tuple[str, str], str] = {}
+#: screen -> the sizes it is checked at, in order: the console starts at the first and the terminal
+#: is then resized to the second (as an operator's is). The screens alternate, so each size is
+#: checked both as the size a console starts at and as one it is resized to.
+ORDER = {screen: ("80x24", "120x40") if i % 2 == 0 else ("120x40", "80x24") for i, screen in enumerate(SCREENS)}
 
 
-CASES = [
-    pytest.param(
-        screen, size, id=f"{screen}-{size}", marks=[pytest.mark.xfail(reason=KNOWN[screen, size], strict=True)]
-    )
-    if (screen, size) in KNOWN
-    else pytest.param(screen, size, id=f"{screen}-{size}")
-    for screen in SCREENS
-    for size in SIZES
-]
+def _cut_tables(app: Any) -> tuple[dict[str, list[str]], int]:
+    """Each shown table's columns cut by the screen's edge, and how many rows they list."""
+    tables = [t for t in app.screen.query(DataTable) if t.display and t.region.width]
+    return {str(t.id): cut_at_edge(app, t) for t in tables}, sum(t.row_count for t in tables)
 
 
-@pytest.mark.parametrize(("screen", "size"), CASES)
-async def test_no_table_runs_past_the_edge(screen: str, size: str, tmp_path: Any, monkeypatch: Any) -> None:
+@pytest.mark.parametrize("screen", SCREENS)
+async def test_no_table_runs_past_the_edge(screen: str, tmp_path: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("LOADMASTER_CONFIG_DIR", str(tmp_path / "config"))
     if screen == "transfers":
         services = services_with_jobs(launch_records(nodes=4, failed=3), state_dir=tmp_path / "state")
@@ -85,15 +90,18 @@ async def test_no_table_runs_past_the_edge(screen: str, size: str, tmp_path: Any
     if screen == "egress":
         record_egress_month(services)
     app = LoadmasterApp(services, theme="loadmaster-dark", mode=screen)
-    async with app.run_test(size=SIZES[size]) as pilot:
+    first, second = ORDER[screen]
+    async with app.run_test(size=SIZES[first]) as pilot:
         if screen in RUN_BOX:
             await list_run(RUN_BOX[screen], milestone_every="8000" if screen == "retention" else "")(pilot)
         elif screen == "shards":
             await settle(pilot)
             app.screen._apply(_conversion())
         await settle(pilot)
-        tables = [t for t in app.screen.query(DataTable) if t.display and t.region.width]
-        problems = {str(t.id): cut_at_edge(app, t) for t in tables}
-        rows = sum(t.row_count for t in tables)
-    assert problems and not any(problems.values()), problems
-    assert rows or screen == "alerts", f"{screen}: nothing listed to check"  # no Alertmanager here
+        problems, rows = _cut_tables(app)
+        await pilot.resize_terminal(*SIZES[second])
+        await settle(pilot)
+        problems_after, rows_after = _cut_tables(app)
+    for size, cut, listed in ((first, problems, rows), (second, problems_after, rows_after)):
+        assert cut and not any(cut.values()), (size, cut)
+        assert listed or screen == "alerts", f"{screen} at {size}: nothing listed to check"  # no Alertmanager here
