@@ -7,12 +7,18 @@ operation's audit and egress reservation (the tests of those go through ``Operat
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from backend.jobs.records import JobRecord
 from backend.pulls import launch, plan
 from backend.pulls.model import PullPlan
 from backend.services import Services
+from tui.cli import main as cli_main
 
 
 async def plan_pull(services: Services, src: str, dest: str, nodes: list[str], **options: Any) -> PullPlan:
@@ -32,3 +38,19 @@ async def plan_pull(services: Services, src: str, dest: str, nodes: list[str], *
 async def launch_pull(services: Services, pull_plan: PullPlan, **options: Any) -> list[JobRecord]:
     """:func:`backend.pulls.launch.launch_pull` with ``services``' collaborators."""
     return await launch.launch_pull(services.jobs, services.config, services.egress, pull_plan, **options)
+
+
+def cli_here(capsys: pytest.CaptureFixture[str], cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``loadmaster --config CFG ARGS`` run in this process: the executable's parser, ``guarded``
+    (one-line errors) and command code, without its ~1 s start-up (interpreter, imports, SSH
+    handshakes). For reads and refusals; what must be its own process (signals, the keeper, a
+    terminal) runs the real executable. Standard input is pytest's, never a terminal."""
+    capsys.readouterr()
+    code = cli_main(["--config", str(cfg), *args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
+async def cli_here_async(capsys: pytest.CaptureFixture[str], cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """:func:`cli_here` from a test's event loop (the command runs its own, in a thread)."""
+    return await asyncio.to_thread(cli_here, capsys, cfg, *args)

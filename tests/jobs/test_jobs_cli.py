@@ -11,6 +11,7 @@ import pytest
 
 from lab import Lab
 from tests.jobs.conftest import SourceData
+from tests.pulls_helpers import cli_here
 from tui.cli import main as cli_main
 
 pytestmark = pytest.mark.timeout(240)
@@ -21,7 +22,9 @@ def _run(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([LOADMASTER, "--config", str(cfg), *args], capture_output=True, text=True, timeout=180)
 
 
-def test_jobs_show_logs_and_cancel_of_a_finished_job(lab: Lab, source: SourceData, jobs_config_path: Path) -> None:
+def test_jobs_show_logs_and_cancel_of_a_finished_job(
+    lab: Lab, source: SourceData, jobs_config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     res = _run(
         jobs_config_path, "pull", source.url, "pulls/cli-show", "--node", "node-04", "--yes", "--detach", "--json"
     )
@@ -34,16 +37,16 @@ def test_jobs_show_logs_and_cancel_of_a_finished_job(lab: Lab, source: SourceDat
     assert "copied 4 objects" in res.stdout and "every object's bytes proven" in res.stdout
     assert "succeeded" in res.stderr
 
-    res = _run(jobs_config_path, "job", "show", job)
+    res = cli_here(capsys, jobs_config_path, "job", "show", job)
     assert res.returncode == 0
     assert "state     succeeded" in res.stdout and "node-04" in res.stdout and source.url in res.stdout
-    shown = json.loads(_run(jobs_config_path, "job", "show", job, "--json").stdout)
+    shown = json.loads(cli_here(capsys, jobs_config_path, "job", "show", job, "--json").stdout)
     assert shown["result"]["bytes"] == source.total and shown["launched_by"]
 
-    listing = _run(jobs_config_path, "jobs")
+    listing = cli_here(capsys, jobs_config_path, "jobs")
     assert job in listing.stdout and "succeeded" in listing.stdout
 
-    res = _run(jobs_config_path, "job", "cancel", job, "--yes")
+    res = cli_here(capsys, jobs_config_path, "job", "cancel", job, "--yes")
     assert res.returncode == 2 and "already ended (succeeded)" in res.stderr
     assert "Traceback" not in res.stderr
 

@@ -22,8 +22,8 @@ from tests.firsthour.screen_text import screen_lines
 from tests.helpers import Recorder, wait_until, write_lab_config
 from tests.jobs.conftest import SourceData
 from tests.jobs.test_pull_lab import store_stalled
+from tests.pulls_helpers import cli_here_async
 from tui.app import LoadmasterApp
-from tui.cli import main as cli_main
 from tui.screens.transfers import JobsRefreshed, LaunchCancelled
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.transfers_table import TransfersTable
@@ -35,17 +35,6 @@ NODES = ("node-01", "node-02", "node-04")
 
 def _cli(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([LOADMASTER, "--config", str(cfg), *args], capture_output=True, text=True, timeout=240)
-
-
-async def _here(capsys: pytest.CaptureFixture[str], cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``loadmaster ARGS`` run in this process (the same parser, ``guarded`` and command code as
-    the executable, without its ~1 s start-up): for the reads and refusals; the cancels that
-    signal the nodes' jobs run as the real executable (:func:`_cli`). Standard input is pytest's,
-    never a terminal."""
-    capsys.readouterr()
-    code = await asyncio.to_thread(cli_main, ["--config", str(cfg), *args])
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out, err)
 
 
 async def _running(services: Services, ids: list[str]) -> None:
@@ -95,7 +84,7 @@ async def test_a_three_node_pull_is_cancelled_as_one_launch(
             assert f"job {one.id}: cancelled" in res.stdout
 
             # Without --yes and without a terminal: refused, nothing stopped.
-            res = await _here(capsys, cfg, "job", "cancel", launch)
+            res = await cli_here_async(capsys, cfg, "job", "cancel", launch)
             assert res.returncode != 0 and "pass --yes" in res.stderr, res.stderr
             assert "Traceback" not in res.stderr
 
@@ -105,7 +94,7 @@ async def test_a_three_node_pull_is_cancelled_as_one_launch(
             assert f"cancel launch {launch} (2 running job(s) on node-02, node-04; 1 already ended" in res.stderr
             assert f"launch {launch}: 2 of 2 running job(s) cancelled" in res.stdout
 
-        listed = json.loads((await _here(capsys, cfg, "jobs", "--json")).stdout)
+        listed = json.loads((await cli_here_async(capsys, cfg, "jobs", "--json")).stdout)
         mine = {r["id"]: r for r in listed if r["id"] in ids}
         assert {r["state"] for r in mine.values()} == {"cancelled"}
         assert {r["launch"] for r in mine.values()} == {launch}
@@ -126,15 +115,15 @@ async def test_a_three_node_pull_is_cancelled_as_one_launch(
         assert launched[0].detail["launch"] == launch
 
         # The launch id is taken wherever a job id is: show lists its jobs, logs asks for one.
-        res = await _here(capsys, cfg, "job", "show", launch)
+        res = await cli_here_async(capsys, cfg, "job", "show", launch)
         assert res.returncode == 0 and f"launch {launch}: 3 job(s), 3 cancelled" in res.stdout, res.stdout + res.stderr
         assert all(i in res.stdout for i in ids)
-        res = await _here(capsys, cfg, "job", "logs", launch)
+        res = await cli_here_async(capsys, cfg, "job", "logs", launch)
         assert res.returncode != 0 and f"{launch} is a launch of 3 job(s): name one" in res.stderr, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1
 
         # Nothing of it runs: cancelling the launch again says so in one line.
-        res = await _here(capsys, cfg, "job", "cancel", launch, "--yes")
+        res = await cli_here_async(capsys, cfg, "job", "cancel", launch, "--yes")
         assert res.returncode != 0 and "already ended (3 cancelled); nothing to cancel" in res.stderr, res.stderr
         assert "Traceback" not in res.stderr
     finally:

@@ -25,6 +25,7 @@ from lab.slurm import SlurmLab
 from tests.helpers import wait_until, write_lab_config
 from tests.jobs.conftest import SourceData
 from tests.jobs.test_pull_lab import _assert_pulled
+from tests.pulls_helpers import cli_here, cli_here_async
 from tests.slurm_fixtures import job_state, slurm, slurm_lab, wait_for
 from tui.app import LoadmasterApp
 from tui.widgets.transfers_detail import TransferDetail
@@ -53,7 +54,12 @@ def test_job_ids_are_digits_or_an_array_task() -> None:
 
 
 async def test_a_pull_for_a_slurm_job_goes_to_its_nodes_and_is_tagged(
-    lab: Lab, slurm: SlurmLab, source: SourceData, tmp_path: Path, state_url: str | None
+    lab: Lab,
+    slurm: SlurmLab,
+    source: SourceData,
+    tmp_path: Path,
+    state_url: str | None,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     cfg = _config(lab, slurm, tmp_path, state_url)
     job = slurm.sbatch("-N", "2", "-w", "node-01,node-02", "--gres=gpu:1", "-J", "train", script="sleep 300")
@@ -72,13 +78,13 @@ async def test_a_pull_for_a_slurm_job_goes_to_its_nodes_and_is_tagged(
         for r in recs:
             _assert_pulled(lab.node(r.node).scratch / dest, source)
         # loadmaster jobs, job show, --json.
-        table = _cli(cfg, "jobs", "--local")
+        table = await cli_here_async(capsys, cfg, "jobs", "--local")
         assert table.returncode == 0, table.stderr
         tagged = [line for line in table.stdout.splitlines() if f"[slurm {job}]" in line]
         assert len(tagged) == 2, table.stdout
-        show = _cli(cfg, "job", "show", recs[0].id)
+        show = await cli_here_async(capsys, cfg, "job", "show", recs[0].id)
         assert f"slurm job {job}" in show.stdout, show.stdout
-        as_json = json.loads(_cli(cfg, "jobs", "--local", "--json").stdout)
+        as_json = json.loads((await cli_here_async(capsys, cfg, "jobs", "--local", "--json")).stdout)
         assert {j["slurm_job"] for j in as_json if j["kind"] == "pull"} == {job}
         # Transfers shows it in the table and the detail.
         app = LoadmasterApp(services, mode="transfers")
@@ -97,7 +103,7 @@ async def test_a_pull_for_a_slurm_job_goes_to_its_nodes_and_is_tagged(
 
 
 def test_bad_unknown_and_pending_jobs_are_one_line_errors(
-    lab: Lab, slurm: SlurmLab, source: SourceData, tmp_path: Path
+    lab: Lab, slurm: SlurmLab, source: SourceData, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = _config(lab, slurm, tmp_path, None)
     # Every GPU held, then a job that must wait: it has no node yet.
@@ -111,11 +117,11 @@ def test_bad_unknown_and_pending_jobs_are_one_line_errors(
         waits: f"--slurm-job: Slurm job {waits} holds no node yet (pending",
     }
     for given, said in cases.items():
-        res = _cli(cfg, "pull", source.url, "pulls/x", "--slurm-job", given, "--yes")
+        res = cli_here(capsys, cfg, "pull", source.url, "pulls/x", "--slurm-job", given, "--yes")
         assert res.returncode != 0
         assert said in res.stderr, res.stderr
         assert "Traceback" not in res.stderr
-    res = _cli(cfg, "pull", source.url, "pulls/x", "--yes")
+    res = cli_here(capsys, cfg, "pull", source.url, "pulls/x", "--yes")
     assert res.returncode != 0 and "--node, --nodes or --slurm-job" in res.stderr
     services = Services(config=load_config_file(cfg))
     try:
