@@ -62,16 +62,16 @@ def _services(tmp_path: Path, **sections: object) -> Services:
     return Services(parse_config(raw, file="t.toml", base=tmp_path))
 
 
-@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 async def test_key_T_on_a_node_opens_triage_with_suspects_and_commands_on_screen(
-    tmp_path: Path, sick_gpu: Path, size: tuple[int, int]
+    tmp_path: Path, sick_gpu: Path
 ) -> None:
+    """At 80x24, then with the terminal resized to 120x40: all of it on the first screen."""
     from tests.tui.test_terminal_sizes import screen_text
     from tui.screens.node_detail import NodeDetailScreen
 
     services = _services(tmp_path)
     app = LoadmasterApp(services)
-    async with app.run_test(size=size) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         await app.push_screen(NodeDetailScreen(services, "here"))
         await pilot.pause()
         assert app.triage_target() == {"nodes": "here"}
@@ -81,15 +81,18 @@ async def test_key_T_on_a_node_opens_triage_with_suspects_and_commands_on_screen
         assert isinstance(screen, TriageScreen) and screen.nodes == "here" and screen.job is None
         table = screen.query_one(DataTable)
         await wait_until(pilot, lambda: table.row_count == 1, rounds=600, delay=0.05)
-        await pilot.pause()
-        text = screen_text(app.export_screenshot())
-        # The suspect, the exact commands and the way out are all on the first screen.
-        assert "here" in text and "remap-pending" in text, text
-        assert "--exclude=here" in text and "loadmaster drain here --reason" in text, text
-        assert "goodput: not computed" in text and "missing: checkpoints: no run given" in text, text
-        commands = screen.query_one("#triage-commands", Static)
-        assert commands.region.bottom <= size[1] - 1, (commands.region, text)
-        assert "Back" in text.rstrip().splitlines()[-1]
+        for size in ((80, 24), (120, 40)):
+            if size != (80, 24):
+                await pilot.resize_terminal(*size)
+            await pilot.pause()
+            text = screen_text(app.export_screenshot())
+            # The suspect, the exact commands and the way out are all on the first screen.
+            assert "here" in text and "remap-pending" in text, (size, text)
+            assert "--exclude=here" in text and "loadmaster drain here --reason" in text, (size, text)
+            assert "goodput: not computed" in text and "missing: checkpoints: no run given" in text, (size, text)
+            commands = screen.query_one("#triage-commands", Static)
+            assert commands.region.bottom <= size[1] - 1, (size, commands.region, text)
+            assert "Back" in text.rstrip().splitlines()[-1], (size, text)
         # T does nothing on the Triage screen itself (not offered there).
         assert app.triage_target() is None
     services.db.close()

@@ -64,25 +64,21 @@ async def _show_pull(app: Any, pilot: Any, nodes: int) -> Any:
 
 
 @pytest.mark.parametrize("size", list(SIZES))
-async def test_a_16_node_pull_shows_its_decision_above_the_fold(size: str) -> None:
-    services = services_with_jobs(())
-    record_egress_month(services)
-    app = LoadmasterApp(services, theme="loadmaster-dark", mode="transfers")
-    async with app.run_test(size=SIZES[size]) as pilot:
-        await _show_pull(app, pilot, 16)
-        text = "\n".join(screen_lines(app))
-    assert "ALLOW: datasets (aws:us-east-1)" in text, text
-    assert "16 nodes: 14 fit" in text, text
-    assert "gpu-a07: connection refused" in text, text
-
-
-@pytest.mark.parametrize("size", list(SIZES))
 def test_pull_estimate_snapshot(snap_compare: Any, size: str) -> None:
+    """The 16-node pull's estimate as the screen shows it (the snapshot), and its decision above
+    the fold: the egress verdict, the node summary and the node that did not answer."""
     services = services_with_jobs(())  # no node contacted: the jobs summary never depends on timing
     record_egress_month(services)
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="transfers")
+    shown: list[str] = []
 
     async def before(pilot: Any) -> None:
         await _show_pull(app, pilot, 16)
+        shown.extend(screen_lines(app))
 
-    assert snap_compare(app, terminal_size=SIZES[size], run_before=before)
+    same = snap_compare(app, terminal_size=SIZES[size], run_before=before)
+    text = "\n".join(shown)
+    assert "ALLOW: datasets (aws:us-east-1)" in text, text
+    assert "16 nodes: 14 fit" in text, text
+    assert "gpu-a07: connection refused" in text, text
+    assert same
