@@ -48,20 +48,33 @@ def _frozen(monkeypatch: pytest.MonkeyPatch) -> None:
         yield
 
 
-@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
-async def test_the_starved_row_says_starved_and_the_source_is_named(size: tuple[int, int]) -> None:
-    app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="fleet")
-    async with app.run_test(size=size) as pilot:
+#: The sizes the Fleet is checked at.
+SIZES = ((80, 24), (120, 40))
+
+
+async def _at_each_size(pilot: Any, sizes: tuple[tuple[int, int], ...]) -> Any:
+    """Yield each of ``sizes`` once the screen shows it: the console starts at the first, the
+    terminal is resized to the others (what an operator does too)."""
+    for i, size in enumerate(sizes):
+        if i:
+            await pilot.resize_terminal(*size)
         await settle(pilot)
-        lines = screen_lines(app)
-        row = next(line for line in lines if line.lstrip().startswith(STARVED))
-        assert "STARVED request-bound" in row, row
-        conditions = next(line for line in lines if "loadmaster check" in line)
-        assert "starved 1 (gpu-a02)" in conditions and "Alertmanager: not set" in conditions
-        assert not any("alerts 1" in line for line in lines)  # no count mixing both sources
-        header = next(line for line in lines if "Node ▲" in line)
-        assert header.rstrip().endswith(header.split()[-1])  # the last header is whole
-        assert "Alerts" in header
+        yield size
+
+
+async def test_the_starved_row_says_starved_and_the_source_is_named() -> None:
+    app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="fleet")
+    async with app.run_test(size=SIZES[0]) as pilot:
+        async for size in _at_each_size(pilot, SIZES):
+            lines = screen_lines(app)
+            row = next(line for line in lines if line.lstrip().startswith(STARVED))
+            assert "STARVED request-bound" in row, (size, row)
+            conditions = next(line for line in lines if "loadmaster check" in line)
+            assert "starved 1 (gpu-a02)" in conditions and "Alertmanager: not set" in conditions
+            assert not any("alerts 1" in line for line in lines)  # no count mixing both sources
+            header = next(line for line in lines if "Node ▲" in line)
+            assert header.rstrip().endswith(header.split()[-1])  # the last header is whole
+            assert "Alerts" in header, (size, header)
 
 
 async def test_a_silenced_starvation_page_is_shown_as_silenced() -> None:
@@ -133,24 +146,23 @@ def test_gpu_ranges_reads_as_the_operator_would_write_it() -> None:
     assert gpu_ranges([]) == ""
 
 
-@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
-async def test_the_alert_list_says_which_gpus_and_no_column_is_cut(size: tuple[int, int]) -> None:
+async def test_the_alert_list_says_which_gpus_and_no_column_is_cut() -> None:
     """The starved node's GPUs read as a range (``0-7``, not ``0,1,2,3,4,5,`` cut by the edge);
-    both tables' last headers are whole, no column runs past the screen's edge."""
+    both tables' last headers are whole, no column runs past the screen's edge. At 120x40, then
+    resized to 80x24."""
     app = LoadmasterApp(snapshot_services(), theme="loadmaster-dark", mode="fleet")
-    async with app.run_test(size=size) as pilot:
-        await settle(pilot)
-        alerts = app.screen.query_one(AlertList)
-        row = next(line for line in table_lines(app, alerts) if line.lstrip().startswith(STARVED + " "))
-        headers = header_on_screen(app, alerts)
-        assert headers[-1] == ("GPUs" if size[0] == 80 else "Status"), headers
-        assert row.split()[-1 if size[0] == 80 else -3] == "0-7", row
-        assert cut_at_edge(app, alerts) == []
-        assert cut_at_edge(app, app.screen.query_one(FleetTable)) == []
+    async with app.run_test(size=SIZES[1]) as pilot:
+        async for size in _at_each_size(pilot, SIZES[::-1]):
+            alerts = app.screen.query_one(AlertList)
+            row = next(line for line in table_lines(app, alerts) if line.lstrip().startswith(STARVED + " "))
+            headers = header_on_screen(app, alerts)
+            assert headers[-1] == ("GPUs" if size[0] == 80 else "Status"), (size, headers)
+            assert row.split()[-1 if size[0] == 80 else -3] == "0-7", (size, row)
+            assert cut_at_edge(app, alerts) == [], size
+            assert cut_at_edge(app, app.screen.query_one(FleetTable)) == [], size
 
 
-@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
-async def test_a_cell_wider_than_its_column_ends_in_an_ellipsis(size: tuple[int, int]) -> None:
+async def test_a_cell_wider_than_its_column_ends_in_an_ellipsis() -> None:
     # A node without NVIDIA GPUs says so ("no NVIDIA GPU", 13 cells); at 80 columns the GPUs column
     # is 6 wide: the cell must read as cut ("no NV…"), not as a whole word ("no NVI").
     from backend.telemetry.hub import TelemetryHub
@@ -167,15 +179,16 @@ async def test_a_cell_wider_than_its_column_ends_in_an_ellipsis(size: tuple[int,
         hub.tick(float(t))
     services.__dict__["telemetry"] = hub
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="fleet")
-    async with app.run_test(size=size) as pilot:
-        await settle(pilot)
-        table = app.screen.query_one(FleetTable)
-        widths = dict(table._layout)
-        for r in range(table.row_count):
-            for key, cell in zip(table.shown_columns, table.get_row_at(r), strict=True):
-                assert len(str(cell)) <= widths[key], (key, str(cell))
-        row = next(line for line in screen_lines(app) if line.lstrip().startswith(NODES[0].name))
-        if widths["gpus"] < len("no NVIDIA GPU"):
-            assert "no NV" in row and "…" in row, row
-        else:
-            assert "no NVIDIA GPU" in row, row
+    # At 120x40, then resized to 80x24: the cells are cut again for the narrower columns.
+    async with app.run_test(size=SIZES[1]) as pilot:
+        async for size in _at_each_size(pilot, SIZES[::-1]):
+            table = app.screen.query_one(FleetTable)
+            widths = dict(table._layout)
+            for r in range(table.row_count):
+                for key, cell in zip(table.shown_columns, table.get_row_at(r), strict=True):
+                    assert len(str(cell)) <= widths[key], (size, key, str(cell))
+            row = next(line for line in screen_lines(app) if line.lstrip().startswith(NODES[0].name))
+            if widths["gpus"] < len("no NVIDIA GPU"):
+                assert "no NV" in row and "…" in row, (size, row)
+            else:
+                assert "no NVIDIA GPU" in row, (size, row)
