@@ -10,6 +10,7 @@ import shutil
 import tarfile
 import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,21 @@ CHECKPOINT_RUN = "checkpoints/llama-demo"
 SEED_CHECKSUM = "CRC64NVME"
 
 
-def _put(client: Any, bucket: str, key: str, body: bytes) -> None:
-    put_object(client, bucket, key, body)
+#: Uploads in flight at once while seeding: each PUT is one round trip to a store on this machine,
+#: so a few at a time keep both the client and SeaweedFS busy (botocore's pool holds 10).
+SEED_THREADS = 8
+
+
+def _put_all(client: Any, bucket: str, objects: list[tuple[str, bytes]]) -> None:
+    """PUT every ``(key, body)`` a few at a time (botocore clients are thread-safe); the first
+    failure is raised once every upload has ended. Nothing here orders one object after another:
+    callers that need an order (a commit marker last) call this again for the later objects."""
+    if not objects:
+        return
+    with ThreadPoolExecutor(max_workers=min(SEED_THREADS, len(objects)), thread_name_prefix="lab-seed") as pool:
+        futures = [pool.submit(put_object, client, bucket, key, body) for key, body in objects]
+    for fut in futures:
+        fut.result()
 
 
 def put_object(client: Any, bucket: str, key: str, body: bytes, *, checksum: str | None = SEED_CHECKSUM) -> None:
@@ -71,19 +85,49 @@ def put_multipart(
     return str(r["ETag"]).strip('"')
 
 
+def lab_client(root: Path) -> Any:
+    """A botocore S3 client on the store of the lab running in ``root`` (its ``lab.json`` and
+    credentials file), for looking at or restoring the sample data from another process."""
+    import configparser
+
+    import botocore.session
+    from botocore.config import Config as BotoConfig
+
+    info = json.loads((root / "lab.json").read_text())
+    creds = configparser.ConfigParser()
+    creds.read(root / "s3" / "aws-credentials")
+    return botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=info["s3"]["endpoint"],
+        region_name="us-east-1",
+        aws_access_key_id=creds["lab"]["aws_access_key_id"],
+        aws_secret_access_key=creds["lab"]["aws_secret_access_key"],
+        config=BotoConfig(s3={"addressing_style": "path"}),
+    )
+
+
+def list_objects(client: Any, bucket: str, prefix: str = "") -> dict[str, tuple[int, str]]:
+    """Every object under ``prefix``: its size and ETag, by key."""
+    objects: dict[str, tuple[int, str]] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        objects.update((o["Key"], (o["Size"], o["ETag"])) for o in page.get("Contents", []))
+    return objects
+
+
 def seed_dataset(
     client: Any, bucket: str, *, samples: int = 120, shards: int = 8, shard_bytes: int = 4 * 2**20, rng_seed: int = 7
 ) -> dict[str, int]:
-    """Raw jpg+json sample files and a few tar shards (what a pull or a conversion reads)."""
+    """Raw jpg+json sample files and a few tar shards (what a pull or a conversion reads); the
+    bytes come from ``rng_seed`` in a fixed order, then go up a few at a time."""
     rng = random.Random(rng_seed)
     raw = 0
     shard_total = 0
+    objects: list[tuple[str, bytes]] = []
     for i in range(samples):
         key = f"{i:06d}"
         jpg = rng.randbytes(rng.randint(8_000, 24_000))
         meta = json.dumps({"key": key, "caption": f"sample {i}", "width": 256, "height": 256}).encode()
-        _put(client, bucket, f"{DATASET_PREFIX}/raw/{key}.jpg", jpg)
-        _put(client, bucket, f"{DATASET_PREFIX}/raw/{key}.json", meta)
+        objects += [(f"{DATASET_PREFIX}/raw/{key}.jpg", jpg), (f"{DATASET_PREFIX}/raw/{key}.json", meta)]
         raw += len(jpg) + len(meta)
     for s in range(shards):
         buf = io.BytesIO()
@@ -92,8 +136,9 @@ def seed_dataset(
             info = tarfile.TarInfo(f"{s:06d}.bin")
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))
-        _put(client, bucket, f"{DATASET_PREFIX}/shards/shard-{s:06d}.tar", buf.getvalue())
+        objects.append((f"{DATASET_PREFIX}/shards/shard-{s:06d}.tar", buf.getvalue()))
         shard_total += len(buf.getvalue())
+    _put_all(client, bucket, objects)
     return {"raw_objects": samples * 2, "raw_bytes": raw, "shards": shards, "shard_bytes": shard_total}
 
 
@@ -109,20 +154,24 @@ def seed_checkpoints(
 
     The ``in_flight`` step is uploaded without its ``.metadata`` commit marker, the way a reader
     sees a checkpoint whose upload is still running. Milestone steps carry a MILESTONE marker.
+    Every step's data goes up first, then the markers (``.metadata`` and MILESTONE): no step is
+    ever listed committed before all of its files are there.
     """
     saved = saved_checkpoints(steps)
-    done = []
+    data: list[tuple[str, bytes]] = []
+    markers: list[tuple[str, bytes]] = []
     for step in steps:
-        out = saved / f"step-{step}"
-        files = sorted(out.iterdir(), key=lambda p: p.name == ".metadata")  # commit marker last
-        for f in files:
-            if step == in_flight and f.name == ".metadata":
-                continue
-            _put(client, bucket, f"{CHECKPOINT_RUN}/step-{step}/{f.name}", f.read_bytes())
+        for f in sorted((saved / f"step-{step}").iterdir()):
+            key = f"{CHECKPOINT_RUN}/step-{step}/{f.name}"
+            if f.name != ".metadata":
+                data.append((key, f.read_bytes()))
+            elif step != in_flight:
+                markers.append((key, f.read_bytes()))
         if step in milestones:
-            _put(client, bucket, f"{CHECKPOINT_RUN}/step-{step}/MILESTONE", b"")
-        done.append(step)
-    return done
+            markers.append((f"{CHECKPOINT_RUN}/step-{step}/MILESTONE", b""))
+    _put_all(client, bucket, data)
+    _put_all(client, bucket, markers)
+    return list(steps)
 
 
 def saved_checkpoints(steps: range) -> Path:

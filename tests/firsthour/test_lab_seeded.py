@@ -7,7 +7,6 @@ line says. ``lab down`` always runs.
 
 from __future__ import annotations
 
-import configparser
 import json
 import os
 import re
@@ -79,24 +78,9 @@ def test_lab_up_prints_the_seeded_data_and_it_is_there(tmp_path: Path) -> None:
 
 
 def _list(root: Path, bucket: str) -> dict[str, int]:
-    import botocore.session
-    from botocore.config import Config as BotoConfig
+    from lab.seed import lab_client, list_objects
 
-    info = json.loads((root / "lab.json").read_text())
-    creds = configparser.ConfigParser()
-    creds.read(root / "s3" / "aws-credentials")
-    client = botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=info["s3"]["endpoint"],
-        region_name="us-east-1",
-        aws_access_key_id=creds["lab"]["aws_access_key_id"],
-        aws_secret_access_key=creds["lab"]["aws_secret_access_key"],
-        config=BotoConfig(s3={"addressing_style": "path"}),
-    )
-    objects: dict[str, int] = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        objects.update((o["Key"], o["Size"]) for o in page.get("Contents", []))
-    return objects
+    return {key: size for key, (size, _etag) in list_objects(lab_client(root), bucket).items()}
 
 
 def test_the_checkpoint_saves_are_made_once_per_torch_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
