@@ -47,6 +47,7 @@ from backend.nodes.pool import NodePool
 from lab import Lab
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import SourceData
+from tests.pulls_helpers import cli_here
 
 pytestmark = pytest.mark.timeout(240)
 LOADMASTER = str(Path(sys.executable).parent / "loadmaster")
@@ -97,7 +98,9 @@ def kept(monkeypatch: pytest.MonkeyPatch, jobs_config_path: Path) -> Iterator[Co
     stop_keeper(config)
 
 
-def test_commands_share_one_private_keeper_without_secrets(lab: Lab, kept: Config, jobs_config_path: Path) -> None:
+def test_commands_share_one_private_keeper_without_secrets(
+    lab: Lab, kept: Config, jobs_config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     sentinel = "sentinel-secret-" + os.urandom(6).hex()
     env = {"AWS_SECRET_ACCESS_KEY": sentinel, "AWS_ACCESS_KEY_ID": "AKIDSENTINEL"}
     first = _run(jobs_config_path, "jobs", env=env)
@@ -106,7 +109,7 @@ def test_commands_share_one_private_keeper_without_secrets(lab: Lab, kept: Confi
     assert report is not None
     pid = report["pid"]
     assert all(n["connected"] and n["state"] == "up" for n in report["nodes"].values()), report
-    second = _run(jobs_config_path, "jobs")
+    second = cli_here(capsys, jobs_config_path, "jobs")  # a client in this process: the same keeper
     assert second.returncode == 0 and second.stdout == first.stdout
     again = keeper_status(kept)
     assert again is not None and again["pid"] == pid and again["requests"] > report["requests"]
@@ -119,7 +122,7 @@ def test_commands_share_one_private_keeper_without_secrets(lab: Lab, kept: Confi
     assert b"AWS_SECRET_ACCESS_KEY" not in environ and sentinel.encode() not in environ
     assert sentinel.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
 
-    status = _run(jobs_config_path, "keeper", "status")
+    status = cli_here(capsys, jobs_config_path, "keeper", "status")
     assert status.returncode == 0 and f"keeper pid {pid}" in status.stdout
     assert "node-01  up" in status.stdout
     # A client still connected when the keeper stops (a console left open) is hung up on
@@ -128,14 +131,14 @@ def test_commands_share_one_private_keeper_without_secrets(lab: Lab, kept: Confi
     idle.connect(str(sock))
     idle.sendall(b'{"op": "hello"}\n')
     assert b"hello" in idle.recv(4096)
-    stop = _run(jobs_config_path, "keeper", "stop")
+    stop = cli_here(capsys, jobs_config_path, "keeper", "stop")
     assert stop.returncode == 0 and f"stopped keeper pid {pid}" in stop.stdout
     _wait_for(lambda: not _alive(pid), "the keeper exits on stop")
     idle.settimeout(5)
     assert idle.recv(4096) == b"", "the keeper hangs up on a connected client when it stops"
     idle.close()
     assert not sock.exists()
-    gone = _run(jobs_config_path, "keeper", "status")
+    gone = cli_here(capsys, jobs_config_path, "keeper", "status")
     assert gone.returncode == 1 and "no connection keeper running" in gone.stdout
     log = log_path(sock).read_text()
     assert "stop requested" in log and "exiting: stopped" in log
@@ -161,7 +164,13 @@ def test_pull_through_the_keeper_verifies_bytes_and_keeps_credentials_off_the_lo
 
 
 def test_errors_through_the_keeper_read_as_without_it(
-    lab: Lab, kept: Config, jobs_config_path: Path, source: SourceData, tmp_path: Path
+    lab: Lab,
+    kept: Config,
+    jobs_config_path: Path,
+    source: SourceData,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # A changed host key: same refusal, both fingerprints, with and without the keeper.
     kh = tmp_path / "known_hosts"
@@ -171,7 +180,9 @@ def test_errors_through_the_keeper_read_as_without_it(
     cfg.write_text(jobs_config_path.read_text().replace(str(lab.known_hosts), str(kh)))
     args = ("pull", source.url, "pulls/badkey", "--node", "node-01", "--yes")
     kept_res = _run(cfg, *args)
-    direct = _run(cfg, *args, env={"LOADMASTER_SSH_PERSIST": "0"})
+    with monkeypatch.context() as m:  # connecting on its own, in this process
+        m.setenv("LOADMASTER_SSH_PERSIST", "0")
+        direct = cli_here(capsys, cfg, *args)
     try:
         assert kept_res.returncode == direct.returncode == 2
         assert "CHANGED" in kept_res.stderr and "Traceback" not in kept_res.stderr
@@ -181,19 +192,21 @@ def test_errors_through_the_keeper_read_as_without_it(
 
 
 def test_a_node_fixed_after_a_failure_is_retried_at_once(
-    lab: Lab, kept: Config, jobs_config_path: Path, source: SourceData
+    lab: Lab, kept: Config, jobs_config_path: Path, source: SourceData, capsys: pytest.CaptureFixture[str]
 ) -> None:
     node = lab.node("node-03")
     node.stop()
     try:
-        down = _run(jobs_config_path, "pull", source.url, "pulls/retry", "--node", "node-03", "--yes", "--detach")
+        down = cli_here(
+            capsys, jobs_config_path, "pull", source.url, "pulls/retry", "--node", "node-03", "--yes", "--detach"
+        )
         assert down.returncode == 2 and "node-03" in down.stderr and "Traceback" not in down.stderr
         report = keeper_status(kept)
         assert report is not None and report["nodes"]["node-03"]["state"] == "unreachable"
     finally:
         node.start()
     # The keeper's backoff from the failure does not make the next command wait for a retry.
-    res = _run(jobs_config_path, "jobs", "--json")
+    res = cli_here(capsys, jobs_config_path, "jobs", "--json")
     assert res.returncode == 0, res.stderr
     assert "next retry" not in res.stderr
     report = keeper_status(kept)
@@ -255,7 +268,9 @@ async def test_closing_a_stream_early_stops_the_remote_command(lab: Lab, kept: C
         await pool.close()
 
 
-def test_keeper_refuses_another_user(lab: Lab, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_keeper_refuses_another_user(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another user")
     monkeypatch.setenv("LOADMASTER_SSH_PERSIST", "30")
@@ -266,7 +281,7 @@ def test_keeper_refuses_another_user(lab: Lab, monkeypatch: pytest.MonkeyPatch, 
     cfg = write_lab_config(lab, tmp_path / "uid.toml", shared / "state")
     kept = load_config_file(cfg)
     try:
-        assert _run(cfg, "jobs").returncode == 0
+        assert cli_here(capsys, cfg, "jobs").returncode == 0
         _refused_for_another_user(kept)
     finally:
         stop_keeper(kept)
@@ -309,11 +324,15 @@ def _refused_for_another_user(kept: Config) -> None:
 
 
 def test_idle_keeper_exits_and_a_changed_config_gets_its_own(
-    lab: Lab, monkeypatch: pytest.MonkeyPatch, jobs_config_path: Path, tmp_path: Path
+    lab: Lab,
+    monkeypatch: pytest.MonkeyPatch,
+    jobs_config_path: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("LOADMASTER_SSH_PERSIST", "1s")
     config = load_config_file(jobs_config_path)
-    assert _run(jobs_config_path, "jobs").returncode == 0
+    assert cli_here(capsys, jobs_config_path, "jobs").returncode == 0
     report = keeper_status(config)
     assert report is not None and report["persist"] == 1.0
     _wait_for(lambda: not _alive(report["pid"]), "the idle keeper exits", rounds=400)
@@ -329,12 +348,16 @@ def test_idle_keeper_exits_and_a_changed_config_gets_its_own(
     assert socket_path(load_config_file(same)) == socket_path(config)  # policy edits keep connections
 
 
-def test_bad_persist_setting_is_named(lab: Lab, jobs_config_path: Path) -> None:
-    res = _run(jobs_config_path, "jobs", env={"LOADMASTER_SSH_PERSIST": "soon"})
+def test_bad_persist_setting_is_named(
+    lab: Lab, jobs_config_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LOADMASTER_SSH_PERSIST", "soon")
+    res = cli_here(capsys, jobs_config_path, "jobs")
     assert res.returncode == 2 and "LOADMASTER_SSH_PERSIST" in res.stderr and "soon" in res.stderr
     bad = jobs_config_path.with_name("badpersist.toml")
     bad.write_text(jobs_config_path.read_text() + '\n[ssh]\npersist = "-5s"\n')
-    res = _run(bad, "jobs", env={"LOADMASTER_SSH_PERSIST": ""})
+    monkeypatch.setenv("LOADMASTER_SSH_PERSIST", "")
+    res = cli_here(capsys, bad, "jobs")
     assert res.returncode == 2 and "ssh.persist" in res.stderr
 
 
