@@ -402,7 +402,8 @@ async def upload_file(
                 except Exception as exc:  # noqa: BLE001 - every transport/server error is retried
                     last = exc
                     del body
-                    await backoff.sleep()
+                    if attempt < settings.retries:  # after the last attempt there is none to wait for
+                        await backoff.sleep()
         finally:
             view.release()
         raise UploadError(
