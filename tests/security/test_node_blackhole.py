@@ -1,6 +1,7 @@
 """A node behind a link that stops forwarding (a black hole: no RST, no FIN, nothing) is marked
 unreachable within keepalive interval x count, named, and the other nodes' results still come
-back: on a direct pool and through the connection keeper (``jobs`` and ``top`` as subprocesses).
+back: on a direct pool and through the connection keeper (``jobs`` started as a subprocess, which
+starts the keeper; ``jobs`` and ``top`` again as clients in the test process, through it).
 
 No real router misbehaves on demand, so a tiny asyncio TCP proxy in front of a real lab sshd
 plays the link: it forwards, then swallows every byte in both directions and keeps the sockets.
@@ -24,6 +25,7 @@ from backend.errors import NodeUnreachable
 from backend.nodes.keeper import stop_keeper
 from backend.nodes.pool import NodePool
 from lab import Lab
+from tests.pulls_helpers import cli_here
 
 KEEPALIVE_S = 1.0  # x 3: a loaded test machine still answers healthy keepalives in time
 KEEPALIVE_COUNT = 3
@@ -142,7 +144,11 @@ def _cli(config: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_jobs_and_top_through_the_keeper_name_the_black_holed_node(
-    lab: Lab, proxied: tuple[BlackHoleProxy, Path], tmp_path: Path
+    lab: Lab,
+    proxied: tuple[BlackHoleProxy, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     proxy, kh = proxied
     n1 = lab.node("node-01")
@@ -152,19 +158,25 @@ def test_jobs_and_top_through_the_keeper_name_the_black_holed_node(
     )
     text = text.replace(f'host = "{n1.ip}"', f'host = "127.0.0.1"\nport = {proxy.port}\nknown_hosts = "{kh}"', 1)
     text = text.replace(f'dir = "{lab.root / "state"}"', f'dir = "{tmp_path / "state"}"')
+    # A reconnect into the black hole (``top`` after ``jobs``) costs the connect timeout: 3 s
+    # (the lab's default is 5 s), still ample for a handshake with a healthy loopback node.
+    text = text.replace("connect_timeout = 5.0", "connect_timeout = 3.0", 1)
+    assert "connect_timeout = 3.0" in text
     cfg = tmp_path / "lm.toml"
     cfg.write_text(text)
     try:
         first = _cli(cfg, "jobs")
         assert first.returncode == 0, first.stderr
         proxy.black_hole()
-        res = _cli(cfg, "jobs")
+        # The next commands are clients in this process, through the keeper the first one started.
+        monkeypatch.setenv("LOADMASTER_SSH_PERSIST", "60s")
+        res = cli_here(capsys, cfg, "jobs")
         assert res.returncode == 4, res.stderr
         [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("loadmaster:")]
         assert line.startswith("loadmaster: could not read 1 of 4 node(s): node-01 (")
         assert "their jobs may be missing or out of date" in line and "Traceback" not in res.stderr
         assert res.stdout.strip()  # the other nodes' view is printed ("no jobs" or the table)
-        top = _cli(cfg, "top", "--once")
+        top = cli_here(capsys, cfg, "top", "--once")
         assert top.returncode == 4, top.stderr
         assert "could not read 1 of 4 node(s): node-01 (unreachable" in top.stderr
         rows = {ln.split()[0]: ln.split()[1] for ln in top.stdout.splitlines() if ln.startswith("node-")}
