@@ -98,6 +98,10 @@ class RelayServer:
 
     def stop(self) -> None:
         self.stopping.set()
+        # shutdown() wakes the accept() blocked in the accept thread at once (on Linux; close()
+        # alone does not), so stopping does not wait out the accept timeout (0.5 s).
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
         with self.h.cond:
