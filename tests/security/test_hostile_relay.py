@@ -8,6 +8,7 @@ so each case reaches the check it is about; the server and the receiver are the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -118,6 +119,8 @@ class EvilUpstream:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() at once (not after its timeout)
         self.thread.join(5)
         self.sock.close()
 
@@ -134,9 +137,19 @@ class EvilUpstream:
                     conn.settimeout(5)
                     read_frame(conn)  # the child's 'want'
                     self.script(conn, FrameCodec(key))
-                    time.sleep(0.2)  # let the child read it all before the close
+                    _until_closed(conn, 0.2)  # let the child read it all before the close
                 except OSError:
                     pass
+
+
+def _until_closed(conn: socket.socket, at_most_s: float) -> None:
+    """Wait until the child closes ``conn`` (it read everything and acted), ``at_most_s`` at most."""
+    deadline = time.monotonic() + at_most_s
+    with contextlib.suppress(OSError):
+        while (left := deadline - time.monotonic()) > 0:
+            conn.settimeout(left)
+            if not conn.recv(65536):
+                return
 
 
 # -- the receiver: bytes against the listing's MD5 ---------------------------------------------
