@@ -16,7 +16,7 @@ import pytest
 from backend.config import load_config_file
 from backend.ops import Operations
 from backend.services import Services
-from backend.state import StateDB, StateUnavailable
+from backend.state import StateDB, StateUnavailable, postgres
 from backend.state.postgres import PostgresState
 from lab import Lab, PrivateCluster
 from tests.helpers import write_lab_config
@@ -90,8 +90,16 @@ def test_a_connection_killed_inside_a_transaction_is_retried_whole(pg_cluster: P
 
 
 async def test_postgresql_restarted_while_a_pull_runs_loses_nothing(
-    lab: Lab, source: SourceData, pg_cluster: PrivateCluster, pg_url: str, tmp_path: Path
+    lab: Lab,
+    source: SourceData,
+    pg_cluster: PrivateCluster,
+    pg_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # A failed connection stands RECONNECT_AFTER_S (3 s) before the next try, to keep a console
+    # responsive; the test waits for the reconnect itself, not for that pause.
+    monkeypatch.setattr(postgres, "RECONNECT_AFTER_S", 0.2)
     cfg = write_lab_config(
         lab,
         tmp_path / "lm.toml",
@@ -129,7 +137,11 @@ async def test_postgresql_restarted_while_a_pull_runs_loses_nothing(
                 )
         finally:
             pg_cluster.start()
-        await asyncio.sleep(3.1)  # the handle's reconnect back-off
+        # the handle tries again once its back-off (shortened above) has passed: wait for that
+        deadline = time.monotonic() + 60
+        while services.db.available() is not None:
+            assert time.monotonic() < deadline, services.db.available()
+            await asyncio.sleep(0.1)
         deadline = time.monotonic() + 60
         while services.jobs.get(job.id).state != "succeeded":
             await services.jobs.refresh(["node-01"])
