@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from retention_helpers import DcpRun  # type: ignore[import-not-found]
 from textual.widgets import DataTable, Input, Static
 
@@ -140,6 +141,9 @@ async def test_readonly_console_refuses_to_apply(tmp_path: Path, local_services,
     assert (root / "step-1000" / ".metadata").exists()
 
 
+# Navigation only (filter, detail, escape): nothing is written to the state database, so one
+# backend shows it; the pruning flow above applies and audits on both.
+@pytest.mark.parametrize("state_url", ["sqlite"], indirect=True)
 async def test_filter_enter_detail_and_escape_steps_back(tmp_path: Path, local_services, dcp_run: DcpRun) -> None:  # type: ignore[no-untyped-def]
     from tui.widgets.detail import DetailModal
 
