@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from lab import seed
+from lab.fleet import stop_lab_keeper
 from lab.sshd import lab_processes
 from tests.e2e.tmux import Tmux, deadline_poll
 from tui.cli.lab import forget_previous_lab
@@ -119,12 +120,15 @@ def seeded_run(sandbox: tuple[Path, str, dict[str, str]]) -> dict[str, tuple[int
 def as_new(
     sandbox: tuple[Path, str, dict[str, str]], seeded_run: dict[str, tuple[int, str]], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Path, str, dict[str, str]]:
-    """The module's lab as a new one: what an earlier test left (the state database's jobs,
-    ledger and audit, the nodes' job folders, the remembered run) moved aside the way ``lab up``
-    does it, and the demo run seeded again if a test pruned it. Nothing to do on a lab no test
-    used yet (``lab up`` leaves no state folder)."""
+    """The module's lab as a new one: what an earlier test left (a command's keeper stopped; the
+    state database's jobs, ledger and audit, the nodes' job folders, the remembered run moved
+    aside) gone the way ``lab down`` and ``lab up`` do it, and the demo run seeded again if a test
+    pruned it. Nothing to do on a lab no test used yet (``lab up`` leaves no state folder)."""
     root, _command, env = sandbox
     if (root / "state").exists():
+        # As 'lab down' then 'lab up': the keeper a command started goes first (its socket is in
+        # the state folder), then the state.
+        stop_lab_keeper(root / "loadmaster.toml")
         monkeypatch.setenv("LOADMASTER_CONFIG_DIR", env["LOADMASTER_CONFIG_DIR"])  # the remembered run's file
         forget_previous_lab(root)
     client = seed.lab_client(root)
@@ -217,8 +221,23 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
         assert re.search(rf"node-0{i}\s.*\bup\b", screen), f"node-0{i} is not shown up:\n{screen}"
     assert "1 Fleet" in screen and "6 Shards" in screen  # the mode bar with its digit keys
 
+    # -- Retention: the plan (the walkthrough applies it, at 80x24), while the starved node's
+    # -- window runs out ------------------------------------------------------------------------
+    # It opens on the lab's demo run, already listed: nothing to type for a first look.
+    term.press("4")
+    term.wait_for("Run folder", what="the Retention screen")
+    screen = term.wait_for(
+        lambda s: re.search(r"plan [0-9a-f]{12}", s), timeout=SCREEN_TIMEOUT, what="the retention plan"
+    )
+    assert f"s3://{bucket}/checkpoints/llama-demo" in screen, screen
+    assert "verified resumable" in screen, screen
+    # 12 steps, keep 2 full, milestones every 4000 stripped, 12000 still uploading.
+    assert "2 keep-full  2 strip-to-weights  7 delete  1 skip" in screen, screen
+    assert re.search(r"12000\s+skip", screen), screen
+
     # -- the starved node's alert, with its hint ----------------------------------------------
     # (before the pull form: a Tab pressed as the alert came up once left the focus where it was)
+    term.press("1")
     title = "GPU starved (loadmaster's check): 1 active"
     screen = term.wait_for(title, timeout=SCREEN_TIMEOUT, what="the starved node's alert")
     alert_rows = [line for line in screen.split(title, 1)[1].splitlines() if re.search(r"\bnode-\d\d\b", line)]
@@ -252,19 +271,6 @@ def test_on_call_session(sandbox: tuple[Path, str, dict[str, str]], term: Tmux) 
         if re.search(r"\bnode-01\b", line) and re.search(r"\bpull\b", line) and "s3:/" in line
     ]
     assert len(rows) == 1 and "100%" in rows[0] and "fail" not in rows[0], screen
-
-    # -- Retention: the plan (the walkthrough applies it, at 80x24) ---------------------------
-    # It opens on the lab's demo run, already listed: nothing to type for a first look.
-    term.press("4")
-    term.wait_for("Run folder", what="the Retention screen")
-    screen = term.wait_for(
-        lambda s: re.search(r"plan [0-9a-f]{12}", s), timeout=SCREEN_TIMEOUT, what="the retention plan"
-    )
-    assert f"s3://{bucket}/checkpoints/llama-demo" in screen, screen
-    assert "verified resumable" in screen, screen
-    # 12 steps, keep 2 full, milestones every 4000 stripped, 12000 still uploading.
-    assert "2 keep-full  2 strip-to-weights  7 delete  1 skip" in screen, screen
-    assert re.search(r"12000\s+skip", screen), screen
 
     # -- back to the fleet: still live, and its keys listed by ? -----------------------------
     term.press("1")
