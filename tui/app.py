@@ -38,6 +38,7 @@ from backend.ops import Operations
 from backend.ops.prefs import load_ui_prefs, update_ui_prefs
 from themes import stylesheets
 from themes.palette import DEFAULT_THEME, THEMES, semantic_defaults
+from themes.parsed import SharedParseStylesheet
 from tui.screens.base import SCREEN_SPECS, ScreenSpec, UnavailableScreen
 from tui.screens.errors import ErrorRecord, ErrorsScreen
 from tui.screens.help import HelpScreen, binding_rows
@@ -154,6 +155,8 @@ class LoadmasterApp(App[int]):
                 look at one screen need not pay for the others).
         """
         super().__init__()
+        # Parsed rules shared across stylesheets (themes.parsed): a start parses each source once.
+        self.stylesheet = SharedParseStylesheet(variables=self.get_css_variables())
         self.services = services
         #: The console's one operation layer: every screen acts and reads through it (one Slurm
         #: snapshot cache for all of them).

@@ -33,17 +33,19 @@ def services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Services:
 
 
 class Counter:
-    """Counts the calls of a stylesheet method (and still makes them)."""
+    """Counts the calls of a method of the app's stylesheet (and still makes them): on its own
+    class, which overrides ``reparse`` (themes.parsed)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, app: App[Any], name: str) -> None:
         self.calls = 0
-        real = getattr(Stylesheet, name)
+        cls = type(app.stylesheet)
+        real = getattr(cls, name)
 
         def counted(sheet: Stylesheet, *args: Any, **kwargs: Any) -> Any:
             self.calls += 1
             return real(sheet, *args, **kwargs)
 
-        monkeypatch.setattr(Stylesheet, name, counted)
+        monkeypatch.setattr(cls, name, counted)
 
 
 async def test_a_first_visit_does_not_reparse_the_stylesheets(
@@ -52,7 +54,7 @@ async def test_a_first_visit_does_not_reparse_the_stylesheets(
     app = LoadmasterApp(services, mode="fleet")
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        reparses = Counter(monkeypatch, "reparse")
+        reparses = Counter(monkeypatch, app, "reparse")
         for mode in ("checkpoints", "retention", "egress"):
             await app.switch_mode(mode)
             await pilot.pause()
@@ -74,7 +76,7 @@ async def test_a_return_neither_restyles_the_screen_nor_rebuilds_its_footer(
         assert keys and isinstance(screen.query_one(Footer), SteadyFooter)
         await app.switch_mode("egress")
         await pilot.pause()
-        applies = Counter(monkeypatch, "apply")
+        applies = Counter(monkeypatch, app, "apply")
         await app.switch_mode("checkpoints")
         await pilot.pause()
         assert app.screen is screen
@@ -114,7 +116,7 @@ async def test_screens_shown_after_a_theme_change_take_it_from_one_parse(
             await pilot.pause()
             hidden.append(app.screen)
         before = hidden[0].styles.background
-        reparses = Counter(monkeypatch, "reparse")
+        reparses = Counter(monkeypatch, app, "reparse")
         app.theme = next(n for n, t in THEMES.items() if t.background != THEMES[app.theme].background)
         await pilot.pause()
         assert reparses.calls == 1  # the theme's own
@@ -124,6 +126,45 @@ async def test_screens_shown_after_a_theme_change_take_it_from_one_parse(
             assert app.screen is screen and screen.styles.background != before, mode
         # Textual would re-parse every stylesheet again for each screen shown after the change.
         assert reparses.calls == 1
+
+
+async def test_parsed_rules_are_shared_by_every_console_of_the_process(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parsing is a function of the CSS and the variables (themes.parsed): once a console showed
+    a theme, another console started after it, and a change back to that theme, parse nothing;
+    and the rules they use are the ones Textual's own parse gives."""
+    import textual.css.stylesheet as sheets
+
+    dark = "loadmaster-dark"
+    light = next(n for n, t in THEMES.items() if t.background != THEMES[dark].background)
+    first = LoadmasterApp(services, theme=dark, mode="checkpoints")
+    async with first.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        first.theme = light
+        await pilot.pause()
+    parses = 0
+    real = sheets.parse
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal parses
+        parses += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sheets, "parse", counted)
+    app = LoadmasterApp(services, theme=dark, mode="checkpoints")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.theme = light
+        await pilot.pause()
+        app.theme = dark
+        await pilot.pause()
+        assert parses == 0
+        plain = Stylesheet(variables=app.stylesheet._variables)
+        plain.source = dict(app.stylesheet.source)
+        plain.parse()
+        # (repr: a parse makes new layout objects, which compare by identity)
+        assert parses > 0 and [repr(r) for r in plain.rules] == [repr(r) for r in app.stylesheet.rules]
 
 
 class Toggled(App[None]):
