@@ -8,6 +8,8 @@ node or a store. Used by tests/tui/test_snapshots.py and scripts/screenshots.py.
 
 from __future__ import annotations
 
+import copy
+import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,18 +77,30 @@ def feed_fleet(hub: TelemetryHub, seconds: int = FEED_SECONDS) -> None:
 def snapshot_services(*, readonly: bool = False, fed: bool = True, state_dir: Path | None = None) -> Services:
     """Services over the fixed config with a feed-only telemetry hub (optionally already fed)."""
     services = Services(config=snapshot_config(state_dir), readonly=readonly)
+    # Each call gets a hub of its own: a copy of the one fed once per process (the same 90 s of
+    # samples every time, ~0.2 s of CPU to feed, ~6 ms to copy), or a new empty one.
+    hub = copy.deepcopy(_fed_hub()) if fed else _new_hub()
+    services.__dict__["telemetry"] = hub  # the composition root's cached service
+    return services
+
+
+def _new_hub() -> TelemetryHub:
     # Hub times are synthetic seconds; the wall clock (alerts' "since") is frozen with them.
-    hub = TelemetryHub(
+    return TelemetryHub(
         SyntheticPool(NODES),  # type: ignore[arg-type]
         TelemetrySettings(),
         clock=lambda: float(FEED_SECONDS),
         wall_clock=lambda: FROZEN_NOW,
         feed_only=True,
     )
-    if fed:
-        feed_fleet(hub)
-    services.__dict__["telemetry"] = hub  # the composition root's cached service
-    return services
+
+
+@functools.cache
+def _fed_hub() -> TelemetryHub:
+    """The hub fed FEED_SECONDS of samples, built once; only ever handed out as a copy."""
+    hub = _new_hub()
+    feed_fleet(hub)
+    return hub
 
 
 def record_egress_month(services: Services) -> None:
