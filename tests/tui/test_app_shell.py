@@ -16,7 +16,7 @@ from backend.config import UISettings, default_config
 from backend.errors import StoreError
 from backend.services import Services
 from backend.ui_prefs import load_ui_prefs, prefs_path
-from tests.helpers import Recorder, wait_until
+from tests.helpers import Recorder, type_text, wait_until
 from themes.palette import SEMANTIC_VARIABLES, THEMES
 from tui.app import LoadmasterApp
 from tui.screens.base import SCREEN_SPECS
@@ -125,7 +125,7 @@ async def _run_palette(pilot: Any, query: str) -> None:
     app = pilot.app
     await pilot.press("ctrl+p")
     await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette))
-    await pilot.press(*query)
+    await type_text(pilot, query)
     palette = app.screen
 
     def top_hit() -> str:
@@ -305,7 +305,7 @@ async def test_confirm_typed_accepts_only_the_exact_phrase(services: Services) -
         dialog = app.screen
         assert isinstance(dialog, ConfirmTyped)
         confirm = dialog.query_one("#confirm", Button)
-        await pilot.press(*"delete 3 checkpoint")
+        await type_text(pilot, "delete 3 checkpoint")
         await pilot.press("enter")
         await pilot.pause()
         assert app.screen is dialog and results == [] and confirm.disabled
@@ -319,7 +319,7 @@ async def test_confirm_typed_accepts_only_the_exact_phrase(services: Services) -
         # Case counts, and escape answers False.
         app.push_screen(ConfirmTyped(title="Cancel pull", phrase="cancel pull-7"), results.append)
         await pilot.pause()
-        await pilot.press(*"CANCEL pull-7")
+        await type_text(pilot, "CANCEL pull-7")
         await pilot.pause()
         assert app.screen.query_one("#confirm", Button).disabled
         await pilot.press("enter", "escape")
