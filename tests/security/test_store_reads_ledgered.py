@@ -163,45 +163,51 @@ def test_sigterm_during_a_shard_launch_releases_its_reservation(
         hostile.hang_launches(on=False)
 
 
-@pytest.mark.parametrize(
-    ("said", "counted"),
-    [(10**15, "cap"), ("1e30", "reserved"), (-5, "reserved")],
-    ids=["more-than-reserved", "not-a-number", "negative"],
-)
+#: What a hostile node reports as the bytes its shard job read, and how the settle counts it.
+FORGED = {"more-than-reserved": (10**15, "cap"), "not-a-number": ("1e30", "reserved"), "negative": (-5, "reserved")}
+
+
 def test_a_hostile_node_cannot_settle_a_shard_above_its_reservation(
     lab: Lab,
     hostile: HostileNode,
     shard_src: tuple[str, int],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    said: Any,
-    counted: str,
 ) -> None:
+    """One shard job per forgery, run side by side on the node (each was a test of its own, one
+    job after the other); one refresh settles each at most at its reservation."""
     url, total = shard_src
     hostile.clear()
     state = tmp_path / "state"
     cfg = write_lab_config(lab, tmp_path / "lm.toml", state, hostile.config_section())
-    dest = hostile.node.scratch / f"out-{tmp_path.name[-8:]}"
-    assert cli_main(["--config", str(cfg), "shard", url, str(dest), "--node", NAME, "--json"]) == 0
-    job_id = json.loads(capsys.readouterr().out)["job"]
-    result = hostile.jobs / job_id / "result.json"
+    jobs: dict[str, str] = {}
+    for case in FORGED:
+        dest = hostile.node.scratch / f"out-{tmp_path.name[-8:]}-{case}"
+        assert cli_main(["--config", str(cfg), "shard", url, str(dest), "--node", NAME, "--json"]) == 0
+        jobs[case] = json.loads(capsys.readouterr().out)["job"]
     deadline = time.monotonic() + 180
-    while not result.exists():  # the job really runs on the node; no console watches it end
-        assert time.monotonic() < deadline, "the shard job never finished on the node"
-        time.sleep(0.1)
-    assert "source_bytes_read" in result.read_text()
-    forge_json(result, "source_bytes_read", said)
-    # A refresh settles it: never more than its reservation allows.
+    for case, job_id in jobs.items():
+        result = hostile.jobs / job_id / "result.json"
+        while not result.exists():  # the job really runs on the node; no console watches it end
+            assert time.monotonic() < deadline, f"the shard job ({case}) never finished on the node"
+            time.sleep(0.1)
+        assert "source_bytes_read" in result.read_text()
+        forge_json(result, "source_bytes_read", FORGED[case][0])
+    # A refresh settles them: never more than a reservation allows.
     assert cli_main(["--config", str(cfg), "jobs", "--json", "--limit", "1000"]) in (0, 4)
     capsys.readouterr()
-    [(jid, st, nbytes, quoted, _, note)] = _ledger(state)
-    assert (jid, st, quoted) == (job_id, "settled", total)
-    if counted == "cap":
-        assert nbytes == int(total * SETTLE_SLACK)
-        assert f"the node reported {said}" in note and "capped at its reservation" in note
-    else:
-        assert nbytes == total
-        assert "unreadable: counted at its reservation" in note
+    rows = {jid: (st, nbytes, quoted, note) for (jid, st, nbytes, quoted, _, note) in _ledger(state)}
+    assert sorted(rows) == sorted(jobs.values())
+    for case, job_id in jobs.items():
+        said, counted = FORGED[case]
+        st, nbytes, quoted, note = rows[job_id]
+        assert (st, quoted) == ("settled", total), case
+        if counted == "cap":
+            assert nbytes == int(total * SETTLE_SLACK), case
+            assert f"the node reported {said}" in note and "capped at its reservation" in note, case
+        else:
+            assert nbytes == total, case
+            assert "unreadable: counted at its reservation" in note, case
 
 
 def test_a_strip_on_a_hostile_node_settles_at_most_its_reservation(
