@@ -50,7 +50,7 @@ done
 extra=()
 if [ "$workers_given" = 0 ]; then
   workers="$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
-  extra=(-n "$workers" --dist loadfile)
+  extra=(-n "$workers" --dist loadfile --no-loadscope-reorder)  # longest files first: tests/conftest.py
   # Measured 2026-12-02 (issue #30), quiet 2-core machine, layout cache warm: 1,965 tests in
   # 696-732 s on CI's 2 workers (~23-24 worker-minutes), plus about a minute for each worker's lab.
   if [ "$subset" = 0 ]; then

@@ -6,6 +6,7 @@ Session-scoped: started once per pytest run, torn down at the end. Tests that st
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -34,6 +35,27 @@ LAB_NODE_OPTIONS = {
     "node-03": LabNodeOptions(gpus=0, nvidia_smi=False, s5cmd=False),
     "node-04": LabNodeOptions(gpus=8, pattern="training", site="aws:us-east-1"),
 }
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest test files first (tests/durations.json, written by scripts/test_durations.py).
+
+    CI runs ``--dist loadfile --no-loadscope-reorder``: pytest-xdist hands each worker whole files
+    in this order, so the last files to start are short ones and neither worker sits idle at the
+    end while the other runs a long file (xdist's own order, most tests first, put the 100 s
+    console-in-tmux file of three tests near the end). A file's tests keep their order; a file
+    the figures do not know counts as its tests x the median seconds per test.
+    """
+    path = Path(__file__).with_name("durations.json")
+    known: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+    files: dict[str, int] = {}  # file -> its tests, in collection order
+    for item in items:
+        file = item.nodeid.split("::", 1)[0]
+        files[file] = files.get(file, 0) + 1
+    per_test = sorted(known[f] / n for f, n in files.items() if f in known) or [1.0]
+    median = per_test[len(per_test) // 2]
+    order = {f: i for i, f in enumerate(sorted(files, key=lambda f: -known.get(f, files[f] * median)))}
+    items.sort(key=lambda item: order[item.nodeid.split("::", 1)[0]])
 
 
 @pytest.fixture(autouse=True)
