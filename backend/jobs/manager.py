@@ -308,13 +308,16 @@ class JobManager:
             # (the next refresh with the database back records it, ends included).
             self.problems = problems
             self.state_down = str(exc)
-            return [
+            shown = [
                 self._unrecorded(node, rj, res.now or time.time(), str(exc))
                 for node, res in results.items()
                 if not isinstance(res, BaseException)
                 for rj in res.jobs
                 if rj.problem is None
             ]
+            # Newest first, as the records are: node by node, `jobs` (its newest 50) showed the
+            # first nodes' oldest jobs and cut the running ones off.
+            return sorted(shown, key=lambda r: (r.created, r.id), reverse=True)
         self.problems = problems
         self.state_down = None
         out = []
