@@ -12,7 +12,6 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -71,6 +70,22 @@ def free_port_block(count: int, ip: str = "127.0.0.1") -> int:
         if all(_bindable(ip, p) and _bindable(ip, p + 10000) for p in range(base, base + count)):
             return base
     raise LoadmasterError("no free block of ports on loopback for SeaweedFS")
+
+
+def s3_client(endpoint: str, access_key: str, secret_key: str, region: str = "us-east-1"):  # type: ignore[no-untyped-def]
+    """A synchronous botocore S3 client on a lab store (test set-up and the lab's seeding; never
+    used by the product)."""
+    import botocore.session
+    from botocore.config import Config as BotoConfig
+
+    return botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=region,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
+    )
 
 
 @dataclass
@@ -195,26 +210,14 @@ class SeaweedS3(ManagedProcess):
 
     def client(self):  # type: ignore[no-untyped-def]
         """A synchronous botocore S3 client for test set-up (never used by the product)."""
-        import botocore.session
-        from botocore.config import Config as BotoConfig
+        return s3_client(self.endpoint, self.access_key, self.secret_key, self.region)
 
-        session = botocore.session.get_session()
-        return session.create_client(
-            "s3",
-            endpoint_url=self.endpoint,
-            region_name=self.region,
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-            config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
-        )
-
-    def put_many(self, bucket: str, objects: Mapping[str, bytes], *, threads: int = 8) -> None:
+    def put_many(self, bucket: str, objects: Mapping[str, bytes]) -> None:
         """PUT every ``key: body`` of ``objects`` into ``bucket``, a few at a time: test set-up of
         hundreds of small objects waits on one round trip each, not on the store."""
-        client = self.client()  # botocore clients are thread-safe; its pool holds 10 connections
-        with ThreadPoolExecutor(max_workers=min(threads, 10)) as pool:
-            for fut in [pool.submit(client.put_object, Bucket=bucket, Key=k, Body=b) for k, b in objects.items()]:
-                fut.result()
+        from lab.seed import put_all
+
+        put_all(self.client(), bucket, list(objects.items()), checksum=None)
 
     def new_bucket(self, prefix: str = "lab") -> str:
         """Create a fresh bucket with a unique name and return it."""

@@ -28,14 +28,17 @@ SEED_CHECKSUM = "CRC64NVME"
 SEED_THREADS = 8
 
 
-def _put_all(client: Any, bucket: str, objects: list[tuple[str, bytes]]) -> None:
-    """PUT every ``(key, body)`` a few at a time (botocore clients are thread-safe); the first
-    failure is raised once every upload has ended. Nothing here orders one object after another:
-    callers that need an order (a commit marker last) call this again for the later objects."""
+def put_all(
+    client: Any, bucket: str, objects: list[tuple[str, bytes]], *, checksum: str | None = SEED_CHECKSUM
+) -> None:
+    """PUT every ``(key, body)`` a few at a time (botocore clients are thread-safe), with
+    ``checksum`` as :func:`put_object`; the first failure is raised once every upload has ended.
+    Nothing here orders one object after another: callers that need an order (a commit marker
+    last) call this again for the later objects."""
     if not objects:
         return
     with ThreadPoolExecutor(max_workers=min(SEED_THREADS, len(objects)), thread_name_prefix="lab-seed") as pool:
-        futures = [pool.submit(put_object, client, bucket, key, body) for key, body in objects]
+        futures = [pool.submit(put_object, client, bucket, key, body, checksum=checksum) for key, body in objects]
     for fut in futures:
         fut.result()
 
@@ -90,20 +93,12 @@ def lab_client(root: Path) -> Any:
     credentials file), for looking at or restoring the sample data from another process."""
     import configparser
 
-    import botocore.session
-    from botocore.config import Config as BotoConfig
+    from lab.seaweed import s3_client
 
     info = json.loads((root / "lab.json").read_text())
     creds = configparser.ConfigParser()
     creds.read(root / "s3" / "aws-credentials")
-    return botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=info["s3"]["endpoint"],
-        region_name="us-east-1",
-        aws_access_key_id=creds["lab"]["aws_access_key_id"],
-        aws_secret_access_key=creds["lab"]["aws_secret_access_key"],
-        config=BotoConfig(s3={"addressing_style": "path"}),
-    )
+    return s3_client(info["s3"]["endpoint"], creds["lab"]["aws_access_key_id"], creds["lab"]["aws_secret_access_key"])
 
 
 def list_objects(client: Any, bucket: str, prefix: str = "") -> dict[str, tuple[int, str]]:
@@ -138,7 +133,7 @@ def seed_dataset(
             tar.addfile(info, io.BytesIO(payload))
         objects.append((f"{DATASET_PREFIX}/shards/shard-{s:06d}.tar", buf.getvalue()))
         shard_total += len(buf.getvalue())
-    _put_all(client, bucket, objects)
+    put_all(client, bucket, objects)
     return {"raw_objects": samples * 2, "raw_bytes": raw, "shards": shards, "shard_bytes": shard_total}
 
 
@@ -169,8 +164,8 @@ def seed_checkpoints(
                 markers.append((key, f.read_bytes()))
         if step in milestones:
             markers.append((f"{CHECKPOINT_RUN}/step-{step}/MILESTONE", b""))
-    _put_all(client, bucket, data)
-    _put_all(client, bucket, markers)
+    put_all(client, bucket, data)
+    put_all(client, bucket, markers)
     return list(steps)
 
 

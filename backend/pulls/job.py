@@ -119,9 +119,9 @@ class _Tree:
     def kill_rest(self, grace: float = 0.0) -> None:
         """SIGKILL s5cmd if it still runs, and whatever of its tree a signal reached and outlived
         it, after ``grace`` seconds for them to go on their own (a SIGTERM lets s5cmd clean up)."""
-        import psutil
-
         if self.seen and grace > 0:
+            import psutil  # only once a signal went out: a pull that ends by itself never loads it
+
             psutil.wait_procs(list(self.seen.values()), timeout=grace)
         if self.proc.poll() is None or self.seen:
             self.signal(signal.SIGKILL)
