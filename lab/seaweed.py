@@ -72,22 +72,6 @@ def free_port_block(count: int, ip: str = "127.0.0.1") -> int:
     raise LoadmasterError("no free block of ports on loopback for SeaweedFS")
 
 
-def s3_client(endpoint: str, access_key: str, secret_key: str, region: str = "us-east-1"):  # type: ignore[no-untyped-def]
-    """A synchronous botocore S3 client on a lab store (test set-up and the lab's seeding; never
-    used by the product)."""
-    import botocore.session
-    from botocore.config import Config as BotoConfig
-
-    return botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name=region,
-        aws_access_key_id=access_key,
-        aws_secret_access_key=secret_key,
-        config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
-    )
-
-
 @dataclass
 class SeaweedS3(ManagedProcess):
     """SeaweedFS serving S3 at ``endpoint`` with one identity (access key / secret); ready when the
@@ -210,6 +194,8 @@ class SeaweedS3(ManagedProcess):
 
     def client(self):  # type: ignore[no-untyped-def]
         """A synchronous botocore S3 client for test set-up (never used by the product)."""
+        from lab.seed import s3_client
+
         return s3_client(self.endpoint, self.access_key, self.secret_key, self.region)
 
     def put_many(self, bucket: str, objects: Mapping[str, bytes]) -> None:

@@ -88,12 +88,26 @@ def put_multipart(
     return str(r["ETag"]).strip('"')
 
 
+def s3_client(endpoint: str, access_key: str, secret_key: str, region: str = "us-east-1"):  # type: ignore[no-untyped-def]
+    """A synchronous botocore S3 client on a lab store (test set-up and the lab's seeding; never
+    used by the product)."""
+    import botocore.session
+    from botocore.config import Config as BotoConfig
+
+    return botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=region,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
+    )
+
+
 def lab_client(root: Path) -> Any:
     """A botocore S3 client on the store of the lab running in ``root`` (its ``lab.json`` and
     credentials file), for looking at or restoring the sample data from another process."""
     import configparser
-
-    from lab.seaweed import s3_client
 
     info = json.loads((root / "lab.json").read_text())
     creds = configparser.ConfigParser()
