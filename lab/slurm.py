@@ -62,6 +62,12 @@ def find_slurm(name: str) -> str:
     return found
 
 
+def _port_taken(error: str) -> bool:
+    """Whether a daemon's start failure was its port being taken (slurmd: "Unable to bind listen
+    port (N): Address already in use"; slurmctld: "... bind: Address already in use")."""
+    return "Address already in use" in error
+
+
 class SlurmDaemon(ManagedProcess):
     """slurmctld or one slurmd, in the foreground (``-D``), its output in ``log_path``. Launched
     without a probe of its own: :meth:`SlurmLab.wait_idle` waits for the cluster as a whole."""
@@ -197,7 +203,19 @@ class SlurmLab:
     # -- processes -------------------------------------------------------------------------------
 
     def up(self, timeout: float = 30.0) -> SlurmLab:
-        """Start slurmctld and every slurmd; return once every node is idle (SlurmLabError if not)."""
+        """Start slurmctld and every slurmd; return once every node is idle (SlurmLabError if not).
+
+        A daemon that could not bind its port (another process took it between the pick and the
+        bind) is started again on fresh ports, up to three times."""
+        for attempt in range(3):
+            try:
+                return self._up_once(timeout)
+            except SlurmLabError as exc:
+                if attempt == 2 or not _port_taken(str(exc)):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _up_once(self, timeout: float) -> SlurmLab:
         ctld, slurmd = find_slurm("slurmctld"), find_slurm("slurmd")
         find_slurm("sinfo")
         self.write_config()

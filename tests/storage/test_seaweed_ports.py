@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import seaweed
+from lab import ports, seaweed
 from lab.seaweed import SeaweedS3
 
 
@@ -54,8 +54,17 @@ def test_a_block_the_caller_gave_is_not_changed(tmp_path: Path) -> None:
 def test_a_block_is_chosen_below_the_ports_outgoing_connections_use() -> None:
     # A port in the kernel's ephemeral range can be held by an outgoing connection in TIME_WAIT,
     # which no listener may bind: after a benchmark's many S3 requests the whole range can be.
-    lo, _hi = seaweed._ephemeral_range()
+    lo, _hi = ports.ephemeral_range()
     for _ in range(20):
         base = seaweed.free_port_block(12)
         assert 1024 <= base and base + 12 + 10000 <= lo
-        assert all(seaweed._bindable("127.0.0.1", p) for p in (*range(base, base + 12), base + 10000, base + 10011))
+        assert all(ports.port_free("127.0.0.1", p) for p in (*range(base, base + 12), base + 10000, base + 10011))
+
+
+def test_every_lab_port_is_picked_below_the_ephemeral_range() -> None:
+    # slurmd once failed "Unable to bind listen port: Address already in use" on a port the kernel
+    # had handed out as free: an outgoing connection took it between the pick and the bind.
+    lo, _hi = ports.ephemeral_range()
+    picks = [ports.free_port() for _ in range(50)] + [ports.common_free_port(["127.0.0.1", "127.0.0.2"])]
+    assert all(ports.LOWEST <= p < lo for p in picks)
+    assert len(set(picks)) > 40  # spread out, so two workers rarely pick alike

@@ -25,7 +25,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from typing import Any
 
 import torch
 
+from lab.ports import free_port
 from tests.checkpoints.layouts import KINDS, BuiltRun, StepSpec, register
 from tests.checkpoints.layouts.cache import template as cached_template
 
@@ -354,12 +354,6 @@ def deepspeed_files(variant: str, step: int) -> list[str]:
     return sorted(model + optim + (["pytorch_model.bin"] if v["gather16"] else []))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class DeepSpeedRunFailed(RuntimeError):
     """A rank of a DeepSpeed run exited non-zero; ``output`` is rank 0's log all the same (what it
     printed before the failure, e.g. the loads that succeeded)."""
@@ -375,7 +369,7 @@ def run_deepspeed(variant: str, spec: Mapping[str, Any]) -> str:
     Raises :class:`DeepSpeedRunFailed` (with each failed rank's log tail) if any rank fails."""
     v = DEEPSPEED_VARIANTS[variant]
     argv = json.dumps(dict(spec, stage=v["stage"], bf16=v["bf16"]))
-    port = str(_free_port())
+    port = str(free_port())  # below the ephemeral range: rank 0 binds it later
     with tempfile.TemporaryDirectory(prefix="lm-deepspeed-") as logs:
         # Each rank logs to a file, not a pipe: a rank blocked on a full pipe while the other
         # waits for it in a collective would hang both.
