@@ -41,6 +41,8 @@ log = logging.getLogger("backend.nodes.keeper_server")
 
 #: A log larger than this is moved aside (to ``.log.1``) when a keeper starts.
 LOG_ROTATE_BYTES = 1 << 20
+#: Seconds between checks that the socket is still this keeper's.
+IDLE_TICK = 1.0
 
 
 class Keeper:
@@ -127,13 +129,13 @@ class Keeper:
         try:
             while not self._stop.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), 1.0)
+                    await asyncio.wait_for(self._stop.wait(), self._next_check())
                 if self._stop.is_set():
                     break
                 if not self._socket_is_ours():
                     why = "its socket was removed or replaced"
                     break
-                if self.clients == 0 and self.running == 0 and time.monotonic() - self.last_active >= self.persist:
+                if self._idle_left() <= 0:
                     why = f"idle for {self.persist:g}s"
                     break
         finally:
@@ -144,6 +146,17 @@ class Keeper:
             await self._disconnect_clients()
             await self.pool.close()
             log.info("exiting: %s", why)
+
+    def _idle_left(self) -> float:
+        """Seconds until the idle limit is reached (inf while a client is connected or a command runs)."""
+        if self.clients or self.running:
+            return float("inf")
+        return self.persist - (time.monotonic() - self.last_active)
+
+    def _next_check(self) -> float:
+        """The wait before the next check: its socket each second, the idle limit when it falls due
+        (a whole second's tick let an idle keeper linger up to a second past ``persist``)."""
+        return min(IDLE_TICK, max(0.01, self._idle_left()))
 
     async def _disconnect_clients(self) -> None:
         """End every client's connection; its handler reads EOF and cleans up as on a hang-up."""
