@@ -12,13 +12,19 @@ and exits 6 like the real one.
 
 from __future__ import annotations
 
-import json
+import marshal
 import math
 import os
 import sys
 import time
-from pathlib import Path
-from typing import Any
+
+# The stand-in starts once per telemetry sample on every node: it imports only what it runs
+# (typing and json cost more than the rest of a start; json is loaded only to read a scenario
+# file whose parsed form is not cached yet, see load_scenario).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 DEFAULTS: dict[str, Any] = {
     "gpus": 8,
@@ -96,9 +102,13 @@ def write_scenario(path: str | os.PathLike[str], **fields: Any) -> Path:
     data["faults"] = {str(k): v for k, v in dict(data["faults"]).items()}
     if data["start"] is None:
         data["start"] = time.time()
+    from pathlib import Path
+
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
+    import json
+
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, p)  # readers never see a half-written scenario
     return p
@@ -106,11 +116,39 @@ def write_scenario(path: str | os.PathLike[str], **fields: Any) -> Path:
 
 def load_scenario(path: str) -> dict[str, Any]:
     """Read a scenario file, defaults filled in."""
-    p = Path(path)
-    data = {**DEFAULTS, **json.loads(p.read_text())}
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cache = f"{path}.{os.getuid()}.marshal"
+        try:
+            with open(cache, "rb") as c:
+                cached_key, parsed = marshal.load(c)
+        except (OSError, EOFError, ValueError, TypeError):
+            cached_key, parsed = None, None
+        if cached_key != key or not isinstance(parsed, dict):
+            import json
+
+            parsed = json.loads(f.read())
+            _cache_parsed(cache, key, parsed)
+    data = {**DEFAULTS, **parsed}
     if data["start"] is None:
-        data["start"] = p.stat().st_mtime
+        data["start"] = st.st_mtime
     return data
+
+
+def _cache_parsed(cache: str, key: tuple[int, int, int], parsed: Any) -> None:
+    """Keep a scenario's parsed form beside it, keyed by the file's inode, size and mtime (a
+    rewritten scenario, always a new inode, is parsed again); best effort."""
+    tmp = f"{cache}.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as c:
+            marshal.dump((key, parsed), c)
+        os.replace(tmp, cache)
+    except (OSError, ValueError):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def _pattern(sc: dict[str, Any], i: int) -> str:
@@ -292,6 +330,28 @@ def summary(sc: dict[str, Any], t: float) -> str:
     return "\n".join(out) + "\n"
 
 
+def stand_in_script(scenario: str | os.PathLike[str]) -> str:
+    """The ``nvidia-smi`` a lab node runs: a sh wrapper that starts this module for ``scenario``.
+
+    The telemetry sampler runs nvidia-smi once per sample on every node (hundreds of starts in a
+    test run), so the start is kept lean: no ``site`` (this module needs only the stdlib), and the
+    module is imported rather than run as a script, so its compiled bytecode is reused."""
+    import shlex
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    boot = f"import sys; sys.path[0] = {here!r}; import fake_nvidia_smi as m; m.run(sys.argv[1:])"
+    argv = " ".join(shlex.quote(a) for a in (sys.executable, "-S", "-c", boot, "--scenario", os.fspath(scenario)))
+    return f'#!/bin/sh\nexec {argv} "$@"\n'
+
+
+def run(argv: list[str]) -> None:
+    """:func:`main` as a process: exit with its status; a closed pipe or ^C ends it quietly."""
+    try:
+        sys.exit(main(argv))
+    except (BrokenPipeError, KeyboardInterrupt):
+        sys.exit(0)
+
+
 def main(argv: list[str]) -> int:
     """Answer one nvidia-smi invocation (or loop with -l/-lms)."""
     scenario_path = os.environ.get("FAKE_NVIDIA_SMI_SCENARIO")
@@ -365,7 +425,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except (BrokenPipeError, KeyboardInterrupt):
-        sys.exit(0)
+    run(sys.argv[1:])

@@ -249,9 +249,7 @@ class Lab:
         fake_nvidia_smi.write_scenario(scenario, gpus=opts.gpus, pattern=opts.pattern, **opts.extra)
         script = node.bin_dir / "nvidia-smi"
         script.unlink(missing_ok=True)
-        script.write_text(
-            f'#!/bin/sh\nexec {sys.executable} {Path(fake_nvidia_smi.__file__).resolve()} --scenario {scenario} "$@"\n'
-        )
+        script.write_text(fake_nvidia_smi.stand_in_script(scenario))
         script.chmod(0o755)
 
     def telemetry_nodes(self) -> list[StackNode]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from tui.cli import main
 def config(tmp_path: Path) -> Path:
     sc = write_scenario(tmp_path / "gpu.json", gpus=8, pattern="training")
     smi = tmp_path / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\nexec {sys.executable} {fake_nvidia_smi.__file__} --scenario {sc} "$@"\n')
+    smi.write_text(fake_nvidia_smi.stand_in_script(sc))
     smi.chmod(0o755)
     (tmp_path / "scratch").mkdir()
     cfg = tmp_path / "lm.toml"

@@ -17,12 +17,39 @@ QUERY = [f"--query-gpu={GPU_FIELDS}", "--format=csv,noheader,nounits"]
 
 
 def smi(scenario: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), "--scenario", str(scenario), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    """Run the stand-in the way a lab node does: its ``nvidia-smi`` wrapper."""
+    wrapper = scenario.with_name("nvidia-smi")
+    if not wrapper.exists():
+        wrapper.write_text(fake_nvidia_smi.stand_in_script(scenario))
+        wrapper.chmod(0o755)
+    return subprocess.run([str(wrapper), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_as_a_script_it_answers_the_same(tmp_path):
+    sc = write_scenario(tmp_path / "s.json", gpus=2, pattern="training", fixed_t=10.0)
+    direct = subprocess.run(
+        [sys.executable, str(SCRIPT), "--scenario", str(sc), *QUERY], capture_output=True, text=True, timeout=30
     )
+    assert direct.returncode == 0 and direct.stdout == smi(sc, *QUERY).stdout
+
+
+def test_a_changed_scenario_is_read_again(tmp_path):
+    # The stand-in keeps a scenario's parsed form beside it; a rewrite (the lab's, a new file) and
+    # an edit in place (a person's) must both be what the next call answers.
+    sc = write_scenario(tmp_path / "s.json", gpus=2, pattern="training", fixed_t=10.0)
+    assert len(smi(sc, *QUERY).stdout.splitlines()) == 2
+    assert len(smi(sc, *QUERY).stdout.splitlines()) == 2  # from the kept form
+    write_scenario(sc, gpus=3, pattern="training", fixed_t=10.0)
+    assert len(smi(sc, *QUERY).stdout.splitlines()) == 3
+    with open(sc, "r+") as f:  # same inode, new size and mtime
+        text = f.read().replace('"gpus": 3', '"gpus": 1')
+        f.seek(0)
+        f.write(text)
+        f.truncate()
+    assert len(smi(sc, *QUERY).stdout.splitlines()) == 1
+    cache = next(tmp_path.glob("s.json.*.marshal"))
+    cache.write_bytes(b"not marshal")  # a damaged cache is parsed past, not trusted
+    assert len(smi(sc, *QUERY).stdout.splitlines()) == 1
 
 
 def test_query_training(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +30,7 @@ class LocalPool:
 
 def smi_wrapper(tmp_path: Path, scenario: Path) -> Path:
     script = tmp_path / "nvidia-smi"
-    script.write_text(f'#!/bin/sh\nexec {sys.executable} {fake_nvidia_smi.__file__} --scenario {scenario} "$@"\n')
+    script.write_text(fake_nvidia_smi.stand_in_script(scenario))
     script.chmod(0o755)
     return script
 
