@@ -3,7 +3,7 @@
 Registered by tests/conftest.py (``pytest_plugins``). ``prometheus_lab`` starts, for the session's
 ``lab`` nodes, a node_exporter on every node's IP, the dcgm stand-in for the GPU nodes (scenario
 files copied from the nodes' stand-in nvidia-smi, so both show the same GPUs and a test changing
-one leaves the other alone) and a Prometheus scraping them every second. ``prom_lab`` is the same
+one leaves the other alone) and a Prometheus scraping them every half second. ``prom_lab`` is the same
 object, put back as it started after the test (targets up, no Xid, scenarios and profiling). A
 machine without Prometheus fails these tests with the install hint (CI installs it, scripts/test.sh
 too).
@@ -22,8 +22,9 @@ from backend.errors import LoadmasterError
 from lab import Lab
 from lab.prometheus import PrometheusNotInstalled, StackNode, TelemetryStack
 
-#: Seconds between scrapes in the tests (the lab's default is 5).
-TEST_SCRAPE_INTERVAL = 1.0
+#: Seconds between scrapes in the tests (the lab's default is 5): a change reaches Prometheus
+#: (``wait_scraped``) half a second after it is made, not a second.
+TEST_SCRAPE_INTERVAL = 0.5
 
 
 @pytest.fixture(scope="session")
