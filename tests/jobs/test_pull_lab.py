@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,6 +27,14 @@ from tests.pulls_helpers import launch_pull, plan_pull
 from tui.cli import main as cli_main
 
 pytestmark = pytest.mark.timeout(240)
+
+
+def quick_lost(services: Services) -> None:
+    """``[jobs] lost_after = "1s"`` for ``services`` (the lab's is 3 s), as in a user's config: for
+    a job whose runner is dead or never started, so the record need not wait out 3 s after its
+    last heartbeat (or its launch) to call it lost. Only such a job: a live runner is never lost,
+    but one still starting on a loaded machine could be, after only 1 s."""
+    services.jobs.settings = dataclasses.replace(services.jobs.settings, lost_after=1.0)
 
 
 def _sha(path: Path) -> str:
@@ -211,6 +220,7 @@ async def test_kill_runner_becomes_lost_without_strays(lab: Lab, source: SourceD
         rec, job_dir, pgid = await _launch_stalled(services, lab, source, "node-01", dest_rel, stack)
         assert [p for p in _procs_with(f"LOADMASTER_JOB_ID={rec.id}") if p != pgid], "s5cmd is not running"
         os.kill(pgid, signal.SIGKILL)  # the runner only; s5cmd must die with it (PDEATHSIG)
+        quick_lost(services)
         final = await services.jobs.wait(rec.id, timeout=120)
     assert final.state == "lost"
     assert "no result" in (final.error or "")
@@ -405,6 +415,7 @@ async def test_agent_missing_on_the_node_becomes_lost_with_a_hint(lab: Lab, sour
     try:
         plan = await plan_pull(svc, source.url, "pulls/noagent", ["node-01"])
         [rec] = await launch_pull(svc, plan)
+        quick_lost(svc)  # it never starts: lost once its launch is older than lost_after
         final = await svc.jobs.wait(rec.id, timeout=120)
         assert final.state == "lost"
         assert "never started" in (final.error or "") and "agent" in (final.error or "")

@@ -24,6 +24,7 @@ from backend.pulls.destination import TempTracker, is_s5cmd_temp_name
 from backend.pulls.objects import PulledObject
 from backend.services import Services
 from lab import Lab
+from tests.jobs.test_pull_lab import quick_lost
 from tests.pulls_helpers import launch_pull, plan_pull
 from tests.security.hostile_s3 import HostileS3
 
@@ -195,6 +196,7 @@ async def test_a_lost_runners_cleanup_removes_its_temporaries_only(
         rec, job_dir, temps = await _held_with_a_temp(hostile_services, hostile_s3, dest)
         # The runner only: s5cmd dies with it (PDEATHSIG) and leaves its temporaries behind.
         os.kill(json.loads((job_dir / "pid").read_text())["pid"], signal.SIGKILL)  # noqa: ASYNC240
+        quick_lost(hostile_services)
         final = await hostile_services.jobs.wait(rec.id, timeout=120)
     finally:
         hostile_s3.release()

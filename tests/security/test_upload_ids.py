@@ -34,6 +34,7 @@ from backend.storage import S3Store
 from lab import Lab
 from tests.checkpoints.test_upload import kill_mid_upload
 from tests.helpers import lab_bucket_store
+from tests.jobs.test_pull_lab import quick_lost
 from tests.security.conftest import HOSTILE_SECRET
 from tests.security.hostile_s3 import HostileS3
 
@@ -160,6 +161,7 @@ async def test_a_lost_upload_job_is_cleaned_up_with_its_credentials(
         assert mine in hostile_s3.uploads
         assert not (job_dir / "secrets.json").exists()  # the runner took its secrets and deleted them
         os.kill(json.loads((job_dir / "pid").read_text())["pid"], signal.SIGKILL)  # noqa: ASYNC240
+        quick_lost(hostile_services)
         final = await hostile_services.jobs.wait(rec.id, timeout=120)
     finally:
         hostile_s3.release()
