@@ -52,6 +52,22 @@ async def pid_alive(t: Transport, pid: int) -> bool:
     return (await t.run(f"kill -0 {pid} 2>/dev/null")).ok
 
 
+async def started_here(command: str, limit: float = 60.0) -> None:
+    """Wait until ``command`` runs on a lab node (the nodes' processes are this machine's): a
+    command is then in flight, however long the machine's load made its start take."""
+    deadline = asyncio.get_running_loop().time() + limit
+    needle = command.encode()
+    while asyncio.get_running_loop().time() < deadline:
+        for proc in Path("/proc").iterdir():
+            try:
+                if needle in (proc / "cmdline").read_bytes().replace(b"\0", b" "):
+                    return
+            except OSError:
+                continue
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{command!r} never started")
+
+
 async def eventually(pred, tries: int = 100, pause: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
     for _ in range(tries):
         if await pred():
@@ -241,8 +257,9 @@ async def test_dropped_connection_fails_running_command_then_reconnects(lab: Lab
     try:
         t = pool.transport("node-02")
         assert (await t.run("true")).ok
-        running = asyncio.create_task(t.run("sleep 20"))
-        await asyncio.sleep(0.5)
+        marker = f"sleep 20.{uuid.uuid4().int % 10**6:06d}"  # this test's own, among the suite's
+        running = asyncio.create_task(t.run(marker))
+        await started_here(marker)
         assert lab.node("node-02").drop_connections() > 0
         with pytest.raises(NodeUnreachable, match="connection lost"):
             await running
@@ -323,7 +340,10 @@ async def test_fanout_timeout_and_local_nodes(lab: Lab, tmp_path: Path) -> None:
             await t.run("sleep 5" if t.name == "node-02" else "true")
             return t.name
 
-        res = await pool.fanout(slow_on_node_02, timeout=2)
+        # Connected first, so the per-node limit is the commands' alone (a handshake on a loaded
+        # machine must not eat into it): 1 s is ample for ``true``, and ends the ``sleep 5``.
+        assert [(await pool.connect(n)).state for n in ("node-01", "node-02")] == ["up", "up"]
+        res = await pool.fanout(slow_on_node_02, timeout=1)
         assert res["node-01"] == "node-01" and res["here"] == "here"
         assert isinstance(res["node-02"], CommandTimeout)
     finally:
@@ -356,10 +376,11 @@ async def test_command_server_restarts_after_it_dies(lab: Lab) -> None:
     t = SshTransport(lab.config.node("node-04"))
     try:
         pid = int((await t.run("echo $PPID")).stdout)  # the server is the command's parent
-        victim = asyncio.create_task(t.run("sleep 20"))
-        await asyncio.sleep(0.3)
+        marker = f"sleep 20.{uuid.uuid4().int % 10**6:06d}"  # this test's own, among the suite's
+        victim = asyncio.create_task(t.run(marker))
+        await started_here(marker)
         (await SshTransport(lab.config.node("node-04"), command_server=False).run(f"kill -9 {pid}"))
-        with pytest.raises(NodeError, match="command server exited while running 'sleep 20'"):
+        with pytest.raises(NodeError, match=f"command server exited while running '{marker}'"):
             await victim
         assert (await t.run("echo $PPID")).stdout.strip() != str(pid)
     finally:
