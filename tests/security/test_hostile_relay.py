@@ -203,11 +203,11 @@ def test_an_upstream_stat_out_of_range_ends_the_connection_with_one_line(tmp_pat
 
     objects = [PulledObject("obj-0", 10, None)]
     with EvilUpstream(stat) as evil:
-        recv = _receiver(tmp_path / "dest", objects, evil.port, reattach_s=0.5)
+        recv = _receiver(tmp_path / "dest", objects, evil.port, reattach_s=0.2)
         with pytest.raises(JobError) as info:
             recv.run()
     msg = str(info.value)
-    assert msg.startswith("no upstream answered for 0.5s (evil); last: evil: stat: ")
+    assert msg.startswith("no upstream answered for 0.2s (evil); last: evil: stat: ")
     assert "is not a rate from 0 to" in msg and "\n" not in msg
 
 
