@@ -37,8 +37,9 @@ def node(snap: FleetSnapshot, name: str) -> NodeSnapshot:
 
 
 async def test_fleet_over_ssh_with_stop_and_restart(lab):
+    # Two samples' starvation raise the alert; a restarted node is retried within 1 s.
     settings = TelemetrySettings(
-        interval=0.5, starved_window=2.0, backoff_initial=0.5, backoff_max=2.0, latency_every=1.0
+        interval=0.5, starved_window=1.0, backoff_initial=0.5, backoff_max=1.0, latency_every=1.0
     )
     pool = NodePool(lab.config.nodes)
     hub = TelemetryHub(pool, settings)
@@ -78,13 +79,16 @@ async def test_console_fleet_screen_over_the_lab(lab, tmp_path):
     """The real console, real Services, real SSH: the Fleet screen fills in by itself."""
     import dataclasses
 
+    from textual.widgets._data_table import CellDoesNotExist, RowDoesNotExist
+
     from backend.services import Services
+    from tests.helpers import wait_until
     from tui.app import LoadmasterApp
     from tui.screens.fleet import FleetScreen
     from tui.widgets.fleet_alerts import AlertList
     from tui.widgets.fleet_table import FleetTable
 
-    settings = TelemetrySettings(interval=0.5, starved_window=2.0, latency_every=2.0)
+    settings = TelemetrySettings(interval=0.5, starved_window=1.0, latency_every=2.0)
     config = dataclasses.replace(lab.config, sections={**lab.config.sections, "telemetry": settings})
     services = Services(config=config)
     app = LoadmasterApp(services)
@@ -96,14 +100,23 @@ async def test_console_fleet_screen_over_the_lab(lab, tmp_path):
         await wait_for(
             hub, lambda s: all(n.state == "up" and n.samples >= 2 for n in s.nodes) and bool(node(s, "node-02").alerts)
         )
-        await pilot.pause(0.6)  # one more tick reaches the screen
         table = screen.query_one(FleetTable)
+        alerts = screen.query_one(AlertList)
+
+        def on_screen() -> bool:  # the hub's next tick reaches the table and the alert list
+            table.flush_all()
+            try:
+                starved = "STARVED" in str(table.get_cell("node-02", "alerts"))
+            except (CellDoesNotExist, RowDoesNotExist):
+                return False
+            return starved and any(str(alerts.get_row_at(i)[0]) == "node-02" for i in range(alerts.row_count))
+
+        await wait_until(pilot, on_screen, delay=0.05)
         table.flush_all()
         assert str(table.get_cell("node-01", "gpus")) == "8"
         assert int(str(table.get_cell("node-01", "util")).split("%")[0]) >= 90
         assert str(table.get_cell("node-03", "gpus")) == NO_GPU
         assert "STARVED" in str(table.get_cell("node-02", "alerts"))
-        alerts = screen.query_one(AlertList)
         assert any(str(alerts.get_row_at(i)[0]) == "node-02" for i in range(alerts.row_count))
     # Quitting the console closed the services: the samplers are gone.
     assert not hub.running
