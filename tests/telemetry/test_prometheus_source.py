@@ -164,23 +164,26 @@ async def test_nodes_are_found_by_the_label_the_site_uses(lab: Lab, prom_lab) ->
     # site relabelling its scrape jobs would: mapped by it, both exporters' series land on the
     # same nodes as with the defaults (Hostname, instance); a label no series has maps nothing,
     # and with source = "prometheus" those nodes say so rather than showing another node's GPUs.
+    # The two hubs (two consoles configured differently) read the same Prometheus side by side.
     nodes = [n for n in lab.config.nodes if n.name in ("node-01", "node-03")]
     hub = TelemetryHub(
         NodePool(nodes), settings(prom_lab.url, dcgm_node_label="node", node_exporter_node_label="node", **FAST_TICK)
     )
+    other = TelemetryHub(NodePool(nodes), settings(prom_lab.url, dcgm_node_label="gpu_host", **FAST_TICK))
     await hub.start()
     try:
-        snap = await wait_for(hub, lambda s: all(n.state == "up" and n.samples >= 2 for n in s.nodes))
-        assert len(node(snap, "node-01").gpus) == 8 and node(snap, "node-01").rx_gbps is not None
-        assert node(snap, "node-03").gpus == () and node(snap, "node-03").scratch_total_bytes
+        await other.start()
+        try:
+            snap, other_snap = await asyncio.gather(
+                wait_for(hub, lambda s: all(n.state == "up" and n.samples >= 2 for n in s.nodes)),
+                wait_for(other, lambda s: all(n.samples >= 2 for n in s.nodes)),
+            )
+        finally:
+            await other.stop()
     finally:
         await hub.stop()
-    hub = TelemetryHub(NodePool(nodes), settings(prom_lab.url, dcgm_node_label="gpu_host", **FAST_TICK))
-    await hub.start()
-    try:
-        snap = await wait_for(hub, lambda s: all(n.samples >= 2 for n in s.nodes))
-        n1 = node(snap, "node-01")
-        assert n1.gpus == () and "no dcgm-exporter series" in n1.gpu_status, "no series names node-01 by gpu_host"
-        assert n1.nics, "node_exporter's series still map by instance"
-    finally:
-        await hub.stop()
+    assert len(node(snap, "node-01").gpus) == 8 and node(snap, "node-01").rx_gbps is not None
+    assert node(snap, "node-03").gpus == () and node(snap, "node-03").scratch_total_bytes
+    n1 = node(other_snap, "node-01")
+    assert n1.gpus == () and "no dcgm-exporter series" in n1.gpu_status, "no series names node-01 by gpu_host"
+    assert n1.nics, "node_exporter's series still map by instance"
