@@ -161,25 +161,96 @@ def _under(files: dict[str, tuple[int, str]], folder: str) -> dict[str, tuple[in
 
 
 KILL_SCRIPT = r"""
-import asyncio, os, signal, sys
+import asyncio, json, os, signal, sys, traceback
 from backend.config import load_config
 from backend.policy.retention import RetentionPlan
 from backend.retention import apply_plan
 from backend.services import Services
+# what a strip loads (torch, safetensors), paid once here instead of in every killed apply
+import backend.checkpoints.strip, backend.checkpoints.strip.source, safetensors.torch, torch
 
-config_path, plan_path, nth, stage = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-services = Services(load_config(config_path))
-plan = RetentionPlan.from_json(open(plan_path).read())
-seen = []
 
-def fault(where, action):
-    if where == stage:
-        seen.append(action.path)
-        if len(seen) == nth:
-            os.kill(os.getpid(), signal.SIGKILL)
+def run(config_path, plan_path, nth, stage):
+    services = Services(load_config(config_path))
+    plan = RetentionPlan.from_json(open(plan_path).read())
+    seen = []
 
-asyncio.run(apply_plan(services, plan, fault=fault))
+    def fault(where, action):
+        if where == stage:
+            seen.append(action.path)
+            if len(seen) == nth:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    asyncio.run(apply_plan(services, plan, fault=fault))
+
+
+# One request a line: a fresh forked process runs the apply and the exit status comes back
+# (a negative number: the signal that ended it). Nothing here runs torch: a fork is safe.
+for line in sys.stdin:
+    config_path, plan_path, nth, stage, log_path = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(300)  # a hung apply ends (-14) instead of hanging the test
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        try:
+            run(config_path, plan_path, nth, stage)
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
 """
+
+
+@dataclass(frozen=True)
+class Killed:
+    """How a killed apply ended: its exit status (-9 when SIGKILL ended it) and its output."""
+
+    returncode: int
+    stderr: str
+
+
+class Applier:
+    """A process that imported the apply path once and forks a fresh process for each apply
+    to be killed: a real separate process, SIGKILLed at the boundary, without paying Python's
+    and torch's imports for every example."""
+
+    proc: subprocess.Popen[str] | None = None
+
+    def apply(self, config_file: Path, plan_file: Path, nth: int, stage: str, log: Path) -> Killed:
+        if self.proc is None:  # started by the first example that kills an apply
+            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", KILL_SCRIPT], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([str(config_file), str(plan_file), nth, stage, str(log)]) + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        assert reply, f"the applier process ended (exit {self.proc.wait(timeout=60)})"
+        return Killed(int(reply), log.read_text(errors="replace") if log.exists() else "")
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def applier() -> Iterator[Applier]:
+    a = Applier()
+    yield a
+    a.close()
 
 
 @settings(
@@ -218,6 +289,7 @@ asyncio.run(apply_plan(services, plan, fault=fault))
 )
 async def test_nothing_is_deleted_without_proof(
     templates: Templates,
+    applier: Applier,
     tmp_path_factory: pytest.TempPathFactory,
     states: list[str],
     family: str,
@@ -311,15 +383,7 @@ async def test_nothing_is_deleted_without_proof(
         if kill is not None and named:
             plan_file = base / "plan.json"
             plan_file.write_text(plan.to_json())
-            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-            proc = subprocess.run(
-                [sys.executable, "-c", KILL_SCRIPT, str(config_file), str(plan_file), str(kill[0]), kill[1]],
-                env=env,
-                timeout=300,
-                check=False,
-                capture_output=True,
-                text=True,
-            )
+            proc = applier.apply(config_file, plan_file, kill[0], kill[1], base / "killed.log")
             # killed at the boundary (-9), or it finished before reaching it: never an error
             assert proc.returncode in (0, -signal.SIGKILL), proc.stderr[-2000:]
             # the operator sees the dead apply's lock named in the refusal and removes it
