@@ -86,7 +86,7 @@ def test_drain_from_fleet_draining_then_drained(
     done = tmp_path / "job-may-end"
     job = _slurm(
         env, "sbatch", "--parsable", "-w", "node-01", "--gres=gpu:1", "-o", "/dev/null", "-J", "train",
-        "--wrap", f"while [ ! -e {done} ]; do sleep 1; done",
+        "--wrap", f"while [ ! -e {done} ]; do sleep 0.2; done",
     )  # fmt: skip
     # An Xid in node-01's kernel log: the lab's stand-in dmesg on the node's PATH.
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S,000000+00:00")
