@@ -92,11 +92,12 @@ async def test_an_xid_from_dcgm_and_a_down_target(lab: Lab, prom_lab) -> None:  
     await hub.start()
     try:
         await wait_for(hub, lambda s: all(n.state == "up" for n in s.nodes))
+        # Two nodes, two changes at once (waited for together): an Xid on node-01, node-04 down.
         prom_lab.inject_xid("node-01", 3, 48)
+        prom_lab.stop_target("node-04")
         snap = await wait_for(hub, lambda s: bool(node(s, "node-01").xids))
         (ev,) = node(snap, "node-01").xids
         assert (ev.gpu, ev.code, ev.mnemonic) == (3, 48, "DBE") and ev.drain and "double-bit ECC" in ev.meaning
-        prom_lab.stop_target("node-04")
         snap = await wait_for(hub, lambda s: node(s, "node-04").state == "stale")
         err = node(snap, "node-04").error or ""
         assert "target down" in err and ("refused" in err or "connect" in err), err
