@@ -273,14 +273,12 @@ def accelerate_objects(accelerator: Any, seed: int = 0) -> tuple[Any, Any, Any]:
     return accelerator.prepare(model, opt, sched)
 
 
-def _accelerate_run(
-    project: Path, run: Path, steps: Sequence[int], states: Mapping[int, str], *, builder: str, automatic_naming: bool
-) -> BuiltRun:
-    kinds = _kinds(builder, steps, states, allowed=KINDS)
+def _accelerate_saves(project: Path, run: Path, kinds: Mapping[int, str], *, automatic_naming: bool) -> None:
+    """Train and save every step of ``kinds`` with the real accelerate, then break the
+    incomplete and corrupt ones the way a crash or a bad disk would."""
     accelerator = make_accelerator(project, automatic_naming=automatic_naming)
     model, opt, sched = accelerate_objects(accelerator)
     gen = torch.Generator().manual_seed(0)
-    specs = []
     for step, kind in kinds.items():
         accelerator.backward(model(torch.randint(0, 96, (2, 8), generator=gen)).float().pow(2).mean())
         opt.step()
@@ -289,7 +287,6 @@ def _accelerate_run(
         name = f"checkpoint_{step}" if automatic_naming else f"step_{step}"
         if kind == "weights":
             accelerator.save_model(model, run / name)
-            specs.append(StepSpec(name, step, "hf-safetensors", kind, None))
             continue
         if automatic_naming:
             # accelerate names the folder checkpoint_<iteration>; setting the iteration is the
@@ -303,7 +300,28 @@ def _accelerate_run(
         elif kind == "corrupt":
             safetensors_file = run / name / "model.safetensors"
             _truncate(safetensors_file, safetensors_file.stat().st_size // 2)
-        specs.append(StepSpec(name, step, "accelerate", kind, f"{name}/random_states_0.pkl"))
+
+
+def _accelerate_run(
+    project: Path, run: Path, steps: Sequence[int], states: Mapping[int, str], *, builder: str, automatic_naming: bool
+) -> BuiltRun:
+    """The project folder written once per (builder, kinds) by :func:`_accelerate_saves` and
+    copied to ``project``: the training and saving (and torch's optimizer import) run once."""
+    kinds = _kinds(builder, steps, states, allowed=KINDS)
+    sub = run.relative_to(project)
+
+    def write(folder: Path) -> None:
+        _accelerate_saves(folder / "project", folder / "project" / sub, kinds, automatic_naming=automatic_naming)
+
+    template = cached_template(builder, tuple(kinds.items()), write) / "project"
+    shutil.copytree(template, project, copy_function=shutil.copy, dirs_exist_ok=True)
+    specs = []
+    for step, kind in kinds.items():
+        name = f"checkpoint_{step}" if automatic_naming else f"step_{step}"
+        if kind == "weights":
+            specs.append(StepSpec(name, step, "hf-safetensors", kind, None))
+        else:
+            specs.append(StepSpec(name, step, "accelerate", kind, f"{name}/random_states_0.pkl"))
     return BuiltRun(run, builder, tuple(specs))
 
 
@@ -743,6 +761,16 @@ def megatron_legacy_distopt(root: Path, steps: Sequence[int], states: Mapping[in
 HF_EXPORT_SHARD_BYTES = 6000
 
 
+def _hf_export_template(step: int) -> Path:
+    """Step ``step``'s export, written once by ``save_pretrained`` (the model is made per step)."""
+
+    def write(folder: Path) -> None:
+        model = tiny_llama(seed=step).to(torch.bfloat16)
+        model.save_pretrained(folder / "step", max_shard_size=HF_EXPORT_SHARD_BYTES)
+
+    return cached_template("hf-export", step, write) / "step"
+
+
 @register("hf-export")
 def hf_export(root: Path, steps: Sequence[int], states: Mapping[int, str]) -> BuiltRun:
     """``step-N/`` from ``save_pretrained(max_shard_size=...)`` of a bf16 tiny Llama (index written last).
@@ -755,8 +783,7 @@ def hf_export(root: Path, steps: Sequence[int], states: Mapping[int, str]) -> Bu
     specs = []
     for step, kind in kinds.items():
         name = f"step-{step}"
-        model = tiny_llama(seed=step).to(torch.bfloat16)
-        model.save_pretrained(root / name, max_shard_size=HF_EXPORT_SHARD_BYTES)
+        _copy_tree(_hf_export_template(step), root / name)
         index = root / name / "model.safetensors.index.json"
         if kind == "incomplete":
             index.unlink()
