@@ -93,12 +93,42 @@ class _Tree:
     pipes open. The tree is read while the wrapper lives (an orphan loses the link); a process seen
     once is signalled again later only while it is still that process (psutil checks its start
     time, so a reused pid is never signalled).
+
+    A process that left the tree (a wrapper that detaches s5cmd: a double fork, a new session) is
+    found by the job's mark instead: on a node every process the job starts carries
+    ``LOADMASTER_JOB_ID`` in its environment (:mod:`backend.agent.runner`, the same proof the
+    console's cancel uses for the job's process group). Only this user's processes started since
+    s5cmd was are read, and never one that descends from the runner other than through s5cmd.
     """
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
+    def __init__(self, proc: subprocess.Popen[str], started: float) -> None:
         self.proc = proc
+        self.started = started
         self.seen: dict[int, psutil.Process] = {}
         self.lock = threading.Lock()
+
+    def _escaped(self) -> list[psutil.Process]:
+        """The job's marked processes outside the runner's own tree (see the class docstring)."""
+        import psutil
+
+        job = os.environ.get("LOADMASTER_JOB_ID")
+        if not job:
+            return []
+        me = os.getpid()
+        ours = {me}
+        with contextlib.suppress(psutil.Error):
+            ours.update(c.pid for c in psutil.Process(me).children(recursive=True))
+        out = []
+        for p in psutil.process_iter(["uids", "create_time"]):
+            info = p.info
+            if p.pid in ours or info["uids"] is None or info["uids"].real != os.getuid():
+                continue
+            if info["create_time"] is None or info["create_time"] < self.started - 1.0:  # 1 s: clock ticks
+                continue
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get("LOADMASTER_JOB_ID") == job:
+                    out.append(p)
+        return out
 
     def signal(self, sig: int) -> None:
         import psutil
@@ -109,6 +139,8 @@ class _Tree:
                     root = psutil.Process(self.proc.pid)
                     for p in (root, *root.children(recursive=True)):
                         self.seen.setdefault(p.pid, p)
+            for p in self._escaped():
+                self.seen.setdefault(p.pid, p)
             if not self.seen:
                 with contextlib.suppress(OSError):
                     self.proc.send_signal(sig)
@@ -116,14 +148,17 @@ class _Tree:
                 with contextlib.suppress(psutil.Error):
                     p.send_signal(sig)
 
-    def kill_rest(self, grace: float = 0.0) -> None:
+    def kill_rest(self, grace: float = 0.0, *, stopped: bool = False) -> None:
         """SIGKILL s5cmd if it still runs, and whatever of its tree a signal reached and outlived
-        it, after ``grace`` seconds for them to go on their own (a SIGTERM lets s5cmd clean up)."""
+        it, after ``grace`` seconds for them to go on their own (a SIGTERM lets s5cmd clean up).
+        ``stopped`` (cancelled or halted): also whatever the job started that left the tree, even
+        when no signal of the runner's went out (the console's cancel signals the job's process
+        group, which can end the wrapper before the runner sees the cancel)."""
         if self.seen and grace > 0:
             import psutil  # only once a signal went out: a pull that ends by itself never loads it
 
             psutil.wait_procs(list(self.seen.values()), timeout=grace)
-        if self.proc.poll() is None or self.seen:
+        if self.proc.poll() is None or self.seen or stopped:
             self.signal(signal.SIGKILL)
 
 
@@ -376,7 +411,7 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
         then=placed if staging is not None else None,
     )
 
-    tree = _Tree(proc)
+    tree = _Tree(proc, started)
 
     def halt(message: str) -> None:
         with lock:
@@ -488,7 +523,7 @@ def _run_copy(job: _Copy, staging: Staging | None, why: str | None) -> dict[str,
                 terminated = True
             report()
     finally:
-        tree.kill_rest(grace=2.0 if terminated else 0.0)
+        tree.kill_rest(grace=2.0 if terminated else 0.0, stopped=ctx.cancelled or bool(halted))
         proc.wait()
         for r in readers:
             r.join(timeout=10)

