@@ -99,17 +99,26 @@ def kept(monkeypatch: pytest.MonkeyPatch, jobs_config_path: Path) -> Iterator[Co
 
 
 def test_commands_share_one_private_keeper_without_secrets(
-    lab: Lab, kept: Config, jobs_config_path: Path, capsys: pytest.CaptureFixture[str]
+    lab: Lab,
+    kept: Config,
+    jobs_config_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sentinel = "sentinel-secret-" + os.urandom(6).hex()
-    env = {"AWS_SECRET_ACCESS_KEY": sentinel, "AWS_ACCESS_KEY_ID": "AKIDSENTINEL"}
-    first = _run(jobs_config_path, "jobs", env=env)
+    # The command that starts the keeper has store keys in its environment (run in this process:
+    # the keeper is its own process either way, and commands of other processes sharing it are
+    # test_commands_started_together_share_the_one_keeper_they_start).
+    with monkeypatch.context() as m:
+        m.setenv("AWS_SECRET_ACCESS_KEY", sentinel)
+        m.setenv("AWS_ACCESS_KEY_ID", "AKIDSENTINEL")
+        first = cli_here(capsys, jobs_config_path, "jobs")
     assert first.returncode == 0, first.stderr
     report = keeper_status(kept)
     assert report is not None
     pid = report["pid"]
     assert all(n["connected"] and n["state"] == "up" for n in report["nodes"].values()), report
-    second = cli_here(capsys, jobs_config_path, "jobs")  # a client in this process: the same keeper
+    second = cli_here(capsys, jobs_config_path, "jobs")  # another command: the same keeper
     assert second.returncode == 0 and second.stdout == first.stdout
     again = keeper_status(kept)
     assert again is not None and again["pid"] == pid and again["requests"] > report["requests"]
@@ -146,9 +155,9 @@ def test_commands_share_one_private_keeper_without_secrets(
 
 
 def test_pull_through_the_keeper_verifies_bytes_and_keeps_credentials_off_the_log(
-    lab: Lab, kept: Config, jobs_config_path: Path, source: SourceData, node_dir
+    lab: Lab, kept: Config, jobs_config_path: Path, source: SourceData, node_dir, capsys: pytest.CaptureFixture[str]
 ) -> None:  # type: ignore[no-untyped-def]
-    res = _run(jobs_config_path, "pull", source.url, "pulls/kept", "--node", "node-01", "--yes")
+    res = cli_here(capsys, jobs_config_path, "pull", source.url, "pulls/kept", "--node", "node-01", "--yes")
     assert res.returncode == 0, res.stderr
     assert "node-01: succeeded" in res.stdout
     for name in source.objects:
@@ -179,7 +188,7 @@ def test_errors_through_the_keeper_read_as_without_it(
     cfg = tmp_path / "badkey.toml"
     cfg.write_text(jobs_config_path.read_text().replace(str(lab.known_hosts), str(kh)))
     args = ("pull", source.url, "pulls/badkey", "--node", "node-01", "--yes")
-    kept_res = _run(cfg, *args)
+    kept_res = cli_here(capsys, cfg, *args)  # through the keeper (the kept fixture turned it on)
     with monkeypatch.context() as m:  # connecting on its own, in this process
         m.setenv("LOADMASTER_SSH_PERSIST", "0")
         direct = cli_here(capsys, cfg, *args)
