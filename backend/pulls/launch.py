@@ -165,6 +165,7 @@ async def launch_relay(
             "chunk_mib": settings.relay_chunk_mib,
             "grace_s": settings.relay_grace,
             "reattach_s": settings.relay_reattach,
+            "silence_s": settings.relay_silence,
             "max_gbps": settings.relay_max_gbps,
             "checksums": checksums,
         }

@@ -57,6 +57,21 @@ def _port_range(value: str) -> str:
     return value
 
 
+#: The shortest silence window a receiver may be given: an idle upstream pings every second
+#: (``backend.pulls.relay.holdings.PING_S``), so a window of two pings still tells a quiet
+#: upstream from a frozen one.
+MIN_RELAY_SILENCE_S = 2.0
+
+
+def _silence(value: str | int | float) -> float:
+    seconds = parse_duration(value)
+    if seconds < MIN_RELAY_SILENCE_S:
+        raise ValueError(
+            f"expected at least {MIN_RELAY_SILENCE_S:g}s (an idle upstream pings every second), got {value!r}"
+        )
+    return seconds
+
+
 @dataclass(frozen=True)
 class PullSettings:
     """The tuned s5cmd defaults for pulls, what a plan assumes, and how a pull fans out."""
@@ -95,3 +110,6 @@ class PullSettings:
     relay_grace: float = field(default=15.0, metadata={"parse": parse_duration})
     #: How long a receiver tries to re-attach to a node above it before it fails.
     relay_reattach: float = field(default=60.0, metadata={"parse": parse_duration})
+    #: How long a receiver hears nothing from its upstream (no chunk, no ping) before it takes it
+    #: as frozen and re-attaches above it (at least 2s: an idle upstream pings every second).
+    relay_silence: float = field(default=5.0, metadata={"parse": _silence})

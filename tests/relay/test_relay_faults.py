@@ -26,6 +26,8 @@ pytestmark = pytest.mark.timeout(180)
 
 #: Each hop capped (6.25 MB/s): the ~17 MB copy is under way for seconds, long enough to act on.
 SLOW = "relay_max_gbps = 0.05\n"
+#: A config of one local node, for what is refused before any node is reached.
+HERE = '[[nodes]]\nname = "here"\ntransport = "local"\nscratch = "/tmp"\n\n'
 
 
 def _job_dir(lab: Lab, node: str, dest: str, timeout: float = 30.0) -> Path:
@@ -173,8 +175,9 @@ def test_a_stalled_node_is_routed_around_and_catches_up(
     lab: Lab, relay_source: RelaySource, store_proxy: CountingProxy, tmp_path: Path
 ) -> None:
     # node-02 freezes mid-chain (SIGSTOP: its connections stay open but nothing moves): node-03
-    # hears nothing, re-attaches to node-01 within 10 s and finishes; node-02 finishes when thawed.
-    cfg = relay_config(lab, tmp_path, store_proxy, pull=SLOW)
+    # hears nothing for [pull] relay_silence (set as a user would, shorter than the 5 s default),
+    # re-attaches to node-01 within 10 s and finishes; node-02 finishes when thawed.
+    cfg = relay_config(lab, tmp_path, store_proxy, pull=SLOW + 'relay_silence = "2.5s"\n')
     dest = "pulls/relay-stalled"
     total = relay_source.total
     with _pull_in_thread(cfg, relay_source, dest) as out:
@@ -194,6 +197,20 @@ def test_a_stalled_node_is_routed_around_and_catches_up(
     first, again = jobs["node-03"]["result"]["relay"]["attachments"]
     assert (first["upstream"], again["upstream"]) == ("node-02", "node-01")
     assert again["after_s"] < 10
+    assert again["why"] == "lost node-02: silent for 2.5s"  # the window it was given, not the default
+
+
+@pytest.mark.parametrize("value", ["1s", "500ms", 0, "soon"])
+def test_a_silence_window_too_short_or_malformed_is_one_line_naming_the_key(
+    tmp_path: Path, value: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An idle upstream pings every second: a window under two pings would take quiet upstreams
+    # for frozen ones. The config is refused before any command runs (here `nodes`).
+    (tmp_path / "lm.toml").write_text(f"{HERE}[pull]\nrelay_silence = {json.dumps(value)}\n")
+    assert cli_main(["--config", str(tmp_path / "lm.toml"), "nodes"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "pull.relay_silence: expected " in err, err
 
 
 async def test_a_failed_seed_fails_its_tree_at_once_and_leaves_no_partial_files(

@@ -19,7 +19,8 @@ from backend.pulls.relay.protocol import Message
 
 #: A connected child hears from its upstream at least this often (a ping when there is no data).
 PING_S = 1.0
-#: Without a frame for this long, the upstream is taken as dead and the child re-attaches.
+#: Without a frame for this long, the upstream is taken as dead and the child re-attaches (the
+#: default of ``[pull] relay_silence``, which the job's spec carries as ``silence_s``).
 SILENCE_S = 5.0
 CONNECT_S = 2.0
 

@@ -26,6 +26,7 @@ from backend.pulls.destination import TempTracker, check_space, outside_dest
 from backend.pulls.job import CopyHooks, PullKind, cleanup, run_pull_job
 from backend.pulls.objects import PulledObject, check_objects, parse_expected, parse_source
 from backend.pulls.relay.node import (
+    SILENCE_S,
     Cancelled,
     FatalUpstream,
     Holdings,
@@ -125,6 +126,7 @@ def run_relay_job(ctx: JobContext) -> dict[str, object]:
                 me=me,
                 upstreams=ups,
                 reattach_s=float(r.get("reattach_s", 60.0)),
+                silence_s=float(r.get("silence_s", SILENCE_S)),
                 chain_len=int(r.get("chain_len", len(ups))),
                 # The store's full-object checksums where the console listed them (HEAD with
                 # checksum mode), one per object; else the MD5 ETags of single-part objects.

@@ -92,6 +92,7 @@ class Receiver:
         me: str,
         upstreams: list[Upstream],
         reattach_s: float,
+        silence_s: float = SILENCE_S,
         chain_len: int | None = None,
         proofs: list[ObjectProof | None] | None = None,
     ) -> None:
@@ -104,6 +105,9 @@ class Receiver:
         #: How many of ``upstreams`` are this node's own chain up to its seed (the rest: other seeds).
         self.chain_len = len(upstreams) if chain_len is None else chain_len
         self.reattach_s = reattach_s
+        #: Without a frame from the upstream for this long (``[pull] relay_silence``), it is taken
+        #: as frozen and this node re-attaches above it.
+        self.silence_s = silence_s
         self.temps: dict[int, _Temp] = {}
         self.upstream: str | None = None
         self.attachments: list[dict[str, object]] = []
@@ -304,7 +308,7 @@ class Receiver:
     def _stream(self, sock: socket.socket, key: bytes) -> None:
         h = self.h
         tune(sock)
-        sock.settimeout(SILENCE_S)
+        sock.settimeout(self.silence_s)
         out = FrameCodec(key)
         check = ChunkCheck(key, list(h.sizes), list(h.avail))
         sock.sendall(out.ctrl({"t": "want", "have": list(h.avail)}))
@@ -315,7 +319,10 @@ class Receiver:
                 with contextlib.suppress(OSError):
                     sock.sendall(out.ctrl({"t": "cancel"}))
                 raise Cancelled("cancelled")
-            kind, payload, tag = read_frame(sock)
+            try:
+                kind, payload, tag = read_frame(sock)
+            except TimeoutError:  # still a TimeoutError: run() asks a silent upstream last
+                raise TimeoutError(f"silent for {self.silence_s:g}s") from None
             msg = check.frame(kind, payload, tag)
             if isinstance(msg, Chunk):
                 self._write(msg)
