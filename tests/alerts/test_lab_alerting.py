@@ -38,9 +38,11 @@ def test_lab_up_alerting_starts_alertmanager_and_a_watcher(tmp_path: Path, capsy
         server = PrometheusServer(Path(prom["root"]) / "prometheus", int(prom["url"].rsplit(":", 1)[1]))
         deadline = time.monotonic() + 60
         got: list[object] = []
-        while time.monotonic() < deadline and not got:
+        while time.monotonic() < deadline:
             got = server.api("/api/v1/query", {"query": 'loadmaster_info{job="loadmaster"}'})["result"]
-            time.sleep(0.5)
+            if got:
+                break
+            time.sleep(0.1)
         assert got, f"Prometheus never scraped the watcher:\n{(root / 'watch.log').read_text()[-2000:]}"
         log = (root / "watch.log").read_text()
         assert f"serving metrics on http://{watch['metrics']}/metrics" in log and "Traceback" not in log

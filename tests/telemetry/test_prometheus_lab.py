@@ -212,7 +212,7 @@ def test_instant_queries_answer_per_node(prom_lab: TelemetryStack) -> None:
         rx = series(prom_lab, "rate(node_network_receive_bytes_total[30s])")
         if {lab["instance"] for lab, _ in rx} == set(ALL_NODES) or time.monotonic() > deadline:
             break
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert {lab["instance"] for lab, _ in rx} == set(ALL_NODES)
     assert all(v >= 0 for _, v in rx) and all("device" in lab for lab, _ in rx)
     fs = series(prom_lab, "node_filesystem_size_bytes")
