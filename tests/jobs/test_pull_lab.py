@@ -281,6 +281,8 @@ async def test_cancel_escalates_to_sigkill_for_a_frozen_job(lab: Lab, source: So
     with contextlib.ExitStack() as stack:
         rec, job_dir, pgid = await _launch_stalled(services, lab, source, "node-01", dest_rel, stack)
         os.killpg(pgid, signal.SIGSTOP)  # cannot honour SIGTERM: cancel must SIGKILL after the grace
+        # As [jobs] cancel_grace = "1s" would (the lab's is 2 s): the frozen group waits it out whole.
+        services.jobs.settings = dataclasses.replace(services.jobs.settings, cancel_grace=1.0)
         final = await Operations(services).jobs.cancel(rec.id)
     assert final.state == "cancelled"
     assert "killed after the grace period" in (final.error or "")
