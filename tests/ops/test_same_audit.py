@@ -34,7 +34,7 @@ from backend.services import Services
 from backend.state import SQLiteState, StateError
 from lab import Lab
 from tests.am_fixtures import AlertmanagerLab, unique
-from tests.helpers import wait_until, write_lab_config
+from tests.helpers import type_text, wait_until, write_lab_config
 from tests.jobs.conftest import SourceData, source  # noqa: F401  (the fixture)
 from tests.jobs.test_pull_lab import _launch_stalled
 from tests.tui.test_alerts_screen import alert, apost, lab_services, wait_for_alert
@@ -224,7 +224,8 @@ async def _cancel_from_console(services: Services, rec: Any) -> None:
         table.move_cursor(row=[str(k.value) for k in table.rows].index(rec.id))
         await pilot.press("c")
         await until(pilot, lambda: isinstance(app.screen, ConfirmTyped))
-        await pilot.press(*"cancel", "enter")
+        await type_text(pilot, "cancel")  # one wait for the screen, not one per key
+        await pilot.press("enter")
         await until(pilot, lambda: bool(services.db.audit_entries(action="job.cancel")))
 
 
