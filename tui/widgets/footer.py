@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
 
 if TYPE_CHECKING:
+    from textual.app import ComposeResult
     from textual.screen import Screen
 
 #: What a footer shows, for one key hint: key, how it is written, description, action, whether
@@ -46,6 +48,17 @@ class SteadyFooter(Footer):
         ]
         palette = ("", "", "", "", self.show_command_palette and app.ENABLE_COMMAND_PALETTE, "", None)
         return (*hints, palette)
+
+    def compose(self) -> ComposeResult:
+        """Textual's keys, each bound to the footer's ``compact`` given that value before it is
+        mounted: a key starts compact, and its binding to the (not compact) footer then flipped
+        it back on mount, restyling each key twice more (a fifth of a screen's first show). The
+        key that is not bound (the command palette's) keeps its own value, as in Textual."""
+        for widget in super().compose():
+            if isinstance(widget, FooterKey) and widget._reactive_connect:
+                widget.set_reactive(FooterKey.compact, self.compact)
+                widget.set_class(self.compact, "-compact", update=False)
+            yield widget
 
     async def build_ahead(self) -> None:
         """Build the key hints of a screen that is not shown yet (the console builds screens
