@@ -16,9 +16,11 @@ from backend.checkpoints.dcp import (
     MAX_METADATA_BYTES,
     METADATA_FILE,
     CheckpointError,
+    TensorEntry,
     files_needed,
     load_metadata,
     storage_bytes_by_fqn,
+    tensor_entries,
 )
 from backend.checkpoints.evidence import Facts, kind_from_torch, read_small, torch_facts, zero_byte
 from backend.checkpoints.steps import DEEPSPEED_LATEST, MEGATRON_LATEST, Layout, RunMarkers, step_number
@@ -90,7 +92,8 @@ async def dcp_facts(
                 (f"{file}: {have.size} bytes, shorter than the range {METADATA_FILE} assigns to it (needs {need})"),
             )
             return f
-    problem = await _embedded_blob_problem(store, step_path, files, md)
+    entries = tensor_entries(md)  # once: the blob check and the BF16 size both walk it
+    problem = await _embedded_blob_problem(store, step_path, files, entries)
     if problem:
         f.kind, f.note = "corrupt", problem
         return f
@@ -104,21 +107,19 @@ async def dcp_facts(
 
         weights = weight_names(keys, "auto")
         f.opt_bytes = sum(n for k, n in per.items() if k not in weights)
-        f.keep_bytes = _bf16_bytes(md, set(weights))
+        f.keep_bytes = _bf16_bytes(entries, set(weights))
     elif tensors:
         f.kind, f.note = "weights", f"{len(tensors)} tensors, no optimizer state in {METADATA_FILE}"
-        f.keep_bytes = _bf16_bytes(md, set(keys))
+        f.keep_bytes = _bf16_bytes(entries, set(keys))
     else:
         f.note = f"{METADATA_FILE} lists no tensors"
     return f
 
 
-def _bf16_bytes(md: Any, names: set[str]) -> int:
+def _bf16_bytes(entries: list[TensorEntry], names: set[str]) -> int:
     """BF16 bytes of the tensors ``names`` of a DCP checkpoint (what an export of them keeps)."""
-    from backend.checkpoints.dcp import tensor_entries
-
     total = 0
-    for e in tensor_entries(md):
+    for e in entries:
         if e.fqn in names:
             n = 1
             for d in e.shape:
@@ -128,15 +129,15 @@ def _bf16_bytes(md: Any, names: set[str]) -> int:
 
 
 async def _embedded_blob_problem(
-    store: ObjectStore, step_path: str, files: dict[str, ObjectInfo], md: Any
+    store: ObjectStore, step_path: str, files: dict[str, ObjectInfo], entries: list[TensorEntry]
 ) -> str | None:
     """For safetensors-serialized DCP files (every tensor of a file shares one offset), whether the
     embedded safetensors blob's own ranges fit the file. Other files cost no read."""
-    from backend.checkpoints.dcp import locate_chunks, tensor_entries
+    from backend.checkpoints.dcp import locate_chunks
 
     shared: dict[str, set[int]] = {}
     count: dict[str, int] = {}
-    for e in tensor_entries(md):
+    for e in entries:
         for c in e.chunks:
             shared.setdefault(c.file, set()).add(c.offset)
             count[c.file] = count.get(c.file, 0) + 1
@@ -147,9 +148,9 @@ async def _embedded_blob_problem(
     async def read(file: str, offset: int, n: int) -> bytes:
         return await store.get_range(join_key(step_path, file), offset, n)
 
-    entries = [e for e in tensor_entries(md) if any(c.file in suspects for c in e.chunks)]
+    suspect_entries = [e for e in entries if any(c.file in suspects for c in e.chunks)]
     try:
-        located = await locate_chunks(entries, read, where=step_path)
+        located = await locate_chunks(suspect_entries, read, where=step_path)
     except CheckpointError as exc:
         return str(exc)
     for e in located:

@@ -409,6 +409,17 @@ def optimizer_paths(obj: Any) -> list[str]:
     return out
 
 
+def _under_a_root(parts: list[str], roots: set[str]) -> bool:
+    """Whether a proper prefix of the dotted key ``parts`` (the empty one included) is in ``roots``;
+    the prefixes are built one part at a time (a catalog asks this of every key of every step)."""
+    prefix = ""
+    for i, p in enumerate(parts):
+        if prefix in roots:
+            return True
+        prefix = f"{prefix}.{p}" if i else p
+    return False
+
+
 def key_paths_optimizer(keys: list[str]) -> list[str]:
     """The optimizer-state keys among flat dotted keys (DCP's fully-qualified names).
 
@@ -416,10 +427,12 @@ def key_paths_optimizer(keys: list[str]) -> list[str]:
     torch optimizer state dict wherever it sits (``app.optim``, ``optimizer``, ``optimizer_0``);
     then leaves only optimizers write, and entries named like a framework's optimizer state.
     """
+    split = [k.split(".") for k in keys]
     state_prefixes: set[str] = set()
     group_prefixes: set[str] = set()
-    for k in keys:
-        parts = k.split(".")
+    for parts in split:
+        if "state" not in parts and "param_groups" not in parts:
+            continue
         for i, p in enumerate(parts):
             if p == "state":
                 state_prefixes.add(".".join(parts[:i]))
@@ -427,11 +440,10 @@ def key_paths_optimizer(keys: list[str]) -> list[str]:
                 group_prefixes.add(".".join(parts[:i]))
     optim_roots = state_prefixes & group_prefixes
     out = []
-    for k in keys:
-        parts = k.split(".")
-        if any(".".join(parts[:i]) in optim_roots for i in range(len(parts))):
+    for k, parts in zip(keys, split, strict=True):
+        if optim_roots and _under_a_root(parts, optim_roots):
             out.append(k)
-        elif any(p in OPTIMIZER_LEAVES for p in parts) or any(p in OPTIMIZER_ENTRIES for p in parts[:-1]):
+        elif not OPTIMIZER_LEAVES.isdisjoint(parts) or not OPTIMIZER_ENTRIES.isdisjoint(parts[:-1]):
             out.append(k)
         elif any(p.startswith(("optimizer_", "optim_")) and p.split("_", 1)[1].isdigit() for p in parts[:-1]):
             out.append(k)  # accelerate / torchtitan numbered optimizers: optimizer_0.*
