@@ -1,14 +1,14 @@
 """A pull to three nodes is one launch: its jobs' ids start with the launch id, the state database
 records it, and ``loadmaster job cancel LAUNCH`` stops every running job of it with one
-confirmation and one audit record (a job id still cancels one job). Against the real lab (sshd
+confirmation and one audit record (a job id still cancels one job). The commands run in this
+process (tests/pulls_helpers.py: the executable's parser and command code without its start-up);
+a cancel signals the jobs on their nodes, never the process that asks. Against the real lab (sshd
 nodes, SeaweedFS held mid-pull, the real s5cmd), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,12 +29,7 @@ from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.transfers_table import TransfersTable
 
 pytestmark = pytest.mark.timeout(300)
-LOADMASTER = str(Path(sys.executable).parent / "loadmaster")
 NODES = ("node-01", "node-02", "node-04")
-
-
-def _cli(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([LOADMASTER, "--config", str(cfg), *args], capture_output=True, text=True, timeout=240)
 
 
 async def _running(services: Services, ids: list[str]) -> None:
@@ -79,7 +74,7 @@ async def test_a_three_node_pull_is_cancelled_as_one_launch(
 
             # A job id still cancels that job alone.
             one = next(r for r in started.records if r.node == "node-01")
-            res = _cli(cfg, "job", "cancel", one.id, "--yes", "--reason", "one node")
+            res = await cli_here_async(capsys, cfg, "job", "cancel", one.id, "--yes", "--reason", "one node")
             assert res.returncode == 0, res.stdout + res.stderr
             assert f"job {one.id}: cancelled" in res.stdout
 
@@ -89,7 +84,7 @@ async def test_a_three_node_pull_is_cancelled_as_one_launch(
             assert "Traceback" not in res.stderr
 
             # The launch: the two still running, one confirmation (--yes), one audit record.
-            res = _cli(cfg, "job", "cancel", launch, "--yes", "--reason", "wrong prefix")
+            res = await cli_here_async(capsys, cfg, "job", "cancel", launch, "--yes", "--reason", "wrong prefix")
             assert res.returncode == 0, res.stdout + res.stderr
             assert f"cancel launch {launch} (2 running job(s) on node-02, node-04; 1 already ended" in res.stderr
             assert f"launch {launch}: 2 of 2 running job(s) cancelled" in res.stdout

@@ -10,8 +10,6 @@ yet are one-line errors that start nothing.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,11 +32,6 @@ from tui.widgets.transfers_table import TransfersTable
 __all__ = ["slurm", "slurm_lab"]
 
 pytestmark = pytest.mark.timeout(300)
-LOADMASTER = str(Path(sys.executable).parent / "loadmaster")
-
-
-def _cli(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([LOADMASTER, "--config", str(cfg), *args], capture_output=True, text=True, timeout=240)
 
 
 def _config(lab: Lab, sl: SlurmLab, tmp_path: Path, state_url: str | None) -> Path:
@@ -65,7 +58,7 @@ async def test_a_pull_for_a_slurm_job_goes_to_its_nodes_and_is_tagged(
     job = slurm.sbatch("-N", "2", "-w", "node-01,node-02", "--gres=gpu:1", "-J", "train", script="sleep 300")
     wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
     dest = f"pulls/slurm-{tmp_path.name}"
-    res = _cli(cfg, "pull", source.url, dest, "--slurm-job", job, "--yes", "--numworkers", "2")
+    res = await cli_here_async(capsys, cfg, "pull", source.url, dest, "--slurm-job", job, "--yes", "--numworkers", "2")
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"Slurm job {job} runs on node-01,node-02" in res.stdout
     services = Services(config=load_config_file(cfg))
