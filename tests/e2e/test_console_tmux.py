@@ -191,6 +191,27 @@ def _fill(term: Tmux, text: str) -> None:
     term.wait_for(text[-12:], timeout=30, what=f"{text!r} in the focused field")
 
 
+def _after_label(term: Tmux, label: str) -> str | None:
+    """The styled rest of the first row that shows ``label``: the field the label names (and, on
+    a wide form, the fields right of it), with its colours and cursor."""
+    return next((line.split(label, 1)[1] for line in term.screen(styled=True).splitlines() if label in line), None)
+
+
+def _tab_into(term: Tmux, label: str) -> None:
+    """Tab into the field ``label`` names and wait until that field shows the focus. Any change
+    on screen (press) is not enough: the focused field's cursor blinks, and the letters typed
+    after a Tab the console has not acted on yet land in the field it leaves."""
+    before = _after_label(term, label)
+    assert before is not None, f"no {label!r} on screen:\n{term.screen()}"
+    term.send("Tab")
+    deadline_poll(
+        lambda: _after_label(term, label) != before,
+        timeout=30,
+        what=f"the focus in the {label} field (Tab)",
+        describe=term.screen,
+    )
+
+
 def _new_pull(term: Tmux, bucket: str, dest: str, nodes: str) -> None:
     """Transfers, its new-pull form, the lab's shards as the source, ``dest`` and ``nodes`` typed
     into their fields (each where it belongs: a Tab lost would put both in one field)."""
@@ -199,9 +220,9 @@ def _new_pull(term: Tmux, bucket: str, dest: str, nodes: str) -> None:
     term.press("n")
     term.wait_for("New pull", what="the new-pull form")
     _fill(term, f"s3://{bucket}/datasets/laion-mini/shards/")
-    term.press("Tab")
+    _tab_into(term, "Destination")
     _fill(term, dest)
-    term.press("Tab")
+    _tab_into(term, "Nodes")
     _fill(term, nodes)
     row = re.compile(rf"Destination\s+{re.escape(dest)}\s+Nodes\s+{re.escape(nodes)}\s")
     term.wait_for(lambda s: row.search(s), timeout=30, what=f"{dest!r} and {nodes!r} in their own fields")
