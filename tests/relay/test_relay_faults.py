@@ -247,3 +247,60 @@ async def test_a_failed_seed_fails_its_tree_at_once_and_leaves_no_partial_files(
         d = lab.node(node).scratch / "pulls/relay-vanishing"
         for p in d.rglob("*") if d.exists() else ():
             assert p.name in ("obj-0", "obj-2") and p.stat().st_size == 2 << 20, p
+
+
+def test_a_node_a_child_left_stops_waiting_once_its_upstream_says_that_child_is_done(tmp_path: Path) -> None:
+    # node-03 left a frozen node-02 for node-01 and finished there: node-01's pings tell node-02,
+    # which ends then instead of after its grace (60 s here). Real sockets on loopback, no lab.
+    from backend.agent.context import JobContext
+    from backend.pulls.relay.node import Holdings, Receiver, RelayServer, Upstream
+    from tests.relay.test_node import _receiver, _seed, _server
+
+    h, _ = _seed(tmp_path, [200_000, 3])
+    seed = _server(h)  # planned child "child" (node-02 here)
+    port = seed.sock.getsockname()[1]
+    middle_h = Holdings(tmp_path / "child", h.objects)
+    middle = RelayServer(
+        middle_h, JobContext.in_process("relay", {}), secret="right", group="g", listen=("127.0.0.1", 0),
+        planned=["leaf"], chunk_size=1 << 16, grace_s=60,
+    )  # fmt: skip
+    try:
+        child = _receiver(tmp_path, h, port, "right")
+        child.h = middle_h
+        child.on_done_below = middle.done_elsewhere
+        child.run()
+        child.watch()  # after its copy the child keeps reading the seed's pings
+        middle.ready_at = time.time()
+        assert not middle.subtree_done()  # "leaf" is planned here and never came: within the grace
+        (tmp_path / "leaf").mkdir()
+        leaf = Receiver(
+            Holdings(tmp_path / "leaf", h.objects), JobContext.in_process("relay", {}), secret="right", group="g",
+            me="leaf", upstreams=[Upstream("seed", "127.0.0.1", port)], reattach_s=5.0,
+        )  # fmt: skip
+        leaf.run()
+        leaf.send({"t": "done"})  # its subtree is done at the seed
+        deadline = time.monotonic() + 30
+        while not middle.subtree_done() and time.monotonic() < deadline:
+            middle.changed.wait(0.1)
+        assert middle.subtree_done() and middle.abandoned() == []
+        leaf.close()
+        child.close()
+    finally:
+        seed.stop()
+        middle.stop()
+
+
+@pytest.mark.parametrize("done", ["leaf", [1], [""], ["x" * 256], [f"n{i}" for i in range(65)]])
+def test_a_ping_whose_done_list_is_not_node_names_ends_the_connection(tmp_path: Path, done: object) -> None:
+    from backend.pulls.relay.protocol import ProtocolError
+    from tests.relay.test_node import _receiver, _seed
+
+    h, _ = _seed(tmp_path, [10])
+    recv = _receiver(tmp_path, h, 9, "right")
+    heard: list[list[str]] = []
+    recv.on_done_below = heard.append
+    with pytest.raises(ProtocolError, match="is not a list of node names"):
+        recv._heard_done({"t": "ping", "done": done})
+    recv._heard_done({"t": "ping", "done": ["leaf"]})
+    recv._heard_done({"t": "ping"})  # an upstream of an earlier release says nothing: nothing changes
+    assert heard == [["leaf"]]

@@ -23,6 +23,8 @@ PING_S = 1.0
 #: default of ``[pull] relay_silence``, which the job's spec carries as ``silence_s``).
 SILENCE_S = 5.0
 CONNECT_S = 2.0
+#: The most node names a ping says are done at the upstream (a receiver refuses a longer list).
+MAX_DONE_NAMES = 64
 
 
 def listing_digest(objects: list[PulledObject]) -> str:

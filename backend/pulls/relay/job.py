@@ -132,6 +132,7 @@ def run_relay_job(ctx: JobContext) -> dict[str, object]:
                 # checksum mode), one per object; else the MD5 ETags of single-part objects.
                 proofs=receiver_proofs(expected, r.get("checksums")),
             )
+            recv.on_done_below = server.done_elsewhere
             threading.Thread(
                 target=_report, args=(ctx, h, recv, server, stop_progress), name="relay-progress", daemon=True
             ).start()

@@ -13,6 +13,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from backend.errors import JobError
 from backend.pulls.integrity import MD5
 from backend.pulls.relay.holdings import (
     CONNECT_S,
+    MAX_DONE_NAMES,
     SILENCE_S,
     Cancelled,
     CorruptObject,
@@ -126,6 +128,9 @@ class Receiver:
         self.md5_verified = 0
         #: Objects proven, by method ("md5", "crc64nvme", "sha256", ...).
         self.verified: dict[str, int] = {}
+        #: Told the nodes whose subtree is done at the upstream (each ping carries them): this
+        #: node's server stops waiting for a child of its own among them that left it.
+        self.on_done_below: Callable[[list[str]], None] | None = None
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -331,6 +336,7 @@ class Receiver:
                 continue
             t = msg.get("t")
             if t == "ping":
+                self._heard_done(msg)
                 continue
             if t == "stat":
                 h.fed_bps, h.sibling_bps = rate_in(msg.get("you_bps"), "stat"), rate_in(msg.get("best_bps"), "stat")
@@ -376,6 +382,8 @@ class Receiver:
             try:
                 while True:
                     msg = check.frame(*read_frame(sock))
+                    if isinstance(msg, dict) and msg.get("t") == "ping":
+                        self._heard_done(msg)
                     if isinstance(msg, dict) and msg.get("t") == "cancel":
                         self.ctx.log(f"relay: {self.upstream} cancelled the pull")
                         self.ctx.request_cancel()
@@ -384,6 +392,19 @@ class Receiver:
                 return
 
         threading.Thread(target=read, name="relay-watch", daemon=True).start()
+
+    def _heard_done(self, ping: Message) -> None:
+        """A ping's list of nodes done at the upstream (a peer's list is data: at most
+        MAX_DONE_NAMES names of at most 255 characters, else the connection ends)."""
+        names = ping.get("done", [])
+        if (
+            not isinstance(names, list)
+            or len(names) > MAX_DONE_NAMES
+            or not all(isinstance(n, str) and 0 < len(n) <= 255 for n in names)
+        ):
+            raise ProtocolError(f"ping: 'done' {str(names)[:40]!r} is not a list of node names")
+        if names and self.on_done_below is not None:
+            self.on_done_below(names)
 
     def send(self, msg: Message) -> None:
         """A message to the upstream on the connection the copy came over (done, cancel)."""

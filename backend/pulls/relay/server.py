@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from backend.agent.context import JobContext
 from backend.errors import JobError
-from backend.pulls.relay.holdings import CONNECT_S, PING_S, Holdings, RateWindow
+from backend.pulls.relay.holdings import CONNECT_S, MAX_DONE_NAMES, PING_S, Holdings, RateWindow
 from backend.pulls.relay.protocol import (
     HANDSHAKE_S,
     Chunk,
@@ -124,6 +124,22 @@ class RelayServer:
                 if now - max(st.gone_at or ready, ready) < self.grace_s:
                     return False
         return True
+
+    def done_here(self) -> list[str]:
+        """The children whose subtree is done here (at most :data:`MAX_DONE_NAMES`): told to the
+        other children in each ping, so a node that a child left is not kept waiting for it."""
+        with self.lock:
+            return sorted(n for n, st in self.children.items() if st.done)[:MAX_DONE_NAMES]
+
+    def done_elsewhere(self, names: list[str]) -> None:
+        """The upstream says these nodes' subtrees are done there: a child of this node among them
+        that left (it re-attached above this node) is done, not waited for until the grace ends."""
+        with self.lock:
+            left = [st for n, st in self.children.items() if n in names and not st.done and not st.connected]
+            for st in left:
+                st.done = True
+        if left:
+            self.changed.set()
 
     def abandoned(self) -> list[str]:
         with self.lock:
@@ -318,7 +334,7 @@ class RelayServer:
                 if end_sent and st.done:
                     return
                 if time.monotonic() - last >= PING_S:
-                    conn.sendall(outbound.ctrl({"t": "ping"}))
+                    conn.sendall(outbound.ctrl({"t": "ping", "done": self.done_here()}))
                     last = time.monotonic()
         finally:
             for fd in fds.values():
