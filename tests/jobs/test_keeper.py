@@ -417,7 +417,7 @@ def test_a_pull_through_the_keeper_never_loads_the_ssh_stack(
 ) -> None:
     from tests.jobs.test_pull_startup import _PROBE, ROOT
 
-    def modules(persist: str) -> list[str]:
+    def start(persist: str) -> subprocess.Popen[str]:
         argv = [
             "--config",
             str(jobs_config_path),
@@ -428,20 +428,31 @@ def test_a_pull_through_the_keeper_never_loads_the_ssh_stack(
             "node-01",
             "--yes",
         ]
-        res = subprocess.run(
+        return subprocess.Popen(
             [sys.executable, "-c", _PROBE, *argv],
             cwd=ROOT,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "LOADMASTER_SSH_PERSIST": persist},
-            timeout=180,
         )
-        assert res.returncode == 0 and "node-01: succeeded" in res.stdout, res.stdout + res.stderr
-        line = next(x for x in res.stdout.splitlines() if x.startswith("@@MODULES "))
+
+    def modules(proc: subprocess.Popen[str]) -> list[str]:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0 and "node-01: succeeded" in out, out + err
+        line = next(x for x in out.splitlines() if x.startswith("@@MODULES "))
         return json.loads(line.removeprefix("@@MODULES "))  # type: ignore[no-any-return]
 
-    assert "asyncssh" in modules("0")  # each command connecting on its own needs it
-    kept_modules = modules("30")
+    # The two pulls (to their own destinations) run side by side: each waits mostly on its job.
+    direct, kept_pull = start("0"), start("30")
+    try:
+        assert "asyncssh" in modules(direct)  # each command connecting on its own needs it
+        kept_modules = modules(kept_pull)
+    finally:
+        for proc in (direct, kept_pull):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     assert "asyncssh" not in kept_modules and "backend.nodes.ssh" not in kept_modules
     assert "backend.nodes.keeper" in kept_modules
 
