@@ -31,8 +31,8 @@ def test_job_triage_names_the_suspect_and_prints_exclude(
     lab: Lab, slurm: SlurmLab, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = slurm.sbatch("-N", "2", "-w", "node-01,node-02", "--gres=gpu:2", "-J", "train")
-    wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
     cfg = config(tmp_path, lab, slurm)
+    wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
     assert main(["--config", cfg, "triage", "--job", job]) == 0
     out = capsys.readouterr().out
     assert "no suspects" in out and "--exclude" not in out
@@ -81,6 +81,8 @@ def test_goodput_of_a_requeued_job_from_slurm_and_the_catalog(  # type: ignore[n
     import os
     import shutil
 
+    # Submitted first: slurmctld starts it on its next pass (up to a second), while the run is built.
+    job = slurm.sbatch("-N", "1", "-w", "node-01", "--requeue", "-J", "train")
     src, _ = tiny_full_dcp
     run = tmp_path / "run"
     t0 = 1_700_000_000.0
@@ -90,7 +92,6 @@ def test_goodput_of_a_requeued_job_from_slurm_and_the_catalog(  # type: ignore[n
         for j, p in enumerate(files):  # written 2 s apart, the newest at `at`
             os.utime(p, (at - 2 * (len(files) - 1 - j), at - 2 * (len(files) - 1 - j)))
     span = 2.0 * (len(files) - 1)
-    job = slurm.sbatch("-N", "1", "-w", "node-01", "--requeue", "-J", "train")
     wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
     slurm.command(["scontrol", "requeue", job])
     # Slurm holds a requeued job back for the job credential's lifetime before it runs again: the

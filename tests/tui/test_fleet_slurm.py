@@ -151,6 +151,13 @@ async def fleet_ready(app: LoadmasterApp, pilot: Any) -> FleetScreen:
     return screen
 
 
+async def job_running(pilot: Any, sl: SlurmLab, job: str) -> None:
+    """Until Slurm runs ``job``, the console running meanwhile: slurmctld starts a batch job on
+    its next scheduling pass, up to a second after the submission, which the console's start
+    overlaps. A test then reads Slurm afresh (:func:`refresh`) before it looks for the job."""
+    await wait_until(pilot, lambda: job_state(sl, job) == "RUNNING", rounds=1800, delay=0.05)
+
+
 async def refresh(screen: FleetScreen, pilot: Any) -> None:
     screen._read_slurm(fresh=True)  # a worker, registered as it starts: waited for below
     await pilot.pause()
@@ -169,10 +176,10 @@ async def test_fleet_shows_slurm_and_drains_from_d(lab: Lab, slurm: SlurmLab, tm
         services.db.record_audit("slurm.drain", "node-03", "ok", reason="flaky")
     slurm.command(["scontrol", "update", "NodeName=node-03", "State=DRAIN", "Reason=bad psu"])
     job = slurm.sbatch("-w", "node-01", "--gres=gpu:2", "-J", "train", script="sleep 300")
-    wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="fleet")
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await fleet_ready(app, pilot)
+        await job_running(pilot, slurm, job)
         await refresh(screen, pilot)
         assert cell(app, "node-01", "slurm") in ("mixed", "allocated")
         assert cell(app, "node-03", "slurm") == "drained ×3"
@@ -263,10 +270,10 @@ async def test_fleet_shows_slurm_and_drains_from_d(lab: Lab, slurm: SlurmLab, tm
 async def test_node_detail_shows_the_job_on_each_gpu(lab: Lab, slurm: SlurmLab, tmp_path: Path) -> None:
     services = services_for(lab, slurm, tmp_path)
     job = slurm.sbatch("-w", "node-02", "--gres=gpu:2", "-J", "eval", script="sleep 60")
-    wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="fleet")
     async with app.run_test(size=(120, 40)) as pilot:
-        await fleet_ready(app, pilot)
+        await job_running(pilot, slurm, job)
+        await refresh(await fleet_ready(app, pilot), pilot)  # node detail reads this snapshot
         app.screen.open_node("node-02")  # type: ignore[attr-defined]
         await wait_until(pilot, lambda: isinstance(app.screen, NodeDetailScreen))
         detail = app.screen
@@ -309,10 +316,11 @@ async def test_drain_now_shows_the_requeue_and_refuses_a_job_that_cannot_be_requ
 ) -> None:
     services = services_for(lab, slurm, tmp_path)
     stuck = slurm.sbatch("-w", "node-02", "--gres=gpu:1", "--no-requeue", "-J", "stuck", script="sleep 60")
-    wait_for(f"job {stuck} running", lambda: job_state(slurm, stuck) == "RUNNING")
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="fleet")
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await fleet_ready(app, pilot)
+        await job_running(pilot, slurm, stuck)
+        await refresh(screen, pilot)
         table = screen.query_one(FleetTable)
 
         async def drain_now(node: str, reason: str) -> None:

@@ -19,8 +19,8 @@ from lab import Lab
 from lab.slurm import SlurmLab
 from tests.firsthour.screen_text import screen_lines
 from tests.helpers import wait_until
-from tests.slurm_fixtures import job_state, slurm, slurm_lab, wait_for
-from tests.tui.test_fleet_slurm import cell, fleet_ready, services_for
+from tests.slurm_fixtures import job_state, slurm, slurm_lab
+from tests.tui.test_fleet_slurm import cell, fleet_ready, job_running, refresh, services_for
 from tui.app import LoadmasterApp
 from tui.screens.fleet import FleetScreen
 from tui.screens.slurm_jobs import (
@@ -112,6 +112,9 @@ def table_text(app: LoadmasterApp) -> str:
 
 async def open_jobs(app: LoadmasterApp, pilot: object) -> SlurmJobsScreen:
     screen = await fleet_ready(app, pilot)
+    # Slurm read afresh: the screen's first rows are the console's last read, which may be from
+    # before its jobs ran (the console started while slurmctld was starting them).
+    await refresh(screen, pilot)
     screen.query_one(FleetTable).focus()
     await pilot.press("J")  # type: ignore[attr-defined]
     await wait_until(pilot, lambda: isinstance(app.screen, SlurmJobsScreen))
@@ -151,12 +154,13 @@ async def test_jobs_screen_lists_running_pending_and_array_tasks(lab: Lab, slurm
     one console for both sizes: the screen fits its rows to the width it opens at)."""
     services = services_for(lab, slurm, tmp_path)
     train = slurm.sbatch("-w", "node-01", "--gres=gpu:2", "-J", "train", script="sleep 300")
-    wait_for(f"job {train} running", lambda: job_state(slurm, train) == "RUNNING")
     # Six tasks of four GPUs each on three 4-GPU nodes (one holds job train's 2): some wait.
+    # Submitted after train, they come after it in Slurm's queue (its order is their priority).
     sweep = slurm.sbatch("--array=0-5", "--gres=gpu:4", "-J", "sweep", script="sleep 300")
-    wait_for("array tasks running", lambda: "RUNNING" in job_state(slurm, sweep))
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="fleet")
     async with app.run_test(size=(120, 40)) as pilot:
+        await job_running(pilot, slurm, train)
+        await wait_until(pilot, lambda: "RUNNING" in job_state(slurm, sweep), rounds=1800, delay=0.05)
         jobs = await open_jobs(app, pilot)
         # Every task listed (a read may land while slurmctld still starts some of them).
         for _ in range(60):
@@ -199,9 +203,9 @@ async def test_t_on_a_job_opens_triage_for_it(lab: Lab, slurm: SlurmLab, tmp_pat
 
     services = services_for(lab, slurm, tmp_path)
     job = slurm.sbatch("-w", "node-02", "--gres=gpu:1", "-J", "eval", script="sleep 120")
-    wait_for(f"job {job} running", lambda: job_state(slurm, job) == "RUNNING")
     app = LoadmasterApp(services, theme="loadmaster-dark", mode="fleet")
     async with app.run_test(size=(80, 24)) as pilot:
+        await job_running(pilot, slurm, job)
         jobs = await open_jobs(app, pilot)
         jobs.query_one("#slurm-jobs-table").focus()
         assert jobs.selected() == job
