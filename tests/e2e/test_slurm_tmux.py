@@ -107,6 +107,7 @@ def test_drain_from_fleet_draining_then_drained(
             lambda: _slurm(env, "squeue", "-h", "-j", job, "-o", "%T") == "RUNNING",
             timeout=90,
             what=f"job {job} running",
+            every=0.25,
         )
         # node-01's row: its Xid and Slurm's state (mixed or allocated: the job runs).
         screen = term.wait_for(

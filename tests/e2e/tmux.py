@@ -19,9 +19,16 @@ class ScreenTimeout(AssertionError):
 
 
 def deadline_poll(
-    check: Callable[[], object], *, timeout: float, what: str, describe: Callable[[], str] = lambda: ""
+    check: Callable[[], object],
+    *,
+    timeout: float,
+    what: str,
+    describe: Callable[[], str] = lambda: "",
+    every: float | None = None,
 ) -> object:
-    """Call ``check`` until it returns something truthy; raise ScreenTimeout after ``timeout`` s."""
+    """Call ``check`` until it returns something truthy; raise ScreenTimeout after ``timeout`` s.
+    ``every``: a fixed step for a check that costs a process of its own (a Slurm command), which
+    the screen's fast first second would spawn 50 times while the console under test starts."""
     start = time.monotonic()
     end = start + timeout
     while True:
@@ -31,7 +38,7 @@ def deadline_poll(
         now = time.monotonic()
         if now > end:
             raise ScreenTimeout(f"timed out after {timeout:.0f}s waiting for {what}\n{describe()}")
-        time.sleep(POLL_FIRST if now - start < POLL_FIRST_FOR else POLL)
+        time.sleep(every or (POLL_FIRST if now - start < POLL_FIRST_FOR else POLL))
 
 
 class Tmux:
