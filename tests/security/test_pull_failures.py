@@ -10,6 +10,7 @@ import os
 import secrets
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -45,7 +46,9 @@ async def svc(lab: Lab, tmp_path: Path) -> Services:  # type: ignore[misc]
     await s.aclose()
 
 
-async def _launch(svc: Services, source: str, dest: str, **extra: object):  # type: ignore[no-untyped-def]
+async def _start(svc: Services, source: str, dest: str, *, held: Callable[[], object] | None = None, **extra: object):  # type: ignore[no-untyped-def]
+    """Plan a pull of ``source`` to node-01, then (after ``held()``, e.g. freezing the store) launch
+    it as a job with ``extra`` params."""
     plan = await plan_pull(svc, source, dest, ["node-01"])
     params = {
         "src": plan.src,
@@ -58,7 +61,13 @@ async def _launch(svc: Services, source: str, dest: str, **extra: object):  # ty
         "expected": [list(o) for o in plan.objects],
         **extra,
     }
-    rec = await svc.jobs.launch("node-01", "pull", params, secrets=plan.credentials.as_env())
+    if held is not None:
+        held()
+    return await svc.jobs.launch("node-01", "pull", params, secrets=plan.credentials.as_env())
+
+
+async def _launch(svc: Services, source: str, dest: str, **extra: object):  # type: ignore[no-untyped-def]
+    rec = await _start(svc, source, dest, **extra)
     return await svc.jobs.wait(rec.id, timeout=120)
 
 
@@ -112,24 +121,13 @@ async def test_a_cancel_stops_an_s5cmd_its_wrapper_detached(
     wrapper.write_text(
         "#!/bin/sh\n"
         "pidf=$(mktemp) || exit 1\n"
-        f'( setsid \'{REAL_S5CMD}\' "$@" & echo $! > "$pidf" )\n'
+        "exec 3<&0\n"  # s5cmd run's commands come on stdin (an & list's own stdin is /dev/null)
+        f'( setsid \'{REAL_S5CMD}\' "$@" <&3 3<&- & echo $! > "$pidf" )\n'
         'while kill -0 "$(cat "$pidf")" 2>/dev/null; do sleep 0.1; done\n'
         'rm -f "$pidf"\n'
     )
     wrapper.chmod(0o755)
     dest = lab.node("node-01").scratch / f"pulls/sec-detached-{secrets.token_hex(2)}"
-    plan = await plan_pull(svc, source, str(dest), ["node-01"])
-    params = {
-        "src": plan.src,
-        "dest": plan.nodes[0].dest,
-        "endpoint_url": plan.endpoint_url,
-        "region": plan.region,
-        "numworkers": 2,
-        "concurrency": 2,
-        "part_size_mib": 5,
-        "expected": [list(o) for o in plan.objects],
-        "s5cmd": str(wrapper),
-    }
 
     def job_s5cmd(job_id: str) -> list[psutil.Process]:
         found = []
@@ -139,8 +137,16 @@ async def test_a_cancel_stops_an_s5cmd_its_wrapper_detached(
                     found.append(p)
         return found
 
-    with store_stalled(lab):
-        rec = await svc.jobs.launch("node-01", "pull", params, secrets=plan.credentials.as_env())
+    with contextlib.ExitStack() as frozen:
+        # Listed first, then the store frozen: s5cmd waits on its GETs, mid-copy.
+        rec = await _start(
+            svc,
+            source,
+            str(dest),
+            held=lambda: frozen.enter_context(store_stalled(lab)),
+            s5cmd=str(wrapper),
+            numworkers=2,
+        )
         deadline = time.monotonic() + 60
         while not (running := job_s5cmd(rec.id)):
             assert time.monotonic() < deadline, "s5cmd never started"
