@@ -51,6 +51,7 @@ from backend.jobs.remote import (
     CLEANUP_SCRIPT,
     JOB_ID_RE,
     LAUNCH_SCRIPT,
+    LIVE_SCRIPT,
     PROVE_SCRIPT,
     SCAN_SCRIPT,
     RemoteJob,
@@ -795,11 +796,12 @@ class JobManager:
         steps = max(1, int(self.settings.cancel_grace / 0.2))
         self.store.update(rec.id, state="cancelling")
         script = (
-            f"touch {d}/{CANCEL_FILE}; {prove_vars(rec.id, pidinfo, self.store.pid_of(rec.id))}{PROVE_SCRIPT}\n"
+            f"touch {d}/{CANCEL_FILE}; {prove_vars(rec.id, pidinfo, self.store.pid_of(rec.id))}{PROVE_SCRIPT}"
+            f"{LIVE_SCRIPT}\n"
             "lm_ours || { echo NOTOURS; exit 0; }\n"
             "kill -TERM -$G 2>/dev/null; n=0\n"
-            f"while [ $n -lt {steps} ] && kill -0 -$G 2>/dev/null; do sleep 0.2; n=$((n+1)); done\n"
-            "if kill -0 -$G 2>/dev/null && lm_ours; then kill -KILL -$G; echo KILLED; fi\n"
+            f"while [ $n -lt {steps} ] && lm_live; do sleep 0.2; n=$((n+1)); done\n"
+            "if lm_live && lm_ours; then kill -KILL -$G; echo KILLED; fi\n"
         )
         res = await t.run(script, timeout=self.settings.cancel_grace + 60)
         killed = "KILLED" in res.stdout

@@ -117,6 +117,22 @@ lm_ours() {
 """
 
 
+#: Defines ``lm_live``: true while process group $G has a member that still runs. A member that
+#: has exited but is not reaped yet (a zombie) is gone: a job's runner is orphaned to the node's
+#: init, which in a container may reap late or never, and ``kill -0`` counts a zombie as there
+#: (a cancel then waited out its whole grace and reported the job killed).
+LIVE_SCRIPT = r"""
+lm_live() {
+  for lm_p in /proc/[0-9]*; do
+    read -r lm_s 2>/dev/null < "$lm_p/stat" || continue
+    set -- ${lm_s##*) }
+    [ "$3" = "$G" ] && [ "$1" != Z ] && [ "$1" != X ] && return 0
+  done
+  return 1
+}
+"""
+
+
 def prove_vars(job_id: str, pidinfo: dict[str, Any] | None, fallback_pgid: int | None = None) -> str:
     """Shell assignments of G, ST, BOOT and JID for :data:`PROVE_SCRIPT` from a job's pid file."""
     info = pidinfo or {}
