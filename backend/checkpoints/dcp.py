@@ -9,6 +9,7 @@ largest tensor, not by the checkpoint.
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import struct
@@ -225,10 +226,24 @@ def load_metadata(raw: bytes, *, where: str = ".metadata", light: bool = False) 
     """
     if light:
         try:
+            if isinstance(raw, bytes) and len(raw) <= LIGHT_CACHE_MAX_BYTES:
+                return _checked(lambda: _light_load(raw), where)
             return _checked(_LightMetadataUnpickler(io.BytesIO(raw)).load, where)
         except _NeedsTorch:
             pass
     return _checked(_SafeMetadataUnpickler(io.BytesIO(raw)).load, where)
+
+
+#: Light reads are remembered by the bytes read (up to this size): a listing, the plan's deep
+#: check, apply's fresh listing and its re-checks each read the same ``.metadata`` again. The
+#: bytes are always read afresh; what is remembered is only what those exact bytes parse to.
+LIGHT_CACHE_MAX_BYTES = 1 << 20
+
+
+@functools.lru_cache(maxsize=128)
+def _light_load(raw: bytes) -> Any:
+    """The light parse of ``raw`` (failures are not remembered: they raise every time)."""
+    return _LightMetadataUnpickler(io.BytesIO(raw)).load()
 
 
 def _checked(load: Any, where: str) -> Any:
