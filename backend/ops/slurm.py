@@ -39,7 +39,7 @@ from backend.config import Node
 from backend.errors import ConfigError, LoadmasterError, PolicyError
 from backend.ops.base import Operation
 from backend.slurm.client import SlurmClient, SlurmError
-from backend.slurm.model import SlurmJob, SlurmNode, SlurmSnapshot
+from backend.slurm.model import HOLDING_JOB_STATES, SlurmJob, SlurmNode, SlurmSnapshot
 from backend.slurm.parse import clean, node_name
 from backend.slurm.settings import SlurmSettings
 from backend.state.base import actor
@@ -339,12 +339,14 @@ class Slurm(Operation):
         array: str | None = None,
     ) -> list[SlurmJob]:
         """Running and pending jobs, optionally of one node, user or array (its tasks, filtered
-        here: ``squeue --json`` collapses an array's pending tasks into one record)."""
+        here: ``squeue --json`` collapses an array's pending tasks into one record). Jobs that
+        have ended are left out: Slurm lists them for ``MinJobAge`` after their end."""
         snap = await self.snapshot(fresh=fresh)
         return [
             j
             for j in snap.jobs
-            if (node is None or node in j.nodes)
+            if not j.ended
+            and (node is None or node in j.nodes)
             and (user is None or j.user == user)
             and (array is None or j.array_job_id == array or j.job_id == array)
         ]
@@ -357,9 +359,18 @@ class Slurm(Operation):
         job = next((j for j in snap.jobs if j.job_id == job_id), None)
         if job is None:
             raise ConfigError(f"Slurm has no running or pending job {job_id} (squeue)", key="--slurm-job")
+        if job.ended:
+            raise ConfigError(
+                f"Slurm job {job_id} has ended ({job.state.lower()}): its nodes are no longer its own",
+                key="--slurm-job",
+            )
         if not job.nodes:
             why = f": {job.reason}" if job.reason else ""
             raise ConfigError(f"Slurm job {job_id} holds no node yet ({job.state.lower()}{why})", key="--slurm-job")
+        if job.state not in HOLDING_JOB_STATES:
+            raise ConfigError(
+                f"Slurm job {job_id} is {job.state.lower()}: it holds its nodes only while it runs", key="--slurm-job"
+            )
         return list(job.nodes)
 
     async def inventory(self, *, fresh: bool = False) -> list[Node]:

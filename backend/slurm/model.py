@@ -102,6 +102,27 @@ class SlurmNode:
         return gres_indices(self.gres_used)
 
 
+#: Job states after which a job holds nothing and will not run again by itself. ``squeue`` and
+#: ``scontrol show job`` still list such a job for ``MinJobAge`` (300 s by default).
+ENDED_JOB_STATES = frozenset(
+    {
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
+#: Job states in which a job holds its nodes for work now (a COMPLETING one is letting them go).
+HOLDING_JOB_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
+
+
 @dataclass(frozen=True)
 class SlurmJob:
     """A job (or one array task), with the GPU indices it holds on each of its nodes."""
@@ -122,6 +143,11 @@ class SlurmJob:
     array_job_id: str | None = None
     array_task_id: str | None = None
     requeue: bool = False
+
+    @property
+    def ended(self) -> bool:
+        """Whether it has ended (Slurm still lists an ended job for a while)."""
+        return self.state in ENDED_JOB_STATES
 
     def elapsed(self, now: float) -> float | None:
         """Seconds it has run at ``now`` (None: not started)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from backend.config import load_config
-from backend.errors import PolicyError, ReadOnlyRefused
+from backend.errors import ConfigError, PolicyError, ReadOnlyRefused
 from backend.ops import Operations
 from backend.ops.slurm import ResumeRefused
 from backend.services import Services
@@ -281,3 +281,30 @@ def test_errors_are_one_line(slurm: SlurmLab, tmp_path: Path) -> None:
     off.write_text('[[nodes]]\nname = "n"\nhost = "127.0.0.1"\n')
     with pytest.raises(Exception, match=r"\[slurm\] enabled = true"):
         asyncio.run(Operations(services(off)).slurm.rows())
+
+
+def test_an_ended_job_slurm_still_lists_is_not_running_and_no_pull_targets_its_nodes(
+    slurm: SlurmLab, tmp_path: Path
+) -> None:
+    # squeue --json and scontrol list a cancelled job for MinJobAge (5 s in the lab, 300 s by
+    # default), with its nodes. It is not "running or pending", and `pull --slurm-job` must not
+    # go to nodes it no longer holds.
+    job = slurm.sbatch("-w", "node-01", "--gres=gpu:1", "-J", "ends-now")
+    running(slurm, job)
+    ops = Operations(services(write_config(tmp_path, slurm))).slurm
+    assert job in {j.job_id for j in asyncio.run(ops.jobs(fresh=True))}
+    assert asyncio.run(ops.job_nodes(job)) == ["node-01"]
+    slurm.command(["scancel", job])
+    seen_ended = refused = False
+    deadline = time.monotonic() + 30
+    while not (seen_ended and refused) and time.monotonic() < deadline:
+        snap = asyncio.run(ops.snapshot(fresh=True))
+        listed = {j.job_id: j for j in snap.jobs}
+        if job in listed and listed[job].state == "CANCELLED":
+            seen_ended = True
+            assert listed[job].nodes == ("node-01",)  # Slurm still names the node
+            assert job not in {j.job_id for j in asyncio.run(ops.jobs())}  # the same snapshot, filtered
+        with pytest.raises(ConfigError) as err:
+            asyncio.run(ops.job_nodes(job))
+        refused = refused or f"Slurm job {job} has ended (cancelled)" in str(err.value)
+    assert seen_ended and refused
