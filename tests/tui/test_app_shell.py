@@ -444,6 +444,39 @@ async def test_every_screen_survives_every_theme(services: Services) -> None:
         assert app.is_running
 
 
+async def test_footer_keys_are_styled_once_on_a_screens_first_show(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key takes the footer's compact value before it is mounted: no restyle flips it back
+    (each key was restyled twice more on every first show), and it still looks as Textual's."""
+    from textual.widgets import Footer
+    from textual.widgets._footer import FooterKey
+
+    restyled: list[FooterKey] = []
+    original = FooterKey.update_node_styles
+
+    def counted(self: FooterKey, animate: bool = True) -> None:
+        restyled.append(self)
+        original(self, animate)
+
+    monkeypatch.setattr(FooterKey, "update_node_styles", counted)
+    app = LoadmasterApp(services, mode="transfers")
+    async with app.run_test(size=SIZE) as pilot:
+        for key in ("", "5"):
+            if key:
+                await pilot.press(key)
+            await pilot.pause()
+            screen = app.screen
+            footer = screen.query_one(Footer)
+            keys = list(screen.query(FooterKey))
+            assert len(keys) > 3
+            for key in keys:
+                palette = key.has_class("-command-palette")
+                assert key.compact is (True if palette else footer.compact), key.key
+                assert key.has_class("-compact") is key.compact, key.key
+    assert restyled == []
+
+
 async def test_clicking_the_mode_bar_switches_screens(services: Services) -> None:
     app = LoadmasterApp(services, mode="transfers")
     async with app.run_test(size=SIZE) as pilot:

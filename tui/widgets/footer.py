@@ -52,12 +52,13 @@ class SteadyFooter(Footer):
     def compose(self) -> ComposeResult:
         """Textual's keys, each bound to the footer's ``compact`` given that value before it is
         mounted: a key starts compact, and its binding to the (not compact) footer then flipped
-        it back on mount, restyling each key twice more (a fifth of a screen's first show). The
-        key that is not bound (the command palette's) keeps its own value, as in Textual."""
+        it back on mount, restyling each key twice more on a screen's first show. The key that
+        is not bound (the command palette's) keeps Textual's compact, its class set up front too."""
         for widget in super().compose():
-            if isinstance(widget, FooterKey) and widget._reactive_connect:
-                widget.set_reactive(FooterKey.compact, self.compact)
-                widget.set_class(self.compact, "-compact", update=False)
+            if isinstance(widget, FooterKey):
+                compact = self.compact if widget._reactive_connect else True  # FooterKey's default
+                widget.set_reactive(FooterKey.compact, compact)
+                widget.set_class(compact, "-compact", update=False)
             yield widget
 
     async def build_ahead(self) -> None:
