@@ -64,6 +64,17 @@ def _pgid(job_dir: Path) -> int:
     return int(json.loads((job_dir / "pid").read_text())["pgid"])
 
 
+def _json_document(text: str) -> dict[str, Any]:
+    """The pull's --json document in what was captured. redirect_stdout swaps the process's
+    sys.stdout, so a command the test runs meanwhile (``job cancel``) prints into the same buffer,
+    before or after the document."""
+    start = 0 if text.startswith("{") else text.find("\n{") + 1
+    if start == 0 and not text.startswith("{"):
+        return {}
+    doc, _end = json.JSONDecoder().raw_decode(text, start)
+    return doc if isinstance(doc, dict) else {}
+
+
 @contextlib.contextmanager
 def _pull_in_thread(cfg: Path, source: RelaySource, dest: str, *extra: str) -> Iterator[dict[str, Any]]:
     """Run ``loadmaster pull`` in a thread (the test acts on the nodes meanwhile); its outcome."""
@@ -74,7 +85,7 @@ def _pull_in_thread(cfg: Path, source: RelaySource, dest: str, *extra: str) -> I
         with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
             args = ["--config", str(cfg), "pull", source.url, dest, "--nodes", "node-0[1-4]", "--yes", "--json"]
             out["rc"] = cli_main([*args, "--fanout", "relay", *extra])
-        out["json"] = json.loads(so.getvalue()) if so.getvalue().strip().startswith("{") else {}
+        out["json"] = _json_document(so.getvalue())
         out["err"] = se.getvalue()
 
     t = threading.Thread(target=run)
