@@ -9,11 +9,13 @@ largest tensor, not by the checkpoint.
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import io
 import pickle
 import struct
+import threading
 import zipfile
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,14 +238,27 @@ def load_metadata(raw: bytes, *, where: str = ".metadata", light: bool = False) 
 
 #: Light reads are remembered by the bytes read (up to this size): a listing, the plan's deep
 #: check, apply's fresh listing and its re-checks each read the same ``.metadata`` again. The
-#: bytes are always read afresh; what is remembered is only what those exact bytes parse to.
+#: bytes are always read afresh; what is remembered is only what those exact bytes parse to, keyed
+#: by their BLAKE2b digest (the bytes themselves are not kept: 128 of 1 MiB would hold 128 MiB).
 LIGHT_CACHE_MAX_BYTES = 1 << 20
+LIGHT_CACHE_ENTRIES = 128
+_light_parsed: OrderedDict[bytes, Any] = OrderedDict()
+_light_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=128)
 def _light_load(raw: bytes) -> Any:
-    """The light parse of ``raw`` (failures are not remembered: they raise every time)."""
-    return _LightMetadataUnpickler(io.BytesIO(raw)).load()
+    """The light parse of ``raw``, remembered (failures are not remembered: they raise every time)."""
+    key = hashlib.blake2b(raw, digest_size=32).digest()
+    with _light_lock:
+        if key in _light_parsed:
+            _light_parsed.move_to_end(key)
+            return _light_parsed[key]
+    parsed = _LightMetadataUnpickler(io.BytesIO(raw)).load()
+    with _light_lock:
+        _light_parsed[key] = parsed
+        while len(_light_parsed) > LIGHT_CACHE_ENTRIES:
+            _light_parsed.popitem(last=False)
+    return parsed
 
 
 def _checked(load: Any, where: str) -> Any:

@@ -38,6 +38,20 @@ def test_light_reader_reads_what_torch_reads(dcp_run: DcpRun) -> None:
         assert _view(load_metadata(raw, light=True)) == _view(load_metadata(raw)), step
 
 
+def test_a_remembered_light_read_is_keyed_by_the_bytes_and_keeps_none_of_them(dcp_run: DcpRun) -> None:
+    from backend.checkpoints import dcp
+
+    a, b = (dcp_run.root / f"step-{step}" / ".metadata" for step in STEPS[:2])
+    raw_a, raw_b = a.read_bytes(), b.read_bytes()
+    first = load_metadata(raw_a, light=True)
+    assert load_metadata(bytes(raw_a), light=True) is first  # equal bytes: the parse is reused
+    other = load_metadata(raw_b, light=True)
+    assert other is not first and _view(other) == _view(load_metadata(raw_b))  # other bytes: parsed anew
+    assert all(isinstance(k, bytes) and len(k) == 32 for k in dcp._light_parsed)  # digests, not the files
+    with pytest.raises(CheckpointError):  # a damaged copy of remembered bytes is read, and refused
+        load_metadata(raw_a[: len(raw_a) // 2], light=True)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(opcode_streams())
 def test_light_reader_never_reaches_a_callable_off_the_list(canary: type[_Canary], raw: bytes) -> None:
