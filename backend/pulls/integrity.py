@@ -273,6 +273,10 @@ def _buffer() -> memoryview:
 
 #: Bytes of the file mapped at a time (a multiple of the allocation granularity).
 MAP_WINDOW = 64 << 20
+#: Smaller files are read, not mapped: with two threads hashing 1 MiB files, unmapping (a TLB
+#: shootdown to the other core) and the lease's system calls cost what the copy saves; from
+#: 4 MiB on a map takes half the CPU (measured 2026-12-02, bench numbers in BENCHMARKS.md).
+MAP_MIN = 4 << 20
 #: The least ``/proc/sys/fs/lease-break-time`` (seconds) under which files are mapped: the time a
 #: truncation waits for our lease, far longer than hashing one window takes on any machine.
 MIN_LEASE_BREAK_S = 10
@@ -296,9 +300,9 @@ def _leases_allowed() -> bool:
 class FileBytes:
     """The bytes of an open file, handed to a hash in consecutive pieces.
 
-    Where a read lease can be taken, the file is hashed where it lies, through a read-only map of
-    the page cache: half the CPU of ``read()`` into a buffer (the copy is most of the cost of
-    CRC64NVME, bench/verify_cost.py). The lease is what makes the map safe: the kernel grants it
+    Where a read lease can be taken on a file of :data:`MAP_MIN` bytes or more, it is hashed where
+    it lies, through a read-only map of the page cache: half the CPU of ``read()`` into a buffer
+    (the copy is most of the cost of CRC64NVME, bench/verify_cost.py). The lease is what makes the map safe: the kernel grants it
     only while no one has the file open for writing (so the writer, s5cmd, has closed it), and an
     open for writing or a truncation by anyone else waits for us to let go (up to
     ``lease-break-time``), so a page of the map can never vanish under the hash (which would kill
@@ -313,8 +317,10 @@ class FileBytes:
         self.fd = fd
         self._map: mmap.mmap | None = None
         self._map_at = 0
-        self.leased = _leases_allowed() and self._lease()
-        self.size = os.fstat(fd).st_size  # after the lease: from then on nobody can change it
+        self.size = os.fstat(fd).st_size
+        self.leased = self.size >= MAP_MIN and _leases_allowed() and self._lease()
+        if self.leased:
+            self.size = os.fstat(fd).st_size  # again under the lease: from now on nobody can change it
         #: Whether windows of the file are mapped (else read into this thread's buffer).
         self.mapped = self.leased and self.size > 0
 

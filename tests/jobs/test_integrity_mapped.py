@@ -40,10 +40,13 @@ def _mapped(path: Path) -> bool:
 
 @pytest.fixture
 def small_windows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Map windows of one allocation grain, so parts and pieces cross window edges."""
+    """Map windows of one allocation grain, so parts and pieces cross window edges, and map files
+    of any size."""
     monkeypatch.setattr(integrity, "MAP_WINDOW", GRAIN)
+    monkeypatch.setattr(integrity, "MAP_MIN", 1)
 
 
+@pytest.mark.usefixtures("small_windows")
 def test_leases_are_granted_here(tmp_path: Path) -> None:
     """The mapped path is the one the other tests exercise: it must be reachable on this machine."""
     f = tmp_path / "obj"
@@ -81,6 +84,15 @@ def test_mapped_and_read_give_the_same_digests_across_window_edges(
         assert integrity.proof_holds(f, proof)[0]
 
 
+def test_small_files_are_read_not_mapped(tmp_path: Path) -> None:
+    f = tmp_path / "obj"
+    f.write_bytes(os.urandom(integrity.MAP_MIN - 1))
+    assert not _mapped(f)
+    f.write_bytes(os.urandom(integrity.MAP_MIN))
+    assert _mapped(f)
+
+
+@pytest.mark.usefixtures("small_windows")
 def test_a_file_open_for_writing_is_read_not_mapped(tmp_path: Path) -> None:
     f = tmp_path / "obj"
     body = os.urandom(3 * GRAIN + 5)
@@ -99,6 +111,7 @@ CHILD = r"""
 import os, sys
 from backend.pulls import integrity
 integrity.MAP_WINDOW = {window}
+integrity.MAP_MIN = 1
 fd = os.open(sys.argv[1], os.O_RDONLY)
 data = integrity.FileBytes(fd)
 h = integrity.new_hasher("crc64nvme")
