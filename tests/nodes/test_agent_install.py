@@ -27,7 +27,7 @@ from backend.nodes.agent import agent_command, install_command, is_python, parse
 from backend.nodes.pool import NodePool
 from backend.services import Services
 from lab import Lab, LabNodeOptions
-from lab.agent import link_agent_venv
+from lab.agent import compile_packages, link_agent_venv
 from tests.helpers import write_lab_config
 from tests.jobs.conftest import fresh_services
 from tests.pulls_helpers import launch_pull, plan_pull
@@ -253,3 +253,23 @@ def test_doctor_shows_the_agents_interpreter_or_how_to_install_it(
         assert "  agent     MISSING" in out and f"  problem   {want}" in out
     finally:
         link_agent_venv(mini.nodes[0].home, mini.agent_venv)
+
+
+def test_the_lab_compiles_the_checkout_as_an_install_would(tmp_path: Path) -> None:
+    """With PYTHONDONTWRITEBYTECODE set (as on these machines) nothing writes bytecode, so every
+    CLI command and agent start would compile what it imports: the lab compiles the packages once."""
+    import importlib.util
+
+    for pkg in ("backend", "tui", "lab"):
+        (tmp_path / pkg / "sub").mkdir(parents=True)
+        (tmp_path / pkg / "__init__.py").write_text("")
+        (tmp_path / pkg / "sub" / "mod.py").write_text("X = 1\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "__init__.py").write_text("")
+    compile_packages(tmp_path)
+    for pkg in ("backend", "tui", "lab"):
+        source = tmp_path / pkg / "sub" / "mod.py"
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        assert cached.is_file() and cached.stat().st_size > 0
+    assert not (tmp_path / "other" / "__pycache__").exists()  # only loadmaster's own packages
+    compile_packages(tmp_path)  # current: nothing to do, no error
