@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import errno
 import functools
 import os
 import queue
@@ -112,6 +113,64 @@ def _open_source(path: str, root_real: str) -> int:
     return fd
 
 
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class _Folders:
+    """Open descriptors of the source folders one chunk reads from, each checked once.
+
+    A source file is opened by its name relative to its folder's descriptor, without following a
+    link (``O_NOFOLLOW``), as GNU tar opens what it packs: one short lookup per file, not a walk of
+    the whole path plus a ``/proc/self/fd`` readlink. The folder itself is checked the way a file
+    is (:func:`_open_source`: where its open descriptor leads must lie inside the source), so a
+    folder swapped for a link out of the source after the listing is refused. A file that is a
+    link fails with ``ELOOP`` and takes the checked path of :func:`_open_source`: a link to a file
+    inside the source is data, one leading out is refused. Held for one chunk (a few dozen files)
+    and then closed, so nothing is evicted while another reader thread uses it.
+    """
+
+    def __init__(self, base: str, root_real: str) -> None:
+        self.base = base
+        self.root_real = root_real
+        self.fds: dict[str, int] = {}
+
+    def open(self, rel: str) -> int:
+        slash = rel.rfind("/")
+        folder, name = (rel[:slash], rel[slash + 1 :]) if slash >= 0 else ("", rel)
+        if not _NOFOLLOW or not name or name in (".", ".."):
+            return _open_source(self.base + rel, self.root_real)
+        dfd = self.fds.get(folder)
+        if dfd is None:
+            dfd = self.fds[folder] = self._open_folder(folder)
+        try:
+            return os.open(name, _OPEN_FLAGS | _NOFOLLOW, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+        return _open_source(self.base + rel, self.root_real)  # a link: followed only inside the source
+
+    def _open_folder(self, folder: str) -> int:
+        path = self.base + folder if folder else self.base
+        fd = os.open(path, _DIR_FLAGS)
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            real = os.path.realpath(path)
+        if not inside(real, self.root_real):
+            os.close(fd)
+            raise ShardError(
+                f"source folder {path.rstrip('/')} resolves to {real}, outside the source "
+                f"{self.root_real}: refused (a symbolic link out of SRC is never followed)"
+            )
+        return fd
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
 def _changed(path: str, size: int, got: int) -> ShardError:
     return ShardError(
         f"source file {path} changed during the conversion (listed {size} bytes, "
@@ -119,14 +178,16 @@ def _changed(path: str, size: int, got: int) -> ShardError:
     )
 
 
-def _read_source(path: str, size: int, root_real: str, read: Callable[..., int], *args: Any) -> None:
-    """Open ``path`` (listed at ``size`` bytes, under ``root_real``), let ``read(fd, *args)`` read
+def _read_source(
+    path: str, size: int, opener: Callable[[str], int], rel: str, read: Callable[..., int], *args: Any
+) -> None:
+    """Open ``path`` (listed at ``size`` bytes) with ``opener(rel)``, let ``read(fd, *args)`` read
     it all, check the count.
 
     ``read`` returns how many bytes it got, one more than it was asked for when the file grew.
     """
     try:
-        fd = _open_source(path, root_real)
+        fd = opener(rel)
         try:
             got = read(fd, *args)
         finally:
@@ -221,16 +282,21 @@ class LocalSource(Source):
         mv = memoryview(buf)
         spare = bytearray(1)
         base = self.base
+        folders = _Folders(base, self.root_real)
+        opener = folders.open
         pos = 0
-        for head, rel, size in chunk.members:
-            end = pos + len(head)
-            mv[pos:end] = head
-            _read_source(base + rel, size, self.root_real, _readv_exact, mv[end : end + size], spare)
-            pos = end + size
-            pad = -size % tarfmt.BLOCK
-            if pad:  # the buffer is reused: padding is written, not assumed
-                mv[pos : pos + pad] = _ZEROS[:pad]
-                pos += pad
+        try:
+            for head, rel, size in chunk.members:
+                end = pos + len(head)
+                mv[pos:end] = head
+                _read_source(base + rel, size, opener, rel, _readv_exact, mv[end : end + size], spare)
+                pos = end + size
+                pad = -size % tarfmt.BLOCK
+                if pad:  # the buffer is reused: padding is written, not assumed
+                    mv[pos : pos + pad] = _ZEROS[:pad]
+                    pos += pad
+        finally:
+            folders.close()
         return [mv[:pos]], functools.partial(self.buffers.put, buf)
 
     def submit(self, chunk: Chunk) -> concurrent.futures.Future[Filled]:

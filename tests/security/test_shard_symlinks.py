@@ -126,3 +126,24 @@ def test_a_big_file_swapped_for_a_link_is_refused_too(tmp_path: Path, credential
     (src / "000000.bin").symlink_to(outside)
     with pytest.raises(ShardError, match=r"000000\.bin resolves to .*outside\.bin, outside the source"):
         convert_sync(req, prepared=shown)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_folder_swapped_for_a_link_after_the_listing_is_refused(tmp_path: Path, workers: int) -> None:
+    """Files are opened by name under their folder's descriptor: the folder is checked when it is
+    opened, so a folder replaced after the listing by a link to a look-alike outside (same names,
+    same sizes) ships nothing from outside."""
+    src, dest, outside = tmp_path / "src", tmp_path / "out", tmp_path / "outside"
+    make_dataset(src, n=3, sub="a")
+    make_dataset(src, n=3, sub="b", seed=7)
+    req = ShardRequest(str(src), str(dest), shard_size=10**6, workers=workers)
+    shown = preview_sync(req)
+    assert shown.ok
+    outside.mkdir()
+    for f in (src / "b").iterdir():  # same names and sizes: the listing's sizes still match
+        (outside / f.name).write_bytes(SECRET[:1] * f.stat().st_size)
+    (src / "b").rename(tmp_path / "b-moved")
+    (src / "b").symlink_to(outside)
+    with pytest.raises(ShardError, match=r"source folder .*/src/b resolves to .*/outside, outside the source"):
+        convert_sync(req, prepared=shown)
+    assert SECRET[:1] * 64 not in _shard_bytes(dest)
