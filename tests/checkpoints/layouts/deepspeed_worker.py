@@ -74,6 +74,7 @@ def main() -> None:
             if rank == 0:
                 result = {"path": path, "global_steps": engine.global_steps, "sums": sums}
                 print("RESULT " + json.dumps(result), flush=True)
+        _leave()
         return
     gen = torch.Generator().manual_seed(rank)
     for step in spec["steps"]:
@@ -87,7 +88,24 @@ def main() -> None:
         if spec["gather16"]:
             # The consolidated 16-bit weights, next to the ZeRO-3 partitions of the same step.
             engine.save_16bit_model(os.path.join(spec["out"], f"global_step{step}"))
+    _leave()
+
+
+def _leave() -> None:
+    """Every rank done, the process group torn down while both ranks are still there.
+
+    Left to the interpreter's exit, gloo's threads outlived the group now and then and rank 0
+    died of ``terminate called without an active exception`` (SIGABRT, seen in CI after every
+    file was saved), failing the build.
+    """
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the files are written and closed: no exit-time teardown of DeepSpeed's threads

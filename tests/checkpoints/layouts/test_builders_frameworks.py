@@ -257,10 +257,17 @@ class _DeepSpeedRuns:
     def __init__(self, base: Path) -> None:
         self.base = base
         self.runs: dict[str, BuiltRun] = {}
+        self.failed: dict[str, str] = {}
 
     def __getitem__(self, variant: str) -> BuiltRun:
+        if variant in self.failed:  # the real error, not the half-built folder's FileExistsError
+            pytest.fail(f"the {variant} run failed to build in an earlier test: {self.failed[variant]}")
         if variant not in self.runs:
-            self.runs[variant] = _build(variant, self.base / variant, [10, 20, 30], DS_STATES)
+            try:
+                self.runs[variant] = _build(variant, self.base / variant, [10, 20, 30], DS_STATES)
+            except Exception as exc:
+                self.failed[variant] = f"{type(exc).__name__}: {str(exc)[:2000]}"
+                raise
         return self.runs[variant]
 
 
