@@ -51,11 +51,11 @@ extra=()
 if [ "$workers_given" = 0 ]; then
   workers="$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
   extra=(-n "$workers" --dist loadfile --no-loadscope-reorder)  # longest files first: tests/conftest.py
-  # Measured 2026-12-02 (issue #30), quiet 2-core machine: 1,957 tests in 510-520 s on CI's 2
-  # workers (~17 worker-minutes; 510 s with the layout cache cold), each worker's lab included.
+  # Measured 2026-12-03, quiet 2-core machine: 1,970 tests in 393 s on CI's 2 workers (~13
+  # worker-minutes; 510-520 s on 2026-12-02, before the lab compiled the checkout), labs included.
   if [ "$subset" = 0 ]; then
     echo "test.sh: the full suite on $workers workers (one per core; pass -n N to choose):" \
-      "expect about $(( 17 / workers + 1 )) minutes (~17 worker-minutes; slower on a loaded machine)" >&2
+      "expect about $(( 13 / workers + 1 )) minutes (~13 worker-minutes; slower on a loaded machine)" >&2
   else
     echo "test.sh: the chosen tests on $workers workers (one per core; pass -n 0 for one process)" >&2
   fi
