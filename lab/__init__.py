@@ -5,9 +5,32 @@ parts an operator meets, started on one machine. Nothing here is a mock; only ``
 stand-in script (these machines have no GPU).
 """
 
-from lab.fleet import Lab, LabNodeOptions
-from lab.postgres import PrivateCluster
-from lab.seaweed import SeaweedS3
-from lab.sshd import SshdNode
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lab.fleet import Lab, LabNodeOptions
+    from lab.postgres import PrivateCluster
+    from lab.seaweed import SeaweedS3
+    from lab.sshd import SshdNode
 
 __all__ = ["Lab", "LabNodeOptions", "PrivateCluster", "SeaweedS3", "SshdNode"]
+
+#: Where each name lives: loaded on first use, so a light module of the lab (``lab.process``,
+#: ``lab.seed``) does not bring the whole lab and the SSH stack with it (``loadmaster --help``).
+_WHERE = {
+    "Lab": "lab.fleet",
+    "LabNodeOptions": "lab.fleet",
+    "PrivateCluster": "lab.postgres",
+    "SeaweedS3": "lab.seaweed",
+    "SshdNode": "lab.sshd",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'lab' has no attribute {name!r}")
+    return getattr(importlib.import_module(where), name)

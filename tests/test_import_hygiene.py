@@ -63,3 +63,23 @@ def test_backend_never_imports_textual_or_tui() -> None:
     assert report["offenders"] == {}, "backend modules import the console (textual/tui): " + json.dumps(
         report["offenders"]
     )
+
+
+def test_help_loads_neither_the_ssh_stack_nor_the_lab() -> None:
+    """``loadmaster --help`` is a new user's first command: it builds every command's parser, and
+    a command module that imported the SSH stack or the lab at its top made it cost ~0.3 s."""
+    probe = (
+        "import contextlib, io, sys\n"
+        "sys.argv = ['loadmaster', '--help']\n"
+        "from tui.entry import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main()\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = ('asyncssh', 'lab.fleet', 'lab.sshd', 'textual')\n"
+        "print(sorted(m for m in sys.modules if m in heavy))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.ops import Operations
-from backend.ops.fleet import AgentReport, NodeReport
 from backend.services import Services
 from backend.textfmt import align_columns, safe_text
 from backend.units import bytes_text
+
+if TYPE_CHECKING:  # the reports' module imports the SSH stack: not for `loadmaster --help`
+    from backend.ops.fleet import AgentReport, NodeReport
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

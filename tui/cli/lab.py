@@ -8,13 +8,16 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend.config import data_dir
 from backend.errors import LoadmasterError
 from backend.services import Services
-from lab.fleet import Lab, LabNodeOptions
 from lab.process import alive
 from lab.seed import CHECKPOINT_RUN, DATASET_PREFIX
+
+if TYPE_CHECKING:  # the lab's parts load when a lab starts, not for `loadmaster --help`
+    from lab.fleet import LabNodeOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -70,6 +73,8 @@ def _lab_dir(args: argparse.Namespace) -> Path:
 
 def sandbox_options(n: int) -> dict[str, LabNodeOptions]:
     """A plausible training fleet: GPUs busy, one node starved, the last one in AWS us-east-1."""
+    from lab.fleet import LabNodeOptions
+
     opts = {f"node-{i:02d}": LabNodeOptions(gpus=8, pattern="training") for i in range(1, n + 1)}
     if n >= 2:
         opts["node-02"] = LabNodeOptions(gpus=8, pattern="starved")
@@ -91,6 +96,8 @@ milestone_every = 4000
 
 
 def lab_up(args: argparse.Namespace, services: Services) -> int:
+    from lab.fleet import Lab
+
     root = _lab_dir(args)
     state = root / "lab.json"
     if state.exists():
