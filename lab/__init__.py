@@ -7,8 +7,9 @@ stand-in script (these machines have no GPU).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from backend.ops.exports import lazy_exports
 
 if TYPE_CHECKING:
     from lab.fleet import Lab, LabNodeOptions
@@ -17,20 +18,14 @@ if TYPE_CHECKING:
     from lab.sshd import SshdNode
 
 __all__ = ["Lab", "LabNodeOptions", "PrivateCluster", "SeaweedS3", "SshdNode"]
-
-#: Where each name lives: loaded on first use, so a light module of the lab (``lab.process``,
-#: ``lab.seed``) does not bring the whole lab and the SSH stack with it (``loadmaster --help``).
-_WHERE = {
-    "Lab": "lab.fleet",
-    "LabNodeOptions": "lab.fleet",
-    "PrivateCluster": "lab.postgres",
-    "SeaweedS3": "lab.seaweed",
-    "SshdNode": "lab.sshd",
-}
-
-
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module 'lab' has no attribute {name!r}")
-    return getattr(importlib.import_module(where), name)
+if not TYPE_CHECKING:  # each name loads on first use: a light module of the lab (``lab.process``,
+    # ``lab.seed``) does not bring the whole lab and the SSH stack with it (``loadmaster --help``)
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            **dict.fromkeys(("Lab", "LabNodeOptions"), "lab.fleet"),
+            "PrivateCluster": "lab.postgres",
+            "SeaweedS3": "lab.seaweed",
+            "SshdNode": "lab.sshd",
+        },
+    )

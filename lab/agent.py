@@ -23,6 +23,11 @@ from backend.errors import LoadmasterError
 PTH_NAME = "loadmaster-lab.pth"
 
 
+def _checkout() -> Path:
+    """The folder holding this ``backend`` package (a checkout, or site-packages)."""
+    return Path(backend.__file__).resolve().parent.parent
+
+
 def make_agent_venv(path: Path) -> Path:
     """A venv at ``path`` (made once, with this interpreter) that imports this interpreter's
     packages and this checkout's ``backend``; returns its python."""
@@ -42,7 +47,7 @@ def make_agent_venv(path: Path) -> Path:
     # addsitedir, not a bare path: the console's own .pth files (an editable install) apply too.
     dirs = [d for d in site.getsitepackages() if Path(d).is_dir()]
     lines = ["import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dirs)] if dirs else []
-    lines.append(str(Path(backend.__file__).resolve().parent.parent))  # a checkout run from source
+    lines.append(str(_checkout()))  # a checkout run from source
     (packages / PTH_NAME).write_text("\n".join(lines) + "\n")
     return python
 
@@ -56,7 +61,7 @@ def compile_packages(root: Path | None = None) -> None:
     it imports anew: ~60 ms of CPU per CLI command (measured: a lab pull 0.35 -> 0.31 s wall),
     which no installed copy pays. A checkout that cannot be written is left as it is.
     """
-    root = root or Path(backend.__file__).resolve().parent.parent
+    root = root or _checkout()
     for package in ("backend", "tui", "lab"):
         if (root / package / "__init__.py").is_file():
             compileall.compile_dir(root / package, quiet=2)
