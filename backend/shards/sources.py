@@ -92,14 +92,15 @@ def _unreadable(path: str, exc: OSError) -> ShardError:
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
-def _open_source(path: str, root_real: str) -> int:
-    """Open a source file for reading, refusing one that resolves outside the source.
+def _open_source(path: str, root_real: str, flags: int = _OPEN_FLAGS, what: str = "file") -> int:
+    """Open a source file (or, with ``what="folder"``, a folder) for reading, refusing one that
+    resolves outside the source.
 
     The check is made on the open descriptor (``/proc/self/fd``), so a file swapped for a
     symbolic link after the listing cannot smuggle another file in; O_NONBLOCK keeps a FIFO
     swapped in from blocking the conversion (its read fails instead).
     """
-    fd = os.open(path, _OPEN_FLAGS)
+    fd = os.open(path, flags)
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
@@ -107,7 +108,7 @@ def _open_source(path: str, root_real: str) -> int:
     if not inside(real, root_real):
         os.close(fd)
         raise ShardError(
-            f"source file {path} resolves to {real}, outside the source "
+            f"source {what} {path} resolves to {real}, outside the source "
             f"{root_real}: refused (a symbolic link out of SRC is never followed)"
         )
     return fd
@@ -151,19 +152,7 @@ class _Folders:
         return _open_source(self.base + rel, self.root_real)  # a link: followed only inside the source
 
     def _open_folder(self, folder: str) -> int:
-        path = self.base + folder if folder else self.base
-        fd = os.open(path, _DIR_FLAGS)
-        try:
-            real = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            real = os.path.realpath(path)
-        if not inside(real, self.root_real):
-            os.close(fd)
-            raise ShardError(
-                f"source folder {path.rstrip('/')} resolves to {real}, outside the source "
-                f"{self.root_real}: refused (a symbolic link out of SRC is never followed)"
-            )
-        return fd
+        return _open_source(self.base + folder, self.root_real, _DIR_FLAGS, "folder")
 
     def close(self) -> None:
         for fd in self.fds.values():
