@@ -10,6 +10,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backend.shards.convert import convert_sync, preview
 from backend.shards.model import ShardPreview, ShardRequest
@@ -147,3 +149,72 @@ def test_a_folder_swapped_for_a_link_after_the_listing_is_refused(tmp_path: Path
     with pytest.raises(ShardError, match=r"source folder .*/src/b resolves to .*/outside, outside the source"):
         convert_sync(req, prepared=shown)
     assert SECRET[:1] * 64 not in _shard_bytes(dest)
+
+
+_JPG, _JSON = 96, 24  # every file of a kind has one size: a swap passes the size check
+
+
+def _tree(root: Path, folders: tuple[str, ...], n: int, mark: bytes) -> dict[str, bytes]:
+    """``n`` samples in each folder ("" is the root), each byte string starting with ``mark``."""
+    data: dict[str, bytes] = {}
+    for folder in folders:
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            for ext, size in (("jpg", _JPG), ("json", _JSON)):
+                rel = f"{folder}/{i:04d}.{ext}" if folder else f"{i:04d}.{ext}"
+                body = (mark + rel.encode() + b"|" * size)[:size]
+                (root / rel).write_bytes(body)
+                data[rel] = body
+    return data
+
+
+_SWAP = st.tuples(
+    st.sampled_from(["file-out", "file-in", "folder-out"]), st.sampled_from(["", "a", "b"]), st.integers(0, 2)
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(swaps=st.lists(_SWAP, max_size=3), workers=st.sampled_from([0, 2]))
+def test_no_swap_after_the_listing_ships_a_byte_from_outside(swaps: list[tuple[str, str, int]], workers: int) -> None:
+    """The class, not the named examples: files and folders swapped after the listing for links
+    to look-alikes outside (same names, same sizes) or to other files inside. Whatever the mix,
+    no byte from outside is in a shard; the conversion refuses, naming the thing that leads out,
+    exactly when something leads out; links within the source are shipped as data."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="lm-swap-") as tmp:
+        base = Path(tmp)
+        src, dest, outside = base / "src", base / "out", base / "outside"
+        _tree(src, ("", "a", "b"), 3, b"IN:")
+        _tree(outside, ("", "a", "b"), 3, b"OUTSIDE:")
+        req = ShardRequest(str(src), str(dest), shard_size=10**6, workers=workers)
+        shown = preview_sync(req)
+        assert shown.ok
+        leads_out = False
+        for kind, folder, i in swaps:
+            where = src / folder if folder else src
+            if kind == "folder-out":
+                if not folder or where.is_symlink():
+                    continue  # the source itself is not swapped; a folder once
+                where.rename(base / f"moved-{folder}")
+                where.symlink_to(outside / folder)
+                leads_out = True
+                continue
+            if where.is_symlink():
+                continue  # its files are already outside
+            target = where / f"{i:04d}.jpg"
+            other = where / f"{(i + 1) % 3:04d}.jpg"
+            if target.is_symlink():
+                continue
+            target.unlink()
+            if kind == "file-out":
+                target.symlink_to((outside / folder if folder else outside) / target.name)
+                leads_out = True
+            else:
+                target.symlink_to(other.name)  # a link inside the source: data
+        if leads_out:
+            with pytest.raises(ShardError, match=r"resolves to .*outside.*, outside the source"):
+                convert_sync(req, prepared=shown)
+        else:
+            convert_sync(req, prepared=shown)
+        assert b"OUTSIDE:" not in _shard_bytes(dest)
