@@ -38,9 +38,13 @@ _ZEROS = bytes(CHUNK_BYTES)
 
 
 async def scan(store: ObjectStore) -> tuple[list[SourceFile], list[tuple[str, str]]]:
-    """The source's files sorted by path (paginated on S3), and the local ones it cannot read (with why)."""
+    """The source's files (paginated on S3), and the local ones it cannot read (with why).
+
+    In no particular order: :func:`~backend.shards.plan.group_samples` gives the same answer for
+    any order, and S3 lists in key order anyway.
+    """
     if isinstance(store, LocalStore):
-        return await asyncio.to_thread(scan_local, str(store.root))
+        return await asyncio.to_thread(scan_local, str(store.root), ordered=False)
     assert isinstance(store, S3Store)
     files: list[SourceFile] = []
     async for page in store.iter_pages(""):  # ListObjectsV2, 1000 keys a page
@@ -49,7 +53,6 @@ async def scan(store: ObjectStore) -> tuple[list[SourceFile], list[tuple[str, st
             if rel.startswith(STATE_DIR + "/") or rel.endswith("/"):
                 continue
             files.append(SourceFile(rel, int(obj["Size"])))
-    files.sort(key=lambda f: f.rel)
     return files, []
 
 
