@@ -1,5 +1,7 @@
 """Slurm's own commands, run the way an operator runs them: one ``sinfo`` and one ``squeue`` per
-read (never one call per node), ``scontrol update`` for a change.
+read (never one call per node), ``scontrol update`` for a change. From Slurm 23.02 ``sinfo --json``
+is grouped by partition and state (``{"sinfo": [...]}``, one reason for many nodes), so there the
+nodes are read with ``scontrol show node --json`` (one record per node) from the first read on.
 
 Each command runs with its arguments as a list (no shell), ``SLURM_CONF`` from the config when set,
 a timeout, and its output read up to :data:`MAX_OUTPUT` bytes. Errors are one line naming the
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from backend.errors import LoadmasterError
 from backend.slurm.model import SlurmJob, SlurmNode, SlurmSnapshot
 from backend.slurm.parse import (
+    SinfoGrouped,
     clean,
     parse_jobs_json,
     parse_jobs_text,
@@ -62,6 +65,8 @@ class SlurmClient:
         self.settings = settings
         self._env = env
         self._json: bool | None = None
+        #: This Slurm's ``sinfo --json`` groups nodes (23.02+): nodes are read with scontrol.
+        self._grouped_sinfo = False
 
     def binary(self, name: str) -> str:
         """The path of Slurm's ``name`` command; SlurmNotFound when absent."""
@@ -174,13 +179,21 @@ class SlurmClient:
     async def nodes(self) -> tuple[list[SlurmNode], list[str]]:
         """Every node (of the configured partitions), in one call."""
         parts = ["--partition", ",".join(self.settings.partitions)] if self.settings.partitions else []
+        text_argv = self.argv("scontrol", "show", "node", "-o", "-d")
         if self.settings.url:
             is_json, out = True, await self.rest("nodes")
+        elif self._grouped_sinfo:
+            is_json, out = True, (await self.run(self.argv("scontrol", "show", "node", "--json"))).stdout
         else:
-            is_json, out = await self._json_or_text(
-                self.argv("sinfo", "--json", *parts), self.argv("scontrol", "show", "node", "-o", "-d")
-            )
-        nodes, skipped = parse_nodes_json(out) if is_json else parse_nodes_text(out.decode(errors="replace"))
+            is_json, out = await self._json_or_text(self.argv("sinfo", "--json", *parts), text_argv)
+        try:
+            nodes, skipped = parse_nodes_json(out) if is_json else parse_nodes_text(out.decode(errors="replace"))
+        except SinfoGrouped:
+            # 23.02+: sinfo --json is one record per partition and state (one reason for many
+            # nodes); scontrol show node --json is one record per node, in the same shapes.
+            self._grouped_sinfo = True
+            out = (await self.run(self.argv("scontrol", "show", "node", "--json"))).stdout
+            nodes, skipped = parse_nodes_json(out)
         if self.settings.partitions:
             wanted = set(self.settings.partitions)
             nodes = [n for n in nodes if wanted & set(n.partitions)]

@@ -11,6 +11,28 @@ _IDX = re.compile(r"\(IDX:([0-9,\-]*)\)")
 BASE_STATES = frozenset({"idle", "allocated", "mixed", "down", "error", "future", "unknown"})
 #: Base states in which a node runs work: with DRAIN it is *draining*, not yet *drained*.
 BUSY_STATES = frozenset({"allocated", "mixed"})
+#: Base states in which a node takes new work (given no flag outside :data:`WORKING_FLAGS`).
+WORKING_BASES = frozenset({"idle", "allocated", "mixed"})
+#: Flags under which a node still takes new work (``data_parser``'s ``NODE_STATES``): finishing a
+#: job's epilog, in a reservation, a cloud/dynamic node, planned for a pending job, powered down by
+#: power saving (Slurm powers it up for a job) or powering up, a resume/undrain request being applied.
+WORKING_FLAGS = frozenset(
+    {
+        "COMPLETING",
+        "RESERVED",
+        "CLOUD",
+        "DYNAMIC_NORM",
+        "DYNAMIC_FUTURE",
+        "PLANNED",
+        "POWERED_DOWN",
+        "POWERING_UP",
+        "POWER_UP",
+        "RESUME",
+        "UNDRAIN",
+        "REBOOT_CANCELED",
+        "PERFCTRS",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -32,29 +54,42 @@ class NodeState:
 
     @property
     def label(self) -> str:
-        """One word as an operator reads it: ``drained``, ``draining``, ``down``, ``mixed``, ...
+        """One word as an operator reads it: ``drained``, ``draining``, ``down``, ``fail``, ``maint``,
+        ``mixed``, ... (Slurm's ``node_state_string`` order: a flag that keeps work away always
+        names the state, so a node is never shown ``idle`` while DRAIN, FAIL, MAINTENANCE, REBOOT_*,
+        INVALID_REG or a power-down flag is set).
 
         ``*`` is appended when slurmctld cannot reach the node's slurmd (``NOT_RESPONDING``)."""
-        if self.base == "down":
+        f = self.flags
+        if "INVALID_REG" in f:
+            word = "inval"
+        elif self.base == "down":
             word = "down"
         elif self.draining:
             word = "draining"
         elif self.drained:
             word = "drained"
-        elif "MAINTENANCE" in self.flags:
+        elif "FAIL" in f:
+            word = "failing" if self.base in BUSY_STATES or "COMPLETING" in f else "fail"
+        elif "MAINTENANCE" in f:
             word = "maint"
-        elif "REBOOT_REQUESTED" in self.flags or "REBOOT_ISSUED" in self.flags:
+        elif "REBOOT_REQUESTED" in f or "REBOOT_ISSUED" in f:
             word = "reboot"
-        elif "COMPLETING" in self.flags:
+        elif "POWERING_DOWN" in f or "POWER_DOWN" in f:
+            word = "powering_down"
+        elif "COMPLETING" in f:
             word = "completing"
         else:
             word = self.base
-        return word + ("*" if "NOT_RESPONDING" in self.flags else "")
+        return word + ("*" if "NOT_RESPONDING" in f else "")
 
     @property
     def unavailable(self) -> bool:
-        """Takes no new work: drained, draining, down, failing or not responding."""
-        return self.base in ("down", "error") or bool(self.flags & {"DRAIN", "FAIL", "NOT_RESPONDING"})
+        """Takes no new work: drained, draining, down, failing, not responding, in maintenance,
+        rebooting, powering down, registered with an invalid config, or a base state that is not
+        idle/mixed/allocated. Deny by default: a flag not in :data:`WORKING_FLAGS` (one this code
+        does not know, Slurm's ``?``) counts as unavailable too."""
+        return self.base not in WORKING_BASES or not self.flags <= WORKING_FLAGS
 
     def text(self) -> str:
         """Slurm's own spelling: ``ALLOCATED+DRAIN``."""

@@ -8,9 +8,10 @@ that does not answer). What could not be read is listed as a note, never held ag
 
 from __future__ import annotations
 
+import math
 import shlex
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from backend.triage.signals import GPU_IDLE, GpuHealth, XidSeen
@@ -207,6 +208,8 @@ def _busy(g: GpuHealth) -> bool:
     return (
         not g.lost
         and g.sm_mhz is not None
+        and math.isfinite(g.sm_mhz)
+        and g.sm_mhz > 0
         and (g.util_pct is None or g.util_pct >= BUSY_UTIL_PCT)
         and not ((g.reasons or 0) & GPU_IDLE)
     )
@@ -228,6 +231,47 @@ def _peer_buses(nodes: list[NodeHealth]) -> dict[str, list[str]]:
         if seen >= 2:
             out[model] = list(best)
     return out
+
+
+def _finite(v: object, lo: float, hi: float) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) and lo <= v <= hi else None
+
+
+def _nonneg(v: object, hi: int = 2**63) -> int | None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        return None
+    return v if 0 <= v < hi else None
+
+
+def _tri(v: object) -> bool | None:
+    return v if isinstance(v, bool) else None
+
+
+def sane_gpu(g: GpuHealth) -> GpuHealth:
+    """``g`` with every value that is not a finite number in its range (NaN, negative, huge, the
+    wrong type) set to None: a record from any source, not only the range-checked parsers, accuses
+    nobody with a value nobody can believe."""
+    return replace(
+        g,
+        util_pct=_finite(g.util_pct, 0, 100),
+        power_w=_finite(g.power_w, 0, 5000),
+        sm_mhz=_finite(g.sm_mhz, 1, 10000),
+        sm_max_mhz=_finite(g.sm_max_mhz, 1, 10000),
+        reasons=_nonneg(g.reasons, 2**64),
+        ecc_uncorrected=_nonneg(g.ecc_uncorrected),
+        remap_pending=_tri(g.remap_pending),
+        remap_failed=_tri(g.remap_failed),
+        pcie_replays=_nonneg(g.pcie_replays),
+        nvlink_crc=_nonneg(g.nvlink_crc),
+    )
+
+
+def sane_node(n: NodeHealth) -> NodeHealth:
+    """``n`` with :func:`sane_gpu` GPUs and an ``expected_gpus`` that is a count (else None: unknown)."""
+    expected = _nonneg(n.expected_gpus, 4096)
+    return replace(n, gpus=tuple(sane_gpu(g) for g in n.gpus), expected_gpus=expected)
 
 
 def node_evidence(n: NodeHealth, peer_buses: dict[str, list[str]]) -> list[Evidence]:
@@ -320,7 +364,12 @@ def node_evidence(n: NodeHealth, peer_buses: dict[str, list[str]]) -> list[Evide
 
 
 def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
-    """The ranked suspects and the commands for ``nodes`` (read together, e.g. one job's)."""
+    """The ranked suspects and the commands for ``nodes`` (read together, e.g. one job's).
+
+    What could not be proven is said in ``notes`` (nothing read, too few busy GPUs to compare
+    clocks, a kernel log not read), never guessed either way: a resume is proposed only for a node
+    whose every check was read and passed, a drain only for a node Slurm has not drained already."""
+    nodes = [sane_node(n) for n in nodes]
     peers = _peer_buses(nodes)
     ev: dict[str, list[Evidence]] = {n.node: node_evidence(n, peers) for n in nodes}
     pool = [(n.node, g) for n in nodes if n.reachable and n.read for g in n.gpus]
@@ -345,25 +394,40 @@ def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
         suspects.append(Suspect(n.node, gpus, tuple(items), since, score))
     suspects.sort(key=lambda s: (-max(WEIGHTS.get(e.kind, 10) for e in s.evidence), -s.score, s.node))
     notes = []
+    if not nodes:
+        notes.append("no nodes read: nothing to triage")
     for n in nodes:
         if not n.read:
             notes.append(f"{n.node}: {n.gpu_status}")
         elif n.reachable and n.xid_error:
             notes.append(f"{n.node}: kernel log not read ({n.xid_error})")
+    busy = sum(1 for _, g in pool if _busy(g))
+    if pool and busy < MIN_PEERS:
+        notes.append(f"SM clocks not compared (stragglers unknown): {busy} busy GPU(s) read, {MIN_PEERS} needed")
     accused = {s.node for s in suspects}
     passing = tuple(
         n.node
         for n in nodes
         if n.node not in accused
-        and n.reachable
-        and n.read
+        and _proven_healthy(n)
         and n.slurm_state
         and n.slurm_state.rstrip("*") in ("drained", "draining", "down")
+    )
+    for n in nodes:
+        if n.node in accused or not n.slurm_state or n.slurm_state.rstrip("*") not in ("drained", "draining", "down"):
+            continue
+        if n.node not in passing:
+            notes.append(f"{n.node}: {n.slurm_state} in Slurm, not every check could be read: no resume proposed")
+    already = {n.node for n in nodes if n.slurm_state and n.slurm_state.rstrip("*") in ("drained", "draining")}
+    notes.extend(
+        f"{s.node}: already {_state_of(nodes, s.node)} in Slurm: no drain proposed"
+        for s in suspects
+        if s.node in already
     )
     return TriageReport(
         nodes=tuple(nodes),
         suspects=tuple(suspects),
-        commands=tuple(commands(suspects, passing)),
+        commands=tuple(commands(suspects, passing, already_drained=already)),
         notes=tuple(notes),
         job=job,
         passing_drained=passing,
@@ -371,16 +435,32 @@ def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
     )
 
 
+def _proven_healthy(n: NodeHealth) -> bool:
+    """Every check triage makes was read on ``n``: it answered, its GPUs were listed (or it has
+    none and Slurm expects none) and its kernel log was read."""
+    gpus_read = n.gpu_status == "ok" or (n.gpu_status == "absent" and not n.expected_gpus)
+    return n.read and n.reachable and gpus_read and n.xid_error is None
+
+
+def _state_of(nodes: list[NodeHealth], name: str) -> str:
+    return next((n.slurm_state or "?" for n in nodes if n.node == name), "?")
+
+
 def _read_at(nodes: list[NodeHealth], name: str) -> float | None:
     return next((n.read_at for n in nodes if n.node == name), None)
 
 
-def commands(suspects: list[Suspect], passing: tuple[str, ...]) -> list[str]:
-    """The exact commands for the operator: exclude the suspects, drain each, resume what passes."""
+def commands(
+    suspects: list[Suspect], passing: tuple[str, ...], *, already_drained: frozenset[str] | set[str] = frozenset()
+) -> list[str]:
+    """The exact commands for the operator: exclude the suspects, drain each one Slurm has not
+    drained already (a second drain would overwrite who drained it and why), resume what passes."""
     out: list[str] = []
     if suspects:
         out.append(f"--exclude={','.join(s.node for s in suspects)}")
     for s in suspects:
+        if s.node in already_drained:
+            continue
         top = max(s.evidence, key=lambda e: WEIGHTS.get(e.kind, 10))
         reason = f"triage: {top.detail}"[:150]
         out.append(

@@ -74,6 +74,11 @@ def _gpu_key(labels: dict[str, Any]) -> int | None:
     return i if i < _MAX_GPU else None
 
 
+def _yes_no(v: float | None) -> bool | None:
+    """A 0/1 gauge: NaN, negative or absent is None (unknown), never "no"."""
+    return None if v is None or not math.isfinite(v) or v < 0 else v >= 1
+
+
 def _in(v: float, lo: float, hi: float) -> float | None:
     return v if math.isfinite(v) and lo <= v <= hi else None
 
@@ -134,8 +139,8 @@ async def read_health(
                     sm_mhz=_in(s.get("DCGM_FI_DEV_SM_CLOCK", math.nan), 1, 10000),
                     reasons=int(reasons) if reasons is not None and 0 <= reasons < 2**63 else None,
                     ecc_uncorrected=int(ecc) if ecc is not None and 0 <= ecc < 2**63 else None,
-                    remap_pending=None if pending is None else pending >= 1,
-                    remap_failed=None if failed is None else failed >= 1,
+                    remap_pending=_yes_no(pending),
+                    remap_failed=_yes_no(failed),
                     pcie_replays=int(pcie) if pcie is not None and 0 <= pcie < 2**63 else None,
                     nvlink_crc=int(crc) if crc is not None and 0 <= crc < 2**63 else None,
                 )
