@@ -10,6 +10,8 @@ the rows and their kinds are described in :mod:`backend.checkpoints.steps`.
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 from pathlib import Path
 
 from backend.checkpoints.classify import classify
@@ -86,6 +88,13 @@ async def run_markers(
     ds = await small_text(DEEPSPEED_LATEST)
     mg = await small_text(MEGATRON_LATEST)
     mg_num = int(mg) if mg and mg.isdigit() else None
+    pointers = []
+    for n in sorted(root_files):
+        if n != MEGATRON_LATEST and POINTER_FILE.match(n):
+            text = await small_text(n)
+            if text and len(text.splitlines()) == 1:
+                pointers.append((n, text.rstrip("/").rsplit("/", 1)[-1]))
+    pointers += await _pointer_links(store, prefix)
     best = None
     for key in trainer_states or []:
         try:
@@ -98,8 +107,39 @@ async def run_markers(
             best = b.rstrip("/").rsplit("/", 1)[-1]
             break
     return RunMarkers(
-        deepspeed_latest=ds, megatron_latest=mg_num, megatron_release=mg == "release", best_checkpoint=best
+        deepspeed_latest=ds,
+        megatron_latest=mg_num,
+        megatron_release=mg == "release",
+        best_checkpoint=best,
+        pointers=tuple(pointers),
     )
+
+
+#: Run-level files that name the step a resume reads (DeepSpeed's ``latest``, a trainer's
+#: ``latest_checkpoint.txt``, ``last_checkpoint``); Megatron's iteration file is read apart.
+POINTER_FILE = re.compile(r"^(?:latest|last)(?:[-_][A-Za-z_]+)?(?:\.txt)?$", re.IGNORECASE)
+#: Symlinks in a run folder that name the step a resume reads (``latest -> step-300``).
+POINTER_LINK = re.compile(r"^(?:latest|last)(?:[-_.][A-Za-z_]+)*$", re.IGNORECASE)
+
+
+async def _pointer_links(store: ObjectStore, prefix: str) -> list[tuple[str, str]]:
+    """``latest``/``last`` symlinks of a local run folder that name an entry of the same folder."""
+    if not isinstance(store, LocalStore):
+        return []
+    base = store.local_path(prefix) if prefix else store.root
+
+    def scan() -> list[tuple[str, str]]:
+        out = []
+        if base.is_dir():
+            for p in sorted(base.iterdir()):
+                if p.is_symlink() and POINTER_LINK.match(p.name):
+                    target = os.readlink(p).rstrip("/")
+                    parent, _, leaf = target.rpartition("/")
+                    if parent in ("", ".") or Path(parent).resolve() == base.resolve():
+                        out.append((p.name, leaf))
+        return out
+
+    return await asyncio.to_thread(scan)
 
 
 async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:

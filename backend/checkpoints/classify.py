@@ -23,7 +23,7 @@ from backend.checkpoints.rank_layouts import (
     deepspeed_facts,
     megatron_legacy_facts,
 )
-from backend.checkpoints.step_names import nested_steps
+from backend.checkpoints.step_names import nested_steps, template
 from backend.checkpoints.steps import (
     INDEX_FILE,
     TORCH_SUFFIXES,
@@ -65,8 +65,11 @@ async def classify(
         raise
     except Exception as exc:  # noqa: BLE001 - a hostile file must list as unknown, never crash the listing
         f = Facts(note=f"could not be read ({type(exc).__name__}: {exc})")
+    num = step_number(name) if step == "name" else step
+    if f.kind in ("full", "weights") and (why := pointer_problem(name, num, markers)):
+        f = Facts(layout=f.layout, kind="incomplete", note=why, marker=f.marker, flags=f.flags)
     return CheckpointStep(
-        step=step_number(name) if step == "name" else step,
+        step=num,
         path=step_path,
         layout=f.layout,
         kind=f.kind,
@@ -124,6 +127,29 @@ async def _facts(
             note=f"only {partial[0]} so far: the save has not been moved into place",
         )
     return Facts(note="no checkpoint files in this folder")
+
+
+def pointer_problem(name: str, num: int | None, markers: RunMarkers) -> str | None:
+    """Why a committed step is not the run's to count: a resume pointer of the run (``latest``
+    file or symlink) names an older step of the same name pattern, so a resume reads that one
+    and this newer step is not committed by the run (still being saved, or abandoned by a
+    rollback). None when no pointer says so."""
+    if num is None:
+        return None
+    for pointer, target in markers.pointers:
+        named: int | None
+        if target.isdigit():
+            named = int(target)
+        elif template(target) == template(name):
+            named = step_number(target)
+        else:
+            continue
+        if named is not None and num > named:
+            return (
+                f"newer than the step the run's `{pointer}` names ({target}): a resume reads that one, "
+                "so this step is not committed by the run"
+            )
+    return None
 
 
 def _accelerate_marker(names: set[str]) -> str:

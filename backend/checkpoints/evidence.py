@@ -19,6 +19,7 @@ from backend.checkpoints.steps import INDEX_FILE, MAX_INDEX_BYTES, Kind, Layout
 from backend.checkpoints.torchfile import (
     TorchFile,
     TorchFileError,
+    key_paths_optimizer,
     optimizer_paths,
     read_local_torch_file,
     read_torch_file,
@@ -105,6 +106,9 @@ async def export_problem(store: ObjectStore, step_path: str, files: dict[str, Ob
             hdr = await read_header(store, join_key(step_path, shard), files[shard].size)
         except SafetensorsError as exc:
             return str(exc)
+        optim = key_paths_optimizer([t.name for t in hdr.tensors])
+        if optim:
+            return f"{shard}: holds optimizer state ({optim[0]}): a training checkpoint, not a BF16 export"
         for t in hdr.tensors:
             if t.dtype != "BF16":
                 return f"{shard}: tensor {t.name} is {t.dtype}, not BF16: model weights, not a BF16 export"
@@ -257,4 +261,20 @@ async def model_files_problem(store: ObjectStore, step_path: str, files: dict[st
                 await read_header(store, files[n].key, files[n].size)
             except SafetensorsError as exc:
                 return str(exc)
+    return None
+
+
+async def safetensors_optimizer(
+    store: ObjectStore, step_path: str, files: dict[str, ObjectInfo], names: list[str]
+) -> tuple[str, str] | None:
+    """The first safetensors file among ``names`` whose header names optimizer state, and the
+    key (DCP's HuggingFaceStorageWriter saves a whole training state this way); None when none
+    does. Headers only: no tensor data."""
+    from backend.checkpoints.safetensors_check import read_header
+
+    for n in sorted(names)[:MAX_EXPORT_SHARDS]:
+        hdr = await read_header(store, join_key(step_path, n), files[n].size)
+        optim = key_paths_optimizer([t.name for t in hdr.tensors])
+        if optim:
+            return n, optim[0]
     return None

@@ -13,6 +13,7 @@ import re
 from backend.checkpoints.dcp import CheckpointError
 from backend.checkpoints.evidence import (
     HF_SHARD,
+    MAX_EXPORT_SHARDS,
     MAX_TORCH_FILES_READ,
     OPTIM_FILE,
     Facts,
@@ -21,6 +22,7 @@ from backend.checkpoints.evidence import (
     optimizer_note,
     read_json,
     read_whole,
+    safetensors_optimizer,
     torch_facts,
     zero_byte,
 )
@@ -114,6 +116,25 @@ async def safetensors_facts(store: ObjectStore, step_path: str, files: dict[str,
     problem = await model_files_problem(store, step_path, files)
     if problem:
         f.kind, f.note = "corrupt", problem
+        return f
+    if len(shard_files) > MAX_EXPORT_SHARDS:
+        f.note = f"{len(shard_files)} safetensors files: more than the {MAX_EXPORT_SHARDS} read per step"
+        return f
+    from backend.checkpoints.safetensors_check import SafetensorsError
+
+    try:
+        in_shards = await safetensors_optimizer(store, step_path, files, shard_files)
+    except SafetensorsError as exc:
+        f.kind, f.note = "corrupt", str(exc)
+        return f
+    if in_shards is not None:
+        # training state saved as safetensors (DCP's HuggingFaceStorageWriter takes any tensor):
+        # not weights only, and nothing proves which loader resumes from it (no param groups, no
+        # step counters beside the moments): never counted, never touched
+        f.note = (
+            f"optimizer state in {in_shards[0]} ({in_shards[1]}) saved as safetensors: "
+            "not weights only, and not provably resumable"
+        )
         return f
     others = sorted(n for n in names if n not in shard_files and n != INDEX_FILE and not _SIDE_FILES.match(n))
     torch_names = [n for n in others if n.endswith(TORCH_SUFFIXES)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from backend.checkpoints.catalog import step_catalog
+from backend.checkpoints.classify import dcp_roots
 from backend.checkpoints.dcp import METADATA_FILE, CheckpointError, load_metadata
 from backend.checkpoints.evidence import rel_files, torch_file
 from backend.checkpoints.steps import TORCH_SUFFIXES, CheckpointStep
@@ -26,36 +27,20 @@ async def prove_resumable(store: ObjectStore, step: CheckpointStep) -> str:
     """``"verified"`` when a full step's files are whole and match its commit marker, else the
     problem, naming the file. Reads a fresh listing plus headers, zip directories and the first
     bytes of DCP records: no tensor data."""
-    from backend.checkpoints.dcp import locate_chunks, tensor_entries
     from backend.checkpoints.safetensors_check import SafetensorsError, read_header
 
     fresh = await step_catalog(store, step.path)
     if fresh.kind != "full":
         return f"{step.path} now lists as {fresh.kind}" + (f" ({fresh.note})" if fresh.note else "")
     files = {fresh.name: fresh.objects[0]} if fresh.is_file else rel_files(fresh.objects, fresh.path)
-    if METADATA_FILE in files:
-        md = await asyncio.to_thread(
-            load_metadata,
-            await store.get_bytes(join_key(fresh.path, METADATA_FILE)),
-            where=join_key(fresh.path, METADATA_FILE),
-            light=True,  # no tensors are built: the plan must not pay torch's import
-        )
-
-        async def read(file: str, offset: int, n: int) -> bytes:
-            return await store.get_range(join_key(fresh.path, file), offset, n)
-
-        try:
-            entries = await locate_chunks(tensor_entries(md), read, where=fresh.path)
-        except CheckpointError as exc:
-            return str(exc)
-        firsts: dict[str, tuple[int, bool]] = {}
-        for e in entries:
-            for c in e.chunks:
-                if c.length and (c.file not in firsts or c.offset < firsts[c.file][0]):
-                    firsts[c.file] = (c.offset, c.raw)
-        for file, (offset, raw) in sorted(firsts.items()):
-            if not raw and (await read(file, offset, 4)) != b"PK\x03\x04":
-                return f"{file}: no tensor record at byte {offset}, where {METADATA_FILE} puts one"
+    # every DCP checkpoint of the step, at the top or nested in a sub-folder (a trainer's
+    # ``checkpoint/``, an optimizer saved apart from safetensors weights): each one a resume reads
+    for root in dcp_roots(set(files)):
+        if join_key(root, METADATA_FILE) not in files:
+            return f"{join_key(root, METADATA_FILE)}: missing: that checkpoint is not committed"
+        problem = await _dcp_records_problem(store, join_key(fresh.path, root), root)
+        if problem:
+            return problem
     torch_names = sorted(n for n in files if n.endswith(TORCH_SUFFIXES) and files[n].size > 0)
     if len(torch_names) > MAX_PROOF_FILES:
         return f"{len(torch_names)} torch files: more than the {MAX_PROOF_FILES} the deep check reads"
@@ -78,3 +63,37 @@ async def prove_resumable(store: ObjectStore, step: CheckpointStep) -> str:
         elif files[n].size == 0 and n.endswith(_DATA_SUFFIXES):
             return f"{n}: empty file (0 bytes)"
     return "verified"
+
+
+async def _dcp_records_problem(store: ObjectStore, path: str, root: str) -> str | None:
+    """Whether the DCP checkpoint at ``path`` (``root`` inside its step) holds a tensor record
+    where its ``.metadata`` puts the first and the last one of each file (a file preallocated,
+    zeroed or still being copied has the right size but not the records); None when it does."""
+    from backend.checkpoints.dcp import locate_chunks, tensor_entries
+
+    where = f"{root}/" if root else ""
+    md = await asyncio.to_thread(
+        load_metadata,
+        await store.get_bytes(join_key(path, METADATA_FILE)),
+        where=join_key(path, METADATA_FILE),
+        light=True,  # no tensors are built: the plan must not pay torch's import
+    )
+
+    async def read(file: str, offset: int, n: int) -> bytes:
+        return await store.get_range(join_key(path, file), offset, n)
+
+    try:
+        entries = await locate_chunks(tensor_entries(md), read, where=path)
+    except CheckpointError as exc:
+        return str(exc)
+    ends: dict[str, set[tuple[int, bool]]] = {}
+    for e in entries:
+        for c in e.chunks:
+            if c.length:
+                ends.setdefault(c.file, set()).add((c.offset, c.raw))
+    for file, records in sorted(ends.items()):
+        ordered = sorted(records)
+        for offset, raw in dict.fromkeys((ordered[0], ordered[-1])):
+            if not raw and (await read(file, offset, 4)) != b"PK\x03\x04":
+                return f"{where}{file}: no tensor record at byte {offset}, where {METADATA_FILE} puts one"
+    return None

@@ -102,10 +102,24 @@ def _word(name: str) -> str:
     return m.group(1).strip("_").lower() if m else ""
 
 
+#: A number the name itself marks as the step (``epoch=3-step=1000-val_loss=0.05``).
+_MARKED = re.compile(r"(?:^|[-_.])(?:global_)?(?:step|iter|iteration)[-_=]?(?P<n>\d+)(?=$|[-_.])", re.IGNORECASE)
+
+
+def _stem(name: str) -> str:
+    return re.sub(r"\.(ckpt|pt|pth|bin|safetensors)$", "", name)
+
+
 def _last_number(name: str) -> int | None:
-    stem = re.sub(r"\.(ckpt|pt|pth|bin|safetensors)$", "", name)
+    """The step a name outside the known families carries: the number a step word marks, else
+    its only number. None when it carries several and none is marked: which one counts steps is
+    a guess (``epoch=03-val_loss=0.05``: the loss's digits would order the run)."""
+    stem = _stem(name)
+    marked = {int(m.group("n")) for m in _MARKED.finditer(stem)}
+    if len(marked) == 1:
+        return marked.pop()
     parts = _DIGITS.findall(stem)
-    return int(parts[-1]) if parts else None
+    return int(parts[0]) if len(parts) == 1 and not marked else None
 
 
 def nested_steps(own: int | None, below: Iterable[str]) -> list[str]:
@@ -148,6 +162,9 @@ def classify_names(entries: Mapping[str, Iterable[str]], *, files: Iterable[str]
                 out[n] = StepName(n, None, "its name fits no step pattern that its siblings share")
                 continue
         step = known if known is not None else _last_number(n)
+        if step is None:
+            out[n] = StepName(n, None, "its name carries several numbers and none is marked as the step")
+            continue
         inner = nested_steps(step, entries.get(n, ()))
         if inner:
             out[n] = StepName(n, None, f"holds a run itself ({inner[0]} inside)")

@@ -128,6 +128,11 @@ class RunMarkers:
     megatron_latest: int | None = None
     megatron_release: bool = False
     best_checkpoint: str | None = None  # folder name
+    #: Resume pointers of the run: (the pointer's name, the step entry it names). A ``latest``
+    #: file (DeepSpeed's, or a trainer's own ``latest_checkpoint.txt``) or a ``latest``/``last``
+    #: symlink: a resume reads the step it names, and a newer step of its pattern is not committed
+    #: by it (see :func:`backend.checkpoints.classify.pointer_problem`).
+    pointers: tuple[tuple[str, str], ...] = ()
 
 
 def step_number(name: str) -> int | None:
