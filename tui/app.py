@@ -36,6 +36,7 @@ from textual.worker import Worker, WorkerState
 from backend.errors import ConfigError, LoadmasterError
 from backend.ops import Operations
 from backend.ops.prefs import load_ui_prefs, update_ui_prefs
+from backend.textfmt import safe_block, safe_text
 from themes import stylesheets
 from themes.palette import DEFAULT_THEME, THEMES, semantic_defaults
 from themes.parsed import SharedParseStylesheet
@@ -44,10 +45,14 @@ from tui.screens.errors import ErrorRecord, ErrorsScreen
 from tui.screens.help import HelpScreen, binding_rows
 
 if TYPE_CHECKING:
+    from textual.notifications import SeverityLevel
+
     from backend.services import Services
 
 #: How many errors the in-memory log keeps (oldest dropped first).
 MAX_ERRORS = 200
+#: Longest notification text (a toast quoting a node's error is cut here).
+NOTIFY_LIMIT = 2000
 #: Seconds of quiet before the console builds the next screen ahead of time (after the first
 #: paint, after each build, after the operator's own switch): a key pressed meanwhile is handled
 #: before the next build starts.
@@ -525,6 +530,29 @@ class LoadmasterApp(App[int]):
             yield command
 
     # ----------------------------------------------------------------- safety and errors
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """A toast, always plain text: a notification quotes what a node, Slurm or a store said
+        (an error, a job's state), and Textual would read it as markup (``[@click=...]`` binds
+        an action); no notification of loadmaster's is markup, so ``markup`` is ignored. The
+        text is cleaned of escape sequences and controls (:func:`backend.textfmt.safe_block`)."""
+        del markup  # Widget.notify passes markup=True by default: never honoured here
+        kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        super().notify(
+            safe_block(message, NOTIFY_LIMIT),
+            title=safe_text(title, 200),
+            severity=severity,
+            markup=False,
+            **kwargs,
+        )
 
     def require_writable(self, what: str) -> bool:
         """False, with a warning naming ``what``, when the console runs read-only."""

@@ -219,7 +219,7 @@ async def cmd_inspect(args: argparse.Namespace, services: Services) -> int:
         return 0
     s = ins.step
     print(
-        f"{s.path}: {s.layout}, {s.kind}, {bytes_gib_text(s.total_bytes)}, {s.object_count} objects, "
+        f"{safe_text(s.path)}: {s.layout}, {s.kind}, {bytes_gib_text(s.total_bytes)}, {s.object_count} objects, "
         f"BF16 export: {'yes' if s.has_bf16_export else 'no'}"
     )
     for t in ins.tensors:
@@ -237,7 +237,7 @@ async def cmd_backlog(args: argparse.Namespace, services: Services) -> int:
         _print_json([a.__dict__ for a in alerts])
     else:
         for a in alerts:
-            print(f"ALERT {a.message}")
+            print(f"ALERT {safe_text(a.message)}")  # names nodes and paths from job records
         if not alerts:
             print("no upload backlog")
     return 1 if alerts else 0

@@ -445,7 +445,7 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     preview = await pulls.plan(req)
     out = sys.stderr if args.json else sys.stdout
     for line in preview.lines():
-        print(line, file=out)
+        print(safe_text(line, None), file=out)  # quotes object keys and what nodes answered
     if not preview.startable:
         raise JobError(
             "not started: "
@@ -462,7 +462,7 @@ async def cmd_pull(args: argparse.Namespace, services: Services) -> int:
     log.debug("pull: launched")
     plan, recs = started.plan, list(started.records)
     for r in recs:
-        print(f"started job {r.id} on {r.node}", file=out)
+        print(_t(f"started job {r.id} on {r.node}"), file=out)
     if started.launch and len(recs) > 1:
         print(f"launch {started.launch}: stop every job of it with 'loadmaster job cancel {started.launch}'", file=out)
     if args.detach:

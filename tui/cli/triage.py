@@ -64,7 +64,9 @@ def render(report: TriageReport) -> list[str]:
     for n in report.nodes:
         answers = "not read" if not n.read else "yes" if n.reachable else "NO"
         gpus = str(len(n.gpus)) + (f"/{n.expected_gpus}" if n.expected_gpus is not None else "")
-        if not n.read or not n.reachable:
+        if n.gpu_status == "no-telemetry":  # backend.triage.analyze.NO_TELEMETRY: nothing said of its GPUs
+            answers, gpus = "no telemetry", "-"
+        elif not n.read or not n.reachable:
             gpus = "-"
         elif n.gpu_status not in ("ok", "absent"):
             gpus += f" ({safe_text(n.gpu_status, 60)})"

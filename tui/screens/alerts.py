@@ -27,7 +27,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
+from textual.widgets import Button, Checkbox, DataTable, Input, Static
 
 from backend.errors import LoadmasterError
 from backend.ops.alerts import AlertingNotConfigured, SilenceRequest, parse_matchers
@@ -36,6 +36,7 @@ from backend.units import age_of, age_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen, PaletteCommand, console_ops
 from tui.widgets.confirm import ConfirmModal
 from tui.widgets.detail import DetailModal
+from tui.widgets.plain import PlainLabel, PlainStatic
 from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.table_fit import FitColumn, FittedTable
 
@@ -174,16 +175,16 @@ class SilenceModal(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label("Silence alerts", classes="dialog--title", markup=False)
+            yield PlainLabel("Silence alerts", classes="dialog--title")
             if self.about:
-                yield Static(self.about, classes="dialog--body", markup=False)
+                yield PlainStatic(self.about, classes="dialog--body")
             for key, label, value, hint in (
                 ("matchers", "Matchers", self.matchers, "name=value, name=~regex, ..."),
                 ("duration", "Duration", self.duration, "e.g. 30m, 2h, 1d (at most 7d)"),
                 ("comment", "Comment", "", "why: what the next on-call reads (required)"),
             ):
                 with Horizontal(classes="silence-field"):
-                    yield Label(label, classes="silence-label", markup=False)
+                    yield PlainLabel(label, classes="silence-label")
                     yield Input(value=value, placeholder=hint, id=f"silence-{key}", compact=True)
             # Unticked, the silence must name one of loadmaster's own conditions (ops.alerts).
             yield Checkbox(
@@ -192,7 +193,7 @@ class SilenceModal(ModalScreen[str | None]):
                 id="silence-any",
                 compact=True,
             )
-            yield Static("", id="silence-error", markup=False)
+            yield PlainStatic("", id="silence-error")
             with Horizontal(classes="dialog--buttons"):
                 yield Button("Create silence", id="silence-create", variant="primary")
                 yield Button("Cancel", id="silence-cancel")
@@ -298,9 +299,9 @@ class AlertsScreen(LoadmasterScreen):
 
     def compose_body(self) -> ComposeResult:
         with Vertical(classes="screen-body", id="alerts-body"):
-            yield Static("reading Alertmanager...", id="alerts-status", markup=False)
+            yield PlainStatic("reading Alertmanager...", id="alerts-status")
             yield FittedTable(ALERT_COLUMNS, cursor_type="row", zebra_stripes=True, id="alerts-table")
-            yield Static("Silences", id="alerts-silences-title", markup=False)
+            yield PlainStatic("Silences", id="alerts-silences-title")
             yield FittedTable(SILENCE_COLUMNS, cursor_type="row", zebra_stripes=True, id="alerts-silences")
 
     def start_reads(self) -> None:

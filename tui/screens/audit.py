@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from backend.errors import LoadmasterError
 from tui.screens.base import console_ops
+from tui.widgets.plain import PlainStatic, PlainTable
 from tui.widgets.transfers_format import short
 
 if TYPE_CHECKING:
@@ -51,9 +52,9 @@ class AuditScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static("reading the audit log...", id="audit-status", markup=False)
-        yield DataTable(cursor_type="row", zebra_stripes=True, id="audit-table")
-        yield Static("", id="audit-detail", markup=False)
+        yield PlainStatic("reading the audit log...", id="audit-status")
+        yield PlainTable(cursor_type="row", zebra_stripes=True, id="audit-table")
+        yield PlainStatic("", id="audit-detail")
         yield Footer()
 
     def on_mount(self) -> None:

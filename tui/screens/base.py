@@ -21,6 +21,7 @@ from textual.worker import Worker, WorkerState
 
 from tui.widgets.footer import SteadyFooter
 from tui.widgets.mode_bar import ModeBar
+from tui.widgets.plain import PlainStatic
 from tui.widgets.text_filter import text_matches
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ class LoadmasterScreen(Screen[None]):
         yield Header()
         yield ModeBar([(s.mode, s.key, s.title) for s in SCREEN_SPECS], id="mode-bar")
         # One line for what is down for the whole console (the state database); hidden when all is well.
-        status = Static("", id="shell-status", markup=False)
+        status = PlainStatic("", id="shell-status")
         status.styles.height = 1
         status.styles.text_wrap = "nowrap"
         status.styles.text_overflow = "ellipsis"
@@ -373,8 +374,7 @@ class UnavailableScreen(LoadmasterScreen):
         self.reason = reason
 
     def compose_body(self) -> ComposeResult:
-        yield Static(
+        yield PlainStatic(
             f"{self.SCREEN_TITLE} is not available: {self.reason}\n\nPress e for details.",
             classes="placeholder screen-body",
-            markup=False,
         )

@@ -26,6 +26,7 @@ from backend.ops.checkpoints import StripRequest, StripResult, UploadRequest, Up
 from backend.units import age_of, bytes_gib_text, bytes_text, gbps_text
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmModal, ConfirmTyped
+from tui.widgets.plain import PlainStatic, PlainTable
 from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.transfers_format import short
 
@@ -144,16 +145,15 @@ class CheckpointsScreen(LoadmasterScreen):
                 yield Input(placeholder="/nvme/ckpt/step-48000 (for u: upload)", id="ckpt-local")
                 yield Label("Node", classes="ckpt-label")
                 yield Input(placeholder="run here", id="ckpt-node", classes="ckpt-num")
-            yield Static("", id="ckpt-footprint", markup=False)
-            yield Static("", id="ckpt-backlog", markup=False)
-            yield Static(
+            yield PlainStatic("", id="ckpt-footprint")
+            yield PlainStatic("", id="ckpt-backlog")
+            yield PlainStatic(
                 "Press o to type a run prefix (or pick a store), then enter to list it.",
                 id="ckpt-summary",
-                markup=False,
             )
-            yield DataTable(id="ckpt-steps", cursor_type="row", zebra_stripes=True)
-            yield DataTable(id="ckpt-tensors", cursor_type="row", zebra_stripes=True)
-            yield Static("", id="ckpt-status", markup=False)
+            yield PlainTable(id="ckpt-steps", cursor_type="row", zebra_stripes=True)
+            yield PlainTable(id="ckpt-tensors", cursor_type="row", zebra_stripes=True)
+            yield PlainStatic("", id="ckpt-status")
             yield ProgressBar(id="ckpt-progress", show_eta=True)
 
     def on_mount(self) -> None:

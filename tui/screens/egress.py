@@ -41,6 +41,7 @@ from backend.units import bytes_text, usd_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets import Gauge, Summary
 from tui.widgets.detail import DetailModal
+from tui.widgets.plain import PlainLabel, PlainStatic, plain
 from tui.widgets.table_fit import CellFor, FitColumn, FittedTable
 from tui.widgets.transfers_format import short
 
@@ -203,15 +204,15 @@ class EgressScreen(LoadmasterScreen):
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="egress-main", classes="screen-body"):
             with Vertical(id="egress-month"):
-                yield Static("Month to date", id="egress-month-title", markup=False)
+                yield PlainStatic("Month to date", id="egress-month-title")
                 yield Summary(id="egress-summary")
                 yield Vertical(id="egress-budgets")
                 yield FittedTable(ROUTE_FIT, id="egress-routes", cursor_type="row", zebra_stripes=True)
             with VerticalScroll(id="egress-calc"):
-                yield Static("Calculator  (GB = 10^9 bytes)", id="egress-calc-title", markup=False)
+                yield PlainStatic("Calculator  (GB = 10^9 bytes)", id="egress-calc-title")
                 for key, label, hint in _FIELDS:
                     with Horizontal(classes="egress-field"):
-                        yield Label(label, classes="egress-label")
+                        yield PlainLabel(label, classes="egress-label")
                         yield Input(getattr(BRIEF_SCENARIO, key), placeholder=hint, id=f"calc-{key}")
                 with Horizontal(classes="egress-field"):
                     yield Label("Per node", classes="egress-label")
@@ -221,8 +222,8 @@ class EgressScreen(LoadmasterScreen):
                         allow_blank=False,
                         id="calc-per-node",
                     )
-                yield Static("", id="egress-calc-error", markup=False)
-                yield Static("", id="egress-quote", markup=False)
+                yield PlainStatic("", id="egress-calc-error")
+                yield PlainStatic("", id="egress-quote")
 
     def on_mount(self) -> None:
         self.recompute()
@@ -342,16 +343,15 @@ class EgressScreen(LoadmasterScreen):
                     classes="egress-budget",
                 )
             )
-            gauges[-1].tooltip = (
+            gauges[-1].tooltip = plain(
                 f"{b.scope} {b.key!r}: {usd_text(b.spent_usd)} spent of "
                 f"{usd_text(b.budget_usd)} this month, {usd_text(b.projected_usd)} projected"
             )
         if not gauges:
             gauges.append(
-                Static(
+                PlainStatic(
                     "no budget configured: set [egress] monthly_budget_usd or budgets",
                     classes="egress-no-budget",
-                    markup=False,
                 )
             )
         box.mount_all(gauges)
@@ -387,7 +387,7 @@ class EgressScreen(LoadmasterScreen):
     def _route_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
         row = event.cursor_row
-        event.data_table.tooltip = self.shown_routes[row][1] if 0 <= row < len(self.shown_routes) else None
+        event.data_table.tooltip = plain(self.shown_routes[row][1]) if 0 <= row < len(self.shown_routes) else None
 
     @on(DataTable.RowSelected, "#egress-routes")
     def _route_selected(self, event: DataTable.RowSelected) -> None:

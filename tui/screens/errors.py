@@ -13,6 +13,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
+from tui.widgets.plain import PlainStatic, PlainTable
 from tui.widgets.transfers_format import short
 
 
@@ -61,8 +62,8 @@ class ErrorsScreen(Screen[None]):
         yield Header()
         if not self.errors:
             yield Static("No errors recorded in this session.", classes="placeholder")
-        yield DataTable(cursor_type="row", zebra_stripes=True, id="error-table")
-        yield Static("", id="error-detail", markup=False)
+        yield PlainTable(cursor_type="row", zebra_stripes=True, id="error-table")
+        yield PlainStatic("", id="error-detail")
         yield Footer()
 
     def on_mount(self) -> None:

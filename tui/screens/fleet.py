@@ -33,6 +33,7 @@ from tui.widgets.fleet_alerts import AlertList
 from tui.widgets.fleet_format import conditions_line, drain_prompt, fleet_summary
 from tui.widgets.fleet_heatmap import HEATMAP_ABOVE, FleetHeatmap, HeatmapGrid, group_key
 from tui.widgets.fleet_table import STARVED_ALERT, TREND_WIDTH, FleetTable
+from tui.widgets.plain import PlainStatic
 from tui.widgets.slurm_actions import SlurmKeys, drain_flow, resume_flow
 from tui.widgets.table_cursor import cursor_row_key
 
@@ -135,12 +136,12 @@ class FleetScreen(SlurmKeys, LoadmasterScreen):
 
     def compose_body(self) -> ComposeResult:
         with Vertical(classes="screen-body", id="fleet-body"):
-            yield Static("", id="fleet-summary", markup=False)
-            yield Static("", id="fleet-conditions", markup=False)
+            yield PlainStatic("", id="fleet-summary")
+            yield PlainStatic("", id="fleet-conditions")
             local = frozenset(n.name for n in self.services.config.nodes if n.transport == "local")
             yield FleetTable(local_nodes=local, id="fleet-table")
             yield FleetHeatmap(id="fleet-heatmap")
-            yield Static("Alerts", id="fleet-alerts-title", markup=False)
+            yield PlainStatic("Alerts", id="fleet-alerts-title")
             yield AlertList(id="fleet-alerts")
 
     def on_mount(self) -> None:

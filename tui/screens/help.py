@@ -14,7 +14,9 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.dom import DOMNode
 from textual.screen import ModalScreen
-from textual.widgets import Label, Static
+from textual.widgets import Label
+
+from tui.widgets.plain import PlainLabel, PlainStatic
 
 #: (key display, description) rows under a section title.
 HelpSection = tuple[str, Sequence[tuple[str, str]]]
@@ -76,10 +78,10 @@ class HelpScreen(ModalScreen[None]):
                 for title, rows in self.sections:
                     if not rows:
                         continue
-                    yield Label(title, classes="help--section", markup=False)
+                    yield PlainLabel(title, classes="help--section")
                     width = max(len(k) for k, _ in rows)
                     text = "\n".join(f"  {k.ljust(width)}  {d}" for k, d in rows)
-                    yield Static(text, classes="help--rows", markup=False)
+                    yield PlainStatic(text, classes="help--rows")
 
     @property
     def plain(self) -> str:

@@ -20,6 +20,7 @@ from tui.messages import FleetSampled
 from tui.screens.base import LoadmasterScreen, PaletteCommand
 from tui.widgets.fleet_format import bar, drain_prompt, error_cell, num, rate_pct, slurm_detail, spark, state_cell
 from tui.widgets.fleet_plot import TimeSeriesPlot
+from tui.widgets.plain import PlainStatic, PlainTable
 from tui.widgets.slurm_actions import SlurmKeys, drain_flow, resume_flow
 
 if TYPE_CHECKING:
@@ -114,14 +115,14 @@ class NodeDetailScreen(SlurmKeys, LoadmasterScreen):
 
     def compose_body(self) -> ComposeResult:
         with Vertical(classes="screen-body", id="node-body"):
-            yield Static("", id="node-header", markup=False)
-            yield Static("", id="node-slurm", markup=False)
-            yield DataTable(id="node-gpus", cursor_type="row", zebra_stripes=True)
-            yield Static("", id="node-io", markup=False)
+            yield PlainStatic("", id="node-header")
+            yield PlainStatic("", id="node-slurm")
+            yield PlainTable(id="node-gpus", cursor_type="row", zebra_stripes=True)
+            yield PlainStatic("", id="node-io")
             with Vertical(id="node-plots"):
                 for key, title, _unit in PLOTS:
                     with Horizontal(classes="node-plot"):
-                        yield Static(title, id=f"plot-label-{key}", classes="plot-label", markup=False)
+                        yield PlainStatic(title, id=f"plot-label-{key}", classes="plot-label")
                         yield TimeSeriesPlot(id=f"plot-{key}", classes="plot")
 
     def on_mount(self) -> None:

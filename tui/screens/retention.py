@@ -31,6 +31,7 @@ from backend.units import bytes_text, duration_spec, usd_text
 from tui.screens.base import FILTER_BINDING, RUN_FOLDER_BINDINGS, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
 from tui.widgets.detail import DetailModal
+from tui.widgets.plain import PlainStatic, PlainTable
 from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.table_fit import cut_end, room_for
 
@@ -197,13 +198,13 @@ class RetentionScreen(LoadmasterScreen):
                     id="min-age",
                     classes="retention-num",
                 )
-            yield Static("Press o to type a run folder, then enter to list it.", id="retention-summary", markup=False)
+            yield PlainStatic("Press o to type a run folder, then enter to list it.", id="retention-summary")
             with Horizontal(id="retention-bar"):
                 for cls, label, _ in BAR_SEGMENTS:
-                    yield Static(label, classes=f"retention-bar-seg {cls}", markup=False)
-            yield DataTable(id="retention-steps", cursor_type="row", zebra_stripes=True)
+                    yield PlainStatic(label, classes=f"retention-bar-seg {cls}")
+            yield PlainTable(id="retention-steps", cursor_type="row", zebra_stripes=True)
             yield ProgressBar(id="retention-progress", show_eta=False)
-            yield Static("", id="retention-status", markup=False)
+            yield PlainStatic("", id="retention-status")
 
     def on_mount(self) -> None:
         self._columns: tuple[str, ...] = ()

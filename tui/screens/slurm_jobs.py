@@ -25,6 +25,7 @@ from backend.ops.types import SlurmSettings
 from backend.textfmt import safe_text
 from backend.units import duration_text
 from tui.screens.base import console_ops
+from tui.widgets.plain import PlainStatic, PlainTable
 from tui.widgets.text_filter import text_matches
 from tui.widgets.transfers_format import short
 
@@ -218,12 +219,12 @@ class SlurmJobsScreen(Screen[str | None]):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static("reading Slurm's jobs...", id="slurm-jobs-status", markup=False)
+        yield PlainStatic("reading Slurm's jobs...", id="slurm-jobs-status")
         box = Input(placeholder="filter: id, user, name, state, node, reason", id="slurm-jobs-filter", compact=True)
         box.display = False
         yield box
-        yield DataTable(cursor_type="row", zebra_stripes=True, id="slurm-jobs-table")
-        detail = Static("", id="slurm-jobs-detail", markup=False)
+        yield PlainTable(cursor_type="row", zebra_stripes=True, id="slurm-jobs-table")
+        detail = PlainStatic("", id="slurm-jobs-detail")
         detail.styles.height = 2
         yield detail
         yield Footer()

@@ -26,6 +26,7 @@ from backend.ops.types import JobProgress, JobRecord, JobSettings, LaunchCancel,
 from backend.units import bytes_text, duration_text, rate_text
 from tui.screens.base import FILTER_BINDING, LoadmasterScreen
 from tui.widgets.confirm import ConfirmTyped
+from tui.widgets.plain import PlainStatic
 from tui.widgets.transfers_detail import TransferDetail
 from tui.widgets.transfers_form import PullForm
 from tui.widgets.transfers_table import TransfersTable
@@ -149,9 +150,9 @@ class TransfersScreen(LoadmasterScreen):
 
     def compose_body(self) -> ComposeResult:
         with Vertical(id="transfers-body", classes="screen-body"):
-            yield Static("Reading jobs from every node...", id="transfers-summary", markup=False)
+            yield PlainStatic("Reading jobs from every node...", id="transfers-summary")
             # A relay pull's chain (who feeds whom, Gbps per hop, progress per node); hidden without one.
-            relay = Static("", id="transfers-relay", markup=False)
+            relay = PlainStatic("", id="transfers-relay")
             relay.display = False
             yield relay
             yield PullForm(

@@ -22,6 +22,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from backend.errors import LoadmasterError
 from tui.screens.base import console_ops
+from tui.widgets.plain import PlainStatic, PlainTable
 
 if TYPE_CHECKING:
     from backend.ops.triage import TriageReport
@@ -75,12 +76,12 @@ class TriageScreen(Screen[None]):
         yield Header()
         yield Input(placeholder="Slurm job ID or nodes (node-[01-04]), enter to triage", id="triage-ask")
         with VerticalScroll(id="triage-body"):
-            yield Static("reading the nodes...", id="triage-status", markup=False)
-            yield DataTable(cursor_type="row", zebra_stripes=True, id="triage-table")
-            yield Static("", id="triage-commands", markup=False)
-            yield Static("", id="triage-evidence", markup=False)
-            yield Static("", id="triage-restart", markup=False)
-            yield Static("", id="triage-goodput", markup=False)
+            yield PlainStatic("reading the nodes...", id="triage-status")
+            yield PlainTable(cursor_type="row", zebra_stripes=True, id="triage-table")
+            yield PlainStatic("", id="triage-commands")
+            yield PlainStatic("", id="triage-evidence")
+            yield PlainStatic("", id="triage-restart")
+            yield PlainStatic("", id="triage-goodput")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -169,7 +170,10 @@ class TriageScreen(Screen[None]):
     def action_reload(self) -> None:
         if self.job is None and self.nodes is None:
             return
-        self.title = f"Triage: job {self.job}" if self.job else f"Triage: {self.nodes}"
+        from backend.textfmt import safe_text
+
+        # the job or nodes may come from an alert's labels: one printable line in the header
+        self.title = safe_text(f"Triage: job {self.job}" if self.job else f"Triage: {self.nodes}", 200)
         self.query_one("#triage-status", Static).update("reading the nodes...")
         self._read()
 

@@ -9,7 +9,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Button, Input
+
+from tui.widgets.plain import PlainLabel, PlainStatic
 
 
 class ConfirmModal(ModalScreen[bool]):
@@ -61,9 +63,9 @@ class ConfirmModal(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.question, classes="dialog--title", markup=False)
+            yield PlainLabel(self.question, classes="dialog--title")
             if self.body:
-                yield Static(self.body, classes="dialog--body", markup=False)
+                yield PlainStatic(self.body, classes="dialog--body")
             with Horizontal(classes="dialog--buttons"):
                 yield Button(self.yes_label, id="yes", variant="primary")
                 yield Button(self.no_label, id="no")
@@ -128,10 +130,10 @@ class ConfirmTyped(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.question, classes="dialog--title", markup=False)
+            yield PlainLabel(self.question, classes="dialog--title")
             if self.body:
-                yield Static(self.body, classes="dialog--body", markup=False)
-            yield Label(f"Type '{self.phrase}' to confirm:", classes="dialog--prompt", markup=False)
+                yield PlainStatic(self.body, classes="dialog--body")
+            yield PlainLabel(f"Type '{self.phrase}' to confirm:", classes="dialog--prompt")
             yield Input(placeholder=self.phrase, id="phrase")
             with Horizontal(classes="dialog--buttons"):
                 yield Button(self.confirm_label, id="confirm", variant="error", disabled=True)

@@ -9,7 +9,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Label, Static
+
+from tui.widgets.plain import PlainLabel, PlainStatic
 
 
 class DetailModal(ModalScreen[None]):
@@ -44,11 +45,11 @@ class DetailModal(ModalScreen[None]):
         width = max((len(k) for k, _ in self.fields), default=0)
         body = "\n".join(f"{k.rjust(width)}  {v}" for k, v in self.fields)
         with Vertical(classes="dialog"):
-            yield Label(self.heading, classes="dialog--title", markup=False)
+            yield PlainLabel(self.heading, classes="dialog--title")
             with VerticalScroll(classes="detail--scroll"):
-                yield Static(body, classes="detail--body", markup=False)
+                yield PlainStatic(body, classes="detail--body")
             if self.hint:
-                yield Static(self.hint, classes="detail--hint", markup=False)
+                yield PlainStatic(self.hint, classes="detail--hint")
 
     def action_close(self) -> None:
         self.dismiss(None)

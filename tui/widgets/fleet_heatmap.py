@@ -37,7 +37,9 @@ from textual.widgets import Static
 
 from backend.ops.types import GpuSample, NodeSnapshot, XidEvent
 from backend.ops.types import describe_xid as describe
+from backend.textfmt import safe_text
 from backend.units import gbps_text
+from tui.widgets.plain import PlainStatic
 
 #: Utilisation buckets: (upper bound exclusive, glyph, component suffix, legend text).
 BUCKETS: tuple[tuple[float, str, str, str], ...] = (
@@ -540,12 +542,14 @@ class HeatmapGrid(ScrollView, can_focus=True):
         if line.kind == "group":
             text = self._summaries.get(line.group)
             if text is None:
-                text = self._summaries[line.group] = self._summary(line.group)
+                # a group is named by a site, tag or Slurm partition (outside text): a Segment
+                # reaches the terminal as it is, so it holds no escape sequence or control
+                text = self._summaries[line.group] = safe_text(self._summary(line.group), None)
             part = "attention" if line.group == ATTENTION else "group"
             return Strip([Segment(text, self._style(part))])
         segments: list[Segment] = []
         if self._label_width:
-            label = row_label(line.names, self._label_width - 1).ljust(self._label_width)
+            label = safe_text(row_label(line.names, self._label_width - 1), None).ljust(self._label_width)
             segments.append(Segment(label, self._style("label")))
         cursor_node, cursor_gpu = self.cursor if self.cursor is not None else ("", -1)
         base = self.rich_style
@@ -772,9 +776,9 @@ class FleetHeatmap(Vertical):
         self._status = ""
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="fleet-heatmap-legend")
+        yield PlainStatic("", id="fleet-heatmap-legend")
         yield self.grid
-        yield Static("", id="fleet-heatmap-status", markup=False)
+        yield PlainStatic("", id="fleet-heatmap-status")
 
     def on_mount(self) -> None:
         self.restyle()

@@ -14,6 +14,7 @@ from textual.widgets.data_table import ColumnKey, RowKey
 
 from backend.ops.types import NodeSnapshot
 from tui.widgets.fleet_format import node_cells, slurm_reason_cell, slurm_state_cell
+from tui.widgets.plain import PlainTable, plain_cell
 from tui.widgets.table_cursor import cursor_row_key
 from tui.widgets.table_fit import cut_end
 from tui.widgets.text_filter import text_matches
@@ -177,7 +178,7 @@ def _cell_identity(value: object) -> Hashable | None:
     return None
 
 
-class CellCachedTable(DataTable[Any]):
+class CellCachedTable(PlainTable):
     """A DataTable that re-renders a cell only when what it shows changed.
 
     DataTable keys its cell cache on the table's update count, which any cell update bumps, so
@@ -549,7 +550,9 @@ class FleetTable(CellCachedTable):
             text = text[-width:]  # a narrower sparkline keeps its newest samples (the right end)
         elif width is not None and key != "node":  # the node cell is its row's sort identity: kept whole
             text = str(cut_end(text, width))  # wider than its column: ends in '…', never cut bare
-        return Text(text, style=style) if style else text
+        # Node names, GPU errors and Slurm reasons come from outside: a cell is shown literally
+        # (cells set straight into the row below bypass PlainTable.update_cell).
+        return plain_cell(Text(text, style=style) if style else text)
 
     # -- sorting -------------------------------------------------------------------------------
 

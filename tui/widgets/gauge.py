@@ -9,6 +9,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from backend.textfmt import safe_text
+
 Level = Literal["ok", "warn", "over"]
 
 
@@ -145,10 +147,10 @@ class Gauge(Widget):
 
     def render(self) -> Text:
         width = self.content_size.width or 40
-        label = self.label
+        label = safe_text(self.label, None)  # a store or site name: one printable line
         if self.label_width is not None:
             label = label[: self.label_width].ljust(self.label_width)
-        tail = self.text if self.text is not None else f"{self.fraction * 100:5.1f}%"
+        tail = safe_text(self.text, None) if self.text is not None else f"{self.fraction * 100:5.1f}%"
         head = f"{label} " if label else ""
         bar_width = max(0, width - len(head) - len(tail) - 1)
         filled = round(min(max(self.fraction, 0.0), 1.0) * bar_width)

@@ -20,6 +20,7 @@ from backend.errors import LoadmasterError
 from backend.ops.shards import ShardPreview, ShardRequest, Shards, ShardSettings
 from backend.ops.types import parse_size
 from backend.units import bytes_text, usd_text
+from tui.widgets.plain import PlainLabel, PlainStatic, plain
 
 if TYPE_CHECKING:
     from backend.services import Services
@@ -119,17 +120,17 @@ class ShardForm(VerticalScroll):
         self.nodes = nodes
 
     def compose(self) -> ComposeResult:
-        yield Static("New conversion", id="shards-form-title", markup=False)
+        yield PlainStatic("New conversion", id="shards-form-title")
         for key, label, hint in TEXT_FIELDS:
             with Horizontal(classes="shards-field"):
-                yield Label(label, classes="shards-label")
+                yield PlainLabel(label, classes="shards-label")
                 yield Input(
                     self.default_size if key == "shard-size" else "", placeholder=hint, id=f"shards-{key}", compact=True
                 )
         with Horizontal(classes="shards-field"):
             yield Label("Node", classes="shards-label")
             yield Select(
-                [("this machine", LOCAL)] + [(n, n) for n in self.nodes],
+                [("this machine", LOCAL)] + [(plain(n, 200), n) for n in self.nodes],
                 value=LOCAL,
                 allow_blank=False,
                 id="shards-node",
@@ -144,8 +145,8 @@ class ShardForm(VerticalScroll):
                 id="shards-incomplete",
                 compact=True,
             )
-        yield Static("", id="shards-errors", markup=False)
-        yield Static("Type a source and a destination to preview.", id="shards-preview", markup=False)
+        yield PlainStatic("", id="shards-errors")
+        yield PlainStatic("Type a source and a destination to preview.", id="shards-preview")
         with Horizontal(id="shards-buttons"):
             yield Button("Start conversion", id="shards-start", variant="primary", disabled=True)
 

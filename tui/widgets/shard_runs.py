@@ -19,6 +19,7 @@ from textual.widgets import ProgressBar, Static
 
 from backend.ops.shards import ShardProgress
 from backend.units import bytes_text
+from tui.widgets.plain import PlainStatic
 from tui.widgets.summary import Summary
 from tui.widgets.table_fit import CellFor, FitColumn, FittedTable
 from tui.widgets.transfers_format import short
@@ -124,11 +125,11 @@ class ShardRuns(Vertical):
         self._rows: dict[str, Conversion] = {}
 
     def compose(self) -> ComposeResult:
-        yield Static("Conversions", id="shards-runs-title", markup=False)
+        yield PlainStatic("Conversions", id="shards-runs-title")
         yield FittedTable(FIT_COLUMNS, id="shards-table", cursor_type="row", zebra_stripes=True)
         yield ProgressBar(id="shards-progress", total=1.0, show_eta=False)
         yield Summary(id="shards-run-summary")
-        yield Static("", id="shards-manifest", markup=False)
+        yield PlainStatic("", id="shards-manifest")
 
     def on_mount(self) -> None:
         # No bar until a conversion is shown: an empty screen's "0%" would read as a stalled run.

@@ -15,11 +15,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Button, Input
 
 from backend.errors import LoadmasterError
 from backend.textfmt import safe_text
 from tui.widgets.confirm import ConfirmModal
+from tui.widgets.plain import PlainLabel, PlainStatic
 
 if TYPE_CHECKING:
     from backend.ops.slurm import ResumePlan, SlurmNodeRow
@@ -54,9 +55,9 @@ class DrainForm(ModalScreen[DrainAnswer]):
         if self.prompted_by:
             lines.append(f"prompted by: {self.prompted_by} (added to the reason)")
         with Vertical(classes="dialog"):
-            yield Label(f"Drain {self.node} in Slurm", classes="dialog--title", markup=False)
-            yield Static("\n".join(lines), classes="dialog--body", markup=False)
-            yield Label("Reason (what the next on-call reads):", classes="dialog--prompt", markup=False)
+            yield PlainLabel(f"Drain {self.node} in Slurm", classes="dialog--title")
+            yield PlainStatic("\n".join(lines), classes="dialog--body")
+            yield PlainLabel("Reason (what the next on-call reads):", classes="dialog--prompt")
             yield Input(placeholder="e.g. Xid 79, fell off the bus", id="drain-reason")
             with Horizontal(classes="dialog--buttons"):
                 yield Button("After the jobs", id="after", variant="primary")
@@ -107,8 +108,8 @@ class EvidenceRefused(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.question, classes="dialog--title", markup=False)
-            yield Static(self.body, classes="dialog--body", markup=False)
+            yield PlainLabel(self.question, classes="dialog--title")
+            yield PlainStatic(self.body, classes="dialog--body")
             with Horizontal(classes="dialog--buttons"):
                 yield Button("Close", id="close", variant="primary")
 

@@ -9,6 +9,8 @@ from rich.text import Text
 from textual.message import Message
 from textual.widget import Widget
 
+from backend.textfmt import safe_text
+
 Items = Mapping[str, object] | Iterable[tuple[str, object]]
 
 
@@ -96,4 +98,5 @@ class Summary(Widget):
 
 def _normalise(items: Items) -> list[tuple[str, str]]:
     pairs = items.items() if isinstance(items, Mapping) else items
-    return [(str(k), str(v)) for k, v in pairs]
+    # a value can quote a file or a node (outside text): one printable line each
+    return [(safe_text(k, None), safe_text(v, None)) for k, v in pairs]

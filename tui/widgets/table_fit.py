@@ -17,6 +17,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
+from tui.widgets.plain import PlainTable
 from tui.widgets.table_cursor import cursor_row_key
 
 #: Narrower than this, a free-text column is not worth showing cut; it keeps this much.
@@ -118,7 +119,7 @@ def _identity(cell: Cell) -> Hashable:
     return cell
 
 
-class FittedTable(DataTable[Any]):
+class FittedTable(PlainTable):
     """A DataTable whose columns fit its width: laid out by :func:`fit_columns` on each resize
     and each :meth:`set_rows`, every cell cut to its column (:func:`cut_end`, or the cell's own
     function of the width). The cursor stays on its row's key across updates.

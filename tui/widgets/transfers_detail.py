@@ -12,6 +12,7 @@ from textual.widgets import Label, Sparkline, Static
 from backend.ops.types import JobProgress, JobRecord, proof_text
 from backend.textfmt import safe_text
 from backend.units import bytes_text, duration_text, gbps_text
+from tui.widgets.plain import PlainStatic
 from tui.widgets.transfers_format import bar
 
 
@@ -23,11 +24,11 @@ class TransferDetail(Vertical):
         self.job_id: str | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static("Select a job to see its detail.", id="transfers-detail-info", markup=False)
+        yield PlainStatic("Select a job to see its detail.", id="transfers-detail-info")
         yield Label("Throughput (Gbps)", classes="transfers-caption")
         yield Sparkline([], id="transfers-spark", summary_function=max)
         yield Label("Log", classes="transfers-caption")
-        yield Static("", id="transfers-log", markup=False)
+        yield PlainStatic("", id="transfers-log")
 
     def show(
         self, rec: JobRecord, history: Sequence[JobProgress], log_tail: str, line_rate_gbps: float | None = None

@@ -12,6 +12,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from backend.ops import PullRequest
 from backend.ops.pull import FANOUTS, PRESETS
+from tui.widgets.plain import PlainStatic
 from tui.widgets.transfers_estimate import estimate_lines
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ class PullForm(Vertical):
             yield Button("Launch", id="pull-launch", variant="warning", disabled=True, compact=True)
         # The decision is the estimate's first line; the rest scrolls inside the form.
         with VerticalScroll(id="pull-estimate-box"):
-            yield Static("", id="pull-estimate-text", markup=False)
+            yield PlainStatic("", id="pull-estimate-text")
 
     @on(Select.Changed, "#pull-preset")
     def _preset(self, event: Select.Changed) -> None:
