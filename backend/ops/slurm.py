@@ -10,8 +10,11 @@
 
 A drain writes the reason from the template ``<reason> [<prompted by>] | loadmaster:<operator> |
 <UTC time>``. Without ``now`` it is Slurm's ``State=DRAIN``: running jobs finish (the node shows
-*draining*, then *drained*); ``now`` also requeues the node's running jobs (``scontrol requeue``),
-and is refused when one of them cannot be requeued.
+*draining*, then *drained*); ``now`` also requeues every job that holds the node (``scontrol
+requeue``; :data:`backend.slurm.model.HOLDING_JOB_STATES`), and is refused when one of them cannot
+be requeued, when a job naming the node is in a state this code does not know, or when Slurm's
+answer had job records that could not be read (one of them may be such a job: a partial view proves
+no absence). ``drain`` checks the same again on a fresh read and refuses when the jobs changed.
 
 A resume is refused unless the evidence passes, and the refusal names the failing check: the node
 drained or down in Slurm; the node reachable; no compute process on its GPUs; no pending row
@@ -39,7 +42,7 @@ from backend.config import Node
 from backend.errors import ConfigError, LoadmasterError, PolicyError
 from backend.ops.base import Operation
 from backend.slurm.client import SlurmClient, SlurmError
-from backend.slurm.model import HOLDING_JOB_STATES, SlurmJob, SlurmNode, SlurmSnapshot
+from backend.slurm.model import RELEASING_JOB_STATES, SlurmJob, SlurmNode, SlurmSnapshot
 from backend.slurm.parse import clean, node_name
 from backend.slurm.settings import SlurmSettings
 from backend.state.base import actor
@@ -220,6 +223,50 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+def skipped_jobs_text(snap: SlurmSnapshot) -> str | None:
+    """``3 job record(s) of Slurm's answer could not be read (first: ...)``; None when every job
+    record was read."""
+    lines = snap.skipped_job_lines
+    if not lines:
+        return None
+    return f"{len(lines)} job record(s) of Slurm's answer could not be read (first: {clean(lines[0], 160)})"
+
+
+def requeue_now(snap: SlurmSnapshot, names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The jobs a drain ``now`` of ``names`` requeues (every job holding one of them), or
+    PolicyError naming why that cannot be proven safe: a job that cannot be requeued, a job naming
+    the node in a state this code does not know, a holding job whose node list is empty, or job
+    records Slurm sent that could not be read (one of them may hold the node and not be requeueable:
+    "no other job" is proven only by a complete read)."""
+    partial = skipped_jobs_text(snap)
+    if partial is not None:
+        raise PolicyError(
+            f"drain now refused: {partial}; one of them may hold {', '.join(names)} and not be requeueable, "
+            "so the node's jobs are not known: drain after the jobs instead (no requeue), or drain now "
+            "once Slurm's answer reads whole"
+        )
+    for n in names:
+        odd = snap.unknown_on(n)
+        if odd:
+            raise PolicyError(
+                f"drain now refused: job {odd[0].job_id} names {n} in state {clean(odd[0].state, 32)!r}, "
+                "which loadmaster does not know: it may hold the node; drain after the job instead"
+            )
+    unplaced = [j for j in snap.jobs if j.holds_nodes and not j.nodes]
+    if unplaced:
+        raise PolicyError(
+            f"drain now refused: job {unplaced[0].job_id} is {unplaced[0].state.lower()} but Slurm names no node "
+            "for it: it may hold the node; drain after the job instead"
+        )
+    jobs = {j.job_id: j for n in names for j in snap.jobs_on(n)}
+    stuck = [j.job_id for j in jobs.values() if not j.requeue]
+    if stuck:
+        raise PolicyError(
+            f"drain now refused: job {stuck[0]} cannot be requeued (--no-requeue); drain after the job instead"
+        )
+    return tuple(sorted(jobs, key=lambda s: (len(s), s)))
+
+
 def reason_text(reason: str, *, prompted_by: str | None = None, who: str | None = None, t: float | None = None) -> str:
     """``<reason> [<prompted by>] | loadmaster:<operator> | <UTC time>``; ConfigError on bad text."""
     r = reason.strip()
@@ -358,6 +405,12 @@ class Slurm(Operation):
         snap = await self.snapshot(fresh=True)
         job = next((j for j in snap.jobs if j.job_id == job_id), None)
         if job is None:
+            partial = skipped_jobs_text(snap)
+            if partial is not None:
+                raise ConfigError(
+                    f"Slurm job {job_id} is not among the jobs read: {partial}, it may be one of them",
+                    key="--slurm-job",
+                )
             raise ConfigError(f"Slurm has no running or pending job {job_id} (squeue)", key="--slurm-job")
         if job.ended:
             raise ConfigError(
@@ -367,7 +420,7 @@ class Slurm(Operation):
         if not job.nodes:
             why = f": {job.reason}" if job.reason else ""
             raise ConfigError(f"Slurm job {job_id} holds no node yet ({job.state.lower()}{why})", key="--slurm-job")
-        if job.state not in HOLDING_JOB_STATES:
+        if not job.holds_nodes or job.state in RELEASING_JOB_STATES:
             raise ConfigError(
                 f"Slurm job {job_id} is {job.state.lower()}: it holds its nodes only while it runs", key="--slurm-job"
             )
@@ -391,6 +444,13 @@ class Slurm(Operation):
             except ValueError as exc:
                 raise ConfigError(str(exc), key="NODES") from None
             n = snap.node(name)
+            lost = snap.skipped_node_lines
+            if n is None and lost:
+                raise ConfigError(
+                    f"node {name!r} is not among the nodes read: {len(lost)} node record(s) of Slurm's answer could "
+                    f"not be read (first: {clean(lost[0], 160)}), it may be one of them",
+                    key="NODES",
+                )
             if n is None:
                 known = ", ".join(x.name for x in snap.nodes[:10])
                 raise ConfigError(f"Slurm has no node {name!r} (known: {known})", key="NODES")
@@ -414,13 +474,7 @@ class Slurm(Operation):
         ]
         requeue: tuple[str, ...] = ()
         if now:
-            jobs = {j.job_id: j for n in names for j in snap.jobs_on(n)}
-            stuck = [j.job_id for j in jobs.values() if not j.requeue]
-            if stuck:
-                raise PolicyError(
-                    f"drain now refused: job {stuck[0]} cannot be requeued (--no-requeue); drain after the job instead"
-                )
-            requeue = tuple(sorted(jobs, key=lambda s: (len(s), s)))
+            requeue = requeue_now(snap, names)
             if requeue:
                 cmds.append(tuple(self.client.argv("scontrol", "requeue", ",".join(requeue))))
         return DrainPlan(names, text, now, requeue, tuple(cmds))
@@ -430,6 +484,19 @@ class Slurm(Operation):
         self.refuse_if_readonly("drain Slurm nodes")
         snap = await self.snapshot(fresh=True)
         self._nodes(snap, list(plan.nodes))
+        if plan.now:
+            # The plan's requeue list was proven on an earlier read: prove it again on this one.
+            try:
+                again = requeue_now(snap, plan.nodes)
+                if set(again) != set(plan.requeue):
+                    new = sorted(set(again) - set(plan.requeue)) or sorted(set(plan.requeue) - set(again))
+                    raise PolicyError(
+                        f"drain now refused: the nodes' jobs changed since the plan (job {new[0]}): plan again"
+                    )
+            except PolicyError as exc:
+                for n in plan.nodes:
+                    self.audit("slurm.drain", n, "refused", detail={"why": str(exc)}, reason=plan.reason)
+                raise
         ran: list[str] = []
         ids = []
         try:

@@ -29,7 +29,7 @@ from backend.slurm.parse import expand_nodes
 from backend.telemetry.parse import split_sections
 from backend.telemetry.settings import TelemetrySettings
 from backend.textfmt import safe_text
-from backend.triage.analyze import NodeHealth, TriageReport, analyze
+from backend.triage.analyze import NO_TELEMETRY, NodeHealth, TriageReport, analyze
 from backend.triage.goodput import lines as goodput_lines
 from backend.triage.restart import restart_lines
 from backend.triage.signals import SCRIPT, parse_health, parse_xids
@@ -84,6 +84,13 @@ class Triage(Operation):
         if job is not None:
             assert snap is not None
             found = [j for j in snap.jobs if j.job_id == job.strip()]
+            if not found and snap.skipped_job_lines:
+                raise ConfigError(
+                    f"Slurm job {job.strip()!r} is not among the jobs read: {len(snap.skipped_job_lines)} job "
+                    f"record(s) could not be read (first: {safe_text(snap.skipped_job_lines[0], 160)}), "
+                    "it may be one of them",
+                    key="--job",
+                )
             if not found:
                 raise ConfigError(f"Slurm has no running or pending job {job.strip()!r}", key="--job")
             names = list(dict.fromkeys(n for j in found for n in j.nodes))
@@ -253,12 +260,21 @@ class Triage(Operation):
             base = self._base(name, snap)
             if name in got:
                 out.append(merge_slurm(got[name], base))
-            elif base.expected_gpus:
-                # Slurm says GPUs, Prometheus has none of their series: the telemetry collapsed.
-                out.append(replace(base, gpu_status="absent", xid_error="no DCGM series in Prometheus"))
-            else:
-                why = "no DCGM series in Prometheus (no GPUs, or its exporter is down or not scraped): not read"
-                out.append(replace(base, read=False, gpu_status=why))
+                continue
+            # No series at all for the node: that proves the telemetry is missing (its exporter down
+            # or not scraped, or a node without GPUs), never that its GPUs are.
+            why = "Prometheus has no DCGM series for it: its exporter is down or not scraped" + (
+                f" (Slurm lists {base.expected_gpus} GPUs)" if base.expected_gpus else ", or it has no GPUs"
+            )
+            out.append(
+                replace(
+                    base,
+                    read=False,
+                    gpu_status=NO_TELEMETRY,
+                    telemetry=why,
+                    xid_error="no DCGM series in Prometheus",
+                )
+            )
         return out
 
     def _base(self, name: str, snap: SlurmSnapshot | None) -> NodeHealth:
@@ -298,17 +314,28 @@ class Triage(Operation):
         rtext, _ = sec.get("remap", ("", None))
         xtext, xrc = sec.get("xid", ("", None))
         gpus = parse_health(gtext, rtext)
-        if grc == "absent" or (not gpus and "No devices were found" in gtext):
-            status = "absent"  # accused only where Slurm says the node has GPUs (gpu-missing)
+        telemetry = None
+        if "gpu" not in sec or (grc is None and not gtext.strip()):
+            status, telemetry = NO_TELEMETRY, "its answer has no GPU part (cut short?)"
+        elif grc == "absent" and base.expected_gpus:
+            # No nvidia-smi to ask: the GPUs were not read, which proves nothing about them.
+            status = NO_TELEMETRY
+            telemetry = f"nvidia-smi is not installed on it (Slurm lists {base.expected_gpus} GPUs)"
+        elif grc == "absent" or (not gpus and "No devices were found" in gtext):
+            status = "absent"  # the driver found no GPU: accused where Slurm says it has some (gpu-missing)
         elif gpus:
             status = "ok"  # a lost GPU makes nvidia-smi exit non-zero; its row says so
         else:
             first = next((ln.strip() for ln in gtext.splitlines() if ln.strip()), "")
             status = safe_text(first, 200) or f"nvidia-smi exited {safe_text(str(grc), 20)}"
         xid_error = None
-        if xrc not in ("0", None) or xtext.startswith("dmesg:"):
+        if xrc is None:
+            xid_error = "its answer has no whole kernel log part (cut short?)"
+        elif xrc != "0" or xtext.startswith("dmesg:"):
             xid_error = safe_text(next((ln for ln in xtext.splitlines() if ln.startswith("dmesg")), ""), 200) or (
                 f"dmesg exited {safe_text(str(xrc), 20)}"
             )
         xids = parse_xids(xtext, gpus, base.read_at - XID_WINDOW_S)
+        if status == NO_TELEMETRY:
+            return replace(base, read=False, gpu_status=status, telemetry=telemetry, xids=xids, xid_error=xid_error)
         return replace(base, gpus=gpus, gpu_status=status, xids=xids, xid_error=xid_error)

@@ -212,7 +212,7 @@ class SlurmClient:
         """Nodes and jobs, read now: two Slurm calls."""
         nodes, s1 = await self.nodes()
         jobs, s2 = await self.jobs()
-        return SlurmSnapshot(tuple(nodes), tuple(jobs), time.time(), tuple(s1 + s2))
+        return SlurmSnapshot(tuple(nodes), tuple(jobs), time.time(), tuple(s1 + s2), skipped_jobs=len(s2))
 
 
 async def _read(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:

@@ -154,8 +154,26 @@ ENDED_JOB_STATES = frozenset(
         "SPECIAL_EXIT",
     }
 )
-#: Job states in which a job holds its nodes for work now (a COMPLETING one is letting them go).
-HOLDING_JOB_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
+#: The one definition of "this job holds its nodes", by the one word Slurm prints for a job
+#: (``job_state_string``; 23.11+'s lists are reduced to it by :func:`backend.slurm.parse._job_state`).
+#: From ``slurm.h``/``slurmctld.h``: a job holds its allocation while its base state is RUNNING or
+#: SUSPENDED (``IS_JOB_RUNNING``, ``IS_JOB_SUSPENDED``) and while a flag says it is not done with
+#: the nodes: ``JOB_CONFIGURING`` (allocated nodes booting), ``JOB_RESIZING`` (a running job
+#: changing size), ``JOB_STOPPED`` (holding resources, sent SIGSTOP), ``JOB_SIGNALING`` (a signal to
+#: its steps pending), ``JOB_COMPLETING`` (``IS_JOB_COMPLETING``: waiting for its epilog) and
+#: ``JOB_STAGE_OUT`` (burst buffer stage-out, "Slurm has not released resources for the job yet").
+HOLDING_JOB_STATES = frozenset(
+    {"RUNNING", "SUSPENDED", "CONFIGURING", "RESIZING", "STOPPED", "SIGNALING", "COMPLETING", "STAGE_OUT"}
+)
+#: Of :data:`HOLDING_JOB_STATES`, those in which the job's work has ended and Slurm is letting the
+#: nodes go (epilog, stage-out): the job holds them, but nothing should be sent to them for it.
+RELEASING_JOB_STATES = frozenset({"COMPLETING", "STAGE_OUT"})
+#: Job states that provably hold no node: waiting (PENDING and the requeue/hold words, which
+#: ``job_state_string`` prints only once COMPLETING is over) or ended. A word in none of these sets
+#: (a newer Slurm's) is unknown: it may hold the node (deny by default, :attr:`SlurmJob.state_known`).
+NOT_HOLDING_JOB_STATES = (
+    frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"}) | ENDED_JOB_STATES
+)
 
 
 @dataclass(frozen=True)
@@ -184,9 +202,19 @@ class SlurmJob:
         """Whether it has ended (Slurm still lists an ended job for a while)."""
         return self.state in ENDED_JOB_STATES
 
+    @property
+    def holds_nodes(self) -> bool:
+        """Whether Slurm has its nodes allocated to it now (:data:`HOLDING_JOB_STATES`)."""
+        return self.state in HOLDING_JOB_STATES
+
+    @property
+    def state_known(self) -> bool:
+        """Whether its state word is one this code knows to hold nodes or not to."""
+        return self.state in HOLDING_JOB_STATES or self.state in NOT_HOLDING_JOB_STATES
+
     def elapsed(self, now: float) -> float | None:
-        """Seconds it has run at ``now`` (None: not started)."""
-        if self.start_time is None or self.state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
+        """Seconds it has run at ``now`` (None: not started, or not holding its nodes)."""
+        if self.start_time is None or not self.holds_nodes:
             return None
         return max(0.0, now - self.start_time)
 
@@ -204,13 +232,45 @@ class SlurmSnapshot:
     taken_at: float
     #: One line per record that could not be read (the rest is still shown).
     skipped: tuple[str, ...] = field(default=())
+    #: How many of :attr:`skipped` are job records (the rest are node records); None: not counted
+    #: (a snapshot built by hand), every skipped line is then taken to be either.
+    skipped_jobs: int | None = None
+
+    @property
+    def skipped_job_lines(self) -> tuple[str, ...]:
+        """The skipped lines of job records (every skipped line when not counted)."""
+        if self.skipped_jobs is None:
+            return self.skipped
+        return self.skipped[len(self.skipped) - self.skipped_jobs :] if self.skipped_jobs else ()
+
+    @property
+    def skipped_node_lines(self) -> tuple[str, ...]:
+        """The skipped lines of node records (every skipped line when not counted)."""
+        if self.skipped_jobs is None:
+            return self.skipped
+        return self.skipped[: len(self.skipped) - self.skipped_jobs]
+
+    @property
+    def jobs_complete(self) -> bool:
+        """Every job record was read: only then does "no (other) job holds this node" hold."""
+        return not self.skipped_job_lines
+
+    @property
+    def nodes_complete(self) -> bool:
+        """Every node record was read: only then does "Slurm has no such node" hold."""
+        return not self.skipped_node_lines
 
     def node(self, name: str) -> SlurmNode | None:
         return next((n for n in self.nodes if n.name == name), None)
 
     def jobs_on(self, node: str) -> tuple[SlurmJob, ...]:
-        """Running jobs that hold ``node``."""
-        return tuple(j for j in self.jobs if node in j.nodes and j.state in ("RUNNING", "COMPLETING", "SUSPENDED"))
+        """Jobs that hold ``node`` (:data:`HOLDING_JOB_STATES`): running, configuring, suspended,
+        completing, ... Only those read: see :attr:`jobs_complete`."""
+        return tuple(j for j in self.jobs if node in j.nodes and j.holds_nodes)
+
+    def unknown_on(self, node: str) -> tuple[SlurmJob, ...]:
+        """Jobs naming ``node`` whose state word this code does not know: they may hold it."""
+        return tuple(j for j in self.jobs if node in j.nodes and not j.state_known)
 
 
 def gres_indices(text: Any) -> tuple[int, ...] | None:

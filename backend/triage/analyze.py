@@ -3,7 +3,9 @@ commands to exclude, drain and resume: pure functions of :class:`NodeHealth` rec
 
 Deny by default applies to accusations: a node or GPU is a suspect only on positive evidence (a
 counter, a flag, a reason bit, a clock measurably below its peers, a lost or missing GPU, a node
-that does not answer). What could not be read is listed as a note, never held against anyone.
+that does not answer). What could not be read is listed as a note, never held against anyone: a
+node whose GPU telemetry is missing (:data:`NO_TELEMETRY`: no series in Prometheus, no nvidia-smi
+on it) is "no telemetry", never "GPUs missing".
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ BUSY_UTIL_PCT = 10.0
 PCIE_REPLAYS_EVIDENCE = 100
 NVLINK_CRC_EVIDENCE = 100
 
+#: ``gpu_status`` of a node whose GPUs could not be read at all: Prometheus has no series for it
+#: (its exporter down or not scraped), nvidia-smi is not installed on it, or its answer has no GPU
+#: part. It proves the telemetry is missing, nothing about the GPUs: no ``gpu-missing`` or
+#: ``telemetry-missing`` evidence, no drain on that ground, no resume either (nothing was proven).
+NO_TELEMETRY = "no-telemetry"
+
 #: How much each kind of evidence weighs in the ranking (higher first).
 WEIGHTS = {
     "unreachable": 90,
@@ -55,11 +63,15 @@ class NodeHealth:
     reachable: bool
     read_at: float
     error: str | None = None
-    #: False: not read at all (not in the inventory); nothing is held against it.
+    #: False: its GPUs were not read (not in the inventory, or :data:`NO_TELEMETRY`); nothing is held
+    #: against it but an Xid it was read to log.
     read: bool = True
     gpus: tuple[GpuHealth, ...] = ()
-    #: "ok", "absent" (no nvidia-smi), or nvidia-smi's error line.
+    #: "ok", "absent" (nvidia-smi found no GPU, or a node without GPUs has no nvidia-smi),
+    #: :data:`NO_TELEMETRY` (``telemetry`` says why), or nvidia-smi's error line.
     gpu_status: str = "ok"
+    #: Why there is no telemetry for the node (with ``gpu_status`` :data:`NO_TELEMETRY`).
+    telemetry: str | None = None
     xids: tuple[XidSeen, ...] = ()
     #: Why the kernel log could not be read, if so.
     xid_error: str | None = None
@@ -278,6 +290,10 @@ def node_evidence(n: NodeHealth, peer_buses: dict[str, list[str]]) -> list[Evide
     """Everything against one node (the straggler comparison is done across nodes)."""
     ev: list[Evidence] = []
     t = n.read_at
+    if n.gpu_status == NO_TELEMETRY:
+        # Its GPUs were not read: their absence proves nothing. An Xid its kernel log was read to
+        # hold is still evidence.
+        return _xid_evidence(n) if n.reachable else []
     if not n.read:
         return []
     if not n.reachable:
@@ -348,10 +364,16 @@ def node_evidence(n: NodeHealth, peer_buses: dict[str, list[str]]) -> list[Evide
                     ev.append(
                         Evidence(n.node, pos, "gpu-missing", f"GPU at {bus} is not listed (its peers list it)", t)
                     )
+    ev.extend(_xid_evidence(n))
+    return ev
+
+
+def _xid_evidence(n: NodeHealth) -> list[Evidence]:
+    out = []
     for x in n.xids:
         if x.drain:
             where = f"GPU {x.gpu}" if x.gpu >= 0 else "a GPU"
-            ev.append(
+            out.append(
                 Evidence(
                     n.node,
                     x.gpu if x.gpu >= 0 else None,
@@ -360,7 +382,7 @@ def node_evidence(n: NodeHealth, peer_buses: dict[str, list[str]]) -> list[Evide
                     x.at,
                 )
             )
-    return ev
+    return out
 
 
 def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
@@ -372,7 +394,7 @@ def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
     nodes = [sane_node(n) for n in nodes]
     peers = _peer_buses(nodes)
     ev: dict[str, list[Evidence]] = {n.node: node_evidence(n, peers) for n in nodes}
-    pool = [(n.node, g) for n in nodes if n.reachable and n.read for g in n.gpus]
+    pool = [(n.node, g) for n in nodes if n.reachable and n.read and n.gpu_status != NO_TELEMETRY for g in n.gpus]
     ranking = slowest(pool)
     rel = {(r.node, r.gpu): r for r in ranking}
     for node, g, ratio, median in stragglers(pool):
@@ -397,7 +419,12 @@ def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
     if not nodes:
         notes.append("no nodes read: nothing to triage")
     for n in nodes:
-        if not n.read:
+        if n.gpu_status == NO_TELEMETRY:
+            notes.append(
+                f"{n.node}: no telemetry ({n.telemetry or 'no GPU data'}): its GPUs were not read, "
+                "nothing is held against it on that ground"
+            )
+        elif not n.read:
             notes.append(f"{n.node}: {n.gpu_status}")
         elif n.reachable and n.xid_error:
             notes.append(f"{n.node}: kernel log not read ({n.xid_error})")
@@ -438,7 +465,7 @@ def analyze(nodes: list[NodeHealth], *, job: str | None = None) -> TriageReport:
 def _proven_healthy(n: NodeHealth) -> bool:
     """Every check triage makes was read on ``n``: it answered, its GPUs were listed (or it has
     none and Slurm expects none) and its kernel log was read."""
-    gpus_read = n.gpu_status == "ok" or (n.gpu_status == "absent" and not n.expected_gpus)
+    gpus_read = n.gpu_status == "ok" or (n.gpu_status == "absent" and not n.expected_gpus)  # never NO_TELEMETRY
     return n.read and n.reachable and gpus_read and n.xid_error is None
 
 
