@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from backend.checkpoints.classify import classify
@@ -95,6 +96,10 @@ async def run_markers(
             if text and len(text.splitlines()) == 1:
                 pointers.append((n, text.rstrip("/").rsplit("/", 1)[-1]))
     pointers += await _pointer_links(store, prefix)
+    references = [(n, leaf) for n, leaf in pointers]
+    if mg_num is not None:
+        references.append((MEGATRON_LATEST, str(mg_num)))
+    references += await _references(store, prefix)
     best = None
     for key in trainer_states or []:
         try:
@@ -112,6 +117,7 @@ async def run_markers(
         megatron_release=mg == "release",
         best_checkpoint=best,
         pointers=tuple(pointers),
+        references=tuple(dict.fromkeys(references)),
     )
 
 
@@ -142,6 +148,102 @@ async def _pointer_links(store: ObjectStore, prefix: str) -> list[tuple[str, str
     return await asyncio.to_thread(scan)
 
 
+#: Bounds of the scan for links: entries looked at in all, and depth below the run folder.
+MAX_LINK_SCAN = 20_000
+MAX_LINK_DEPTH = 6
+
+
+async def _references(store: ObjectStore, prefix: str) -> list[tuple[str, str]]:
+    """What links and pointer files name an entry of the run folder ``prefix``: (who, the entry).
+
+    Symlinks anywhere in the run folder (its steps included), in its parent and at the top of the
+    parent's other folders (``../other/best -> ../run/step-100``), resolved; pointer files
+    (``latest``...) of the parent whose text is a path into the run. A local run folder has links;
+    an object store has only the pointer files."""
+    out: list[tuple[str, str]] = []
+    parent = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+    if prefix:
+        try:
+            up = await _root_files(store, parent)
+        except StoreError:
+            up = []
+        own = prefix.rsplit("/", 1)[-1]
+        for o in sorted(up, key=lambda o: o.key):
+            n = o.key.rsplit("/", 1)[-1]
+            if POINTER_FILE.match(n) and o.size <= 4096:
+                text = (await store.get_bytes(o.key)).decode("utf-8", "replace").strip()
+                parts = [p for p in text.strip("/").split("/") if p not in ("", ".")]
+                if len(text.splitlines()) == 1 and len(parts) >= 2 and parts[-2] == own:
+                    out.append((f"../{n}", parts[-1]))
+    if not isinstance(store, LocalStore):
+        return out
+    base = (store.local_path(prefix) if prefix else store.root).resolve()
+
+    def entry_of(link: Path) -> str | None:
+        try:
+            target = Path(os.path.realpath(link))
+        except (OSError, RuntimeError):
+            return None
+        if target == base or base not in target.parents:
+            return None
+        return target.relative_to(base).parts[0]
+
+    def scan() -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        seen = 0
+        if not base.is_dir():
+            return found
+        for dirpath, dirs, files in os.walk(base):
+            here = Path(dirpath)
+            depth = len(here.relative_to(base).parts)
+            if depth >= MAX_LINK_DEPTH:
+                dirs[:] = []
+            for n in sorted(dirs + files):
+                seen += 1
+                p = here / n
+                if p.is_symlink() and (entry := entry_of(p)) is not None:
+                    found.append((str(p.relative_to(base)), entry))
+            if seen > MAX_LINK_SCAN:
+                break
+        up = base.parent
+        if prefix and up.is_dir():
+            for p in sorted(up.iterdir())[:MAX_LINK_SCAN]:
+                if p.resolve() == base:
+                    continue
+                if p.is_symlink():
+                    if (entry := entry_of(p)) is not None:
+                        found.append((f"../{p.name}", entry))
+                elif p.is_dir():
+                    for q in sorted(p.iterdir())[:MAX_LINK_SCAN]:
+                        if q.is_symlink() and (entry := entry_of(q)) is not None:
+                            found.append((f"../{p.name}/{q.name}", entry))
+        return found
+
+    return out + await asyncio.to_thread(scan)
+
+
+def _local_links(store: ObjectStore, prefix: str) -> set[str]:
+    """The entries of a local run folder that are symlinks (a link is never a step: deleting one
+    through the store would remove what it points at)."""
+    if not isinstance(store, LocalStore):
+        return set()
+    base = store.local_path(prefix) if prefix else store.root
+    return {p.name for p in base.iterdir() if p.is_symlink()} if base.is_dir() else set()
+
+
+def _links_inside(store: ObjectStore, step: CheckpointStep) -> str | None:
+    """A symlink inside a local step folder (its files would be deleted through it), or None."""
+    if not isinstance(store, LocalStore) or step.is_file:
+        return None
+    base = store.local_path(step.path)
+    for dirpath, dirs, files in os.walk(base):
+        for n in sorted(dirs + files):
+            p = Path(dirpath) / n
+            if p.is_symlink():
+                return f"{p.relative_to(base)} -> {os.readlink(p)}"
+    return None
+
+
 async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
     """List and classify every step under ``prefix`` (concurrent, paginated)."""
     prefix = prefix.strip("/")
@@ -154,7 +256,12 @@ async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
             f"{root / prefix}: no such directory (a run folder is s3://bucket/prefix, "
             "a configured store name (store/run) or an existing local directory)"
         )
-    dirs = [d for d in await store.list_dirs(prefix) if not d.rsplit("/", 1)[-1].startswith(".")]
+    links = _local_links(store, prefix)
+    dirs = [
+        d
+        for d in await store.list_dirs(prefix)
+        if not d.rsplit("/", 1)[-1].startswith(".") and d.rsplit("/", 1)[-1] not in links
+    ]
     files = await _root_files(store, prefix)
     root_by_name = {o.key.rsplit("/", 1)[-1]: o for o in files}
     sem = asyncio.Semaphore(LIST_CONCURRENCY)
@@ -193,6 +300,7 @@ async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
             return await classify(store, d, objs, markers=markers, step=rule[d.rsplit("/", 1)[-1]].step)
 
     steps = list(await asyncio.gather(*(one(d, objs) for d, objs in step_dirs), *(one(o.key, [o]) for o in file_steps)))
+    steps = [await _no_links_inside(store, s) for s in steps]
     own = prefix.rsplit("/", 1)[-1]
     if not steps and prefix and step_number(own) is not None and (listed or files):
         # the prefix may itself be a step folder (e.g. ``ckpt list s3://b/run1/step-100``)
@@ -201,6 +309,18 @@ async def list_checkpoints(store: ObjectStore, prefix: str = "") -> Catalog:
             return Catalog(url=store.url, prefix=prefix, steps=(await step_catalog(store, prefix, objects=objs),))
     steps += not_steps
     return Catalog(url=store.url, prefix=prefix, steps=tuple(sorted(steps, key=_sort_key)))
+
+
+async def _no_links_inside(store: ObjectStore, step: CheckpointStep) -> CheckpointStep:
+    """A step holding a symlink lists as unknown: deleting or stripping it would remove, through
+    the link, the files it points at (another step's, or another run's)."""
+    if step.kind not in ("full", "weights"):
+        return step
+    link = await asyncio.to_thread(_links_inside, store, step)
+    if link is None:
+        return step
+    note = f"holds a link ({link}): deleting it would remove what the link points at"
+    return replace(step, kind="unknown", note=note)
 
 
 def _not_a_step(path: str, objs: list[ObjectInfo], why: str) -> CheckpointStep:
@@ -234,4 +354,4 @@ async def step_catalog(
         [join_key(step_path, TRAINER_STATE)] if any(o.key == join_key(step_path, TRAINER_STATE) for o in objs) else []
     )
     markers = await run_markers(store, parent, None, states)
-    return await classify(store, step_path, objs, markers=markers)
+    return await _no_links_inside(store, await classify(store, step_path, objs, markers=markers))

@@ -68,6 +68,11 @@ async def classify(
     num = step_number(name) if step == "name" else step
     if f.kind in ("full", "weights") and (why := pointer_problem(name, num, markers)):
         f = Facts(layout=f.layout, kind="incomplete", note=why, marker=f.marker, flags=f.flags)
+    loses = f.strip_loses
+    if not loses and not single and f.kind == "full":
+        from backend.checkpoints.strip_scope import files_loses
+
+        loses = files_loses(files, f.layout)
     return CheckpointStep(
         step=num,
         path=step_path,
@@ -85,7 +90,19 @@ async def classify(
         flags=tuple(f.flags),
         weights_bytes=f.keep_bytes,
         export_note=export_note or "",
+        strip_loses=loses,
+        referenced_by=referenced_by(name, num, markers),
     )
+
+
+def referenced_by(name: str, num: int | None, markers: RunMarkers) -> tuple[str, ...]:
+    """The links and pointers of the run that name the step ``name`` (by its name, or by its
+    number when a pointer holds a bare number, as Megatron's tracker file does)."""
+    out = []
+    for who, target in markers.references:
+        if target == name or (num is not None and target.isdigit() and int(target) == num):
+            out.append(who)
+    return tuple(dict.fromkeys(out))
 
 
 async def _facts(

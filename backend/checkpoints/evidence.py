@@ -47,6 +47,7 @@ class Facts:
     opt_bytes: int = 0
     flags: list[str] = field(default_factory=list)
     keep_bytes: int | None = None  # BF16 bytes of the model tensors a strip keeps, when read
+    strip_loses: str = ""  # state a strip would lose (EMA, a second model): see strip_scope
 
 
 def rel_files(objects: Iterable[ObjectInfo], step_path: str) -> dict[str, ObjectInfo]:
@@ -218,9 +219,17 @@ def kind_from_torch(tfs: dict[str, TorchFile], files: dict[str, ObjectInfo], f: 
     model = [n for n, tf in tfs.items() if not is_side_file(n, tf)]
     f.keep_bytes = sum(model_tensor_bytes(tf) for n, tf in tfs.items() if n in model or optimizer_paths(tf.obj))
     if opt:
+        from backend.checkpoints.strip_scope import torch_loses
+
         f.kind = "full"
         f.note = optimizer_note(opt[0][1], opt[0][0])
         f.opt_bytes = sum(files[n].size for n, _ in opt if n in files)
+        f.strip_loses = torch_loses(
+            {
+                n: ([(k, t.dtype in FLOAT_DTYPES and t.numel > 0) for k, t in tf.tensors()], optimizer_paths(tf.obj))
+                for n, tf in tfs.items()
+            }
+        )
     elif named := sorted(n for n in tfs if OPTIM_FILE.search(n)):
         f.kind = "unknown"
         f.note = f"{named[0]}: named like optimizer state, but holds none the catalog recognises"

@@ -108,6 +108,9 @@ async def dcp_facts(
         weights = weight_names(keys, "auto")
         f.opt_bytes = sum(n for k, n in per.items() if k not in weights)
         f.keep_bytes = _bf16_bytes(entries, set(weights))
+        from backend.checkpoints.strip_scope import dcp_loses
+
+        f.strip_loses = dcp_loses(((e.fqn, bool(e.dtype.is_floating_point)) for e in entries), keys)
     elif tensors:
         f.kind, f.note = "weights", f"{len(tensors)} tensors, no optimizer state in {METADATA_FILE}"
         f.keep_bytes = _bf16_bytes(entries, set(keys))

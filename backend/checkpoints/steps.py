@@ -65,6 +65,11 @@ class CheckpointStep:
     flags: tuple[str, ...] = field(default=())  # e.g. "zero3-placeholders": weights live in the optimizer
     weights_bytes: int | None = None  # BF16 bytes of the model tensors a strip keeps (None: not read)
     export_note: str = ""  # a safetensors index that is no BF16 export: why (FP32 shards, incomplete)
+    #: What a strip to weights would lose (a tensor or file that is neither the exported model nor
+    #: optimizer state: EMA, a second model); "" when nothing. A strip of such a step is refused.
+    strip_loses: str = ""
+    #: The links and pointers of the run (or its parent) that name this step: it is kept.
+    referenced_by: tuple[str, ...] = field(default=())
 
     @property
     def name(self) -> str:
@@ -133,6 +138,9 @@ class RunMarkers:
     #: symlink: a resume reads the step it names, and a newer step of its pattern is not committed
     #: by it (see :func:`backend.checkpoints.classify.pointer_problem`).
     pointers: tuple[tuple[str, str], ...] = ()
+    #: Every link or pointer file in the run folder, its steps or its parent that names an entry of
+    #: the run: (what refers, the entry's name). A step named here is never deleted or stripped.
+    references: tuple[tuple[str, str], ...] = ()
 
 
 def step_number(name: str) -> int | None:

@@ -81,6 +81,18 @@ def _has_marker(step: Any, marker: str) -> bool:
     return bool(marker) and any(rel_name(step, o.key) == marker for o in step.objects)
 
 
+_DIGITS = re.compile(r"\d+")
+
+
+def step_family(step: Any) -> str:
+    """The naming pattern of a step (``step-1000`` -> ``step-#``, ``global_step500`` ->
+    ``global_step#``; Lightning's ``-vN`` suffix for a repeated name is ignored). Steps of two
+    patterns in one folder are two runs (or one run that changed its naming): their numbers are
+    never ranked against each other."""
+    name = str(step.path).rstrip("/").rsplit("/", 1)[-1]
+    return _DIGITS.sub("#", re.sub(r"-v\d+(?=\.ckpt$|$)", "", name))
+
+
 def _sort_key(step: Any) -> tuple[int, int, str]:
     return (0, step.step, step.path) if step.step is not None else (1, 0, step.path)
 
@@ -124,15 +136,33 @@ def plan_retention(
     def too_young(s: Any) -> bool:
         return bool(policy.min_age) and now - s.mtime < policy.min_age
 
-    complete_full = [
-        s for s in ordered if is_known(s) and not is_in_flight(s) and s.kind == "full" and not too_young(s)
-    ]
-    latest = {s.path for s in complete_full[-policy.keep_full_latest :]} if policy.keep_full_latest else set()
-    # A run never loses its last resumable step, whatever keep_full_latest says.
-    last_resumable = complete_full[-1].path if complete_full else None
-    # Step numbers order a run (object mtimes tie at the store's 1 s granularity and change on copy).
-    numbered = [s for s in ordered if s.step is not None]
-    newest = {numbered[-1].path} if numbered else set()
+    # Each naming pattern is planned on its own (two runs, or one that changed its naming, in one
+    # folder): its own latest N, its own last resumable step, its own newest artifact.
+    family = {s.path: step_family(s) for s in ordered if s.step is not None}
+    families = sorted(set(family.values()))
+    among = (lambda s: f" of the {family[s.path]} steps") if len(families) > 1 else (lambda s: "")
+    latest: set[str] = set()
+    last_resumable: set[str] = set()
+    newest: set[str] = set()
+    for fam in families:
+        complete_full = [
+            s
+            for s in ordered
+            if family.get(s.path) == fam
+            and is_known(s)
+            and not is_in_flight(s)
+            and s.kind == "full"
+            and not too_young(s)
+        ]
+        if policy.keep_full_latest:
+            latest |= {s.path for s in complete_full[-policy.keep_full_latest :]}
+        # A run never loses its last resumable step, whatever keep_full_latest says.
+        if complete_full:
+            last_resumable.add(complete_full[-1].path)
+        # Step numbers order a run (object mtimes tie at the store's 1 s granularity and change on copy).
+        numbered = [s for s in ordered if family.get(s.path) == fam]
+        if numbered:
+            newest.add(numbered[-1].path)
 
     actions: list[PlannedAction] = []
     for s in ordered:
@@ -192,17 +222,22 @@ def plan_retention(
         if pin is not None:
             act(keep, f"pinned: {pin}" if pin else "pinned", milestone=milestone_why is not None, pinned=pin)
             continue
+        if refs := tuple(getattr(s, "referenced_by", ()) or ()):
+            act(keep, f"referenced by {', '.join(refs)} (kept like a pin)", milestone=milestone_why is not None)
+            continue
         if getattr(s, "best", False):
             act(keep, "the Trainer's best_model_checkpoint (kept like a pin)", milestone=milestone_why is not None)
             continue
         if s.path in latest:
-            act("keep-full", f"latest {policy.keep_full_latest} complete", milestone=milestone_why is not None)
+            act(
+                "keep-full", f"latest {policy.keep_full_latest} complete{among(s)}", milestone=milestone_why is not None
+            )
             continue
-        if s.path == last_resumable:
-            act("keep-full", "the run's last resumable step", milestone=milestone_why is not None)
+        if s.path in last_resumable:
+            act("keep-full", f"the run's last resumable step{among(s)}", milestone=milestone_why is not None)
             continue
         if s.path in newest:
-            act(keep, "the newest artifact of the run: never deleted", milestone=milestone_why is not None)
+            act(keep, f"the newest artifact of the run{among(s)}: never deleted", milestone=milestone_why is not None)
             continue
         if too_young(s):
             age = now - s.mtime
@@ -246,6 +281,10 @@ def _finish(s: Any, policy: RetentionPolicy, action: str, act: Any) -> None:
         act("skip", f"pinned ({pin or 'no reason given'}); an interrupted {action} left it part-done", pinned=pin)
     elif getattr(s, "best", False):
         act("skip", f"the Trainer's best checkpoint; an interrupted {action} left it part-done")
+    elif refs := tuple(getattr(s, "referenced_by", ()) or ()):
+        act("skip", f"referenced by {', '.join(refs)}; an interrupted {action} left it part-done")
+    elif action != "delete" and (loses := str(getattr(s, "strip_loses", "") or "")):
+        act("skip", f"refused, {loses}; an interrupted {action} left it part-done")
     elif action == "delete" and _milestone_reason(s, policy) is not None:
         act("skip", f"a milestone; an interrupted {action} left it part-done", milestone=True)
     elif action == "delete":
@@ -266,27 +305,34 @@ def _deny_unproven(
         for s in ordered
         if is_known(s) and s.kind == "full" and not is_in_flight(s) and proofs.get(s.path) == VERIFIED
     ]
-    newest_proven = max((s.step for s in proven), default=None)
+    # the proof a step's removal rests on is a newer step of its own naming pattern
+    family = {s.path: step_family(s) for s in ordered}
+    several = len({family[s.path] for s in ordered if s.step is not None}) > 1
+    newest_proven: dict[str, int] = {}
+    for s in proven:
+        newest_proven[family[s.path]] = max(newest_proven.get(family[s.path], s.step), s.step)
     failed = [a for a in actions if a.action == "keep-full" and a.resumable not in (None, VERIFIED)]
+    blanket: str | None = None
     if failed:
         f = failed[0]
-        blanket: str | None = (
-            f"not resumable-proven: kept step {f.path} failed the deep check ({f.resumable}); nothing is deleted"
-        )
-    elif newest_proven is None:
-        tried = [(p, why) for p, why in proofs.items() if why != VERIFIED]
-        because = f" ({tried[0][0]}: {tried[0][1]})" if tried else ""
-        blanket = f"nothing is deleted or stripped: no step of this run is proven resumable{because}"
-    else:
-        blanket = None
+        blanket = f"not resumable-proven: kept step {f.path} failed the deep check ({f.resumable}); nothing is deleted"
+    tried = [(p, why) for p, why in proofs.items() if why != VERIFIED]
+    because = f" ({tried[0][0]}: {tried[0][1]})" if tried else ""
     out = []
     for a in actions:
         if not a.destructive:
             out.append(a)
             continue
-        why = blanket or _unproven_source(a, proofs.get(a.path))
-        if why is None and (a.step is None or a.step >= newest_proven):  # type: ignore[operator]
-            why = f"no newer step is proven resumable (the newest proven is step {newest_proven}): left alone"
+        fam = family.get(a.path, "")
+        top = newest_proven.get(fam)
+        why = blanket
+        if why is None and top is None:
+            what = f"no {fam} step of this folder" if several else "no step of this run"
+            why = f"nothing is deleted or stripped: {what} is proven resumable{because}"
+        why = why or _unproven_source(a, proofs.get(a.path))
+        if why is None and (a.step is None or top is None or a.step >= top):
+            among = f" {fam}" if several else ""
+            why = f"no newer{among} step is proven resumable (the newest proven is step {top}): left alone"
         if why is None:
             out.append(a)
         else:
@@ -313,11 +359,15 @@ def proof_candidates(steps: Sequence[Any], plan: RetentionPlan, *, at_most: int 
     kept = [a.path for a in plan.actions if a.action == "keep-full"]
     flying = set(plan.in_flight)
     full = [
-        s.path
+        s
         for s in sorted(steps, key=_sort_key, reverse=True)
         if s.kind == "full" and s.step is not None and s.path not in flying and s.layout in KNOWN_LAYOUTS
     ]
-    return list(dict.fromkeys(kept + full[:at_most]))
+    per: dict[str, list[str]] = {}
+    for s in full:  # the newest of each naming pattern: each pattern needs its own proof
+        per.setdefault(step_family(s), []).append(s.path)
+    newest = [p for paths in per.values() for p in paths[:at_most]]
+    return list(dict.fromkeys(kept + newest))
 
 
 def strip_refusal(s: Any) -> str | None:
@@ -336,6 +386,9 @@ def strip_refusal(s: Any) -> str | None:
             "its checkpoint sits in a sub-folder of the step and strip exports only a checkpoint at the "
             "top of a step; export it first"
         )
+    loses = str(getattr(s, "strip_loses", "") or "")
+    if loses:
+        return f"{loses}; export it or keep the step full"
     if not s.has_bf16_export and export_note:
         return f"its safetensors files are no BF16 export ({export_note}); a strip cannot write one over them"
     if not s.has_bf16_export and s.layout not in STRIPPABLE_LAYOUTS:

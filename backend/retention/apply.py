@@ -198,7 +198,7 @@ async def prove_kept(
     """The deep resumable check the deny-by-default rule needs: every step ``plan`` keeps full,
     then the newest committed full steps, newest first, until one is proven (``"verified"``, or
     the problem). A step loadmaster uploaded must also have a succeeded upload job on record."""
-    from backend.policy.retention_planner import proof_candidates
+    from backend.policy.retention_planner import proof_candidates, step_family
 
     by_path = {s.path: s for s in catalog.steps}
     kept = [a.path for a in plan.actions if a.action == "keep-full" and a.path in by_path]
@@ -206,15 +206,16 @@ async def prove_kept(
     strips = [a.path for a in plan.actions if a.action == "strip-to-weights" and by_path.get(a.path, None)]
     strips = [p for p in strips if by_path[p].kind == "full"]
     proofs = await prove_steps(jobs, store, catalog, url, kept + strips)
-    if any(v == VERIFIED for p, v in proofs.items() if p in kept):
-        return proofs
+    # each naming pattern of the folder needs a proven step of its own (they are never ranked
+    # against each other: see step_family)
+    proven = {step_family(by_path[p]) for p, v in proofs.items() if p in kept and v == VERIFIED}
     for path in proof_candidates(catalog.steps, plan):
-        if path not in by_path:
+        if path not in by_path or step_family(by_path[path]) in proven:
             continue
         if path not in proofs:
             proofs.update(await prove_steps(jobs, store, catalog, url, [path]))
         if proofs[path] == VERIFIED:
-            break
+            proven.add(step_family(by_path[path]))
     return proofs
 
 
@@ -735,9 +736,14 @@ class _Guard:
         """The newer proven step this action rests on is still there and still proven."""
         from backend.checkpoints.catalog import step_catalog
         from backend.checkpoints.proof import prove_resumable
-        from backend.policy.retention_planner import step_fingerprint
+        from backend.policy.retention_planner import step_family, step_fingerprint
 
-        newer = [s for s in self.proven if a.step is not None and (s.step or 0) > a.step]
+        mine = step_family(self.by_path[a.path]) if a.path in self.by_path else None
+        newer = [
+            s
+            for s in self.proven
+            if a.step is not None and (s.step or 0) > a.step and step_family(s) == mine  # its own pattern only
+        ]
         if not newer:
             return "no newer step is proven resumable now: left alone"
         anchor = newer[-1]
@@ -822,6 +828,10 @@ async def _strip(
     from backend.policy.retention_planner import export_fingerprint
 
     entries = entries or {}
+    if step.strip_loses:
+        return f"refused, nothing deleted: {step.strip_loses}"
+    if step.referenced_by:
+        return f"stopped: referenced by {', '.join(step.referenced_by)}: left alone"
     if exported:
         earlier = entries.get(a.path, ("", {}))[1].get("export")
         if earlier and export_fingerprint(step) != earlier:
