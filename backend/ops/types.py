@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     )
     from backend.jobs.settings import JobSettings
     from backend.schema import parse_duration, parse_size
-    from backend.slurm.model import SlurmJob
+    from backend.slurm.model import HOLDING_JOB_STATES, SlurmJob
     from backend.slurm.settings import SlurmSettings
     from backend.telemetry.model import NO_GPU, Alert, FleetSnapshot, GpuSample, NodeSnapshot, XidEvent
     from backend.telemetry.settings import TelemetrySettings
@@ -45,6 +45,7 @@ if not TYPE_CHECKING:  # mypy reads the imports above; at run time each name loa
             ),
             "JobSettings": "backend.jobs.settings",
             **dict.fromkeys(("parse_duration", "parse_size"), "backend.schema"),
+            "HOLDING_JOB_STATES": "backend.slurm.model",
             "SlurmJob": "backend.slurm.model",
             "SlurmSettings": "backend.slurm.settings",
             **dict.fromkeys(
@@ -67,6 +68,7 @@ __all__ = [
     "JobSettings",
     "LaunchCancel",
     "NodeSnapshot",
+    "HOLDING_JOB_STATES",
     "SlurmJob",
     "SlurmSettings",
     "TelemetrySettings",

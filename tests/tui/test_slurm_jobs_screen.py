@@ -73,6 +73,17 @@ def test_collapsed_array_record_is_one_row_per_task_and_running_come_first() -> 
     assert rows[2].reason == "Resources" and rows[2].nodes == ()
 
 
+@pytest.mark.parametrize("state", ["CONFIGURING", "RESIZING", "STAGE_OUT", "SIGNALING"])
+def test_a_job_that_holds_its_nodes_is_listed_as_running(state: str) -> None:
+    # The screen's "running" is the model's one definition (SlurmJob.holds_nodes): a job still
+    # booting its nodes (CONFIGURING) holds them, shows its elapsed time and sorts with the running.
+    held = SlurmJob("5", "boot", "alice", state, nodes=("node-01",), start_time=100.0)
+    waiting = SlurmJob("6", "next", "bob", "PENDING", reason="Resources")
+    rows = job_rows([waiting, held], now=200.0)
+    assert [r.job_id for r in rows] == ["5", "6"] and rows[0].running and not rows[1].running
+    assert held.holds_nodes
+
+
 @given(
     st.lists(
         st.tuples(st.text(min_size=1, max_size=30), st.text(max_size=80), st.text(max_size=200), st.text(max_size=120)),

@@ -21,7 +21,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
 from backend.errors import LoadmasterError
-from backend.ops.types import SlurmSettings
+from backend.ops.types import HOLDING_JOB_STATES, SlurmSettings
 from backend.textfmt import safe_text
 from backend.units import duration_text
 from tui.screens.base import console_ops
@@ -57,7 +57,8 @@ class JobRow:
 
     @property
     def running(self) -> bool:
-        return self.state in ("RUNNING", "COMPLETING", "SUSPENDED")
+        """Whether the job holds its nodes now (the one definition: ``SlurmJob.holds_nodes``)."""
+        return self.state in HOLDING_JOB_STATES
 
 
 def task_ids(spec: str, limit: int = MAX_TASKS) -> tuple[list[str], int]:
