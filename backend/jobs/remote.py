@@ -370,6 +370,9 @@ def check_progress(p: dict[str, Any], where: str = "progress") -> None:
     _opt_number(p, where, "items_done", 0, MAX_ITEMS, integer=True)
     _opt_number(p, where, "items_total", 0, MAX_ITEMS, integer=True)
     _opt_number(p, where, "rate_bps", 0, MAX_RATE_BPS)
+    extra = p.get("extra")
+    if isinstance(extra, dict):  # the ledger settles a stopped pull with it: a count like bytes_done
+        _opt_number(extra, f"{where} extra", "unplanned_bytes", 0, MAX_BYTES, integer=True)
     _bounded(where, p)
 
 
@@ -412,6 +415,8 @@ def check_job(j: RemoteJob) -> None:
             raise BadRecord("result details: expected an object")
         if isinstance(details, dict):
             _opt_number(details, "result details", "bytes", 0, MAX_BYTES, integer=True)
+            # The ledger settles the job with bytes + unplanned_bytes: a negative one would offset.
+            _opt_number(details, "result details", "unplanned_bytes", 0, MAX_BYTES, integer=True)
             _bounded("result details", details)
         prog = r.get("progress")
         if prog is not None:

@@ -14,9 +14,11 @@ from backend.policy.egress import GuardDecision
 from backend.policy.prices import TierSlice
 
 #: A job's settled bytes are capped at its reservation's quoted bytes times this: what a node
-#: reports is data, never a reason to spend more than the launch reserved (retried parts and an
-#: object rewritten since the listing fit in the 10 %).
-SETTLE_SLACK = 1.10
+#: reports is data, never a reason to record more than the operator approved in the plan (and the
+#: budget the launch was checked against). 1.0: the quote is the ceiling. A node's claim above it
+#: (retried parts, an object rewritten since the listing, or a lie) is kept in the row's note for
+#: the operator, never counted: only a new launch, with its own quote and check, spends more.
+SETTLE_SLACK = 1.0
 #: More bytes than any one transfer moves: refused outright (a node's 1e30).
 MAX_TRANSFER_BYTES = 1 << 60
 

@@ -150,12 +150,18 @@ class EgressLedger:
             return row.id
         mtd = self.internet_bytes(row.account, row.month, before_id=row.id)
         p = price(mtd)
+        usd = p.usd
+        if row.quoted_usd is not None and usd is not None and usd > row.quoted_usd:
+            # The rows before it changed since the quote (one was released: fewer bytes in the
+            # cheaper tiers): the approved quote stays the ceiling of what this job counts.
+            note = " ".join(x for x in (note, f"priced at its quote (${row.quoted_usd:.2f}, not ${usd:.2f})") if x)
+            usd = row.quoted_usd
         self.db.execute(
             "UPDATE egress_ledger SET bytes = ?, usd = ?, priced = ?, month_to_date_bytes = ?, tiers = ?,"
             " state = 'settled', settled_ts = ?, note = ? WHERE id = ?",
             (
                 nbytes,
-                p.usd,
+                usd,
                 int(p.priced),
                 mtd,
                 json.dumps([t.as_dict() for t in p.tiers]),

@@ -72,17 +72,22 @@ async def launch_pull(
     return out
 
 
-async def _relay_checksums(config: Config, plan: PullPlan) -> list[str | None]:
+async def _relay_checksums(config: Config, plan: PullPlan) -> tuple[list[str | None], list[int | None]]:
     """The store's full-object checksum of each listed object, for the receivers' proofs (they hold
     no credentials and take nothing from a peer on trust): one HEAD per object with ChecksumMode,
-    a few at a time (``backend.pulls.relay.checksums``); None where the store keeps none."""
-    from backend.pulls.relay.checksums import listing_checksums
+    a few at a time (``backend.pulls.relay.checksums``); None where the store keeps none. And,
+    for a multipart object with none, its part size (a HEAD of part 1), so its multipart ETag
+    proves it."""
+    from backend.pulls.relay.checksums import listing_checksums, listing_part_sizes
     from backend.storage import S3Store
 
     pattern = parse_source(plan.src)
     store = S3Store(f"s3://{pattern.bucket}", config.stores.get(plan.store) if plan.store else None)
+    keys = [pattern.key_of(o.rel) for o in plan.objects]
     try:
-        return await listing_checksums(store, [pattern.key_of(o.rel) for o in plan.objects])
+        sums = await listing_checksums(store, keys)
+        parts = await listing_part_sizes(store, keys, [o.etag for o in plan.objects], sums)
+        return sums, parts
     finally:
         await store.close()
 
@@ -147,7 +152,7 @@ async def launch_relay(
     by_name = {n.node: n for n in plan.nodes}
     order = sorted(by_name, key=lambda n: len(topo.chain(n)))
     expected = [list(o) for o in plan.objects]
-    checksums = await _relay_checksums(config, plan)
+    checksums, part_sizes = await _relay_checksums(config, plan)
     out = []
     for i, name in enumerate(order):
         est = by_name[name]
@@ -168,6 +173,7 @@ async def launch_relay(
             "silence_s": settings.relay_silence,
             "max_gbps": settings.relay_max_gbps,
             "checksums": checksums,
+            "part_sizes": part_sizes,
         }
         params = {**_pull_params(config, plan, est), "expected": expected, "relay": relay}
         if seed:

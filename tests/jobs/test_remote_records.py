@@ -46,9 +46,27 @@ def _in(v: Any, lo: float, hi: float, *, integer: bool = False) -> bool:
     kind=st.one_of(st.just("pull"), _values),
     created=_values,
     pid=st.fixed_dictionaries({"pid": _values, "pgid": _values, "started": _values}),
-    result=st.none() | st.fixed_dictionaries({"state": _values, "finished": _values, "details": _values}),
+    result=st.none()
+    | st.fixed_dictionaries(
+        {
+            "state": st.sampled_from(["succeeded", "failed", "cancelled", "lost"]) | _values,
+            "finished": _values,
+            # The byte counts the ledger settles a job with (backend/pulls/job.py settle).
+            "details": _values | st.fixed_dictionaries({"bytes": _values, "unplanned_bytes": _values}),
+        }
+    ),
     beat=_values,
-    progress=st.lists(st.fixed_dictionaries({"t": _values, "bytes_done": _values, "rate_bps": _values}), max_size=3),
+    progress=st.lists(
+        st.fixed_dictionaries(
+            {
+                "t": _values,
+                "bytes_done": _values,
+                "rate_bps": _values,
+                "extra": _values | st.fixed_dictionaries({"unplanned_bytes": _values}),
+            }
+        ),
+        max_size=3,
+    ),
 )
 def test_a_record_passes_whole_within_its_ranges_or_is_marked(
     kind: Any, created: Any, pid: dict[str, Any], result: Any, beat: Any, progress: list[Any]
@@ -70,12 +88,38 @@ def test_a_record_passes_whole_within_its_ranges_or_is_marked(
         assert _in(job.result.get("finished"), 0, TIME_MAX)
         details = job.result.get("details")
         assert details is None or isinstance(details, dict)
+        if isinstance(details, dict):  # a negative or text count would offset or break the settle
+            for key in ("bytes", "unplanned_bytes"):
+                assert _in(details.get(key), 0, MAX_BYTES, integer=True), key
     for p in job.progress:
         assert _in(p.get("t"), 0, TIME_MAX) and _in(p.get("bytes_done"), 0, MAX_BYTES, integer=True)
         assert _in(p.get("rate_bps"), 0, 1e13)
+        extra = p.get("extra")
+        if isinstance(extra, dict):
+            assert _in(extra.get("unplanned_bytes"), 0, MAX_BYTES, integer=True)
 
 
 def test_a_spec_that_is_not_an_object_is_skipped_with_one_line() -> None:
     scan = parse_scan_checked("@@JOB x-1\n@@SPEC [1]\n@@JOB x-2\n@@SPEC " + json.dumps({"id": "x-2", "kind": "pull"}))
     assert [j.id for j in scan.jobs] == ["x-2"] and scan.jobs[0].problem is None
     assert scan.skipped == ["job x-1: skipped: its spec is missing or not a JSON object"]
+
+
+def test_a_byte_count_the_ledger_settles_with_is_checked_like_bytes() -> None:
+    # A hostile node's negative unplanned_bytes would offset the bytes it really moved in the
+    # ledger's settle, a text one would break it: the record is marked instead, naming the field.
+    def scan(details: dict[str, Any], extra: dict[str, Any]) -> Any:
+        spec = {"id": "j-1", "kind": "pull", "created": 1}
+        result = {"state": "succeeded", "finished": 2, "details": details}
+        [job] = parse_scan_checked(_scan(spec, {"pid": 5}, result, 3, [{"t": 1, "bytes_done": 1, "extra": extra}])).jobs
+        return job
+
+    assert scan({"bytes": 5, "unplanned_bytes": 7}, {"unplanned_bytes": 7}).problem is None
+    for details, extra, field in [
+        ({"bytes": 5, "unplanned_bytes": -100}, {}, "result details unplanned_bytes"),
+        ({"bytes": 5, "unplanned_bytes": "9"}, {}, "result details unplanned_bytes"),
+        ({"bytes": 5}, {"unplanned_bytes": -1}, "progress extra unplanned_bytes"),
+        ({"bytes": 5}, {"unplanned_bytes": 1.5}, "progress extra unplanned_bytes"),
+    ]:
+        problem = scan(details, extra).problem
+        assert problem is not None and field in problem, (details, extra, problem)

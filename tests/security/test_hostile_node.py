@@ -279,7 +279,7 @@ async def test_a_team_pull_whose_node_reports_a_petabyte_is_capped_at_its_reserv
         [rec] = [r for r in await services.jobs.refresh([NAME]) if r.id == mine]
         assert rec.state == "succeeded"
         row = _db(tmp_path).execute("SELECT state, bytes, note FROM egress_ledger WHERE job_id = ?", (mine,)).fetchone()
-        assert row[0] == "settled" and row[1] == 1100 and "capped at its reservation" in row[2]
+        assert row[0] == "settled" and row[1] == 1000 and "capped at its reservation" in row[2]  # its quote, never more
     finally:
         await services.aclose()
 

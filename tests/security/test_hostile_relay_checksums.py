@@ -162,3 +162,101 @@ def test_the_console_reads_the_store_s_checksums_and_a_receiver_catches_a_forger
             recv.run()
         recv.close()
     assert recv.verified == {"crc64nvme": 1}
+
+
+# -- multipart objects without a full-object checksum (#audit: a peer could send any bytes) ---------
+
+
+def _multipart_etag(body: bytes, part_size: int) -> str:
+    parts = [body[i : i + part_size] for i in range(0, len(body), part_size)]
+    inner = b"".join(hashlib.md5(p, usedforsecurity=False).digest() for p in parts)
+    return f"{hashlib.md5(inner, usedforsecurity=False).hexdigest()}-{len(parts)}"
+
+
+@pytest.mark.parametrize("case", ["torn", "truncated", "swapped"])
+def test_a_multipart_object_is_proven_by_its_etag_over_the_console_s_part_size(tmp_path: Path, case: str) -> None:
+    """A hostile upstream (its MACs and per-hop SHA-256s right) forges a multipart object that has
+    no full-object checksum. With the part size the console read from the store, the receiver
+    proves it by its multipart ETag, as a direct pull does: caught, removed, never renamed.
+    (Before: no proof at all for such an object, and the forged bytes were renamed into place.)"""
+    a, b = os.urandom(SIZE), os.urandom(SIZE)
+    part = 30_000
+    objects = [PulledObject(f"obj-{i}", SIZE, _multipart_etag(body, part)) for i, body in enumerate((a, b))]
+    proofs = receiver_proofs(objects, [None, None], [part, part])
+    assert [p.algorithm if p else None for p in proofs] == ["md5-multipart", "md5-multipart"]
+    sent = _forged(case, a, b)
+    with EvilUpstream(_sender(sent)) as evil:
+        recv = _receiver(tmp_path / "dest", objects, evil.port, proofs=proofs)
+        with pytest.raises(CorruptObject, match=r"^obj-0 has multipart MD5 [0-9a-f]{32}-4 but the listing's ETag is "):
+            recv.run()
+        recv.close()
+    assert not (tmp_path / "dest" / "obj-0").exists()
+    assert not [p for p in (tmp_path / "dest").iterdir() if p.name.startswith("obj-0")]
+    assert evil.connections == 1
+
+
+def test_the_true_bytes_of_a_multipart_object_pass_its_etag(tmp_path: Path) -> None:
+    bodies = [os.urandom(SIZE), os.urandom(3 * 25_000)]  # the last part short; parts exactly filled
+    objects = [PulledObject(f"obj-{i}", len(b), _multipart_etag(b, 25_000)) for i, b in enumerate(bodies)]
+    with EvilUpstream(_sender(bodies)) as honest:
+        recv = _receiver(
+            tmp_path / "dest", objects, honest.port, proofs=receiver_proofs(objects, None, [25_000, 25_000])
+        )
+        recv.run()
+        recv.close()
+    assert recv.verified == {"md5-multipart": 2}
+    assert [(tmp_path / "dest" / o.rel).read_bytes() for o in objects] == bodies
+
+
+@pytest.mark.parametrize("entry", [None, 0, -5, 7.0, "30000", True, 10**9, [1]])
+def test_a_part_size_that_does_not_fit_the_etag_is_no_proof(entry: Any) -> None:
+    body = os.urandom(SIZE)
+    etag = _multipart_etag(body, 30_000)
+    assert receiver_proofs([PulledObject("o", SIZE, etag)], None, [entry]) == [None]
+    assert receiver_proofs([PulledObject("o", SIZE, etag)], None, [30_000, 1]) == [None]  # wrong length: ignored
+
+
+@pytest.mark.lab
+def test_the_console_reads_a_multipart_part_size_from_the_store_and_a_receiver_catches_a_forger(
+    lab: Any, s3: Any, tmp_path: Path
+) -> None:
+    from backend.pulls.relay.checksums import listing_part_sizes
+    from tests.helpers import lab_bucket_store
+
+    store = lab_bucket_store(lab, s3, "relaymp")
+    client = s3.client()
+    part = 5 << 20
+    body = os.urandom(2 * part + 1000)
+    up = client.create_multipart_upload(Bucket=store.bucket, Key="big")
+    etags = []
+    for n, off in enumerate(range(0, len(body), part), start=1):
+        r = client.upload_part(
+            Bucket=store.bucket, Key="big", UploadId=up["UploadId"], PartNumber=n, Body=body[off : off + part]
+        )
+        etags.append({"ETag": r["ETag"], "PartNumber": n})
+    client.complete_multipart_upload(
+        Bucket=store.bucket, Key="big", UploadId=up["UploadId"], MultipartUpload={"Parts": etags}
+    )
+    etag = client.head_object(Bucket=store.bucket, Key="big")["ETag"].strip('"')
+    assert etag == _multipart_etag(body, part)
+    small = os.urandom(100)
+    client.put_object(Bucket=store.bucket, Key="small", Body=small)
+
+    async def read() -> list[int | None]:
+        try:
+            sums = await listing_checksums(store, ["big", "small"])
+            return await listing_part_sizes(store, ["big", "small"], [etag, _md5(small)], sums)
+        finally:
+            await store.close()
+
+    assert asyncio.run(read()) == [part, None]  # only a multipart ETag asks for its part size
+    objects = [PulledObject("big", len(body), etag)]
+    proofs = receiver_proofs(objects, None, [part])
+    assert proofs == [ObjectProof("md5-multipart", etag, part)]
+    forged = body[:part] + bytes([body[part] ^ 1]) + body[part + 1 :]
+    with EvilUpstream(_sender([forged])) as evil:
+        recv = _receiver(tmp_path / "dest", objects, evil.port, proofs=proofs)
+        with pytest.raises(CorruptObject, match=r"^big has multipart MD5 "):
+            recv.run()
+        recv.close()
+    assert not (tmp_path / "dest" / "big").exists()

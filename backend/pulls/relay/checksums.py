@@ -10,7 +10,12 @@ object's MD5 ETag. Composite (per-part) checksums are left out: a receiver does 
 boundaries. What the store answers is parsed as a direct pull parses it
 (``backend.pulls.integrity.parse_checksum_value``): a malformed value is no checksum.
 
-``backend.pulls.plan.launch_relay`` reads them once per launch, before the first job starts.
+A multipart object without a full-object checksum is proven as a direct pull proves it: its
+multipart ETag (the MD5 of its parts' MD5s) over the part size the store gives for part 1 (one
+HEAD with ``PartNumber=1``, :func:`listing_part_sizes`), in ``relay["part_sizes"]``. Without
+it, a peer holding the relay secret could send any bytes of the listed size for such an object.
+
+``backend.pulls.launch.launch_relay`` reads them once per launch, before the first job starts.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from backend.pulls.integrity import ALGORITHMS, parse_checksum_value
+from backend.pulls.integrity import ALGORITHMS, multipart_etag_parts, parse_checksum_value
 
 if TYPE_CHECKING:
     from backend.storage import S3Store
@@ -57,3 +62,26 @@ async def listing_checksums(store: S3Store, keys: Sequence[str]) -> list[str | N
         return full_object_checksum(head)
 
     return list(await asyncio.gather(*(one(k) for k in keys)))
+
+
+async def listing_part_sizes(
+    store: S3Store, keys: Sequence[str], etags: Sequence[str | None], checksums: Sequence[str | None]
+) -> list[int | None]:
+    """The length of part 1 of each object with a multipart ETag and no full-object checksum
+    (what a receiver needs to prove it by its ETag, as a direct pull does); None for the others,
+    and where the HEAD fails or gives no whole length (that object keeps the per-hop check alone)."""
+    client = await store.client()
+    gate = asyncio.Semaphore(HEADS_AT_ONCE)
+
+    async def one(key: str, etag: str | None, checksum: str | None) -> int | None:
+        if checksum is not None or multipart_etag_parts(etag) is None:
+            return None
+        async with gate:
+            try:
+                head = await client.head_object(Bucket=store.bucket, Key=key, PartNumber=1)
+            except Exception:  # noqa: BLE001 - no part size is a weaker proof, never a failed launch
+                return None
+        n = head.get("ContentLength")
+        return n if type(n) is int and n > 0 else None
+
+    return list(await asyncio.gather(*(one(k, e, c) for k, e, c in zip(keys, etags, checksums, strict=True))))

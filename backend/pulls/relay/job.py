@@ -130,7 +130,8 @@ def run_relay_job(ctx: JobContext) -> dict[str, object]:
                 chain_len=int(r.get("chain_len", len(ups))),
                 # The store's full-object checksums where the console listed them (HEAD with
                 # checksum mode), one per object; else the MD5 ETags of single-part objects.
-                proofs=receiver_proofs(expected, r.get("checksums")),
+                # A multipart object without one: its ETag over the part size the console read.
+                proofs=receiver_proofs(expected, r.get("checksums"), r.get("part_sizes")),
             )
             recv.on_done_below = server.done_elsewhere
             threading.Thread(

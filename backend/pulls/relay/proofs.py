@@ -7,53 +7,102 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import queue
 import threading
 from dataclasses import dataclass
 
 from backend.errors import JobError
-from backend.pulls.integrity import ALGORITHMS, MD5, ChecksumUnavailable, Hasher, new_hasher
+from backend.pulls.integrity import (
+    ALGORITHMS,
+    MD5,
+    MD5_MULTIPART,
+    ChecksumUnavailable,
+    Hasher,
+    new_hasher,
+)
 from backend.pulls.objects import PulledObject
 
 
 @dataclass(frozen=True)
 class ObjectProof:
-    """What one received object's bytes must give: ``algorithm`` ("md5", or one of the store's
-    full-object checksums) and the value as the listing writes it (MD5 hex; checksum base64)."""
+    """What one received object's bytes must give: ``algorithm`` ("md5", "md5-multipart", or one
+    of the store's full-object checksums) and the value as the listing writes it (MD5 hex; a
+    multipart ETag ``hex-N`` over parts of ``part_size`` bytes; checksum base64)."""
 
     algorithm: str
     expected: str
+    #: The parts' length of a multipart ETag (``md5-multipart``), from the console's HEAD of part 1.
+    part_size: int | None = None
 
 
 def receiver_proofs(
-    objects: list[PulledObject], checksums: object, *, crt: bool | None = None
+    objects: list[PulledObject], checksums: object, part_sizes: object = None, *, crt: bool | None = None
 ) -> list[ObjectProof | None]:
     """Each object's proof for a receiver, chosen as a direct pull chooses
     (``backend.pulls.integrity.choose_proof``): the store's full-object checksum where the spec
     lists one (``checksums``: one ``"ALGORITHM:BASE64"`` or None per object, from the console's
-    HEADs), else the MD5 ETag of a single-part object, else None (the per-hop SHA-256 alone: a
-    multipart object without a full-object checksum). A malformed entry is no proof: the next
-    weaker one is used."""
+    HEADs), else the MD5 ETag of a single-part object, else a multipart ETag over the part size
+    the spec gives (``part_sizes``: one int or None per object, the console's HEAD of part 1),
+    else None (the per-hop SHA-256 alone: nothing of the store's proves it, as for a direct
+    pull's size-only). A malformed entry is no proof: the next weaker one is used."""
     from backend.pulls.integrity import choose_proof, crt_available, parse_checksum_value
 
     have_crt = crt_available() if crt is None else crt
     listed = checksums if isinstance(checksums, list) and len(checksums) == len(objects) else [None] * len(objects)
+    sizes = part_sizes if isinstance(part_sizes, list) and len(part_sizes) == len(objects) else [None] * len(objects)
     out: list[ObjectProof | None] = []
-    for o, text in zip(objects, listed, strict=True):
+    for o, text, psize in zip(objects, listed, sizes, strict=True):
         found = []
         if isinstance(text, str) and ":" in text:
             alg, _, value = text.partition(":")
             c = parse_checksum_value(alg.lower(), value, "FULL_OBJECT")
             if c is not None:
                 found.append(c)
-        proof = choose_proof(o.size, o.etag, found, crt=have_crt)
+        ps = psize if type(psize) is int and 0 < psize <= o.size else None
+        proof = choose_proof(o.size, o.etag, found, part_size=ps, crt=have_crt)
         if proof.algorithm in ALGORITHMS and proof.parts is None and isinstance(proof.expected, bytes):
             out.append(ObjectProof(proof.algorithm, base64.b64encode(proof.expected).decode()))
         elif proof.method == MD5 and isinstance(proof.expected, str):
             out.append(ObjectProof(MD5, proof.expected))
+        elif proof.method == MD5_MULTIPART and isinstance(proof.expected, str) and proof.part_size:
+            out.append(ObjectProof(MD5_MULTIPART, proof.expected, proof.part_size))
         else:
             out.append(None)
     return out
+
+
+class MultipartMd5:
+    """The ETag S3 gives a multipart upload, over bytes fed in order: the MD5 of each
+    ``part_size`` part's MD5, then ``-N`` (the parts' number)."""
+
+    def __init__(self, part_size: int) -> None:
+        self.part_size = part_size
+        self.outer = hashlib.md5(usedforsecurity=False)
+        self.part = hashlib.md5(usedforsecurity=False)
+        self.in_part = 0
+        self.parts = 0
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None:
+        view = memoryview(data)
+        while len(view):
+            take = min(len(view), self.part_size - self.in_part)
+            self.part.update(view[:take])
+            self.in_part += take
+            view = view[take:]
+            if self.in_part == self.part_size:
+                self._close_part()
+
+    def _close_part(self) -> None:
+        self.outer.update(self.part.digest())
+        self.parts += 1
+        self.part = hashlib.md5(usedforsecurity=False)
+        self.in_part = 0
+
+    def text(self) -> str:
+        if self.in_part or not self.parts:
+            self._close_part()
+        return f"{self.outer.hexdigest()}-{self.parts}"
 
 
 class ProofPipe:
@@ -67,14 +116,20 @@ class ProofPipe:
         self.q: queue.Queue[tuple[int, bytes | memoryview | None, threading.Event | None] | None] = queue.Queue(
             MD5_BACKLOG
         )
-        self.hashes: dict[int, tuple[str, Hasher]] = {}
+        self.hashes: dict[int, tuple[str, Hasher | MultipartMd5]] = {}
         self.done: dict[int, str] = {}
         self.thread: threading.Thread | None = None
 
-    def start(self, index: int, algorithm: str = MD5) -> None:
-        """Object ``index`` is hashed with ``algorithm`` from its first byte on."""
+    def start(self, index: int, algorithm: str = MD5, part_size: int | None = None) -> None:
+        """Object ``index`` is hashed with ``algorithm`` from its first byte on (``md5-multipart``:
+        over parts of ``part_size`` bytes)."""
         try:
-            self.hashes[index] = (algorithm, new_hasher(algorithm))
+            if algorithm == MD5_MULTIPART:
+                if not part_size or part_size <= 0:
+                    raise ChecksumUnavailable("a multipart ETag needs its part size")
+                self.hashes[index] = (algorithm, MultipartMd5(part_size))
+            else:
+                self.hashes[index] = (algorithm, new_hasher(algorithm))
         except ChecksumUnavailable as exc:
             raise JobError(f"cannot check the received objects: {exc}") from None
         if self.thread is None:
@@ -116,7 +171,10 @@ class ProofPipe:
             if ev is not None:
                 if held is not None:
                     alg, h = held
-                    self.done[index] = h.digest().hex() if alg == MD5 else base64.b64encode(h.digest()).decode()
+                    if isinstance(h, MultipartMd5):
+                        self.done[index] = h.text()
+                    else:
+                        self.done[index] = h.digest().hex() if alg == MD5 else base64.b64encode(h.digest()).decode()
                 ev.set()
             elif data is not None and held is not None:
                 held[1].update(data)

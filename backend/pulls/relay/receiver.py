@@ -19,7 +19,7 @@ from pathlib import Path
 
 from backend.agent.context import JobContext
 from backend.errors import JobError
-from backend.pulls.integrity import MD5
+from backend.pulls.integrity import MD5, MD5_MULTIPART
 from backend.pulls.relay.holdings import (
     CONNECT_S,
     MAX_DONE_NAMES,
@@ -183,7 +183,7 @@ class Receiver:
             path = temp_name(final)
             t = self.temps[i] = _Temp(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             if (proof := self.proofs[i]) is not None:
-                self.md5.start(i, proof.algorithm)
+                self.md5.start(i, proof.algorithm, proof.part_size)
         written = os.pwrite(t.fd, chunk.data, chunk.offset)
         if written != len(chunk.data):
             raise OSError(errno.ENOSPC, f"short write ({written} of {len(chunk.data)} bytes); is the disk full?")
@@ -205,6 +205,11 @@ class Receiver:
         o = self.h.objects[index]
         if got != proof.expected:
             tmp.unlink(missing_ok=True)
+            if proof.algorithm == MD5_MULTIPART:
+                raise CorruptObject(
+                    f"{o.rel} has multipart MD5 {got} but the listing's ETag is {o.etag}: corrupted or forged "
+                    f"upstream of {self.upstream} (removed)"
+                )
             if proof.algorithm == MD5:
                 raise CorruptObject(
                     f"{o.rel} has MD5 {got} but the listing's ETag is {o.etag}: corrupted or forged upstream "
