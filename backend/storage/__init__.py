@@ -14,10 +14,9 @@ import builtins
 import contextlib
 import hashlib
 import os
-import shutil
-import tempfile
+import stat
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ from typing import Any
 from backend.config import Config, StoreProfile
 from backend.credentials import Credentials
 from backend.errors import StoreError
+from backend.storage import localfs
+from backend.storage.keys import check_key, check_sub
 
 DELETE_BATCH = 1000  # S3 DeleteObjects takes at most 1000 keys per request
 
@@ -41,10 +42,16 @@ class ObjectInfo:
 
 @dataclass(frozen=True)
 class DeleteResult:
-    """What a batch delete did: keys deleted, and per-key errors the store reported."""
+    """What a batch delete did: keys deleted, and per-key errors the store reported.
+
+    A key is in ``deleted`` only when the store confirmed its bytes are gone. On a versioned
+    bucket a delete only stacks a delete marker on the key: it no longer lists, but its bytes
+    stay (and are billed) as a noncurrent version; such keys are in ``hidden``, not ``deleted``.
+    """
 
     deleted: tuple[str, ...] = ()
     errors: dict[str, str] = field(default_factory=dict)
+    hidden: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -126,25 +133,62 @@ class ObjectStore(ABC):
 
 
 class LocalStore(ObjectStore):
-    """A directory tree used as an object store (keys are relative POSIX paths)."""
+    """A directory tree used as an object store (keys are relative POSIX paths).
+
+    Deletes and writes never follow a symbolic link (see :mod:`backend.storage.localfs`): a key
+    whose folders hold a link is refused, a key that is a link removes the link itself. Reads go
+    through links that stay inside the root (an operator's own layout) and refuse those leading out.
+    """
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.url = str(self.root)
 
+    def _check(self, key: str) -> builtins.list[str]:
+        return check_key(key, self.url).split("/")
+
     def _path(self, key: str) -> Path:
+        check_key(key, self.url, allow_empty=True)  # "" is the root (a strip's output folder, a read)
         p = (self.root / key).resolve()
         if p != self.root.resolve() and self.root.resolve() not in p.parents:
-            raise StoreError(f"key {key!r} escapes the store root {self.root}")
+            raise StoreError(f"{self.url}: refused key {key!r}: it leads out of the store root (a symbolic link)")
         return p
+
+    def _folder(self, sub: str) -> Path | None:
+        """The folder ``sub`` to list (None when absent); a link among its folders is refused."""
+        sub = check_sub(sub, self.url)
+        parts = sub.split("/") if sub else []
+        try:
+            with localfs.walk(self.root, parts) as fds:
+                if fds is None:
+                    return None
+        except StoreError as exc:
+            if not self._link_among(parts):
+                # A file where a folder would be (a flat step `model_5.pt` listed as a prefix):
+                # nothing is under it, as an S3 listing of `model_5.pt/` finds nothing.
+                return None
+            raise StoreError(f"{self.url}: cannot list {sub!r}: {exc}") from None
+        return self.root / sub if sub else self.root
+
+    def _link_among(self, parts: builtins.list[str]) -> bool:
+        """Whether a component of ``parts`` under the root is a symbolic link (on a refused walk)."""
+        path = self.root
+        for name in parts:
+            path = path / name
+            try:
+                if stat.S_ISLNK(os.lstat(path).st_mode):
+                    return True
+            except OSError:
+                return False
+        return False
 
     async def list(self, sub: str = "") -> list[ObjectInfo]:
         def walk() -> list[ObjectInfo]:
-            base = self._path(sub) if sub else self.root
-            if not base.exists():
+            base = self._folder(sub)
+            if base is None:
                 return []
             out = []
-            for dirpath, _dirs, files in os.walk(base):
+            for dirpath, _dirs, files in os.walk(base):  # never descends into a linked folder
                 for f in files:
                     p = Path(dirpath) / f
                     try:
@@ -157,10 +201,11 @@ class LocalStore(ObjectStore):
         return await asyncio.to_thread(walk)
 
     async def list_dirs(self, sub: str = "") -> builtins.list[str]:  # `list` is a method here
-        base = self._path(sub) if sub else self.root
-        if not base.is_dir():
+        base = self._folder(sub)
+        if base is None or not base.is_dir():
             return []
-        return sorted(str(p.relative_to(self.root)) for p in base.iterdir() if p.is_dir())
+        # a link to a folder is not a folder of the store: listing or deleting through it is refused
+        return sorted(str(p.relative_to(self.root)) for p in base.iterdir() if p.is_dir() and not p.is_symlink())
 
     async def stat(self, key: str) -> ObjectInfo | None:
         p = self._path(key)
@@ -184,51 +229,70 @@ class LocalStore(ObjectStore):
 
         return await asyncio.to_thread(read)
 
-    async def put_bytes(self, key: str, data: bytes) -> None:
-        def write() -> None:
-            p = self._path(key)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            # a temporary name of its own: two writers of one key (two applies taking a run's
-            # lock at once) must each end in a whole file, never in each other's rename
-            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp-lm")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, p)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+    def _write(self, key: str, fill: Callable[[int], None], *, mode: int = 0o600) -> None:
+        self._check(key)
+        try:
+            localfs.write(self.root, key, fill, mode=mode)
+        except localfs.Refused as exc:
+            raise StoreError(f"{self.url}: refused to write {key!r}: {exc}") from None
 
-        await asyncio.to_thread(write)
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        def fill(fd: int) -> None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+
+        await asyncio.to_thread(self._write, key, fill)
 
     async def delete_many(self, keys: Iterable[str]) -> DeleteResult:
+        keys = builtins.list(keys)
+        refused = refused_keys(keys, self.url)
+        if refused:
+            return DeleteResult((), refused)
+
+        # on the event loop, as it always was: a retention apply's audit records of concurrent
+        # actions keep one order from run to run (a thread here would interleave them by timing)
         deleted, errors = [], {}
         for key in keys:
             try:
-                self._path(key).unlink()
-                deleted.append(key)
-            except FileNotFoundError:
-                deleted.append(key)  # S3 semantics: deleting a missing key succeeds
+                why = localfs.delete(self.root, key)
+            except StoreError as exc:
+                why = str(exc)
             except OSError as exc:
-                errors[key] = exc.strerror or str(exc)
-        # prune directories left empty
-        for key in deleted:
-            parent = self._path(key).parent
-            while parent != self.root.resolve() and parent.exists():
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
-                parent = parent.parent
+                why = exc.strerror or str(exc)
+            if why is None:
+                deleted.append(key)
+            else:
+                errors[key] = why
         return DeleteResult(tuple(deleted), errors)
 
     def local_path(self, key: str) -> Path:
         return self._path(key)
 
     async def copy_in(self, src: Path, key: str) -> None:
-        dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(shutil.copyfile, src, dest)
+        def fill(fd: int) -> None:
+            with open(src, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view) :]
+
+        await asyncio.to_thread(self._write, key, fill, mode=0o666)
+
+
+def refused_keys(keys: builtins.list[str], store: str) -> dict[str, str]:
+    """Every key of a delete when one of them is not a store key (nothing of it is deleted: a
+    listing holding such a key is not what the caller meant), else nothing."""
+    bad = {}
+    for k in keys:
+        try:
+            check_key(k, store)
+        except StoreError as exc:
+            bad[k] = str(exc)
+    if not bad:
+        return {}
+    first = next(iter(bad.values()))
+    return {k: bad.get(k, f"not deleted: the same delete named a refused key ({first})") for k in keys}
 
 
 def md5_instead_of_crc32(params: dict[str, Any], **_: Any) -> None:
@@ -324,6 +388,8 @@ class S3Store(ObjectStore):
     ) -> None:
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_s3_url(self.url)
+        if self.prefix:
+            check_key(self.prefix, self.url)
         self.profile = profile
         #: Credentials handed over explicitly (a node job's secrets) instead of the credential chain.
         self._credentials = credentials
@@ -333,7 +399,7 @@ class S3Store(ObjectStore):
         self._lock = asyncio.Lock()
 
     def _key(self, key: str) -> str:
-        return join_key(self.prefix, key)
+        return join_key(self.prefix, check_key(key, self.label))
 
     def _rel(self, full: str) -> str:
         return full[len(self.prefix) + 1 :] if self.prefix else full
@@ -418,11 +484,8 @@ class S3Store(ObjectStore):
 
     async def iter_pages(self, sub: str = "", *, delimiter: str | None = None) -> AsyncIterator[dict[str, Any]]:
         client = await self.client()
-        prefix = self._key(sub)
-        if prefix and (sub == "" or sub.endswith("/") or delimiter):
-            prefix = prefix.rstrip("/") + "/"
-        elif prefix:
-            prefix = prefix + "/"
+        # always a whole folder: "run/step-1/", never "run/step-1" (which lists "run/step-10...")
+        prefix = self.folder_prefix(sub)
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
         if delimiter:
             kwargs["Delimiter"] = delimiter
@@ -432,10 +495,24 @@ class S3Store(ObjectStore):
         except Exception as exc:  # noqa: BLE001
             raise self.error(exc) from None
 
+    def folder_prefix(self, sub: str = "") -> str:
+        """The full-key prefix of the folder ``sub``, ending in '/' (``""`` for a bare bucket)."""
+        full = join_key(self.prefix, check_sub(sub, self.label))
+        return full + "/" if full else ""
+
     async def list(self, sub: str = "") -> list[ObjectInfo]:
         out = []
+        prefix = self.folder_prefix(sub)
         async for page in self.iter_pages(sub):
             for obj in page.get("Contents", []):
+                full = str(obj.get("Key", ""))
+                if prefix and full == prefix:
+                    continue  # a folder marker object ("run/step-1/"), not an object in it
+                if not full.startswith(prefix):
+                    raise StoreError(
+                        f"{self.label}: the listing of {prefix or 'the bucket'!r} returned "
+                        f"{full[:120]!r}, a key outside it; refusing the listing"
+                    )
                 out.append(
                     ObjectInfo(
                         self._rel(obj["Key"]),
@@ -456,9 +533,10 @@ class S3Store(ObjectStore):
     async def stat(self, key: str) -> ObjectInfo | None:
         from botocore.exceptions import ClientError
 
+        full = self._key(key)
         client = await self.client()
         try:
-            head = await client.head_object(Bucket=self.bucket, Key=self._key(key))
+            head = await client.head_object(Bucket=self.bucket, Key=full)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
@@ -470,53 +548,75 @@ class S3Store(ObjectStore):
         )
 
     async def get_bytes(self, key: str) -> bytes:
+        full = self._key(key)
         client = await self.client()
         try:
-            resp = await client.get_object(Bucket=self.bucket, Key=self._key(key))
+            resp = await client.get_object(Bucket=self.bucket, Key=full)
             async with resp["Body"] as body:
                 return await body.read()
         except Exception as exc:  # noqa: BLE001
             raise self.error(exc) from None
 
     async def get_range(self, key: str, start: int, length: int) -> bytes:
+        full = self._key(key)
         client = await self.client()
         try:
-            resp = await client.get_object(
-                Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
-            )
+            resp = await client.get_object(Bucket=self.bucket, Key=full, Range=f"bytes={start}-{start + length - 1}")
             async with resp["Body"] as body:
                 return await body.read()
         except Exception as exc:  # noqa: BLE001
             raise self.error(exc) from None
 
     async def put_bytes(self, key: str, data: bytes) -> None:
+        full = self._key(key)
         client = await self.client()
         try:
-            await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            await client.put_object(Bucket=self.bucket, Key=full, Body=data)
         except Exception as exc:  # noqa: BLE001
             raise self.error(exc) from None
 
     async def delete_many(self, keys: Iterable[str]) -> DeleteResult:
+        """Delete exactly ``keys`` (DeleteObjects, 1000 a request, never a prefix). A key counts as
+        deleted only when the response names it in ``Deleted``; a key in ``Errors`` or in neither
+        is reported with why; a delete marker (a versioned bucket) is ``hidden``, not deleted."""
+        keys = list(dict.fromkeys(keys))
+        refused = refused_keys(keys, self.label)
+        if refused:
+            return DeleteResult((), refused)
         client = await self.client()
-        keys = list(keys)
         deleted: list[str] = []
+        hidden: list[str] = []
         errors: dict[str, str] = {}
         for i in range(0, len(keys), DELETE_BATCH):
             batch = keys[i : i + DELETE_BATCH]
+            asked = {self._key(k): k for k in batch}
             try:
                 resp = await client.delete_objects(
                     Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": self._key(k)} for k in batch], "Quiet": False},
+                    Delete={"Objects": [{"Key": full} for full in asked], "Quiet": False},
                 )
             except Exception as exc:  # noqa: BLE001
                 err = str(self.error(exc))
                 errors.update({k: err for k in batch})
                 continue
-            for d in resp.get("Deleted", []):
-                deleted.append(self._rel(d["Key"]))
-            for e in resp.get("Errors", []):
-                errors[self._rel(e["Key"])] = f"{e.get('Code', 'Error')}: {e.get('Message', '')}"
-        return DeleteResult(tuple(deleted), errors)
+            done: set[str] = set()
+            for e in resp.get("Errors", []) or []:
+                k = asked.get(str(e.get("Key")))
+                if k is not None:
+                    errors[k] = f"{e.get('Code', 'Error')}: {e.get('Message', '')}".rstrip(": ")
+            for d in resp.get("Deleted", []) or []:
+                k = asked.get(str(d.get("Key")))
+                if k is None or k in errors or k in done:
+                    continue  # a key not asked for (or also in Errors) is never counted
+                done.add(k)
+                if d.get("DeleteMarker") and not d.get("VersionId"):
+                    hidden.append(k)  # a marker now hides the key; its bytes are still stored
+                else:
+                    deleted.append(k)
+            for k in batch:
+                if k not in done and k not in errors:
+                    errors[k] = "the store did not confirm this delete (neither Deleted nor Errors named it)"
+        return DeleteResult(tuple(deleted), errors, tuple(hidden))
 
     async def close(self) -> None:
         if self._stack is not None:
