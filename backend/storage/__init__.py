@@ -148,7 +148,8 @@ class LocalStore(ObjectStore):
         return check_key(key, self.url).split("/")
 
     def _path(self, key: str) -> Path:
-        check_key(key, self.url, allow_empty=True)  # "" is the root (a strip's output folder, a read)
+        # "" is the root (a strip's output folder); a read, so a name with a control character is read
+        check_key(key, self.url, allow_empty=True, acting=False)
         p = (self.root / key).resolve()
         if p != self.root.resolve() and self.root.resolve() not in p.parents:
             raise StoreError(f"{self.url}: refused key {key!r}: it leads out of the store root (a symbolic link)")
@@ -398,8 +399,8 @@ class S3Store(ObjectStore):
         self._stack: contextlib.AsyncExitStack | None = None
         self._lock = asyncio.Lock()
 
-    def _key(self, key: str) -> str:
-        return join_key(self.prefix, check_key(key, self.label))
+    def _key(self, key: str, *, acting: bool = False) -> str:
+        return join_key(self.prefix, check_key(key, self.label, acting=acting))
 
     def _rel(self, full: str) -> str:
         return full[len(self.prefix) + 1 :] if self.prefix else full
@@ -568,7 +569,7 @@ class S3Store(ObjectStore):
             raise self.error(exc) from None
 
     async def put_bytes(self, key: str, data: bytes) -> None:
-        full = self._key(key)
+        full = self._key(key, acting=True)
         client = await self.client()
         try:
             await client.put_object(Bucket=self.bucket, Key=full, Body=data)

@@ -25,8 +25,12 @@ def _shown(key: str) -> str:
     return repr(key if len(key) <= 80 else key[:77] + "...")
 
 
-def key_problem(key: object) -> str | None:
-    """Why ``key`` is not a store key, or None when it is one."""
+def key_problem(key: object, *, acting: bool = True) -> str | None:
+    """Why ``key`` is not a store key, or None when it is one.
+
+    ``acting=False`` (a read, a listing) leaves out the rule on control and formatting characters:
+    such a name exists, and is listed (shown cleaned) so the operator sees it; only a delete or a
+    write refuses it. The rules that decide *which* object a key names apply to every use."""
     if not isinstance(key, str):
         return f"not text ({type(key).__name__})"
     if not key:
@@ -39,7 +43,7 @@ def key_problem(key: object) -> str | None:
         return "it holds a NUL byte"
     if "\\" in key:
         return "it holds a backslash (a path separator on some stores)"
-    if any(unicodedata.category(c) in ("Cc", "Cf") for c in key):
+    if acting and any(unicodedata.category(c) in ("Cc", "Cf") for c in key):
         return "it holds a control or invisible formatting character"
     if size > MAX_KEY_BYTES:
         return f"it is {size} bytes long (the limit is {MAX_KEY_BYTES})"
@@ -55,19 +59,19 @@ def key_problem(key: object) -> str | None:
     return None
 
 
-def check_key(key: str, store: str, *, allow_empty: bool = False) -> str:
+def check_key(key: str, store: str, *, allow_empty: bool = False, acting: bool = True) -> str:
     """``key`` itself when it is a store key (``""`` too with ``allow_empty``: the store root);
     otherwise a :class:`StoreError` naming the key and what to fix."""
     if allow_empty and key == "":
         return key
-    why = key_problem(key)
+    why = key_problem(key, acting=acting)
     if why is not None:
         raise StoreError(f"{store}: refused key {_shown(str(key))}: {why}; name the object by its exact key")
     return key
 
 
-def check_sub(sub: str, store: str) -> str:
+def check_sub(sub: str, store: str, *, acting: bool = False) -> str:
     """A folder to list (``""`` = the root; one trailing ``/`` allowed): the folder without it."""
     if sub.endswith("/") and not sub.endswith("//"):
         sub = sub[:-1]
-    return check_key(sub, store, allow_empty=True)
+    return check_key(sub, store, allow_empty=True, acting=acting)
