@@ -9,8 +9,9 @@ from rich.console import Console
 from textual.widgets import Input, Select
 
 
-def screen_lines(app: Any) -> list[str]:
-    """The current screen as text, one string per terminal row, every column in place."""
+def screen_render(app: Any, **console_options: Any) -> tuple[Console, Any]:
+    """A terminal-sized Rich console and the whole current screen's update, as Textual would
+    send it to the terminal (for reading what is shown, or every segment sent)."""
     width, height = app.size
     console = Console(
         width=width,
@@ -18,11 +19,17 @@ def screen_lines(app: Any) -> list[str]:
         file=io.StringIO(),
         force_terminal=True,
         color_system="truecolor",
-        record=True,
         legacy_windows=False,
-        safe_box=False,
+        **console_options,
     )
-    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return console, app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)
+
+
+def screen_lines(app: Any) -> list[str]:
+    """The current screen as text, one string per terminal row, every column in place."""
+    height = app.size[1]
+    console, update = screen_render(app, record=True, safe_box=False)
+    console.print(update)
     lines = console.export_text(styles=False).split("\n")
     return (lines + [""] * height)[:height]
 

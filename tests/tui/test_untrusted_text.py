@@ -12,7 +12,6 @@ helpers of :mod:`tui.widgets.plain` are checked over generated strings.
 from __future__ import annotations
 
 import ast
-import io
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,7 +20,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rich.console import Console
 from rich.errors import MarkupError as RichMarkupError
 from rich.text import Text
 from textual.content import Content
@@ -39,6 +37,7 @@ from backend.telemetry.hub import TelemetryHub
 from backend.telemetry.settings import TelemetrySettings
 from backend.telemetry.synthetic import SyntheticNode, SyntheticPool
 from backend.textfmt import safe_text
+from tests.firsthour.screen_text import screen_render
 from tests.helpers import wait_until
 from tests.tui.snapshot_services import FROZEN_NOW, snapshot_config, snapshot_services
 from tui.app import LoadmasterApp
@@ -71,16 +70,7 @@ SIZE = (220, 50)
 def _segments(app: LoadmasterApp) -> list[Any]:
     """Every segment the terminal would be sent for the current screen; a control segment (the
     cursor move that starts each row) as None."""
-    width, height = app.size
-    console = Console(
-        width=width,
-        height=height,
-        file=io.StringIO(),
-        force_terminal=True,
-        color_system="truecolor",
-        legacy_windows=False,
-    )
-    update = app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)
+    console, update = screen_render(app)
     return [None if seg.control else seg for seg in console.render(update)]
 
 
