@@ -543,7 +543,10 @@ def test_walkthrough_at_80x24(sandbox: tuple[Path, str, dict[str, str]], term80:
         for node in NODES:  # each row: its node and its job's whole id
             assert re.search(rf"^\s*{node}\s+{re.escape(launch)}\.[1-4]\s", screen, re.MULTILINE), screen
         term.press("c")
-        screen = term.wait_for("Cancel this launch?", what="the launch's confirmation")
+        screen = term.wait_for(
+            lambda s: "Cancel this launch?" in s and f"launch {launch}: 4 running" in s,
+            what="the launch's whole confirmation",
+        )
         assert f"launch {launch}: 4 running pull job(s) on" in screen, screen
         keep("3a. Transfers: cancel the launch (one confirmation)", screen)
         _fill(term, "cancel")

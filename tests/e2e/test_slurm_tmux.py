@@ -124,7 +124,9 @@ def test_drain_from_fleet_draining_then_drained(
         term.type("fell off the bus")
         term.send("Enter")
         # The exact command, shown before anything runs; then confirm.
-        screen = term.wait_for("Drain node-01?", what="the confirm dialog")
+        screen = term.wait_for(
+            lambda s: "Drain node-01?" in s and "Recorded in the audit log" in s, what="the whole confirm dialog"
+        )
         flat = " ".join(screen.split())
         assert "scontrol update NodeName=node-01 State=DRAIN" in flat, screen
         assert "'Reason=fell off the" in flat and "[Xid 79" in flat and "loadmaster:" in flat, screen

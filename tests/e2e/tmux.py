@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 #: Polling steps while waiting for the screen: short for the first second (most waits are one
 #: key's redraw, a few tens of ms), then coarser; the deadline, not these, bounds a wait.
 POLL_FIRST, POLL_FIRST_FOR, POLL = 0.02, 1.0, 0.1
+#: How long a matching screen must hold still before a wait returns it (see ``Tmux.wait_for``).
+SETTLE = 0.1
 
 
 class ScreenTimeout(AssertionError):
@@ -125,17 +127,34 @@ class Tmux:
         )
 
     def wait_for(self, needle: str | Callable[[str], object], *, timeout: float = 60.0, what: str | None = None) -> str:
-        """Poll the screen until it contains ``needle`` (or ``needle(screen)`` holds)."""
-        last = [""]
+        """Poll the screen until it contains ``needle`` (or ``needle(screen)`` holds) and has
+        settled: the same text twice in a row, ``SETTLE`` s apart.
+
+        A capture can land mid-frame (tmux has applied part of the app's write) or between two
+        layout passes (a dialog's title drawn, its body not yet), so the first screen that matches
+        is not yet the screen the user reads; what a test asserts next must come from a whole one.
+        A screen that matches but never holds still (a ticking clock) is returned at the deadline.
+        """
+        last, matched = [""], [""]
 
         def check() -> str | None:
-            last[0] = self.screen()
-            ok = needle in last[0] if isinstance(needle, str) else needle(last[0])
-            return last[0] if ok else None
+            screen = self.screen()
+            ok = needle in screen if isinstance(needle, str) else needle(screen)
+            settled = ok and screen == matched[0]
+            last[0], matched[0] = screen, screen if ok else ""
+            if ok and not settled:
+                time.sleep(SETTLE)
+                return None
+            return screen if settled else None
 
-        out = deadline_poll(
-            check, timeout=timeout, what=what or repr(needle), describe=lambda: "---- last screen ----\n" + last[0]
-        )
+        try:
+            out = deadline_poll(
+                check, timeout=timeout, what=what or repr(needle), describe=lambda: "---- last screen ----\n" + last[0]
+            )
+        except ScreenTimeout:
+            if matched[0]:
+                return matched[0]
+            raise
         assert isinstance(out, str)
         return out
 
