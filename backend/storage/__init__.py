@@ -16,10 +16,10 @@ import hashlib
 import os
 import stat
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from backend.config import Config, StoreProfile
 from backend.credentials import Credentials
@@ -234,6 +234,17 @@ class LocalStore(ObjectStore):
         self._check(key)
         try:
             localfs.write(self.root, key, fill, mode=mode)
+        except localfs.Refused as exc:
+            raise StoreError(f"{self.url}: refused to write {key!r}: {exc}") from None
+
+    @contextlib.contextmanager
+    def writing(self, key: str, *, mode: int = 0o644) -> Iterator[BinaryIO]:
+        """A file that becomes ``key`` when the block ends cleanly (see :func:`localfs.writing`):
+        for a writer that streams a large object (a strip's shard) rather than holding it."""
+        self._check(key)
+        try:
+            with localfs.writing(self.root, key, mode=mode) as f:
+                yield f
         except localfs.Refused as exc:
             raise StoreError(f"{self.url}: refused to write {key!r}: {exc}") from None
 

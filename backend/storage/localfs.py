@@ -16,6 +16,7 @@ import secrets
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from backend.errors import StoreError
 
@@ -137,6 +138,28 @@ def _prune(parts: Sequence[str], fds: Sequence[int]) -> None:
 def write(root: Path, key: str, fill: Callable[[int], None], *, mode: int = 0o600) -> None:
     """Write ``key`` whole: ``fill(fd)`` writes a new file beside it, which then replaces it by
     name. An existing ``key`` that is not a regular file (a link, a folder) is refused."""
+    with writing(root, key, mode=mode) as f:
+        fill(f.fileno())
+
+
+#: The suffix of a file being written (see :func:`writing`); readers skip such names.
+PART_SUFFIX = ".tmp-lm"
+
+
+def part_name(name: str) -> bool:
+    """Whether ``name`` is one :func:`writing` makes for a file it has not finished."""
+    return name.startswith(".") and name.endswith(PART_SUFFIX)
+
+
+@contextlib.contextmanager
+def writing(root: Path, key: str, *, mode: int = 0o600) -> Iterator[BinaryIO]:
+    """A new file to write ``key`` through: it replaces ``key`` by name when the block ends
+    without an error, and is removed when it raises (the key is then as it was).
+
+    The file is created beside ``key`` (``O_EXCL | O_NOFOLLOW`` in the folder the walk holds, under
+    a temporary name of its own), so nothing planted at either name, a link to a file elsewhere
+    included, is ever written through. An existing ``key`` that is not a regular file is refused.
+    """
     parts = key.split("/")
     with walk(root, parts[:-1], create=True) as fds:
         assert fds is not None
@@ -152,18 +175,32 @@ def write(root: Path, key: str, fill: Callable[[int], None], *, mode: int = 0o60
             )
         # a temporary name of its own: two writers of one key (two applies taking a run's lock at
         # once) must each end in a whole file, never in each other's rename
-        tmp = f".{name[:64]}.{secrets.token_hex(8)}.tmp-lm"
+        tmp = f".{name[:64]}.{secrets.token_hex(8)}{PART_SUFFIX}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=here)
         try:
-            try:
-                fill(fd)
-            finally:
-                os.close(fd)
+            with os.fdopen(fd, "wb") as f:
+                yield f
             os.replace(tmp, name, src_dir_fd=here, dst_dir_fd=here)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=here)
             raise
+
+
+def remove_parts(root: Path, sub: str) -> int:
+    """Remove the unfinished files :func:`writing` left in the folder ``sub`` (a writer that was
+    killed): how many. Nothing else is touched, and a link among the folders is never followed."""
+    parts = [p for p in sub.split("/") if p]
+    removed = 0
+    with walk(root, parts) as fds:
+        if fds is None:
+            return 0
+        for name in os.listdir(fds[-1]):
+            if part_name(name):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    os.unlink(name, dir_fd=fds[-1])
+                    removed += 1
+    return removed
 
 
 def has_link(root: Path, parts: Sequence[str]) -> bool:

@@ -175,13 +175,10 @@ def trees(draw: st.DrawFn) -> tuple[list[tuple[str, ...]], list[tuple[tuple[str,
     return files, links, extra
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spec=trees(), data=st.data())
-def test_delete_many_removes_exactly_the_named_files_inside_the_root(
-    tmp_path_factory: pytest.TempPathFactory, spec: tuple, data: st.DataObject
-) -> None:
-    files, links, extra = spec
-    base = tmp_path_factory.mktemp("prop")
+def build(spec: tuple, base: Path) -> tuple[Path, Path]:
+    """The generated tree under ``base``: the store root (files, links out of it, links inside it)
+    and a folder outside it that a link may lead to."""
+    files, links, _extra = spec
     root, outside = base / "store", base / "outside"
     root.mkdir()
     subs = ("", "a", "step-1", "a/b")
@@ -213,6 +210,16 @@ def test_delete_many_removes_exactly_the_named_files_inside_the_root(
                 os.symlink(root / made[-1], p)
         except (FileExistsError, NotADirectoryError, IsADirectoryError):
             continue
+    return root, outside
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=trees(), data=st.data())
+def test_delete_many_removes_exactly_the_named_files_inside_the_root(
+    tmp_path_factory: pytest.TempPathFactory, spec: tuple, data: st.DataObject
+) -> None:
+    files, links, extra = spec
+    root, outside = build(spec, tmp_path_factory.mktemp("prop"))
     outside_before = files_under(outside)
     inside_before = files_under(root)
     link_paths = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_symlink()}
@@ -239,3 +246,47 @@ def test_delete_many_removes_exactly_the_named_files_inside_the_root(
             assert inside_after.get(rel) == body
     for key in res.deleted:
         assert not through_link(key)
+
+
+def through_a_link(root: Path, key: str) -> bool:
+    parts = key.split("/")
+    return any(root.joinpath(*parts[:i]).is_symlink() for i in range(1, len(parts) + 1))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=trees(), data=st.data())
+def test_a_streamed_write_changes_exactly_its_key_and_never_writes_through_a_link(
+    tmp_path_factory: pytest.TempPathFactory, spec: tuple, data: st.DataObject
+) -> None:
+    """``LocalStore.writing`` (a strip's shards): the key named becomes a regular file with the
+    bytes written, or the write is refused; nothing else inside the root changes, nothing outside
+    it ever does, and a link at the key or on the way to it is never written through or replaced."""
+    _files, _links, extra = spec
+    root, outside = build(spec, tmp_path_factory.mktemp("prop"))
+    outside_before, inside_before = files_under(outside), files_under(root)
+    links_before = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_symlink()}
+    listed = [o.key for o in run(LocalStore(root).list())]
+    under_links = {f"{link}/{name}" for link in links_before for name in ("a", "step-1/c")}
+    key = data.draw(st.sampled_from(sorted(set(listed) | set(extra) | links_before | under_links)))
+    body = data.draw(st.binary(min_size=1, max_size=64))
+
+    refused = None
+    try:
+        with LocalStore(root).writing(key) as f:
+            f.write(body)
+    except StoreError as exc:
+        refused = str(exc)
+    except (NotADirectoryError, IsADirectoryError, FileExistsError):
+        refused = "not a folder"  # a regular file where the key needs a folder: nothing was written
+
+    assert files_under(outside) == outside_before  # nothing outside the root, ever
+    assert {str(p.relative_to(root)) for p in root.rglob("*") if p.is_symlink()} == links_before  # links stay
+    after = files_under(root)
+    assert not [k for k in after if k.rsplit("/", 1)[-1].endswith(".tmp-lm")]  # no part left behind
+    if through_a_link(root, key):
+        assert refused is not None and "\n" not in refused
+    if refused is None:
+        assert after.get(key) == body and not through_a_link(root, key)
+    for rel, before in inside_before.items():
+        if rel != key or refused is not None:
+            assert after.get(rel) == before

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -115,7 +114,8 @@ async def strip_step(
         raise CheckpointError(
             f"{out_store.url}/{join_key(out_prefix, INDEX_FILE)} already exists (the step already has an export)"
         )
-    local_dir = out_store.local_path(out_prefix) if isinstance(out_store, LocalStore) else None
+    local_out = out_store if isinstance(out_store, LocalStore) else None
+    local_dir = local_out.local_path(out_prefix) if local_out is not None else None
     tmp = Path(tempfile.mkdtemp(prefix="lm-strip-"))
     weights: list[Weight] = []
     try:
@@ -135,12 +135,13 @@ async def strip_step(
         slot = 0
         for name, shard in zip(names, shards, strict=True):
             header, _ = build_header([(w.name, w.out_dtype, w.shape) for w in shard], {"format": "pt"})
-            if local_dir is not None:
-                local_dir.mkdir(parents=True, exist_ok=True)
-                part = local_dir / (name + ".tmp-lm")
-            else:
-                part = tmp / name
-            with open(part, "wb") as f:  # noqa: ASYNC230 - writes go through to_thread below
+            # A local export is written beside its final name and renamed into place by the
+            # folder the store's walk holds: a link planted in the output folder (at a shard's
+            # name or on the way to it) is refused, never written through.
+            part = tmp / name
+            with (
+                local_out.writing(join_key(out_prefix, name)) if local_out is not None else open(part, "wb")  # noqa: ASYNC230 - writes go through to_thread below
+            ) as f:
                 f.write(header)
                 pending: asyncio.Future[Any] | None = None
                 pending_name = ""
@@ -179,9 +180,7 @@ async def strip_step(
                 finally:
                     if pending is not None:
                         await asyncio.gather(pending, return_exceptions=True)
-            if local_dir is not None:
-                os.replace(part, local_dir / name)
-            else:
+            if local_out is None:
                 from backend.checkpoints.upload import upload_file
 
                 await upload_file(out_store, part, join_key(out_prefix, name))
@@ -193,9 +192,6 @@ async def strip_step(
         # the index is the export's commit marker: written after every shard
         await out_store.put_bytes(join_key(out_prefix, INDEX_FILE), json.dumps(index, indent=2).encode())
     except BaseException as exc:
-        if local_dir is not None:
-            for p in local_dir.glob("model-*.safetensors.tmp-lm"):
-                p.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             where = local_dir if local_dir is not None else tmp
             need = bytes_text(sum(w.out_bytes for w in weights))

@@ -7,6 +7,7 @@ the node; :func:`cleanup` removes the partial shards a cancelled strip left behi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -85,9 +86,12 @@ def cleanup(ctx: JobContext) -> None:
     target = p.get("out_store") or p.get("src_store") or {}
     url = target.get("url", "")
     if url and not url.startswith("s3://"):
-        d = Path(os.path.expanduser(url)) / (p.get("out_prefix") or p.get("step_path") or "")
-        for part in d.glob("model-*.safetensors.tmp-lm"):
-            part.unlink(missing_ok=True)
+        from backend.errors import StoreError
+        from backend.storage import localfs
+
+        # by the folders the walk holds: a link on the way is never followed, a shard is never touched
+        with contextlib.suppress(OSError, StoreError):
+            localfs.remove_parts(Path(os.path.expanduser(url)), p.get("out_prefix") or p.get("step_path") or "")
 
 
 def run_strip_job(ctx: JobContext) -> dict[str, Any]:
