@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from backend.errors import PolicyError
 from backend.schema import parse_duration
+from backend.units import bytes_text
 
 Action = Literal["keep-full", "strip-to-weights", "delete", "keep-weights", "skip"]
 ACTIONS: tuple[str, ...] = ("keep-full", "strip-to-weights", "delete", "keep-weights", "skip")
@@ -256,12 +257,16 @@ class RetentionPlan:
     in_flight: tuple[str, ...] = ()
     usd_per_gb_month: float | None = None
     price_note: str = ""
+    #: "" when a delete in this store frees the bytes; else the bucket's versioning status
+    #: (``Enabled``, ``Suspended``, ``unknown (...)``): deletes only hide keys behind delete
+    #: markers and the bytes stay stored, and billed, as noncurrent versions (ObjectStore.versioning).
+    versioning: str = ""
 
     @property
     def totals(self) -> PlanTotals:
-        return PlanTotals(
-            sum(a.bytes_before for a in self.actions), sum(a.bytes_after for a in self.actions), self.usd_per_gb_month
-        )
+        # no money is saved by a delete that leaves the bytes stored as older versions
+        price = None if self.versioning else self.usd_per_gb_month
+        return PlanTotals(sum(a.bytes_before for a in self.actions), sum(a.bytes_after for a in self.actions), price)
 
     def count(self, action: str) -> int:
         return sum(1 for a in self.actions if a.action == action)
@@ -290,7 +295,30 @@ class RetentionPlan:
             "usd_per_gb_month": self.usd_per_gb_month,
             "price_note": self.price_note,
             "actions": [a.as_dict() for a in self.actions],
+            # only when set: a plan file written before this field keeps its hash
+            **({"versioning": self.versioning} if self.versioning else {}),
         }
+
+    @property
+    def keeps_versions(self) -> bool:
+        """Whether the deletes this plan makes may free nothing (see :attr:`versioning`)."""
+        return bool(self.versioning)
+
+    def versions_note(self) -> str:
+        """One line for the operator when :attr:`keeps_versions`, else ""."""
+        if not self.versioning:
+            return ""
+        hidden = bytes_text(self.totals.bytes_saved)
+        if self.versioning.startswith("unknown"):
+            return (
+                f"the bucket's versioning is {self.versioning}: if it keeps versions, the {hidden} this plan "
+                "removes stays stored, and billed, as older versions until a lifecycle rule expires them"
+            )
+        return (
+            f"the bucket keeps versions (versioning {self.versioning}): the {hidden} this plan removes is hidden "
+            "behind delete markers and stays stored, and billed, as older versions until a lifecycle rule "
+            "expires them"
+        )
 
     @property
     def hash(self) -> str:
@@ -326,6 +354,7 @@ class RetentionPlan:
                 in_flight=tuple(raw.get("in_flight", ())),
                 usd_per_gb_month=raw.get("usd_per_gb_month"),
                 price_note=raw.get("price_note", ""),
+                versioning=_text(raw.get("versioning", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PolicyError(f"{source}: malformed retention plan ({exc!r})") from None
@@ -335,6 +364,12 @@ class RetentionPlan:
                 "compute a new plan with 'loadmaster retention plan'"
             )
         return plan
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("versioning must be a string")
+    return value
 
 
 def content_hash(obj: Any) -> str:

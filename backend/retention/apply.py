@@ -16,7 +16,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.errors import PolicyError, StoreError
@@ -24,6 +24,7 @@ from backend.policy.prices import PriceOverrides
 from backend.policy.retention import STRIPPABLE_LAYOUTS, VERIFIED, PlannedAction, RetentionPlan, RetentionPolicy
 from backend.policy.retention_planner import is_export_file, plan_retention, recheck_plan, rel_name
 from backend.retention.marks import canonical_run, effective_policy, norm_url, run_lock
+from backend.units import bytes_text
 
 if TYPE_CHECKING:
     from backend.checkpoints.steps import Catalog, CheckpointStep
@@ -324,6 +325,9 @@ async def compute_plan(
             usd_per_gb_month=price,
             price_note=note,
         )
+        # a versioned bucket keeps what a delete removes: the plan says so instead of "saves"
+        if any(a.destructive for a in plan.actions):
+            plan = replace(plan, versioning=await store.versioning())
     return plan
 
 
@@ -386,6 +390,9 @@ class ActionOutcome:
     detail: str = ""
     bytes_freed: int = 0
     errors: Mapping[str, str] = field(default_factory=dict)
+    #: Bytes of keys the store only hid behind a delete marker (a versioned bucket): gone from
+    #: listings, still stored and billed as noncurrent versions. Never counted as freed.
+    bytes_hidden: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -395,6 +402,7 @@ class ActionOutcome:
             "outcome": self.outcome,
             "detail": self.detail,
             "bytes_freed": self.bytes_freed,
+            "bytes_hidden": self.bytes_hidden,
             "errors": dict(self.errors),
         }
 
@@ -426,6 +434,20 @@ class ApplyReport:
     def bytes_freed(self) -> int:
         return sum(o.bytes_freed for o in self.outcomes if o.outcome == "done")
 
+    @property
+    def bytes_hidden(self) -> int:
+        """Bytes the deletes only hid (delete markers on a versioned bucket): still stored."""
+        return sum(o.bytes_hidden for o in self.outcomes)
+
+    def hidden_note(self) -> str:
+        """One line when deletes left bytes stored as older versions, else ""."""
+        if not self.bytes_hidden:
+            return ""
+        return (
+            f"{bytes_text(self.bytes_hidden)} was only hidden behind delete markers: the bucket keeps versions, "
+            "so it stays stored, and billed, as older versions until a lifecycle rule expires them"
+        )
+
     def count(self, outcome: str) -> int:
         return sum(1 for o in self.outcomes if o.outcome == outcome)
 
@@ -436,6 +458,7 @@ class ApplyReport:
             "dry_run": self.dry_run,
             "outcome": self.outcome,
             "bytes_freed": self.bytes_freed,
+            "bytes_hidden": self.bytes_hidden,
             "changes": list(self.changes),
             "audit_id": self.audit_id,
             "actions": [o.as_dict() for o in self.outcomes],
@@ -481,14 +504,14 @@ async def _delete(
     *,
     markers_last: bool = False,
     between: Callable[[], None] | None = None,
-) -> tuple[int, dict[str, str]]:
+) -> Removed:
     """Delete ``keys`` in 1000-key batches: a delete removes the commit markers first (a
     half-deleted step never looks complete); a strip removes them last (a half-stripped step
     keeps its marker until its state is gone, and the journal finishes it)."""
     sizes = {o.key: o.size for o in step.objects}
     markers, rest = _markers_first(step, keys)
     groups = (rest, markers) if markers_last else (markers, rest)
-    freed = 0
+    freed = hidden = 0
     errors: dict[str, str] = {}
     for i, group in enumerate(groups):
         if not group:
@@ -499,8 +522,19 @@ async def _delete(
             between()  # a test's fault hook: the process may die half-way
         res = await store.delete_many(group)
         freed += sum(sizes.get(k, 0) for k in res.deleted)
+        hidden += sum(sizes.get(k, 0) for k in res.hidden)
         errors.update(res.errors)
-    return freed, errors
+    return Removed(freed, hidden, errors)
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What the deletes of one action did: bytes confirmed gone, bytes only hidden behind delete
+    markers (still stored as older versions), and the keys the store refused, with why."""
+
+    freed: int
+    hidden: int
+    errors: dict[str, str]
 
 
 async def apply_plan(
@@ -590,8 +624,16 @@ async def _apply_locked(
         guard = _Guard(services, st, plan, catalog, proofs)
 
         async def run_one(i: int, a: PlannedAction) -> None:
-            def emit(outcome: str, detail: str = "", freed: int = 0, errors: Mapping[str, str] | None = None) -> None:
-                o = ActionOutcome(i, total, a.path, a.step, a.action, outcome, detail, freed, dict(errors or {}))
+            def emit(
+                outcome: str,
+                detail: str = "",
+                freed: int = 0,
+                errors: Mapping[str, str] | None = None,
+                hidden: int = 0,
+            ) -> None:
+                o = ActionOutcome(
+                    i, total, a.path, a.step, a.action, outcome, detail, freed, dict(errors or {}), hidden
+                )
                 if outcome != "running":
                     results[i] = o
                 if progress is not None:
@@ -628,7 +670,7 @@ async def _apply_locked(
                     if stop:
                         journal.set(a, "stopped", {"why": stop, **_started(entries, a, step)})
                         return emit("stopped", stop)
-                    freed, errors = await _delete(
+                    removed = await _delete(
                         st, step, [o.key for o in step.objects], between=_stage(fault, "deleting", a)
                     )
                 else:
@@ -648,14 +690,21 @@ async def _apply_locked(
                         state = "stopped" if result.startswith("stopped: ") else "failed"
                         journal.set(a, state, {"error": result, **_started(entries, a, step)})
                         return emit(state, result.removeprefix("stopped: "))
-                    freed, errors = result
+                    removed = result
+                freed, errors = removed.freed, removed.errors
                 if errors:
                     shown = "; ".join(f"{rel_name(step, k)}: {v}" for k, v in sorted(errors.items())[:5])
                     more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
                     journal.set(a, "failed", {"errors": errors, **_started(entries, a, step)})
-                    return emit("failed", f"{len(errors)} object(s) could not be deleted: {shown}{more}", freed, errors)
+                    return emit(
+                        "failed",
+                        f"{len(errors)} object(s) could not be deleted: {shown}{more}",
+                        freed,
+                        errors,
+                        removed.hidden,
+                    )
                 journal.finish(a, freed)
-                emit("done", a.reason, freed)
+                emit("done", a.reason, freed, hidden=removed.hidden)
                 if fault:
                     fault("after", a)
 
@@ -687,6 +736,7 @@ async def _apply_locked(
                     "changes": list(changes),
                     "planned": len(plan.actions),
                     "bytes_freed": report.bytes_freed,
+                    "bytes_hidden": report.bytes_hidden,
                 },
             )
     return ApplyReport(plan.hash, plan.url, dry_run, tuple(outcomes), changes, audit_id)
@@ -816,7 +866,7 @@ async def _strip(
     guard: _Guard | None = None,
     entries: Mapping[str, tuple[str, dict[str, Any]]] | None = None,
     exported: bool = False,
-) -> tuple[int, dict[str, str]] | str:
+) -> Removed | str:
     """Export (when needed), verify, journal, claim, then delete the training state with the
     commit marker last. ``exported``: an earlier apply verified the export and began deleting;
     only its export's headers and fingerprint are checked again before the rest goes.

@@ -26,6 +26,7 @@ from backend.credentials import Credentials
 from backend.errors import StoreError
 from backend.storage import localfs
 from backend.storage.keys import check_key, check_sub
+from backend.textfmt import safe_text
 
 DELETE_BATCH = 1000  # S3 DeleteObjects takes at most 1000 keys per request
 
@@ -121,6 +122,13 @@ class ObjectStore(ABC):
     @abstractmethod
     async def delete_many(self, keys: Iterable[str]) -> DeleteResult:
         """Delete keys in batches; per-key failures are returned, never ignored."""
+
+    async def versioning(self) -> str:
+        """Whether a delete here frees the bytes: "" when it does (a local folder, a bucket that
+        never kept versions); else why not, for the operator: the bucket's versioning status
+        (``Enabled``, ``Suspended``: a delete hides the key behind a delete marker and its bytes
+        stay stored as a noncurrent version), or "unknown (...)" when the store would not say."""
+        return ""
 
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op for local stores
         """Release clients."""
@@ -586,6 +594,20 @@ class S3Store(ObjectStore):
             await client.put_object(Bucket=self.bucket, Key=full, Body=data)
         except Exception as exc:  # noqa: BLE001
             raise self.error(exc) from None
+
+    async def versioning(self) -> str:
+        """GetBucketVersioning's ``Status`` (see :meth:`ObjectStore.versioning`). A bucket that
+        never had versioning answers no Status: "". Anything else, an error included, is reported
+        as keeping versions (a delete is then never counted as freeing bytes it may not free)."""
+        try:
+            client = await self.client()
+            resp = await client.get_bucket_versioning(Bucket=self.bucket)
+        except Exception as exc:  # noqa: BLE001
+            return f"unknown ({safe_text(str(self.error(exc)), 160)})"
+        status = resp.get("Status")
+        if status in (None, ""):
+            return ""
+        return safe_text(str(status), 40)
 
     async def delete_many(self, keys: Iterable[str]) -> DeleteResult:
         """Delete exactly ``keys`` (DeleteObjects, 1000 a request, never a prefix). A key counts as

@@ -171,9 +171,15 @@ def format_plan(plan: RetentionPlan) -> str:
     lines += [
         "",
         f"plan {plan.hash[:12]} for {plan.url}: {counts}",
-        f"before {bytes_text(t.bytes_before)} -> after {bytes_text(t.bytes_after)}: saves {bytes_text(t.bytes_saved)} "
-        f"({t.percent_saved:.1f}%){money}",
+        f"before {bytes_text(t.bytes_before)} -> after {bytes_text(t.bytes_after)}: "
+        + (
+            f"hides {bytes_text(t.bytes_saved)}, frees nothing now"
+            if plan.keeps_versions
+            else f"saves {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%){money}"
+        ),
     ]
+    if plan.keeps_versions:
+        lines.append(f"note: {safe_text(plan.versions_note(), None)}")
     if any(a.estimated for a in plan.actions):
         lines.append("~ estimated until the BF16 export is written")
     return "\n".join(lines)
@@ -239,6 +245,8 @@ async def cmd_apply(args: argparse.Namespace, services: Services) -> int:
             f"freed {bytes_text(report.bytes_freed)}"
             + (f"; audit record #{report.audit_id}" if report.audit_id else "")
         )
+        if report.hidden_note():
+            print(f"note: {report.hidden_note()}")
         if report.count("stopped"):
             print("stopped actions were left untouched: compute a new plan to act on the current listing")
     return 0 if report.ok else 1

@@ -208,6 +208,7 @@ class RetentionScreen(LoadmasterScreen):
 
     def on_mount(self) -> None:
         self._columns: tuple[str, ...] = ()
+        self._hides = False
         self._set_columns()
         self.query_one("#retention-progress", ProgressBar).display = False
         self.query_one("#retention-status", Static).display = False
@@ -229,14 +230,16 @@ class RetentionScreen(LoadmasterScreen):
         they changed (the table is then cleared)."""
         width = self.size.width or self.app.size.width
         keys = tuple(k for k, _label, min_width in COLUMNS if width >= min_width and (k != "result" or self.results))
-        if keys == self._columns:
+        hides = self.plan is not None and self.plan.keeps_versions
+        if keys == self._columns and hides == self._hides:
             return False
         table = self.query_one("#retention-steps", DataTable)
         table.clear(columns=True)
         for k, label, _w in COLUMNS:
             if k in keys:
-                table.add_column(label, key=k)
-        self._columns = keys
+                # a versioned bucket keeps what a delete removes: the column says what it does
+                table.add_column("Hides" if hides and k == "freed" else label, key=k)
+        self._columns, self._hides = keys, hides
         return True
 
     def on_resize(self, event: Any) -> None:
@@ -427,10 +430,14 @@ class RetentionScreen(LoadmasterScreen):
                 if plan.count(x)
             )
             by = plan.bytes_by_action()
-            sizes = [sum(by[x] for x in acts) if acts else by["freed"] for _c, _l, acts in BAR_SEGMENTS]
+            # on a versioned bucket the deleted part is hidden, not freed
+            segments = [
+                (c, "hidden" if plan.keeps_versions and c == "-delete" else lbl, a) for c, lbl, a in BAR_SEGMENTS
+            ]
+            sizes = [sum(by[x] for x in acts) if acts else by["freed"] for _c, _l, acts in segments]
             total = sum(sizes) or 1
             width = max(self.size.width - 4, 20)
-            for seg, (_cls, label, _acts), n in zip(self.query(".retention-bar-seg"), BAR_SEGMENTS, sizes, strict=True):
+            for seg, (_cls, label, _acts), n in zip(self.query(".retention-bar-seg"), segments, sizes, strict=True):
                 seg.display = n > 0
                 seg.styles.width = f"{max(n, 1)}fr"
                 text = f"{label} {bytes_text(n)}"
@@ -441,7 +448,7 @@ class RetentionScreen(LoadmasterScreen):
                     seg.update(text if n / total * width >= len(text) + 1 else "")
             labelled = all(
                 not n or n / total * width >= len(f"{label} {bytes_text(n)}") + 1
-                for (_c, label, _a), n in zip(BAR_SEGMENTS, sizes, strict=True)
+                for (_c, label, _a), n in zip(segments, sizes, strict=True)
             )
             line = f"{counts}   plan {plan.hash[:12]}" + (
                 f"   showing {len(shown)} matching {self.filter_text!r}" if self.filter_text else ""
@@ -452,13 +459,18 @@ class RetentionScreen(LoadmasterScreen):
             # The run folder is in the box above; the bar names its parts unless one is too narrow.
             self.query_one("#retention-summary", Static).update(
                 f"before {bytes_text(t.bytes_before)} → after {bytes_text(t.bytes_after)}, "
-                f"saves {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%){money}\n{line}"
+                + (
+                    f"hides {bytes_text(t.bytes_saved)}: the bucket keeps versions, nothing is freed"
+                    if plan.keeps_versions
+                    else f"saves {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%){money}"
+                )
+                + f"\n{line}"
                 + (
                     ""
                     if labelled
                     else "\nstorage: "
                     + " · ".join(
-                        f"{label} {bytes_text(n)}" for (_c, label, _a), n in zip(BAR_SEGMENTS, sizes, strict=True) if n
+                        f"{label} {bytes_text(n)}" for (_c, label, _a), n in zip(segments, sizes, strict=True) if n
                     )
                 )
             )
@@ -607,8 +619,13 @@ class RetentionScreen(LoadmasterScreen):
         body = (
             f"{plan.count('delete')} steps deleted, {plan.count('strip-to-weights')} stripped to BF16 weights "
             f"(optimizer state removed after the export verifies), {plan.count('keep-full')} kept full, "
-            f"{plan.count('skip')} untouched.\nFrees {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%). "
-            f"Plan {plan.hash[:12]}. The listing is checked again first; changed steps are skipped."
+            f"{plan.count('skip')} untouched.\n"
+            + (
+                f"Frees nothing now: {plan.versions_note()}.\n"
+                if plan.keeps_versions
+                else f"Frees {bytes_text(t.bytes_saved)} ({t.percent_saved:.1f}%). "
+            )
+            + f"Plan {plan.hash[:12]}. The listing is checked again first; changed steps are skipped."
         )
 
         def confirmed(ok: bool | None) -> None:
@@ -683,6 +700,8 @@ class RetentionScreen(LoadmasterScreen):
                 f"{r.count('already-done')} already done, {r.count('stopped')} stopped, "
                 f"{r.count('failed')} failed; freed {bytes_text(r.bytes_freed)}. Audit record #{r.audit_id}."
             ]
+            if r.hidden_note():
+                lines.append(r.hidden_note()[0].upper() + r.hidden_note()[1:] + ".")
         lines += [f"changed: {c}" for c in r.changes[:5]]
         lines += [f"failed: {o.path}: {o.detail}" for o in r.outcomes if o.outcome == "failed"][:5]
         status = self.query_one("#retention-status", Static)
